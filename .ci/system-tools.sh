@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian packages some tests use, when we can (root) and they are missing.
+set -euo pipefail
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "note: missing ${need[*]} (install with: sudo apt-get install ${need[*]}); tests that need them will skip" >&2
+  exit 0
+fi
+echo "installing system packages: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# The Debian package starts a server on :9090 where an init system runs; the tests start their own.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi

@@ -1,0 +1,8 @@
+"""Sub-commands of ``icos-agent``: each module has ``register(subparsers)`` and sets ``func``."""
+
+#: Modules providing sub-commands, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "agent.commands.fit",
+    "agent.commands.check",
+    "agent.commands.demo",
+)

@@ -1,0 +1,258 @@
+"""The ONNX classifier runtime: load a model, discover its tensors, validate inputs, predict.
+
+Accepted models:
+
+* a single float output of logits (softmax is applied) or of probabilities;
+* scikit-learn models converted by skl2onnx (``label`` + ``probabilities`` outputs, ``zipmap=False``);
+* any model whose score output is named by ``scores_output`` (with ``scores_kind`` saying whether it
+  holds ``logits`` or ``probabilities``; ``auto`` decides from the graph and the values).
+
+All ONNX execution goes through :class:`invariants.onnx_session.OnnxSession`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from invariants.onnx_session import OnnxLoadError, OnnxSession, TensorInfo
+
+ScoresKind = Literal["auto", "logits", "probabilities"]
+
+
+class ModelLoadError(ValueError):
+    """The model file is missing, not ONNX, or not a classifier this runtime understands."""
+
+
+class InvalidInput(ValueError):
+    """A batch the model cannot take. ``reason`` is a short, bounded label for metrics."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Class probabilities float32 ``[N, K]`` and predicted labels int64 ``[N]``."""
+
+    probabilities: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def confidences(self) -> np.ndarray:
+        """Top-class probability per sample."""
+        return self.probabilities.max(axis=1)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Numerically stable row-wise softmax."""
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _producer_ops(model_bytes: bytes) -> dict[str, str]:
+    """Map output tensor name -> op type of the node that produces it (for logits detection)."""
+    import onnx
+
+    graph = onnx.load_from_string(model_bytes).graph
+    produced: dict[str, str] = {}
+    for node in graph.node:
+        for out in node.output:
+            produced[out] = node.op_type
+    return {o.name: produced.get(o.name, "") for o in graph.output}
+
+
+class OnnxClassifier:
+    """A classifier loaded from an ONNX file, ready for batch prediction.
+
+    Thread-safe: ``predict`` may be called concurrently from a thread pool.
+    """
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        *,
+        path: str | None = None,
+        name: str | None = None,
+        scores_output: str | None = None,
+        scores_kind: ScoresKind = "auto",
+        classes: list[str] | None = None,
+        max_batch: int = 4096,
+    ) -> None:
+        self.model_bytes = model_bytes
+        self.path = path
+        self.sha256 = sha256_bytes(model_bytes)
+        self.name = name or (Path(path).stem if path else "model")
+        self.max_batch = max_batch
+        try:
+            self.session = OnnxSession(model_bytes)
+        except OnnxLoadError as exc:
+            raise ModelLoadError(str(exc).replace("in-memory model", path or "model")) from exc
+        if len(self.session.inputs) != 1:
+            names = ", ".join(i.name for i in self.session.inputs)
+            raise ModelLoadError(f"model must have exactly one input tensor, found {len(self.session.inputs)}: {names}")
+        self.input: TensorInfo = self.session.inputs[0]
+        if self.input.dtype.kind not in "fiu":
+            raise ModelLoadError(f"model input {self.input.name!r} has unsupported type {self.input.onnx_type}")
+        if len(self.input.shape) < 2:
+            raise ModelLoadError(f"model input {self.input.name!r} must be at least 2-D [N, ...], got {self.input.shape}")
+        if any(d is None for d in self.input.shape[1:]):
+            raise ModelLoadError(
+                f"model input {self.input.name!r} has dynamic non-batch dimensions {self.input.shape}; "
+                "export it with fixed sizes"
+            )
+        self.input_shape: tuple[int, ...] = tuple(int(d) for d in self.input.shape[1:] if d is not None)
+        self.n_features = int(np.prod(self.input_shape))
+        self.scores_output, self.scores_kind = self._pick_scores(scores_output, scores_kind)
+        probe = self.predict(np.zeros((1, *self.input_shape), dtype=self.input.dtype))
+        self.n_classes = int(probe.probabilities.shape[1])
+        if self.n_classes < 2:
+            raise ModelLoadError(f"output {self.scores_output!r} has {self.n_classes} column(s); a classifier needs >= 2")
+        if classes is not None and len(classes) != self.n_classes:
+            raise ModelLoadError(f"{len(classes)} class names given but the model has {self.n_classes} classes")
+        self.classes: list[str] = list(classes) if classes is not None else [str(i) for i in range(self.n_classes)]
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        scores_output: str | None = None,
+        scores_kind: ScoresKind = "auto",
+        classes: list[str] | None = None,
+    ) -> OnnxClassifier:
+        p = Path(path)
+        if not p.is_file():
+            raise ModelLoadError(f"model file not found: {p}")
+        return cls(
+            p.read_bytes(), path=str(p), name=name, scores_output=scores_output, scores_kind=scores_kind, classes=classes
+        )
+
+    def _pick_scores(self, scores_output: str | None, scores_kind: ScoresKind) -> tuple[str, ScoresKind]:
+        floats = [o for o in self.session.outputs if o.dtype.kind == "f"]
+        by_name = {o.name: o for o in self.session.outputs}
+        if scores_output is not None:
+            if scores_output not in by_name:
+                raise ModelLoadError(
+                    f"scores_output {scores_output!r} is not an output of the model (outputs: {', '.join(by_name)})"
+                )
+            chosen = scores_output
+        elif "probabilities" in by_name and by_name["probabilities"].dtype.kind == "f":
+            chosen = "probabilities"
+        elif len(floats) == 1:
+            chosen = floats[0].name
+        else:
+            raise ModelLoadError(
+                "cannot tell which output holds the class scores "
+                f"(float outputs: {', '.join(o.name for o in floats) or 'none'}); set scores_output"
+            )
+        if scores_kind == "auto":
+            producer = _producer_ops(self.model_bytes).get(chosen, "")
+            if producer == "Softmax" or chosen == "probabilities":
+                scores_kind = "probabilities"
+        return chosen, scores_kind
+
+    # -- inputs ---------------------------------------------------------------------------
+    def prepare(self, x: np.ndarray) -> np.ndarray:
+        """Validate a batch and bring it to the model's input shape and dtype.
+
+        Accepts ``[N, *input_shape]``, flattened ``[N, prod(input_shape)]``, any ``[N, ...]`` with the
+        same number of values per sample (e.g. ``N×H×W`` for one channel), or one sample without the
+        batch dimension. Raises :class:`InvalidInput` naming the problem.
+        """
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "fiub":
+            raise InvalidInput("dtype", f"input dtype {arr.dtype} is not numeric")
+        if arr.dtype.kind == "b":
+            raise InvalidInput("dtype", "input dtype bool is not accepted; send numbers")
+        if arr.shape == self.input_shape:
+            arr = arr[None, ...]
+        if arr.ndim < 1 or arr.shape[0] == 0:
+            raise InvalidInput("empty", "input batch is empty")
+        n = arr.shape[0]
+        if n > self.max_batch:
+            raise InvalidInput("too_large", f"batch of {n} samples exceeds the limit of {self.max_batch}")
+        per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
+        if per_sample != self.n_features:
+            raise InvalidInput(
+                "shape",
+                f"input shape {list(arr.shape)} does not fit the model input {[-1, *self.input_shape]} "
+                f"({per_sample} values per sample, expected {self.n_features})",
+            )
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            bad = int((~np.isfinite(arr)).reshape(n, -1).any(axis=1).sum())
+            raise InvalidInput("non_finite", f"input holds NaN or Inf values in {bad} sample(s)")
+        out = arr.reshape((n, *self.input_shape))
+        if out.dtype != self.input.dtype:
+            if self.input.dtype.kind in "iu":
+                info = np.iinfo(self.input.dtype)
+                if out.min() < info.min or out.max() > info.max:
+                    raise InvalidInput("dtype", f"input values do not fit the model's {self.input.dtype}")
+            out = out.astype(self.input.dtype)
+        return np.ascontiguousarray(out)
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """Prepared inputs flattened to float32 ``[N, D]`` (what the invariants read)."""
+        return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+
+    # -- prediction -----------------------------------------------------------------------
+    def scores_to_probabilities(self, scores: np.ndarray) -> np.ndarray:
+        s = np.asarray(scores, dtype=np.float32)
+        if s.ndim == 1:
+            s = s[:, None]
+        if s.ndim != 2:
+            s = s.reshape(len(s), -1)
+        if s.shape[1] == 1:  # binary classifier with a single score column
+            p1 = s[:, 0] if self.scores_kind == "probabilities" else 1.0 / (1.0 + np.exp(-s[:, 0]))
+            return np.stack([1.0 - p1, p1], axis=1).astype(np.float32)
+        if self.scores_kind == "probabilities":
+            return s
+        if self.scores_kind == "auto" and (s >= 0).all() and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
+            return s
+        return softmax(s).astype(np.float32)
+
+    def predict_prepared(self, x: np.ndarray) -> Prediction:
+        (scores,) = self.session.run({self.input.name: x}, [self.scores_output])
+        proba = self.scores_to_probabilities(scores)
+        return Prediction(proba, proba.argmax(axis=1).astype(np.int64))
+
+    def predict(self, x: np.ndarray) -> Prediction:
+        return self.predict_prepared(self.prepare(x))
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        return self.predict(x).probabilities
+
+    def predict_batched(self, x: np.ndarray, batch_size: int = 512) -> Prediction:
+        """Predict a large array in chunks (for offline work)."""
+        parts = [self.predict(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+        return Prediction(
+            np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts])
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "path": self.path,
+            "sha256": self.sha256,
+            "input": {"name": self.input.name, "shape": [-1, *self.input_shape], "dtype": str(self.input.dtype)},
+            "scores_output": self.scores_output,
+            "scores_kind": self.scores_kind,
+            "classes": self.classes,
+        }
+
+
+def default_model_path() -> Path:
+    """The shipped MNIST CNN (LeNet-style, 28×28 grey input in raw pixel scale 0..255)."""
+    return Path(__file__).parent / "models" / "mnist_cnn.onnx"

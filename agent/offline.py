@@ -1,0 +1,185 @@
+"""Offline work behind ``icos-agent fit`` and ``icos-agent check``.
+
+``fit`` trains the invariants of a model and writes a bundle; ``check`` judges a batch with a bundle
+and reports verdicts and every estimate (and, when the data has labels, the truth and the oracle's
+TPR/FPR/F1 as in the ICOS paper §5.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.data_io import Dataset, label_indices
+from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
+from agent.model import OnnxClassifier, Prediction
+from invariants.bundle import Bundle
+from invariants.fitting import fit_oracle
+from invariants.idi import IdiRuleSet
+from invariants.oracle import VERDICTS, OracleResult, calibrate
+
+Progress = Callable[[str], None]
+
+#: The estimate shown first (the headline) in reports and dashboards.
+HEADLINE_ESTIMATOR = "icos_corrected"
+
+
+def predict_with_progress(model: OnnxClassifier, x: np.ndarray, desc: str, batch_size: int = 256) -> Prediction:
+    """Batch prediction with a progress bar on stderr (hidden for short runs)."""
+    from tqdm import tqdm
+
+    probs: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    with tqdm(total=len(x), desc=desc, unit="sample", leave=False, mininterval=0.5, delay=1.0) as bar:
+        for i in range(0, len(x), batch_size):
+            p = model.predict(x[i : i + batch_size])
+            probs.append(p.probabilities)
+            labels.append(p.labels)
+            bar.update(len(p.labels))
+    return Prediction(np.concatenate(probs), np.concatenate(labels))
+
+
+@dataclass
+class FitReport:
+    bundle: Bundle
+    calibration: EstimatorCalibration
+    train_accuracy: float
+    val_accuracy: float
+    n_rules: int
+    n_selected: int
+    coverage: float
+
+
+def fit_bundle(
+    model: OnnxClassifier,
+    train: Dataset,
+    val: Dataset,
+    *,
+    idi_path: str | Path | None = None,
+    confidence: float = 0.99,
+    support: int = 8,
+    calibration_fraction: float = 0.3,
+    n_estimators: int = 100,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> FitReport:
+    """Fit IDI/TDI/ADI for ``model`` and calibrate the oracle and estimators (paper §4, §5.4)."""
+    say = progress or (lambda _m: None)
+    if train.y is None or val.y is None:
+        raise ValueError("fit needs labels in both the training and the validation data")
+    idi = IdiRuleSet.load(idi_path, model.classes) if idi_path else None
+    train_x = model.prepare(train.x)
+    val_x = model.prepare(val.x)
+    train_y = label_indices(train.y, model.classes)
+    val_y = label_indices(val.y, model.classes)
+    train_pred = predict_with_progress(model, train_x, "predict train")
+    val_pred = predict_with_progress(model, val_x, "predict validation")
+    fitted = fit_oracle(
+        model.features(train_x),
+        train_y,
+        model.features(val_x),
+        val_y,
+        val_pred.probabilities,
+        idi=idi,
+        val_metadata=val.metadata or None,
+        confidence=confidence,
+        support=support,
+        calibration_fraction=calibration_fraction,
+        n_estimators=n_estimators,
+        seed=seed,
+        feature_names=train.feature_names,
+        progress=say,
+    )
+    cal_idx = fitted.calibration_index
+    cal_result = fitted.oracle.judge(
+        model.features(val_x[cal_idx]),
+        val_pred.probabilities[cal_idx],
+        val_pred.labels[cal_idx],
+        metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
+        feature_names=train.feature_names,
+    )
+    est_cal = EstimatorCalibration.fit(
+        val_pred.confidences[cal_idx], val_pred.labels[cal_idx] == val_y[cal_idx], cal_result.failed
+    )
+    bundle = Bundle(
+        model_sha256=model.sha256,
+        input_shape=list(model.input_shape),
+        classes=model.classes,
+        feature_names=train.feature_names,
+        fit_params=fitted.fit_params,
+        idi=idi,
+        tdi=fitted.oracle.tdi,
+        adi=fitted.oracle.adi,
+        calibration=fitted.calibration,
+        estimator_calibration=est_cal.to_dict(),
+    )
+    tdi = fitted.oracle.tdi
+    assert tdi is not None
+    return FitReport(
+        bundle=bundle,
+        calibration=est_cal,
+        train_accuracy=float((train_pred.labels == train_y).mean()),
+        val_accuracy=float((val_pred.labels == val_y).mean()),
+        n_rules=len(tdi.rules),
+        n_selected=len(tdi.selected_rules),
+        coverage=float(tdi.coverage(model.features(val_x))),
+    )
+
+
+@dataclass
+class Judged:
+    """A judged batch: the model's prediction and the oracle's verdicts."""
+
+    prediction: Prediction
+    result: OracleResult
+
+
+def judge(
+    model: OnnxClassifier,
+    bundle: Bundle,
+    x: np.ndarray,
+    metadata: dict[str, np.ndarray] | None = None,
+    *,
+    prepared: bool = False,
+) -> Judged:
+    xp = x if prepared else model.prepare(x)
+    pred = predict_with_progress(model, xp, "predict")
+    result = bundle.oracle().judge(
+        model.features(xp), pred.probabilities, pred.labels, metadata=metadata or None,
+        feature_names=bundle.feature_names,
+    )
+    return Judged(pred, result)
+
+
+def check_report(
+    model: OnnxClassifier, bundle: Bundle, data: Dataset, metadata_fields: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Verdicts and estimates for a batch; truth and oracle quality when labels are present."""
+    meta = {k: data.metadata[k] for k in metadata_fields} if metadata_fields else dict(data.metadata)
+    judged = judge(model, bundle, data.x, meta)
+    cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
+    stats = WindowStats.from_batch(judged.result.verdict, judged.prediction.confidences, cal)
+    estimates = estimate_all(stats, cal)
+    report: dict[str, Any] = {
+        "n": int(len(data)),
+        "model": {"name": model.name, "sha256": model.sha256},
+        "headline": HEADLINE_ESTIMATOR,
+        "verdicts": judged.result.counts(),
+        "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
+    }
+    if data.y is not None:
+        y = label_indices(data.y, model.classes)
+        correct = judged.prediction.labels == y
+        accuracy = float(correct.mean())
+        oc = calibrate(judged.result, ~correct)
+        report["truth"] = {"accuracy": accuracy}
+        report["oracle"] = {"tpr": oc.tpr, "fpr": oc.fpr, "f1": oc.f1, "tp": oc.tp, "fp": oc.fp, "tn": oc.tn, "fn": oc.fn}
+        report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+    return report
+
+
+__all__ = ["VERDICTS", "FitReport", "Judged", "check_report", "fit_bundle", "judge", "HEADLINE_ESTIMATOR"]
