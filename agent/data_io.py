@@ -81,10 +81,14 @@ def load_table(path: Path, label_column: str | None, metadata: Sequence[str] = (
     try:
         df = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
     except Exception as exc:  # pandas raises many parser error types
-        raise DataError(f"{path}: cannot read table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
+        raise DataError(
+            f"{path}: cannot read table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from exc
     missing = [c for c in [*(metadata or ()), *([label_column] if label_column else [])] if c not in df.columns]
     if missing:
-        raise DataError(f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})")
+        raise DataError(
+            f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})"
+        )
     y = _labels(df[label_column].to_numpy(), str(path)) if label_column else None
     meta = {m: df[m].to_numpy() for m in metadata}
     feats = df.drop(columns=[*metadata, *([label_column] if label_column else [])])

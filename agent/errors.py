@@ -9,11 +9,22 @@ class UserError(Exception):
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Every exception type whose message is meant for the user."""
-    from agent.data_io import DataError
-    from agent.model import InvalidInput, ModelLoadError
     from invariants.bundle import BundleError
     from invariants.idi import IdiRuleError
+
+    from agent.data_io import DataError
+    from agent.model import InvalidInput, ModelLoadError
     from invariants.onnx_session import OnnxLoadError
 
-    return (UserError, DataError, InvalidInput, ModelLoadError, BundleError, IdiRuleError, OnnxLoadError,
-            FileNotFoundError, PermissionError, IsADirectoryError)
+    return (
+        UserError,
+        DataError,
+        InvalidInput,
+        ModelLoadError,
+        BundleError,
+        IdiRuleError,
+        OnnxLoadError,
+        FileNotFoundError,
+        PermissionError,
+        IsADirectoryError,
+    )

@@ -82,9 +82,7 @@ class EstimatorCalibration:
         )
 
     @classmethod
-    def fit(
-        cls, confidences: np.ndarray, correct: np.ndarray, failed: np.ndarray
-    ) -> EstimatorCalibration:
+    def fit(cls, confidences: np.ndarray, correct: np.ndarray, failed: np.ndarray) -> EstimatorCalibration:
         """Fit from the calibration split: top-class probabilities, correctness, oracle fail flags."""
         conf = np.asarray(confidences, dtype=np.float64)
         ok = np.asarray(correct, dtype=bool)
@@ -150,8 +148,9 @@ class WindowStats:
         return WindowStats(
             n=self.n + other.n,
             fails=self.fails + other.fails,
-            fails_by_family={k: self.fails_by_family.get(k, 0) + other.fails_by_family.get(k, 0)
-                             for k in ("idi", "tdi", "adi")},
+            fails_by_family={
+                k: self.fails_by_family.get(k, 0) + other.fails_by_family.get(k, 0) for k in ("idi", "tdi", "adi")
+            },
             conf_sum=self.conf_sum + other.conf_sum,
             conf_sq_sum=self.conf_sq_sum + other.conf_sq_sum,
             atc_above=self.atc_above + other.atc_above,
@@ -161,8 +160,9 @@ class WindowStats:
         return WindowStats(
             n=self.n - other.n,
             fails=self.fails - other.fails,
-            fails_by_family={k: self.fails_by_family.get(k, 0) - other.fails_by_family.get(k, 0)
-                             for k in ("idi", "tdi", "adi")},
+            fails_by_family={
+                k: self.fails_by_family.get(k, 0) - other.fails_by_family.get(k, 0) for k in ("idi", "tdi", "adi")
+            },
             conf_sum=self.conf_sum - other.conf_sum,
             conf_sq_sum=self.conf_sq_sum - other.conf_sq_sum,
             atc_above=self.atc_above - other.atc_above,

@@ -106,7 +106,9 @@ class OnnxClassifier:
         if self.input.dtype.kind not in "fiu":
             raise ModelLoadError(f"model input {self.input.name!r} has unsupported type {self.input.onnx_type}")
         if len(self.input.shape) < 2:
-            raise ModelLoadError(f"model input {self.input.name!r} must be at least 2-D [N, ...], got {self.input.shape}")
+            raise ModelLoadError(
+                f"model input {self.input.name!r} must be at least 2-D [N, ...], got {self.input.shape}"
+            )
         if any(d is None for d in self.input.shape[1:]):
             raise ModelLoadError(
                 f"model input {self.input.name!r} has dynamic non-batch dimensions {self.input.shape}; "
@@ -118,7 +120,9 @@ class OnnxClassifier:
         probe = self.predict(np.zeros((1, *self.input_shape), dtype=self.input.dtype))
         self.n_classes = int(probe.probabilities.shape[1])
         if self.n_classes < 2:
-            raise ModelLoadError(f"output {self.scores_output!r} has {self.n_classes} column(s); a classifier needs >= 2")
+            raise ModelLoadError(
+                f"output {self.scores_output!r} has {self.n_classes} column(s); a classifier needs >= 2"
+            )
         if classes is not None and len(classes) != self.n_classes:
             raise ModelLoadError(f"{len(classes)} class names given but the model has {self.n_classes} classes")
         self.classes: list[str] = list(classes) if classes is not None else [str(i) for i in range(self.n_classes)]
@@ -137,7 +141,12 @@ class OnnxClassifier:
         if not p.is_file():
             raise ModelLoadError(f"model file not found: {p}")
         return cls(
-            p.read_bytes(), path=str(p), name=name, scores_output=scores_output, scores_kind=scores_kind, classes=classes
+            p.read_bytes(),
+            path=str(p),
+            name=name,
+            scores_output=scores_output,
+            scores_kind=scores_kind,
+            classes=classes,
         )
 
     def _pick_scores(self, scores_output: str | None, scores_kind: ScoresKind) -> tuple[str, ScoresKind]:
@@ -237,16 +246,18 @@ class OnnxClassifier:
     def predict_batched(self, x: np.ndarray, batch_size: int = 512) -> Prediction:
         """Predict a large array in chunks (for offline work)."""
         parts = [self.predict(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
-        return Prediction(
-            np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts])
-        )
+        return Prediction(np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts]))
 
     def describe(self) -> dict[str, object]:
         return {
             "name": self.name,
             "path": self.path,
             "sha256": self.sha256,
-            "input": {"name": self.input.name, "shape": [-1, *self.input_shape], "dtype": str(self.input.dtype)},
+            "input": {
+                "name": self.input.name,
+                "shape": [-1, *self.input_shape],
+                "dtype": str(self.input.dtype),
+            },
             "scores_output": self.scores_output,
             "scores_kind": self.scores_kind,
             "classes": self.classes,

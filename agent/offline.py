@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from agent.data_io import Dataset, label_indices
-from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
-from agent.model import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
 from invariants.oracle import VERDICTS, OracleResult, calibrate
+
+from agent.data_io import Dataset, label_indices
+from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
+from agent.model import OnnxClassifier, Prediction
 
 Progress = Callable[[str], None]
 
@@ -149,7 +149,10 @@ def judge(
     xp = x if prepared else model.prepare(x)
     pred = predict_with_progress(model, xp, "predict")
     result = bundle.oracle().judge(
-        model.features(xp), pred.probabilities, pred.labels, metadata=metadata or None,
+        model.features(xp),
+        pred.probabilities,
+        pred.labels,
+        metadata=metadata or None,
         feature_names=bundle.feature_names,
     )
     return Judged(pred, result)
@@ -177,7 +180,15 @@ def check_report(
         accuracy = float(correct.mean())
         oc = calibrate(judged.result, ~correct)
         report["truth"] = {"accuracy": accuracy}
-        report["oracle"] = {"tpr": oc.tpr, "fpr": oc.fpr, "f1": oc.f1, "tp": oc.tp, "fp": oc.fp, "tn": oc.tn, "fn": oc.fn}
+        report["oracle"] = {
+            "tpr": oc.tpr,
+            "fpr": oc.fpr,
+            "f1": oc.f1,
+            "tp": oc.tp,
+            "fp": oc.fp,
+            "tn": oc.tn,
+            "fn": oc.fn,
+        }
         report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
     return report
 

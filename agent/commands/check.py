@@ -5,11 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.data_io import load_data
-from agent.model import OnnxClassifier
-from agent.offline import check_report
-from invariants.bundle import Bundle
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="judge a data set with a bundle: verdicts, estimates, truth if labeled")
@@ -48,6 +43,12 @@ def format_report(report: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from invariants.bundle import Bundle
+
+    from agent.data_io import load_data
+    from agent.model import OnnxClassifier
+    from agent.offline import check_report
+
     model = OnnxClassifier.load(args.model)
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
     data = load_data(args.data, label_column=args.label_column, metadata=args.metadata)

@@ -7,11 +7,6 @@ import json
 import sys
 import time
 
-from agent.data_io import load_data
-from agent.errors import UserError
-from agent.model import OnnxClassifier
-from agent.offline import fit_bundle
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("fit", help="fit IDI/TDI/ADI invariants for a model and write a bundle")
@@ -21,8 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--idi", help="YAML file of input-data-dependent invariants")
     p.add_argument("--confidence", type=float, default=0.99, help="minimum TDI rule confidence C (default 0.99)")
     p.add_argument("--support", type=int, default=8, help="TDI rules need support > S records (default 8)")
-    p.add_argument("--calibration-fraction", type=float, default=0.3,
-                   help="share of the validation data held out of ADI training to measure TPR/FPR (default 0.3)")
+    p.add_argument(
+        "--calibration-fraction",
+        type=float,
+        default=0.3,
+        help="share of the validation data held out of ADI training to measure TPR/FPR (default 0.3)",
+    )
     p.add_argument("--trees", type=int, default=100, help="random-forest size of the ADI (default 100, paper Table 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
@@ -33,6 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent.data_io import load_data
+    from agent.errors import UserError
+    from agent.model import OnnxClassifier
+    from agent.offline import fit_bundle
+
     if not 0.0 <= args.confidence <= 1.0:
         raise UserError("--confidence must be within [0, 1]")
     if not 0.0 < args.calibration_fraction < 1.0:
@@ -47,8 +51,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {msg}", file=sys.stderr)
 
     report = fit_bundle(
-        model, train, val, idi_path=args.idi, confidence=args.confidence, support=args.support,
-        calibration_fraction=args.calibration_fraction, n_estimators=args.trees, seed=args.seed, progress=say,
+        model,
+        train,
+        val,
+        idi_path=args.idi,
+        confidence=args.confidence,
+        support=args.support,
+        calibration_fraction=args.calibration_fraction,
+        n_estimators=args.trees,
+        seed=args.seed,
+        progress=say,
     )
     report.bundle.save(args.out)
     cal = report.bundle.calibration
@@ -69,9 +81,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"bundle written to {args.out}")
         print(f"  model accuracy: train {report.train_accuracy:.4f}, validation {report.val_accuracy:.4f}")
-        print(f"  TDI: {report.n_selected} of {report.n_rules} rules selected (C >= {args.confidence}, "
-              f"S > {args.support}); they cover {report.coverage:.1%} of validation inputs")
-        print(f"  oracle on the calibration split ({cal.n} samples, {cal.tp + cal.fn} model errors): "
-              f"TPR {cal.tpr:.3f}, FPR {cal.fpr:.3f}")
+        print(
+            f"  TDI: {report.n_selected} of {report.n_rules} rules selected (C >= {args.confidence}, "
+            f"S > {args.support}); they cover {report.coverage:.1%} of validation inputs"
+        )
+        print(
+            f"  oracle on the calibration split ({cal.n} samples, {cal.tp + cal.fn} model errors): "
+            f"TPR {cal.tpr:.3f}, FPR {cal.fpr:.3f}"
+        )
         print(f"  took {summary['seconds']} s")
     return 0
