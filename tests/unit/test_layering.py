@@ -67,7 +67,8 @@ def test_third_party_clients_behind_one_adapter(library: str, adapter: str) -> N
 
 
 UNSAFE = re.compile(
-    r"\bimport pickle\b|\bimport joblib\b|\bfrom (pickle|joblib)\b|yaml\.load\(|yaml\.unsafe_load|\beval\(|\bexec\(|allow_pickle=True"
+    r"\bimport pickle\b|\bimport joblib\b|\bfrom (pickle|joblib)\b|yaml\.load\(|yaml\.unsafe_load"
+    r"|\beval\(|\bexec\(|allow_pickle=True"
 )
 
 
