@@ -1,0 +1,345 @@
+"""The invariant bundle: a directory holding a fitted oracle, without pickle or joblib.
+
+Files (DESIGN.md, "Invariant bundle"):
+
+* ``manifest.json`` — ``format_version``, ``model_sha256``, ``input_shape`` (without the batch
+  axis), ``classes``, ``feature_names``, ``fit_params``, ``calibration`` (the oracle's TPR/FPR
+  with counts), ``estimator_calibration`` (free numbers from the caller), ``files`` (sha256 of
+  every other file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own
+  canonical JSON without that key, so an edited manifest is refused as well);
+* ``idi.yaml`` — only when IDIs exist;
+* ``tdi.json`` — the tree arrays and the leaf table;
+* ``adi.onnx`` — the random forest.
+
+Loading verifies every digest before parsing anything and, when asked, that the bundle was
+fitted for the given model.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from invariants.adi import AlgorithmInvariants
+from invariants.fitting import FittedOracle
+from invariants.idi import IdiRuleError, IdiRuleSet
+from invariants.onnx_session import OnnxLoadError
+from invariants.oracle import Oracle, OracleCalibration
+from invariants.tdi import TrainingInvariants
+
+__all__ = ["FORMAT_VERSION", "Bundle", "BundleError", "sha256_bytes", "sha256_file"]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+IDI_FILE = "idi.yaml"
+TDI_FILE = "tdi.json"
+ADI_FILE = "adi.onnx"
+_PAYLOAD_FILES = (IDI_FILE, TDI_FILE, ADI_FILE)
+_REQUIRED_KEYS = (
+    "format_version",
+    "model_sha256",
+    "input_shape",
+    "classes",
+    "feature_names",
+    "fit_params",
+    "calibration",
+    "estimator_calibration",
+    "files",
+    "created_at",
+    "manifest_sha256",
+)
+
+
+class BundleError(ValueError):
+    """A bundle cannot be written or read; one line naming the file and the problem."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)
+
+
+def _short(digest: str) -> str:
+    return digest[:12] + "…" if len(digest) > 12 else digest
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _canonical(data: Mapping[str, Any]) -> str:
+    """The one serialisation of a manifest: sorted keys, 2-space indent, strict JSON."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False, default=_json_default)
+
+
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return sha256_bytes(_canonical(body).encode("ascii"))
+
+
+@dataclass
+class Bundle:
+    """Everything needed to run a fitted oracle beside one model."""
+
+    model_sha256: str
+    input_shape: list[int | None]
+    classes: list[str]
+    feature_names: list[str] | None
+    fit_params: dict[str, Any]
+    idi: IdiRuleSet | None
+    tdi: TrainingInvariants
+    adi: AlgorithmInvariants
+    calibration: OracleCalibration
+    estimator_calibration: dict[str, Any] = field(default_factory=dict)
+    created_at: str | None = None
+
+    @classmethod
+    def from_fitted(
+        cls,
+        fitted: FittedOracle,
+        *,
+        model_sha256: str,
+        input_shape: Sequence[int | None],
+        classes: Sequence[str],
+        feature_names: Sequence[str] | None = None,
+        estimator_calibration: Mapping[str, Any] | None = None,
+    ) -> Bundle:
+        """Wrap the result of :func:`~invariants.fitting.fit_oracle`."""
+        oracle = fitted.oracle
+        if oracle.tdi is None or oracle.adi is None:
+            raise BundleError("a bundle needs both training- and algorithm-dependent invariants")
+        return cls(
+            model_sha256=model_sha256,
+            input_shape=list(input_shape),
+            classes=[str(c) for c in classes],
+            feature_names=list(feature_names) if feature_names is not None else None,
+            fit_params=dict(fitted.fit_params),
+            idi=oracle.idi,
+            tdi=oracle.tdi,
+            adi=oracle.adi,
+            calibration=fitted.calibration,
+            estimator_calibration=dict(estimator_calibration or {}),
+        )
+
+    def oracle(self) -> Oracle:
+        return Oracle(self.idi, self.tdi, self.adi)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _payload(self) -> dict[str, bytes]:
+        files: dict[str, bytes] = {}
+        if self.idi is not None and self.idi.rules:
+            files[IDI_FILE] = self.idi.to_yaml().encode("utf-8")
+        files[TDI_FILE] = (json.dumps(self.tdi.to_dict(), allow_nan=False, separators=(",", ":")) + "\n").encode(
+            "ascii"
+        )
+        files[ADI_FILE] = self.adi.onnx_bytes
+        return files
+
+    def manifest(self, files: Mapping[str, str]) -> dict[str, Any]:
+        """The manifest for the given ``{file: sha256}`` (``created_at`` must be set)."""
+        manifest: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "model_sha256": self.model_sha256,
+            "input_shape": list(self.input_shape),
+            "classes": list(self.classes),
+            "feature_names": list(self.feature_names) if self.feature_names is not None else None,
+            "fit_params": self.fit_params,
+            "calibration": self.calibration.to_dict(),
+            "estimator_calibration": self.estimator_calibration,
+            "files": dict(sorted(files.items())),
+            "created_at": self.created_at,
+        }
+        manifest["manifest_sha256"] = _manifest_digest(manifest)
+        return manifest
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the bundle atomically (temp dir beside the target, then rename), replacing an
+        existing bundle directory. Sets :attr:`created_at` when it is unset."""
+        target = Path(directory)
+        if not _is_sha256(self.model_sha256):
+            raise BundleError(f"{MANIFEST}: model_sha256 must be a hex sha256 digest, got {self.model_sha256!r}")
+        if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / MANIFEST).exists())):
+            raise BundleError(f"{target}: exists and is not an invariant bundle; refusing to overwrite it")
+        if self.created_at is None:
+            self.created_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+        payload = self._payload()
+        digests = {name: sha256_bytes(data) for name, data in payload.items()}
+        try:
+            text = _canonical(self.manifest(digests)) + "\n"
+        except (TypeError, ValueError) as exc:
+            raise BundleError(f"{MANIFEST}: cannot serialise the manifest ({exc})") from exc
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            for name, data in payload.items():
+                (staging / name).write_bytes(data)
+            (staging / MANIFEST).write_text(text, encoding="ascii")
+            for name in (*payload, MANIFEST):
+                with open(staging / name, "rb") as handle:
+                    os.fsync(handle.fileno())
+            if target.exists():
+                retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+                retired.rmdir()
+                os.replace(target, retired)
+                os.replace(staging, target)
+                shutil.rmtree(retired, ignore_errors=True)
+            else:
+                os.replace(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return target
+
+    # -- reading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], *, expected_model_sha256: str | None = None) -> Bundle:
+        """Read a bundle, verifying the manifest and every file digest before parsing any file."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise BundleError(f"{root}: no such bundle directory")
+        manifest = _read_manifest(root)
+        files = manifest["files"]
+        blobs: dict[str, bytes] = {}
+        for name in _PAYLOAD_FILES:
+            if name not in files:
+                continue
+            path = root / name
+            if not path.is_file():
+                raise BundleError(f"{name}: missing file")
+            data = path.read_bytes()
+            if sha256_bytes(data) != files[name]:
+                raise BundleError(f"{name}: sha256 mismatch (bundle tampered or corrupted)")
+            blobs[name] = data
+        if expected_model_sha256 is not None and expected_model_sha256.lower() != manifest["model_sha256"].lower():
+            raise BundleError(
+                f"bundle was fitted for model sha256 {_short(manifest['model_sha256'])} "
+                f"but the model is {_short(expected_model_sha256)}"
+            )
+        classes = manifest["classes"]
+        feature_names = manifest["feature_names"]
+
+        idi = None
+        if IDI_FILE in blobs:
+            try:
+                idi = IdiRuleSet.from_yaml(blobs[IDI_FILE].decode("utf-8"), classes)
+            except (IdiRuleError, UnicodeDecodeError) as exc:
+                raise BundleError(f"{IDI_FILE}: {exc}") from exc
+        try:
+            tdi = TrainingInvariants.from_dict(json.loads(blobs[TDI_FILE].decode("utf-8")))
+        except json.JSONDecodeError as exc:
+            raise BundleError(f"{TDI_FILE}: malformed JSON ({exc})") from exc
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{TDI_FILE}: {exc}") from exc
+        try:
+            adi = AlgorithmInvariants.from_onnx(blobs[ADI_FILE])
+        except (OnnxLoadError, ValueError) as exc:
+            raise BundleError(f"{ADI_FILE}: {exc}") from exc
+        try:
+            calibration = OracleCalibration.from_dict(manifest["calibration"])
+        except ValueError as exc:
+            raise BundleError(f"{MANIFEST}: {exc}") from exc
+        return cls(
+            model_sha256=manifest["model_sha256"],
+            input_shape=list(manifest["input_shape"]),
+            classes=list(classes),
+            feature_names=list(feature_names) if feature_names is not None else None,
+            fit_params=dict(manifest["fit_params"]),
+            idi=idi,
+            tdi=tdi,
+            adi=adi,
+            calibration=calibration,
+            estimator_calibration=dict(manifest["estimator_calibration"]),
+            created_at=manifest["created_at"],
+        )
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    if not path.is_file():
+        raise BundleError(f"{MANIFEST}: missing file")
+    raw = path.read_bytes()
+    try:
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise BundleError(f"{MANIFEST}: malformed JSON ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{MANIFEST}: malformed JSON (expected an object)")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise BundleError(f"{MANIFEST}: unsupported format_version {version!r} (this version reads {FORMAT_VERSION})")
+    for key in _REQUIRED_KEYS:
+        if key not in manifest:
+            raise BundleError(f"{MANIFEST}: missing key {key!r}")
+    if manifest["manifest_sha256"] != _manifest_digest(manifest):
+        raise BundleError(f"{MANIFEST}: sha256 mismatch (bundle tampered or corrupted)")
+    if raw.decode("utf-8") != _canonical(manifest) + "\n":
+        raise BundleError(f"{MANIFEST}: not in canonical form (bundle tampered or corrupted)")
+    _check_manifest_types(manifest)
+    return manifest
+
+
+def _check_manifest_types(manifest: Mapping[str, Any]) -> None:
+    def bad(key: str, expected: str) -> BundleError:
+        return BundleError(f"{MANIFEST}: {key!r} must be {expected}")
+
+    if not _is_sha256(manifest["model_sha256"]):
+        raise bad("model_sha256", "a hex sha256 digest")
+    shape = manifest["input_shape"]
+    if not isinstance(shape, list) or not all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0) for d in shape
+    ):
+        raise bad("input_shape", "a list of positive integers (or null for a dynamic axis)")
+    classes = manifest["classes"]
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise bad("classes", "a non-empty list of strings")
+    names = manifest["feature_names"]
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise bad("feature_names", "a list of strings or null")
+    for key in ("fit_params", "calibration", "estimator_calibration"):
+        if not isinstance(manifest[key], dict):
+            raise bad(key, "an object")
+    files = manifest["files"]
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise bad("files", "an object of file name to sha256")
+    unknown = [name for name in files if name not in _PAYLOAD_FILES]
+    if unknown:
+        raise BundleError(f"{MANIFEST}: unexpected file {unknown[0]!r} in 'files'")
+    for name in (TDI_FILE, ADI_FILE):
+        if name not in files:
+            raise BundleError(f"{MANIFEST}: 'files' does not list {name}")
+    if manifest["created_at"] is not None and not isinstance(manifest["created_at"], str):
+        raise bad("created_at", "a timestamp string")

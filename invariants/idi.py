@@ -1,0 +1,565 @@
+"""Input-data-dependent invariants (IDIs), ICOS paper §4.2 and §5.4.
+
+An IDI encodes upfront knowledge of the operational domain: "if the operational input belongs
+to partition X, the label predicted by the model cannot be y". The paper writes them as
+clauses (eq. 1), e.g. ``fail :- input_image ∈ P1, output ∉ {0, 3, 6, 8, 9}``.
+
+Rules are written by hand in a small YAML language (parsed with ``yaml.safe_load`` only, no
+evaluation of any expression)::
+
+    rules:
+      - name: no-straight-lines          # required, unique
+        when: {field: form, equals: P1}  # one condition, or a list (all must hold)
+        allowed_labels: [0, 3, 6, 8, 9]  # XOR forbidden_labels
+      - name: adults-only
+        when: [{feature: age, lt: 18}, {field: country, in: [FR, IT]}]
+        forbidden_labels: [approve]
+
+A condition has exactly one subject, ``field`` (a metadata name) or ``feature`` (a tabular
+feature name or the index form ``x[i]``), and exactly one operator among ``equals``,
+``not_equals``, ``in``, ``not_in``, ``lt``, ``le``, ``gt``, ``ge``. A rule fires (the
+prediction fails) when all of its conditions hold and the predicted label is not allowed /
+is forbidden. A sample whose metadata is missing never satisfies a condition on it, so a
+rule about that field cannot fire for it (missing data is never an error).
+
+Metadata values compare as text and, when both sides read as numbers, numerically too:
+``equals: 3`` matches the metadata values ``3``, ``3.0`` and ``"3"``. ``None``, float NaN and
+the empty string mean "missing".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+__all__ = [
+    "OPERATORS",
+    "Condition",
+    "IdiRule",
+    "IdiRuleError",
+    "IdiRuleSet",
+]
+
+Scalar = str | int | float
+Value = Scalar | tuple[Scalar, ...]
+
+OPERATORS: tuple[str, ...] = ("equals", "not_equals", "in", "not_in", "lt", "le", "gt", "ge")
+_NUMERIC_OPS = frozenset({"lt", "le", "gt", "ge"})
+_SET_OPS = frozenset({"in", "not_in"})
+_SUBJECTS = ("field", "feature")
+_RULE_KEYS = ("name", "when", "allowed_labels", "forbidden_labels")
+_INDEX_FORM = re.compile(r"^x\[(\d+)\]$")
+_SYMBOLS = {
+    "equals": "=",
+    "not_equals": "≠",
+    "in": "∈",
+    "not_in": "∉",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+}
+
+
+class IdiRuleError(ValueError):
+    """An IDI rule file is invalid; the message names the rule (by number and name) and the key."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One constraint of an IDI clause.
+
+    ``subject`` is ``"field"`` (metadata) or ``"feature"`` (a column of the flat input);
+    ``name`` is the metadata field, the feature name, or ``x[i]`` with ``index == i``.
+    ``value`` is a scalar, or a tuple of scalars for ``in`` / ``not_in``.
+    """
+
+    subject: str
+    name: str
+    op: str
+    value: Value
+    index: int | None = None
+
+    def text(self) -> str:
+        """The constraint in clause notation, e.g. ``form = P1`` or ``country ∈ {FR, IT}``."""
+        if isinstance(self.value, tuple):
+            shown = "{" + ", ".join(_show(v) for v in self.value) + "}"
+        else:
+            shown = _show(self.value)
+        return f"{self.name} {_SYMBOLS[self.op]} {shown}"
+
+
+@dataclass(frozen=True)
+class IdiRule:
+    """``fail :- C1 ∧ … ∧ Cn, output ∉ allowed`` (or ``output ∈ forbidden``); labels are class indices."""
+
+    name: str
+    conditions: tuple[Condition, ...]
+    allowed: frozenset[int] | None
+    forbidden: frozenset[int] | None
+
+
+def _show(v: Scalar) -> str:
+    return v if isinstance(v, str) else repr(v)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _as_float(v: object) -> float:
+    """``float(v)`` or NaN when ``v`` does not read as a number."""
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+class _Where:
+    def __init__(self, number: int, name: str | None) -> None:
+        self.number = number
+        self.name = name
+
+    def error(self, message: str) -> IdiRuleError:
+        label = f"rule {self.number}" + (f" ({self.name!r})" if self.name is not None else "")
+        return IdiRuleError(f"{label}: {message}")
+
+
+def _parse_scalar(raw: object, where: _Where, key: str, numeric: bool) -> Scalar:
+    if numeric:
+        if not _is_number(raw) or not math.isfinite(float(raw)):  # type: ignore[arg-type]
+            raise where.error(f"operator '{key}' needs a finite number, got {raw!r}")
+        return raw  # type: ignore[return-value]
+    if isinstance(raw, str) or _is_number(raw):
+        if isinstance(raw, float) and not math.isfinite(raw):
+            raise where.error(f"operator '{key}' needs a finite number or a string, got {raw!r}")
+        return raw  # type: ignore[return-value]
+    raise where.error(f"operator '{key}' needs a string or a number (quote it), got {raw!r}")
+
+
+def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
+    if not isinstance(raw, Mapping):
+        raise where.error(f"condition {position} must be a mapping like {{field: form, equals: P1}}")
+    subjects = [k for k in raw if k in _SUBJECTS]
+    operators = [k for k in raw if k in OPERATORS]
+    unknown = [k for k in raw if k not in _SUBJECTS and k not in OPERATORS]
+    if unknown:
+        if not subjects:
+            raise where.error(f"unknown key {unknown[0]!r} in condition {position} (expected 'field' or 'feature')")
+        raise where.error(f"unknown operator {unknown[0]!r}")
+    if len(subjects) != 1:
+        if not subjects:
+            raise where.error(f"condition {position} needs one subject, 'field' or 'feature'")
+        raise where.error(f"condition {position} has both 'field' and 'feature'; use one")
+    if len(operators) != 1:
+        if not operators:
+            raise where.error(f"condition {position} needs one operator among {', '.join(OPERATORS)}")
+        raise where.error(f"condition {position} has several operators ({', '.join(operators)}); use one")
+    subject, op = subjects[0], operators[0]
+    target = raw[subject]
+    index: int | None = None
+    if subject == "field":
+        if not isinstance(target, str) or not target:
+            raise where.error(f"'field' must be a metadata name, got {target!r}")
+        name = target
+    else:
+        if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
+            index, name = target, f"x[{target}]"
+        elif isinstance(target, str) and target:
+            match = _INDEX_FORM.match(target)
+            index = int(match.group(1)) if match else None
+            name = target
+        else:
+            raise where.error(f"'feature' must be a feature name or x[i], got {target!r}")
+    numeric = op in _NUMERIC_OPS or subject == "feature"
+    value: Value
+    if op in _SET_OPS:
+        items = raw[op]
+        if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
+            raise where.error(f"operator '{op}' needs a non-empty list, got {items!r}")
+        value = tuple(_parse_scalar(v, where, op, numeric) for v in items)
+    else:
+        value = _parse_scalar(raw[op], where, op, numeric)
+    return Condition(subject=subject, name=name, op=op, value=value, index=index)
+
+
+def _parse_labels(raw: object, classes: Sequence[str], where: _Where, key: str) -> frozenset[int]:
+    items: list[object]
+    if isinstance(raw, (str, int)) and not isinstance(raw, bool):
+        items = [raw]
+    elif isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)):
+        items = list(raw)
+    else:
+        raise where.error(f"'{key}' must be a list of class names or indices, got {raw!r}")
+    if not items:
+        raise where.error(f"'{key}' must list at least one label")
+    names = {c: i for i, c in reversed(list(enumerate(classes)))}
+    out: set[int] = set()
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise where.error(f"'{key}': label {item!r} is neither a class name nor a class index")
+        if isinstance(item, int):
+            if not 0 <= item < len(classes):
+                raise where.error(f"'{key}': class index {item} out of range 0..{len(classes) - 1}")
+            out.add(item)
+        elif item in names:
+            out.add(names[item])
+        else:
+            raise where.error(f"'{key}': unknown class {item!r}")
+    return frozenset(out)
+
+
+def _parse_rule(raw: object, classes: Sequence[str], number: int, seen: set[str]) -> IdiRule:
+    where = _Where(number, None)
+    if not isinstance(raw, Mapping):
+        raise where.error("must be a mapping with 'name', 'when' and 'allowed_labels' or 'forbidden_labels'")
+    name = raw.get("name")
+    if name is not None and isinstance(name, str):
+        where.name = name
+    for key in raw:
+        if key not in _RULE_KEYS:
+            raise where.error(f"unknown key {key!r} (expected one of {', '.join(_RULE_KEYS)})")
+    if "name" not in raw:
+        raise where.error("missing required key 'name'")
+    if not isinstance(name, str) or not name.strip():
+        raise where.error(f"'name' must be a non-empty string, got {name!r}")
+    if name in seen:
+        raise where.error(f"duplicate rule name {name!r}")
+    if "when" not in raw:
+        raise where.error("missing required key 'when'")
+    when = raw["when"]
+    conditions_raw = [when] if isinstance(when, Mapping) else when
+    if not isinstance(conditions_raw, list) or not conditions_raw:
+        raise where.error("'when' must be a condition or a non-empty list of conditions")
+    conditions = tuple(_parse_condition(c, where, i + 1) for i, c in enumerate(conditions_raw))
+    has_allowed, has_forbidden = "allowed_labels" in raw, "forbidden_labels" in raw
+    if has_allowed == has_forbidden:
+        raise where.error("needs exactly one of 'allowed_labels' and 'forbidden_labels'")
+    allowed = _parse_labels(raw["allowed_labels"], classes, where, "allowed_labels") if has_allowed else None
+    forbidden = _parse_labels(raw["forbidden_labels"], classes, where, "forbidden_labels") if has_forbidden else None
+    return IdiRule(name=name, conditions=conditions, allowed=allowed, forbidden=forbidden)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+class _Column:
+    """One metadata field normalised for a batch: text, numbers (NaN = not a number), presence."""
+
+    def __init__(self, raw: object, n: int, field: str) -> None:
+        self.n = n
+        self._text: np.ndarray | None = None
+        self._num: np.ndarray | None = None
+        if raw is None:
+            self.present = np.zeros(n, dtype=bool)
+            self._text = np.full(n, "", dtype=str)
+            self._num = np.full(n, np.nan)
+            return
+        arr = np.asarray(raw)
+        if arr.ndim == 0:
+            scalar = arr.item()
+            if isinstance(scalar, bytes):
+                scalar = scalar.decode("utf-8", errors="replace")
+            missing = scalar is None or scalar == "" or (isinstance(scalar, float) and math.isnan(scalar))
+            self.present = np.full(n, not missing)
+            self._text = np.full(n, "" if missing else str(scalar), dtype=object)
+            self._num = np.full(n, math.nan if missing else _as_float(scalar))
+            return
+        if arr.ndim != 1 or arr.shape[0] != n:
+            raise ValueError(f"metadata field {field!r} has shape {arr.shape}, expected one value or {n} values")
+        kind = arr.dtype.kind
+        if kind in "iub":
+            self._num = arr.astype(np.float64)
+            self.present = np.ones(n, dtype=bool)
+        elif kind == "f":
+            self._num = arr.astype(np.float64)
+            self.present = ~np.isnan(self._num)
+        else:
+            if kind == "S":
+                text = np.char.decode(arr, "utf-8", errors="replace")
+                present = text != ""
+            elif kind == "U":
+                text = arr
+                present = text != ""
+            else:
+                obj = arr.astype(object)
+                text = obj.astype(str)
+                is_bytes = np.char.startswith(text, "b'") | np.char.startswith(text, 'b"')
+                if is_bytes.any():
+                    text[is_bytes] = np.char.decode(obj[is_bytes].astype(bytes), "utf-8", errors="replace")
+                present = ~np.equal(obj, np.asarray(None, dtype=object)) & (text != "") & (text != "nan")
+            self._text = text
+            self.present = present
+
+    @property
+    def text(self) -> np.ndarray | None:
+        """Text of each value (``None`` for an all-numeric column: no text-only value can match)."""
+        return self._text
+
+    @property
+    def num(self) -> np.ndarray:
+        if self._num is None:
+            assert self._text is not None
+            uniques, inverse = np.unique(self._text, return_inverse=True)
+            self._num = np.array([_as_float(u) for u in uniques], dtype=np.float64)[inverse.reshape(-1)]
+        return self._num
+
+
+def _equal_mask(column: _Column, value: Scalar) -> np.ndarray:
+    mask = np.zeros(column.n, dtype=bool)
+    number = float(value) if _is_number(value) else _as_float(value)
+    if not math.isnan(number):
+        mask |= column.num == number
+    if column.text is not None:
+        mask |= column.text == (value if isinstance(value, str) else str(value))
+    return mask & column.present
+
+
+def _feature_column(
+    cond: Condition, features: np.ndarray | None, feature_names: Sequence[str] | None
+) -> np.ndarray | None:
+    if features is None:
+        return None
+    index = cond.index
+    if index is None:
+        if feature_names is None or cond.name not in feature_names:
+            return None
+        index = list(feature_names).index(cond.name)
+    if index >= features.shape[1]:
+        return None
+    return np.asarray(features[:, index], dtype=np.float64)
+
+
+def _condition_mask(
+    cond: Condition,
+    n: int,
+    columns: dict[str, _Column],
+    metadata: Mapping[str, object] | None,
+    features: np.ndarray | None,
+    feature_names: Sequence[str] | None,
+) -> np.ndarray:
+    if cond.subject == "field":
+        if metadata is None or cond.name not in metadata:
+            return np.zeros(n, dtype=bool)
+        if cond.name not in columns:
+            columns[cond.name] = _Column(metadata[cond.name], n, cond.name)
+        column = columns[cond.name]
+    else:
+        values = _feature_column(cond, features, feature_names)
+        if values is None:
+            return np.zeros(n, dtype=bool)
+        column = _Column(values, n, cond.name)
+    op, value = cond.op, cond.value
+    if op in _NUMERIC_OPS:
+        assert not isinstance(value, tuple)
+        num, threshold = column.num, float(value)
+        with np.errstate(invalid="ignore"):
+            if op == "lt":
+                return num < threshold
+            if op == "le":
+                return num <= threshold
+            if op == "gt":
+                return num > threshold
+            return num >= threshold
+    if op in _SET_OPS:
+        assert isinstance(value, tuple)
+        hit = np.zeros(n, dtype=bool)
+        for item in value:
+            hit |= _equal_mask(column, item)
+    else:
+        assert not isinstance(value, tuple)
+        hit = _equal_mask(column, value)
+    if op in ("not_equals", "not_in"):
+        return column.present & ~hit
+    return hit
+
+
+# ----------------------------------------------------------------------------- rule set
+
+
+class IdiRuleSet:
+    """An ordered list of IDIs over a classifier's classes (the first firing rule is reported)."""
+
+    def __init__(self, rules: Iterable[IdiRule], classes: Sequence[str]) -> None:
+        self.rules: list[IdiRule] = list(rules)
+        self.classes: tuple[str, ...] = tuple(str(c) for c in classes)
+        for i, rule in enumerate(self.rules):
+            labels = rule.allowed if rule.allowed is not None else rule.forbidden
+            if labels is None or (rule.allowed is not None and rule.forbidden is not None):
+                raise IdiRuleError(f"rule {i + 1} ({rule.name!r}): needs exactly one of allowed / forbidden")
+            if any(not 0 <= label < len(self.classes) for label in labels):
+                raise IdiRuleError(f"rule {i + 1} ({rule.name!r}): class index out of range")
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_yaml(cls, text: str, classes: Sequence[str]) -> IdiRuleSet:
+        """Parse the YAML rule language (``yaml.safe_load`` only: Python tags are refused)."""
+        if not classes:
+            raise IdiRuleError("IDI rules need the model's class list")
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise IdiRuleError(f"not a valid IDI rule file: {first}") from exc
+        if not isinstance(document, Mapping) or "rules" not in document:
+            raise IdiRuleError("an IDI rule file is a mapping with a 'rules' list")
+        extra = [k for k in document if k != "rules"]
+        if extra:
+            raise IdiRuleError(f"unknown top-level key {extra[0]!r} (only 'rules' is allowed)")
+        raw_rules = document["rules"]
+        if raw_rules is None:
+            raw_rules = []
+        if not isinstance(raw_rules, list):
+            raise IdiRuleError("'rules' must be a list")
+        seen: set[str] = set()
+        rules = []
+        for number, raw in enumerate(raw_rules, start=1):
+            rule = _parse_rule(raw, classes, number, seen)
+            seen.add(rule.name)
+            rules.append(rule)
+        return cls(rules, classes)
+
+    @classmethod
+    def load(cls, path: str | Path, classes: Sequence[str]) -> IdiRuleSet:
+        """Read and parse a rule file; errors name the file."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise IdiRuleError(f"{path}: cannot read IDI rules ({exc.strerror or exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise IdiRuleError(f"{path}: not UTF-8 text") from exc
+        try:
+            return cls.from_yaml(text, classes)
+        except IdiRuleError as exc:
+            raise IdiRuleError(f"{path}: {exc}") from exc
+
+    def to_yaml(self) -> str:
+        """The rules in the YAML language; ``from_yaml(to_yaml(), classes)`` gives equal rules."""
+        by_name = len(set(self.classes)) == len(self.classes)
+
+        def labels(indices: frozenset[int]) -> list[str | int]:
+            # digits-like classes named by their own index read best as plain numbers
+            return [self.classes[i] if by_name and self.classes[i] != str(i) else i for i in sorted(indices)]
+
+        out = []
+        for rule in self.rules:
+            conditions = []
+            for cond in rule.conditions:
+                value: Any = list(cond.value) if isinstance(cond.value, tuple) else cond.value
+                conditions.append({cond.subject: cond.name, cond.op: value})
+            entry: dict[str, Any] = {"name": rule.name}
+            entry["when"] = conditions[0] if len(conditions) == 1 else conditions
+            if rule.allowed is not None:
+                entry["allowed_labels"] = labels(rule.allowed)
+            else:
+                assert rule.forbidden is not None
+                entry["forbidden_labels"] = labels(rule.forbidden)
+            out.append(entry)
+        return yaml.safe_dump({"rules": out}, sort_keys=False, allow_unicode=True, default_flow_style=None)
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IdiRuleSet) and self.rules == other.rules and self.classes == other.classes
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"IdiRuleSet({len(self.rules)} rules, {len(self.classes)} classes)"
+
+    @property
+    def metadata_fields(self) -> frozenset[str]:
+        """Metadata names the rules read."""
+        return frozenset(c.name for r in self.rules for c in r.conditions if c.subject == "field")
+
+    @property
+    def feature_names_needed(self) -> frozenset[str]:
+        """Tabular feature names the rules read (index-form ``x[i]`` features are not listed)."""
+        return frozenset(c.name for r in self.rules for c in r.conditions if c.subject == "feature" and c.index is None)
+
+    def validate_features(self, feature_names: Sequence[str] | None, n_features: int | None) -> None:
+        """Raise :class:`IdiRuleError` when a feature condition cannot be resolved for this input.
+
+        ``evaluate`` treats an unresolvable feature as missing (the condition is false); call
+        this once at start-up to turn such a configuration mistake into a clear error.
+        """
+        names = list(feature_names) if feature_names is not None else None
+        for number, rule in enumerate(self.rules, start=1):
+            for cond in rule.conditions:
+                if cond.subject != "feature":
+                    continue
+                where = _Where(number, rule.name)
+                if cond.index is None:
+                    if names is None or cond.name not in names:
+                        raise where.error(f"unknown feature {cond.name!r}")
+                elif n_features is not None and cond.index >= n_features:
+                    raise where.error(f"feature {cond.name} out of range (the input has {n_features})")
+
+    def describe(self, i: int) -> str:
+        """Rule ``i`` as a clause, e.g. ``fail :- form = P1, output ∉ {0, 3, 6, 8, 9}``."""
+        rule = self.rules[i]
+        body = " & ".join(c.text() for c in rule.conditions)
+        if rule.allowed is not None:
+            head = "∉ {" + ", ".join(self.classes[j] for j in sorted(rule.allowed)) + "}"
+        else:
+            assert rule.forbidden is not None
+            head = "∈ {" + ", ".join(self.classes[j] for j in sorted(rule.forbidden)) + "}"
+        return f"fail :- {body}, output {head}"
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        labels: np.ndarray,
+        metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
+        features: np.ndarray | None = None,
+        feature_names: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """Index of the first rule that fires for each sample, ``-1`` when none does (int32 [N]).
+
+        ``metadata`` maps a field to one value per sample or to a single (batch-level) value;
+        ``features`` is the flat input [N, D] for feature conditions. Vectorised per rule.
+        """
+        labels = np.asarray(labels).reshape(-1)
+        n = labels.shape[0]
+        out = np.full(n, -1, dtype=np.int32)
+        if n == 0 or not self.rules:
+            return out
+        flat = None
+        if features is not None:
+            flat = np.asarray(features)
+            flat = flat.reshape(flat.shape[0], -1)
+            if flat.shape[0] != n:
+                raise ValueError(f"features have {flat.shape[0]} rows for {n} labels")
+        columns: dict[str, _Column] = {}
+        for i, rule in enumerate(self.rules):
+            undecided = out == -1
+            if not undecided.any():
+                break
+            if rule.allowed is not None:
+                fires = ~np.isin(labels, np.fromiter(rule.allowed, dtype=np.int64))
+            else:
+                assert rule.forbidden is not None
+                fires = np.isin(labels, np.fromiter(rule.forbidden, dtype=np.int64))
+            fires &= undecided
+            for cond in rule.conditions:
+                if not fires.any():
+                    break
+                fires &= _condition_mask(cond, n, columns, metadata, flat, feature_names)
+            out[fires] = i
+        return out
