@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from invariants.bundle import Bundle
-from invariants.fitting import fit_oracle
-from invariants.idi import IdiRuleSet
-from invariants.oracle import VERDICTS, OracleResult, calibrate
 
 from agent.data_io import Dataset, label_indices
 from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
 from agent.model import OnnxClassifier, Prediction
+from invariants.bundle import Bundle
+from invariants.fitting import fit_oracle
+from invariants.idi import IdiRuleSet
+from invariants.oracle import VERDICTS, OracleResult, calibrate
 
 Progress = Callable[[str], None]
 

@@ -43,11 +43,10 @@ def format_report(report: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from invariants.bundle import Bundle
-
     from agent.data_io import load_data
     from agent.model import OnnxClassifier
     from agent.offline import check_report
+    from invariants.bundle import Bundle
 
     model = OnnxClassifier.load(args.model)
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
