@@ -51,7 +51,7 @@ def _labels(y: np.ndarray, where: str) -> np.ndarray:
     return arr.astype(str)
 
 
-def load_npz(path: Path, metadata: Sequence[str] = ()) -> Dataset:
+def load_npz(path: Path, metadata: Sequence[str] = (), require_metadata: bool = True) -> Dataset:
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -70,12 +70,14 @@ def load_npz(path: Path, metadata: Sequence[str] = ()) -> Dataset:
         raise DataError(f"{path}: 'y' has {len(y)} labels but 'x' has {n} samples")
     meta = {k: v for k, v in arrays.items() if v.ndim == 1 and len(v) == n}
     missing = [m for m in metadata if m not in meta]
-    if missing:
+    if missing and require_metadata:
         raise DataError(f"{path}: metadata array(s) not found: {', '.join(missing)}")
     return Dataset(x, y, meta, None, str(path))
 
 
-def load_table(path: Path, label_column: str | None, metadata: Sequence[str] = ()) -> Dataset:
+def load_table(
+    path: Path, label_column: str | None, metadata: Sequence[str] = (), require_metadata: bool = True
+) -> Dataset:
     import pandas as pd
 
     try:
@@ -84,6 +86,8 @@ def load_table(path: Path, label_column: str | None, metadata: Sequence[str] = (
         raise DataError(
             f"{path}: cannot read table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
         ) from exc
+    if not require_metadata:
+        metadata = [m for m in metadata if m in df.columns]
     missing = [c for c in [*(metadata or ()), *([label_column] if label_column else [])] if c not in df.columns]
     if missing:
         raise DataError(
@@ -101,16 +105,25 @@ def load_table(path: Path, label_column: str | None, metadata: Sequence[str] = (
     return Dataset(feats.to_numpy(dtype=np.float32), y, meta, [str(c) for c in feats.columns], str(path))
 
 
-def load_data(path: str | Path, *, label_column: str | None = None, metadata: Sequence[str] = ()) -> Dataset:
-    """Load a data file by extension (``.npz``, ``.csv``, ``.parquet``)."""
+def load_data(
+    path: str | Path,
+    *,
+    label_column: str | None = None,
+    metadata: Sequence[str] = (),
+    require_metadata: bool = True,
+) -> Dataset:
+    """Load a data file by extension (``.npz``, ``.csv``, ``.parquet``).
+
+    ``require_metadata=False`` tolerates absent metadata fields (training data needs none).
+    """
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data file not found: {p}")
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        return load_npz(p, metadata)
+        return load_npz(p, metadata, require_metadata)
     if suffix in (".csv", ".parquet", ".pq"):
-        return load_table(p, label_column, metadata)
+        return load_table(p, label_column, metadata, require_metadata)
     raise DataError(f"{p}: unsupported data format {suffix!r} (use .npz, .csv or .parquet)")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from agent.data_io import Dataset, label_indices
+from agent.errors import UserError
 from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
 from agent.model import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
@@ -70,7 +71,7 @@ def fit_bundle(
     """Fit IDI/TDI/ADI for ``model`` and calibrate the oracle and estimators (paper §4, §5.4)."""
     say = progress or (lambda _m: None)
     if train.y is None or val.y is None:
-        raise ValueError("fit needs labels in both the training and the validation data")
+        raise UserError("fit needs labels (y) in both the training and the validation data")
     idi = IdiRuleSet.load(idi_path, model.classes) if idi_path else None
     train_x = model.prepare(train.x)
     val_x = model.prepare(val.x)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--calibration-fraction must be within (0, 1)")
     started = time.perf_counter()
     model = OnnxClassifier.load(args.model)
-    train = load_data(args.train, label_column=args.label_column, metadata=args.metadata)
+    train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
     val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
 
     def say(msg: str) -> None:

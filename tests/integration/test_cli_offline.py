@@ -1,0 +1,216 @@
+"""`icos-agent fit` and `check` as a user runs them, and the oracle on the shipped CNN."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.data_io import Dataset
+from agent.datasets import mnist_splits
+from agent.model import OnnxClassifier, default_model_path
+from agent.offline import check_report, fit_bundle
+
+MODEL = str(default_model_path())
+DIGITS_MODEL = str(default_model_path().parent / "digits_cnn.onnx")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "ICOS_AGENT_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    s = mnist_splits()
+    for name in ("train", "val", "test"):
+        part = getattr(s, name)
+        np.savez(d / f"{name}.npz", x=part.x, y=part.y)
+    # flattened inputs and an IDI metadata array ("form": the ICOS paper's fine partitioning)
+    form = np.where(
+        np.isin(s.test.y, [0, 3, 6, 8, 9]), "curves", np.where(np.isin(s.test.y, [1, 4, 7]), "lines", "mixed")
+    )
+    np.savez(d / "test_meta.npz", x=s.test.x.reshape(len(s.test.x), -1), y=s.test.y, form=form)
+    val_form = np.where(
+        np.isin(s.val.y, [0, 3, 6, 8, 9]), "curves", np.where(np.isin(s.val.y, [1, 4, 7]), "lines", "mixed")
+    )
+    np.savez(d / "val_meta.npz", x=s.val.x, y=s.val.y, form=val_form)
+    (d / "rules.yaml").write_text(
+        "rules:\n"
+        "  - name: form-without-straight-lines\n"
+        "    when: {field: form, equals: curves}\n    allowed_labels: [0, 3, 6, 8, 9]\n"
+        "  - name: form-with-straight-lines\n    when: {field: form, equals: lines}\n    allowed_labels: [1, 4, 7]\n"
+        "  - name: form-mixed\n    when: {field: form, equals: mixed}\n    allowed_labels: [2, 5]\n"
+    )
+    return d
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(data_dir: Path) -> Path:
+    out = data_dir / "bundle"
+    r = cli(
+        "fit",
+        "--model",
+        MODEL,
+        "--train",
+        str(data_dir / "train.npz"),
+        "--val",
+        str(data_dir / "val.npz"),
+        "--trees",
+        "40",
+        "--out",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "bundle written" in r.stdout
+    return out
+
+
+def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -> None:
+    r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(data_dir / "test.npz"), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)  # exactly one JSON object on stdout
+    assert report["n"] == 1000
+    assert set(report["verdicts"]) == {"pass", "fail:idi", "fail:tdi", "fail:adi"}
+    assert sum(report["verdicts"].values()) == 1000
+    for name in ("icos", "icos_corrected", "avg_conf", "atc", "doc"):
+        e = report["estimates"][name]
+        assert 0.0 <= e["lower"] <= e["value"] <= e["upper"] <= 1.0
+    assert 0.9 < report["truth"]["accuracy"] < 1.0
+    assert set(report["oracle"]) >= {"tpr", "fpr", "f1"}
+
+
+def test_check_text_output(bundle_dir: Path, data_dir: Path) -> None:
+    r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(data_dir / "test.npz"))
+    assert r.returncode == 0, r.stderr
+    assert "true accuracy" in r.stdout and "icos_corrected" in r.stdout
+
+
+def test_idi_rules_from_metadata(data_dir: Path) -> None:
+    out = data_dir / "bundle_idi"
+    r = cli(
+        "fit",
+        "--model",
+        MODEL,
+        "--train",
+        str(data_dir / "train.npz"),
+        "--val",
+        str(data_dir / "val_meta.npz"),
+        "--idi",
+        str(data_dir / "rules.yaml"),
+        "--metadata",
+        "form",
+        "--trees",
+        "30",
+        "--out",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    r = cli(
+        "check",
+        "--model",
+        MODEL,
+        "--bundle",
+        str(out),
+        "--data",
+        str(data_dir / "test_meta.npz"),
+        "--metadata",
+        "form",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    # IDIs built from true-label partitions never raise a false alarm (paper §4.2) and catch some errors
+    assert report["verdicts"]["fail:idi"] > 0
+    assert report["oracle"]["tpr"] > 0.3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["check", "--model", "missing.onnx", "--bundle", "b", "--data", "d.npz"], "model file not found"),
+        (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "missing.npz"], "data file not found"),
+        (["check", "--model", DIGITS_MODEL, "--bundle", "{bundle}", "--data", "{data}/test.npz"], "fitted for model"),
+        (["check", "--model", MODEL, "--bundle", "{data}", "--data", "{data}/test.npz"], "manifest.json"),
+        (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "{data}/bad_shape.npz"], "does not fit"),
+        (
+            [
+                "fit",
+                "--model",
+                MODEL,
+                "--train",
+                "{data}/test.npz",
+                "--val",
+                "{data}/val.npz",
+                "--confidence",
+                "2",
+                "--out",
+                "{data}/x",
+            ],
+            "--confidence",
+        ),
+        (
+            ["fit", "--model", MODEL, "--train", "{data}/nolabels.npz", "--val", "{data}/val.npz", "--out", "{data}/x"],
+            "labels",
+        ),
+        (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "{data}/rules.yaml"], "unsupported data format"),
+    ],
+)
+def test_user_mistakes_end_with_one_clear_line(args: list[str], message: str, bundle_dir: Path, data_dir: Path) -> None:
+    np.savez(data_dir / "bad_shape.npz", x=np.zeros((3, 27, 27), np.float32))
+    np.savez(data_dir / "nolabels.npz", x=np.zeros((3, 784), np.float32))
+    r = cli(*[a.format(bundle=bundle_dir, data=data_dir) for a in args])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert message in lines[0]
+
+
+@pytest.fixture(scope="module")
+def shipped() -> tuple[OnnxClassifier, Dataset, Dataset, Dataset]:
+    s = mnist_splits()
+    return (
+        OnnxClassifier.load(MODEL),
+        Dataset(s.train.x, s.train.y),
+        Dataset(s.val.x, s.val.y),
+        Dataset(s.test.x, s.test.y),
+    )
+
+
+def test_oracle_on_shipped_model_separates_errors_and_estimates_in_distribution(
+    shipped: tuple[OnnxClassifier, Dataset, Dataset, Dataset],
+) -> None:
+    model, train, val, test = shipped
+    bundle = fit_bundle(model, train, val, n_estimators=40).bundle
+    report = check_report(model, bundle, test)
+    oracle = report["oracle"]
+    assert oracle["tpr"] > 3 * oracle["fpr"], oracle
+    assert oracle["tpr"] - oracle["fpr"] > 0.15, oracle
+    truth = report["truth"]["accuracy"]
+    for name in ("icos", "avg_conf", "atc", "doc"):
+        assert abs(report["estimates"][name]["value"] - truth) < 0.05, (name, report["estimates"][name], truth)
+
+
+def test_relaxing_confidence_or_support_never_lowers_tpr_or_fpr(
+    shipped: tuple[OnnxClassifier, Dataset, Dataset, Dataset],
+) -> None:
+    """ICOS paper RQ2 (§6.2): more invariants, higher TPR and higher FPR."""
+    model, train, val, test = shipped
+    bundle = fit_bundle(model, train, val, n_estimators=40, confidence=0.99, support=140).bundle
+    pred = model.predict_batched(test.x)
+    wrong = pred.labels != test.y
+    feats = model.features(model.prepare(test.x))
+    from invariants.oracle import Oracle, calibrate
+
+    previous = (-1.0, -1.0)
+    for c, s in [(0.99, 140), (0.99, 8), (0.99, 0), (0.9, 0), (0.0, 0)]:
+        oracle = Oracle(bundle.idi, bundle.tdi.reselect(c, s), bundle.adi)  # type: ignore[union-attr]
+        cal = calibrate(oracle.judge(feats, pred.probabilities, pred.labels), wrong)
+        assert cal.tpr >= previous[0] and cal.fpr >= previous[1], ((c, s), cal, previous)
+        previous = (cal.tpr, cal.fpr)
