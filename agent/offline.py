@@ -95,6 +95,8 @@ def fit_bundle(
         feature_names=train.feature_names,
         progress=say,
     )
+    tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
+    assert tdi is not None and adi is not None  # fit_oracle always builds both
     cal_idx = fitted.calibration_index
     cal_result = fitted.oracle.judge(
         model.features(val_x[cal_idx]),
@@ -113,13 +115,11 @@ def fit_bundle(
         feature_names=train.feature_names,
         fit_params=fitted.fit_params,
         idi=idi,
-        tdi=fitted.oracle.tdi,
-        adi=fitted.oracle.adi,
+        tdi=tdi,
+        adi=adi,
         calibration=fitted.calibration,
         estimator_calibration=est_cal.to_dict(),
     )
-    tdi = fitted.oracle.tdi
-    assert tdi is not None
     return FitReport(
         bundle=bundle,
         calibration=est_cal,
