@@ -4,5 +4,6 @@
 COMMAND_MODULES = (
     "agent.commands.fit",
     "agent.commands.check",
+    "agent.commands.serve",
     "agent.commands.demo",
 )

@@ -1,0 +1,57 @@
+"""``icos-agent serve --config agent.yaml``: run the sidecar (Open Inference Protocol V2 + metrics).
+
+SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in flight, drains or saves
+pending work, flushes state and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="run the sidecar: V2 inference (serve/proxy) or observe, live estimates, /metrics")
+    p.add_argument("--config", help="YAML config (see deploy/examples/agent.yaml); ICOS_AGENT_* env vars override it")
+    p.add_argument("--host", help="override server.host")
+    p.add_argument("--port", type=int, help="override server.port")
+    p.add_argument("--check", action="store_true", help="validate the config, load model and bundle, then exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+
+    import uvicorn
+
+    from agent import logs
+    from agent.app import create_app
+    from agent.config import load_settings
+
+    settings = load_settings(args.config)
+    if args.host:
+        settings.server.host = args.host
+    if args.port:
+        settings.server.port = args.port
+    logs.setup(settings.log_level)
+    app = create_app(settings)
+    if args.check:
+        print(f"config OK: {settings.mode} mode, model {settings.model.name} version {settings.model.version}")
+        return 0
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_config=logs.uvicorn_log_config(settings.log_level),
+        access_log=settings.server.access_log,
+        timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
+        lifespan="on",
+        limit_concurrency=None,
+        backlog=2048,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it handled after a graceful shutdown; a no-op handler turns that
+    # into a normal return, so SIGTERM ends with exit status 0 once state is flushed.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1

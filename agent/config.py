@@ -1,0 +1,255 @@
+"""Configuration of ``icos-agent serve``: a YAML file plus ``ICOS_AGENT_`` environment overrides.
+
+Precedence (highest first): environment variables (``ICOS_AGENT_SERVER__PORT=9000``; ``__`` separates
+nested fields), the YAML file, the defaults below. Secrets (the admin bearer token) are read from the
+environment only (``ICOS_AGENT_ADMIN_TOKEN``) and never from the file.
+
+:func:`load_settings` validates everything at start and raises :class:`agent.errors.UserError` with
+one line per problem, each naming the field, e.g.
+``agent.yaml: server.port: Input should be less than or equal to 65535``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.errors import UserError
+
+ENV_PREFIX = "ICOS_AGENT_"
+ADMIN_TOKEN_ENV = "ICOS_AGENT_ADMIN_TOKEN"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"5m"``, ``"1h"``, ``"1d"`` → seconds. Raises ``ValueError`` naming the format."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1d")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    name: str = Field("model", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    version: str = Field("1", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    path: Path | None = None
+    scores_output: str | None = None
+    scores_kind: Literal["auto", "logits", "probabilities"] = "auto"
+    classes: list[str] | None = None
+
+
+class BundleConfig(_Section):
+    path: Path | None = None
+
+
+class ServerConfig(_Section):
+    host: str = "0.0.0.0"  # noqa: S104 - a sidecar listens on the pod network
+    port: int = Field(8080, ge=1, le=65535)
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_batch: int = Field(1024, ge=1)
+    threads: int = Field(8, ge=1, le=256)
+    graceful_timeout_seconds: float = Field(20.0, gt=0)
+    access_log: bool = False
+
+
+class UpstreamConfig(_Section):
+    url: str | None = None
+    model_name: str | None = None
+    timeout_seconds: float = Field(10.0, gt=0, le=600)
+    scores_output: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/") if v else v
+
+
+class WindowsConfig(_Section):
+    time: list[str] = Field(default_factory=lambda: ["5m", "1h"])
+    count: int | None = Field(1000, ge=1, le=10_000_000)
+
+    @field_validator("time")
+    @classmethod
+    def _durations(cls, v: list[str]) -> list[str]:
+        seen: set[float] = set()
+        for item in v:
+            seconds = parse_duration(item)
+            if seconds < 1:
+                raise ValueError(f"window {item!r} is shorter than one second")
+            if seconds in seen:
+                raise ValueError(f"window {item!r} is listed twice")
+            seen.add(seconds)
+        return [s.strip() for s in v]
+
+
+class MetricsConfig(_Section):
+    per_class_label_cap: int = Field(20, ge=0, le=1000)
+
+
+class ObserveConfig(_Section):
+    queue_size: int = Field(1000, ge=1)
+    event_ttl_seconds: float = Field(60.0, gt=0)
+    event_buffer: int = Field(10_000, ge=1)
+    workers: int = Field(1, ge=1, le=32)
+
+
+class StateConfig(_Section):
+    flush_interval_seconds: float = Field(10.0, gt=0)
+
+
+class AgentSettings(BaseSettings):
+    """Every setting of the sidecar (see ``deploy/examples/agent.yaml`` for an annotated copy)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        case_sensitive=False,
+    )
+
+    mode: Literal["serve", "proxy", "observe"] = "serve"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    bundle: BundleConfig = Field(default_factory=BundleConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    windows: WindowsConfig = Field(default_factory=WindowsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    observe: ObserveConfig = Field(default_factory=ObserveConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
+    state_dir: Path | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _mode_needs(self) -> AgentSettings:
+        if self.bundle.path is None:
+            raise ValueError("bundle.path is required (a bundle directory written by `icos-agent fit`)")
+        if self.mode == "serve" and self.model.path is None:
+            raise ValueError("model.path is required in serve mode")
+        if self.mode == "proxy" and self.upstream.url is None:
+            raise ValueError("upstream.url is required in proxy mode")
+        if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:
+            raise ValueError("server.metrics_port must differ from server.port")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file (passed as init kwargs); no .env files, no secret dirs.
+        return (env_settings, init_settings)
+
+    @property
+    def upstream_model_name(self) -> str:
+        return self.upstream.model_name or self.model.name
+
+    @property
+    def window_seconds(self) -> dict[str, float]:
+        return {w: parse_duration(w) for w in self.windows.time}
+
+
+def admin_token() -> str | None:
+    """The admin bearer token from the environment (never from the file); ``None`` disables admin."""
+    token = os.environ.get(ADMIN_TOKEN_ENV, "")
+    return token or None
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem: ``<source>: <field.path>: <message>``."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        loc = _loc(tuple(err["loc"]))
+        lines.append(f"{source}: {msg}" if loc == "(top level)" else f"{source}: {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _reject_secret_keys(data: dict[str, Any], source: str) -> None:
+    for key in ("admin_token", "token"):
+        if key in data:
+            raise UserError(f"{source}: {key}: secrets are read from the environment only ({ADMIN_TOKEN_ENV})")
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> AgentSettings:
+    """Read the YAML file (if any), apply ``ICOS_AGENT_*`` environment overrides, validate.
+
+    Relative paths in the file (model, bundle, state dir) are resolved against the file's directory.
+    """
+    data: dict[str, Any] = {}
+    source = "config"
+    base: Path | None = None
+    if path is not None:
+        p = Path(path)
+        source = p.name
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise UserError(f"config file not found: {p}") from exc
+        except OSError as exc:
+            raise UserError(f"cannot read config file {p}: {exc.strerror}") from exc
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise UserError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise UserError(f"{source}: the top level must be a mapping of settings")
+        data = loaded
+        base = p.resolve().parent
+    _reject_secret_keys(data, source)
+    data.update(overrides)
+    env_keys = ", ".join(k for k in os.environ if k.startswith(ENV_PREFIX) and k != ADMIN_TOKEN_ENV)
+    try:
+        # The admin token is deliberately not a field: hide it from the settings source.
+        saved = os.environ.pop(ADMIN_TOKEN_ENV, None)
+        try:
+            settings = AgentSettings(**data)
+        finally:
+            if saved is not None:
+                os.environ[ADMIN_TOKEN_ENV] = saved
+    except ValidationError as exc:
+        src = source + (f" (with environment {env_keys})" if env_keys else "")
+        raise UserError(format_validation_error(exc, src)) from exc
+    if base is not None:
+        settings = _resolve_paths(settings, base)
+    return settings
+
+
+def _resolve_paths(s: AgentSettings, base: Path) -> AgentSettings:
+    def fix(p: Path | None) -> Path | None:
+        return p if p is None or p.is_absolute() else (base / p)
+
+    s.model.path = fix(s.model.path)
+    s.bundle.path = fix(s.bundle.path)
+    s.state_dir = fix(s.state_dir)
+    return s

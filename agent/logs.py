@@ -1,0 +1,60 @@
+"""JSON structured logs: one JSON object per line on stderr (also for uvicorn's loggers)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RESERVED and not key.startswith("_"):
+                out[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def uvicorn_log_config(level: str) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` for uvicorn and ``icos_agent`` loggers, all in JSON."""
+    lvl = level.upper()
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "agent.logs.JsonFormatter"}},
+        "handlers": {"default": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": lvl, "propagate": False},
+            "uvicorn.error": {"handlers": ["default"], "level": lvl, "propagate": False},
+            "uvicorn.access": {"handlers": ["default"], "level": lvl, "propagate": False},
+            "icos_agent": {"handlers": ["default"], "level": lvl, "propagate": False},
+        },
+    }
+
+
+def setup(level: str = "info") -> None:
+    """Configure the ``icos_agent`` logger for JSON output (used outside uvicorn too)."""
+    logger = logging.getLogger("icos_agent")
+    if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(JsonFormatter())
+        logger.addHandler(h)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+def get(name: str = "") -> logging.Logger:
+    return logging.getLogger("icos_agent" + (f".{name}" if name else ""))

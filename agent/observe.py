@@ -1,0 +1,254 @@
+"""Observe mode: judge predictions of a model served elsewhere, off the request path.
+
+Two ways in, both on ``POST /v1/observe``:
+
+* a JSON body with the inputs and the probabilities (``{"inputs": ..., "probabilities": ...,
+  "metadata": {...}}``, inputs as a nested array or as V2 tensors; or V2 ``inputs`` + ``outputs``);
+* KServe inference-logger CloudEvents (binary mode ``ce-*`` headers, or structured
+  ``application/cloudevents+json``): the request event and the response event of one inference
+  share a ``ce-id`` and are paired in a bounded buffer with a TTL; events left without their pair are
+  counted (``expired``, ``evicted`` when the buffer is full, ``duplicate``).
+
+Accepted batches go into a bounded queue judged by worker tasks in the thread pool; when the queue
+is full the request is rejected with 429 rather than dropped silently.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agent import v2
+from agent.pipeline import Runtime, SplitInputs, attach_metadata, new_request_id, split_inputs
+from agent.v2 import ProtocolError, Tensor
+
+REQUEST = "request"
+RESPONSE = "response"
+
+
+@dataclass
+class ObserveItem:
+    """A batch waiting to be judged: prepared inputs, probabilities, metadata."""
+
+    id: str
+    x: np.ndarray
+    probabilities: np.ndarray
+    metadata: dict[str, Any] | None
+    received: float
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """For the state store: arrays without pickle (text metadata as fixed-width strings)."""
+        arrays = {"x": self.x, "probabilities": self.probabilities}
+        scalars: dict[str, Any] = {}
+        for k, v in (self.metadata or {}).items():
+            if isinstance(v, np.ndarray):
+                arrays[f"meta:{k}"] = v.astype("S") if v.dtype.kind == "O" else v
+            else:
+                scalars[k] = v
+        return arrays, {"id": self.id, "received": self.received, "scalars": scalars}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> ObserveItem:
+        md: dict[str, Any] = dict(meta.get("scalars") or {})
+        for k, v in arrays.items():
+            if k.startswith("meta:"):
+                md[k[5:]] = v
+        return cls(str(meta["id"]), arrays["x"], arrays["probabilities"], md or None, float(meta["received"]))
+
+
+def _nested(name: str, value: object) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError("data", f"'{name}' is not a numeric array ({str(exc).splitlines()[0][:120]})") from None
+    return arr
+
+
+def _probabilities(rt: Runtime, outputs: list[Tensor], scores_output: str | None, what: str) -> np.ndarray:
+    by_name = {t.name: t for t in outputs}
+    if scores_output is not None:
+        t = by_name.get(scores_output)
+        if t is None:
+            raise ProtocolError("scores", f"{what} has no output {scores_output!r}")
+    elif "probabilities" in by_name:
+        t = by_name["probabilities"]
+    else:
+        floats = [o for o in outputs if o.datatype.startswith("FP")]
+        if len(floats) != 1:
+            raise ProtocolError(
+                "scores", f"{what}: cannot tell which output holds the class scores; set upstream.scores_output"
+            )
+        t = floats[0]
+    return rt.to_probabilities(t.data, f"{what} output {t.name!r}")
+
+
+def _check_probabilities(rt: Runtime, probs: np.ndarray, n: int) -> np.ndarray:
+    if probs.shape[0] != n:
+        raise ProtocolError("shape_mismatch", f"{n} inputs but {probs.shape[0]} probability vectors")
+    return probs
+
+
+def _prepare(rt: Runtime, split: SplitInputs) -> tuple[np.ndarray, dict[str, Any] | None]:
+    x = rt.prepare(split.data.data)
+    return x, attach_metadata(split, x.shape[0])
+
+
+def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> ObserveItem:
+    """A direct ``/v1/observe`` JSON body → a batch to judge (raises ProtocolError/InvalidInput)."""
+    obj, _ = v2.split_body(body, None)
+    rid = obj.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError("malformed_json", "'id' must be a string")
+    if "inputs" not in obj:
+        raise ProtocolError("malformed_json", "observation has no 'inputs'")
+    raw_inputs = obj["inputs"]
+    params = obj.get("parameters") or obj.get("metadata") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError("malformed_json", "'metadata' must be an object")
+    if isinstance(raw_inputs, list) and raw_inputs and isinstance(raw_inputs[0], dict):
+        tensors, _ = v2.decode_tensors(raw_inputs, memoryview(b""), "inputs")
+    else:
+        tensors = [v2.tensor("input", _nested("inputs", raw_inputs).astype(np.float32), "FP32")]
+    # Per-sample metadata given as lists in "metadata" become BYTES-like tensors.
+    scalar_params: dict[str, Any] = {}
+    for k, v in params.items():
+        if isinstance(v, list):
+            if k not in rt.metadata_fields:
+                continue
+            arr = np.asarray([str(e).encode() for e in v], dtype="S") if v else np.zeros(0, dtype="S1")
+            tensors.append(Tensor(k, "BYTES", [len(v)], arr.astype(object)))
+        else:
+            scalar_params[k] = v
+    split = split_inputs(rt, tensors, scalar_params)
+    x, meta = _prepare(rt, split)
+    if "probabilities" in obj:
+        probs = rt.to_probabilities(_nested("probabilities", obj["probabilities"]), "'probabilities'")
+    elif "outputs" in obj:
+        outs, _ = v2.decode_tensors(obj["outputs"], memoryview(b""), "outputs")
+        probs = _probabilities(rt, outs, scores_output, "observation")
+    else:
+        raise ProtocolError("malformed_json", "observation has neither 'probabilities' nor 'outputs'")
+    probs = _check_probabilities(rt, probs, x.shape[0])
+    return ObserveItem(rid or new_request_id(), x, probs, meta, time.time())
+
+
+# -- CloudEvents ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class CloudEvent:
+    id: str
+    kind: str  # REQUEST or RESPONSE
+    data: bytes
+
+
+def parse_cloudevent(headers: Mapping[str, str], body: bytes) -> CloudEvent | None:
+    """A CloudEvent in binary (``ce-*`` headers) or structured mode, or ``None`` if the body is not one."""
+    ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+    if "ce-type" in headers or "ce-id" in headers:
+        ce_id, ce_type, data = headers.get("ce-id"), headers.get("ce-type", ""), body
+    elif ctype == "application/cloudevents+json":
+        try:
+            env = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError("cloudevent", "structured CloudEvent is not valid JSON") from None
+        if not isinstance(env, dict):
+            raise ProtocolError("cloudevent", "structured CloudEvent must be a JSON object")
+        ce_id, ce_type = env.get("id"), str(env.get("type", ""))
+        if "data_base64" in env:
+            try:
+                data = base64.b64decode(str(env["data_base64"]), validate=True)
+            except ValueError:
+                raise ProtocolError("cloudevent", "CloudEvent data_base64 is not base64") from None
+        else:
+            data = json.dumps(env.get("data")).encode()
+    else:
+        return None
+    if not ce_id or not isinstance(ce_id, str):
+        raise ProtocolError("cloudevent", "CloudEvent has no id (ce-id)")
+    t = ce_type.lower()
+    if t.endswith("response") or ".response" in t:
+        kind = RESPONSE
+    elif t.endswith("request") or ".request" in t:
+        kind = REQUEST
+    else:
+        raise ProtocolError("cloudevent", f"CloudEvent type {ce_type!r} is neither an inference request nor a response")
+    return CloudEvent(ce_id, kind, data)
+
+
+def decode_request_event(rt: Runtime, data: bytes) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """The logged inference request (V2 ``inputs`` or V1 ``instances``) → prepared inputs, metadata."""
+    obj, _ = v2.split_body(data, None)
+    if "instances" in obj:
+        split = split_inputs(rt, [v2.tensor("input", _nested("instances", obj["instances"]).astype(np.float32))], {})
+    else:
+        req = v2.decode_request(data)
+        split = split_inputs(rt, req.inputs, req.parameters)
+    return _prepare(rt, split)
+
+
+def decode_response_event(rt: Runtime, data: bytes, scores_output: str | None) -> np.ndarray:
+    """The logged inference response (V2 ``outputs`` or V1 ``predictions``) → probabilities."""
+    obj, _ = v2.split_body(data, None)
+    if "predictions" in obj:
+        return rt.to_probabilities(_nested("predictions", obj["predictions"]), "'predictions'")
+    resp = v2.decode_response(data)
+    return _probabilities(rt, resp.outputs, scores_output, "response event")
+
+
+@dataclass
+class _Half:
+    kind: str
+    value: Any
+    t: float
+
+
+class EventPairer:
+    """Pairs request and response events by id; bounded size, entries expire after ``ttl`` seconds."""
+
+    def __init__(self, ttl_seconds: float, capacity: int) -> None:
+        self.ttl = ttl_seconds
+        self.capacity = capacity
+        self._pending: OrderedDict[str, _Half] = OrderedDict()
+        self.expired = 0
+        self.evicted = 0
+        self.duplicates = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def expire(self, now: float) -> int:
+        """Drop entries older than the TTL; returns how many."""
+        n = 0
+        while self._pending:
+            key, half = next(iter(self._pending.items()))
+            if now - half.t < self.ttl:
+                break
+            del self._pending[key]
+            n += 1
+        self.expired += n
+        return n
+
+    def add(self, ce_id: str, kind: str, value: Any, now: float) -> tuple[Any, Any] | None:
+        """Store one half; when its pair is here, return ``(request_value, response_value)``."""
+        self.expire(now)
+        other = self._pending.get(ce_id)
+        if other is not None:
+            if other.kind == kind:
+                self.duplicates += 1
+                self._pending[ce_id] = _Half(kind, value, other.t)
+                return None
+            del self._pending[ce_id]
+            return (value, other.value) if kind == REQUEST else (other.value, value)
+        if len(self._pending) >= self.capacity:
+            self._pending.popitem(last=False)
+            self.evicted += 1
+        self._pending[ce_id] = _Half(kind, value, now)
+        return None

@@ -1,0 +1,344 @@
+"""The request pipeline: validate → predict (serve mode) → judge → update windows and metrics.
+
+A :class:`Runtime` is everything loaded for one model + bundle; it is immutable and swapped as a
+whole on reload, so a request in flight keeps the runtime it started with. :class:`Pipeline`
+judges batches and feeds the estimator windows and the metrics; its methods are synchronous and run
+in the server's thread pool (onnxruntime releases the GIL), one call per request.
+
+Every judged prediction has an id ``<request id>:<index>`` so that delayed true labels can later be
+joined to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent import v2
+from agent.config import AgentSettings
+from agent.errors import UserError
+from agent.estimators import EstimatorCalibration
+from agent.model import InvalidInput, ModelLoadError, OnnxClassifier, softmax
+from agent.v2 import ProtocolError, Tensor
+from agent.windows import WindowSet
+from exporters.prometheus import AgentMetrics
+from invariants.bundle import Bundle, BundleError
+from invariants.oracle import VERDICTS, Oracle
+
+VERDICT_BYTES = np.array([v.encode() for v in VERDICTS], dtype=object)
+OUTPUT_PROBABILITIES = "probabilities"
+OUTPUT_LABEL = "label"
+OUTPUT_VERDICT = "icos_verdict"
+SERVE_OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_LABEL, OUTPUT_VERDICT)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A loaded model (serve mode) or input description (proxy/observe) with its bundle."""
+
+    name: str
+    version: str
+    mode: str
+    classifier: OnnxClassifier | None
+    input_name: str | None
+    input_shape: tuple[int, ...]
+    classes: list[str]
+    bundle: Bundle
+    oracle: Oracle
+    calibration: EstimatorCalibration
+    metadata_fields: frozenset[str]
+    model_sha256: str
+    bundle_digest: str
+    scores_kind: str
+    max_batch: int
+    model_path: str | None = None
+    bundle_path: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """What the estimator windows belong to: the model and the bundle judging it."""
+        return f"{self.model_sha256[:16]}:{self.bundle_digest[:16]}"
+
+    @property
+    def n_features(self) -> int:
+        return int(np.prod(self.input_shape))
+
+    def prepare(self, x: np.ndarray) -> np.ndarray:
+        """Validate a batch; raises :class:`agent.model.InvalidInput` naming the problem."""
+        if self.classifier is not None:
+            return self.classifier.prepare(x)
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "fiu":
+            raise InvalidInput("dtype", f"input dtype {arr.dtype} is not numeric")
+        if arr.shape == self.input_shape:
+            arr = arr[None, ...]
+        if arr.ndim < 1 or arr.shape[0] == 0:
+            raise InvalidInput("empty", "input batch is empty")
+        n = arr.shape[0]
+        if n > self.max_batch:
+            raise InvalidInput("too_large", f"batch of {n} samples exceeds the limit of {self.max_batch}")
+        per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
+        if per_sample != self.n_features:
+            raise InvalidInput(
+                "shape",
+                f"input shape {list(arr.shape)} does not fit the model input {[-1, *self.input_shape]} "
+                f"({per_sample} values per sample, expected {self.n_features})",
+            )
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise InvalidInput("non_finite", "input holds NaN or Inf values")
+        return np.ascontiguousarray(arr.reshape((n, *self.input_shape)))
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+
+    def to_probabilities(self, scores: np.ndarray, what: str) -> np.ndarray:
+        """Scores from another server → probabilities ``[N, K]`` (softmax for logits)."""
+        s = np.asarray(scores)
+        if s.dtype.kind not in "fiu":
+            raise ProtocolError("scores", f"{what} is not numeric")
+        s = s.astype(np.float32).reshape(len(s), -1) if s.ndim >= 1 and len(s) else s.astype(np.float32)
+        if s.ndim != 2 or s.shape[1] != len(self.classes):
+            raise ProtocolError(
+                "scores", f"{what} has shape {list(np.shape(scores))}; expected [N, {len(self.classes)}]"
+            )
+        if not np.isfinite(s).all():
+            raise ProtocolError("scores", f"{what} holds NaN or Inf values")
+        if self.scores_kind == "probabilities":
+            return s
+        if self.scores_kind == "auto" and (s >= 0).all() and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
+            return s
+        return softmax(s).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "mode": self.mode,
+            "sha256": self.model_sha256,
+            "bundle_digest": self.bundle_digest,
+            "input": {"name": self.input_name, "shape": [-1, *self.input_shape]},
+            "classes": self.classes,
+            "metadata_fields": sorted(self.metadata_fields),
+        }
+
+
+def load_runtime(
+    settings: AgentSettings,
+    *,
+    model_path: str | Path | None = None,
+    bundle_path: str | Path | None = None,
+    version: str | None = None,
+) -> Runtime:
+    """Load the model (serve mode) and the bundle; raises :class:`UserError` naming what is wrong."""
+    m = settings.model
+    mpath = Path(model_path) if model_path is not None else m.path
+    bpath = Path(bundle_path) if bundle_path is not None else settings.bundle.path
+    if bpath is None:
+        raise UserError("bundle.path is not set")
+    classifier: OnnxClassifier | None = None
+    sha: str | None = None
+    try:
+        if settings.mode == "serve":
+            if mpath is None:
+                raise UserError("model.path is required in serve mode")
+            classifier = OnnxClassifier.load(
+                mpath, name=m.name, scores_output=m.scores_output, scores_kind=m.scores_kind, classes=m.classes
+            )
+            classifier.max_batch = settings.server.max_batch
+            sha = classifier.sha256
+        elif mpath is not None:
+            if not mpath.is_file():
+                raise UserError(f"model.path: file not found: {mpath}")
+            sha = _file_sha256(mpath)
+        bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
+    except (ModelLoadError, BundleError) as exc:
+        raise UserError(str(exc)) from exc
+    cal_dict = bundle.estimator_calibration
+    if not cal_dict:
+        raise UserError(f"bundle {bpath} has no estimator calibration; refit it with `icos-agent fit`")
+    calibration = EstimatorCalibration.from_dict(cal_dict)
+    if classifier is not None:
+        input_shape = classifier.input_shape
+        classes = classifier.classes
+        if len(bundle.classes) != len(classes):
+            raise UserError(f"bundle has {len(bundle.classes)} classes but the model has {len(classes)}")
+    else:
+        if any(d is None for d in bundle.input_shape):
+            raise UserError(f"bundle {bpath} has a dynamic input shape {bundle.input_shape}")
+        input_shape = tuple(int(d) for d in bundle.input_shape if d is not None)
+        classes = list(m.classes) if m.classes else list(bundle.classes)
+    idi = bundle.idi
+    manifest = Path(bpath) / "manifest.json"
+    return Runtime(
+        name=m.name,
+        version=version or m.version,
+        mode=settings.mode,
+        classifier=classifier,
+        input_name=classifier.input.name if classifier is not None else None,
+        input_shape=input_shape,
+        classes=classes,
+        bundle=bundle,
+        oracle=bundle.oracle(),
+        calibration=calibration,
+        metadata_fields=frozenset(idi.metadata_fields) if idi is not None else frozenset(),
+        model_sha256=sha or bundle.model_sha256,
+        bundle_digest=_file_sha256(manifest) if manifest.is_file() else bundle.model_sha256,
+        scores_kind=m.scores_kind,
+        max_batch=settings.server.max_batch,
+        model_path=str(mpath) if mpath else None,
+        bundle_path=str(bpath),
+    )
+
+
+# -- request helpers ----------------------------------------------------------------------------------
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def prediction_ids(request_id: str, n: int) -> str:
+    """Per-sample prediction ids ``<request id>:<index>``, comma-separated (a V2 parameter is a scalar)."""
+    return ",".join(f"{request_id}:{i}" for i in range(n))
+
+
+def _metadata_array(t: Tensor) -> np.ndarray:
+    data = t.data.reshape(-1)
+    if t.datatype == "BYTES":
+        return np.asarray(data.tolist(), dtype="S") if data.size else np.zeros(0, dtype="S1")
+    return data
+
+
+@dataclass
+class SplitInputs:
+    data: Tensor
+    metadata: dict[str, Any] = field(default_factory=dict)
+    per_sample: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str, Any]) -> SplitInputs:
+    """The model input and the IDI metadata (request ``parameters`` for the batch, or named inputs)."""
+    data = [t for t in inputs if t.name not in rt.metadata_fields]
+    if not data:
+        raise ProtocolError("missing_input", "request has no model input, only metadata inputs")
+    if len(data) > 1:
+        names = ", ".join(repr(t.name) for t in data)
+        known = f"; metadata inputs are {', '.join(sorted(rt.metadata_fields))}" if rt.metadata_fields else ""
+        raise ProtocolError(
+            "unknown_input", f"request has {len(data)} data inputs ({names}); the model takes one{known}"
+        )
+    x = data[0]
+    if rt.input_name is not None and x.name != rt.input_name:
+        raise ProtocolError("unknown_input", f"unknown input {x.name!r}; the model's input is {rt.input_name!r}")
+    if x.datatype == "BYTES":
+        raise ProtocolError("datatype", f"input {x.name!r} has datatype BYTES; the model takes numbers")
+    out = SplitInputs(x)
+    for f in rt.metadata_fields:
+        if f in parameters:
+            v = parameters[f]
+            if isinstance(v, dict | list):
+                raise ProtocolError("metadata", f"parameter {f!r} must be a single value for the whole batch")
+            out.metadata[f] = v
+    for t in inputs:
+        if t.name in rt.metadata_fields:
+            out.per_sample[t.name] = _metadata_array(t)
+    return out
+
+
+def attach_metadata(split: SplitInputs, n: int) -> dict[str, Any] | None:
+    meta = dict(split.metadata)
+    for name, arr in split.per_sample.items():
+        if arr.shape[0] != n:
+            raise ProtocolError("metadata", f"metadata input {name!r} has {arr.shape[0]} values for {n} samples")
+        meta[name] = arr
+    return meta or None
+
+
+def resolve_outputs(
+    requested: Sequence[v2.RequestedOutput] | None, available: Sequence[str], default_binary: bool
+) -> list[tuple[str, bool]]:
+    if requested is None:
+        return [(name, default_binary) for name in available]
+    out = []
+    for r in requested:
+        if r.name not in available:
+            raise ProtocolError("unknown_output", f"unknown output {r.name!r}; available: {', '.join(available)}")
+        out.append((r.name, r.binary))
+    return out
+
+
+# -- judging ------------------------------------------------------------------------------------------
+
+
+class Pipeline:
+    """Judges batches and records them in the windows and the metrics (thread-safe)."""
+
+    def __init__(self, windows: WindowSet, metrics: AgentMetrics) -> None:
+        self.windows = windows
+        self.metrics = metrics
+
+    def judge(
+        self,
+        rt: Runtime,
+        features: np.ndarray,
+        probabilities: np.ndarray,
+        labels: np.ndarray,
+        metadata: Mapping[str, Any] | None,
+        inference_seconds: float | None,
+    ) -> np.ndarray:
+        """Verdict indices (int8 ``[N]``) into :data:`invariants.oracle.VERDICTS`; windows/metrics updated."""
+        t0 = time.perf_counter()
+        result = rt.oracle.judge(
+            features, probabilities, labels, metadata=metadata, feature_names=rt.bundle.feature_names
+        )
+        oracle_seconds = time.perf_counter() - t0
+        verdicts = np.asarray(result.verdict, dtype=np.int8)
+        conf = probabilities.max(axis=1)
+        self.windows.record(verdicts, conf, rt.calibration, time.time())
+        counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
+        class_counts = (
+            np.bincount(labels.astype(np.int64), minlength=len(rt.classes)).tolist()
+            if len(rt.classes) <= self.metrics.per_class_label_cap
+            else None
+        )
+        self.metrics.record_batch(
+            rt.name, rt.version, counts, class_counts, rt.classes, inference_seconds, oracle_seconds
+        )
+        return verdicts
+
+    # serve mode: one call does everything for a request
+    def serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        assert rt.classifier is not None
+        req = v2.decode_request(body, header_length)
+        split = split_inputs(rt, req.inputs, req.parameters)
+        wanted = resolve_outputs(req.outputs, SERVE_OUTPUTS, req.binary_output)
+        x = rt.prepare(split.data.data)
+        n = x.shape[0]
+        meta = attach_metadata(split, n)
+        t0 = time.perf_counter()
+        pred = rt.classifier.predict_prepared(x)
+        inference_seconds = time.perf_counter() - t0
+        verdicts = self.judge(rt, rt.classifier.features(x), pred.probabilities, pred.labels, meta, inference_seconds)
+        rid = req.id or new_request_id()
+        produced = {
+            OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, pred.probabilities, "FP32"),
+            OUTPUT_LABEL: lambda: v2.tensor(OUTPUT_LABEL, pred.labels.astype(np.int64), "INT64"),
+            OUTPUT_VERDICT: lambda: v2.tensor(OUTPUT_VERDICT, VERDICT_BYTES[verdicts], "BYTES"),
+        }
+        outputs = [(produced[name](), binary) for name, binary in wanted]
+        return v2.encode_response(rt.name, rt.version, rid, outputs, {"icos_prediction_ids": prediction_ids(rid, n)})

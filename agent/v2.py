@@ -1,0 +1,409 @@
+"""Codec of the Open Inference Protocol V2 (KServe / Triton): JSON tensors and the binary tensor extension.
+
+Requests and responses are JSON objects; with the binary tensor extension the body is the JSON
+header (its length in the ``Inference-Header-Content-Length`` HTTP header) followed by the raw
+little-endian tensor bytes, in the order of the tensors whose ``parameters`` carry
+``binary_data_size``. ``BYTES`` elements are each prefixed by a 4-byte little-endian length.
+
+Every problem with a body raises :class:`ProtocolError` with a bounded ``reason`` (for metrics) and a
+message naming the offending tensor or field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+JSON_CONTENT_TYPE = "application/json"
+
+#: V2 datatype → numpy dtype (little-endian, as the binary extension specifies).
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+
+_KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
+
+
+class ProtocolError(ValueError):
+    """A malformed V2 body. ``reason`` is a short bounded label; ``status`` the HTTP status to answer."""
+
+    def __init__(self, reason: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+
+
+def datatype_of(arr: np.ndarray) -> str:
+    """The V2 datatype name of a numpy array (object/str/bytes arrays are ``BYTES``)."""
+    if arr.dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _KIND_SIZE_TO_DATATYPE[(arr.dtype.kind, arr.dtype.itemsize)]
+    except KeyError as exc:
+        raise ValueError(f"numpy dtype {arr.dtype} has no V2 datatype") from exc
+
+
+@dataclass
+class Tensor:
+    """A named tensor: numpy data of the V2 ``datatype`` (``BYTES`` as an object array of ``bytes``)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary: bool = False
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary: bool
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request. ``outputs`` is ``None`` when the client asked for every output."""
+
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] | None
+    binary_output: bool
+    used_binary: bool
+
+    def input(self, name: str) -> Tensor | None:
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        return None
+
+
+@dataclass
+class InferResponse:
+    model_name: str
+    model_version: str | None
+    id: str | None
+    parameters: dict[str, Any]
+    outputs: list[Tensor]
+
+    def output(self, name: str) -> Tensor | None:
+        for t in self.outputs:
+            if t.name == name:
+                return t
+        return None
+
+
+# -- decoding ----------------------------------------------------------------------------------------
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+    """Separate the JSON header from the binary payload and parse the JSON."""
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise ProtocolError(
+                "binary_header", f"{HEADER_LENGTH} must be an integer, got {header_length[:40]!r}"
+            ) from None
+        if n < 0 or n > len(body):
+            raise ProtocolError("binary_header", f"{HEADER_LENGTH} is {n} but the body holds only {len(body)} bytes")
+        head, payload = body[:n], memoryview(body)[n:]
+    else:
+        head, payload = body, memoryview(b"")
+    if not head:
+        raise ProtocolError("malformed_json", "request body is empty; expected a JSON object")
+    try:
+        obj = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("malformed_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed_json", "body must be a JSON object")
+    return obj, payload
+
+
+def _shape(name: str, raw: object) -> list[int]:
+    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
+        raise ProtocolError("shape", f"tensor {name!r}: shape must be a list of integers, got {raw!r}"[:300])
+    if any(d < 0 for d in raw):
+        raise ProtocolError("shape", f"tensor {name!r}: shape {raw} has a negative dimension")
+    return list(raw)
+
+
+def _decode_bytes_elements(name: str, buf: memoryview, count: int) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    pos, end = 0, len(buf)
+    for i in range(count):
+        if pos + 4 > end:
+            raise ProtocolError("binary_data", f"tensor {name!r}: BYTES data ends inside element {i}")
+        size = int.from_bytes(buf[pos : pos + 4], "little")
+        pos += 4
+        if pos + size > end:
+            raise ProtocolError("binary_data", f"tensor {name!r}: BYTES element {i} runs past the data")
+        out[i] = bytes(buf[pos : pos + size])
+        pos += size
+    if pos != end:
+        raise ProtocolError("binary_data", f"tensor {name!r}: {end - pos} extra bytes after {count} BYTES elements")
+    return out
+
+
+def encode_bytes_elements(values: np.ndarray) -> bytes:
+    """Length-prefixed serialisation of a BYTES tensor (elements ``bytes`` or ``str``)."""
+    parts: list[bytes] = []
+    for v in values.reshape(-1).tolist():
+        b = v if isinstance(v, bytes) else str(v).encode()
+        parts.append(len(b).to_bytes(4, "little"))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def _flatten_strings(name: str, data: object) -> list[bytes]:
+    out: list[bytes] = []
+    stack: list[object] = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            out.append(item.encode())
+        else:
+            raise ProtocolError("data", f"tensor {name!r}: BYTES data must hold strings, found {type(item).__name__}")
+    return out
+
+
+def _json_data(name: str, datatype: str, shape: list[int], data: object) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        values = _flatten_strings(name, data if isinstance(data, list) else [data])
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+    else:
+        if not isinstance(data, list):
+            data = [data]
+        try:
+            arr = np.asarray(data, dtype=DATATYPES[datatype]).reshape(-1)
+        except (ValueError, TypeError, OverflowError) as exc:
+            msg = str(exc).splitlines()[0][:200]
+            raise ProtocolError("data", f"tensor {name!r}: data is not a {datatype} array ({msg})") from None
+    if arr.size != count:
+        raise ProtocolError(
+            "shape_mismatch", f"tensor {name!r}: shape {shape} needs {count} elements but data holds {arr.size}"
+        )
+    return arr.reshape(shape)
+
+
+def decode_tensors(items: object, payload: memoryview, what: str) -> tuple[list[Tensor], int]:
+    """Decode a list of V2 tensors (``inputs`` or ``outputs``); returns them and the payload bytes used."""
+    if not isinstance(items, list):
+        raise ProtocolError("malformed_json", f"'{what}' must be a list of tensors")
+    tensors: list[Tensor] = []
+    offset = 0
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ProtocolError("malformed_json", f"{what}[{i}] must be an object")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProtocolError("malformed_json", f"{what}[{i}] has no 'name'")
+        if name in seen:
+            raise ProtocolError("duplicate_tensor", f"tensor {name!r} appears twice in '{what}'")
+        seen.add(name)
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise ProtocolError("malformed_json", f"tensor {name!r} has no 'datatype'")
+        if datatype not in DATATYPES:
+            raise ProtocolError("datatype", f"tensor {name!r}: datatype {datatype!r} is not supported")
+        shape = _shape(name, item.get("shape"))
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise ProtocolError("malformed_json", f"tensor {name!r}: 'parameters' must be an object")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError("binary_header", f"tensor {name!r}: binary_data_size must be a non-negative int")
+            if "data" in item:
+                raise ProtocolError("binary_header", f"tensor {name!r} has both 'data' and binary_data_size")
+            if offset + size > len(payload):
+                raise ProtocolError(
+                    "binary_data",
+                    f"tensor {name!r}: binary_data_size {size} runs past the end of the body "
+                    f"({len(payload) - offset} bytes left)",
+                )
+            buf = payload[offset : offset + size]
+            offset += size
+            count = math.prod(shape)
+            if datatype == "BYTES":
+                arr = _decode_bytes_elements(name, buf, count).reshape(shape)
+            else:
+                dt = DATATYPES[datatype]
+                if size != count * dt.itemsize:
+                    raise ProtocolError(
+                        "shape_mismatch",
+                        f"tensor {name!r}: shape {shape} of {datatype} needs {count * dt.itemsize} bytes, "
+                        f"binary_data_size is {size}",
+                    )
+                arr = np.frombuffer(buf, dtype=dt).reshape(shape)
+            tensors.append(Tensor(name, datatype, shape, arr, params, binary=True))
+        else:
+            if "data" not in item:
+                raise ProtocolError("malformed_json", f"tensor {name!r} has neither 'data' nor binary_data_size")
+            tensors.append(Tensor(name, datatype, shape, _json_data(name, datatype, shape, item["data"]), params))
+    return tensors, offset
+
+
+def decode_request(body: bytes, header_length: str | None = None) -> InferRequest:
+    """Decode an inference request (JSON, or binary extension when ``header_length`` is given)."""
+    obj, payload = split_body(body, header_length)
+    params = obj.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError("malformed_json", "'parameters' must be an object")
+    rid = obj.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError("malformed_json", "'id' must be a string")
+    if "inputs" not in obj:
+        raise ProtocolError("malformed_json", "request has no 'inputs'")
+    inputs, used = decode_tensors(obj["inputs"], payload, "inputs")
+    if not inputs:
+        raise ProtocolError("malformed_json", "'inputs' is empty")
+    if used != len(payload):
+        raise ProtocolError(
+            "binary_data", f"{len(payload) - used} bytes after the last binary tensor are not described by any input"
+        )
+    binary_default = bool(params.get("binary_data_output", False))
+    outputs: list[RequestedOutput] | None = None
+    if obj.get("outputs") is not None:
+        raw = obj["outputs"]
+        if not isinstance(raw, list):
+            raise ProtocolError("malformed_json", "'outputs' must be a list")
+        outputs = []
+        for i, o in enumerate(raw):
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise ProtocolError("malformed_json", f"outputs[{i}] must be an object with a 'name'")
+            op = o.get("parameters") or {}
+            if not isinstance(op, dict):
+                raise ProtocolError("malformed_json", f"outputs[{i}]: 'parameters' must be an object")
+            outputs.append(RequestedOutput(o["name"], bool(op.get("binary_data", binary_default))))
+    return InferRequest(rid, params, inputs, outputs, binary_default, header_length is not None)
+
+
+def decode_response(body: bytes, header_length: str | None = None) -> InferResponse:
+    """Decode an inference response (used by proxy mode and for CloudEvents)."""
+    obj, payload = split_body(body, header_length)
+    if "outputs" not in obj:
+        raise ProtocolError("malformed_json", "response has no 'outputs'")
+    outputs, _ = decode_tensors(obj["outputs"], payload, "outputs")
+    params = obj.get("parameters") or {}
+    return InferResponse(
+        model_name=str(obj.get("model_name", "")),
+        model_version=obj.get("model_version"),
+        id=obj.get("id"),
+        parameters=params if isinstance(params, dict) else {},
+        outputs=outputs,
+    )
+
+
+# -- encoding ----------------------------------------------------------------------------------------
+
+
+def _tensor_json(t: Tensor, binary: bool, chunks: list[bytes]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.data.shape)}
+    params = {k: v for k, v in t.parameters.items() if k not in ("binary_data_size", "binary_data")}
+    if binary:
+        if t.datatype == "BYTES":
+            raw = encode_bytes_elements(t.data)
+        else:
+            raw = np.ascontiguousarray(t.data, dtype=DATATYPES[t.datatype]).tobytes()
+        params["binary_data_size"] = len(raw)
+        chunks.append(raw)
+    else:
+        flat = t.data.reshape(-1)
+        if t.datatype == "BYTES":
+            entry["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat.tolist()]
+        else:
+            entry["data"] = flat.tolist()
+    if params:
+        entry["parameters"] = params
+    return entry
+
+
+def encode_body(
+    head: dict[str, Any], tensors_key: str, tensors: Sequence[tuple[Tensor, bool]]
+) -> tuple[bytes, dict[str, str]]:
+    """Serialise ``head`` with ``tensors`` under ``tensors_key``; binary ones go after the JSON header."""
+    chunks: list[bytes] = []
+    head = dict(head)
+    head[tensors_key] = [_tensor_json(t, binary, chunks) for t, binary in tensors]
+    text = json.dumps(head, separators=(",", ":")).encode()
+    if not chunks:
+        return text, {"content-type": JSON_CONTENT_TYPE}
+    return b"".join([text, *chunks]), {
+        "content-type": BINARY_CONTENT_TYPE,
+        HEADER_LENGTH.lower(): str(len(text)),
+    }
+
+
+def encode_response(
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Sequence[tuple[Tensor, bool]],
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """An inference response; each output is ``(tensor, binary)``. Returns body and HTTP headers."""
+    head: dict[str, Any] = {"model_name": model_name}
+    if model_version is not None:
+        head["model_version"] = model_version
+    if request_id is not None:
+        head["id"] = request_id
+    if parameters:
+        head["parameters"] = dict(parameters)
+    return encode_body(head, "outputs", outputs)
+
+
+def encode_request(
+    inputs: Sequence[Tensor],
+    *,
+    binary: bool,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    outputs: Sequence[RequestedOutput] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """An inference request (proxy mode forwards requests re-encoded with this)."""
+    head: dict[str, Any] = {}
+    if request_id is not None:
+        head["id"] = request_id
+    if parameters:
+        head["parameters"] = dict(parameters)
+    if outputs is not None:
+        head["outputs"] = [{"name": o.name, "parameters": {"binary_data": o.binary}} for o in outputs]
+    return encode_body(head, "inputs", [(t, binary) for t in inputs])
+
+
+def tensor(name: str, data: np.ndarray, datatype: str | None = None) -> Tensor:
+    """Wrap a numpy array as a tensor (datatype inferred unless given)."""
+    dt = datatype or datatype_of(data)
+    return Tensor(name, dt, list(data.shape), data)
+
+
+def error_body(message: str) -> bytes:
+    """The V2 error object ``{"error": "..."}``."""
+    return json.dumps({"error": message}).encode()

@@ -1,0 +1,214 @@
+"""Streaming windows of judged predictions, over time and over a count of predictions.
+
+* :class:`TimeWindow` keeps :class:`~agent.estimators.WindowStats` in fixed time buckets (a window
+  of ``W`` seconds has about 60 buckets of ``W/60`` s, at least 1 s); buckets older than the window
+  are dropped when new ones arrive or when the window is read. Its statistics cover the last ``W``
+  seconds to within one bucket.
+* :class:`CountWindow` keeps the verdicts and confidences of the last ``N`` predictions in a ring
+  buffer, so it is exact; its statistics are recomputed when read (``N`` is small).
+* :class:`WindowSet` holds all windows of one model, is thread-safe, and (de)serialises itself for
+  the state store.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from agent.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all
+
+BUCKETS_PER_WINDOW = 60
+
+
+def bucket_seconds_for(window_seconds: float) -> float:
+    return max(1.0, window_seconds / BUCKETS_PER_WINDOW)
+
+
+class TimeWindow:
+    """Additive statistics of the predictions of the last ``seconds`` seconds (bucketed)."""
+
+    def __init__(self, seconds: float, bucket_seconds: float | None = None) -> None:
+        self.seconds = float(seconds)
+        self.bucket_seconds = float(bucket_seconds or bucket_seconds_for(seconds))
+        self.n_buckets = max(1, math.ceil(self.seconds / self.bucket_seconds))
+        self.buckets: dict[int, WindowStats] = {}
+
+    def _index(self, t: float) -> int:
+        return int(t // self.bucket_seconds)
+
+    def _expire(self, now: float) -> None:
+        oldest = self._index(now) - self.n_buckets + 1
+        for k in [k for k in self.buckets if k < oldest]:
+            del self.buckets[k]
+
+    def add(self, stats: WindowStats, now: float) -> None:
+        k = self._index(now)
+        cur = self.buckets.get(k)
+        self.buckets[k] = stats if cur is None else cur + stats
+        if len(self.buckets) > self.n_buckets:
+            self._expire(now)
+
+    def stats(self, now: float) -> WindowStats:
+        self._expire(now)
+        total = WindowStats()
+        for s in self.buckets.values():
+            total = total + s
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "bucket_seconds": self.bucket_seconds,
+            "buckets": [[k, s.to_dict()] for k, s in sorted(self.buckets.items())],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TimeWindow:
+        w = cls(float(d["seconds"]), float(d["bucket_seconds"]))
+        w.buckets = {int(k): WindowStats.from_dict(s) for k, s in d.get("buckets", [])}
+        return w
+
+
+class CountWindow:
+    """Verdicts and confidences of the last ``size`` predictions (ring buffer, exact)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self.verdicts = np.zeros(self.size, dtype=np.int8)
+        self.confidences = np.zeros(self.size, dtype=np.float64)
+        self.pos = 0  # next write position
+        self.count = 0  # filled slots
+
+    def add(self, verdicts: np.ndarray, confidences: np.ndarray) -> None:
+        v = np.asarray(verdicts, dtype=np.int8).reshape(-1)
+        c = np.asarray(confidences, dtype=np.float64).reshape(-1)
+        if len(v) >= self.size:
+            self.verdicts[:] = v[-self.size :]
+            self.confidences[:] = c[-self.size :]
+            self.pos, self.count = 0, self.size
+            return
+        end = self.pos + len(v)
+        if end <= self.size:
+            self.verdicts[self.pos : end] = v
+            self.confidences[self.pos : end] = c
+        else:
+            first = self.size - self.pos
+            self.verdicts[self.pos :] = v[:first]
+            self.confidences[self.pos :] = c[:first]
+            self.verdicts[: end - self.size] = v[first:]
+            self.confidences[: end - self.size] = c[first:]
+        self.pos = end % self.size
+        self.count = min(self.size, self.count + len(v))
+
+    def _filled(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.count < self.size:
+            return self.verdicts[: self.count], self.confidences[: self.count]
+        return self.verdicts, self.confidences
+
+    def stats(self, calibration: EstimatorCalibration) -> WindowStats:
+        v, c = self._filled()
+        if len(v) == 0:
+            return WindowStats()
+        return WindowStats.from_batch(v, c, calibration)
+
+    def to_dict(self) -> dict[str, Any]:
+        # Oldest first, so that restoring is a plain add.
+        if self.count < self.size:
+            v, c = self.verdicts[: self.count], self.confidences[: self.count]
+        else:
+            v = np.concatenate([self.verdicts[self.pos :], self.verdicts[: self.pos]])
+            c = np.concatenate([self.confidences[self.pos :], self.confidences[: self.pos]])
+        return {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], size: int | None = None) -> CountWindow:
+        w = cls(int(size or d["size"]))
+        if d.get("verdicts"):
+            w.add(np.asarray(d["verdicts"], dtype=np.int8), np.asarray(d["confidences"], dtype=np.float64))
+        return w
+
+
+def count_window_name(size: int) -> str:
+    return f"last{size}"
+
+
+class WindowSet:
+    """Every window of one model; ``record`` a judged batch, ``estimates`` on every window."""
+
+    def __init__(self, time_windows: Mapping[str, float], count: int | None) -> None:
+        self._lock = threading.Lock()
+        self.time = {name: TimeWindow(sec) for name, sec in time_windows.items()}
+        self.count_name = count_window_name(count) if count else None
+        self.count = CountWindow(count) if count else None
+        self.total = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.time, *([self.count_name] if self.count_name else [])]
+
+    def record(
+        self,
+        verdicts: np.ndarray,
+        confidences: np.ndarray,
+        calibration: EstimatorCalibration,
+        now: float,
+        stats: WindowStats | None = None,
+    ) -> WindowStats:
+        """Add a judged batch (verdict indices and top-class probabilities)."""
+        s = stats if stats is not None else WindowStats.from_batch(verdicts, confidences, calibration)
+        with self._lock:
+            for w in self.time.values():
+                w.add(s, now)
+            if self.count is not None:
+                self.count.add(verdicts, confidences)
+            self.total += s.n
+        return s
+
+    def stats(self, calibration: EstimatorCalibration, now: float) -> dict[str, WindowStats]:
+        with self._lock:
+            out = {name: w.stats(now) for name, w in self.time.items()}
+            if self.count is not None and self.count_name is not None:
+                out[self.count_name] = self.count.stats(calibration)
+        return out
+
+    def estimates(
+        self, calibration: EstimatorCalibration, now: float
+    ) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:
+        return {name: (s, estimate_all(s, calibration)) for name, s in self.stats(calibration, now).items()}
+
+    def reset(self) -> None:
+        with self._lock:
+            for w in self.time.values():
+                w.buckets.clear()
+            if self.count is not None:
+                self.count = CountWindow(self.count.size)
+            self.total = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "time": {name: w.to_dict() for name, w in self.time.items()},
+                "count": self.count.to_dict() if self.count is not None else None,
+                "total": self.total,
+            }
+
+    def restore(self, d: Mapping[str, Any]) -> None:
+        """Restore saved windows; windows no longer configured are ignored, new ones start empty."""
+        with self._lock:
+            for name, wd in (d.get("time") or {}).items():
+                if name in self.time and float(wd.get("seconds", -1)) == self.time[name].seconds:
+                    self.time[name] = TimeWindow.from_dict(wd)
+            cd = d.get("count")
+            if self.count is not None and cd:
+                self.count = CountWindow.from_dict(cd, size=self.count.size)
+            self.total = int(d.get("total", 0))
+
+
+def parse_windows(names: Sequence[str]) -> dict[str, float]:
+    from agent.config import parse_duration
+
+    return {n: parse_duration(n) for n in names}

@@ -1,0 +1,263 @@
+"""Prometheus metrics of the sidecar (namespace ``icos_``, base units, bounded labels).
+
+Everything is registered on a :class:`prometheus_client.CollectorRegistry` passed in, so that tests
+use a fresh registry and other collectors (e.g. audit metrics) can be added to the same one.
+Live estimates are not pushed: :class:`EstimatesCollector` calls a snapshot function at scrape time.
+
+Metric names (labels):
+
+* ``icos_predictions_total{model,version}`` — judged predictions.
+* ``icos_predicted_class_total{model,version,class}`` — only when the class count is at most the cap.
+* ``icos_verdicts_total{model,version,verdict,invariant}`` — ``verdict`` is ``pass``/``fail``,
+  ``invariant`` the failing family (``idi``/``tdi``/``adi``) or ``none``.
+* ``icos_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
+  ``icos_estimated_accuracy_ratio_lower`` / ``icos_estimated_accuracy_ratio_upper``;
+  ``icos_estimated_accuracy_samples{model,version,window}`` — predictions behind the estimates.
+* ``icos_window_fail_ratio{model,version,window,invariant}`` — share of failed predictions per family.
+* ``icos_oracle_tpr_ratio`` / ``icos_oracle_fpr_ratio{model,version}`` and
+  ``icos_oracle_calibration_samples{model,version,truth}`` (``wrong``/``right``), so that the
+  corrected estimate can be recomputed across replicas.
+* ``icos_inference_duration_seconds`` / ``icos_oracle_duration_seconds{model,version}`` (histograms).
+* ``icos_invalid_requests_total{reason}``, ``icos_upstream_errors_total{reason}``,
+  ``icos_observe_queue_length``, ``icos_observe_rejected_total``,
+  ``icos_observe_events_total{type}``, ``icos_observe_events_unmatched_total{reason}``.
+* ``icos_model_info{model,version,sha256}`` — constant 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+VERDICT_LABELS: tuple[tuple[str, str], ...] = (("pass", "none"), ("fail", "idi"), ("fail", "tdi"), ("fail", "adi"))
+FAMILIES = ("idi", "tdi", "adi")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class EstimatePoint:
+    """One estimate of one estimator on one window."""
+
+    estimator: str
+    window: str
+    value: float
+    lower: float
+    upper: float
+    n: int
+
+
+@dataclass(frozen=True)
+class WindowPoint:
+    """Sample count and failure counts of one window."""
+
+    window: str
+    n: int
+    fails_by_family: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What :class:`EstimatesCollector` exports at one scrape."""
+
+    model: str
+    version: str
+    estimates: Sequence[EstimatePoint]
+    windows: Sequence[WindowPoint]
+    oracle_tpr: float | None = None
+    oracle_fpr: float | None = None
+    calibration_wrong: int | None = None
+    calibration_right: int | None = None
+
+
+class EstimatesCollector(Collector):
+    """Exports live estimates computed at scrape time by ``snapshot()`` (``None`` → nothing)."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        if snap is None:
+            return
+        mv = [snap.model, snap.version]
+        labels = ["model", "version", "estimator", "window"]
+        value = GaugeMetricFamily(
+            "icos_estimated_accuracy_ratio", "Estimated operational accuracy (label-free).", labels=labels
+        )
+        lower = GaugeMetricFamily(
+            "icos_estimated_accuracy_ratio_lower", "Lower bound of the 95% interval of the estimate.", labels=labels
+        )
+        upper = GaugeMetricFamily(
+            "icos_estimated_accuracy_ratio_upper", "Upper bound of the 95% interval of the estimate.", labels=labels
+        )
+        for e in snap.estimates:
+            lv = [*mv, e.estimator, e.window]
+            value.add_metric(lv, e.value)
+            lower.add_metric(lv, e.lower)
+            upper.add_metric(lv, e.upper)
+        samples = GaugeMetricFamily(
+            "icos_estimated_accuracy_samples",
+            "Judged predictions in the window behind the estimates.",
+            labels=["model", "version", "window"],
+        )
+        fail = GaugeMetricFamily(
+            "icos_window_fail_ratio",
+            "Share of predictions in the window failed by an invariant family.",
+            labels=["model", "version", "window", "invariant"],
+        )
+        for w in snap.windows:
+            samples.add_metric([*mv, w.window], w.n)
+            if w.n > 0:
+                for fam in FAMILIES:
+                    fail.add_metric([*mv, w.window, fam], w.fails_by_family.get(fam, 0) / w.n)
+        yield value
+        yield lower
+        yield upper
+        yield samples
+        yield fail
+        if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
+            tpr = GaugeMetricFamily(
+                "icos_oracle_tpr_ratio",
+                "Oracle true-positive rate (share of wrong predictions failed) on the calibration split.",
+                labels=["model", "version"],
+            )
+            tpr.add_metric(mv, snap.oracle_tpr)
+            fpr = GaugeMetricFamily(
+                "icos_oracle_fpr_ratio",
+                "Oracle false-positive rate (share of right predictions failed) on the calibration split.",
+                labels=["model", "version"],
+            )
+            fpr.add_metric(mv, snap.oracle_fpr)
+            yield tpr
+            yield fpr
+        if snap.calibration_wrong is not None and snap.calibration_right is not None:
+            cal = GaugeMetricFamily(
+                "icos_oracle_calibration_samples",
+                "Calibration-split predictions behind the oracle TPR/FPR, by truth.",
+                labels=["model", "version", "truth"],
+            )
+            cal.add_metric([*mv, "wrong"], snap.calibration_wrong)
+            cal.add_metric([*mv, "right"], snap.calibration_right)
+            yield cal
+
+
+class AgentMetrics:
+    """The sidecar's counters and histograms, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry, *, per_class_label_cap: int = 20) -> None:
+        self.registry = registry
+        self.per_class_label_cap = per_class_label_cap
+        self.predictions = Counter(
+            "icos_predictions", "Predictions judged by the oracle.", ["model", "version"], registry=registry
+        )
+        self.predicted_class = Counter(
+            "icos_predicted_class",
+            "Judged predictions by predicted class (only for models with few classes).",
+            ["model", "version", "class"],
+            registry=registry,
+        )
+        self.verdicts = Counter(
+            "icos_verdicts",
+            "Oracle verdicts: pass, or fail by the first violated invariant family.",
+            ["model", "version", "verdict", "invariant"],
+            registry=registry,
+        )
+        self.inference_duration = Histogram(
+            "icos_inference_duration_seconds",
+            "Time to run the model on one request batch (serve mode) or wait for the upstream (proxy mode).",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.oracle_duration = Histogram(
+            "icos_oracle_duration_seconds",
+            "Time to judge one request batch with the invariants.",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.invalid_requests = Counter(
+            "icos_invalid_requests",
+            "Requests rejected as malformed or invalid, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "icos_upstream_errors",
+            "Proxy mode: failed calls to the upstream server, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.observe_queue_length = Gauge(
+            "icos_observe_queue_length", "Observe mode: batches waiting to be judged.", registry=registry
+        )
+        self.observe_rejected = Counter(
+            "icos_observe_rejected",
+            "Observe mode: batches rejected with 429 because the queue was full.",
+            registry=registry,
+        )
+        self.observe_events = Counter(
+            "icos_observe_events",
+            "Observe mode: inference-logger CloudEvents received, by type.",
+            ["type"],
+            registry=registry,
+        )
+        self.observe_unmatched = Counter(
+            "icos_observe_events_unmatched",
+            "Observe mode: CloudEvents dropped without their pair, by reason (expired, evicted, duplicate).",
+            ["reason"],
+            registry=registry,
+        )
+        self.model_info = Gauge(
+            "icos_model_info", "The model being judged (constant 1).", ["model", "version", "sha256"], registry=registry
+        )
+        self._info_labels: tuple[str, str, str] | None = None
+
+    def set_model(self, model: str, version: str, sha256: str, classes: Sequence[str]) -> None:
+        """Declare the current model (after start or reload); pre-creates the series at zero."""
+        if self._info_labels is not None:
+            self.model_info.remove(*self._info_labels)
+        self._info_labels = (model, version, sha256 or "unknown")
+        self.model_info.labels(*self._info_labels).set(1)
+        self.predictions.labels(model, version)
+        for verdict, inv in VERDICT_LABELS:
+            self.verdicts.labels(model, version, verdict, inv)
+        if len(classes) <= self.per_class_label_cap:
+            for c in classes:
+                self.predicted_class.labels(model, version, c)
+
+    def record_batch(
+        self,
+        model: str,
+        version: str,
+        verdict_counts: Sequence[int],
+        class_counts: Sequence[int] | None,
+        classes: Sequence[str],
+        inference_seconds: float | None,
+        oracle_seconds: float | None,
+    ) -> None:
+        """Record one judged batch: ``verdict_counts`` indexed like :data:`VERDICT_LABELS`."""
+        total = int(sum(verdict_counts))
+        self.predictions.labels(model, version).inc(total)
+        for (verdict, inv), k in zip(VERDICT_LABELS, verdict_counts, strict=False):
+            if k:
+                self.verdicts.labels(model, version, verdict, inv).inc(int(k))
+        if class_counts is not None and len(classes) <= self.per_class_label_cap:
+            for c, k in zip(classes, class_counts, strict=False):
+                if k:
+                    self.predicted_class.labels(model, version, c).inc(int(k))
+        if inference_seconds is not None:
+            self.inference_duration.labels(model, version).observe(inference_seconds)
+        if oracle_seconds is not None:
+            self.oracle_duration.labels(model, version).observe(oracle_seconds)
+
+    def invalid(self, reason: str) -> None:
+        self.invalid_requests.labels(reason).inc()

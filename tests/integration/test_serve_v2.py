@@ -1,0 +1,219 @@
+"""The sidecar in serve mode with a real V2 client (tritonclient) over a real socket."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as th
+from conftest import RunningServer, start_server
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.app import create_app
+from agent.config import load_settings
+from agent.datasets import Splits
+from agent.model import default_model_path
+
+
+def serve_settings(bundle: Path, **extra: Any) -> Any:
+    return load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist", "version": "3", "path": str(default_model_path())},
+        bundle={"path": str(bundle)},
+        server={"host": "127.0.0.1"},
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def agent(mnist_bundle_dir: Path) -> Iterator[RunningServer]:
+    srv = start_server(create_app(serve_settings(mnist_bundle_dir), CollectorRegistry()))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(agent: RunningServer) -> Iterator[th.InferenceServerClient]:
+    c = th.InferenceServerClient(agent.hostport)
+    yield c
+    c.close()
+
+
+def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{url}/metrics").text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def sample(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
+
+
+def infer(
+    client: th.InferenceServerClient, x: np.ndarray, binary: bool, outputs: tuple[str, ...] | None = None, **kw: Any
+) -> th.InferResult:
+    inp = th.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x.astype(np.float32), binary_data=binary)
+    outs = [th.InferRequestedOutput(n, binary_data=binary) for n in outputs] if outputs else None
+    return client.infer("mnist", [inp], outputs=outs, **kw)
+
+
+def test_health_and_metadata(client: th.InferenceServerClient, agent: RunningServer) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("mnist")
+    assert client.is_model_ready("mnist", "3")
+    assert not client.is_model_ready("nope")
+    meta = client.get_model_metadata("mnist")
+    assert meta["name"] == "mnist" and meta["versions"] == ["3"]
+    assert meta["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": [-1, 1, 28, 28]}
+    outs = {o["name"]: o for o in meta["outputs"]}
+    assert outs["probabilities"]["shape"] == [-1, 10] and outs["label"]["datatype"] == "INT64"
+    assert outs["icos_verdict"]["datatype"] == "BYTES"
+    server = client.get_server_metadata()
+    assert "binary_tensor_data" in server["extensions"]
+    assert httpx.get(f"{agent.url}/openapi.json").status_code == 200
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_infer_outputs(client: th.InferenceServerClient, mnist_splits: Splits, mnist_model: Any, binary: bool) -> None:
+    x = mnist_splits.test.x[:16]
+    res = infer(client, x, binary, ("probabilities", "label", "icos_verdict"))
+    probs = res.as_numpy("probabilities")
+    labels = res.as_numpy("label")
+    verdicts = res.as_numpy("icos_verdict")
+    assert probs.dtype == np.float32 and probs.shape == (16, 10)
+    assert labels.dtype == np.int64 and labels.shape == (16,)
+    assert verdicts.shape == (16,)
+    names = {v.decode() if isinstance(v, bytes) else str(v) for v in verdicts}
+    assert names <= {"pass", "fail:idi", "fail:tdi", "fail:adi"}
+    expected = mnist_model.predict(x)
+    np.testing.assert_allclose(probs, expected.probabilities, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(labels, expected.labels)
+    response = res.get_response()
+    ids = response["parameters"]["icos_prediction_ids"].split(",")
+    assert ids == [f"{response['id']}:{i}" for i in range(16)]
+
+
+def test_default_outputs_and_subset(client: th.InferenceServerClient, mnist_splits: Splits) -> None:
+    x = mnist_splits.test.x[:4]
+    every = infer(client, x, True)  # no outputs requested: all three, binary (tritonclient's default)
+    assert {o["name"] for o in every.get_response()["outputs"]} == {"probabilities", "label", "icos_verdict"}
+    only = infer(client, x, False, ("icos_verdict",), request_id="req-7")
+    assert [o["name"] for o in only.get_response()["outputs"]] == ["icos_verdict"]
+    assert only.get_response()["id"] == "req-7"
+    assert only.as_numpy("label") is None
+
+
+def test_idi_metadata_per_batch_and_per_sample(agent: RunningServer, mnist_splits: Splits) -> None:
+    """The bundle's IDI: form == lines allows labels 1, 4, 7 only."""
+    y = mnist_splits.test.y
+    x = mnist_splits.test.x[np.isin(y, [0, 3, 6])][:6]  # labels outside {1, 4, 7}
+    body = {
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()}],
+        "parameters": {"form": "lines"},
+        "outputs": [{"name": "icos_verdict"}],
+    }
+    r = httpx.post(f"{agent.url}/v2/models/mnist/infer", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == ["fail:idi"] * 6
+    per_sample = ["lines", "curves", "lines", "", "curves", "lines"]
+    body = {
+        "inputs": [
+            {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()},
+            {"name": "form", "shape": [6], "datatype": "BYTES", "data": per_sample},
+        ],
+        "outputs": [{"name": "icos_verdict"}],
+    }
+    r = httpx.post(f"{agent.url}/v2/models/mnist/infer", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()["outputs"][0]["data"]
+    assert [g == "fail:idi" for g in got] == [f == "lines" for f in per_sample]
+
+
+def test_binary_bytes_metadata_input(client: th.InferenceServerClient, mnist_splits: Splits) -> None:
+    y = mnist_splits.test.y
+    x = mnist_splits.test.x[np.isin(y, [0, 3])][:3]
+    inp = th.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    form = th.InferInput("form", [3], "BYTES")
+    form.set_data_from_numpy(np.array([b"lines", b"curves", b"lines"], dtype=object), binary_data=True)
+    res = client.infer("mnist", [inp, form], outputs=[th.InferRequestedOutput("icos_verdict")])
+    got = res.as_numpy("icos_verdict").tolist()
+    assert got[0] == got[2] == b"fail:idi"
+    assert got[1] != b"fail:idi"
+
+
+def test_metrics_and_estimates_move(
+    client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits
+) -> None:
+    before = metrics(agent.url)
+    est0 = httpx.get(f"{agent.url}/v1/estimates").json()
+    x = mnist_splits.test.x[:64]
+    res = infer(client, x, True, ("icos_verdict",))
+    verdicts = [v.decode() for v in res.as_numpy("icos_verdict")]
+    after = metrics(agent.url)
+    labels = {"model": "mnist", "version": "3"}
+    assert sample(after, "icos_predictions_total", **labels) - sample(before, "icos_predictions_total", **labels) == 64
+    passes = sample(after, "icos_verdicts_total", verdict="pass") - sample(
+        before, "icos_verdicts_total", verdict="pass"
+    )
+    assert passes == verdicts.count("pass")
+    fails = sample(after, "icos_verdicts_total", verdict="fail") - sample(before, "icos_verdicts_total", verdict="fail")
+    assert fails == 64 - verdicts.count("pass")
+    est1 = httpx.get(f"{agent.url}/v1/estimates").json()
+    for window in ("5m", "1h", "last1000"):
+        assert est1["windows"][window]["n"] == est0["windows"].get(window, {"n": 0})["n"] + 64
+        icos = est1["windows"][window]["estimates"]["icos"]
+        assert icos["lower"] <= icos["value"] <= icos["upper"]
+    assert est1["headline"] in est1["windows"]["5m"]["estimates"]
+    n5 = sample(after, "icos_estimated_accuracy_samples", window="5m")
+    assert n5 == est1["windows"]["5m"]["n"]
+    value = sample(after, "icos_estimated_accuracy_ratio", estimator="icos", window="last1000")
+    assert 0.0 < value <= 1.0
+    assert sample(after, "icos_inference_duration_seconds_count", **labels) > sample(
+        before, "icos_inference_duration_seconds_count", **labels
+    )
+    assert sample(after, "icos_oracle_tpr_ratio", **labels) > 0
+
+
+def test_promtool_check_metrics(client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("install Debian's prometheus package (apt-get install prometheus) for promtool")
+    infer(client, mnist_splits.test.x[:8], True)
+    httpx.post(f"{agent.url}/v2/models/mnist/infer", content=b"{nope")
+    text = httpx.get(f"{agent.url}/metrics").text
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_separate_metrics_port(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    settings = serve_settings(mnist_bundle_dir)
+    settings.server.metrics_port = port
+    srv = start_server(create_app(settings, CollectorRegistry()))
+    try:
+        infer(th.InferenceServerClient(srv.hostport), mnist_splits.test.x[:2], True)
+        on_main = httpx.get(f"{srv.url}/metrics").text
+        on_side = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'icos_predictions_total{model="mnist",version="3"} 2.0' in on_main
+        assert 'icos_predictions_total{model="mnist",version="3"} 2.0' in on_side
+    finally:
+        srv.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
