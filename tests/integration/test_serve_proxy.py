@@ -1,0 +1,133 @@
+"""Proxy mode: a second agent in serve mode is the upstream V2 server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import tritonclient.http as th
+from conftest import RunningServer
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agent.app import create_app
+from agent.config import load_settings
+from agent.datasets import Splits
+from agent.model import default_model_path
+
+
+def upstream_app(bundle: Path) -> Any:
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist-upstream", "path": str(default_model_path())},
+        bundle={"path": str(bundle)},
+    )
+    return create_app(settings, CollectorRegistry())
+
+
+def proxy_app(bundle: Path, url: str, timeout: float = 10.0, model_name: str = "mnist-upstream") -> Any:
+    settings = load_settings(
+        None,
+        mode="proxy",
+        model={"name": "mnist", "version": "2", "path": str(default_model_path())},
+        bundle={"path": str(bundle)},
+        upstream={"url": url, "model_name": model_name, "timeout_seconds": timeout},
+    )
+    return create_app(settings, CollectorRegistry())
+
+
+def counter(url: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in fam.samples:
+            if s.name == name and set(labels.items()) <= set(s.labels.items()):
+                total += s.value
+    return total
+
+
+def test_proxy_forwards_and_judges(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits
+) -> None:
+    up = run_server(upstream_app(mnist_bundle_dir))
+    px = run_server(proxy_app(mnist_bundle_dir, up.url))
+    client = th.InferenceServerClient(px.hostport)
+    assert client.is_server_ready() and client.is_model_ready("mnist")
+    assert client.get_model_metadata("mnist")["platform"] == "icos_proxy"
+    x = mnist_splits.test.x[:12]
+    direct = th.InferenceServerClient(up.hostport)
+    for binary in (True, False):
+        inp = th.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        res = client.infer(
+            "mnist",
+            [inp],
+            outputs=[
+                th.InferRequestedOutput(n, binary_data=binary) for n in ("probabilities", "label", "icos_verdict")
+            ],
+        )
+        ref = direct.infer("mnist-upstream", [inp])
+        np.testing.assert_allclose(res.as_numpy("probabilities"), ref.as_numpy("probabilities"), rtol=1e-6)
+        np.testing.assert_array_equal(res.as_numpy("label"), ref.as_numpy("label"))
+        got = [v.decode() if isinstance(v, bytes) else v for v in res.as_numpy("icos_verdict").tolist()]
+        want = [v.decode() for v in ref.as_numpy("icos_verdict").tolist()]  # same model and bundle: same verdicts
+        assert got == want
+    # no outputs requested: the upstream's answer plus icos_verdict
+    inp = th.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    res = client.infer("mnist", [inp], request_id="abc")
+    names = [o["name"] for o in res.get_response()["outputs"]]
+    assert sorted(names) == ["icos_verdict", "label", "probabilities"] and names[-1] == "icos_verdict"
+    assert res.get_response()["model_name"] == "mnist" and res.get_response()["id"] == "abc"
+    assert counter(px.url, "icos_predictions_total", model="mnist") == 36
+    # a client mistake is answered by the proxy itself and never reaches the upstream
+    before = counter(up.url, "icos_invalid_requests_total")
+    bad = httpx.post(
+        f"{px.url}/v2/models/mnist/infer",
+        json={"inputs": [{"name": "input", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]},
+    )
+    assert bad.status_code == 400 and "shape" in bad.json()["error"]
+    assert counter(up.url, "icos_invalid_requests_total") == before
+
+
+def test_upstream_down_is_502(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits
+) -> None:
+    up = run_server(upstream_app(mnist_bundle_dir))
+    px = run_server(proxy_app(mnist_bundle_dir, up.url))
+    x = mnist_splits.test.x[:2]
+    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    assert httpx.post(f"{px.url}/v2/models/mnist/infer", json=body).status_code == 200
+    up.stop()
+    r = httpx.post(f"{px.url}/v2/models/mnist/infer", json=body)
+    assert r.status_code == 502
+    assert "unreachable" in r.json()["error"]
+    assert counter(px.url, "icos_upstream_errors_total", reason="unreachable") == 1
+    assert httpx.get(f"{px.url}/v2/health/live").status_code == 200
+
+
+def test_slow_upstream_is_504(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits
+) -> None:
+    async def slow(request: Request) -> JSONResponse:
+        await asyncio.sleep(1.0)  # longer than the proxy's 0.3 s timeout
+        return JSONResponse({"error": "too late"}, status_code=500)
+
+    slow_app = Starlette(routes=[Route("/v2/models/{name}/infer", slow, methods=["POST"])])
+    up = run_server(slow_app)
+    px = run_server(proxy_app(mnist_bundle_dir, up.url, timeout=0.3))
+    x = mnist_splits.test.x[:1]
+    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    r = httpx.post(f"{px.url}/v2/models/mnist/infer", json=body, timeout=10)
+    assert r.status_code == 504
+    assert "did not answer within 0.3 s" in r.json()["error"]
+    assert counter(px.url, "icos_upstream_errors_total", reason="timeout") == 1
