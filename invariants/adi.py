@@ -27,7 +27,7 @@ _LABEL = "label"
 _CONSTANT_KEY = "icos.adi.constant"
 
 
-def _constant_model(n_classes: int, answer: int, opset: Mapping[str, int]) -> bytes:
+def _constant_model(n_classes: int, answer: int) -> bytes:
     """A graph ``x[N, K] -> label[N] = answer`` for a training set holding a single class."""
     from onnx import TensorProto, helper
 
@@ -44,9 +44,9 @@ def _constant_model(n_classes: int, answer: int, opset: Mapping[str, int]) -> by
         [helper.make_tensor_value_info(_INPUT, TensorProto.FLOAT, [None, n_classes])],
         [helper.make_tensor_value_info(_LABEL, TensorProto.INT64, [None])],
     )
-    # IR version 8 is what opset 17 needs; newer onnx releases default to an IR that older
-    # onnxruntime builds refuse
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", int(opset.get("", 17)))], ir_version=8)
+    # a fixed, widely supported pair: opset 17 (Shape with start/end needs >= 15) and IR version 8;
+    # recent onnx releases default to an IR version older onnxruntime builds refuse
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     model.producer_name = "icos-agent"
     entry = model.metadata_props.add()
     entry.key, entry.value = _CONSTANT_KEY, str(int(answer))
@@ -98,7 +98,7 @@ class AlgorithmInvariants:
             raise ValueError("probabilities contain NaN or infinite values")
         n_classes = int(probs.shape[1])
         if target.all() or not target.any():
-            return cls(_constant_model(n_classes, int(target[0]), opset))
+            return cls(_constant_model(n_classes, int(target[0])))
 
         from skl2onnx import convert_sklearn
         from skl2onnx.common.data_types import FloatTensorType

@@ -164,8 +164,8 @@ class Bundle:
         files[ADI_FILE] = self.adi.onnx_bytes
         return files
 
-    def manifest(self, files: Mapping[str, str]) -> dict[str, Any]:
-        """The manifest for the given ``{file: sha256}`` (``created_at`` must be set)."""
+    def manifest(self, files: Mapping[str, str], *, created_at: str | None = None) -> dict[str, Any]:
+        """The manifest for the given ``{file: sha256}`` (``created_at`` defaults to :attr:`created_at`)."""
         manifest: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "model_sha256": self.model_sha256,
@@ -176,29 +176,34 @@ class Bundle:
             "calibration": self.calibration.to_dict(),
             "estimator_calibration": self.estimator_calibration,
             "files": dict(sorted(files.items())),
-            "created_at": self.created_at,
+            "created_at": created_at if created_at is not None else self.created_at,
         }
         manifest["manifest_sha256"] = _manifest_digest(manifest)
         return manifest
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the bundle atomically (temp dir beside the target, then rename), replacing an
-        existing bundle directory. Sets :attr:`created_at` when it is unset."""
+        existing bundle directory. Sets :attr:`created_at` (when unset) once the bundle is written.
+
+        A reader that opens the directory during the replacement may briefly find it missing;
+        it never finds a half-written bundle."""
         target = Path(directory)
         if not _is_sha256(self.model_sha256):
             raise BundleError(f"{MANIFEST}: model_sha256 must be a hex sha256 digest, got {self.model_sha256!r}")
         if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / MANIFEST).exists())):
             raise BundleError(f"{target}: exists and is not an invariant bundle; refusing to overwrite it")
-        if self.created_at is None:
-            self.created_at = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+        created_at = self.created_at or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
         payload = self._payload()
         digests = {name: sha256_bytes(data) for name, data in payload.items()}
         try:
-            text = _canonical(self.manifest(digests)) + "\n"
+            text = _canonical(self.manifest(digests, created_at=created_at)) + "\n"
         except (TypeError, ValueError) as exc:
             raise BundleError(f"{MANIFEST}: cannot serialise the manifest ({exc})") from exc
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        except OSError as exc:
+            raise BundleError(f"{target}: cannot write the bundle ({exc.strerror or exc})") from exc
         try:
             for name, data in payload.items():
                 (staging / name).write_bytes(data)
@@ -210,13 +215,21 @@ class Bundle:
                 retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
                 retired.rmdir()
                 os.replace(target, retired)
-                os.replace(staging, target)
+                try:
+                    os.replace(staging, target)
+                except OSError:
+                    os.replace(retired, target)  # put the previous bundle back
+                    raise
                 shutil.rmtree(retired, ignore_errors=True)
             else:
                 os.replace(staging, target)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BundleError(f"{target}: cannot write the bundle ({exc.strerror or exc})") from exc
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        self.created_at = created_at
         return target
 
     # -- reading --------------------------------------------------------------------------
@@ -236,7 +249,10 @@ class Bundle:
             path = root / name
             if not path.is_file():
                 raise BundleError(f"{name}: missing file")
-            data = path.read_bytes()
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise BundleError(f"{name}: cannot read ({exc.strerror or exc})") from exc
             if sha256_bytes(data) != files[name]:
                 raise BundleError(f"{name}: sha256 mismatch (bundle tampered or corrupted)")
             blobs[name] = data
@@ -291,7 +307,10 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.is_file():
         raise BundleError(f"{MANIFEST}: missing file")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"{MANIFEST}: cannot read ({exc.strerror or exc})") from exc
     try:
         manifest = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:

@@ -240,6 +240,11 @@ class TrainingInvariants:
         return int(self.children_left.shape[0])
 
     @property
+    def rule_of_node(self) -> np.ndarray:
+        """Index into :attr:`rules` for every node id (-1 for internal nodes), int32 [node_count]."""
+        return self._rule_of_node
+
+    @property
     def depth(self) -> int:
         return max((len(r.conditions) for r in self.rules), default=0)
 
