@@ -1,0 +1,324 @@
+"""Build the icos-agent Grafana dashboard (JSON model, schemaVersion 39+).
+
+``deploy/alerts/generate.py`` writes it to ``deploy/grafana/dashboards/icos-agent.json`` and copies it
+into the Helm chart and the kustomize monitoring component. Templated on datasource, namespace,
+model, version and estimate window. Every query reads raw agent metrics or the recording rules of
+``deploy/alerts/source.yaml`` (``icos:*``); the test suite type-checks the JSON against
+``@grafana/schema`` and parses every expression with promtool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+UID = "icos-agent"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'namespace=~"$namespace", model=~"$model", version=~"$version"'
+NS = 'namespace=~"$namespace"'
+
+
+def _target(expr: str, legend: str, ref: str, *, instant: bool = False) -> dict[str, Any]:
+    t: dict[str, Any] = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend, "range": not instant}
+    if instant:
+        t["instant"] = True
+    return t
+
+
+def _timeseries(
+    title: str,
+    targets: list[tuple[str, str]],
+    grid: tuple[int, int, int, int],
+    *,
+    unit: str = "short",
+    description: str = "",
+    minmax: tuple[float, float] | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "unit": unit,
+        "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never", "spanNulls": False},
+    }
+    if minmax is not None:
+        defaults["min"], defaults["max"] = minmax
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": {"x": grid[0], "y": grid[1], "w": grid[2], "h": grid[3]},
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": {
+            "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom", "calcs": []},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": [_target(e, lg, chr(ord("A") + i)) for i, (e, lg) in enumerate(targets)],
+    }
+
+
+def _stat(
+    title: str, expr: str, legend: str, grid: tuple[int, int, int, int], *, unit: str, description: str = ""
+) -> dict[str, Any]:
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": {"x": grid[0], "y": grid[1], "w": grid[2], "h": grid[3]},
+        "fieldConfig": {"defaults": {"unit": unit, "decimals": 3}, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "auto",
+            "textMode": "value_and_name",
+            "colorMode": "value",
+            "graphMode": "area",
+            "justifyMode": "auto",
+            "wideLayout": True,
+            "showPercentChange": False,
+            "percentChangeColorMode": "standard",
+        },
+        "targets": [_target(expr, legend, "A", instant=True)],
+    }
+
+
+def _row(title: str, y: int) -> dict[str, Any]:
+    return {"type": "row", "title": title, "collapsed": False, "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []}
+
+
+def _query_var(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "datasource": DS,
+        "query": {"query": query, "refId": f"var-{name}"},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {"text": "All", "value": "$__all"},
+        "sort": 1,
+    }
+
+
+def _band_overrides() -> list[dict[str, Any]]:
+    """Interval bounds as dashed lines in the colour of nothing in particular."""
+    return [
+        {
+            "matcher": {"id": "byRegexp", "options": ".*(lower|upper).*"},
+            "properties": [
+                {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [4, 4]}},
+                {"id": "custom.lineWidth", "value": 1},
+            ],
+        }
+    ]
+
+
+def panels() -> list[dict[str, Any]]:
+    w = 'window=~"$window"'
+    p: list[dict[str, Any]] = []
+    y = 0
+    p.append(_row("Estimated accuracy", y))
+    y += 1
+    p.append(
+        _stat(
+            "Fleet corrected estimate (1h)",
+            f'icos:estimated_accuracy:ratio_rate1h{{estimator="icos_corrected", {SEL}}}',
+            "{{model}} {{version}}",
+            (0, y, 6, 8),
+            unit="percentunit",
+            description="Rogan-Gladen corrected ICOS estimate over the last hour, from the verdict counters of "
+            "every replica (recording rule icos:estimated_accuracy:ratio_rate1h).",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Fleet estimate from counters",
+            [
+                (f"icos:estimated_accuracy:ratio_rate5m{{{SEL}}}", "{{estimator}} 5m {{model}} {{version}}"),
+                (f"icos:estimated_accuracy:ratio_rate1h{{{SEL}}}", "{{estimator}} 1h {{model}} {{version}}"),
+            ],
+            (6, y, 18, 8),
+            unit="percentunit",
+            minmax=(0, 1),
+            description="Fleet-wide estimates recomputed from counters summed over replicas (recording rules).",
+        )
+    )
+    y += 8
+    p.append(
+        _timeseries(
+            "Estimated accuracy per estimator (95% intervals)",
+            [
+                (f"avg by (estimator, window) (icos_estimated_accuracy_ratio{{{SEL}, {w}}})", "{{estimator}} {{window}}"),
+                (
+                    f"min by (estimator, window) (icos_estimated_accuracy_ratio_lower{{{SEL}, {w}}})",
+                    "{{estimator}} {{window}} lower",
+                ),
+                (
+                    f"max by (estimator, window) (icos_estimated_accuracy_ratio_upper{{{SEL}, {w}}})",
+                    "{{estimator}} {{window}} upper",
+                ),
+            ],
+            (0, y, 24, 9),
+            unit="percentunit",
+            minmax=(0, 1),
+            overrides=_band_overrides(),
+            description="Each replica's windowed estimates (icos, icos_corrected, avg_conf, atc, doc); the band is "
+            "the widest 95% interval over replicas.",
+        )
+    )
+    y += 9
+    p.append(_row("Verdicts", y))
+    y += 1
+    p.append(
+        _timeseries(
+            "Failed predictions by invariant family",
+            [
+                (
+                    f'sum by (invariant) (rate(icos_verdicts_total{{verdict="fail", {SEL}}}[$__rate_interval]))',
+                    "{{invariant}}",
+                )
+            ],
+            (0, y, 8, 8),
+            unit="reqps",
+            description="Predictions per second failed by the first violated family (IDI, then TDI, then ADI).",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Fail share by family (estimate window)",
+            [(f"avg by (invariant, window) (icos_window_fail_ratio{{{SEL}, {w}}})", "{{invariant}} {{window}}")],
+            (8, y, 8, 8),
+            unit="percentunit",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Judged predictions",
+            [(f"sum by (model, version) (rate(icos_predictions_total{{{SEL}}}[$__rate_interval]))", "{{model}} {{version}}")],
+            (16, y, 8, 8),
+            unit="reqps",
+        )
+    )
+    y += 8
+    p.append(_row("Requests and latency", y))
+    y += 1
+    p.append(
+        _timeseries(
+            "Invalid requests by reason",
+            [(f"sum by (reason) (rate(icos_invalid_requests_total{{{NS}}}[$__rate_interval]))", "{{reason}}")],
+            (0, y, 8, 8),
+            unit="reqps",
+        )
+    )
+    lat = []
+    for metric, name in (("icos_inference_duration_seconds", "inference"), ("icos_oracle_duration_seconds", "oracle")):
+        for q in ("0.5", "0.9", "0.99"):
+            lat.append(
+                (
+                    f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{SEL}}}[$__rate_interval])))",
+                    f"{name} p{q[2:].ljust(2, '0')}",
+                )
+            )
+    p.append(_timeseries("Latency quantiles per batch", lat, (8, y, 16, 8), unit="s"))
+    y += 8
+    p.append(_row("Robustness audits", y))
+    y += 1
+    p.append(
+        _timeseries(
+            "D-Score",
+            [
+                (f"max by (model, version) (icos_dscore{{{NS}}})", "D-Score {{model}} {{version}}"),
+                (f"max by (model, version) (icos_dscore_fitness{{{NS}}})", "fitness {{model}} {{version}}"),
+                (f"max by (model, version) (icos_dscore_robustness{{{NS}}})", "robustness {{model}} {{version}}"),
+            ],
+            (0, y, 8, 8),
+            description="D-Score = v_fitness - v_robust (D-Score paper, section IV, eqs. 3, 4 and 6).",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Time since last successful audit",
+            [(f"time() - max by (audit) (icos_audit_last_success_timestamp_seconds{{{NS}}})", "{{audit}}")],
+            (8, y, 8, 8),
+            unit="s",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Audit runs by status",
+            [(f"sum by (audit, status) (increase(icos_audit_runs_total{{{NS}}}[$__rate_interval]))", "{{audit}} {{status}}")],
+            (16, y, 8, 8),
+        )
+    )
+    for i, panel in enumerate(p, start=1):
+        panel["id"] = i
+    return p
+
+
+def build() -> dict[str, Any]:
+    """The dashboard JSON model."""
+    return {
+        "uid": UID,
+        "title": "icos-agent: operational accuracy",
+        "description": "Label-free accuracy estimates, oracle verdicts, latency and robustness audits of models "
+        "watched by icos-agent.",
+        "tags": ["icos-agent", "ml", "accuracy"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "fiscalYearStartMonth": 0,
+        "links": [],
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "templating": {
+            "list": [
+                {
+                    "type": "datasource",
+                    "name": "datasource",
+                    "label": "Data source",
+                    "query": "prometheus",
+                    "current": {"text": "Prometheus", "value": "prometheus"},
+                    "hide": 0,
+                    "refresh": 1,
+                },
+                _query_var("namespace", "Namespace", "label_values(icos_predictions_total, namespace)"),
+                _query_var("model", "Model", 'label_values(icos_predictions_total{namespace=~"$namespace"}, model)'),
+                _query_var(
+                    "version",
+                    "Version",
+                    'label_values(icos_predictions_total{namespace=~"$namespace", model=~"$model"}, version)',
+                ),
+                _query_var("window", "Estimate window", "label_values(icos_estimated_accuracy_ratio, window)"),
+            ]
+        },
+        "panels": panels(),
+    }
+
+
+def expressions(dashboard: dict[str, Any]) -> list[str]:
+    """Every PromQL expression of the panels, with template variables replaced by valid stand-ins."""
+    out = []
+    for panel in dashboard["panels"]:
+        for t in panel.get("targets", []):
+            expr = t["expr"]
+            for var, value in (("$__rate_interval", "5m"), ("$namespace", ".*"), ("$model", ".*"), ("$version", ".*"),
+                               ("$window", ".*")):
+                expr = expr.replace(var, value)
+            out.append(expr)
+    return out

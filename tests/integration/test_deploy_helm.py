@@ -1,0 +1,196 @@
+"""The Helm chart: lint and render every example values file with Helm's own engine (helm-python-sdk),
+validate every rendered manifest strictly against the Kubernetes schemas (kubernetes-validate, offline)
+and the operator kinds against the shipped CRD schemas; check the security posture of every pod."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip(
+    "helm_python", reason="needs helm-python-sdk (pip install 'helm-python-sdk==0.2.2')"
+)
+kv = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate (pip install kubernetes-validate)")
+jsonschema = pytest.importorskip("jsonschema")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "icos-agent"
+EXAMPLES = sorted((CHART / "ci").glob("*-values.yaml"))
+KUBE_VERSION = "1.30"
+CRD_SCHEMAS = {
+    "ServiceMonitor": ROOT / "deploy" / "schemas" / "servicemonitor-monitoring-v1.json",
+    "PrometheusRule": ROOT / "deploy" / "schemas" / "prometheusrule-monitoring-v1.json",
+}
+EVERYTHING = {
+    "prometheusRule": {"enabled": True},
+    "serviceMonitor": {"enabled": True},
+    "grafana": {"alerts": {"enabled": True}},
+    "audits": {"cronjob": {"enabled": True}},
+    "podDisruptionBudget": {"enabled": True},
+}
+
+
+def _values(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return dict(EVERYTHING)
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return loaded
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values)
+        out = chart.render(values=values, name="demo", namespace="ml")
+    docs: list[dict[str, Any]] = []
+    for name, text in sorted(out.items()):
+        if name.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+CASES = [pytest.param(None, id="all-features")] + [pytest.param(p, id=p.stem) for p in EXAMPLES]
+
+
+def test_examples_exist_for_every_mode() -> None:
+    modes = {_values(p).get("mode") for p in EXAMPLES}
+    assert modes == {"serve", "proxy", "observe"}
+    sources = {_values(p).get("model", {}).get("source") for p in EXAMPLES if _values(p).get("mode") == "serve"}
+    assert sources == {"volume", "initContainer", "mlflow"}
+
+
+@pytest.mark.parametrize("values_file", CASES)
+def test_lint_is_clean(values_file: Path | None) -> None:
+    report = helm.lint(CHART, _values(values_file), strict=True, namespace="ml", kube_version=f"v{KUBE_VERSION}.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("values_file", CASES)
+def test_rendered_manifests_validate(values_file: Path | None) -> None:
+    docs = render(_values(values_file))
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "ServiceAccount"} <= kinds
+    for doc in docs:
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] in CRD_SCHEMAS:
+            schema = json.loads(CRD_SCHEMAS[doc["kind"]].read_text(encoding="utf-8"))
+            errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
+            assert not errors, f"{where}: {errors[0].message} at {list(errors[0].path)}"
+            continue
+        try:
+            kv.validate(doc, KUBE_VERSION, strict=True)
+        except kv.ValidationError as exc:  # type: ignore[attr-defined]
+            pytest.fail(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def _pod_specs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for d in docs:
+        if d["kind"] == "Deployment":
+            out.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+        elif d["kind"] == "CronJob":
+            out.append((d["metadata"]["name"], d["spec"]["jobTemplate"]["spec"]["template"]["spec"]))
+    return out
+
+
+@pytest.mark.parametrize("values_file", CASES)
+def test_pods_are_locked_down(values_file: Path | None) -> None:
+    values = _values(values_file)
+    for name, spec in _pod_specs(render(values)):
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        ours = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] != "triton" and
+                c["name"] != "mlserver"]
+        for c in ours:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
+            assert isinstance(sc["runAsUser"], int) and sc["runAsUser"] > 0, (name, c["name"])
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts, (name, c["name"])
+
+
+@pytest.mark.parametrize("values_file", CASES)
+def test_agent_container_wiring(values_file: Path | None) -> None:
+    values = _values(values_file)
+    docs = render(values)
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    spec = deploy["spec"]["template"]["spec"]
+    agent = next(c for c in spec["containers"] if c["name"] == "agent")
+    assert agent["args"][:3] == ["serve", "--config", "/etc/icos-agent/agent.yaml"]
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    env = {e["name"]: e for e in agent["env"]}
+    assert "secretKeyRef" in env["ICOS_AGENT_ADMIN_TOKEN"]["valueFrom"]
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == deploy["metadata"]["name"])
+    cfg = yaml.safe_load(cm["data"]["agent.yaml"])
+    assert "token" not in json.dumps(cfg)
+    mode = values.get("mode", "serve")
+    assert cfg["mode"] == mode
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    assert cfg["server"]["port"] == ports["http"]
+    if "metrics" in ports:
+        assert cfg["server"]["metrics_port"] == ports["metrics"]
+    mounted = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert any(cfg["bundle"]["path"].startswith(m) for m in mounted)
+    if mode == "serve":
+        assert any(cfg["model"]["path"].startswith(m) for m in mounted)
+    if mode == "proxy":
+        assert cfg["upstream"]["url"].startswith("http://127.0.0.1:")
+        assert len(spec["containers"]) == 2
+    svc = next(d for d in docs if d["kind"] == "Service")
+    assert {p["name"] for p in svc["spec"]["ports"]} == set(ports)
+
+
+def test_agent_config_is_accepted_by_the_agent(tmp_path: Path) -> None:
+    """The chart's agent.yaml passes the agent's own validation (when agent.config exists)."""
+    config = pytest.importorskip("agent.config", reason="agent.config not available")
+    for p in EXAMPLES:
+        docs = render(_values(p))
+        cm = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))
+        f = tmp_path / f"{p.stem}.yaml"
+        f.write_text(cm["data"]["agent.yaml"], encoding="utf-8")
+        config.load_settings(f)
+
+
+def test_schema_rejects_bad_values() -> None:
+    with helm.Chart.load(CHART) as chart:
+        for bad in (
+            {"mode": "sidecar"},
+            {"prometheusRule": {"alerts": {"accuracyLow": {"threshold": 1.5}}}},
+            {"model": {"source": "mlflow", "mlflow": {"uri": ""}}},
+            {"unknownKey": 1},
+        ):
+            with pytest.raises(helm.HelmError):
+                chart.validate_schema(bad)
+
+
+def test_many_replicas_with_a_readwriteonce_claim_fail_clearly() -> None:
+    with pytest.raises(helm.HelmError, match="ReadWriteOnce"):
+        render({"replicaCount": 3})
+
+
+def test_dashboard_configmap_carries_the_sidecar_label_and_the_shipped_json() -> None:
+    docs = render({})
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"))
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "icos-agent.json").read_text(encoding="utf-8"))
+    assert json.loads(cm["data"]["icos-agent.json"]) == shipped
+
+
+def test_rule_thresholds_come_from_values() -> None:
+    docs = render({"prometheusRule": {"enabled": True, "alerts": {"accuracyLow": {"threshold": 0.77, "for": "2m"}}}})
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert "< 0.77" in alerts["IcosEstimatedAccuracyLow"]["expr"]
+    assert alerts["IcosEstimatedAccuracyLow"]["for"] == "2m"
+    docs = render({"prometheusRule": {"enabled": True, "alerts": {"agentDown": {"enabled": False}}}})
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    names = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert "IcosAgentDown" not in names and "IcosEstimatedAccuracyLow" in names
