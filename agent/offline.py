@@ -14,19 +14,22 @@ from typing import Any
 
 import numpy as np
 
+from agent.calibration_shifts import fit_shift_aware
 from agent.data_io import Dataset, label_indices
 from agent.errors import UserError
-from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
+from agent.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
 from agent.model import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
+from invariants.compiled import CompiledOracle
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
 from invariants.oracle import VERDICTS, OracleResult, calibrate
 
 Progress = Callable[[str], None]
 
-#: The estimate shown first (the headline) in reports and dashboards.
-HEADLINE_ESTIMATOR = "icos_corrected"
+#: The estimate shown first (the headline) in reports and dashboards: the recommended estimator
+#: (``shift_aware``, see ``agent.estimators`` and ``docs/estimation.md``).
+HEADLINE_ESTIMATOR = RECOMMENDED_ESTIMATOR
 
 
 def predict_with_progress(model: OnnxClassifier, x: np.ndarray, desc: str, batch_size: int = 256) -> Prediction:
@@ -108,6 +111,18 @@ def fit_bundle(
     est_cal = EstimatorCalibration.fit(
         val_pred.confidences[cal_idx], val_pred.labels[cal_idx] == val_y[cal_idx], cal_result.failed
     )
+    say("calibrating the shift-aware estimator on corrupted copies of the calibration split")
+    shift = fit_shift_aware(
+        model,
+        fitted.oracle,
+        val_x[cal_idx],
+        val_y[cal_idx],
+        train_x=train_x,
+        metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
+        feature_names=train.feature_names,
+        seed=seed,
+    )
+    est_cal = est_cal.with_shift(shift)
     bundle = Bundle(
         model_sha256=model.sha256,
         input_shape=list(model.input_shape),
@@ -149,7 +164,7 @@ def judge(
 ) -> Judged:
     xp = x if prepared else model.prepare(x)
     pred = predict_with_progress(model, xp, "predict")
-    result = bundle.oracle().judge(
+    result = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge(
         model.features(xp),
         pred.probabilities,
         pred.labels,
