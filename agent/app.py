@@ -162,6 +162,10 @@ class AgentService:
         self._reload_lock = asyncio.Lock()
         self._metrics_server: Any = None
         self.accepting = True
+        #: Observe workers judge only while this is set (cleared to hold judging, e.g. for maintenance).
+        self.judging = asyncio.Event()
+        self.judging.set()
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- threads ----------------------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -253,6 +257,7 @@ class AgentService:
     async def _observe_worker(self) -> None:
         assert self.queue is not None
         while True:
+            await self.judging.wait()
             item = await self.queue.get()
             try:
                 await self.run(self._judge_item, item)
@@ -279,6 +284,7 @@ class AgentService:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
+        self.loop = asyncio.get_running_loop()
         if s.state_dir is not None:
             self.store = StateStore(s.state_dir)
             self.restore_state()
