@@ -1,0 +1,180 @@
+"""The oracle compiled to one ONNX graph, for the request path.
+
+:class:`~invariants.oracle.Oracle` walks the TDI tree level by level in numpy and runs the ADI forest
+in its own session: exact and simple, but a dozen numpy calls per tree level cost more than a small
+CNN's whole inference at batch 1. :class:`CompiledOracle` gives the same verdicts (tests check it)
+with the TDI tree as an ONNX ``TreeEnsembleRegressor`` whose output is the leaf id, and the ADI forest
+beside it in the same graph, so TDI + ADI take one onnxruntime call. IDIs read request metadata and
+stay in numpy (they are a handful of vectorised comparisons).
+
+Thresholds: scikit-learn compares float32 inputs with float64 thresholds; ONNX tree ensembles store
+float32 thresholds. Rounding each threshold *down* to the nearest float32 keeps ``x <= t`` identical
+for every float32 ``x``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from invariants.adi import AlgorithmInvariants
+from invariants.onnx_session import OnnxSession
+from invariants.oracle import Oracle, OracleResult
+from invariants.tdi import TrainingInvariants
+
+FEATURES = "features"
+PROBABILITIES = "probabilities"
+TDI_LEAF = "tdi_leaf"
+ADI_LABEL = "adi_label"
+_OPSET = {"": 17, "ai.onnx.ml": 3}
+
+
+def float32_floor(values: np.ndarray) -> np.ndarray:
+    """Largest float32 not above each float64 value (so ``x <= t32`` ⟺ ``x <= t64`` for float32 ``x``)."""
+    v64 = np.asarray(values, dtype=np.float64)
+    v32 = v64.astype(np.float32)
+    above = v32.astype(np.float64) > v64
+    v32[above] = np.nextafter(v32[above], np.float32(-np.inf))
+    return v32
+
+
+def tdi_nodes(tdi: TrainingInvariants, n_features: int) -> list[Any]:
+    """ONNX nodes mapping ``features`` [N, D] to ``tdi_leaf`` int64 [N] (the leaf node id)."""
+    from onnx import helper
+
+    left, right = tdi.children_left, tdi.children_right
+    n_nodes = len(left)
+    is_leaf = left == -1
+    ids = list(range(n_nodes))
+    leaves = np.flatnonzero(is_leaf)
+    ensemble = helper.make_node(
+        "TreeEnsembleRegressor",
+        [FEATURES],
+        ["tdi_leaf_float"],
+        domain="ai.onnx.ml",
+        n_targets=1,
+        aggregate_function="SUM",
+        post_transform="NONE",
+        nodes_treeids=[0] * n_nodes,
+        nodes_nodeids=ids,
+        nodes_featureids=[int(f) if not leaf else 0 for f, leaf in zip(tdi.feature, is_leaf, strict=True)],
+        nodes_values=[
+            float(t) if not leaf else 0.0 for t, leaf in zip(float32_floor(tdi.threshold), is_leaf, strict=True)
+        ],
+        nodes_modes=["LEAF" if leaf else "BRANCH_LEQ" for leaf in is_leaf],
+        nodes_truenodeids=[int(c) if c >= 0 else 0 for c in left],
+        nodes_falsenodeids=[int(c) if c >= 0 else 0 for c in right],
+        nodes_missing_value_tracks_true=[int(bool(m)) for m in tdi.missing_go_to_left],
+        target_treeids=[0] * len(leaves),
+        target_nodeids=[int(i) for i in leaves],
+        target_ids=[0] * len(leaves),
+        target_weights=[float(i) for i in leaves],
+    )
+    shape = helper.make_node("Constant", [], ["tdi_flat_shape"], value=helper.make_tensor("s", 7, [1], [-1]))
+    flatten = helper.make_node("Reshape", ["tdi_leaf_float", "tdi_flat_shape"], ["tdi_leaf_col"])
+    cast = helper.make_node("Cast", ["tdi_leaf_col"], [TDI_LEAF], to=7)  # INT64
+    del n_features
+    return [ensemble, shape, flatten, cast]
+
+
+def build_graph(
+    tdi: TrainingInvariants | None, adi: AlgorithmInvariants | None, n_features: int, n_classes: int
+) -> bytes:
+    """One graph with inputs ``features`` [N, D] and ``probabilities`` [N, K] and outputs
+    ``tdi_leaf`` (int64 [N]) and/or ``adi_label`` (int64 [N], 1 = predicted wrong)."""
+    import onnx
+    from onnx import TensorProto, compose, helper
+
+    nodes: list[Any] = []
+    inputs = []
+    outputs = []
+    initializers: list[Any] = []
+    opsets = dict(_OPSET)
+    if tdi is not None:
+        inputs.append(helper.make_tensor_value_info(FEATURES, TensorProto.FLOAT, [None, n_features]))
+        nodes += tdi_nodes(tdi, n_features)
+        outputs.append(helper.make_tensor_value_info(TDI_LEAF, TensorProto.INT64, [None]))
+    if adi is not None:
+        sub = compose.add_prefix(onnx.load_from_string(adi.onnx_bytes), "adi/")
+        for imp in sub.opset_import:
+            opsets[imp.domain] = max(opsets.get(imp.domain, 0), imp.version)
+        (adi_in,) = [i.name for i in sub.graph.input]
+        inputs.append(helper.make_tensor_value_info(PROBABILITIES, TensorProto.FLOAT, [None, n_classes]))
+        nodes.append(helper.make_node("Identity", [PROBABILITIES], [adi_in]))
+        nodes += list(sub.graph.node)
+        initializers += list(sub.graph.initializer)
+        nodes.append(helper.make_node("Cast", ["adi/label"], [ADI_LABEL], to=7))
+        outputs.append(helper.make_tensor_value_info(ADI_LABEL, TensorProto.INT64, [None]))
+    graph = helper.make_graph(nodes, "icos_oracle", inputs, outputs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()], ir_version=8)
+    model.producer_name = "icos-agent"
+    return bytes(model.SerializeToString())
+
+
+class CompiledOracle:
+    """Same verdicts as :class:`Oracle`, with TDI and ADI in one onnxruntime call."""
+
+    def __init__(self, oracle: Oracle, n_features: int, n_classes: int) -> None:
+        self.oracle = oracle
+        self.n_features = n_features
+        self.n_classes = n_classes
+        self._tdi = oracle.tdi
+        self._adi = oracle.adi
+        self._session: OnnxSession | None = None
+        if self._tdi is not None or self._adi is not None:
+            self._session = OnnxSession(build_graph(self._tdi, self._adi, n_features, n_classes))
+        if self._tdi is not None:
+            self._rule_of_node = self._tdi._rule_of_node  # leaf node id -> rule index
+            self._selected = np.array([r.selected for r in self._tdi.rules], dtype=bool)
+            self._label = np.array([r.label for r in self._tdi.rules], dtype=np.int64)
+
+    def judge(
+        self,
+        features: np.ndarray | None,
+        probabilities: np.ndarray,
+        labels: np.ndarray,
+        metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
+        feature_names: Sequence[str] | None = None,
+    ) -> OracleResult:
+        """Judge N predictions: IDI, then TDI, then ADI; the first violation decides (paper §4.1)."""
+        labels = np.asarray(labels).reshape(-1).astype(np.int64)
+        n = labels.shape[0]
+        verdict = np.zeros(n, dtype=np.int8)
+        rule = np.full(n, -1, dtype=np.int32)
+        if n == 0:
+            return OracleResult(verdict, rule)
+        flat = None if features is None else np.asarray(features, dtype=np.float32).reshape(n, -1)
+        idi = self.oracle.idi
+        if idi is not None and idi.rules:
+            fired = idi.evaluate(labels, metadata, flat, feature_names)
+            hit = fired >= 0
+            verdict[hit] = 1
+            rule[hit] = fired[hit]
+        if self._session is None:
+            return OracleResult(verdict, rule)
+        feeds: dict[str, np.ndarray] = {}
+        names: list[str] = []
+        if self._tdi is not None:
+            if flat is None:
+                raise ValueError("training-data-dependent invariants need the input features")
+            feeds[FEATURES] = np.ascontiguousarray(flat)
+            names.append(TDI_LEAF)
+        if self._adi is not None:
+            feeds[PROBABILITIES] = np.ascontiguousarray(probabilities, dtype=np.float32)
+            names.append(ADI_LABEL)
+        out = dict(zip(names, self._session.run(feeds, names), strict=True))
+        if self._tdi is not None:
+            r = self._rule_of_node[out[TDI_LEAF]]
+            hit = (verdict == 0) & self._selected[r] & (labels != self._label[r])
+            verdict[hit] = 2
+            rule[hit] = r[hit]
+        if self._adi is not None:
+            hit = (verdict == 0) & (out[ADI_LABEL] != 0)
+            verdict[hit] = 3
+            rule[hit] = 0
+        return OracleResult(verdict, rule)
+
+    def describe(self, result: OracleResult, i: int) -> str:
+        return self.oracle.describe(result, i)
