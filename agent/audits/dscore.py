@@ -501,6 +501,9 @@ def _bake_masks(masked: MaskedModel, feeds: dict[str, np.ndarray]) -> bytes:
 class DScoreAudit:
     """Raw accuracies and the §IV scores of one D-Score run.
 
+    ``conv_maps`` lists every masked convolution output (name and spatial size); a map smaller
+    than ``n`` in a dimension has empty grid cells, so deleting those regions leaves that layer
+    unchanged (reported as ``maps_smaller_than_grid`` in the audit details).
     With ``label_free=True`` (no labels given) every "accuracy" is the agreement with the
     unmodified model's labels on the original inputs, so ``base_accuracy`` is 1.
     """
@@ -517,6 +520,7 @@ class DScoreAudit:
     result: DScoreResult
     seconds: float
     mode: str
+    conv_maps: list[dict[str, Any]]
 
     def to_audit_result(self, *, heatmaps: bool = True) -> AuditResult:
         r = self.result
@@ -543,6 +547,8 @@ class DScoreAudit:
             "translated_accuracies": self.translated_accuracies,
             "score": r.to_dict(),
             "mode": self.mode,
+            "conv_maps": self.conv_maps,
+            "maps_smaller_than_grid": [m["conv"] for m in self.conv_maps if min(m["height"], m["width"]) < self.n],
         }
         params = {"n": self.n, "t": self.t, "n_samples": self.n_samples, "n_classes": self.n_classes}
         artifacts = heatmaps_png(r, self.n) if heatmaps else {}
@@ -674,7 +680,7 @@ def run_dscore(
         feeds[masked.input_name] = np.ascontiguousarray(xb, dtype=dtype)
         return session.run(feeds, [out])[0]
 
-    return _finish(run, x, y, n, t, batch_size, scores_are_logits, progress, started, "single_session")
+    return _finish(run, x, y, n, t, batch_size, scores_are_logits, progress, started, "single_session", masked)
 
 
 def run_dscore_separate_sessions(
@@ -705,7 +711,7 @@ def run_dscore_separate_sessions(
         sess = base if region is None else sessions[region]
         return sess.run({in_name: np.ascontiguousarray(xb, dtype=dtype)}, [out])[0]
 
-    return _finish(run, x, y, n, t, batch_size, scores_are_logits, progress, started, "separate_sessions")
+    return _finish(run, x, y, n, t, batch_size, scores_are_logits, progress, started, "separate_sessions", masked)
 
 
 def _finish(
@@ -719,6 +725,7 @@ def _finish(
     progress: ProgressFn | None,
     started: float,
     mode: str,
+    masked: MaskedModel,
 ) -> DScoreAudit:
     base, variants, translated, n_classes, logits = _evaluate(
         run, x, y, n=n, t=t, batch_size=batch_size, scores_are_logits=scores_are_logits, progress=progress
@@ -737,6 +744,7 @@ def _finish(
         result=result,
         seconds=time.perf_counter() - started,
         mode=mode,
+        conv_maps=[{"conv": m.conv, "height": m.height, "width": m.width} for m in masked.slots],
     )
 
 

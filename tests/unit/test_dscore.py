@@ -426,6 +426,9 @@ def test_single_session_equals_separate_sessions_and_label_free() -> None:
     assert doc["kind"] == "dscore" and set(doc["artifacts"]) == set(heatmaps_png(free.result, 3))
     for png in result.artifacts.values():
         assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert result.details["maps_smaller_than_grid"] == []
+    fine = run_dscore(model, x[:10], None, n=5).to_audit_result(heatmaps=False)
+    assert fine.details["maps_smaller_than_grid"] == ["conv2"] and fine.artifacts == {}
 
 
 @pytest.fixture(scope="module")
