@@ -1,0 +1,231 @@
+"""State across restarts, SIGTERM under load, atomic reload under load, admin authentication."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from conftest import RunningServer, free_port, wait_http_ready, wait_until
+from prometheus_client import CollectorRegistry
+
+from agent.app import AgentService, create_app
+from agent.config import load_settings
+from agent.datasets import Splits
+from agent.model import OnnxClassifier, default_model_path
+
+
+def settings_for(bundle: Path, state: Path | None, mode: str = "serve", **extra: Any) -> Any:
+    return load_settings(
+        None,
+        mode=mode,
+        model={"name": "mnist", "path": str(default_model_path())},
+        bundle={"path": str(bundle)},
+        state_dir=str(state) if state else None,
+        windows={"time": ["5m", "1h"], "count": 100000},
+        **extra,
+    )
+
+
+def infer_body(x: np.ndarray) -> dict[str, Any]:
+    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+
+
+def estimates(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/v1/estimates")
+    assert r.status_code == 200
+    return dict(r.json())
+
+
+def test_restart_restores_windows(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
+) -> None:
+    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    for i in range(5):
+        x = mnist_splits.test.x[i * 20 : (i + 1) * 20]
+        assert httpx.post(f"{srv.url}/v2/models/mnist/infer", json=infer_body(x)).status_code == 200
+    before = estimates(srv.url)
+    srv.stop()
+    srv2 = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    after = estimates(srv2.url)
+    assert after["total_judged"] == 100
+    for w in ("5m", "1h", "last100000"):
+        assert after["windows"][w]["n"] == before["windows"][w]["n"] == 100
+        assert after["windows"][w]["estimates"] == before["windows"][w]["estimates"]
+    # counters restart from zero; estimates keep their windows
+    assert 'icos_predictions_total{model="mnist",version="1"} 0.0' in httpx.get(f"{srv2.url}/metrics").text
+
+
+def test_pending_observations_survive_restart(
+    run_server: Callable[..., RunningServer],
+    mnist_bundle_dir: Path,
+    mnist_splits: Splits,
+    mnist_model: OnnxClassifier,
+    tmp_path: Path,
+) -> None:
+    def app() -> Any:
+        s = settings_for(mnist_bundle_dir, tmp_path, mode="observe", server={"graceful_timeout_seconds": 0.2})
+        return create_app(s, CollectorRegistry())
+
+    srv = run_server(app())
+    svc: AgentService = srv.app.state.agent
+    assert svc.loop is not None
+    svc.loop.call_soon_threadsafe(svc.judging.clear)
+    time.sleep(0.05)
+    x = mnist_splits.test.x[:8]
+    body = {
+        "inputs": x.tolist(),
+        "probabilities": mnist_model.predict(x).probabilities.tolist(),
+        "metadata": {"form": "lines"},
+    }
+    for _ in range(4):
+        assert httpx.post(f"{srv.url}/v1/observe", json=body).status_code == 202
+    srv.stop()  # judging is held: the accepted batches are saved as pending work
+    srv2 = run_server(app())
+    assert wait_until(lambda: estimates(srv2.url)["total_judged"] == 32)
+    assert estimates(srv2.url)["windows"]["5m"]["fails_by_family"]["idi"] > 0  # metadata kept too
+
+
+def _write_config(path: Path, bundle: Path, state: Path, port: int) -> Path:
+    cfg = {
+        "mode": "serve",
+        "model": {"name": "mnist", "path": str(default_model_path())},
+        "bundle": {"path": str(bundle)},
+        "server": {"host": "127.0.0.1", "port": port, "threads": 4},
+        "windows": {"time": ["5m"], "count": 1000000},
+        "state_dir": str(state),
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_sigterm_under_load_loses_no_accepted_request(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
+) -> None:
+    port = free_port()
+    cfg = _write_config(tmp_path / "agent.yaml", mnist_bundle_dir, tmp_path / "state", port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ready(f"{url}/v2/health/ready")
+        ok = [0] * 4
+        failures: list[str] = []
+        stop = threading.Event()
+        x = mnist_splits.test.x[:4]
+        body = infer_body(x)
+
+        def client(k: int) -> None:
+            with httpx.Client(timeout=30) as c:
+                while not stop.is_set():
+                    try:
+                        r = c.post(f"{url}/v2/models/mnist/infer", json=body)
+                    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+                        # refused or closed before the request was accepted: the server is gone
+                        return
+                    if r.status_code == 200:
+                        ok[k] += 1
+                    else:
+                        failures.append(f"{r.status_code} {r.text}")
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: sum(ok) >= 40, 30)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        assert code == 0, err[-3000:]
+        assert not failures
+        assert "state flushed" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    accepted = sum(ok) * 4
+    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path / "state"), CollectorRegistry()))
+    assert estimates(srv.url)["total_judged"] == accepted
+
+
+def test_reload_under_load_has_no_failed_request(
+    run_server: Callable[..., RunningServer],
+    mnist_bundle_dir: Path,
+    mnist_splits: Splits,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", "s3cret-token")
+    srv = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    url = srv.url
+    body = infer_body(mnist_splits.test.x[:8])
+    versions: set[str] = set()
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=30) as c:
+            while not stop.is_set():
+                r = c.post(f"{url}/v2/models/mnist/infer", json=body)
+                if r.status_code != 200:
+                    failures.append(f"{r.status_code} {r.text}")
+                else:
+                    versions.add(r.json()["model_version"])
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        auth = {"Authorization": "Bearer s3cret-token"}
+        for i in range(2, 6):
+            r = httpx.post(f"{url}/v1/reload", json={"version": str(i)}, headers=auth, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["model"]["version"] == str(i)
+            time.sleep(0.05)
+        assert wait_until(lambda: "5" in versions, 10)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert not failures
+    assert {"1", "5"} <= versions
+    meta = httpx.get(f"{url}/v2/models/mnist").json()
+    assert meta["versions"] == ["5"]
+    # same model and bundle: the windows keep their predictions
+    assert estimates(url)["total_judged"] > 0
+    # a failing reload keeps the old model
+    r = httpx.post(f"{url}/v1/reload", json={"bundle_path": "/nonexistent"}, headers=auth)
+    assert r.status_code == 400 and "still serving" in r.json()["error"]
+    assert httpx.post(f"{url}/v2/models/mnist/infer", json=body).status_code == 200
+
+
+def test_admin_authentication(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ICOS_AGENT_ADMIN_TOKEN", raising=False)
+    srv = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    r = httpx.post(f"{srv.url}/v1/reload")
+    assert r.status_code == 404 and "ICOS_AGENT_ADMIN_TOKEN" in r.json()["error"]
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", "tok")
+    srv2 = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    assert httpx.post(f"{srv2.url}/v1/reload").status_code == 401
+    assert httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Basic dG9r"}).status_code == 401
+    r = httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Bearer tok"}, timeout=60)
+    assert r.status_code == 200 and r.json()["reloaded"] is True
