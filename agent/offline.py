@@ -96,6 +96,7 @@ def fit_bundle(
         n_estimators=n_estimators,
         seed=seed,
         feature_names=train.feature_names,
+        class_names=model.classes,
         progress=say,
     )
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi

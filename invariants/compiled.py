@@ -126,7 +126,7 @@ class CompiledOracle:
         if self._tdi is not None or self._adi is not None:
             self._session = OnnxSession(build_graph(self._tdi, self._adi, n_features, n_classes))
         if self._tdi is not None:
-            self._rule_of_node = self._tdi._rule_of_node  # leaf node id -> rule index
+            self._rule_of_node = self._tdi.rule_of_node  # leaf node id -> rule index
             self._selected = np.array([r.selected for r in self._tdi.rules], dtype=bool)
             self._label = np.array([r.label for r in self._tdi.rules], dtype=np.int64)
 
