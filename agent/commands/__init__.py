@@ -5,5 +5,6 @@ COMMAND_MODULES = (
     "agent.commands.fit",
     "agent.commands.check",
     "agent.commands.serve",
+    "agent.commands.audit",
     "agent.commands.demo",
 )

@@ -1,0 +1,399 @@
+"""Run an audit of a given kind on a model and data: the one code path of the CLI and the scheduler.
+
+* :func:`load_audit_data` reads a data file and shapes it for the model (images ``[N, C, H, W]``,
+  labels as class indices).
+* :func:`run_audit` runs D-Score, data mutation or metamorphic testing and returns the
+  :class:`~agent.audits.report.AuditResult`; a deadline turns into :class:`AuditTimeout` at the next
+  step boundary (a D-Score batch, a mutation repetition, a metamorphic relation).
+* :func:`audit_record` / :func:`fit_record` build the MLflow :class:`~exporters.run_record.RunRecord`
+  of an audit or a fit: params, metrics, the JSON report and PNG artifacts, model tags.
+* :func:`open_logger` builds the :class:`~exporters.mlflow_logger.MlflowLogger` (spool in the state
+  directory), importing mlflow only when a run is delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agent.audit_config import (
+    DEFAULT_IMAGE_TRANSFORMATIONS,
+    DEFAULT_TABLE_TRANSFORMATIONS,
+    CommonParams,
+    DScoreParams,
+    MetamorphicParams,
+    MutationParams,
+)
+from agent.audits.report import AuditError, AuditResult, ProgressFn, jsonable
+
+if TYPE_CHECKING:
+    from agent.model import OnnxClassifier
+    from exporters.mlflow_logger import MlflowLogger
+    from exporters.run_record import RunRecord
+
+__all__ = [
+    "AuditOutcome",
+    "AuditTimeout",
+    "audit_record",
+    "fit_record",
+    "load_audit_data",
+    "open_logger",
+    "prepare_inputs",
+    "run_audit",
+]
+
+#: Seed of the subset drawn when the data holds more than ``max_samples`` inputs.
+SUBSET_SEED = 20240501
+_MAX_PARAM = 6000
+
+
+class AuditTimeout(AuditError):
+    """The audit did not finish within its time budget."""
+
+
+@dataclass
+class AuditOutcome:
+    """One finished audit run as the agent keeps it: status, timing, result or error."""
+
+    kind: str
+    status: str  # success | failure | timeout | skipped
+    started_at: float
+    finished_at: float
+    trigger: str  # schedule | manual | cli
+    data_source: str
+    n_samples: int = 0
+    result: AuditResult | None = None
+    error: str | None = None
+    mlflow_run_id: str | None = None
+    mlflow_spooled: bool = False
+    id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.finished_at - self.started_at)
+
+    def to_dict(self, *, with_details: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "kind": self.kind,
+            "status": self.status,
+            "trigger": self.trigger,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "seconds": round(self.seconds, 4),
+            "data_source": self.data_source,
+            "n_samples": self.n_samples,
+            "error": self.error,
+            "mlflow": {"run_id": self.mlflow_run_id, "spooled": self.mlflow_spooled},
+            **self.extra,
+        }
+        if self.result is not None:
+            res = self.result.to_dict()
+            if not with_details:
+                res.pop("details", None)
+            out["result"] = res
+        return jsonable(out)  # type: ignore[no-any-return]
+
+
+# -- data ---------------------------------------------------------------------------------------------
+def prepare_inputs(model: OnnxClassifier, x: np.ndarray) -> np.ndarray:
+    """``x`` reshaped to the model's input shape ``[N, *input_shape]`` in the model's input dtype."""
+    arr = np.asarray(x)
+    if arr.ndim == 0 or len(arr) == 0:
+        raise AuditError("no inputs to audit")
+    per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
+    if per_sample != model.n_features:
+        raise AuditError(
+            f"inputs of shape {list(arr.shape)} do not fit the model input {[-1, *model.input_shape]} "
+            f"({per_sample} values per sample, expected {model.n_features})"
+        )
+    return np.ascontiguousarray(arr.reshape((len(arr), *model.input_shape)), dtype=model.input.dtype)
+
+
+def load_audit_data(
+    path: str | Path, model: OnnxClassifier, *, label_column: str | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none)."""
+    from agent.data_io import label_indices, load_data
+
+    data = load_data(path, label_column=label_column, require_metadata=False)
+    x = prepare_inputs(model, data.x)
+    y = None if data.y is None else label_indices(data.y, model.classes)
+    return x, y
+
+
+def _subset(x: np.ndarray, y: np.ndarray | None, params: CommonParams) -> tuple[np.ndarray, np.ndarray | None]:
+    y = None if params.label_free else y
+    if params.max_samples is None or len(x) <= params.max_samples:
+        return x, y
+    idx = np.sort(np.random.default_rng(SUBSET_SEED).choice(len(x), size=params.max_samples, replace=False))
+    return x[idx], None if y is None else y[idx]
+
+
+# -- running ------------------------------------------------------------------------------------------
+def _guard(progress: ProgressFn | None, deadline: float | None, kind: str) -> ProgressFn:
+    """A progress callback that reports and raises :class:`AuditTimeout` past the deadline
+    (``time.monotonic()`` seconds); audits call it between their steps."""
+
+    def check(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, total)
+        if deadline is not None and time.monotonic() > deadline and done < total:
+            raise AuditTimeout(f"{kind} audit exceeded its time budget after {done} of {total} steps")
+
+    return check
+
+
+def run_audit(
+    kind: str,
+    model: OnnxClassifier,
+    x: np.ndarray,
+    y: np.ndarray | None,
+    params: CommonParams,
+    *,
+    progress: ProgressFn | None = None,
+    deadline: float | None = None,
+    heatmaps: bool = True,
+) -> AuditResult:
+    """Run the ``kind`` audit of ``model`` on inputs ``x`` (labels ``y`` optional).
+
+    ``params`` is the kind's parameter model (:mod:`agent.audit_config`); labels are dropped when
+    ``params.label_free``; at most ``params.max_samples`` inputs are used (seeded subset).
+    ``deadline`` is a ``time.monotonic()`` value: past it the audit stops at the next step and
+    raises :class:`AuditTimeout`. Other problems raise :class:`AuditError`.
+    """
+    x = prepare_inputs(model, x)
+    if y is not None and len(y) != len(x):
+        raise AuditError(f"{len(x)} inputs but {len(y)} labels")
+    x, y = _subset(x, y, params)
+    guard = _guard(progress, deadline, kind)
+    guard(0, 1)
+    if kind == "dscore":
+        assert isinstance(params, DScoreParams)
+        from agent.audits.dscore import run_dscore
+
+        audit = run_dscore(
+            model.model_bytes,
+            x,
+            y,
+            n=params.n,
+            t=params.t,
+            batch_size=params.batch_size,
+            output_name=model.scores_output,
+            progress=guard,
+        )
+        result = audit.to_audit_result(heatmaps=heatmaps)
+        result.details["base_accuracy"] = audit.base_accuracy
+        return result
+    if kind == "mutation":
+        assert isinstance(params, MutationParams)
+        from agent.audits.mutation import run_mutation_audit
+
+        return run_mutation_audit(
+            model.predict_proba,
+            x,
+            y,
+            k=params.k,
+            repetitions=params.repetitions,
+            seed=params.seed,
+            operators=params.operators,
+            progress=guard,
+            batch_size=params.batch_size,
+        )
+    if kind == "metamorphic":
+        assert isinstance(params, MetamorphicParams)
+        from agent.audits.metamorphic import run_metamorphic_audit
+
+        transformations = params.transformations
+        if transformations is None:
+            images = x.ndim >= 3
+            transformations = list(DEFAULT_IMAGE_TRANSFORMATIONS if images else DEFAULT_TABLE_TRANSFORMATIONS)
+        result = run_metamorphic_audit(
+            model.predict_proba,
+            x,
+            transformations=transformations,
+            order=params.order,
+            seed=params.seed,
+            max_compositions=params.max_compositions,
+            flips_safe=params.allow_flips,
+            batch_size=params.batch_size,
+            progress=guard,
+        )
+        result.params["label_free"] = True
+        return result
+    raise AuditError(f"unknown audit {kind!r}; choose dscore, mutation or metamorphic")
+
+
+# -- MLflow records -----------------------------------------------------------------------------------
+def _param_value(value: Any) -> str | int | float | bool:
+    if isinstance(value, bool | int | str):
+        return value if not isinstance(value, str) or len(value) <= _MAX_PARAM else value[: _MAX_PARAM - 3] + "..."
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    text = json.dumps(jsonable(value), separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 3] + "..."
+
+
+def _params(params: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+    return {str(k): _param_value(v) for k, v in params.items() if v is not None}
+
+
+def _metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+            continue
+        f = float(v)
+        if math.isfinite(f):
+            out[str(k)] = f
+    return out
+
+
+def audit_record(
+    outcome: AuditOutcome,
+    *,
+    model_name: str,
+    model_version: str = "",
+    model_sha256: str = "",
+    tags: Mapping[str, str] | None = None,
+) -> RunRecord:
+    """The MLflow run of an audit: params, finite metrics, ``report.json`` and the PNG heatmaps.
+
+    Tags: ``icos.audit.status``, ``icos.audit.trigger``, ``icos.audit.data_source`` plus the
+    model tags the logger adds (``icos.model.name``/``.version``/``.sha256``).
+    """
+    from exporters.run_record import RunRecord
+
+    result = outcome.result
+    report = json.dumps(outcome.to_dict(), indent=2, allow_nan=False).encode()
+    artifacts: dict[str, bytes] = {"report.json": report}
+    if result is not None:
+        artifacts.update({f"plots/{name}": data for name, data in result.artifacts.items()})
+    run_tags = {
+        "icos.audit.status": outcome.status,
+        "icos.audit.trigger": outcome.trigger,
+        "icos.audit.data_source": outcome.data_source[:1000],
+        **(tags or {}),
+    }
+    if outcome.error:
+        run_tags["icos.audit.error"] = outcome.error[:4000]
+    params = {"n_samples": outcome.n_samples, **(result.params if result is not None else {})}
+    metrics = {"seconds": outcome.seconds, **(result.metrics if result is not None else {})}
+    return RunRecord(
+        kind=outcome.kind,
+        name=f"{outcome.kind} {model_name}"[:250],
+        params=_params(params),
+        metrics=_metrics(metrics),
+        tags=run_tags,
+        artifacts=artifacts,
+        started_at=outcome.started_at,
+        finished_at=outcome.finished_at,
+        model_name=model_name,
+        model_version=model_version,
+        model_sha256=model_sha256,
+    )
+
+
+def fit_record(
+    summary: Mapping[str, Any],
+    params: Mapping[str, Any],
+    bundle_dir: str | Path,
+    *,
+    model_name: str,
+    model_sha256: str,
+    model_version: str = "",
+    started_at: float,
+    finished_at: float,
+) -> RunRecord:
+    """The MLflow run of ``icos-agent fit``: fit parameters, model and oracle metrics, the bundle's
+    small files (manifest, IDI rules, TDI rules with their readable text) and the JSON summary."""
+    from exporters.run_record import RunRecord
+
+    metrics: dict[str, Any] = {k: v for k, v in summary.items() if not isinstance(v, Mapping)}
+    for k, v in dict(summary.get("calibration") or {}).items():
+        metrics[f"calibration_{k}"] = v
+    artifacts = {"fit_summary.json": json.dumps(jsonable(dict(summary)), indent=2).encode()}
+    root = Path(bundle_dir)
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and f.suffix in (".json", ".yaml", ".yml", ".txt"):
+            artifacts[f"bundle/{f.relative_to(root).as_posix()}"] = f.read_bytes()
+    return RunRecord(
+        kind="fit",
+        name=f"fit {model_name}"[:250],
+        params=_params(params),
+        metrics=_metrics(metrics),
+        artifacts=artifacts,
+        started_at=started_at,
+        finished_at=finished_at,
+        model_name=model_name,
+        model_version=model_version,
+        model_sha256=model_sha256,
+    )
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/icos-agent`` (``~/.local/state/icos-agent``): where the CLI spools runs."""
+    import os
+
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "icos-agent"
+
+
+def open_logger(tracking_uri: str | None, experiment: str, state_dir: Path) -> MlflowLogger:
+    """An MLflow logger spooling into ``<state_dir>/mlflow-spool``; ``tracking_uri`` ``None`` →
+    ``sqlite:///<state_dir>/mlflow.db``."""
+    from exporters.mlflow_logger import MlflowLogger
+
+    state_dir = Path(state_dir)
+    return MlflowLogger(tracking_uri, experiment, state_dir / "mlflow-spool", state_dir=state_dir)
+
+
+def _read_table(path: str | Path) -> Any:
+    import pandas as pd
+
+    from agent.data_io import DataError
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file not found: {p}")
+    try:
+        return pd.read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else pd.read_csv(p)
+    except Exception as exc:  # pandas raises many parser error types
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{p}: cannot read table ({reason})") from None
+
+
+def run_retrain(
+    spec: Mapping[str, Any],
+    train: str | Path,
+    test: str | Path,
+    target: str,
+    params: MutationParams,
+    *,
+    progress: ProgressFn | None = None,
+    deadline: float | None = None,
+) -> AuditResult:
+    """The mutation paper's own procedure (§4-5): mutate ``k`` cells of the training table, retrain
+    the estimator named by ``spec``, evaluate on the clean test table (see
+    :func:`agent.audits.mutation.run_retrain_audit`)."""
+    from agent.audits.mutation import run_retrain_audit
+
+    return run_retrain_audit(
+        spec,
+        _read_table(train),
+        _read_table(test),
+        target,
+        k=params.k,
+        repetitions=params.repetitions,
+        seed=params.seed,
+        operators=params.operators,
+        progress=_guard(progress, deadline, "mutation"),
+    )
