@@ -1,0 +1,71 @@
+"""``python -m bench.estimators [--quick] [--models mnist,digits,tabular] [--reps 30] [--out docs/estimation.md]``
+
+Runs the estimator benchmark, prints the tables and the targets, and rewrites the generated section of
+``docs/estimation.md`` and its plot ``docs/img/estimation.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from bench.estimators.harness import Config, Record, run_subject
+from bench.estimators.report import console, markdown, plot, write_doc
+from bench.estimators.subjects import LOADERS
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.estimators", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smoke test: 3 repetitions of 300 samples, small pools")
+    ap.add_argument("--models", default="mnist,digits,tabular", help="comma-separated: mnist, digits, tabular")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per scenario (default 30, quick 3)")
+    ap.add_argument("--size", type=int, default=None, help="operational set size (default 1000, quick 300)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="docs/estimation.md", help="markdown page to update ('-' for none)")
+    ap.add_argument("--plot", default=None, help="PNG path (default: img/estimation.png next to --out)")
+    args = ap.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in LOADERS]
+    if unknown:
+        print(f"error: unknown model(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}", file=sys.stderr)
+        return 2
+    if args.quick:
+        cfg = Config(
+            reps=args.reps or 3, size=args.size or 300, pool_min=600, seed=args.seed, shift_sets=14, n_estimators=30
+        )
+    else:
+        cfg = Config(reps=args.reps or 30, size=args.size or 1000, seed=args.seed)
+    t0 = time.perf_counter()
+    records: list[Record] = []
+    titles: dict[str, str] = {}
+    for name in models:
+        subject = LOADERS[name]()
+        titles[f"title:{name}"] = subject.title
+        records += run_subject(subject, cfg, say=lambda m: print(m, file=sys.stderr, flush=True))
+    print(console(records))
+    elapsed = time.perf_counter() - t0
+    print(f"\n{len(records)} estimates in {elapsed:.0f}s")
+    if args.out != "-":
+        out = Path(args.out)
+        png = Path(args.plot) if args.plot else out.parent / "img" / "estimation.png"
+        plot(records, png)
+        cmd = "python -m bench.estimators" + (" --quick" if args.quick else "")
+        if args.models != "mnist,digits,tabular":
+            cmd += f" --models {args.models}"
+        if args.reps:
+            cmd += f" --reps {args.reps}"
+        meta = {
+            "command": cmd,
+            "settings": f"{cfg.reps} repetitions of {cfg.size} samples per scenario, seed {cfg.seed}",
+            **titles,
+        }
+        rel = png.relative_to(out.parent) if png.is_relative_to(out.parent) else png
+        write_doc(out, markdown(records, meta, str(rel)))
+        print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

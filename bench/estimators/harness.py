@@ -1,0 +1,153 @@
+"""Run the estimator benchmark: fit once per model, judge shifted pools once, sample operational sets.
+
+For every model the oracle (TDI tree, ADI forest) is fitted once exactly as ``icos-agent fit`` does
+(:func:`invariants.fitting.fit_oracle` with the agent's defaults); IDI variants reuse the same TDI/ADI
+and only add the IDI rules. The estimator calibration (including ``shift_aware``'s corrupted copies
+of the calibration split) is computed by the same agent functions as ``fit``.
+
+For every scenario the test split is transformed into a *pool* (``copies`` seeded copies), predicted
+and judged once; each repetition then draws ``size`` samples from the pool with replacement (with
+Dirichlet class weights for label shift) and computes every estimator from the additive window
+statistics, against the true accuracy of the drawn set (ICOS paper §5.3, eq. 3).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.calibration_shifts import fit_shift_aware
+from agent.estimators import EstimatorCalibration, WindowStats, estimate_all
+from bench.estimators.scenarios import ImageSpec, Scenario, TabularSpec, image_scenarios, tabular_scenarios
+from bench.estimators.subjects import Subject, form_metadata, idi_yaml
+from invariants.fitting import fit_oracle
+from invariants.idi import IdiRuleSet
+from invariants.oracle import Oracle
+
+
+@dataclass(frozen=True)
+class Config:
+    reps: int = 30
+    size: int = 1000
+    pool_min: int = 3000
+    seed: int = 0
+    shift_sets: int = 28
+    n_estimators: int = 100
+
+
+@dataclass(frozen=True)
+class Record:
+    model: str
+    idi: str
+    scenario: str
+    rep: int
+    estimator: str
+    value: float
+    lower: float
+    upper: float
+    truth: float
+
+    @property
+    def error(self) -> float:
+        return abs(self.value - self.truth)
+
+    @property
+    def covered(self) -> bool:
+        return self.lower - 1e-12 <= self.truth <= self.upper + 1e-12
+
+
+@dataclass
+class _Variant:
+    name: str
+    oracle: Oracle
+    calibration: EstimatorCalibration
+    idi_partitions: dict[str, list[int]] | None
+
+
+def _seed(*parts: object) -> int:
+    return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def scenarios_for(subject: Subject) -> list[Scenario]:
+    if subject.kind == "image":
+        return image_scenarios(ImageSpec(subject.max_value))
+    flat = subject.train_x.reshape(len(subject.train_x), -1)
+    return tabular_scenarios(TabularSpec(flat.mean(axis=0), flat.std(axis=0) + 1e-12))
+
+
+def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
+    t0 = time.perf_counter()
+    m = subject.model
+    train_x, val_x, test_x = m.prepare(subject.train_x), m.prepare(subject.val_x), m.prepare(subject.test_x)
+    val_pred = m.predict_batched(val_x)
+    fitted = fit_oracle(
+        m.features(train_x),
+        subject.train_y,
+        m.features(val_x),
+        subject.val_y,
+        val_pred.probabilities,
+        idi=None,
+        n_estimators=cfg.n_estimators,
+        seed=cfg.seed,
+    )
+    tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
+    cal_idx = fitted.calibration_index
+    cal_x, cal_y = val_x[cal_idx], subject.val_y[cal_idx]
+    cal_pred = m.predict_batched(cal_x)
+    variants: list[_Variant] = []
+    for idi_name, parts in [("none", None), *subject.partitions.items()]:
+        idi = IdiRuleSet.from_yaml(idi_yaml(parts), m.classes) if parts else None
+        oracle = Oracle(idi, tdi, adi)
+        meta = {"form": form_metadata(cal_y, parts)} if parts else None
+        res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.labels, metadata=meta)
+        cal = EstimatorCalibration.fit(cal_pred.confidences, cal_pred.labels == cal_y, res.failed)
+        shift = fit_shift_aware(
+            m, oracle, cal_x, cal_y, train_x=train_x, metadata=meta, n_sets=cfg.shift_sets, seed=cfg.seed
+        )
+        variants.append(_Variant(idi_name, oracle, cal.with_shift(shift), parts))
+    say(
+        f"[{subject.name}] oracle fitted and calibrated in {time.perf_counter() - t0:.1f}s "
+        f"(val accuracy {float((val_pred.labels == subject.val_y).mean()):.3f}, "
+        f"calibration split {len(cal_idx)} with {int((cal_pred.labels != cal_y).sum())} errors)"
+    )
+    records: list[Record] = []
+    copies = max(1, -(-cfg.pool_min // len(test_x)))
+    pool_y = np.tile(subject.test_y, copies)
+    n_classes = m.n_classes
+    class_index = [np.flatnonzero(pool_y == k) for k in range(n_classes)]
+    for sc in scenarios_for(subject):
+        t1 = time.perf_counter()
+        rng = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, "pool"))
+        parts = [test_x if sc.transform is None else sc.transform(test_x, rng) for _ in range(copies)]
+        pool_x = np.ascontiguousarray(np.concatenate(parts).astype(test_x.dtype))
+        pred = m.predict_batched(pool_x)
+        correct = pred.labels == pool_y
+        judged = []
+        for v in variants:
+            meta = {"form": form_metadata(pool_y, v.idi_partitions)} if v.idi_partitions else None
+            judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.labels, metadata=meta).verdict)
+        conf = pred.confidences
+        for rep in range(cfg.reps):
+            rr = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep))
+            if sc.prior_alpha is not None:
+                prior = rr.dirichlet(np.full(n_classes, sc.prior_alpha))
+                per_class = rr.multinomial(cfg.size, prior)
+                idx = np.concatenate(
+                    [rr.choice(class_index[k], c, replace=True) for k, c in enumerate(per_class) if c > 0]
+                )
+            else:
+                idx = rr.integers(0, len(pool_y), cfg.size)
+            truth = float(correct[idx].mean())
+            for v, verdicts in zip(variants, judged, strict=True):
+                stats = WindowStats.from_batch(verdicts[idx], conf[idx], v.calibration)
+                for name, e in estimate_all(stats, v.calibration).items():
+                    records.append(Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth))
+        say(
+            f"[{subject.name}] {sc.name:28s} pool accuracy {float(correct.mean()):.3f} "
+            f"({time.perf_counter() - t1:.1f}s)"
+        )
+    return records

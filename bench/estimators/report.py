@@ -1,0 +1,259 @@
+"""Tables, targets and the generated part of ``docs/estimation.md`` (plus its plot)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agent.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR
+from bench.estimators.harness import Record
+
+BEGIN = "<!-- BEGIN GENERATED: python -m bench.estimators -->"
+END = "<!-- END GENERATED -->"
+BASELINES = ("icos", "icos_corrected", "avg_conf", "atc", "doc")
+
+
+@dataclass(frozen=True)
+class Cell:
+    mae: float
+    worst: float
+    coverage: float
+    n: int
+
+
+def summarise(records: Sequence[Record]) -> dict[tuple[str, str, str, str], Cell]:
+    """(model, idi, scenario, estimator) → MAE, worst absolute error, interval coverage."""
+    groups: dict[tuple[str, str, str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r.model, r.idi, r.scenario, r.estimator)].append(r)
+    out = {}
+    for key, rs in groups.items():
+        err = np.array([r.error for r in rs])
+        out[key] = Cell(float(err.mean()), float(err.max()), float(np.mean([r.covered for r in rs])), len(rs))
+    return out
+
+
+def _ordered(records: Sequence[Record], attr: str) -> list[str]:
+    return list(dict.fromkeys(getattr(r, attr) for r in records))
+
+
+@dataclass(frozen=True)
+class Overall:
+    mean_mae: float
+    worst_scenario_mae: float
+    worst_error: float
+    coverage: float
+    in_distribution_mae: float
+
+
+def overall(cells: dict[tuple[str, str, str, str], Cell], model: str, idi: str, estimator: str) -> Overall | None:
+    mine = {k[2]: c for k, c in cells.items() if k[0] == model and k[1] == idi and k[3] == estimator}
+    if not mine:
+        return None
+    maes = [c.mae for c in mine.values()]
+    cov = float(np.average([c.coverage for c in mine.values()], weights=[c.n for c in mine.values()]))
+    ind = mine["in_distribution"].mae if "in_distribution" in mine else float("nan")
+    return Overall(float(np.mean(maes)), float(np.max(maes)), max(c.worst for c in mine.values()), cov, ind)
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    value: str
+    ok: bool
+
+
+def targets(cells: dict[tuple[str, str, str, str], Cell], model: str = "mnist") -> list[Target]:
+    """The issue's targets for the recommended estimator, label-free, on MNIST-5k."""
+    rec = overall(cells, model, "none", RECOMMENDED_ESTIMATOR)
+    if rec is None:
+        return []
+    base = {b: overall(cells, model, "none", b) for b in BASELINES}
+    base_ok = {b: o for b, o in base.items() if o is not None}
+    best_in = min(o.in_distribution_mae for o in base_ok.values())
+    worst_base = min(o.worst_error for o in base_ok.values())
+    return [
+        Target("mean MAE over all scenarios ≤ 0.02", f"{rec.mean_mae:.4f}", rec.mean_mae <= 0.02),
+        Target("worst-scenario MAE ≤ 0.05", f"{rec.worst_scenario_mae:.4f}", rec.worst_scenario_mae <= 0.05),
+        Target(
+            "worst case below the worst case of every baseline",
+            f"{rec.worst_error:.4f} vs lowest baseline worst case {worst_base:.4f}",
+            rec.worst_error < worst_base,
+        ),
+        Target(
+            "in distribution within 0.01 of the best baseline",
+            f"{rec.in_distribution_mae:.4f} vs best baseline {best_in:.4f}",
+            rec.in_distribution_mae <= best_in + 0.01,
+        ),
+        Target("interval covers the truth in ≥ 90% of repetitions", f"{rec.coverage:.1%}", rec.coverage >= 0.90),
+    ]
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def scenario_table(records: Sequence[Record], cells: dict[tuple[str, str, str, str], Cell], model: str) -> list[str]:
+    ests = [e for e in ESTIMATORS if any(k[3] == e for k in cells)]
+    rows = []
+    for sc in _ordered([r for r in records if r.model == model], "scenario"):
+        row = [sc]
+        for e in ests:
+            c = cells.get((model, "none", sc, e))
+            row.append(f"{c.mae:.3f} / {c.worst:.3f}" if c else "–")
+        rows.append(row)
+    for label, attr in (
+        ("**mean MAE**", "mean_mae"),
+        ("**worst-scenario MAE**", "worst_scenario_mae"),
+        ("**worst error**", "worst_error"),
+        ("**interval coverage**", "coverage"),
+    ):
+        row = [label]
+        for e in ests:
+            o = overall(cells, model, "none", e)
+            v = getattr(o, attr) if o else float("nan")
+            row.append(f"{v:.1%}" if attr == "coverage" else f"{v:.3f}")
+        rows.append(row)
+    header = ["scenario (MAE / worst)"] + [f"**{e}**" if e == RECOMMENDED_ESTIMATOR else e for e in ests]
+    return _md_table(header, rows)
+
+
+def idi_table(cells: dict[tuple[str, str, str, str], Cell], models: Sequence[str]) -> list[str]:
+    ests = [e for e in ESTIMATORS if any(k[3] == e for k in cells)]
+    rows = []
+    for model in models:
+        idis = [i for i in dict.fromkeys(k[1] for k in cells if k[0] == model) if i != "none"]
+        for idi in idis:
+            row = [model, idi]
+            for e in ests:
+                o = overall(cells, model, idi, e)
+                row.append(f"{o.mean_mae:.3f} / {o.worst_scenario_mae:.3f}" if o else "–")
+            rows.append(row)
+    return _md_table(["model", "IDI partitioning", *ests], rows)
+
+
+def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | None) -> str:
+    cells = summarise(records)
+    models = _ordered(records, "model")
+    lines = [
+        f"Generated by `{meta['command']}` ({meta['settings']}). Do not edit by hand.",
+        "",
+        "Cells are *MAE / worst absolute error* over the repetitions; the summary rows are the mean over "
+        "scenarios of the MAE, the largest scenario MAE, the largest single error, and the share of "
+        "repetitions whose 95% interval contains the true accuracy.",
+        "",
+    ]
+    tg = targets(cells)
+    if tg:
+        lines += ["### Targets (recommended estimator, label-free, MNIST-5k)", ""]
+        lines += _md_table(
+            ["target", "measured", "status"], [[t.text, t.value, "PASS" if t.ok else "FAIL"] for t in tg]
+        )
+        lines.append("")
+    for model in models:
+        lines += [f"### {meta.get('title:' + model, model)} — label-free (no IDIs)", ""]
+        lines += scenario_table(records, cells, model)
+        lines.append("")
+    if any(k[1] != "none" for k in cells):
+        lines += [
+            "### With IDIs (metadata simulated from true-label partitions, ICOS §5.4)",
+            "",
+            "Mean MAE over scenarios / worst-scenario MAE.",
+            "",
+        ]
+        lines += idi_table(cells, models)
+        lines.append("")
+    if plot_name:
+        lines += [f"![MAE per scenario and estimator]({plot_name})", ""]
+    return "\n".join(lines)
+
+
+def write_doc(path: Path, generated: str) -> None:
+    """Replace the generated section of ``path`` (create the file with a stub around it if needed)."""
+    block = f"{BEGIN}\n{generated}\n{END}"
+    if path.exists():
+        text = path.read_text()
+        if BEGIN in text and END in text:
+            text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _m: block, text, flags=re.S)
+        else:
+            text = text.rstrip() + "\n\n## Benchmark results\n\n" + block + "\n"
+    else:
+        text = "# Estimating accuracy without labels\n\n## Benchmark results\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def plot(records: Sequence[Record], path: Path) -> None:
+    """One panel per model: label-free MAE per scenario (rows) and estimator (columns), log colour scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    cells = summarise(records)
+    models = _ordered(records, "model")
+    ests = [e for e in ESTIMATORS if any(k[3] == e for k in cells)]
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 6.2), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        scen = _ordered([r for r in records if r.model == model], "scenario")
+        grid = np.array([[cells[(model, "none", s, e)].mae for e in ests] for s in scen])
+        ax.imshow(np.maximum(grid, 1e-3), cmap="viridis_r", norm=LogNorm(1e-3, 1.0), aspect="auto")
+        for i in range(len(scen)):
+            for j in range(len(ests)):
+                v = grid[i, j]
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.2f}" if v >= 0.005 else f"{v:.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if v > 0.1 else "black",
+                )
+        ax.set_xticks(range(len(ests)), ests, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(scen)), scen, fontsize=8)
+        ax.set_title(f"{model}: MAE vs true accuracy (label-free)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def console(records: Sequence[Record]) -> str:
+    """Plain-text tables for the terminal."""
+    cells = summarise(records)
+    models = _ordered(records, "model")
+    ests = [e for e in ESTIMATORS if any(k[3] == e for k in cells)]
+    out: list[str] = []
+    for model in models:
+        idis = list(dict.fromkeys(k[1] for k in cells if k[0] == model))
+        for idi in idis:
+            out.append(f"\n== {model} — IDI: {idi} — MAE / worst abs error ==")
+            out.append(f"{'scenario':28s}" + "".join(f"{e:>17s}" for e in ests))
+            for sc in _ordered([r for r in records if r.model == model], "scenario"):
+                row = "".join(
+                    f"{cells[(model, idi, sc, e)].mae:8.3f}/{cells[(model, idi, sc, e)].worst:.3f}".rjust(17)
+                    for e in ests
+                )
+                out.append(f"{sc:28s}{row}")
+            for label, attr in (
+                ("mean MAE", "mean_mae"),
+                ("worst-scenario MAE", "worst_scenario_mae"),
+                ("worst error", "worst_error"),
+                ("interval coverage", "coverage"),
+            ):
+                vals = [getattr(overall(cells, model, idi, e), attr) for e in ests]
+                out.append(f"{label:28s}" + "".join(f"{v:17.3f}" for v in vals))
+    tg = targets(cells)
+    if tg:
+        out.append("\n== targets: recommended estimator, label-free, MNIST-5k ==")
+        out += [f"[{'PASS' if t.ok else 'FAIL'}] {t.text}: {t.value}" for t in tg]
+    return "\n".join(out)

@@ -1,0 +1,46 @@
+"""Smoke test of the estimator benchmark (quick mode) and of its scenario generators."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.estimators.__main__ import main  # noqa: E402
+from bench.estimators.report import BEGIN, END  # noqa: E402
+from bench.estimators.scenarios import ImageSpec, TabularSpec, image_scenarios, tabular_scenarios  # noqa: E402
+
+
+def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
+    x = np.random.default_rng(0).uniform(0, 16, (20, 1, 8, 8)).astype(np.float32)
+    names = []
+    for sc in image_scenarios(ImageSpec(16.0)):
+        names.append(sc.name)
+        if sc.transform is None:
+            continue
+        a = sc.transform(x, np.random.default_rng(1))
+        b = sc.transform(x, np.random.default_rng(1))
+        assert a.shape == x.shape and a.min() >= 0 and a.max() <= 16
+        np.testing.assert_array_equal(a, b)
+    assert len(names) == 14 and "mixture" in names and "label_shift_strong" in names
+    t = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
+    for sc in tabular_scenarios(TabularSpec(t.mean(axis=0), t.std(axis=0))):
+        if sc.transform is not None:
+            assert sc.transform(t, np.random.default_rng(2)).shape == t.shape
+
+
+def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: object) -> None:
+    out = tmp_path / "estimation.md"
+    out.write_text(f"# Title\n\nhand-written\n\n{BEGIN}\nold\n{END}\n\nmore hand-written\n")
+    assert main(["--quick", "--models", "digits", "--reps", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "hand-written" in text and "more hand-written" in text and "old" not in text
+    assert "shift_aware" in text and "in_distribution" in text and "With IDIs" in text
+    assert (tmp_path / "img" / "estimation.png").stat().st_size > 1000
+    printed = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "interval coverage" in printed and "digits" in printed
