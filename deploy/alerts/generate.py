@@ -215,14 +215,14 @@ def grafana_provisioning_file(src: dict[str, Any]) -> str:
 def _values_ref(key: str, name: str) -> str:
     if name == "job":
         return "{{ .Values.prometheusRule.job }}"
-    return "{{ .Values.prometheusRule.alerts.%s.%s }}" % (key, name)
+    return "{{ .Values.prometheusRule.alerts." + key + "." + name + " }}"
 
 
 def _helm_raw(text: str) -> str:
     """A Go-template expression producing ``text`` verbatim as a quoted YAML string."""
     if "`" in text:
         raise ValueError(f"backtick in alert text: {text!r}")
-    return "{{ `%s` | quote }}" % text
+    return "{{ `" + text + "` | quote }}"
 
 
 def _indent(text: str, n: int) -> str:
@@ -235,8 +235,8 @@ def helm_alert_block(rule: dict[str, Any], *, grafana: bool) -> str:
     key = rule["key"]
     expr = _clean(_fill(rule["expr"], rule, "", value=_values_ref))
     tokens = {
-        "__FOR__": "{{ .Values.prometheusRule.alerts.%s.for | quote }}" % key,
-        "__SEVERITY__": "{{ .Values.prometheusRule.alerts.%s.severity | quote }}" % key,
+        "__FOR__": "{{ .Values.prometheusRule.alerts." + key + ".for | quote }}",
+        "__SEVERITY__": "{{ .Values.prometheusRule.alerts." + key + ".severity | quote }}",
         "__SUMMARY__": _helm_raw(_grafana_text(rule["summary"]) if grafana else rule["summary"]),
         "__DESCRIPTION__": _helm_raw(_grafana_text(rule["description"]) if grafana else rule["description"]),
     }
@@ -255,7 +255,7 @@ def helm_alert_block(rule: dict[str, Any], *, grafana: bool) -> str:
     text = dump([item])
     for token, repl in tokens.items():
         text = text.replace(token, repl)
-    return "{{- if .Values.prometheusRule.alerts.%s.enabled }}\n%s{{- end }}\n" % (key, text)
+    return "{{- if .Values.prometheusRule.alerts." + key + ".enabled }}\n" + text + "{{- end }}\n"
 
 
 def helm_prometheusrule(src: dict[str, Any]) -> str:

@@ -81,7 +81,8 @@ def _stat(
 
 
 def _row(title: str, y: int) -> dict[str, Any]:
-    return {"type": "row", "title": title, "collapsed": False, "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []}
+    grid = {"x": 0, "y": y, "w": 24, "h": 1}
+    return {"type": "row", "title": title, "collapsed": False, "gridPos": grid, "panels": []}
 
 
 def _query_var(name: str, label: str, query: str) -> dict[str, Any]:
@@ -149,7 +150,10 @@ def panels() -> list[dict[str, Any]]:
         _timeseries(
             "Estimated accuracy per estimator (95% intervals)",
             [
-                (f"avg by (estimator, window) (icos_estimated_accuracy_ratio{{{SEL}, {w}}})", "{{estimator}} {{window}}"),
+                (
+                    f"avg by (estimator, window) (icos_estimated_accuracy_ratio{{{SEL}, {w}}})",
+                    "{{estimator}} {{window}}",
+                ),
                 (
                     f"min by (estimator, window) (icos_estimated_accuracy_ratio_lower{{{SEL}, {w}}})",
                     "{{estimator}} {{window}} lower",
@@ -195,7 +199,12 @@ def panels() -> list[dict[str, Any]]:
     p.append(
         _timeseries(
             "Judged predictions",
-            [(f"sum by (model, version) (rate(icos_predictions_total{{{SEL}}}[$__rate_interval]))", "{{model}} {{version}}")],
+            [
+                (
+                    f"sum by (model, version) (rate(icos_predictions_total{{{SEL}}}[$__rate_interval]))",
+                    "{{model}} {{version}}",
+                )
+            ],
             (16, y, 8, 8),
             unit="reqps",
         )
@@ -247,7 +256,12 @@ def panels() -> list[dict[str, Any]]:
     p.append(
         _timeseries(
             "Audit runs by status",
-            [(f"sum by (audit, status) (increase(icos_audit_runs_total{{{NS}}}[$__rate_interval]))", "{{audit}} {{status}}")],
+            [
+                (
+                    f"sum by (audit, status) (increase(icos_audit_runs_total{{{NS}}}[$__rate_interval]))",
+                    "{{audit}} {{status}}",
+                )
+            ],
             (16, y, 8, 8),
         )
     )
@@ -317,8 +331,13 @@ def expressions(dashboard: dict[str, Any]) -> list[str]:
     for panel in dashboard["panels"]:
         for t in panel.get("targets", []):
             expr = t["expr"]
-            for var, value in (("$__rate_interval", "5m"), ("$namespace", ".*"), ("$model", ".*"), ("$version", ".*"),
-                               ("$window", ".*")):
+            for var, value in (
+                ("$__rate_interval", "5m"),
+                ("$namespace", ".*"),
+                ("$model", ".*"),
+                ("$version", ".*"),
+                ("$window", ".*"),
+            ):
                 expr = expr.replace(var, value)
             out.append(expr)
     return out
