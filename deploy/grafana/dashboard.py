@@ -92,7 +92,6 @@ def _query_var(name: str, label: str, query: str) -> dict[str, Any]:
         "label": label,
         "datasource": DS,
         "query": {"query": query, "refId": f"var-{name}"},
-        "definition": query,
         "refresh": 2,
         "includeAll": True,
         "multi": True,
