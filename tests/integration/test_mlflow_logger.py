@@ -213,7 +213,12 @@ def test_estimate_snapshots_append_to_one_run_per_model_version_and_day(server: 
         if i == 2:
             assert logger.log(snap) in run_ids  # re-delivery of the same snapshot is harmless
     other_version = RunRecord(
-        kind="estimates", name="estimates", metrics={"icos": 0.5}, finished_at=t0, model_name="digits", model_version="4"
+        kind="estimates",
+        name="estimates",
+        metrics={"icos": 0.5},
+        finished_at=t0,
+        model_name="digits",
+        model_version="4",
     )
     other_run = logger.log(other_version)
     assert len(run_ids) == 1 and None not in run_ids and other_run not in run_ids
