@@ -11,7 +11,7 @@ A D-Score audit needs ``2n² + 1`` passes over the data (base model, ``n²`` reg
 and prints ``audit / plain`` (target ≤ 1.5) and ``separate / audit``. Each timing is the median
 of ``--repeats`` interleaved runs.
 
-    .venv/bin/python bench/bench_dscore.py [--model agent/models/mnist_cnn.onnx] [--n 3] [--repeats 3]
+    .venv/bin/python bench/bench_dscore.py [--data mnist5k|digits] [--model M.onnx] [--n 3] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def plain_passes(model_bytes: bytes, x: np.ndarray, passes: int, batch_size: int
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "agent" / "models" / "mnist_cnn.onnx"))
+    ap.add_argument("--model", help="ONNX CNN (default: the shipped model for --data)")
     ap.add_argument("--data", choices=["mnist5k", "digits"], default="mnist5k")
     ap.add_argument("--n", type=int, default=3)
     ap.add_argument("--t", type=float, default=5)
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args(argv)
 
+    if args.model is None:
+        args.model = str(
+            ROOT / "agent" / "models" / ("mnist_cnn.onnx" if args.data == "mnist5k" else "digits_cnn.onnx")
+        )
     model = Path(args.model).read_bytes()
     x, y = mnist5k() if args.data == "mnist5k" else digits()
     passes = 2 * args.n * args.n + 1

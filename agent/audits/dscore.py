@@ -395,11 +395,18 @@ def _static_dims(type_proto: Any) -> list[int | None]:
     return [int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
 
 
+#: Element-wise activations with f(0) = 0 behind which a 0/1 mask may move unchanged.
+_ZERO_PRESERVING = frozenset({"Relu", "LeakyRelu"})
+
+
 def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None = None) -> MaskedModel:
     """Insert ``Mul(conv_out, mask_k)`` after every top-level ``Conv`` node (graph surgery, §V-B).
 
-    The Conv's output tensor keeps its name (now produced by the ``Mul``), so every consumer and
-    any graph output sees the masked value. Spatial sizes come from ONNX shape inference; when the
+    The masked tensor keeps its name (now produced by the ``Mul``), so every consumer and any
+    graph output sees the masked value. When a Conv's only consumer is a ``Relu``/``LeakyRelu``,
+    the ``Mul`` goes after that activation instead: with a 0/1 mask and ``f(0) = 0`` this is the
+    same function (the deleted neurons' output is 0 either way) and keeps onnxruntime's fused
+    Conv+activation kernel. Spatial sizes come from ONNX shape inference; when the
     model's input has dynamic H/W, ``input_hw=(H, W)`` fixes them before inference.
     """
     import onnx
@@ -445,17 +452,36 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
         for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
     }
     used = {name for nd in graph.node for name in (*nd.input, *nd.output)} | {i.name for i in graph.input}
+    # Where each Conv's mask goes: after the Conv, or after its ReLU when that ReLU is the Conv's only
+    # consumer (ReLU(0) = 0 and the mask is 0/1, so the result is the same, and onnxruntime keeps
+    # its fused Conv+ReLU kernel).
+    consumers: dict[str, list[int]] = {}
+    for i, nd in enumerate(graph.node):
+        for name in nd.input:
+            consumers.setdefault(name, []).append(i)
+    graph_outputs = {o.name for o in graph.output}
+    mask_at: dict[int, tuple[str, str]] = {}  # node index -> (conv label, conv output)
+    for i in sorted(conv_idx):
+        conv = graph.node[i]
+        out = conv.output[0]
+        users = consumers.get(out, [])
+        at = i
+        if len(users) == 1 and out not in graph_outputs:
+            nxt = graph.node[users[0]]
+            if nxt.op_type in _ZERO_PRESERVING and nxt.domain in ("", "ai.onnx") and len(nxt.output) == 1:
+                at = users[0]
+        mask_at[at] = (conv.name or out, out)
     slots: list[MaskSlot] = []
     new_nodes: list[onnx.NodeProto] = []
     for idx, original in enumerate(graph.node):
         node = onnx.NodeProto()
         node.CopyFrom(original)
         new_nodes.append(node)
-        if idx not in conv_idx:
+        if idx not in mask_at:
             continue
+        label, conv_out = mask_at[idx]
         out = node.output[0]
-        dims = shapes.get(out, [])
-        label = node.name or out
+        dims = shapes.get(conv_out, [])
         if len(dims) != 4:
             raise DScoreError(f"Conv {label!r} is not a 2-D convolution with a known output shape (got {dims})")
         h, w = dims[2], dims[3]
