@@ -1,0 +1,123 @@
+"""The V2 codec: JSON and binary tensors round-trip; malformed bodies raise ProtocolError with a reason."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from agent import v2
+from agent.v2 import DATATYPES, ProtocolError
+
+
+@pytest.mark.parametrize("datatype", [d for d in DATATYPES if d != "BYTES"])
+@pytest.mark.parametrize("binary", [False, True])
+def test_numeric_roundtrip(datatype: str, binary: bool) -> None:
+    rng = np.random.default_rng(0)
+    dt = DATATYPES[datatype]
+    arr = (rng.integers(0, 2, (3, 4)) if datatype == "BOOL" else rng.integers(0, 100, (3, 4))).astype(dt)
+    body, headers = v2.encode_request([v2.tensor("x", arr)], binary=binary, request_id="r1")
+    assert (v2.HEADER_LENGTH.lower() in headers) == binary
+    req = v2.decode_request(body, headers.get(v2.HEADER_LENGTH.lower()))
+    t = req.input("x")
+    assert t is not None and t.datatype == datatype and t.shape == [3, 4] and t.binary == binary
+    np.testing.assert_array_equal(t.data, arr)
+    assert t.data.dtype == dt
+    assert req.id == "r1" and req.used_binary == binary
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_bytes_roundtrip_and_response(binary: bool) -> None:
+    verdicts = np.array([b"pass", b"fail:tdi", b""], dtype=object)
+    probs = np.array([[0.1, 0.9], [0.5, 0.5], [1.0, 0.0]], dtype=np.float32)
+    body, headers = v2.encode_response(
+        "m", "1", "id-1", [(v2.tensor("icos_verdict", verdicts), binary), (v2.tensor("p", probs), binary)], {"k": "v"}
+    )
+    resp = v2.decode_response(body, headers.get(v2.HEADER_LENGTH.lower()))
+    assert resp.model_name == "m" and resp.model_version == "1" and resp.id == "id-1"
+    assert resp.parameters == {"k": "v"}
+    out = resp.output("icos_verdict")
+    assert out is not None and out.datatype == "BYTES"
+    assert [v if isinstance(v, bytes) else v.encode() for v in out.data.tolist()] == verdicts.tolist()
+    p = resp.output("p")
+    assert p is not None
+    np.testing.assert_array_equal(p.data, probs)
+
+
+def test_json_accepts_nested_and_flat_data() -> None:
+    nested = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]]}]}
+    flat = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    a = v2.decode_request(json.dumps(nested).encode()).inputs[0].data
+    b = v2.decode_request(json.dumps(flat).encode()).inputs[0].data
+    np.testing.assert_array_equal(a, b)
+    assert a.dtype == np.float32
+
+
+def test_requested_outputs_and_binary_default() -> None:
+    body = {
+        "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
+        "outputs": [{"name": "a", "parameters": {"binary_data": True}}, {"name": "b"}],
+    }
+    req = v2.decode_request(json.dumps(body).encode())
+    assert [(o.name, o.binary) for o in req.outputs or []] == [("a", True), ("b", False)]
+    body2 = {"inputs": body["inputs"], "parameters": {"binary_data_output": True}}
+    req2 = v2.decode_request(json.dumps(body2).encode())
+    assert req2.outputs is None and req2.binary_output
+
+
+def test_binary_mixed_with_json_tensors() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    head = {
+        "inputs": [
+            {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
+            {"name": "form", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+        ]
+    }
+    text = json.dumps(head).encode()
+    req = v2.decode_request(text + x.tobytes(), str(len(text)))
+    np.testing.assert_array_equal(req.inputs[0].data, x)
+    assert req.inputs[1].data.tolist() == [b"a", b"b"]
+
+
+@pytest.mark.parametrize(
+    ("body", "header", "reason"),
+    [
+        (b"{", None, "malformed_json"),
+        (b"", None, "malformed_json"),
+        (b"[]", None, "malformed_json"),
+        (b'{"inputs": 1}', None, "malformed_json"),
+        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "X", "data": [1]}]}', None, "datatype"),
+        (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]}', None, "shape_mismatch"),
+        (b'{"inputs": [{"name": "x", "shape": [1.5], "datatype": "FP32", "data": [1]}]}', None, "shape"),
+        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8", "data": [-1]}]}', None, "data"),
+        (b'{"inputs": []}', "abc", "binary_header"),
+        (b'{"inputs": []}', "-1", "binary_header"),
+    ],
+)
+def test_malformed(body: bytes, header: str | None, reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(body, header)
+    assert info.value.reason == reason
+    assert info.value.status == 400
+
+
+def test_binary_size_checks() -> None:
+    x = np.zeros((2, 2), dtype=np.float32)
+    head = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "parameters": {"binary_data_size": 12}}]}
+    text = json.dumps(head).encode()
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(text + x.tobytes()[:12], str(len(text)))
+    assert info.value.reason == "shape_mismatch"
+    head["inputs"][0]["parameters"]["binary_data_size"] = 16  # type: ignore[index]
+    text = json.dumps(head).encode()
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(text + x.tobytes() + b"\0", str(len(text)))
+    assert info.value.reason == "binary_data"
+
+
+def test_datatype_of() -> None:
+    assert v2.datatype_of(np.zeros(1, np.float32)) == "FP32"
+    assert v2.datatype_of(np.zeros(1, np.int64)) == "INT64"
+    assert v2.datatype_of(np.array(["a"])) == "BYTES"
+    assert json.loads(v2.error_body("boom")) == {"error": "boom"}

@@ -1,0 +1,106 @@
+"""Streaming windows: time buckets expire, the count window is exact, state round-trips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from agent.estimators import EstimatorCalibration, WindowStats
+from agent.windows import CountWindow, TimeWindow, WindowSet, bucket_seconds_for
+
+CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=50, n_right=950, accuracy=0.95, avg_conf=0.93, atc_threshold=0.7)
+
+
+def batch(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return rng.choice(4, size=n, p=[0.85, 0.05, 0.05, 0.05]).astype(np.int8), rng.uniform(0.3, 1.0, n)
+
+
+def test_bucket_sizes() -> None:
+    assert bucket_seconds_for(300) == 5
+    assert bucket_seconds_for(3600) == 60
+    assert bucket_seconds_for(10) == 1
+
+
+def test_time_window_expires_old_buckets() -> None:
+    w = TimeWindow(60)
+    one = WindowStats.from_batch(np.zeros(3, np.int8), np.ones(3), CAL)
+    w.add(one, now=1000.0)
+    w.add(one, now=1030.0)
+    assert w.stats(1030.0).n == 6
+    assert w.stats(1059.0).n == 6
+    assert w.stats(1061.0).n == 3  # the first bucket is older than 60 s
+    assert w.stats(1100.0).n == 0
+    assert len(w.buckets) == 0
+
+
+def test_time_window_matches_batch_statistics() -> None:
+    rng = np.random.default_rng(1)
+    w = TimeWindow(300)
+    vs, cs = [], []
+    for t in range(0, 200, 7):
+        v, c = batch(rng, 13)
+        w.add(WindowStats.from_batch(v, c, CAL), now=10_000.0 + t)
+        vs.append(v)
+        cs.append(c)
+    expected = WindowStats.from_batch(np.concatenate(vs), np.concatenate(cs), CAL)
+    got = w.stats(10_200.0)
+    assert got.n == expected.n and got.fails == expected.fails and got.atc_above == expected.atc_above
+    assert got.fails_by_family == expected.fails_by_family
+    assert got.conf_sum == pytest.approx(expected.conf_sum)
+
+
+@pytest.mark.parametrize("chunks", [[5, 5, 5], [3, 9, 2, 7, 11], [30], [1] * 25, [8, 8, 8, 8]])
+def test_count_window_is_exact(chunks: list[int]) -> None:
+    rng = np.random.default_rng(sum(chunks))
+    w = CountWindow(10)
+    vs, cs = [], []
+    for n in chunks:
+        v, c = batch(rng, n)
+        w.add(v, c)
+        vs.append(v)
+        cs.append(c)
+    v_all, c_all = np.concatenate(vs)[-10:], np.concatenate(cs)[-10:]
+    expected = WindowStats.from_batch(v_all, c_all, CAL)
+    got = w.stats(CAL)
+    assert got.n == expected.n == min(10, sum(chunks))
+    assert got.fails == expected.fails and got.conf_sum == pytest.approx(expected.conf_sum)
+    restored = CountWindow.from_dict(json.loads(json.dumps(w.to_dict())))
+    again = restored.stats(CAL)
+    assert (again.n, again.fails, again.atc_above, again.fails_by_family) == (
+        got.n,
+        got.fails,
+        got.atc_above,
+        got.fails_by_family,
+    )
+    assert again.conf_sum == pytest.approx(got.conf_sum)
+    np.testing.assert_array_equal(np.sort(restored._filled()[1]), np.sort(w._filled()[1]))
+
+
+def test_window_set_estimates_and_roundtrip() -> None:
+    rng = np.random.default_rng(3)
+    ws = WindowSet({"1m": 60, "1h": 3600}, 50)
+    for t in range(10):
+        v, c = batch(rng, 20)
+        ws.record(v, c, CAL, now=5_000.0 + 10 * t)
+    est = ws.estimates(CAL, now=5_095.0)
+    assert set(est) == {"1m", "1h", "last50"}
+    assert est["1h"][0].n == 200 and est["last50"][0].n == 50
+    assert est["1m"][0].n < 200  # the first ones have left the minute window
+    for _stats, values in est.values():
+        for e in values.values():
+            assert 0.0 <= e.lower <= e.value <= e.upper <= 1.0
+    saved = json.loads(json.dumps(ws.to_dict()))
+    other = WindowSet({"1m": 60, "1h": 3600, "5m": 300}, 50)
+    other.restore(saved)
+    again = other.estimates(CAL, now=5_095.0)
+    assert again["1h"][0].n == 200 and again["last50"][0].n == 50 and again["5m"][0].n == 0
+    assert other.total == 200
+    other.reset()
+    assert all(s.n == 0 for s, _ in other.estimates(CAL, now=5_095.0).values())
+
+
+def test_empty_windows_have_no_estimates() -> None:
+    ws = WindowSet({"5m": 300}, 10)
+    assert all(values == {} for _s, values in ws.estimates(CAL, now=1.0).values())
