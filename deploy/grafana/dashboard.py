@@ -236,12 +236,13 @@ def panels() -> list[dict[str, Any]]:
         _timeseries(
             "D-Score",
             [
-                (f"max by (model, version) (icos_dscore{{{NS}}})", "D-Score {{model}} {{version}}"),
-                (f"max by (model, version) (icos_dscore_fitness{{{NS}}})", "fitness {{model}} {{version}}"),
-                (f"max by (model, version) (icos_dscore_robustness{{{NS}}})", "robustness {{model}} {{version}}"),
+                (f"max by (job) (icos_dscore{{{NS}}})", "D-Score {{job}}"),
+                (f"max by (job) (icos_dscore_fitness{{{NS}}})", "fitness {{job}}"),
+                (f"max by (job) (icos_dscore_robustness{{{NS}}})", "robustness {{job}}"),
             ],
             (0, y, 8, 8),
-            description="D-Score = v_fitness - v_robust (D-Score paper, section IV, eqs. 3, 4 and 6).",
+            description="D-Score = v_fitness - v_robust (D-Score paper, section IV, eqs. 3, 4 and 6) of the last "
+            "successful audit.",
         )
     )
     p.append(
@@ -262,6 +263,30 @@ def panels() -> list[dict[str, Any]]:
                 )
             ],
             (16, y, 8, 8),
+        )
+    )
+    y += 8
+    p.append(
+        _timeseries(
+            "Data mutation: relative change of the model's error",
+            [
+                (
+                    f'max by (metric, operator) (icos_mutation_relative_change_ratio{{{NS}, metric=~"mae|rmse"}})',
+                    "{{operator}} {{metric}}",
+                )
+            ],
+            (0, y, 12, 8),
+            unit="percentunit",
+            description="Mean relative change of MAE/RMSE after DEC, IMP, SGN and DIG mutations (0.25 = +25%).",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Metamorphic violation rate by relation",
+            [(f"max by (relation) (icos_metamorphic_violation_ratio{{{NS}}})", "{{relation}}")],
+            (12, y, 12, 8),
+            unit="percentunit",
+            description="Share of inputs whose predicted label changes under a label-preserving transformation.",
         )
     )
     for i, panel in enumerate(p, start=1):
