@@ -384,6 +384,38 @@ def test_variant_zeroes_exactly_its_region_of_every_conv() -> None:
         assert (m2[q0:q1, p0:p1] == 0).all() and m2.sum() == 25 - (q1 - q0) * (p1 - p0)
 
 
+def _masks_right_after_conv(model_bytes: bytes, masked_slots: list[tuple[str, int, int]]) -> bytes:
+    """Reference surgery: ``Mul`` by the mask directly after each Conv, nothing clever."""
+    model = onnx.load_from_string(model_bytes)
+    nodes = []
+    k = 0
+    for node in model.graph.node:
+        nodes.append(node)
+        if node.op_type == "Conv":
+            name, h, w = masked_slots[k]
+            out = node.output[0]
+            node.output[0] = out + "_raw"
+            nodes.append(helper.make_node("Mul", [out + "_raw", name], [out]))
+            model.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 1, h, w]))
+            k += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model.SerializeToString()
+
+
+def test_mask_after_sole_relu_equals_mask_after_conv() -> None:
+    model = tiny_cnn(seed=3)
+    masked = insert_region_masks(model)
+    ops = [n.op_type for n in onnx.load_from_string(masked.model_bytes).graph.node]
+    assert ops[:4] == ["Conv", "Relu", "Mul", "MaxPool"]  # moved behind the Conv's only consumer
+    ref = OnnxSession(_masks_right_after_conv(model, [(s.name, s.height, s.width) for s in masked.slots]))
+    ours = OnnxSession(masked.model_bytes)
+    x = images(40, seed=9)
+    for region in (None, 0, 4, 7):
+        feeds = {"input": x, **masked.masks(3, region)}
+        np.testing.assert_array_equal(ours.run(feeds)[0], ref.run(feeds)[0])
+
+
 def test_model_without_conv_is_refused() -> None:
     graph = helper.make_graph(
         [helper.make_node("Flatten", ["input"], ["logits"])],
