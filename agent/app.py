@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent import __version__, logs, v2
+from agent.audit_routes import AuditService
 from agent.config import AgentSettings, admin_token
 from agent.errors import UserError
 from agent.model import InvalidInput
@@ -652,6 +653,9 @@ def create_app(
     registry = registry if registry is not None else CollectorRegistry()
     rt = runtime or load_runtime(settings)
     svc = AgentService(settings, registry, rt)
+    audits = AuditService(settings.audits, svc, settings.state_dir)
+    routers, on_startup = [*routers, audits.router()], [*on_startup, audits.start]
+    on_shutdown = [audits.stop, *on_shutdown]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -672,6 +676,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.agent = svc
+    app.state.audits = audits
     app.state.registry = registry
     app.state.settings = settings
     _install_error_handlers(app, svc)

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agent.audit_config import AuditsConfig
 from agent.errors import UserError
 
 ENV_PREFIX = "ICOS_AGENT_"
@@ -132,6 +133,7 @@ class AgentSettings(BaseSettings):
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     state_dir: Path | None = None
+    audits: AuditsConfig = Field(default_factory=AuditsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
@@ -252,4 +254,5 @@ def _resolve_paths(s: AgentSettings, base: Path) -> AgentSettings:
     s.model.path = fix(s.model.path)
     s.bundle.path = fix(s.bundle.path)
     s.state_dir = fix(s.state_dir)
+    s.audits.resolve_paths(base)
     return s

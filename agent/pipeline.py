@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,6 +291,8 @@ class Pipeline:
     def __init__(self, windows: WindowSet, metrics: AgentMetrics) -> None:
         self.windows = windows
         self.metrics = metrics
+        #: Called with the features of every judged batch (e.g. the audits' live-input reservoir).
+        self.taps: list[Callable[[np.ndarray], None]] = []
 
     def judge(
         self,
@@ -308,6 +310,8 @@ class Pipeline:
         )
         oracle_seconds = time.perf_counter() - t0
         verdicts = np.asarray(result.verdict, dtype=np.int8)
+        for tap in self.taps:
+            tap(features)
         conf = probabilities.max(axis=1)
         self.windows.record(verdicts, conf, rt.calibration, time.time())
         counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()

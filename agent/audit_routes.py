@@ -1,0 +1,372 @@
+"""Audits inside the running agent: scheduled jobs, ``GET /v1/audits``, ``POST /v1/audits/{kind}``.
+
+:class:`AuditService` owns the reservoir of live inputs (fed by the request pipeline), the
+scheduler (:mod:`agent.scheduler`), the audit metrics (:mod:`exporters.audit_metrics`) on the app's
+registry, the MLflow logger (runs spooled in ``<state_dir>/mlflow-spool`` while MLflow is down) and
+the last results. An audit always runs in a scheduler thread, never on the request path, with a time
+budget checked between its steps (status ``timeout`` past it); one run per audit kind at a time.
+
+* ``GET /v1/audits`` — per kind: schedule, next run, whether one is running, the last result (with
+  details) and the recent history; reservoir fill and MLflow spool size.
+* ``POST /v1/audits/{kind}`` (``Authorization: Bearer $ICOS_AGENT_ADMIN_TOKEN``) — run one now:
+  ``202`` with the run id (``?wait=true``: ``200`` with the finished result); ``409`` while a run
+  of that kind is in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+
+from agent.audit_config import AUDIT_KINDS, AuditsConfig
+from agent.audits.report import AuditError, AuditResult
+from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, run_audit
+from agent.reservoir import Reservoir
+from exporters.audit_metrics import AuditMetrics
+
+if TYPE_CHECKING:
+    from agent.app import AgentService
+    from agent.model import OnnxClassifier
+    from exporters.mlflow_logger import MlflowLogger
+
+log = logging.getLogger("icos_agent.audits")
+
+FLUSH_JOB = "mlflow-spool-flush"
+FLUSH_INTERVAL_SECONDS = 60.0
+
+
+class AgentStopping(AuditTimeout):
+    """The agent is shutting down; the audit in progress stops at its next step."""
+
+
+def export_result(metrics: AuditMetrics, result: AuditResult) -> None:
+    """Set the gauges of one successful audit result."""
+    m = result.metrics
+    if result.kind == "dscore":
+        metrics.set_dscore(m["dscore"], m["robustness"], m["fitness"], m["base_accuracy"])
+    elif result.kind == "mutation":
+        changes: dict[tuple[str, str], tuple[float, float]] = {}
+        for group in result.details.get("summary", {}):
+            for metric in ("mae", "mse", "rmse", "accuracy"):
+                mean = m.get(f"{group.lower()}_{metric}_change_pct_mean")
+                std = m.get(f"{group.lower()}_{metric}_change_pct_std")
+                if mean is not None and std is not None:
+                    changes[(metric, group.lower())] = (float(mean) / 100.0, float(std) / 100.0)
+        metrics.set_mutation(changes)
+    elif result.kind == "metamorphic":
+        violations = {str(r["relation"]): float(r["violation_rate"]) for r in result.details.get("relations", [])}
+        violations["all"] = float(m["overall_violation_rate"])
+        metrics.set_metamorphic(violations)
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    import json
+
+    return Response(
+        json.dumps(obj, separators=(",", ":"), allow_nan=False), status_code=status, media_type="application/json"
+    )
+
+
+class AuditService:
+    """Scheduled and on-demand audits of the agent's model (see the module docstring)."""
+
+    def __init__(self, config: AuditsConfig, agent: AgentService, state_dir: Path | None) -> None:
+        self.config = config
+        self.agent = agent
+        self.state_dir = state_dir
+        self.metrics = AuditMetrics(agent.registry)
+        r = config.reservoir
+        from agent.config import parse_duration
+
+        self.reservoir: Reservoir | None = (
+            Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
+        )
+        self.history: dict[str, deque[AuditOutcome]] = {k: deque(maxlen=config.history) for k in AUDIT_KINDS}
+        self._locks = {k: threading.Lock() for k in AUDIT_KINDS}
+        self._running: dict[str, str] = {}
+        self._stopping = threading.Event()
+        self._scheduler: Any = None
+        self._logger: MlflowLogger | None = None
+        self._logger_failed = False
+        self._tmp_spool: tempfile.TemporaryDirectory[str] | None = None
+        self._models: dict[str, OnnxClassifier] = {}
+        self._reference: dict[tuple[str, float, str], tuple[np.ndarray, np.ndarray | None]] = {}
+        self._cache_lock = threading.Lock()
+
+    # -- wiring -------------------------------------------------------------------------------------
+    def observe_inputs(self, features: np.ndarray) -> None:
+        """Pipeline tap: offer judged live inputs to the reservoir (cheap, thread-safe)."""
+        if self.reservoir is not None:
+            self.reservoir.add(features)
+
+    async def start(self, _app: FastAPI | None = None) -> None:
+        from agent.scheduler import JobScheduler
+
+        if self.reservoir is not None:
+            self.agent.pipeline.taps.append(self.observe_inputs)
+        self._stopping.clear()
+        self._scheduler = JobScheduler(max_workers=len(AUDIT_KINDS) + 1)
+        cfg = self.config
+        from agent.config import parse_duration
+
+        delay = parse_duration(cfg.first_run_delay) if cfg.first_run_delay else None
+        for kind, job in cfg.jobs().items():
+            self._scheduler.add(
+                f"audit-{kind}",
+                self._job(kind),
+                cron=job.cron,
+                interval_seconds=job.interval_seconds,
+                first_run_in=delay,
+            )
+        if self._mlflow_wanted():
+            self._scheduler.add(FLUSH_JOB, self._flush_spool, interval_seconds=FLUSH_INTERVAL_SECONDS)
+        self._scheduler.start()
+        if cfg.jobs():
+            log.info("audit schedule started", extra={"audits": ",".join(cfg.jobs())})
+
+    async def stop(self, _app: FastAPI | None = None) -> None:
+        self._stopping.set()
+        with contextlib.suppress(ValueError):
+            self.agent.pipeline.taps.remove(self.observe_inputs)
+        if self._scheduler is not None:
+            import anyio.to_thread
+
+            await anyio.to_thread.run_sync(lambda: self._scheduler.shutdown(wait=True))
+            self._scheduler = None
+        if self._tmp_spool is not None:
+            self._tmp_spool.cleanup()
+            self._tmp_spool = None
+
+    def router(self) -> APIRouter:
+        r = APIRouter()
+
+        @r.get("/v1/audits", summary="Audits: schedule, last results, history")
+        async def list_audits(request: Request) -> Response:
+            details = request.query_params.get("details", "true").lower() not in ("0", "false", "no")
+            return _json(self.describe(details=details))
+
+        @r.post("/v1/audits/{kind}", summary="Admin: run an audit now (bearer token); ?wait=true waits")
+        async def run_now(kind: str, request: Request) -> Response:
+            from agent.app import ClientError, require_admin
+
+            require_admin(request)
+            if kind not in AUDIT_KINDS:
+                raise ClientError(404, "unknown_audit", f"unknown audit {kind!r}; choose {', '.join(AUDIT_KINDS)}")
+            if self._locks[kind].locked():
+                running = self._running.get(kind)
+                raise ClientError(409, "audit_running", f"a {kind} audit is already running (id {running})")
+            wait = request.query_params.get("wait", "false").lower() in ("1", "true", "yes")
+            run_id = uuid.uuid4().hex
+            if wait:
+                import anyio.to_thread
+
+                outcome = await anyio.to_thread.run_sync(lambda: self.run_once(kind, "manual", run_id))
+                if outcome is None:
+                    raise ClientError(409, "audit_running", f"a {kind} audit is already running")
+                return _json(outcome.to_dict(), 200)
+            if self._scheduler is None:
+                raise ClientError(503, "not_ready", "the agent is not running audits (starting or stopping)")
+            self._scheduler.submit(f"audit-{kind}-manual-{run_id}", lambda: self.run_once(kind, "manual", run_id))
+            return _json({"id": run_id, "kind": kind, "status": "accepted"}, 202)
+
+        return r
+
+    # -- state for GET --------------------------------------------------------------------------------
+    def describe(self, *, details: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        jobs = self.config.jobs()
+        for kind in AUDIT_KINDS:
+            job = jobs.get(kind)
+            hist = list(self.history[kind])
+            nxt = self._scheduler.next_run(f"audit-{kind}") if self._scheduler is not None and job else None
+            out[kind] = {
+                "scheduled": job is not None,
+                "schedule": None if job is None else {"cron": job.cron, "interval": job.interval},
+                "time_budget": None if job is None else job.time_budget,
+                "data": self.config.data_for(kind).model_dump(mode="json"),
+                "next_run": None if nxt is None else nxt.isoformat(),
+                "running": self._running.get(kind),
+                "last": hist[-1].to_dict(with_details=details) if hist else None,
+                "history": [h.to_dict(with_details=False) for h in reversed(hist)],
+            }
+        res = self.reservoir
+        return {
+            "audits": out,
+            "reservoir": None if res is None else {"capacity": res.capacity, "size": len(res), "seen": res.seen},
+            "mlflow": None
+            if self._logger is None
+            else {"tracking_uri": self._logger.tracking_uri, "pending": self._logger.pending()},
+        }
+
+    # -- running ----------------------------------------------------------------------------------------
+    def _job(self, kind: str) -> Callable[[], None]:
+        def job() -> None:
+            self.run_once(kind, "schedule")
+
+        return job
+
+    def _model(self) -> OnnxClassifier:
+        rt = self.agent.runtime
+        if rt.classifier is not None:
+            return rt.classifier
+        if rt.model_path is None:
+            raise AuditError("audits need the model: set model.path (also in proxy and observe mode)")
+        with self._cache_lock:
+            model = self._models.get(rt.model_path)
+            if model is None:
+                from agent.model import OnnxClassifier
+
+                model = OnnxClassifier.load(rt.model_path, name=rt.name)
+                self._models = {rt.model_path: model}
+            return model
+
+    def _data(self, kind: str, model: OnnxClassifier) -> tuple[np.ndarray | None, np.ndarray | None, str, str]:
+        """``(x, y, source description, reason when skipped)``."""
+        data = self.config.data_for(kind)
+        if data.source == "live":
+            if self.reservoir is None:
+                return None, None, "live", "the live-input reservoir is off (audits.reservoir.size is 0)"
+            x = self.reservoir.sample()
+            have = 0 if x is None else len(x)
+            if x is None or have < data.min_samples:
+                return None, None, "live", f"the reservoir holds {have} live inputs; {data.min_samples} needed"
+            return x, None, f"live ({have} inputs)", ""
+        assert data.path is not None
+        path = Path(data.path)
+        key = (str(path), path.stat().st_mtime if path.exists() else 0.0, model.sha256)
+        with self._cache_lock:
+            cached = self._reference.get(key)
+        if cached is None:
+            cached = load_audit_data(path, model, label_column=data.label_column)
+            with self._cache_lock:
+                self._reference = {key: cached}
+        return cached[0], cached[1], str(path), ""
+
+    def run_once(self, kind: str, trigger: str, run_id: str | None = None) -> AuditOutcome | None:
+        """Run one ``kind`` audit now in this thread; ``None`` if one is already running."""
+        lock = self._locks[kind]
+        if not lock.acquire(blocking=False):
+            log.info("audit still running; this trigger is skipped", extra={"audit": kind})
+            return None
+        run_id = run_id or uuid.uuid4().hex
+        self._running[kind] = run_id
+        started = time.time()
+        outcome = AuditOutcome(kind, "failure", started, started, trigger, "", id=run_id)
+        try:
+            self._execute(kind, outcome)
+        finally:
+            outcome.finished_at = time.time()
+            self._running.pop(kind, None)
+            lock.release()
+        self._finish(outcome)
+        return outcome
+
+    def _execute(self, kind: str, outcome: AuditOutcome) -> None:
+        job = self.config.jobs().get(kind)
+        budget = job.time_budget_seconds if job is not None else 600.0
+        deadline = time.monotonic() + budget
+
+        def stop_check(done: int, total: int) -> None:
+            if self._stopping.is_set():
+                raise AgentStopping("the agent is stopping")
+
+        try:
+            model = self._model()
+            x, y, source, skip = self._data(kind, model)
+            outcome.data_source = source
+            if x is None:
+                outcome.status, outcome.error = "skipped", skip
+                return
+            params = self.config.params_for(kind)
+            result = run_audit(kind, model, x, y, params, progress=stop_check, deadline=deadline)
+            outcome.result = result
+            outcome.n_samples = int(result.params.get("n_samples", len(x)))
+            outcome.status = "success"
+        except AuditTimeout as exc:
+            outcome.status, outcome.error = "timeout", str(exc)
+            log.warning("audit stopped", extra={"audit": kind, "reason": str(exc)})
+        except Exception as exc:  # an audit failure must never take the agent down
+            outcome.status, outcome.error = "failure", f"{type(exc).__name__}: {exc}"
+            log.warning("audit failed", extra={"audit": kind, "error": outcome.error})
+
+    def _finish(self, outcome: AuditOutcome) -> None:
+        kind = outcome.kind
+        self.metrics.record_run(kind, outcome.status, outcome.seconds, outcome.finished_at)
+        if outcome.status == "success" and outcome.result is not None:
+            export_result(self.metrics, outcome.result)
+        job = self.config.jobs().get(kind)
+        if outcome.status != "skipped" and (job is None or job.mlflow):
+            self._log_mlflow(outcome)
+        self.history[kind].append(outcome)
+        log.info(
+            "audit finished",
+            extra={"audit": kind, "status": outcome.status, "seconds": round(outcome.seconds, 3), "id": outcome.id},
+        )
+
+    # -- MLflow ---------------------------------------------------------------------------------------------
+    def _mlflow_wanted(self) -> bool:
+        m = self.config.mlflow
+        return m.enabled and (m.tracking_uri is not None or self.state_dir is not None)
+
+    def _mlflow(self) -> MlflowLogger | None:
+        if not self._mlflow_wanted() or self._logger_failed:
+            return None
+        if self._logger is None:
+            from agent.audits.runner import open_logger
+
+            state = self.state_dir
+            if state is None:
+                self._tmp_spool = tempfile.TemporaryDirectory(prefix="icos-agent-spool-")
+                state = Path(self._tmp_spool.name)
+                log.warning("no state_dir: audit runs waiting for MLflow are lost at restart")
+            try:
+                self._logger = open_logger(self.config.mlflow.tracking_uri, self.config.mlflow.experiment, state)
+            except Exception as exc:
+                self._logger_failed = True
+                log.error("MLflow logging disabled", extra={"error": f"{type(exc).__name__}: {exc}"})
+                return None
+        return self._logger
+
+    def _log_mlflow(self, outcome: AuditOutcome) -> None:
+        logger = self._mlflow()
+        if logger is None:
+            return
+        rt = self.agent.runtime
+        try:
+            record = audit_record(
+                outcome,
+                model_name=rt.name,
+                model_version=rt.version,
+                model_sha256=rt.model_sha256,
+                tags={"icos.bundle.digest": rt.bundle_digest},
+            )
+            run_id = logger.log(record)
+        except Exception as exc:  # spool full or unwritable: count it, keep serving
+            log.error("audit run could not be logged or spooled", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return
+        outcome.mlflow_run_id = run_id
+        outcome.mlflow_spooled = run_id is None
+
+    def _flush_spool(self) -> None:
+        logger = self._logger
+        if logger is None or logger.pending() == 0:
+            return
+        try:
+            delivered = logger.flush()
+        except Exception as exc:
+            log.warning("MLflow spool flush failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return
+        if delivered:
+            log.info("delivered spooled MLflow runs", extra={"runs": delivered})

@@ -1,0 +1,206 @@
+"""Audits inside a running agent: a scheduled D-Score fires on its interval and its gauges reach
+``/metrics``; ``POST /v1/audits/{kind}`` needs the admin token; label-free audits read the reservoir
+of live inputs fed by real V2 inference requests."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from conftest import RunningServer, wait_until
+
+from agent.app import create_app
+from agent.config import load_settings
+from agent.datasets import Splits
+from agent.errors import UserError
+from agent.model import default_model_path
+
+TOKEN = "s3cret-audit-token"
+
+
+def _metric(text: str, name: str, labels: str = "") -> float | None:
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" (\S+)"
+    m = re.search(r"^" + pattern + r"$", text, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def _write_config(tmp_path: Path, bundle: Path, audits: dict[str, Any]) -> Path:
+    cfg = {
+        "mode": "serve",
+        "model": {"name": "mnist", "path": str(default_model_path())},
+        "bundle": {"path": str(bundle)},
+        "audits": audits,
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def reference(tmp_path: Path, mnist_splits: Splits) -> Path:
+    path = tmp_path / "reference.npz"
+    np.savez(path, x=mnist_splits.test.x[:120], y=mnist_splits.test.y[:120])
+    return path
+
+
+def test_scheduled_dscore_fires_and_exports_gauges(
+    tmp_path: Path,
+    mnist_bundle_dir: Path,
+    reference: Path,
+    run_server: Callable[..., RunningServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", TOKEN)
+    config = _write_config(
+        tmp_path,
+        mnist_bundle_dir,
+        {
+            "first_run_delay": "0s",
+            "reference": {"path": reference.name},  # relative to the config file
+            "dscore": {"interval": "1s", "time_budget": "2m", "n": 2, "t": 5},
+        },
+    )
+    settings = load_settings(config)
+    srv = run_server(create_app(settings))
+
+    def runs() -> float:
+        text = httpx.get(f"{srv.url}/metrics").text
+        return _metric(text, "icos_audit_runs_total", 'audit="dscore",status="success"') or 0.0
+
+    assert wait_until(lambda: runs() >= 2, timeout=60, interval=0.2), "the interval job did not fire twice"
+    text = httpx.get(f"{srv.url}/metrics").text
+    for name in ("icos_dscore", "icos_dscore_robustness", "icos_dscore_fitness"):
+        value = _metric(text, name)
+        assert value is not None and np.isfinite(value), name
+    assert _metric(text, "icos_audit_last_success_timestamp_seconds", 'audit="dscore"')
+    assert _metric(text, "icos_audit_duration_seconds", 'audit="dscore"') is not None
+    assert _metric(text, "icos_audit_runs_total", 'audit="dscore",status="failure"') == 0.0
+
+    listing = httpx.get(f"{srv.url}/v1/audits").json()
+    dscore = listing["audits"]["dscore"]
+    assert dscore["scheduled"] and dscore["schedule"]["interval"] == "1s"
+    last = dscore["last"]
+    assert last["status"] == "success" and last["trigger"] == "schedule"
+    assert last["n_samples"] == 120 and last["data_source"].endswith("reference.npz")
+    assert len(last["result"]["details"]["variant_accuracies"]) == 4
+    assert listing["audits"]["mutation"]["scheduled"] is False
+
+    # POST needs the admin token: missing header 401, wrong token 403.
+    assert httpx.post(f"{srv.url}/v1/audits/dscore").status_code == 401
+    bad = httpx.post(f"{srv.url}/v1/audits/dscore", headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 403 and "error" in bad.json()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.post(f"{srv.url}/v1/audits/nosuch", headers=auth).status_code == 404
+
+    def manual() -> httpx.Response:
+        return httpx.post(f"{srv.url}/v1/audits/dscore?wait=true", headers=auth, timeout=60)
+
+    resp = manual()
+    while resp.status_code == 409:  # the interval job was running; one instance at a time
+        resp = manual()
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["status"] == "success" and body["trigger"] == "manual"
+    assert "icos_audit_runs_total" in httpx.get(f"{srv.url}/metrics").text
+
+
+def test_admin_disabled_without_token(
+    tmp_path: Path,
+    mnist_bundle_dir: Path,
+    reference: Path,
+    run_server: Callable[..., RunningServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ICOS_AGENT_ADMIN_TOKEN", raising=False)
+    settings = load_settings(_write_config(tmp_path, mnist_bundle_dir, {"reference": {"path": str(reference)}}))
+    srv = run_server(create_app(settings))
+    resp = httpx.post(f"{srv.url}/v1/audits/dscore", headers={"Authorization": "Bearer x"})
+    assert resp.status_code == 404
+    assert httpx.get(f"{srv.url}/v1/audits").json()["audits"]["dscore"]["last"] is None
+
+
+def test_label_free_audits_on_live_inputs(
+    tmp_path: Path,
+    mnist_bundle_dir: Path,
+    mnist_splits: Splits,
+    run_server: Callable[..., RunningServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", TOKEN)
+    settings = load_settings(
+        _write_config(
+            tmp_path,
+            mnist_bundle_dir,
+            {
+                "reservoir": {"size": 64},
+                "reference": {"source": "live", "min_samples": 40},
+                "mutation": {"cron": "0 0 1 1 *", "k": 300, "repetitions": 2, "operators": ["SGN", "DIG"]},
+                "metamorphic": {"cron": "0 0 1 1 *", "transformations": ["shift", {"name": "blur", "sigma": 0.7}]},
+            },
+        )
+    )
+    srv = run_server(create_app(settings))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    early = httpx.post(f"{srv.url}/v1/audits/metamorphic?wait=true", headers=auth, timeout=60).json()
+    assert early["status"] == "skipped" and "0 live inputs" in early["error"]
+
+    x = mnist_splits.test.x[:100]
+    for start in range(0, 100, 20):
+        batch = x[start : start + 20]
+        body = {
+            "inputs": [
+                {"name": "input", "datatype": "FP32", "shape": list(batch.shape), "data": batch.ravel().tolist()}
+            ]
+        }
+        r = httpx.post(f"{srv.url}/v2/models/mnist/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+
+    meta = httpx.post(f"{srv.url}/v1/audits/metamorphic?wait=true", headers=auth, timeout=120).json()
+    assert meta["status"] == "success", meta
+    assert meta["data_source"] == "live (64 inputs)" and meta["n_samples"] == 64
+    relations = [r["relation"] for r in meta["result"]["details"]["relations"]]
+    assert relations == ["shift", "blur"]
+
+    accepted = httpx.post(f"{srv.url}/v1/audits/mutation", headers=auth)
+    assert accepted.status_code == 202
+    run_id = accepted.json()["id"]
+
+    def finished() -> bool:
+        last = httpx.get(f"{srv.url}/v1/audits").json()["audits"]["mutation"]["last"]
+        return last is not None and last["id"] == run_id
+
+    assert wait_until(finished, timeout=60, interval=0.1)
+    listing = httpx.get(f"{srv.url}/v1/audits").json()
+    assert listing["audits"]["mutation"]["last"]["status"] == "success"
+    assert listing["reservoir"]["capacity"] == 64 and listing["reservoir"]["seen"] == 100
+
+    text = httpx.get(f"{srv.url}/metrics").text
+    assert _metric(text, "icos_metamorphic_violation_ratio", 'relation="shift"') is not None
+    assert _metric(text, "icos_metamorphic_violation_ratio", 'relation="all"') is not None
+    sgn = _metric(text, "icos_mutation_relative_change_ratio", 'audit="mutation",metric="mae",operator="sgn"')
+    assert sgn is not None and np.isfinite(sgn)
+    assert _metric(text, "icos_audit_runs_total", 'audit="metamorphic",status="skipped"') == 1.0
+
+
+@pytest.mark.parametrize(
+    ("audits", "message"),
+    [
+        ({"dscore": {"interval": "1h", "cron": "0 * * * *"}}, "exactly one of cron and interval"),
+        ({"dscore": {"n": 3}}, "exactly one of cron and interval"),
+        ({"mutation": {"cron": "61 * * * *"}}, "audits.mutation.cron"),
+        ({"metamorphic": {"interval": "soon"}}, "not a duration"),
+        ({"mutation": {"interval": "1h", "operators": ["XYZ"]}}, "unknown operator"),
+        ({"dscore": {"interval": "1h", "data": {"source": "reference"}}}, "path is required"),
+    ],
+)
+def test_audit_config_is_validated_at_load(
+    tmp_path: Path, mnist_bundle_dir: Path, audits: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_settings(_write_config(tmp_path, mnist_bundle_dir, audits))
