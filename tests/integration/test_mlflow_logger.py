@@ -314,6 +314,19 @@ def test_default_sqlite_store_without_server(tmp_path: Path) -> None:
     assert again.log(record) == run_id
     assert len(_runs_with_record(logger.tracking_uri, "icos-agent", record.record_id)) == 1
 
+    # a deleted experiment keeps records spooled (not rejected) until it is restored
+    client = _client(logger.tracking_uri)
+    experiment_id = client.get_experiment_by_name("icos-agent").experiment_id
+    client.delete_experiment(experiment_id)
+    later = _audit("after delete")
+    assert logger.log(later) is None
+    assert logger.pending() == 1 and logger.rejected() == 0
+    assert "deleted" in (logger.stats().last_error or "")
+    assert logger.flush() == 0
+    client.restore_experiment(experiment_id)
+    assert logger.flush() == 1
+    assert len(_runs_with_record(logger.tracking_uri, "icos-agent", later.record_id)) == 1
+
 
 def test_model_uri_round_trip(server: MlflowServer, tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
