@@ -13,6 +13,7 @@ Outputs (paths relative to the repository root):
 * ``helm/icos-agent/templates/prometheusrule.yaml`` and ``.../grafana-alerts-configmap.yaml`` —
   the same, with ``[[param]]`` placeholders read from ``.Values.prometheusRule.alerts.<key>``.
 * the ``prometheusRule.alerts`` block of ``helm/icos-agent/values.yaml`` (between marker lines).
+* ``deploy/kubernetes/base/*.yaml`` — the chart rendered with ``deploy/kubernetes/values.yaml``.
 * the Grafana dashboard (see ``deploy/grafana/dashboard.py``) in ``deploy/grafana/dashboards/``,
   ``helm/icos-agent/files/`` and ``deploy/kubernetes/components/monitoring/``.
 """
@@ -323,6 +324,36 @@ def splice_values(current: str, block: str) -> str:
     return current[:start] + block + current[end:]
 
 
+# --- plain manifests (kustomize base) ---------------------------------------------------------------
+
+KUSTOMIZE_BASE = ROOT / "deploy" / "kubernetes" / "base"
+
+
+def kustomize_base() -> dict[Path, str]:
+    """Render the chart with ``deploy/kubernetes/values.yaml``: one file per kind plus a kustomization."""
+    import helm_python as helm
+
+    values = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "values.yaml").read_text(encoding="utf-8"))
+    with helm.Chart.load(ROOT / "helm" / "icos-agent") as chart:
+        rendered = chart.render(values=values, name="icos-agent", namespace="default")
+    files: dict[Path, str] = {}
+    for name, text in sorted(rendered.items()):
+        if name.endswith("NOTES.txt"):
+            continue
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        for doc in docs:
+            fname = doc["kind"].lower() + ".yaml"
+            files[KUSTOMIZE_BASE / fname] = HEADER.replace("deploy/alerts/source.yaml", "helm/icos-agent") + dump(doc)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "labels": [{"pairs": {"app.kubernetes.io/part-of": "icos-agent"}}],
+        "resources": sorted(p.name for p in files),
+    }
+    files[KUSTOMIZE_BASE / "kustomization.yaml"] = dump(kustomization)
+    return files
+
+
 # --- all outputs -----------------------------------------------------------------------------------
 
 
@@ -341,6 +372,7 @@ def outputs(src: dict[str, Any]) -> dict[Path, str]:
         ROOT / "deploy" / "grafana" / "dashboards" / "icos-agent.json": dash,
         ROOT / "helm" / "icos-agent" / "files" / "icos-agent-dashboard.json": dash,
         ROOT / "deploy" / "kubernetes" / "components" / "monitoring" / "icos-agent-dashboard.json": dash,
+        **kustomize_base(),
     }
 
 

@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-helm = pytest.importorskip(
-    "helm_python", reason="needs helm-python-sdk (pip install 'helm-python-sdk==0.2.2')"
-)
+helm = pytest.importorskip("helm_python", reason="needs helm-python-sdk (pip install 'helm-python-sdk==0.2.2')")
 kv = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate (pip install kubernetes-validate)")
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -104,8 +102,11 @@ def test_pods_are_locked_down(values_file: Path | None) -> None:
     for name, spec in _pod_specs(render(values)):
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
-        ours = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] != "triton" and
-                c["name"] != "mlserver"]
+        ours = [
+            c
+            for c in spec.get("initContainers", []) + spec["containers"]
+            if c["name"] != "triton" and c["name"] != "mlserver"
+        ]
         for c in ours:
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True, (name, c["name"])
@@ -194,3 +195,31 @@ def test_rule_thresholds_come_from_values() -> None:
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
     names = {r.get("alert") for g in rule["spec"]["groups"] for r in g["rules"]}
     assert "IcosAgentDown" not in names and "IcosEstimatedAccuracyLow" in names
+
+
+KUSTOMIZE = ROOT / "deploy" / "kubernetes"
+
+
+@pytest.mark.parametrize("folder", ["base", "components/monitoring"])
+def test_plain_manifests_validate(folder: str) -> None:
+    root = KUSTOMIZE / folder
+    kustomization = yaml.safe_load((root / "kustomization.yaml").read_text(encoding="utf-8"))
+    listed = list(kustomization.get("resources", []))
+    listed += [f for g in kustomization.get("configMapGenerator", []) for f in g["files"]]
+    assert sorted(listed) == sorted(p.name for p in root.iterdir() if p.name != "kustomization.yaml")
+    for name in kustomization.get("resources", []):
+        for doc in yaml.safe_load_all((root / name).read_text(encoding="utf-8")):
+            if doc["kind"] in CRD_SCHEMAS:
+                schema = json.loads(CRD_SCHEMAS[doc["kind"]].read_text(encoding="utf-8"))
+                jsonschema.Draft202012Validator(schema).validate(doc)
+            else:
+                kv.validate(doc, KUBE_VERSION, strict=True)
+            assert "helm.sh/chart" not in doc["metadata"].get("labels", {})
+
+
+def test_plain_servicemonitor_selects_the_plain_service() -> None:
+    svc = yaml.safe_load((KUSTOMIZE / "base" / "service.yaml").read_text(encoding="utf-8"))
+    sm = yaml.safe_load((KUSTOMIZE / "components" / "monitoring" / "servicemonitor.yaml").read_text(encoding="utf-8"))
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "icos-agent"
