@@ -35,6 +35,7 @@ from agent.audit_routes import AuditService
 from agent.config import AgentSettings, admin_token
 from agent.errors import UserError
 from agent.model import InvalidInput
+from agent.model_source import fetch_model
 from agent.observe import (
     REQUEST,
     EventPairer,
@@ -651,7 +652,7 @@ def create_app(
 ) -> FastAPI:
     """Build the sidecar app; loads the model and bundle now (raises :class:`UserError`)."""
     registry = registry if registry is not None else CollectorRegistry()
-    rt = runtime or load_runtime(settings)
+    rt = runtime or load_runtime(fetch_model(settings))
     svc = AgentService(settings, registry, rt)
     audits = AuditService(settings.audits, svc, settings.state_dir)
     routers, on_startup = [*routers, audits.router()], [*on_startup, audits.start]

@@ -131,7 +131,7 @@ class AuditService:
                 first_run_in=delay,
             )
         if self._mlflow_wanted():
-            self._scheduler.add(FLUSH_JOB, self._flush_spool, interval_seconds=FLUSH_INTERVAL_SECONDS)
+            self._scheduler.add(FLUSH_JOB, self.flush_mlflow, interval_seconds=FLUSH_INTERVAL_SECONDS)
         self._scheduler.start()
         if cfg.jobs():
             log.info("audit schedule started", extra={"audits": ",".join(cfg.jobs())})
@@ -359,14 +359,16 @@ class AuditService:
         outcome.mlflow_run_id = run_id
         outcome.mlflow_spooled = run_id is None
 
-    def _flush_spool(self) -> None:
-        logger = self._logger
+    def flush_mlflow(self) -> int:
+        """Deliver audit runs spooled while MLflow was unreachable; how many were delivered."""
+        logger = self._mlflow() if self._logger is None and self._mlflow_wanted() else self._logger
         if logger is None or logger.pending() == 0:
-            return
+            return 0
         try:
             delivered = logger.flush()
         except Exception as exc:
             log.warning("MLflow spool flush failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-            return
+            return 0
         if delivered:
             log.info("delivered spooled MLflow runs", extra={"runs": delivered})
+        return delivered

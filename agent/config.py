@@ -46,6 +46,8 @@ class ModelConfig(_Section):
     name: str = Field("model", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     version: str = Field("1", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     path: Path | None = None
+    uri: str | None = Field(None, pattern=r"^(models|runs|mlflow-artifacts|https?|s3|gs|file):.+")
+    tracking_uri: str | None = None
     scores_output: str | None = None
     scores_kind: Literal["auto", "logits", "probabilities"] = "auto"
     classes: list[str] | None = None
@@ -138,10 +140,12 @@ class AgentSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _mode_needs(self) -> AgentSettings:
-        if self.bundle.path is None:
+        if self.model.uri is not None and self.model.path is not None:
+            raise ValueError("set model.path or model.uri (an MLflow model URI), not both")
+        if self.bundle.path is None and self.model.uri is None:
             raise ValueError("bundle.path is required (a bundle directory written by `icos-agent fit`)")
-        if self.mode == "serve" and self.model.path is None:
-            raise ValueError("model.path is required in serve mode")
+        if self.mode == "serve" and self.model.path is None and self.model.uri is None:
+            raise ValueError("model.path is required in serve mode (or model.uri, an MLflow model URI)")
         if self.mode == "proxy" and self.upstream.url is None:
             raise ValueError("upstream.url is required in proxy mode")
         if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:

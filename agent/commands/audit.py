@@ -323,3 +323,38 @@ def _run_retrain(args: argparse.Namespace, params: Any, bar: _Bar) -> tuple[Any,
     name = args.model_name or str(spec.get("estimator", "estimator")).rsplit(".", 1)[-1]
     source = f"{args.train} -> {args.test}"
     return result, int(result.params["n_train"]), source, {"name": name, "version": args.model_version, "sha256": ""}
+
+
+def log_fit(args: argparse.Namespace, model: Any, summary: dict[str, Any], started: float) -> dict[str, Any]:
+    """Log ``icos-agent fit`` as one MLflow run (see :func:`agent.audits.runner.fit_record`)."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from agent.audits.runner import default_state_dir, fit_record, open_logger
+    from agent.errors import UserError
+
+    params = {
+        k: getattr(args, k)
+        for k in ("model", "train", "val", "idi", "confidence", "support", "calibration_fraction", "trees", "seed")
+        if getattr(args, k, None) is not None
+    }
+    try:
+        logger = open_logger(
+            args.mlflow, args.experiment, Path(args.state_dir) if args.state_dir else default_state_dir()
+        )
+    except ValueError as exc:
+        raise UserError(f"--mlflow: {exc}") from None
+    record = fit_record(
+        summary,
+        params,
+        args.out,
+        model_name=model.name,
+        model_sha256=model.sha256,
+        started_at=time.time() - (time.perf_counter() - started),
+        finished_at=time.time(),
+    )
+    run_id = logger.log(record)
+    if run_id is None and not args.json:
+        print(f"  MLflow unreachable: run spooled in {logger.spool_dir}", file=sys.stderr)
+    return {"run_id": run_id, "tracking_uri": logger.tracking_uri, "spooled": run_id is None}

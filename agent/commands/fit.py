@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays for IDIs")
     p.add_argument("--out", required=True, help="bundle directory to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument(
+        "--mlflow", metavar="URI", help="log the fit as an MLflow run (params, metrics, rules, bundle files)"
+    )
+    p.add_argument("--experiment", default="icos-agent", help="MLflow experiment (default icos-agent)")
+    p.add_argument("--state-dir", help="spool directory for runs MLflow could not take yet")
     p.set_defaults(func=run)
 
 
@@ -76,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
         "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
         "seconds": round(time.perf_counter() - started, 2),
     }
+    if args.mlflow:
+        from agent.commands.audit import log_fit
+
+        summary["mlflow"] = log_fit(args, model, summary, started)
     if args.json:
         print(json.dumps(summary))
     else:
