@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# npm: installs @grafana/schema + typescript (deploy/grafana/typecheck) to type-check the dashboard.
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
