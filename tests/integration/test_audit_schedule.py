@@ -110,7 +110,7 @@ def test_scheduled_dscore_fires_and_exports_gauges(
     assert "icos_audit_runs_total" in httpx.get(f"{srv.url}/metrics").text
 
 
-def test_admin_disabled_without_token(
+def test_admin_disabled_without_token_and_time_budget(
     tmp_path: Path,
     mnist_bundle_dir: Path,
     reference: Path,
@@ -118,11 +118,23 @@ def test_admin_disabled_without_token(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("ICOS_AGENT_ADMIN_TOKEN", raising=False)
-    settings = load_settings(_write_config(tmp_path, mnist_bundle_dir, {"reference": {"path": str(reference)}}))
-    srv = run_server(create_app(settings))
+    audits = {
+        "reference": {"path": str(reference)},
+        "mutation": {"cron": "0 0 1 1 *", "time_budget": "1ms", "k": 50, "repetitions": 50},
+    }
+    settings = load_settings(_write_config(tmp_path, mnist_bundle_dir, audits))
+    app = create_app(settings)
+    srv = run_server(app)
     resp = httpx.post(f"{srv.url}/v1/audits/dscore", headers={"Authorization": "Bearer x"})
     assert resp.status_code == 404
     assert httpx.get(f"{srv.url}/v1/audits").json()["audits"]["dscore"]["last"] is None
+
+    # The time budget is checked between steps: past it the run ends with status "timeout".
+    outcome = app.state.audits.run_once("mutation", "manual")
+    assert outcome.status == "timeout" and "time budget" in outcome.error
+    text = httpx.get(f"{srv.url}/metrics").text
+    assert _metric(text, "icos_audit_runs_total", 'audit="mutation",status="timeout"') == 1.0
+    assert _metric(text, "icos_audit_last_success_timestamp_seconds", 'audit="mutation"') is None
 
 
 def test_label_free_audits_on_live_inputs(
