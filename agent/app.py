@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -138,6 +139,74 @@ class BodyLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+def client_error_of(exc: Exception) -> tuple[int, str, str] | None:
+    """``(status, reason, message)`` when ``exc`` is the client's mistake, else ``None``."""
+    if isinstance(exc, ClientError):
+        return exc.status, exc.reason, str(exc)
+    if isinstance(exc, ProtocolError):
+        return exc.status, exc.reason, str(exc)
+    if isinstance(exc, InvalidInput):
+        return (413 if exc.reason == "too_large" else 400), exc.reason, str(exc)
+    return None
+
+
+class InferFastPath:
+    """Serve-mode ``POST /v2/models/{name}[/versions/{v}]/infer`` handled as plain ASGI.
+
+    The hot path skips FastAPI's routing and dependency machinery (the same route stays declared
+    for the OpenAPI document and serves the other modes); errors are answered exactly as the
+    exception handlers answer them.
+    """
+
+    def __init__(self, app: ASGIApp, service: AgentService) -> None:
+        self.app = app
+        self.svc = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        m = None
+        if scope["type"] == "http" and scope["method"] == "POST" and self.svc.settings.mode == "serve":
+            m = _INFER_PATH.match(scope["path"])
+        if m is None:
+            await self.app(scope, receive, send)
+            return
+        svc = self.svc
+        headers = [(b"content-type", JSON.encode())]
+        try:
+            rt = _check_model(svc, m.group(1), m.group(2))
+            chunks = []
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+            header_length = None
+            for k, v in scope["headers"]:
+                if k == b"inference-header-content-length":
+                    header_length = v.decode("latin-1")
+            content, out_headers = await svc.run(svc.pipeline.serve_infer, rt, b"".join(chunks), header_length)
+            status = 200
+            headers = [(k.encode(), v.encode()) for k, v in out_headers.items()]
+        except BodyTooLarge:
+            raise
+        except Exception as exc:
+            err = client_error_of(exc)
+            if err is None:
+                log.exception("internal error", exc_info=exc)
+                status, content = 500, v2.error_body(f"internal error: {type(exc).__name__}")
+            else:
+                status, reason, message_text = err
+                svc.metrics.invalid(reason)
+                content = v2.error_body(message_text)
+        headers.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
 
 
 class AgentService:
@@ -304,6 +373,8 @@ class AgentService:
             for _ in range(s.observe.workers):
                 self._tasks.append(asyncio.create_task(self._observe_worker()))
             self._tasks.append(asyncio.create_task(self._expiry_loop()))
+        if s.mode == "serve":
+            self.pipeline.start_background()
         if self.store is not None:
             self._tasks.append(asyncio.create_task(self._flush_loop()))
         if s.server.metrics_port is not None:
@@ -333,6 +404,7 @@ class AgentService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        await anyio.to_thread.run_sync(self.pipeline.stop_background)  # judge what is still pending
         if self.queue is not None and self.store is not None:
             left = 0
             while not self.queue.empty():
@@ -684,6 +756,7 @@ def create_app(
     app.include_router(_build_router(svc))
     for router in routers:
         app.include_router(router)
+    app.add_middleware(InferFastPath, service=svc)
     app.add_middleware(
         BodyLimitMiddleware, limit=settings.server.max_body_bytes, on_reject=lambda: svc.metrics.invalid("too_large")
     )

@@ -12,6 +12,7 @@ joined to it.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +69,8 @@ class Runtime:
     max_batch: int
     model_path: str | None = None
     bundle_path: str | None = None
+    #: The oracle for batches without metadata: IDI rules that only read metadata cannot fire then.
+    oracle_no_metadata: Oracle | None = None
 
     @property
     def identity(self) -> str:
@@ -184,6 +187,8 @@ def load_runtime(
         classes = list(m.classes) if m.classes else list(bundle.classes)
     idi = bundle.idi
     manifest = Path(bpath) / "manifest.json"
+    metadata_only = idi is None or all(c.subject == "field" for r in idi.rules for c in r.conditions)
+    oracle = bundle.oracle()
     return Runtime(
         name=m.name,
         version=version or m.version,
@@ -193,7 +198,8 @@ def load_runtime(
         input_shape=input_shape,
         classes=classes,
         bundle=bundle,
-        oracle=bundle.oracle(),
+        oracle=oracle,
+        oracle_no_metadata=Oracle(None, bundle.tdi, bundle.adi) if metadata_only else oracle,
         calibration=calibration,
         metadata_fields=frozenset(idi.metadata_fields) if idi is not None else frozenset(),
         model_sha256=sha or bundle.model_sha256,
@@ -285,15 +291,46 @@ def resolve_outputs(
 # -- judging ------------------------------------------------------------------------------------------
 
 
-class Pipeline:
-    """Judges batches and records them in the windows and the metrics (thread-safe)."""
+@dataclass(eq=False)
+class JudgeWork:
+    """One request's predictions waiting for the oracle."""
 
-    def __init__(self, windows: WindowSet, metrics: AgentMetrics) -> None:
+    rt: Runtime
+    features: np.ndarray
+    probabilities: np.ndarray
+    labels: np.ndarray
+    metadata: Mapping[str, Any] | None
+    inference_seconds: float | None
+    verdicts: np.ndarray | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class Pipeline:
+    """Judges batches and records them in the windows and the metrics (thread-safe).
+
+    Judging is *combined*: requests that reach the oracle while it is busy are judged together in
+    one call (the oracle's cost is mostly per call, not per sample), by whichever request thread
+    takes the judging lock next. ``judge`` returns the verdicts of one batch; ``judge_later``
+    queues a batch for a background thread (used when the client did not ask for the verdicts; at
+    most ``deferred_limit`` batches wait, beyond that the caller judges inline). ``flush`` judges
+    everything pending (at shutdown).
+    """
+
+    def __init__(self, windows: WindowSet, metrics: AgentMetrics, deferred_limit: int = 256) -> None:
         self.windows = windows
         self.metrics = metrics
         #: Called with the features of every judged batch (e.g. the audits' live-input reservoir).
         self.taps: list[Callable[[np.ndarray], None]] = []
+        self.deferred_limit = deferred_limit
+        self._pending: list[JudgeWork] = []
+        self._pending_lock = threading.Lock()
+        self._wakeup = threading.Condition(self._pending_lock)
+        self._judge_lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._stopping = False
 
+    # -- public API -----------------------------------------------------------------------------
     def judge(
         self,
         rt: Runtime,
@@ -304,10 +341,105 @@ class Pipeline:
         inference_seconds: float | None,
     ) -> np.ndarray:
         """Verdict indices (int8 ``[N]``) into :data:`invariants.oracle.VERDICTS`; windows/metrics updated."""
+        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds)
+        with self._pending_lock:
+            self._pending.append(work)
+        self._complete(work)
+        if work.error is not None:
+            raise work.error
+        assert work.verdicts is not None
+        return work.verdicts
+
+    def judge_later(
+        self,
+        rt: Runtime,
+        features: np.ndarray,
+        probabilities: np.ndarray,
+        labels: np.ndarray,
+        metadata: Mapping[str, Any] | None,
+        inference_seconds: float | None,
+    ) -> None:
+        """Queue a batch for the background judge (or judge it now when the queue is full)."""
+        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds)
+        with self._wakeup:
+            self._pending.append(work)
+            if self._worker is not None and len(self._pending) <= self.deferred_limit:
+                self._wakeup.notify()
+                return
+        self._complete(work)
+
+    def flush(self) -> None:
+        """Judge everything pending now."""
+        with self._judge_lock:
+            self._run(self._take())
+
+    def start_background(self) -> None:
+        if self._worker is None:
+            self._stopping = False
+            self._worker = threading.Thread(target=self._background, name="icos-judge", daemon=True)
+            self._worker.start()
+
+    def stop_background(self) -> None:
+        worker = self._worker
+        if worker is not None:
+            with self._wakeup:
+                self._stopping = True
+                self._wakeup.notify_all()
+            worker.join(timeout=60)
+            self._worker = None
+        self.flush()
+
+    # -- internals --------------------------------------------------------------------------------
+    def _take(self) -> list[JudgeWork]:
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        return batch
+
+    def _complete(self, work: JudgeWork) -> None:
+        with self._judge_lock:
+            if not work.done:
+                self._run(self._take())
+
+    def _background(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._pending and not self._stopping:
+                    self._wakeup.wait()
+                if self._stopping and not self._pending:
+                    return
+            with self._judge_lock:
+                self._run(self._take())
+
+    def _run(self, batch: list[JudgeWork]) -> None:
+        groups: dict[int, list[JudgeWork]] = {}
+        for w in batch:
+            if w.metadata is None:
+                groups.setdefault(id(w.rt), []).append(w)
+            else:
+                groups[id(w)] = [w]
+        for works in groups.values():
+            try:
+                self._judge_group(works)
+            except BaseException as exc:  # delivered to the waiting request threads
+                for w in works:
+                    w.error = exc
+            finally:
+                for w in works:
+                    w.done = True
+
+    def _judge_group(self, works: list[JudgeWork]) -> None:
+        rt = works[0].rt
+        if len(works) == 1:
+            w = works[0]
+            features, probabilities, labels, metadata = w.features, w.probabilities, w.labels, w.metadata
+        else:
+            features = np.concatenate([w.features for w in works])
+            probabilities = np.concatenate([w.probabilities for w in works])
+            labels = np.concatenate([w.labels for w in works])
+            metadata = None
         t0 = time.perf_counter()
-        result = rt.oracle.judge(
-            features, probabilities, labels, metadata=metadata, feature_names=rt.bundle.feature_names
-        )
+        oracle = rt.oracle if metadata is not None or rt.oracle_no_metadata is None else rt.oracle_no_metadata
+        result = oracle.judge(features, probabilities, labels, metadata=metadata, feature_names=rt.bundle.feature_names)
         oracle_seconds = time.perf_counter() - t0
         verdicts = np.asarray(result.verdict, dtype=np.int8)
         for tap in self.taps:
@@ -321,9 +453,19 @@ class Pipeline:
             else None
         )
         self.metrics.record_batch(
-            rt.name, rt.version, counts, class_counts, rt.classes, inference_seconds, oracle_seconds
+            rt.name,
+            rt.version,
+            counts,
+            class_counts,
+            rt.classes,
+            [w.inference_seconds for w in works if w.inference_seconds is not None],
+            oracle_seconds,
         )
-        return verdicts
+        start = 0
+        for w in works:
+            n = len(w.labels)
+            w.verdicts = verdicts[start : start + n]
+            start += n
 
     # serve mode: one call does everything for a request
     def serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
@@ -337,7 +479,11 @@ class Pipeline:
         t0 = time.perf_counter()
         pred = rt.classifier.predict_prepared(x)
         inference_seconds = time.perf_counter() - t0
-        verdicts = self.judge(rt, rt.classifier.features(x), pred.probabilities, pred.labels, meta, inference_seconds)
+        features = rt.classifier.features(x)
+        if any(name == OUTPUT_VERDICT for name, _ in wanted):
+            verdicts = self.judge(rt, features, pred.probabilities, pred.labels, meta, inference_seconds)
+        else:  # the client does not wait for the verdicts: judge off the request path
+            self.judge_later(rt, features, pred.probabilities, pred.labels, meta, inference_seconds)
         rid = req.id or new_request_id()
         produced = {
             OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, pred.probabilities, "FP32"),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -149,6 +150,17 @@ class EstimatesCollector(Collector):
             yield cal
 
 
+@dataclass
+class _Children:
+    """Labelled children of one model/version, looked up once (label lookups cost more than increments)."""
+
+    predictions: Any
+    verdicts: list[Any]
+    classes: list[Any]
+    inference: Any
+    oracle: Any
+
+
 class AgentMetrics:
     """The sidecar's counters and histograms, registered on ``registry``."""
 
@@ -220,6 +232,7 @@ class AgentMetrics:
             "icos_model_info", "The model being judged (constant 1).", ["model", "version", "sha256"], registry=registry
         )
         self._info_labels: tuple[str, str, str] | None = None
+        self._cache: dict[tuple[str, str, int], _Children] = {}
 
     def set_model(self, model: str, version: str, sha256: str, classes: Sequence[str]) -> None:
         """Declare the current model (after start or reload); pre-creates the series at zero."""
@@ -241,23 +254,42 @@ class AgentMetrics:
         verdict_counts: Sequence[int],
         class_counts: Sequence[int] | None,
         classes: Sequence[str],
-        inference_seconds: float | None,
+        inference_seconds: float | Sequence[float] | None,
         oracle_seconds: float | None,
     ) -> None:
-        """Record one judged batch: ``verdict_counts`` indexed like :data:`VERDICT_LABELS`."""
-        total = int(sum(verdict_counts))
-        self.predictions.labels(model, version).inc(total)
-        for (verdict, inv), k in zip(VERDICT_LABELS, verdict_counts, strict=False):
+        """Record one judged batch: ``verdict_counts`` indexed like :data:`VERDICT_LABELS`;
+        ``inference_seconds`` is one duration or one per request judged in the batch."""
+        c = self._children(model, version, classes)
+        c.predictions.inc(int(sum(verdict_counts)))
+        for child, k in zip(c.verdicts, verdict_counts, strict=False):
             if k:
-                self.verdicts.labels(model, version, verdict, inv).inc(int(k))
-        if class_counts is not None and len(classes) <= self.per_class_label_cap:
-            for c, k in zip(classes, class_counts, strict=False):
+                child.inc(int(k))
+        if class_counts is not None and c.classes:
+            for child, k in zip(c.classes, class_counts, strict=False):
                 if k:
-                    self.predicted_class.labels(model, version, c).inc(int(k))
+                    child.inc(int(k))
         if inference_seconds is not None:
-            self.inference_duration.labels(model, version).observe(inference_seconds)
+            for sec in [inference_seconds] if isinstance(inference_seconds, int | float) else inference_seconds:
+                c.inference.observe(sec)
         if oracle_seconds is not None:
-            self.oracle_duration.labels(model, version).observe(oracle_seconds)
+            c.oracle.observe(oracle_seconds)
+
+    def _children(self, model: str, version: str, classes: Sequence[str]) -> _Children:
+        key = (model, version, len(classes))
+        c = self._cache.get(key)
+        if c is None:
+            per_class = len(classes) <= self.per_class_label_cap
+            c = _Children(
+                predictions=self.predictions.labels(model, version),
+                verdicts=[self.verdicts.labels(model, version, v, i) for v, i in VERDICT_LABELS],
+                classes=[self.predicted_class.labels(model, version, k) for k in classes] if per_class else [],
+                inference=self.inference_duration.labels(model, version),
+                oracle=self.oracle_duration.labels(model, version),
+            )
+            if len(self._cache) > 16:
+                self._cache.clear()
+            self._cache[key] = c
+        return c
 
     def invalid(self, reason: str) -> None:
         self.invalid_requests.labels(reason).inc()

@@ -217,3 +217,46 @@ def test_separate_metrics_port(mnist_bundle_dir: Path, mnist_splits: Splits) -> 
         srv.stop()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_verdict_not_requested_is_judged_off_the_request_path(
+    client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits
+) -> None:
+    from conftest import wait_until
+
+    before = httpx.get(f"{agent.url}/v1/estimates").json()["total_judged"]
+    for i in range(5):
+        res = infer(client, mnist_splits.test.x[i * 10 : (i + 1) * 10], True, ("probabilities", "label"))
+        assert res.as_numpy("icos_verdict") is None
+    assert wait_until(lambda: httpx.get(f"{agent.url}/v1/estimates").json()["total_judged"] == before + 50)
+
+
+def test_concurrent_requests_get_their_own_verdicts(
+    agent: RunningServer, mnist_splits: Splits, mnist_model: Any, mnist_bundle_dir: Path
+) -> None:
+    """Requests judged together in one oracle call still get exactly their own verdicts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from invariants.bundle import Bundle
+    from invariants.oracle import VERDICTS
+
+    oracle = Bundle.load(mnist_bundle_dir).oracle()
+    x_all = mnist_splits.test.x[:400]
+    pred = mnist_model.predict(x_all)
+    expected = oracle.judge(x_all.reshape(len(x_all), -1), pred.probabilities, pred.labels).verdict
+    sizes = [1, 7, 32, 3, 16, 1, 25, 9] * 4
+    starts = np.cumsum([0, *sizes[:-1]])
+
+    def one(k: int) -> list[str]:
+        c = th.InferenceServerClient(agent.hostport)
+        try:
+            res = infer(c, x_all[starts[k] : starts[k] + sizes[k]], True, ("icos_verdict",))
+            return [v.decode() for v in res.as_numpy("icos_verdict")]
+        finally:
+            c.close()
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(len(sizes))))
+    for k, verdicts in enumerate(got):
+        want = [VERDICTS[v] for v in expected[starts[k] : starts[k] + sizes[k]]]
+        assert verdicts == want

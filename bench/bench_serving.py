@@ -1,0 +1,371 @@
+"""Benchmark: the sidecar in ``serve`` mode against a bare onnxruntime + uvicorn V2 endpoint.
+
+Both servers run the same model (the shipped MNIST CNN) as subprocesses with the same uvicorn
+settings and one onnxruntime thread per session; requests use binary tensors. A small asyncio HTTP
+client (keep-alive connections, pre-encoded requests) drives each server at concurrency 1 and 16
+with batches of 1 and 32; the servers are measured one after the other, interleaved, in one run.
+
+Prints, per setting: throughput (requests/s and samples/s), p50/p99 latency, and the ratio
+agent / bare (target ≥ 0.9 on throughput); then the agent's resident memory after start (target
+≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was imported
+on the serve path (it must not be).
+
+    .venv/bin/python bench/bench_serving.py [--seconds 4] [--bundle DIR] [--json]
+    .venv/bin/python -m bench serving
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+# -- the bare server --------------------------------------------------------------------------------
+
+
+def bare_app(model_path: str) -> Any:
+    """A minimal V2 endpoint: binary-tensor infer + readiness, no validation beyond the essentials."""
+    from starlette.concurrency import run_in_threadpool
+
+    from invariants.onnx_session import OnnxSession
+
+    session = OnnxSession(model_path)
+    in_name = session.inputs[0].name
+    out_name = session.outputs[0].name
+
+    def predict(x: np.ndarray) -> tuple[bytes, bytes]:
+        (scores,) = session.run({in_name: x}, [out_name])
+        z = scores - scores.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        probs = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+        return probs.tobytes(), probs.argmax(axis=1).astype(np.int64).tobytes()
+
+    async def read_body(receive: Any) -> bytes:
+        chunks = []
+        while True:
+            m = await receive()
+            chunks.append(m.get("body", b""))
+            if not m.get("more_body"):
+                return b"".join(chunks)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif m["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        path = scope["path"]
+        if path.endswith("/infer"):
+            body = await read_body(receive)
+            headers = dict(scope["headers"])
+            n = int(headers[b"inference-header-content-length"])
+            head = json.loads(body[:n])
+            inp = head["inputs"][0]
+            x = np.frombuffer(body[n:], dtype=np.float32).reshape(inp["shape"])
+            p, label = await run_in_threadpool(predict, x)
+            k = len(p) // 4 // x.shape[0]
+            out = {
+                "model_name": "mnist",
+                "outputs": [
+                    {
+                        "name": "probabilities",
+                        "datatype": "FP32",
+                        "shape": [x.shape[0], k],
+                        "parameters": {"binary_data_size": len(p)},
+                    },
+                    {
+                        "name": "label",
+                        "datatype": "INT64",
+                        "shape": [x.shape[0]],
+                        "parameters": {"binary_data_size": len(label)},
+                    },
+                ],
+            }
+            text = json.dumps(out).encode()
+            payload = text + p + label
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/octet-stream"),
+                        (b"inference-header-content-length", str(len(text)).encode()),
+                        (b"content-length", str(len(payload)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": payload})
+            return
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"ready": true}'})
+
+    return app
+
+
+def run_bare(port: int, model_path: str) -> None:
+    import uvicorn
+
+    uvicorn.run(bare_app(model_path), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+# -- load generation --------------------------------------------------------------------------------
+
+
+def request_bytes(port: int, model: str, x: np.ndarray, outputs: tuple[str, ...] | None = None) -> bytes:
+    head: dict[str, Any] = {
+        "inputs": [
+            {"name": "input", "shape": list(x.shape), "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    if outputs:
+        head["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
+    text = json.dumps(head).encode()
+    body = text + x.tobytes()
+    return (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(text)}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def _one_connection(port: int, req: bytes, stop_at: float, latencies: list[float], errors: list[int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                errors.append(status)
+    finally:
+        writer.close()
+
+
+async def _drive(port: int, req: bytes, concurrency: int, seconds: float) -> tuple[list[float], list[int], float]:
+    latencies: list[float] = []
+    errors: list[int] = []
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    await asyncio.gather(*[_one_connection(port, req, stop_at, latencies, errors) for _ in range(concurrency)])
+    return latencies, errors, time.perf_counter() - t0
+
+
+def measure(port: int, req: bytes, concurrency: int, seconds: float, batch: int) -> dict[str, float]:
+    asyncio.run(_drive(port, req, concurrency, min(1.0, seconds / 4)))  # warm-up
+    lat, errors, elapsed = asyncio.run(_drive(port, req, concurrency, seconds))
+    if errors:
+        raise RuntimeError(f"{len(errors)} failed requests, e.g. status {errors[0]}")
+    lat_ms = np.asarray(lat) * 1000
+    return {
+        "requests_per_s": len(lat) / elapsed,
+        "samples_per_s": len(lat) * batch / elapsed,
+        "p50_ms": float(np.percentile(lat_ms, 50)),
+        "p99_ms": float(np.percentile(lat_ms, 99)),
+    }
+
+
+# -- process management -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> float:
+    import http.client
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+            )
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/v2/health/ready")
+            if c.getresponse().status == 200:
+                return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise TimeoutError("server not ready")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def ensure_bundle(path: str | None, workdir: Path) -> Path:
+    if path:
+        return Path(path)
+    from agent.data_io import Dataset
+    from agent.datasets import mnist_splits
+    from agent.model import OnnxClassifier, default_model_path
+    from agent.offline import fit_bundle
+
+    s = mnist_splits()
+    model = OnnxClassifier.load(default_model_path())
+    report = fit_bundle(model, Dataset(s.train.x, s.train.y), Dataset(s.val.x, s.val.y))  # paper defaults
+    out = workdir / "bundle"
+    report.bundle.save(out)
+    return out
+
+
+def serve_path_modules() -> dict[str, bool]:
+    """Heavy modules imported when the serve command builds its app (mlflow must be absent)."""
+    code = (
+        "import sys, json\n"
+        "from agent.commands import serve\n"
+        "from agent.app import create_app\n"
+        "print(json.dumps({m: m in sys.modules for m in ('mlflow', 'sklearn', 'torch', 'apscheduler', 'matplotlib')}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="measuring time per setting and server")
+    ap.add_argument("--bundle", help="bundle directory (default: fit one for the shipped CNN)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    from agent.model import default_model_path
+
+    model = args.model or str(default_model_path())
+    if args.bare_server:
+        run_bare(args.bare_server, model)
+        return 0
+    import yaml
+
+    from agent.datasets import mnist_splits
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    env["ICOS_AGENT_ORT_THREADS"] = "1"
+    x_all = mnist_splits().test.x
+    results: dict[str, Any] = {"settings": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = ensure_bundle(args.bundle, Path(tmp))
+        agent_port, bare_port = free_port(), free_port()
+        cfg = Path(tmp) / "agent.yaml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "mode": "serve",
+                    "model": {"name": "mnist", "path": model},
+                    "bundle": {"path": str(bundle)},
+                    "server": {"host": "127.0.0.1", "port": agent_port},
+                    "log_level": "warning",
+                }
+            )
+        )
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            results["agent_start_to_ready_s"] = wait_ready(agent_port, agent)
+            time.sleep(0.2)
+            results["agent_rss_after_start_mb"] = rss_mb(agent.pid)
+            bare = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), "--bare-server", str(bare_port), "--model", model],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            try:
+                wait_ready(bare_port, bare)
+                for concurrency in (1, 16):
+                    for batch in (1, 32):
+                        x = np.ascontiguousarray(x_all[:batch], dtype=np.float32)
+                        same = request_bytes(agent_port, "mnist", x, ("probabilities", "label"))
+                        a = measure(agent_port, same, concurrency, args.seconds, batch)
+                        v = measure(agent_port, request_bytes(agent_port, "mnist", x), concurrency, args.seconds, batch)
+                        b = measure(bare_port, request_bytes(bare_port, "mnist", x), concurrency, args.seconds, batch)
+                        results["settings"].append(
+                            {
+                                "concurrency": concurrency,
+                                "batch": batch,
+                                "agent": a,
+                                "agent_with_verdict": v,
+                                "bare": b,
+                                "throughput_ratio": a["requests_per_s"] / b["requests_per_s"],
+                                "throughput_ratio_with_verdict": v["requests_per_s"] / b["requests_per_s"],
+                            }
+                        )
+            finally:
+                bare.terminate()
+                bare.wait(timeout=30)
+            results["agent_rss_after_load_mb"] = rss_mb(agent.pid)
+        finally:
+            agent.terminate()
+            results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
+    results["serve_path_imports"] = serve_path_modules()
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print("agent: same outputs as bare (probabilities, label; judged off the request path);")
+    print("agent+v: all outputs incl. icos_verdict (judged in the request path)")
+    print(
+        f"{'conc':>4} {'batch':>5} | {'agent req/s':>11} {'p50 ms':>7} {'p99 ms':>7} | {'agent+v req/s':>13} "
+        f"{'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} {'p50 ms':>7} {'p99 ms':>7} | {'ratio':>5} {'ratio+v':>7}"
+    )
+    for s in results["settings"]:
+        a, v, b = s["agent"], s["agent_with_verdict"], s["bare"]
+        print(
+            f"{s['concurrency']:>4} {s['batch']:>5} | {a['requests_per_s']:>11.1f} {a['p50_ms']:>7.2f} "
+            f"{a['p99_ms']:>7.2f} | {v['requests_per_s']:>13.1f} {v['p50_ms']:>7.2f} {v['p99_ms']:>7.2f} | "
+            f"{b['requests_per_s']:>10.1f} {b['p50_ms']:>7.2f} {b['p99_ms']:>7.2f} | "
+            f"{s['throughput_ratio']:>5.2f} {s['throughput_ratio_with_verdict']:>7.2f}"
+        )
+    ratios = [s["throughput_ratio"] for s in results["settings"]]
+    print(f"throughput ratio agent/bare: min {min(ratios):.2f}, median {statistics.median(ratios):.2f} (target >= 0.9)")
+    print(
+        f"agent RSS after start: {results['agent_rss_after_start_mb']:.0f} MB (target <= 300 MB); "
+        f"after load: {results['agent_rss_after_load_mb']:.0f} MB"
+    )
+    print(f"agent start to ready: {results['agent_start_to_ready_s']:.2f} s (target <= 3 s)")
+    print(f"imported on the serve path: {results['serve_path_imports']}")
+    print(f"agent exit code after SIGTERM: {results['agent_exit_code_on_sigterm']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
