@@ -9,15 +9,16 @@ class UserError(Exception):
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Every exception type whose message is meant for the user."""
-    from invariants.bundle import BundleError
-    from invariants.idi import IdiRuleError
-
+    from agent.audits.report import AuditError
     from agent.data_io import DataError
     from agent.model import InvalidInput, ModelLoadError
+    from invariants.bundle import BundleError
+    from invariants.idi import IdiRuleError
     from invariants.onnx_session import OnnxLoadError
 
     return (
         UserError,
+        AuditError,
         DataError,
         InvalidInput,
         ModelLoadError,
