@@ -238,8 +238,18 @@ class SplitInputs:
 
 
 def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str, Any]) -> SplitInputs:
-    """The model input and the IDI metadata (request ``parameters`` for the batch, or named inputs)."""
-    data = [t for t in inputs if t.name not in rt.metadata_fields]
+    """The model input and the IDI metadata (request ``parameters`` for the batch, or named inputs).
+
+    Inputs named like a metadata field of the bundle are metadata; other BYTES inputs are metadata
+    the rules do not read (ignored), unless named like the model's input.
+    """
+
+    def is_data(t: Tensor) -> bool:
+        if t.name in rt.metadata_fields:
+            return False
+        return t.datatype != "BYTES" or t.name == rt.input_name or (rt.input_name is None and len(inputs) == 1)
+
+    data = [t for t in inputs if is_data(t)]
     if not data:
         raise ProtocolError("missing_input", "request has no model input, only metadata inputs")
     if len(data) > 1:

@@ -260,3 +260,17 @@ def test_concurrent_requests_get_their_own_verdicts(
     for k, verdicts in enumerate(got):
         want = [VERDICTS[v] for v in expected[starts[k] : starts[k] + sizes[k]]]
         assert verdicts == want
+
+
+def test_unused_bytes_inputs_are_ignored(agent: RunningServer, mnist_splits: Splits) -> None:
+    x = mnist_splits.test.x[:2]
+    body = {
+        "inputs": [
+            {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()},
+            {"name": "customer", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+        ],
+        "outputs": [{"name": "label"}],
+    }
+    r = httpx.post(f"{agent.url}/v2/models/mnist/infer", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == mnist_splits.test.y[:2].tolist()
