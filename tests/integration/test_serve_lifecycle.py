@@ -229,3 +229,20 @@ def test_admin_authentication(
     assert httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Basic dG9r"}).status_code == 401
     r = httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Bearer tok"}, timeout=60)
     assert r.status_code == 200 and r.json()["reloaded"] is True
+
+
+def test_serve_path_does_not_import_mlflow(mnist_bundle_dir: Path) -> None:
+    code = (
+        "import sys\n"
+        "from agent.cli import build_parser\n"
+        "from agent.app import create_app\n"
+        "from agent.config import load_settings\n"
+        f"s = load_settings(None, model={{'path': {str(default_model_path())!r}}},"
+        f" bundle={{'path': {str(mnist_bundle_dir)!r}}})\n"
+        "create_app(s)\n"
+        "print(sorted(m for m in ('mlflow', 'torch', 'matplotlib') if m in sys.modules))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
