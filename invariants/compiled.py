@@ -14,6 +14,7 @@ for every float32 ``x``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -120,6 +121,7 @@ class CompiledOracle:
         self.oracle = oracle
         self.n_features = n_features
         self.n_classes = n_classes
+        self._idi = oracle.idi
         self._tdi = oracle.tdi
         self._adi = oracle.adi
         self._session: OnnxSession | None = None
@@ -139,21 +141,33 @@ class CompiledOracle:
         feature_names: Sequence[str] | None = None,
     ) -> OracleResult:
         """Judge N predictions: IDI, then TDI, then ADI; the first violation decides (paper §4.1)."""
+        return self.judge_with_rules(features, probabilities, labels, metadata, feature_names)[0]
+
+    def judge_with_rules(
+        self,
+        features: np.ndarray | None,
+        probabilities: np.ndarray,
+        labels: np.ndarray,
+        metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
+        feature_names: Sequence[str] | None = None,
+    ) -> tuple[OracleResult, np.ndarray | None]:
+        """:meth:`judge`, plus the TDI rule (leaf) index of *every* sample (int64 [N], whether its rule
+        is selected or not), or None without TDIs. The leaf ids come out of the same onnxruntime call."""
         labels = np.asarray(labels).reshape(-1).astype(np.int64)
         n = labels.shape[0]
         verdict = np.zeros(n, dtype=np.int8)
         rule = np.full(n, -1, dtype=np.int32)
         if n == 0:
-            return OracleResult(verdict, rule)
+            return OracleResult(verdict, rule), (np.zeros(0, dtype=np.int64) if self._tdi is not None else None)
         flat = None if features is None else np.asarray(features, dtype=np.float32).reshape(n, -1)
-        idi = self.oracle.idi
+        idi = self._idi
         if idi is not None and idi.rules:
             fired = idi.evaluate(labels, metadata, flat, feature_names)
             hit = fired >= 0
             verdict[hit] = 1
             rule[hit] = fired[hit]
         if self._session is None:
-            return OracleResult(verdict, rule)
+            return OracleResult(verdict, rule), None
         feeds: dict[str, np.ndarray] = {}
         names: list[str] = []
         if self._tdi is not None:
@@ -165,8 +179,10 @@ class CompiledOracle:
             feeds[PROBABILITIES] = np.ascontiguousarray(probabilities, dtype=np.float32)
             names.append(ADI_LABEL)
         out = dict(zip(names, self._session.run(feeds, names), strict=True))
+        tdi_rules: np.ndarray | None = None
         if self._tdi is not None:
             r = self._rule_of_node[out[TDI_LEAF]]
+            tdi_rules = np.asarray(r, dtype=np.int64)
             hit = (verdict == 0) & self._selected[r] & (labels != self._label[r])
             verdict[hit] = 2
             rule[hit] = r[hit]
@@ -174,7 +190,14 @@ class CompiledOracle:
             hit = (verdict == 0) & (out[ADI_LABEL] != 0)
             verdict[hit] = 3
             rule[hit] = 0
-        return OracleResult(verdict, rule)
+        return OracleResult(verdict, rule), tdi_rules
+
+    def without_idi(self) -> CompiledOracle:
+        """The same oracle minus its IDIs, sharing the compiled graph (for batches without metadata,
+        where metadata-only IDI rules cannot fire)."""
+        clone = copy.copy(self)
+        clone._idi = None
+        return clone
 
     def describe(self, result: OracleResult, i: int) -> str:
         return self.oracle.describe(result, i)
