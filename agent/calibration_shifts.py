@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agent.estimators import JudgedSet, ShiftCalibration, fit_shift_calibration
+from agent.estimators import InputReference, JudgedSet, SampleExtras, ShiftCalibration, fit_shift_calibration
 
 if TYPE_CHECKING:
     from agent.model import OnnxClassifier
@@ -124,6 +124,65 @@ def _overlay(x: np.ndarray, s: float, rng: np.random.Generator) -> np.ndarray:
     return (1 - a) * x + a * other
 
 
+def _motion_blur(x: np.ndarray, s: float, rng: np.random.Generator) -> np.ndarray:
+    """Average along a line segment of random direction (camera shake; MNIST-C "motion blur")."""
+    n, c, h, w = x.shape
+    length = 1 + int(round(s * 0.35 * w))
+    if length <= 1:
+        return x.copy()
+    out = np.zeros_like(x)
+    steps = np.linspace(-(length - 1) / 2, (length - 1) / 2, length)
+    for i in range(n):
+        a = rng.uniform(0, np.pi)
+        dy, dx = np.sin(a), np.cos(a)
+        acc = np.zeros((c, h, w))
+        for t in steps:
+            oy, ox = int(round(t * dy)), int(round(t * dx))
+            acc += np.roll(np.roll(x[i], oy, axis=1), ox, axis=2)
+        out[i] = acc / length
+    return out
+
+
+def _fog(x: np.ndarray, s: float, rng: np.random.Generator, top: float) -> np.ndarray:
+    """Add a smooth random haze and rescale to the pixel range (ImageNet-C "fog")."""
+    from scipy import ndimage
+
+    n, c, h, w = x.shape
+    amount = 0.8 * s
+    field = ndimage.gaussian_filter(rng.uniform(size=(n, 1, h, w)), sigma=(0, 0, 0.2 * h, 0.2 * w))
+    lo = field.min(axis=(2, 3), keepdims=True)
+    hi = field.max(axis=(2, 3), keepdims=True)
+    field = (field - lo) / np.maximum(hi - lo, 1e-9)
+    return (x + amount * top * field) / (1.0 + amount)
+
+
+def _lines(x: np.ndarray, s: float, rng: np.random.Generator, top: float) -> np.ndarray:
+    """Draw random straight strokes over the image (MNIST-C "stripe"/"dotted line")."""
+    n, _, h, w = x.shape
+    out = x.copy()
+    k = 1 + int(round(s * 3))
+    t = np.linspace(0, 1, 4 * max(h, w))
+    for i in range(n):
+        for _ in range(k):
+            y0, y1 = rng.uniform(0, h - 1, 2)
+            x0, x1 = rng.uniform(0, w - 1, 2)
+            yy = np.round(y0 + (y1 - y0) * t).astype(int)
+            xx = np.round(x0 + (x1 - x0) * t).astype(int)
+            out[i, :, yy, xx] = np.maximum(out[i, :, yy, xx], min(1.0, 0.4 + s) * top)
+    return out
+
+
+def _edges(x: np.ndarray, s: float, rng: np.random.Generator, top: float) -> np.ndarray:
+    """Blend the image with its gradient magnitude (MNIST-C "canny edges", a Sobel variant)."""
+    from scipy import ndimage
+
+    gy = ndimage.sobel(x, axis=2, mode="constant")
+    gx = ndimage.sobel(x, axis=3, mode="constant")
+    mag = np.hypot(gx, gy)
+    mag = mag / np.maximum(mag.max(axis=(1, 2, 3), keepdims=True), 1e-9) * top
+    return (1 - s) * x + s * mag
+
+
 def image_corruptions(top: float) -> dict[str, Corruption]:
     """The generic image family; ``top`` is the pixel range's maximum."""
     return {
@@ -134,6 +193,10 @@ def image_corruptions(top: float) -> dict[str, Corruption]:
         "salt_pepper": lambda x, s, r: _salt_pepper(x, s, r, top),
         "zoom_shear": _zoom_shear,
         "overlay": _overlay,
+        "motion_blur": _motion_blur,
+        "fog": lambda x, s, r: _fog(x, s, r, top),
+        "lines": lambda x, s, r: _lines(x, s, r, top),
+        "edges": lambda x, s, r: _edges(x, s, r, top),
     }
 
 
@@ -198,7 +261,7 @@ def shifted_sets(
     input_shape: Sequence[int],
     *,
     train_x: np.ndarray,
-    n_sets: int = 24,
+    n_sets: int = 88,
     seed: int = 0,
 ) -> list[ShiftedSet]:
     """``n_sets`` corrupted copies of ``x`` (the model's prepared inputs), cycling through the family
@@ -235,6 +298,20 @@ def shifted_sets(
     return out
 
 
+def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, x_cal: np.ndarray) -> InputReference:
+    """The PCA of the training inputs and the TDI leaf table ``shift_aware`` compares live windows with."""
+    tdi = oracle.tdi
+    train_f = model.features(train_x)
+    return InputReference.fit(
+        train_f,
+        model.features(x_cal),
+        per_feature_scale=not is_image_input(model.input_shape),
+        rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
+        rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
+        train_rules=tdi.rule_index(train_f) if tdi is not None else None,
+    )
+
+
 def judge_shifted_sets(
     model: OnnxClassifier,
     oracle: Oracle,
@@ -242,24 +319,29 @@ def judge_shifted_sets(
     y_cal: np.ndarray,
     *,
     train_x: np.ndarray,
+    reference: InputReference,
     metadata: Mapping[str, np.ndarray] | None = None,
     feature_names: Sequence[str] | None = None,
-    n_sets: int = 28,
+    n_sets: int = 88,
     seed: int = 0,
 ) -> tuple[JudgedSet, list[JudgedSet]]:
     """Judge the clean calibration split and ``n_sets`` corrupted copies of it with the oracle.
 
     ``x_cal``/``train_x`` are prepared model inputs, ``y_cal`` class indices; ``metadata`` (IDI fields
     of the calibration samples) is kept for every copy, since a corruption does not change where an
-    input comes from.
+    input comes from. Every set carries the per-sample inputs of the full ``shift_aware`` model.
     """
+    tdi = oracle.tdi
 
     def judged(name: str, x: np.ndarray) -> JudgedSet:
         pred = model.predict_batched(x)
+        feats = model.features(x)
         result = oracle.judge(
-            model.features(x), pred.probabilities, pred.labels, metadata=metadata or None, feature_names=feature_names
+            feats, pred.probabilities, pred.labels, metadata=metadata or None, feature_names=feature_names
         )
-        return JudgedSet(name, result.verdict, pred.confidences, pred.labels == y_cal)
+        rules = tdi.rule_index(feats) if tdi is not None else np.zeros(len(x), dtype=np.int64)
+        extras = SampleExtras.compute(pred.probabilities, pred.labels, feats, rules, reference)
+        return JudgedSet(name, result.verdict, pred.confidences, pred.labels == y_cal, np.asarray(y_cal), extras)
 
     clean = judged("clean", x_cal)
     sets = shifted_sets(x_cal, model.input_shape, train_x=train_x, n_sets=n_sets, seed=seed)
@@ -275,19 +357,21 @@ def fit_shift_aware(
     train_x: np.ndarray,
     metadata: Mapping[str, np.ndarray] | None = None,
     feature_names: Sequence[str] | None = None,
-    n_sets: int = 28,
+    n_sets: int = 88,
     seed: int = 0,
 ) -> ShiftCalibration:
     """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`)."""
+    reference = input_reference(model, oracle, train_x, x_cal)
     clean, shifted = judge_shifted_sets(
         model,
         oracle,
         x_cal,
         y_cal,
         train_x=train_x,
+        reference=reference,
         metadata=metadata,
         feature_names=feature_names,
         n_sets=n_sets,
         seed=seed,
     )
-    return fit_shift_calibration(clean, shifted)
+    return fit_shift_calibration(clean, shifted, reference, seed=seed)

@@ -45,10 +45,13 @@ Estimators:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
+
+from agent.tree_ensemble import TreeEnsemble
 
 Z95 = 1.959963984540054
 
@@ -81,53 +84,181 @@ def cell_counts(verdicts: np.ndarray, confidences: np.ndarray) -> list[int]:
     return [int(c) for c in np.bincount(idx, minlength=N_CELLS)[:N_CELLS]]
 
 
+#: Bins of the window's mean PCA reconstruction error, as quantiles of the clean calibration split.
+PCA_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+N_PCA_BINS = len(PCA_QUANTILES) + 1
+#: Window features of the reduced model (computable from verdicts and confidences alone).
+REDUCED_FEATURES: tuple[str, ...] = (
+    *(f"conf_bin_{i}" for i in range(N_CONF_BINS)),
+    "mean_confidence",
+    "fail_idi",
+    "fail_tdi",
+    "fail_adi",
+)
+#: Window features of the full model (also needs probabilities, labels, inputs and TDI leaves).
+FULL_FEATURES: tuple[str, ...] = (
+    *REDUCED_FEATURES,
+    "tdi_agreement",
+    "tdi_coverage",
+    "tdi_leaf_distance",
+    *(f"pca_bin_{i}" for i in range(N_PCA_BINS)),
+    "mean_pca_error",
+    "mean_margin",
+)
+
+
+@dataclass(frozen=True)
+class InputReference:
+    """What live inputs are compared with (JSON-able): a PCA of the training inputs and the TDI leaves.
+
+    ``center``/``scale``/``basis``: the PCA (``k`` components over standardised features; ``scale``
+    has one entry for images, one per feature for tables); ``pca_edges``: bin edges of the
+    reconstruction error; ``rule_label``/``rule_selected``: class and selection of every TDI leaf
+    rule; ``leaf_ref``: the training data's share of every leaf.
+    """
+
+    center: tuple[float, ...]
+    scale: tuple[float, ...]
+    basis: tuple[tuple[float, ...], ...]
+    pca_edges: tuple[float, ...]
+    rule_label: tuple[int, ...]
+    rule_selected: tuple[bool, ...]
+    leaf_ref: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_center", np.asarray(self.center, dtype=np.float64))
+        object.__setattr__(self, "_scale", np.asarray(self.scale, dtype=np.float64))
+        object.__setattr__(self, "_basis", np.asarray(self.basis, dtype=np.float64).reshape(-1, len(self.center)))
+        object.__setattr__(self, "_label", np.asarray(self.rule_label, dtype=np.int64))
+        object.__setattr__(self, "_selected", np.asarray(self.rule_selected, dtype=bool))
+
+    @property
+    def n_rules(self) -> int:
+        return len(self.rule_label)
+
+    def pca_error(self, features: np.ndarray) -> np.ndarray:
+        """Root-mean-square PCA reconstruction error of every sample (standardised units), O(N·D·k)."""
+        f = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
+        z = (f - self._center) / self._scale  # type: ignore[attr-defined]
+        basis = self._basis  # type: ignore[attr-defined]
+        resid = z - (z @ basis.T) @ basis
+        return np.sqrt((resid * resid).mean(axis=1))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "center": list(self.center),
+            "scale": list(self.scale),
+            "basis": [list(b) for b in self.basis],
+            "pca_edges": list(self.pca_edges),
+            "rule_label": list(self.rule_label),
+            "rule_selected": list(self.rule_selected),
+            "leaf_ref": list(self.leaf_ref),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> InputReference:
+        return cls(
+            center=tuple(float(v) for v in d["center"]),
+            scale=tuple(float(v) for v in d["scale"]),
+            basis=tuple(tuple(float(v) for v in row) for row in d["basis"]),
+            pca_edges=tuple(float(v) for v in d["pca_edges"]),
+            rule_label=tuple(int(v) for v in d["rule_label"]),
+            rule_selected=tuple(bool(v) for v in d["rule_selected"]),
+            leaf_ref=tuple(float(v) for v in d["leaf_ref"]),
+        )
+
+    @classmethod
+    def fit(
+        cls,
+        train_features: np.ndarray,
+        clean_features: np.ndarray,
+        *,
+        per_feature_scale: bool,
+        rule_label: Sequence[int] = (),
+        rule_selected: Sequence[bool] = (),
+        train_rules: np.ndarray | None = None,
+        components: int = 10,
+    ) -> InputReference:
+        """PCA of the training inputs (images: one global scale, tables: per-feature standard deviations);
+        error bins from the clean calibration inputs; leaf shares from the training inputs' TDI rules."""
+        tr = np.asarray(train_features, dtype=np.float64).reshape(len(train_features), -1)
+        center = tr.mean(axis=0)
+        if per_feature_scale:
+            scale = np.maximum(tr.std(axis=0), 1e-9)
+        else:
+            scale = np.array([max(float(np.abs(tr).max()), 1e-9)])
+        z = (tr - center) / scale
+        k = int(min(components, z.shape[0], z.shape[1]))
+        _, _, vt = np.linalg.svd(z, full_matrices=False)
+        basis = vt[:k]
+        ref = cls(tuple(center), tuple(scale), tuple(tuple(r) for r in basis), (), (), (), ())
+        errs = ref.pca_error(clean_features)
+        edges = tuple(float(v) for v in np.quantile(errs, PCA_QUANTILES)) if len(errs) else (0.0,) * len(PCA_QUANTILES)
+        n_rules = len(rule_label)
+        if train_rules is not None and n_rules:
+            counts = np.bincount(np.asarray(train_rules, dtype=np.int64), minlength=n_rules)[:n_rules]
+            leaf_ref = counts / max(int(counts.sum()), 1)
+        else:
+            leaf_ref = np.zeros(n_rules)
+        return replace(
+            ref,
+            pca_edges=edges,
+            rule_label=tuple(int(v) for v in rule_label),
+            rule_selected=tuple(bool(v) for v in rule_selected),
+            leaf_ref=tuple(float(v) for v in leaf_ref),
+        )
+
+
 @dataclass(frozen=True)
 class ShiftCalibration:
     """What ``shift_aware`` learns at fit time (JSON-able through :meth:`to_dict`).
 
-    ``p_id``/``n_id``: accuracy and count per confidence bin on the clean calibration split;
-    ``p_shift``/``n_shift``: accuracy (smoothed towards the pooled accuracy) and count per cell on
-    the calibration split plus its corrupted copies; ``clean_hist``: share of each confidence bin on
-    the clean split (``n_clean`` samples); ``d0``/``d1``: shift-distance thresholds of the weight;
-    ``rmse_shift``: leave-one-corruption-out RMS error of the shift part; ``families``: corruptions used.
+    ``full``/``reduced``: gradient-boosted regressions from window features (:data:`FULL_FEATURES`,
+    :data:`REDUCED_FEATURES`) to accuracy; ``q_edges``: edges of bins of the predicted accuracy;
+    ``q_full``/``q_reduced``: per bin, the 95% quantile of the absolute error of the model in
+    leave-families-out validation (the half-width of the interval before sampling noise);
+    ``reference``: the inputs and TDI leaves the window is compared with; ``families``: the
+    corruption families used; ``lofo_mae``: the full model's mean absolute error out of family.
     """
 
-    p_id: tuple[float, ...]
-    n_id: tuple[int, ...]
-    p_shift: tuple[float, ...]
-    n_shift: tuple[int, ...]
-    clean_hist: tuple[float, ...]
-    n_clean: int
-    d0: float
-    d1: float
-    rmse_shift: float
+    full: TreeEnsemble
+    reduced: TreeEnsemble
+    q_edges: tuple[float, ...]
+    q_full: tuple[float, ...]
+    q_reduced: tuple[float, ...]
+    reference: InputReference
     families: tuple[str, ...] = ()
+    lofo_mae: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return {
+            "kind": "window_regression",
+            "full": self.full.to_dict(),
+            "reduced": self.reduced.to_dict(),
+            "q_edges": list(self.q_edges),
+            "q_full": list(self.q_full),
+            "q_reduced": list(self.q_reduced),
+            "reference": self.reference.to_dict(),
+            "families": list(self.families),
+            "lofo_mae": self.lofo_mae,
+        }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> ShiftCalibration:
-        def floats(key: str) -> tuple[float, ...]:
-            return tuple(float(v) for v in d[key])  # type: ignore[attr-defined]
-
-        def ints(key: str) -> tuple[int, ...]:
-            return tuple(int(v) for v in d[key])  # type: ignore[attr-defined]
-
+    def from_dict(cls, d: Mapping[str, Any]) -> ShiftCalibration:
+        if d.get("kind") != "window_regression":
+            raise ValueError("shift calibration of an older format (refit the bundle)")
         out = cls(
-            p_id=floats("p_id"),
-            n_id=ints("n_id"),
-            p_shift=floats("p_shift"),
-            n_shift=ints("n_shift"),
-            clean_hist=floats("clean_hist"),
-            n_clean=int(d["n_clean"]),  # type: ignore[call-overload]
-            d0=float(d["d0"]),  # type: ignore[arg-type]
-            d1=float(d["d1"]),  # type: ignore[arg-type]
-            rmse_shift=float(d["rmse_shift"]),  # type: ignore[arg-type]
-            families=tuple(str(v) for v in d.get("families", ())),  # type: ignore[attr-defined]
+            full=TreeEnsemble.from_dict(d["full"]),
+            reduced=TreeEnsemble.from_dict(d["reduced"]),
+            q_edges=tuple(float(v) for v in d["q_edges"]),
+            q_full=tuple(float(v) for v in d["q_full"]),
+            q_reduced=tuple(float(v) for v in d["q_reduced"]),
+            reference=InputReference.from_dict(d["reference"]),
+            families=tuple(str(v) for v in d.get("families", ())),
+            lofo_mae=float(d.get("lofo_mae", 0.0)),
         )
-        if len(out.p_id) != N_CONF_BINS or len(out.p_shift) != N_CELLS or len(out.clean_hist) != N_CONF_BINS:
-            raise ValueError("shift calibration has the wrong number of bins")
+        if len(out.q_full) != len(out.q_edges) + 1 or len(out.q_reduced) != len(out.q_edges) + 1:
+            raise ValueError("shift calibration has the wrong number of interval bins")
         return out
 
 
@@ -181,7 +312,7 @@ class EstimatorCalibration:
             accuracy=float(d["accuracy"]),  # type: ignore[arg-type]
             avg_conf=float(d["avg_conf"]),  # type: ignore[arg-type]
             atc_threshold=float(d["atc_threshold"]),  # type: ignore[arg-type]
-            shift=ShiftCalibration.from_dict(d["shift"]) if d.get("shift") else None,  # type: ignore[arg-type]
+            shift=_shift_or_none(d.get("shift")),
         )
 
     @classmethod
@@ -207,6 +338,16 @@ class EstimatorCalibration:
         )
 
 
+def _shift_or_none(d: object) -> ShiftCalibration | None:
+    """The ``shift_aware`` calibration, or None when absent or of an older format (old bundles)."""
+    if not isinstance(d, Mapping) or not d:
+        return None
+    try:
+        return ShiftCalibration.from_dict(d)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 _BASE_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
 
 
@@ -222,9 +363,54 @@ def atc_threshold(confidences: np.ndarray, accuracy: float) -> float:
     return float(c[k - 1])
 
 
+@dataclass(frozen=True)
+class SampleExtras:
+    """Per-sample inputs of the full ``shift_aware`` model, derived once per batch (O(N))."""
+
+    margin: np.ndarray  # top-1 minus top-2 probability
+    rules: np.ndarray  # TDI rule (leaf) index
+    agree: np.ndarray  # predicted label equals the leaf's class
+    covered: np.ndarray  # the leaf's rule is selected
+    pca_error: np.ndarray  # PCA reconstruction error of the input
+
+    def take(self, idx: np.ndarray) -> SampleExtras:
+        return SampleExtras(self.margin[idx], self.rules[idx], self.agree[idx], self.covered[idx], self.pca_error[idx])
+
+    @classmethod
+    def compute(
+        cls,
+        probabilities: np.ndarray,
+        labels: np.ndarray,
+        features: np.ndarray,
+        tdi_rules: np.ndarray,
+        reference: InputReference,
+    ) -> SampleExtras:
+        p = np.asarray(probabilities, dtype=np.float64)
+        p = p.reshape(len(p), -1)
+        if p.shape[1] >= 2:
+            top2 = np.partition(p, p.shape[1] - 2, axis=1)[:, -2:]
+            margin = np.abs(top2[:, 1] - top2[:, 0])
+        else:
+            margin = np.abs(2 * p[:, 0] - 1)
+        rules = np.asarray(tdi_rules, dtype=np.int64).reshape(-1)
+        lab = np.asarray(labels, dtype=np.int64).reshape(-1)
+        if reference.n_rules:
+            r = np.clip(rules, 0, reference.n_rules - 1)
+            agree = reference._label[r] == lab  # type: ignore[attr-defined]
+            covered = reference._selected[r]  # type: ignore[attr-defined]
+        else:
+            r = np.zeros(len(lab), dtype=np.int64)
+            agree = covered = np.zeros(len(lab), dtype=bool)
+        return cls(margin, r, agree, covered, reference.pca_error(features))
+
+
 @dataclass
 class WindowStats:
-    """Additive sufficient statistics of a set of judged predictions."""
+    """Additive sufficient statistics of a set of judged predictions.
+
+    The ``*_ext`` group (``n_ext`` … ``leaves``) is only filled when the caller passes the optional
+    per-sample inputs of :meth:`from_batch`; ``shift_aware`` then uses its full model.
+    """
 
     n: int = 0
     fails: int = 0
@@ -234,65 +420,132 @@ class WindowStats:
     atc_above: int = 0
     #: samples per (verdict × confidence bin) cell, see :func:`cell_index` (``shift_aware``)
     cells: list[int] = field(default_factory=lambda: [0] * N_CELLS)
+    #: samples with the optional per-sample inputs (probabilities, labels, inputs, TDI leaves)
+    n_ext: int = 0
+    margin_sum: float = 0.0
+    #: predictions equal to the class of their TDI leaf / whose leaf holds a selected rule
+    tdi_agree: int = 0
+    tdi_covered: int = 0
+    pca_sum: float = 0.0
+    pca_bins: list[int] = field(default_factory=lambda: [0] * N_PCA_BINS)
+    #: samples per TDI leaf rule (empty until a batch with leaves arrives)
+    leaves: list[int] = field(default_factory=list)
 
     @classmethod
     def from_batch(
-        cls, verdicts: np.ndarray, confidences: np.ndarray, calibration: EstimatorCalibration
+        cls,
+        verdicts: np.ndarray,
+        confidences: np.ndarray,
+        calibration: EstimatorCalibration,
+        *,
+        probabilities: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+        features: np.ndarray | None = None,
+        tdi_rules: np.ndarray | None = None,
     ) -> WindowStats:
-        """``verdicts`` are indices into ``invariants.oracle.VERDICTS`` (0 pass, 1 idi, 2 tdi, 3 adi)."""
+        """``verdicts`` are indices into ``invariants.oracle.VERDICTS`` (0 pass, 1 idi, 2 tdi, 3 adi).
+
+        Optional, all four together (otherwise ``shift_aware`` falls back to its reduced model):
+        ``probabilities`` [N, K] (the model's output), ``labels`` [N] (predicted class indices),
+        ``features`` [N, D] (the flattened model inputs, as the oracle reads them) and ``tdi_rules``
+        [N] (the TDI rule index of every sample's leaf, from
+        :meth:`invariants.compiled.CompiledOracle.judge_with_rules`).
+        """
+        extras = None
+        shift = calibration.shift
+        if shift is not None and not any(a is None for a in (probabilities, labels, features, tdi_rules)):
+            extras = SampleExtras.compute(probabilities, labels, features, tdi_rules, shift.reference)  # type: ignore[arg-type]
+        return cls.of_samples(
+            verdicts, confidences, calibration.atc_threshold, extras, shift.reference if shift is not None else None
+        )
+
+    @classmethod
+    def of_samples(
+        cls,
+        verdicts: np.ndarray,
+        confidences: np.ndarray,
+        atc_threshold: float,
+        extras: SampleExtras | None = None,
+        reference: InputReference | None = None,
+    ) -> WindowStats:
+        """Statistics of samples whose :class:`SampleExtras` (if any) are already computed."""
         v = np.asarray(verdicts)
         c = np.asarray(confidences, dtype=np.float64)
         fam = np.bincount(v.astype(np.int64), minlength=4)
-        return cls(
+        out = cls(
             n=int(len(v)),
             fails=int((v != 0).sum()),
             fails_by_family={"idi": int(fam[1]), "tdi": int(fam[2]), "adi": int(fam[3])},
             conf_sum=float(c.sum()),
             conf_sq_sum=float((c * c).sum()),
-            atc_above=int((c > calibration.atc_threshold).sum()),
+            atc_above=int((c > atc_threshold).sum()),
             cells=cell_counts(v, c),
+        )
+        if extras is not None and reference is not None and len(extras.margin) == len(v):
+            ref = reference
+            out.n_ext = int(len(v))
+            out.margin_sum = float(extras.margin.sum())
+            out.tdi_agree = int(extras.agree.sum())
+            out.tdi_covered = int(extras.covered.sum())
+            out.pca_sum = float(extras.pca_error.sum())
+            bins = np.searchsorted(np.asarray(ref.pca_edges), extras.pca_error, side="right")
+            out.pca_bins = [int(k) for k in np.bincount(bins, minlength=N_PCA_BINS)[:N_PCA_BINS]]
+            out.leaves = [int(k) for k in np.bincount(extras.rules, minlength=ref.n_rules)[: ref.n_rules]]
+        return out
+
+    def _combine(self, other: WindowStats, sign: int) -> WindowStats:
+        def vec(a: list[int], b: list[int]) -> list[int]:
+            size = max(len(a), len(b))
+            a2, b2 = a + [0] * (size - len(a)), b + [0] * (size - len(b))
+            return [x + sign * y for x, y in zip(a2, b2, strict=True)]
+
+        return WindowStats(
+            n=self.n + sign * other.n,
+            fails=self.fails + sign * other.fails,
+            fails_by_family={
+                k: self.fails_by_family.get(k, 0) + sign * other.fails_by_family.get(k, 0)
+                for k in ("idi", "tdi", "adi")
+            },
+            conf_sum=self.conf_sum + sign * other.conf_sum,
+            conf_sq_sum=self.conf_sq_sum + sign * other.conf_sq_sum,
+            atc_above=self.atc_above + sign * other.atc_above,
+            cells=vec(self.cells, other.cells),
+            n_ext=self.n_ext + sign * other.n_ext,
+            margin_sum=self.margin_sum + sign * other.margin_sum,
+            tdi_agree=self.tdi_agree + sign * other.tdi_agree,
+            tdi_covered=self.tdi_covered + sign * other.tdi_covered,
+            pca_sum=self.pca_sum + sign * other.pca_sum,
+            pca_bins=vec(self.pca_bins, other.pca_bins),
+            leaves=vec(self.leaves, other.leaves),
         )
 
     def __add__(self, other: WindowStats) -> WindowStats:
-        return WindowStats(
-            n=self.n + other.n,
-            fails=self.fails + other.fails,
-            fails_by_family={
-                k: self.fails_by_family.get(k, 0) + other.fails_by_family.get(k, 0) for k in ("idi", "tdi", "adi")
-            },
-            conf_sum=self.conf_sum + other.conf_sum,
-            conf_sq_sum=self.conf_sq_sum + other.conf_sq_sum,
-            atc_above=self.atc_above + other.atc_above,
-            cells=[a + b for a, b in zip(self.cells, other.cells, strict=True)],
-        )
+        return self._combine(other, 1)
 
     def __sub__(self, other: WindowStats) -> WindowStats:
-        return WindowStats(
-            n=self.n - other.n,
-            fails=self.fails - other.fails,
-            fails_by_family={
-                k: self.fails_by_family.get(k, 0) - other.fails_by_family.get(k, 0) for k in ("idi", "tdi", "adi")
-            },
-            conf_sum=self.conf_sum - other.conf_sum,
-            conf_sq_sum=self.conf_sq_sum - other.conf_sq_sum,
-            atc_above=self.atc_above - other.atc_above,
-            cells=[a - b for a, b in zip(self.cells, other.cells, strict=True)],
-        )
+        return self._combine(other, -1)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> WindowStats:
+    def from_dict(cls, d: Mapping[str, Any]) -> WindowStats:
         fam = d.get("fails_by_family") or {}
         return cls(
-            n=int(d["n"]),  # type: ignore[call-overload]
-            fails=int(d["fails"]),  # type: ignore[call-overload]
-            fails_by_family={k: int(v) for k, v in dict(fam).items()},  # type: ignore[call-overload]
-            conf_sum=float(d["conf_sum"]),  # type: ignore[arg-type]
-            conf_sq_sum=float(d["conf_sq_sum"]),  # type: ignore[arg-type]
-            atc_above=int(d["atc_above"]),  # type: ignore[call-overload]
-            cells=[int(v) for v in d.get("cells") or [0] * N_CELLS],  # type: ignore[attr-defined]
+            n=int(d["n"]),
+            fails=int(d["fails"]),
+            fails_by_family={k: int(v) for k, v in dict(fam).items()},
+            conf_sum=float(d["conf_sum"]),
+            conf_sq_sum=float(d["conf_sq_sum"]),
+            atc_above=int(d["atc_above"]),
+            cells=[int(v) for v in d.get("cells") or [0] * N_CELLS],
+            n_ext=int(d.get("n_ext", 0)),
+            margin_sum=float(d.get("margin_sum", 0.0)),
+            tdi_agree=int(d.get("tdi_agree", 0)),
+            tdi_covered=int(d.get("tdi_covered", 0)),
+            pca_sum=float(d.get("pca_sum", 0.0)),
+            pca_bins=[int(v) for v in d.get("pca_bins") or [0] * N_PCA_BINS],
+            leaves=[int(v) for v in d.get("leaves") or []],
         )
 
 
@@ -355,7 +608,7 @@ def estimate_all(stats: WindowStats, calibration: EstimatorCalibration) -> dict[
     shift = calibration.accuracy - calibration.avg_conf
     out["doc"] = Estimate(_clip01(mean + shift), _clip01(mlo + shift), _clip01(mhi + shift), n)
     if calibration.shift is not None and sum(stats.cells) == n:
-        out["shift_aware"] = shift_aware(stats.cells, calibration.shift).estimate
+        out["shift_aware"] = shift_aware(stats, calibration.shift).estimate
     return out
 
 
@@ -367,155 +620,203 @@ class ShiftAwareParts:
     """The pieces of a ``shift_aware`` estimate (for reports and the benchmark)."""
 
     estimate: Estimate
-    in_distribution: float
-    shifted: float
-    distance: float
-    weight: float
+    model: str  # "full" or "reduced"
+    features: dict[str, float]
 
 
-def shift_distance(conf_hist_counts: np.ndarray, cal: ShiftCalibration) -> float:
-    """Total-variation distance between the live and calibration confidence-bin histograms, minus the
-    distance expected from sampling alone (two independent samples of sizes n and ``n_clean``)."""
-    counts = np.asarray(conf_hist_counts, dtype=np.float64)
-    n = counts.sum()
+def window_features(stats: WindowStats, reference: InputReference) -> tuple[np.ndarray, bool]:
+    """The feature vector of a window (:data:`FULL_FEATURES` when every sample carries the optional
+    per-sample inputs, else :data:`REDUCED_FEATURES`) and whether it is the full one."""
+    n = stats.n
     if n <= 0:
-        return 0.0
-    live = counts / n
-    ref = np.asarray(cal.clean_hist, dtype=np.float64)
-    tv = 0.5 * float(np.abs(live - ref).sum())
-    pooled = (live * n + ref * cal.n_clean) / (n + cal.n_clean)
-    sd = np.sqrt(pooled * (1 - pooled) * (1.0 / n + 1.0 / max(cal.n_clean, 1)))
-    expected = 0.5 * math.sqrt(2.0 / math.pi) * float(sd.sum())
-    return max(tv - expected, 0.0)
+        return np.zeros(len(REDUCED_FEATURES)), False
+    cells = np.asarray(stats.cells, dtype=np.float64).reshape(N_VERDICTS, N_CONF_BINS)
+    fam = stats.fails_by_family
+    reduced = np.r_[
+        cells.sum(axis=0) / n,
+        stats.conf_sum / n,
+        fam.get("idi", 0) / n,
+        fam.get("tdi", 0) / n,
+        fam.get("adi", 0) / n,
+    ]
+    if stats.n_ext != n:
+        return reduced, False
+    if reference.n_rules and len(stats.leaves) == reference.n_rules:
+        leaf_tv = 0.5 * float(np.abs(np.asarray(stats.leaves) / n - np.asarray(reference.leaf_ref)).sum())
+    else:
+        leaf_tv = 0.0
+    full = np.r_[
+        reduced,
+        stats.tdi_agree / n,
+        stats.tdi_covered / n,
+        leaf_tv,
+        np.asarray(stats.pca_bins, dtype=np.float64) / n,
+        stats.pca_sum / n,
+        stats.margin_sum / n,
+    ]
+    return full, True
 
 
-def shift_weight(distance: float, cal: ShiftCalibration) -> float:
-    """0 below ``d0``, 1 above ``d1``, linear in between."""
-    if cal.d1 <= cal.d0:
-        return 1.0 if distance > cal.d0 else 0.0
-    return float(min(1.0, max(0.0, (distance - cal.d0) / (cal.d1 - cal.d0))))
+def _half_width(q_edges: Sequence[float], q: Sequence[float], value: float) -> float:
+    return float(q[int(np.searchsorted(np.asarray(q_edges), value, side="right"))])
 
 
-def shift_aware(cells: list[int] | np.ndarray, cal: ShiftCalibration) -> ShiftAwareParts:
-    """The ``shift_aware`` estimate from per-cell counts (see the module docstring)."""
-    c = np.asarray(cells, dtype=np.float64).reshape(N_VERDICTS, N_CONF_BINS)
-    n = float(c.sum())
+def shift_aware(stats: WindowStats, cal: ShiftCalibration) -> ShiftAwareParts:
+    """The ``shift_aware`` estimate of a window (see the module docstring)."""
+    n = stats.n
     if n <= 0:
-        return ShiftAwareParts(Estimate(0.0, 0.0, 1.0, 0), 0.0, 0.0, 0.0, 0.0)
-    by_bin = c.sum(axis=0)
-    p_id, n_id = np.asarray(cal.p_id), np.asarray(cal.n_id, dtype=np.float64)
-    p_sh, n_sh = np.asarray(cal.p_shift).reshape(c.shape), np.asarray(cal.n_shift, dtype=np.float64).reshape(c.shape)
-    e_id = float((by_bin * p_id).sum() / n)
-    e_sh = float((c * p_sh).sum() / n)
-    dist = shift_distance(by_bin, cal)
-    w = shift_weight(dist, cal)
-    value = (1 - w) * e_id + w * e_sh
-    # sampling: the window's true accuracy is a sum of Bernoulli(p) draws
-    var_samp = ((1 - w) * float((by_bin * p_id * (1 - p_id)).sum()) + w * float((c * p_sh * (1 - p_sh)).sum())) / n**2
-    # calibration: each cell's accuracy is itself estimated
-    var_cal_id = float(((by_bin / n) ** 2 * p_id * (1 - p_id) / np.maximum(n_id, 1.0)).sum())
-    var_cal_sh = float(((c / n) ** 2 * p_sh * (1 - p_sh) / np.maximum(n_sh, 1.0)).sum())
-    var = var_samp + (1 - w) ** 2 * var_cal_id + w**2 * var_cal_sh + (w * cal.rmse_shift) ** 2
-    half = Z95 * math.sqrt(max(var, 0.0))
-    est = Estimate(_clip01(value), _clip01(value - half), _clip01(value + half), int(n))
-    return ShiftAwareParts(est, e_id, e_sh, dist, w)
-
-
-def _rates(cells: np.ndarray, correct: np.ndarray, size: int, prior: float) -> tuple[np.ndarray, np.ndarray]:
-    n = np.bincount(cells, minlength=size)[:size].astype(np.float64)
-    k = np.bincount(cells, weights=correct.astype(np.float64), minlength=size)[:size]
-    base = float(correct.mean()) if correct.size else 0.5
-    return (k + prior * base) / (n + prior), n
+        return ShiftAwareParts(Estimate(0.0, 0.0, 1.0, 0), "reduced", {})
+    x, full = window_features(stats, cal.reference)
+    model, q = (cal.full, cal.q_full) if full else (cal.reduced, cal.q_reduced)
+    value = _clip01(float(model.predict(x)[0]))
+    model_err = _half_width(cal.q_edges, q, value)
+    sampling = Z95 * math.sqrt(value * (1 - value) / n)
+    half = math.hypot(model_err, sampling)
+    names = FULL_FEATURES if full else REDUCED_FEATURES
+    est = Estimate(value, _clip01(value - half), _clip01(value + half), n)
+    return ShiftAwareParts(est, "full" if full else "reduced", dict(zip(names, (float(v) for v in x), strict=True)))
 
 
 @dataclass(frozen=True)
 class JudgedSet:
-    """One labeled calibration set: oracle verdicts, top-class probabilities, correctness."""
+    """One labeled calibration set: oracle verdicts, top-class probabilities, correctness, true
+    classes (for label-shift resampling) and the optional per-sample inputs of the full model."""
 
     name: str
     verdicts: np.ndarray
     confidences: np.ndarray
     correct: np.ndarray
+    y: np.ndarray | None = None
+    extras: SampleExtras | None = None
+
+
+#: Edges of the predicted-accuracy bins of the interval's model-error term.
+Q_EDGES: tuple[float, ...] = (0.5, 0.75, 0.9)
+
+
+def _window_plan(
+    sets: list[JudgedSet], n_windows: int, rng: np.random.Generator, size: tuple[int, int]
+) -> list[list[tuple[int, np.ndarray]]]:
+    """Windows drawn from the sets (index 0 = clean): one set, or a mixture of 2–3 (sometimes with
+    clean data), each sometimes resampled to a Dirichlet class prior (label shift)."""
+    plans: list[list[tuple[int, np.ndarray]]] = []
+    shifted = np.arange(1, len(sets))
+    for _ in range(n_windows):
+        u = rng.uniform()
+        if u < 0.1 or not len(shifted):
+            chosen = [0]
+        elif u < 0.6:
+            chosen = [int(rng.choice(shifted))]
+        else:
+            chosen = [int(v) for v in rng.choice(shifted, min(len(shifted), int(rng.integers(2, 4))), replace=False)]
+            if rng.uniform() < 0.3:
+                chosen.append(0)
+        m = int(rng.integers(size[0], size[1] + 1))
+        counts = rng.multinomial(m, rng.dirichlet(np.ones(len(chosen))))
+        alpha = float(rng.choice([0.5, 2.0, 5.0])) if rng.uniform() < 0.3 else None
+        plan = []
+        prior = None
+        for k, c in zip(chosen, counts, strict=True):
+            if c == 0:
+                continue
+            s = sets[k]
+            if alpha is not None and s.y is not None:
+                if prior is None:
+                    prior = rng.dirichlet(np.full(int(s.y.max()) + 1, alpha))
+                p = prior[np.asarray(s.y, dtype=np.int64)]
+                plan.append((k, rng.choice(len(s.correct), int(c), p=p / p.sum())))
+            else:
+                plan.append((k, rng.integers(0, len(s.correct), int(c))))
+        plans.append(plan)
+    return plans
+
+
+def _interval_table(pred: np.ndarray, resid: np.ndarray) -> tuple[float, ...]:
+    """95% quantile of |residual| per predicted-accuracy bin, never narrower for lower accuracy."""
+    if len(resid) == 0:
+        return (0.5,) * (len(Q_EDGES) + 1)
+    bins = np.searchsorted(np.asarray(Q_EDGES), pred, side="right")
+    overall = float(np.quantile(np.abs(resid), 0.95))
+    q = []
+    for b in range(len(Q_EDGES) + 1):
+        r = np.abs(resid[bins == b])
+        q.append(float(np.quantile(r, 0.95)) if len(r) >= 20 else overall)
+    for b in range(len(q) - 2, -1, -1):  # lower predicted accuracy: at least as wide
+        q[b] = max(q[b], q[b + 1])
+    return tuple(q)
 
 
 def fit_shift_calibration(
-    clean: JudgedSet, shifted: list[JudgedSet], *, prior: float = 2.0, clean_weight: int = 4
+    clean: JudgedSet,
+    shifted: list[JudgedSet],
+    reference: InputReference,
+    *,
+    n_windows: int = 2000,
+    window_size: tuple[int, int] = (400, 1600),
+    folds: int = 4,
+    seed: int = 0,
 ) -> ShiftCalibration:
-    """Fit ``shift_aware`` from the clean calibration split and its corrupted copies.
+    """Fit ``shift_aware`` on windows drawn from the clean calibration split and its corrupted copies.
 
-    * ``p_id``: accuracy per confidence bin on ``clean`` (smoothed with ``prior`` pseudo-samples
-      at the clean accuracy);
-    * ``p_shift``: accuracy per cell on ``clean`` (counted ``clean_weight`` times, so the cells of
-      in-distribution data are not drowned) plus every shifted set;
-    * ``d0``/``d1``: grid search minimising the mean absolute error of the blend over the clean set
-      and the shifted sets, where every shifted set is estimated with ``p_shift`` refitted without its
-      own corruption family (leave-one-family-out), so the thresholds are not fitted on in-sample cells;
-    * ``rmse_shift``: the leave-one-family-out RMS error of the shift part over the shifted sets.
+    * ``n_windows`` windows (sizes in ``window_size``) are drawn: one corrupted set, or a mixture of
+      2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
+      shift), a tenth clean; each gives the additive statistics a live window would hold and its
+      true accuracy;
+    * two gradient-boosted regressions from window features to accuracy: ``full``
+      (:data:`FULL_FEATURES`, needs the per-sample inputs) and ``reduced`` (:data:`REDUCED_FEATURES`);
+    * interval: the corruption families are split into ``folds`` groups; each group is held out,
+      both models are refitted on the windows without it and evaluated on the windows made only of
+      it (and clean data). The 95% quantiles of those out-of-family errors per predicted-accuracy
+      bin are the interval's model-error term.
     """
-    cb = conf_bins(clean.confidences)
-    p_id, n_id = _rates(cb, clean.correct, N_CONF_BINS, prior)
-    clean_hist = np.bincount(cb, minlength=N_CONF_BINS)[:N_CONF_BINS] / max(len(cb), 1)
-
-    def pooled(sets: list[JudgedSet]) -> tuple[np.ndarray, np.ndarray]:
-        cells = [cell_index(clean.verdicts, clean.confidences)] * clean_weight
-        ok = [np.asarray(clean.correct, bool)] * clean_weight
-        for s in sets:
-            cells.append(cell_index(s.verdicts, s.confidences))
-            ok.append(np.asarray(s.correct, bool))
-        return _rates(np.concatenate(cells), np.concatenate(ok), N_CELLS, prior)
-
-    p_shift, n_shift = pooled(shifted)
-    families = sorted({s.name for s in shifted})
-    base = ShiftCalibration(
-        p_id=tuple(float(v) for v in p_id),
-        n_id=tuple(int(v) for v in n_id),
-        p_shift=tuple(float(v) for v in p_shift),
-        n_shift=tuple(int(v) for v in n_shift),
-        clean_hist=tuple(float(v) for v in clean_hist),
-        n_clean=int(len(cb)),
-        d0=0.0,
-        d1=0.0,
-        rmse_shift=0.0,
-        families=tuple(families),
-    )
-    if not shifted:
-        return replace(base, d0=1.0, d1=1.0)
-    # per set: in-distribution part, leave-one-family-out shift part, distance, truth
-    rows: list[tuple[float, float, float, float]] = []
-    for fam in families:
-        p_out, _ = pooled([s for s in shifted if s.name != fam])
-        for s in (s for s in shifted if s.name == fam):
-            cells = np.asarray(cell_counts(s.verdicts, s.confidences), dtype=np.float64)
-            n = cells.sum()
-            by_bin = cells.reshape(N_VERDICTS, N_CONF_BINS).sum(axis=0)
-            rows.append(
-                (
-                    float((by_bin * p_id).sum() / n),
-                    float((cells * p_out).sum() / n),
-                    shift_distance(by_bin, base),
-                    float(np.mean(s.correct)),
-                )
+    sets = [clean, *shifted]
+    rng = np.random.default_rng(seed)
+    plans = _window_plan(sets, n_windows, rng, window_size)
+    xf, xr, truth, fams = [], [], [], []
+    for plan in plans:
+        v = np.concatenate([sets[k].verdicts[i] for k, i in plan])
+        c = np.concatenate([sets[k].confidences[i] for k, i in plan])
+        ok = np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in plan])
+        ex = None
+        if all(sets[k].extras is not None for k, _ in plan):
+            parts = [sets[k].extras.take(i) for k, i in plan]  # type: ignore[union-attr]
+            ex = SampleExtras(
+                *(np.concatenate([getattr(p, f) for p in parts]) for f in SampleExtras.__dataclass_fields__)
             )
-    arr = np.asarray(rows)
-    rmse = float(np.sqrt(np.mean((arr[:, 1] - arr[:, 3]) ** 2)))
-    # the clean split itself: distance 0, estimate p_id (in-sample), truth its accuracy
-    clean_row = np.array(
-        [
-            [
-                float((np.bincount(cb, minlength=N_CONF_BINS) * p_id).sum() / len(cb)),
-                float(p_shift[cell_index(clean.verdicts, clean.confidences)].mean()),
-                0.0,
-                float(np.mean(clean.correct)),
-            ]
-        ]
+        stats = WindowStats.of_samples(v, c, 0.5, ex, reference)
+        full_x, _ = window_features(stats, reference)
+        red_x, _ = window_features(replace(stats, n_ext=0), reference)
+        xf.append(
+            full_x if len(full_x) == len(FULL_FEATURES) else np.r_[red_x, np.zeros(len(FULL_FEATURES) - len(red_x))]
+        )
+        xr.append(red_x)
+        truth.append(float(ok.mean()))
+        fams.append({sets[k].name for k, _ in plan})
+    Xf, Xr, y = np.asarray(xf), np.asarray(xr), np.asarray(truth)
+    full = TreeEnsemble.fit(Xf, y, seed=seed)
+    reduced = TreeEnsemble.fit(Xr, y, seed=seed)
+    families = sorted({s.name for s in shifted} - {clean.name})
+    groups = [set(families[i::folds]) for i in range(min(folds, len(families)))]
+    pf, pr, res_f, res_r = [], [], [], []
+    for g in groups:
+        train = np.array([not (f & g) for f in fams])
+        test = np.array([bool(f & g) and f <= g | {clean.name} for f in fams])
+        if train.sum() < 50 or not test.any():
+            continue
+        mf = TreeEnsemble.fit(Xf[train], y[train], seed=seed).predict(Xf[test])
+        mr = TreeEnsemble.fit(Xr[train], y[train], seed=seed).predict(Xr[test])
+        pf.append(np.clip(mf, 0, 1))
+        pr.append(np.clip(mr, 0, 1))
+        res_f.append(np.clip(mf, 0, 1) - y[test])
+        res_r.append(np.clip(mr, 0, 1) - y[test])
+    cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
+    return ShiftCalibration(
+        full=full,
+        reduced=reduced,
+        q_edges=Q_EDGES,
+        q_full=_interval_table(cat(pf), cat(res_f)),
+        q_reduced=_interval_table(cat(pr), cat(res_r)),
+        reference=reference,
+        families=tuple(families),
+        lofo_mae=float(np.mean(np.abs(cat(res_f)))) if res_f else 0.0,
     )
-    table = np.vstack([arr] + [clean_row] * max(1, len(rows) // 4))
-    grid = np.unique(np.concatenate([[0.0], np.quantile(arr[:, 2], np.linspace(0, 1, 21))]))
-    best = (math.inf, 0.0, 0.0)
-    for i, d0 in enumerate(grid):
-        for d1 in grid[i:]:
-            w = np.clip((table[:, 2] - d0) / (d1 - d0), 0, 1) if d1 > d0 else (table[:, 2] > d0).astype(float)
-            err = float(np.mean(np.abs((1 - w) * table[:, 0] + w * table[:, 1] - table[:, 3])))
-            if err < best[0] - 1e-12:
-                best = (err, float(d0), float(d1))
-    return replace(base, d0=best[1], d1=best[2], rmse_shift=rmse)

@@ -153,6 +153,10 @@ class Judged:
 
     prediction: Prediction
     result: OracleResult
+    #: TDI rule (leaf) index of every sample, or None without TDIs
+    tdi_rules: np.ndarray | None = None
+    #: the flattened inputs the oracle read
+    features: np.ndarray | None = None
 
 
 def judge(
@@ -165,14 +169,15 @@ def judge(
 ) -> Judged:
     xp = x if prepared else model.prepare(x)
     pred = predict_with_progress(model, xp, "predict")
-    result = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge(
-        model.features(xp),
+    feats = model.features(xp)
+    result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(
+        feats,
         pred.probabilities,
         pred.labels,
         metadata=metadata or None,
         feature_names=bundle.feature_names,
     )
-    return Judged(pred, result)
+    return Judged(pred, result, rules, feats)
 
 
 def check_report(
@@ -182,7 +187,15 @@ def check_report(
     meta = {k: data.metadata[k] for k in metadata_fields} if metadata_fields else dict(data.metadata)
     judged = judge(model, bundle, data.x, meta)
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
-    stats = WindowStats.from_batch(judged.result.verdict, judged.prediction.confidences, cal)
+    stats = WindowStats.from_batch(
+        judged.result.verdict,
+        judged.prediction.confidences,
+        cal,
+        probabilities=judged.prediction.probabilities,
+        labels=judged.prediction.labels,
+        features=judged.features,
+        tdi_rules=judged.tdi_rules,
+    )
     estimates = estimate_all(stats, cal)
     report: dict[str, Any] = {
         "n": int(len(data)),

@@ -35,7 +35,7 @@ class Config:
     size: int = 1000
     pool_min: int = 3000
     seed: int = 0
-    shift_sets: int = 28
+    shift_sets: int = 88
     n_estimators: int = 100
 
 
@@ -126,6 +126,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         pool_x = np.ascontiguousarray(np.concatenate(parts).astype(test_x.dtype))
         pred = m.predict_batched(pool_x)
         correct = pred.labels == pool_y
+        pool_f = m.features(pool_x)
+        rules = tdi.rule_index(pool_f)
         judged = []
         for v in variants:
             meta = {"form": form_metadata(pool_y, v.idi_partitions)} if v.idi_partitions else None
@@ -143,7 +145,15 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                 idx = rr.integers(0, len(pool_y), cfg.size)
             truth = float(correct[idx].mean())
             for v, verdicts in zip(variants, judged, strict=True):
-                stats = WindowStats.from_batch(verdicts[idx], conf[idx], v.calibration)
+                stats = WindowStats.from_batch(
+                    verdicts[idx],
+                    conf[idx],
+                    v.calibration,
+                    probabilities=pred.probabilities[idx],
+                    labels=pred.labels[idx],
+                    features=pool_f[idx],
+                    tdi_rules=rules[idx],
+                )
                 for name, e in estimate_all(stats, v.calibration).items():
                     records.append(Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth))
         say(

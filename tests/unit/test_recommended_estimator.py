@@ -1,6 +1,9 @@
-"""Maths of the recommended ``shift_aware`` estimator: cells, distance, weight, interval, fitting."""
+"""Maths of the recommended ``shift_aware`` estimator: cells, input reference, additive window
+statistics, the JSON tree ensemble, fitting on labelled windows and the interval."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -9,11 +12,15 @@ from hypothesis import strategies as st
 
 from agent.estimators import (
     CONF_EDGES,
+    FULL_FEATURES,
     N_CELLS,
     N_CONF_BINS,
     RECOMMENDED_ESTIMATOR,
+    REDUCED_FEATURES,
     EstimatorCalibration,
+    InputReference,
     JudgedSet,
+    SampleExtras,
     ShiftCalibration,
     WindowStats,
     cell_counts,
@@ -22,31 +29,87 @@ from agent.estimators import (
     estimate_all,
     fit_shift_calibration,
     shift_aware,
-    shift_distance,
-    shift_weight,
+    window_features,
 )
+from agent.tree_ensemble import TreeEnsemble
+
+D = 6
+N_RULES = 5
+RNG_TRAIN = np.random.default_rng(42)
+TRAIN = RNG_TRAIN.normal(size=(400, D)) @ np.diag([3.0, 2.0, 1.0, 0.1, 0.1, 0.1])
+TRAIN_RULES = RNG_TRAIN.integers(0, N_RULES, 400)
 
 
-def _shift_cal(**kw: object) -> ShiftCalibration:
-    base: dict[str, object] = dict(
-        p_id=(0.3, 0.6, 0.8, 0.9, 0.97, 0.995),
-        n_id=(10, 20, 30, 40, 100, 300),
-        p_shift=tuple([0.2, 0.5, 0.7, 0.85, 0.95, 0.99] + [0.0] * 6 + [0.1] * 6 + [0.15] * 6),
-        n_shift=tuple([500] * N_CELLS),
-        clean_hist=(0.02, 0.04, 0.06, 0.08, 0.2, 0.6),
-        n_clean=500,
-        d0=0.05,
-        d1=0.25,
-        rmse_shift=0.1,
+def _reference() -> InputReference:
+    return InputReference.fit(
+        TRAIN,
+        TRAIN[:200],
+        per_feature_scale=True,
+        rule_label=[0, 1, 2, 0, 1],
+        rule_selected=[True, True, False, True, False],
+        train_rules=TRAIN_RULES,
+        components=3,
     )
-    base.update(kw)
-    return ShiftCalibration(**base)  # type: ignore[arg-type]
 
 
 def _cal(shift: ShiftCalibration | None) -> EstimatorCalibration:
     return EstimatorCalibration(
         tpr=0.8, fpr=0.05, n_wrong=20, n_right=480, accuracy=0.96, avg_conf=0.95, atc_threshold=0.6, shift=shift
     )
+
+
+def _batch(n: int, acc: float, shift: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A synthetic judged batch: the larger ``shift``, the further the inputs move off the training
+    manifold, the less confident the model and the more often the oracle fires."""
+    y = rng.integers(0, 3, n)
+    correct = rng.uniform(size=n) < acc
+    labels = np.where(correct, y, (y + 1) % 3)
+    conf = np.clip(
+        np.where(correct, rng.beta(20, 1, n), rng.beta(4, 2, n)) - 0.3 * shift * rng.uniform(size=n), 0.34, 1
+    )
+    probs = np.zeros((n, 3))
+    probs[np.arange(n), labels] = conf
+    probs[np.arange(n), (labels + 1) % 3] = 1 - conf
+    x = rng.normal(size=(n, D)) @ np.diag([3.0, 2.0, 1.0, 0.1, 0.1, 0.1])
+    x[:, 3:] += shift * rng.normal(size=(n, 3))
+    verdicts = np.where(rng.uniform(size=n) < np.where(correct, 0.05, 0.4), 2, 0)
+    rules = rng.integers(0, N_RULES, n)
+    return {
+        "y": y,
+        "correct": correct,
+        "labels": labels,
+        "conf": conf,
+        "probs": probs,
+        "x": x,
+        "v": verdicts,
+        "r": rules,
+    }
+
+
+def _judged(name: str, b: dict[str, np.ndarray], ref: InputReference) -> JudgedSet:
+    extras = SampleExtras.compute(b["probs"], b["labels"], b["x"], b["r"], ref)
+    return JudgedSet(name, b["v"], b["conf"], b["correct"], b["y"], extras)
+
+
+def _stats(b: dict[str, np.ndarray], cal: EstimatorCalibration, full: bool = True) -> WindowStats:
+    if not full:
+        return WindowStats.from_batch(b["v"], b["conf"], cal)
+    return WindowStats.from_batch(
+        b["v"], b["conf"], cal, probabilities=b["probs"], labels=b["labels"], features=b["x"], tdi_rules=b["r"]
+    )
+
+
+@pytest.fixture(scope="module")
+def fitted() -> ShiftCalibration:
+    rng = np.random.default_rng(0)
+    ref = _reference()
+    clean = _judged("clean", _batch(500, 0.95, 0.0, rng), ref)
+    shifted = [
+        _judged(fam, _batch(400, acc, s, rng), ref)
+        for fam in ("a", "b", "c", "d")
+        for acc, s in ((0.9, 0.5), (0.75, 1.0), (0.6, 2.0), (0.45, 3.0))
+    ]
+    return fit_shift_calibration(clean, shifted, ref, n_windows=400, folds=2)
 
 
 def test_cells_split_by_verdict_and_confidence() -> None:
@@ -58,110 +121,105 @@ def test_cells_split_by_verdict_and_confidence() -> None:
     assert sum(counts) == 3 and len(counts) == N_CELLS
 
 
-def test_distance_is_zero_on_the_calibration_histogram_and_grows_with_shift() -> None:
-    cal = _shift_cal()
-    same = np.array(cal.clean_hist) * 1000
-    assert shift_distance(same, cal) == 0.0
-    moved = np.array([0.2, 0.2, 0.2, 0.1, 0.1, 0.2]) * 1000
-    far = np.array([0.6, 0.2, 0.1, 0.05, 0.05, 0.0]) * 1000
-    assert 0 < shift_distance(moved, cal) < shift_distance(far, cal)
-    assert shift_weight(0.0, cal) == 0.0 and shift_weight(1.0, cal) == 1.0
-    assert shift_weight(0.15, cal) == pytest.approx(0.5)
+def test_tree_ensemble_matches_scikit_learn_and_round_trips_through_json() -> None:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = np.sin(x[:, 0]) + 0.5 * (x[:, 1] > 0) + 0.1 * rng.normal(size=300)
+    ens = TreeEnsemble.fit(x, y, n_trees=40, seed=1)
+    ref = GradientBoostingRegressor(n_estimators=40, max_depth=3, learning_rate=0.05, subsample=0.8, random_state=1)
+    ref.fit(x, y)
+    np.testing.assert_allclose(ens.predict(x), ref.predict(x), atol=1e-9)
+    back = TreeEnsemble.from_dict(json.loads(json.dumps(ens.to_dict())))
+    np.testing.assert_allclose(back.predict(x), ens.predict(x), atol=1e-12)
+    assert back.predict(x[0]).shape == (1,)
 
 
-def test_in_distribution_window_uses_the_confidence_calibration() -> None:
-    cal = _shift_cal()
-    by_bin = np.array(cal.clean_hist) * 1000
-    cells = np.zeros(N_CELLS)
-    cells[:N_CONF_BINS] = by_bin  # all pass
-    parts = shift_aware(cells.astype(int).tolist(), cal)
-    expected = float((by_bin * np.array(cal.p_id)).sum() / by_bin.sum())
-    assert parts.weight == 0.0
-    assert parts.estimate.value == pytest.approx(expected)
-    assert parts.estimate.lower < parts.estimate.value < parts.estimate.upper
-    assert parts.estimate.upper - parts.estimate.lower < 0.05
+def test_input_reference_scores_off_manifold_inputs_higher() -> None:
+    ref = _reference()
+    on = ref.pca_error(TRAIN[200:])
+    off = TRAIN[200:].copy()
+    off[:, 3:] += 2.0
+    assert ref.pca_error(off).mean() > 3 * on.mean()
+    assert len(ref.pca_edges) == 3 and list(ref.pca_edges) == sorted(ref.pca_edges)
+    assert sum(ref.leaf_ref) == pytest.approx(1.0)
+    back = InputReference.from_dict(json.loads(json.dumps(ref.to_dict())))
+    np.testing.assert_allclose(back.pca_error(off), ref.pca_error(off))
 
 
-def test_shifted_window_uses_the_cell_calibration_and_widens_the_interval() -> None:
-    cal = _shift_cal()
-    cells = np.zeros(N_CELLS, dtype=int)
-    cells[0] = 400  # pass, low confidence
-    cells[2 * N_CONF_BINS + 0] = 300  # fail:tdi, low confidence
-    cells[5] = 300
-    parts = shift_aware(cells.tolist(), cal)
-    assert parts.weight == 1.0
-    assert parts.estimate.value == pytest.approx((400 * 0.2 + 300 * 0.1 + 300 * 0.99) / 1000)
-    width = parts.estimate.upper - parts.estimate.lower
-    assert width >= 2 * 1.96 * 0.1 - 1e-9  # the leave-one-corruption-out error is part of the interval
-
-
-def test_estimate_all_adds_shift_aware_only_with_a_shift_calibration() -> None:
-    v = np.array([0] * 90 + [2] * 10)
-    c = np.linspace(0.5, 1.0, 100)
-    without = estimate_all(WindowStats.from_batch(v, c, _cal(None)), _cal(None))
-    assert RECOMMENDED_ESTIMATOR not in without
-    cal = _cal(_shift_cal())
-    est = estimate_all(WindowStats.from_batch(v, c, cal), cal)
-    assert RECOMMENDED_ESTIMATOR in est
-    e = est[RECOMMENDED_ESTIMATOR]
-    assert 0 <= e.lower <= e.value <= e.upper <= 1 and e.n == 100
-
-
-def test_calibration_round_trips_through_json_dicts() -> None:
-    import json
-
-    cal = _cal(_shift_cal(families=("elastic", "gamma")))
-    back = EstimatorCalibration.from_dict(json.loads(json.dumps(cal.to_dict())))
-    assert back == cal
-    old = {k: v for k, v in cal.to_dict().items() if k != "shift"}
-    assert EstimatorCalibration.from_dict(old).shift is None
-
-
-@given(st.integers(1, 50), st.integers(1, 50), st.integers(0, 10_000))
-@settings(max_examples=30, deadline=None)
-def test_cells_are_additive_and_old_window_dicts_still_load(n1: int, n2: int, seed: int) -> None:
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(0, 10_000))
+@settings(max_examples=25, deadline=None)
+def test_window_stats_are_additive_with_the_optional_inputs(n1: int, n2: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    cal = _cal(_shift_cal())
-    v1, v2 = rng.integers(0, 4, n1), rng.integers(0, 4, n2)
-    c1, c2 = rng.uniform(0.1, 1, n1), rng.uniform(0.1, 1, n2)
-    a, b = WindowStats.from_batch(v1, c1, cal), WindowStats.from_batch(v2, c2, cal)
-    both = WindowStats.from_batch(np.r_[v1, v2], np.r_[c1, c2], cal)
-    assert (a + b).cells == both.cells
-    assert (both - b).cells == a.cells
-    old = both.to_dict()
-    del old["cells"]
-    assert sum(WindowStats.from_dict(old).cells) == 0
+    ref = _reference()
+    cal = _cal(None)
+    b1, b2 = _batch(n1, 0.8, 1.0, rng), _batch(n2, 0.6, 2.0, rng)
+    both = {k: np.concatenate([b1[k], b2[k]]) for k in b1}
+
+    def stats(b: dict[str, np.ndarray]) -> WindowStats:
+        ex = SampleExtras.compute(b["probs"], b["labels"], b["x"], b["r"], ref)
+        return WindowStats.of_samples(b["v"], b["conf"], cal.atc_threshold, ex, ref)
+
+    a, b, ab = stats(b1), stats(b2), stats(both)
+    s = a + b
+    assert s.cells == ab.cells and s.leaves == ab.leaves and s.pca_bins == ab.pca_bins
+    assert s.n_ext == ab.n_ext == n1 + n2 and s.tdi_agree == ab.tdi_agree and s.tdi_covered == ab.tdi_covered
+    assert s.pca_sum == pytest.approx(ab.pca_sum) and s.margin_sum == pytest.approx(ab.margin_sum)
+    d = ab - b
+    assert d.leaves == a.leaves and d.n_ext == a.n_ext and d.pca_bins == a.pca_bins
+    # an empty window adds like zero; dicts round-trip; old dicts without the new fields still load
+    assert (WindowStats() + a).leaves == a.leaves
+    assert WindowStats.from_dict(json.loads(json.dumps(ab.to_dict()))) == ab
+    old = {
+        k: v
+        for k, v in ab.to_dict().items()
+        if k in ("n", "fails", "fails_by_family", "conf_sum", "conf_sq_sum", "atc_above")
+    }
+    restored = WindowStats.from_dict(old)
+    assert restored.n_ext == 0 and sum(restored.cells) == 0
 
 
-def _synthetic_set(name: str, n: int, acc: float, conf_shift: float, rng: np.random.Generator) -> JudgedSet:
-    correct = rng.uniform(size=n) < acc
-    conf = np.clip(np.where(correct, rng.beta(20, 1, n), rng.beta(3, 2, n)) - conf_shift * rng.uniform(size=n), 0.1, 1)
-    verdicts = np.where(rng.uniform(size=n) < np.where(correct, 0.05, 0.4), 2, 0)
-    return JudgedSet(name, verdicts, conf, correct)
+def test_fit_recovers_accuracy_and_the_interval_covers(fitted: ShiftCalibration) -> None:
+    assert fitted.families == ("a", "b", "c", "d") and fitted.lofo_mae >= 0
+    assert list(fitted.q_full) == sorted(fitted.q_full, reverse=True)  # wider for lower accuracy
+    rng = np.random.default_rng(7)
+    cal = _cal(fitted)
+    for acc, shift, tol in ((0.95, 0.0, 0.04), (0.6, 2.0, 0.1)):
+        b = _batch(1000, acc, shift, rng)
+        truth = float(b["correct"].mean())
+        parts = shift_aware(_stats(b, cal), fitted)
+        assert parts.model == "full" and set(parts.features) == set(FULL_FEATURES)
+        assert abs(parts.estimate.value - truth) < tol
+        assert parts.estimate.lower <= truth <= parts.estimate.upper
 
 
-def test_fit_recovers_accuracy_on_clean_and_shifted_data() -> None:
-    rng = np.random.default_rng(0)
-    clean = _synthetic_set("clean", 600, 0.95, 0.0, rng)
-    shifted = [
-        _synthetic_set(fam, 600, acc, s, rng)
-        for fam in ("a", "b", "c")
-        for acc, s in ((0.9, 0.05), (0.7, 0.15), (0.5, 0.3))
-    ]
-    sc = fit_shift_calibration(clean, shifted)
-    assert sc.families == ("a", "b", "c") and sc.d0 <= sc.d1 and sc.rmse_shift >= 0
-    assert len(sc.p_shift) == N_CELLS and all(0 <= p <= 1 for p in sc.p_shift)
-    test_clean = _synthetic_set("clean", 2000, 0.95, 0.0, rng)
-    parts = shift_aware(cell_counts(test_clean.verdicts, test_clean.confidences), sc)
-    assert abs(parts.estimate.value - test_clean.correct.mean()) < 0.03
-    test_shift = _synthetic_set("x", 2000, 0.6, 0.25, rng)
-    parts = shift_aware(cell_counts(test_shift.verdicts, test_shift.confidences), sc)
-    assert parts.weight > 0.5
-    assert abs(parts.estimate.value - test_shift.correct.mean()) < 0.1
-    assert parts.estimate.lower <= test_shift.correct.mean() <= parts.estimate.upper
+def test_without_the_optional_inputs_the_reduced_model_is_used(fitted: ShiftCalibration) -> None:
+    rng = np.random.default_rng(8)
+    cal = _cal(fitted)
+    b = _batch(800, 0.95, 0.0, rng)
+    reduced = _stats(b, cal, full=False)
+    parts = shift_aware(reduced, fitted)
+    assert parts.model == "reduced" and set(parts.features) == set(REDUCED_FEATURES)
+    assert abs(parts.estimate.value - float(b["correct"].mean())) < 0.05
+    # a window mixing batches with and without the inputs falls back as well
+    mixed = reduced + _stats(_batch(100, 0.9, 0.5, rng), cal)
+    assert not window_features(mixed, fitted.reference)[1]
+    assert shift_aware(mixed, fitted).model == "reduced"
 
 
-def test_fit_without_shifted_sets_falls_back_to_the_confidence_calibration() -> None:
-    rng = np.random.default_rng(1)
-    sc = fit_shift_calibration(_synthetic_set("clean", 300, 0.9, 0.0, rng), [])
-    assert sc.d0 == sc.d1 == 1.0 and sc.families == ()
+def test_estimate_all_and_json_round_trip(fitted: ShiftCalibration) -> None:
+    rng = np.random.default_rng(9)
+    b = _batch(200, 0.9, 0.5, rng)
+    assert RECOMMENDED_ESTIMATOR not in estimate_all(_stats(b, _cal(None)), _cal(None))
+    cal = _cal(fitted)
+    e = estimate_all(_stats(b, cal), cal)[RECOMMENDED_ESTIMATOR]
+    assert 0 <= e.lower <= e.value <= e.upper <= 1 and e.n == 200
+    back = EstimatorCalibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.shift is not None
+    e2 = estimate_all(_stats(b, back), back)[RECOMMENDED_ESTIMATOR]
+    assert e2.value == pytest.approx(e.value) and e2.upper == pytest.approx(e.upper)
+    # bundles without a shift calibration, or with the older cell-table format, lose only this estimator
+    base = {k: v for k, v in cal.to_dict().items() if k != "shift"}
+    assert EstimatorCalibration.from_dict(base).shift is None
+    assert EstimatorCalibration.from_dict({**base, "shift": {"p_id": [0.5] * 6, "d0": 0.1}}).shift is None
