@@ -316,6 +316,20 @@ class JudgeWork:
     verdicts: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
+    #: The request id: its predictions are ``<request_id>:<index>`` (``None``: not recorded for labels).
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JudgedBatch:
+    """One request's judged predictions, as handed to :attr:`Pipeline.judged_taps`."""
+
+    rt: Runtime
+    request_id: str
+    timestamp: float
+    probabilities: np.ndarray
+    labels: np.ndarray
+    verdicts: np.ndarray
 
 
 class Pipeline:
@@ -334,6 +348,9 @@ class Pipeline:
         self.metrics = metrics
         #: Called with the features of every judged batch (e.g. the audits' live-input reservoir).
         self.taps: list[Callable[[np.ndarray], None]] = []
+        #: Called with every judged request that has an id (e.g. the prediction store for delayed
+        #: labels); runs under the judging lock, so it must only enqueue.
+        self.judged_taps: list[Callable[[JudgedBatch], None]] = []
         self.deferred_limit = deferred_limit
         self._pending: list[JudgeWork] = []
         self._pending_lock = threading.Lock()
@@ -351,9 +368,10 @@ class Pipeline:
         labels: np.ndarray,
         metadata: Mapping[str, Any] | None,
         inference_seconds: float | None,
+        request_id: str | None = None,
     ) -> np.ndarray:
         """Verdict indices (int8 ``[N]``) into :data:`invariants.oracle.VERDICTS`; windows/metrics updated."""
-        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds)
+        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds, request_id=request_id)
         with self._pending_lock:
             self._pending.append(work)
         self._complete(work)
@@ -370,9 +388,10 @@ class Pipeline:
         labels: np.ndarray,
         metadata: Mapping[str, Any] | None,
         inference_seconds: float | None,
+        request_id: str | None = None,
     ) -> None:
         """Queue a batch for the background judge (or judge it now when the queue is full)."""
-        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds)
+        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds, request_id=request_id)
         with self._wakeup:
             self._pending.append(work)
             if self._worker is not None and len(self._pending) <= self.deferred_limit:
@@ -478,6 +497,13 @@ class Pipeline:
             n = len(w.labels)
             w.verdicts = verdicts[start : start + n]
             start += n
+        if self.judged_taps:
+            now = time.time()
+            for w in works:
+                if w.request_id is not None and w.verdicts is not None:
+                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.labels, w.verdicts)
+                    for judged_tap in self.judged_taps:
+                        judged_tap(batch)
 
     # serve mode: one call does everything for a request
     def serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
@@ -492,11 +518,11 @@ class Pipeline:
         pred = rt.classifier.predict_prepared(x)
         inference_seconds = time.perf_counter() - t0
         features = rt.classifier.features(x)
-        if any(name == OUTPUT_VERDICT for name, _ in wanted):
-            verdicts = self.judge(rt, features, pred.probabilities, pred.labels, meta, inference_seconds)
-        else:  # the client does not wait for the verdicts: judge off the request path
-            self.judge_later(rt, features, pred.probabilities, pred.labels, meta, inference_seconds)
         rid = req.id or new_request_id()
+        if any(name == OUTPUT_VERDICT for name, _ in wanted):
+            verdicts = self.judge(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, rid)
+        else:  # the client does not wait for the verdicts: judge off the request path
+            self.judge_later(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, rid)
         produced = {
             OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, pred.probabilities, "FP32"),
             OUTPUT_LABEL: lambda: v2.tensor(OUTPUT_LABEL, pred.labels.astype(np.int64), "INT64"),
