@@ -19,7 +19,7 @@ import hmac
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -237,6 +237,9 @@ class AgentService:
         self.judging = asyncio.Event()
         self.judging.set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
+        #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels`).
+        self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
 
     # -- threads ----------------------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -254,6 +257,10 @@ class AgentService:
                 "fails_by_family": dict(stats.fails_by_family),
                 "estimates": {k: e.to_dict() for k, e in ests.items()},
             }
+        for section in self.estimate_sections:
+            for name, extra in section(rt, now).items():
+                if name in windows:
+                    windows[name].update(extra)
         return {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
             "headline": HEADLINE_ESTIMATOR,
@@ -323,7 +330,7 @@ class AgentService:
         rt = self.runtime
         probs = item.probabilities
         labels = probs.argmax(axis=1).astype(np.int64)
-        self.pipeline.judge(rt, rt.features(item.x), probs, labels, item.metadata, None)
+        self.pipeline.judge(rt, rt.features(item.x), probs, labels, item.metadata, None, item.id)
 
     async def _observe_worker(self) -> None:
         assert self.queue is not None
@@ -517,7 +524,8 @@ def _proxy_judge(
     if probs.shape[0] != n:
         raise UpstreamError(502, "bad_response", f"upstream returned {probs.shape[0]} predictions for {n} inputs")
     labels = probs.argmax(axis=1).astype(np.int64)
-    verdicts = svc.pipeline.judge(rt, rt.features(x), probs, labels, split_meta, seconds)
+    rid = req.id or resp.id or new_request_id()
+    verdicts = svc.pipeline.judge(rt, rt.features(x), probs, labels, split_meta, seconds, rid)
     upstream_outputs = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}
     computed = {
         OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, probs, "FP32"),
@@ -537,7 +545,6 @@ def _proxy_judge(
             out.append((v2.Tensor(t.name, t.datatype, t.shape, t.data), binary))
         else:
             out.append((computed[name](), binary))
-    rid = req.id or resp.id or new_request_id()
     params = {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float | bool)}
     params["icos_prediction_ids"] = prediction_ids(rid, n)
     return v2.encode_response(rt.name, rt.version, rid, out, params)
@@ -558,6 +565,11 @@ def _proxy_prepare(rt: Runtime, body: bytes, header_length: str | None) -> tuple
         [split.data], binary=req.used_binary, request_id=req.id, parameters=params
     )
     return req, meta, x, fwd_body, fwd_headers
+
+
+def _ids(request_id: str, n: int) -> list[str]:
+    """Prediction ids of an observed batch (as in ``icos_prediction_ids``), for delayed labels."""
+    return [f"{request_id}:{i}" for i in range(n)]
 
 
 def _build_router(svc: AgentService) -> APIRouter:
@@ -622,7 +634,8 @@ def _build_router(svc: AgentService) -> APIRouter:
         if event is None:
             item = await svc.run(decode_observation, rt, body, scores_output)
             svc.enqueue(item)
-            return json_response({"id": item.id, "accepted": int(item.x.shape[0])}, 202)
+            n = int(item.x.shape[0])
+            return json_response({"id": item.id, "accepted": n, "prediction_ids": _ids(item.id, n)}, 202)
         svc.metrics.observe_events.labels(event.kind).inc()
         if event.kind == REQUEST:
             value = await svc.run(decode_request_event, rt, event.data)
@@ -638,7 +651,8 @@ def _build_router(svc: AgentService) -> APIRouter:
                 400, "shape_mismatch", f"event {event.id}: {x.shape[0]} inputs but {probs.shape[0]} probability vectors"
             )
         svc.enqueue(ObserveItem(event.id, x, probs, meta, time.time()))
-        return json_response({"id": event.id, "paired": True, "accepted": int(x.shape[0])}, 202)
+        n = int(x.shape[0])
+        return json_response({"id": event.id, "paired": True, "accepted": n, "prediction_ids": _ids(event.id, n)}, 202)
 
     @r.get("/v1/estimates", summary="Live accuracy estimates per window with 95% intervals")
     async def estimates() -> Response:
