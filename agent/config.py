@@ -115,6 +115,30 @@ class StateConfig(_Section):
     flush_interval_seconds: float = Field(10.0, gt=0)
 
 
+class LabelsConfig(_Section):
+    """Delayed labels (:mod:`agent.labels`): the prediction store and recalibration."""
+
+    enabled: bool = True
+    max_predictions: int = Field(1_000_000, ge=100, le=100_000_000)
+    max_age: str = "7d"
+    flush_interval_seconds: float = Field(1.0, gt=0, le=600)
+    queue_limit: int = Field(100_000, ge=1000)
+    max_batch: int = Field(10_000, ge=1, le=1_000_000)
+    min_recalibration_samples: int = Field(200, ge=10)
+    auto_recalibrate_every: int | None = Field(None, ge=10)
+
+    @field_validator("max_age")
+    @classmethod
+    def _age(cls, v: str) -> str:
+        if parse_duration(v) < 1:
+            raise ValueError(f"{v!r} is shorter than one second")
+        return v.strip()
+
+    @property
+    def max_age_seconds(self) -> float:
+        return parse_duration(self.max_age)
+
+
 class AgentSettings(BaseSettings):
     """Every setting of the sidecar (see ``deploy/examples/agent.yaml`` for an annotated copy)."""
 
@@ -134,6 +158,7 @@ class AgentSettings(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    labels: LabelsConfig = Field(default_factory=LabelsConfig)
     state_dir: Path | None = None
     audits: AuditsConfig = Field(default_factory=AuditsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
