@@ -237,6 +237,7 @@ class AgentService:
         self.judging = asyncio.Event()
         self.judging.set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._state_ok = True
         #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
         #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels`).
         self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
@@ -351,13 +352,30 @@ class AgentService:
             self.pairer.expire(time.time())
             self.count_unmatched()
 
+    def save_state_guarded(self) -> bool:
+        """Save the windows; a failure (read-only or full state directory) is counted and logged once
+        per outage, never raised: serving goes on and the next flush retries."""
+        try:
+            self.save_state()
+        except Exception as exc:
+            self.metrics.state_write(False, time.time())
+            if self._state_ok:
+                log.error(
+                    "saving state failed; serving goes on, retrying every flush interval",
+                    extra={"state_dir": str(self.settings.state_dir), "error": f"{type(exc).__name__}: {exc}"},
+                )
+            self._state_ok = False
+            return False
+        self.metrics.state_write(True, time.time())
+        if not self._state_ok:
+            log.warning("saving state recovered", extra={"state_dir": str(self.settings.state_dir)})
+        self._state_ok = True
+        return True
+
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.state.flush_interval_seconds)
-            try:
-                await self.run(self.save_state)
-            except Exception:
-                log.exception("saving state failed")
+            await self.run(self.save_state_guarded)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -417,15 +435,21 @@ class AgentService:
             while not self.queue.empty():
                 item = self.queue.get_nowait()
                 arrays, meta = item.to_arrays()
-                self.store.add_pending("observe", arrays, meta)
+                try:
+                    self.store.add_pending("observe", arrays, meta)
+                except Exception as exc:
+                    self.metrics.state_write(False, time.time())
+                    log.error("an observed batch could not be saved", extra={"id": item.id, "error": str(exc)})
+                    continue
                 left += 1
             if left:
                 log.info("saved pending observed batches", extra={"batches": left})
         if self.upstream is not None:
             await self.upstream.aclose()
         if self.store is not None:
-            self.save_state()
-            self.store.close()
+            self.save_state_guarded()
+            with contextlib.suppress(Exception):
+                self.store.close()
             self.store = None
         if self._metrics_server is not None:
             server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server

@@ -40,6 +40,9 @@ DATATYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(object),
 }
 
+#: Default bound on the elements of one tensor, checked on its declared shape before anything is allocated.
+DEFAULT_MAX_ELEMENTS = 1 << 24
+
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 
 
@@ -136,6 +139,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         obj = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError("malformed_json", f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("malformed_json", "body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError("malformed_json", "body must be a JSON object")
     return obj, payload
@@ -150,6 +155,10 @@ def _shape(name: str, raw: object) -> list[int]:
 
 
 def _decode_bytes_elements(name: str, buf: memoryview, count: int) -> np.ndarray:
+    if count * 4 > len(buf):  # every element has a 4-byte length prefix: check before allocating
+        raise ProtocolError(
+            "binary_data", f"tensor {name!r}: {len(buf)} bytes cannot hold {count} BYTES elements"[:300]
+        )
     out = np.empty(count, dtype=object)
     pos, end = 0, len(buf)
     for i in range(count):
@@ -211,8 +220,23 @@ def _json_data(name: str, datatype: str, shape: list[int], data: object) -> np.n
     return arr.reshape(shape)
 
 
-def decode_tensors(items: object, payload: memoryview, what: str) -> tuple[list[Tensor], int]:
-    """Decode a list of V2 tensors (``inputs`` or ``outputs``); returns them and the payload bytes used."""
+def _check_elements(name: str, shape: list[int], max_elements: int | None) -> None:
+    if max_elements is not None and math.prod(shape) > max_elements:
+        raise ProtocolError(
+            "too_large",
+            f"tensor {name!r}: shape {shape} has more than {max_elements} elements (server.max_tensor_elements)"[:300],
+            status=413,
+        )
+
+
+def decode_tensors(
+    items: object, payload: memoryview, what: str, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS
+) -> tuple[list[Tensor], int]:
+    """Decode a list of V2 tensors (``inputs`` or ``outputs``); returns them and the payload bytes used.
+
+    A tensor whose shape holds more than ``max_elements`` elements is refused (413) before any
+    allocation.
+    """
     if not isinstance(items, list):
         raise ProtocolError("malformed_json", f"'{what}' must be a list of tensors")
     tensors: list[Tensor] = []
@@ -233,6 +257,7 @@ def decode_tensors(items: object, payload: memoryview, what: str) -> tuple[list[
         if datatype not in DATATYPES:
             raise ProtocolError("datatype", f"tensor {name!r}: datatype {datatype!r} is not supported")
         shape = _shape(name, item.get("shape"))
+        _check_elements(name, shape, max_elements)
         params = item.get("parameters") or {}
         if not isinstance(params, dict):
             raise ProtocolError("malformed_json", f"tensor {name!r}: 'parameters' must be an object")
@@ -270,8 +295,13 @@ def decode_tensors(items: object, payload: memoryview, what: str) -> tuple[list[
     return tensors, offset
 
 
-def decode_request(body: bytes, header_length: str | None = None) -> InferRequest:
-    """Decode an inference request (JSON, or binary extension when ``header_length`` is given)."""
+def decode_request(
+    body: bytes, header_length: str | None = None, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS
+) -> InferRequest:
+    """Decode an inference request (JSON, or binary extension when ``header_length`` is given).
+
+    ``max_elements`` bounds the element count of every tensor (413 ``too_large`` beyond it).
+    """
     obj, payload = split_body(body, header_length)
     params = obj.get("parameters") or {}
     if not isinstance(params, dict):
@@ -281,7 +311,7 @@ def decode_request(body: bytes, header_length: str | None = None) -> InferReques
         raise ProtocolError("malformed_json", "'id' must be a string")
     if "inputs" not in obj:
         raise ProtocolError("malformed_json", "request has no 'inputs'")
-    inputs, used = decode_tensors(obj["inputs"], payload, "inputs")
+    inputs, used = decode_tensors(obj["inputs"], payload, "inputs", max_elements=max_elements)
     if not inputs:
         raise ProtocolError("malformed_json", "'inputs' is empty")
     if used != len(payload):

@@ -22,6 +22,8 @@ Metric names (labels):
   ``icos_observe_queue_length``, ``icos_observe_rejected_total``,
   ``icos_observe_events_total{type}``, ``icos_observe_events_unmatched_total{reason}``.
 * ``icos_model_info{model,version,sha256}`` — constant 1.
+* ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
+  ``icos_state_last_write_timestamp_seconds`` — health of the state directory.
 """
 
 from __future__ import annotations
@@ -231,6 +233,21 @@ class AgentMetrics:
         self.model_info = Gauge(
             "icos_model_info", "The model being judged (constant 1).", ["model", "version", "sha256"], registry=registry
         )
+        self.state_write_failures = Counter(
+            "icos_state_write_failures",
+            "Failed writes of the state directory (read-only, full, unreadable); serving goes on.",
+            registry=registry,
+        )
+        self.state_writable = Gauge(
+            "icos_state_writable",
+            "1 when the last write of the state directory succeeded, 0 while writes fail.",
+            registry=registry,
+        )
+        self.state_last_write = Gauge(
+            "icos_state_last_write_timestamp_seconds",
+            "Unix time of the last successful write of the state directory.",
+            registry=registry,
+        )
         self._info_labels: tuple[str, str, str] | None = None
         self._cache: dict[tuple[str, str, int], _Children] = {}
 
@@ -290,6 +307,14 @@ class AgentMetrics:
                 self._cache.clear()
             self._cache[key] = c
         return c
+
+    def state_write(self, ok: bool, now: float) -> None:
+        """Record one attempt to write the state directory."""
+        self.state_writable.set(1 if ok else 0)
+        if ok:
+            self.state_last_write.set(now)
+        else:
+            self.state_write_failures.inc()
 
     def invalid(self, reason: str) -> None:
         self.invalid_requests.labels(reason).inc()
