@@ -33,8 +33,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent import __version__, logs, v2
 from agent.audit_routes import AuditService
-from agent.config import AgentSettings, admin_token
+from agent.config import AgentSettings, admin_token, path_problem
 from agent.errors import UserError
+from agent.labels import LabelService
 from agent.model import InvalidInput
 from agent.model_source import fetch_model
 from agent.observe import (
@@ -577,7 +578,7 @@ def _proxy_judge(
 def _proxy_prepare(rt: Runtime, body: bytes, header_length: str | None) -> tuple[Any, ...]:
     from agent.pipeline import attach_metadata
 
-    req = v2.decode_request(body, header_length)
+    req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
     split = split_inputs(rt, req.inputs, req.parameters)
     x = rt.prepare(split.data.data)
     meta = attach_metadata(split, x.shape[0])
@@ -694,6 +695,15 @@ def _build_router(svc: AgentService) -> APIRouter:
                 raise ClientError(400, "malformed_json", "reload body must be JSON") from None
             if not isinstance(opts, dict) or set(opts) - {"model_path", "bundle_path", "version"}:
                 raise ClientError(400, "malformed_json", "reload body may hold model_path, bundle_path and version")
+        for key in ("model_path", "bundle_path", "version"):
+            value = opts.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ClientError(400, "malformed_json", f"reload: {key} must be a string")
+            if value is None or key == "version":
+                continue
+            problem = path_problem(value, svc.settings.security.allowed_roots)
+            if problem:
+                raise ClientError(403, "forbidden_path", f"reload refused, still serving the previous model: {problem}")
         try:
             rt = await svc.reload(opts.get("model_path"), opts.get("bundle_path"), opts.get("version"))
         except UserError as exc:
@@ -765,8 +775,10 @@ def create_app(
     rt = runtime or load_runtime(fetch_model(settings))
     svc = AgentService(settings, registry, rt)
     audits = AuditService(settings.audits, svc, settings.state_dir)
-    routers, on_startup = [*routers, audits.router()], [*on_startup, audits.start]
-    on_shutdown = [audits.stop, *on_shutdown]
+    labels = LabelService(settings.labels, svc, settings.state_dir)
+    routers = [*routers, audits.router(), labels.router()]
+    on_startup = [*on_startup, audits.start, labels.start]
+    on_shutdown = [labels.stop, audits.stop, *on_shutdown]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -788,6 +800,7 @@ def create_app(
     )
     app.state.agent = svc
     app.state.audits = audits
+    app.state.labels = labels
     app.state.registry = registry
     app.state.settings = settings
     _install_error_handlers(app, svc)

@@ -63,6 +63,7 @@ class ServerConfig(_Section):
     metrics_port: int | None = Field(None, ge=1, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1024, ge=1)
+    max_tensor_elements: int = Field(1 << 24, ge=1)
     threads: int = Field(8, ge=1, le=256)
     graceful_timeout_seconds: float = Field(20.0, gt=0)
     access_log: bool = False
@@ -115,6 +116,13 @@ class StateConfig(_Section):
     flush_interval_seconds: float = Field(10.0, gt=0)
 
 
+class SecurityConfig(_Section):
+    """``allowed_roots``: when not empty, every model, bundle and audit data path (in the file and in
+    reload requests) must lie under one of these directories after symlinks are resolved."""
+
+    allowed_roots: list[Path] = Field(default_factory=list)
+
+
 class LabelsConfig(_Section):
     """Delayed labels (:mod:`agent.labels`): the prediction store and recalibration."""
 
@@ -158,6 +166,7 @@ class AgentSettings(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
     labels: LabelsConfig = Field(default_factory=LabelsConfig)
     state_dir: Path | None = None
     audits: AuditsConfig = Field(default_factory=AuditsConfig)
@@ -243,6 +252,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             text = p.read_text(encoding="utf-8")
         except FileNotFoundError as exc:
             raise UserError(f"config file not found: {p}") from exc
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{source}: not UTF-8 text (byte {exc.start})") from None
         except OSError as exc:
             raise UserError(f"cannot read config file {p}: {exc.strerror}") from exc
         try:
@@ -251,6 +262,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark is not None else ""
             raise UserError(f"{source}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+        except RecursionError:
+            raise UserError(f"{source}: not valid YAML: nested too deeply") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -273,7 +286,35 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         raise UserError(format_validation_error(exc, src)) from exc
     if base is not None:
         settings = _resolve_paths(settings, base)
+    for what, target in configured_paths(settings):
+        problem = path_problem(target, settings.security.allowed_roots)
+        if problem:
+            raise UserError(f"{source}: {what}: {problem}")
     return settings
+
+
+def path_problem(path: str | os.PathLike[str], roots: list[Path]) -> str | None:
+    """Why ``path`` is not allowed by ``security.allowed_roots`` (``None`` when it is, or when no
+    roots are configured). Symlinks are resolved first, so a link cannot lead out of a root."""
+    if not roots:
+        return None
+    real = Path(os.path.realpath(path))
+    for root in roots:
+        r = Path(os.path.realpath(root))
+        if real == r or real.is_relative_to(r):
+            return None
+    return f"{path} is outside security.allowed_roots ({', '.join(str(r) for r in roots)})"
+
+
+def configured_paths(s: AgentSettings) -> list[tuple[str, Path]]:
+    """``(field, path)`` of every file the agent reads: model, bundle, audit data."""
+    out = [(f, p) for f, p in (("model.path", s.model.path), ("bundle.path", s.bundle.path)) if p is not None]
+    if s.audits.reference is not None and s.audits.reference.path is not None:
+        out.append(("audits.reference.path", s.audits.reference.path))
+    for kind, job in s.audits.jobs().items():
+        if job.data is not None and job.data.path is not None:
+            out.append((f"audits.{kind}.data.path", job.data.path))
+    return out
 
 
 def _resolve_paths(s: AgentSettings, base: Path) -> AgentSettings:
@@ -283,5 +324,6 @@ def _resolve_paths(s: AgentSettings, base: Path) -> AgentSettings:
     s.model.path = fix(s.model.path)
     s.bundle.path = fix(s.bundle.path)
     s.state_dir = fix(s.state_dir)
+    s.security.allowed_roots = [r if r.is_absolute() else base / r for r in s.security.allowed_roots]
     s.audits.resolve_paths(base)
     return s

@@ -113,7 +113,7 @@ def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> O
     if not isinstance(params, dict):
         raise ProtocolError("malformed_json", "'metadata' must be an object")
     if isinstance(raw_inputs, list) and raw_inputs and isinstance(raw_inputs[0], dict):
-        tensors, _ = v2.decode_tensors(raw_inputs, memoryview(b""), "inputs")
+        tensors, _ = v2.decode_tensors(raw_inputs, memoryview(b""), "inputs", max_elements=rt.max_elements)
     else:
         tensors = [v2.tensor("input", _nested("inputs", raw_inputs).astype(np.float32), "FP32")]
     # Per-sample metadata given as lists in "metadata" become BYTES-like tensors.
@@ -131,7 +131,7 @@ def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> O
     if "probabilities" in obj:
         probs = rt.to_probabilities(_nested("probabilities", obj["probabilities"]), "'probabilities'")
     elif "outputs" in obj:
-        outs, _ = v2.decode_tensors(obj["outputs"], memoryview(b""), "outputs")
+        outs, _ = v2.decode_tensors(obj["outputs"], memoryview(b""), "outputs", max_elements=rt.max_elements)
         probs = _probabilities(rt, outs, scores_output, "observation")
     else:
         raise ProtocolError("malformed_json", "observation has neither 'probabilities' nor 'outputs'")
@@ -189,7 +189,7 @@ def decode_request_event(rt: Runtime, data: bytes) -> tuple[np.ndarray, dict[str
     if "instances" in obj:
         split = split_inputs(rt, [v2.tensor("input", _nested("instances", obj["instances"]).astype(np.float32))], {})
     else:
-        req = v2.decode_request(data)
+        req = v2.decode_request(data, max_elements=rt.max_elements)
         split = split_inputs(rt, req.inputs, req.parameters)
     return _prepare(rt, split)
 

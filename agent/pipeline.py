@@ -72,6 +72,8 @@ class Runtime:
     bundle_path: str | None = None
     #: The oracle for batches without metadata: IDI rules that only read metadata cannot fire then.
     oracle_no_metadata: CompiledOracle | None = None
+    #: Bound on the elements of one request tensor (``server.max_tensor_elements``).
+    max_elements: int = v2.DEFAULT_MAX_ELEMENTS
 
     @property
     def identity(self) -> str:
@@ -208,6 +210,7 @@ def load_runtime(
         bundle_digest=_file_sha256(manifest) if manifest.is_file() else bundle.model_sha256,
         scores_kind=m.scores_kind,
         max_batch=settings.server.max_batch,
+        max_elements=settings.server.max_tensor_elements,
         model_path=str(mpath) if mpath else None,
         bundle_path=str(bpath),
     )
@@ -508,7 +511,7 @@ class Pipeline:
     # serve mode: one call does everything for a request
     def serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         assert rt.classifier is not None
-        req = v2.decode_request(body, header_length)
+        req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
         split = split_inputs(rt, req.inputs, req.parameters)
         wanted = resolve_outputs(req.outputs, SERVE_OUTPUTS, req.binary_output)
         x = rt.prepare(split.data.data)
