@@ -6,5 +6,6 @@ COMMAND_MODULES = (
     "agent.commands.check",
     "agent.commands.serve",
     "agent.commands.audit",
+    "agent.commands.labels",
     "agent.commands.demo",
 )

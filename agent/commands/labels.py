@@ -1,0 +1,129 @@
+"""``icos-agent labels``: send delayed true labels from a CSV or JSON-lines file to a running agent.
+
+Each row names a prediction id (``<request id>:<index>``, as returned in ``icos_prediction_ids`` or
+``prediction_ids``) and its true class (an index or a class name). Rows are posted to
+``POST /v1/labels`` in chunks; the summary adds up the agent's answers (accepted, unknown,
+duplicate, invalid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agent.errors import UserError
+
+OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("labels", help="send delayed true labels (CSV or JSON lines) to a running agent")
+    p.add_argument("--url", required=True, help="the agent's base URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--file", required=True, help="labels: .csv (with a header) or .jsonl (one object per line)")
+    p.add_argument("--id-column", default="id", help="column / key of the prediction id (default: id)")
+    p.add_argument("--label-column", default="label", help="column / key of the true class (default: label)")
+    p.add_argument("--chunk-size", type=int, default=1000, help="labels per request (default: 1000)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default: 30)")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+def _label_value(text: str) -> int | str:
+    t = text.strip()
+    return int(t) if t.lstrip("-").isdigit() else t
+
+
+def read_labels(path: Path, id_column: str, label_column: str) -> Iterator[dict[str, Any]]:
+    """Rows ``{"id": ..., "label": ...}`` of a CSV (header row) or JSON-lines file."""
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".jsonl", ".ndjson"):
+        raise UserError(f"{path}: unsupported file type {suffix or '(none)'}; use .csv or .jsonl")
+    with path.open(encoding="utf-8", newline="") as f:
+        if suffix == ".csv":
+            reader = csv.DictReader(f)
+            missing = [c for c in (id_column, label_column) if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UserError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {reader.fieldnames})")
+            for row in reader:
+                yield {"id": row[id_column], "label": _label_value(row[label_column] or "")}
+            return
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise UserError(f"{path}:{lineno}: not a JSON object") from None
+            if not isinstance(obj, dict) or id_column not in obj or label_column not in obj:
+                raise UserError(f"{path}:{lineno}: needs the keys {id_column!r} and {label_column!r}")
+            yield {"id": obj[id_column], "label": obj[label_column]}
+
+
+def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def send_labels(
+    url: str, rows: Iterator[dict[str, Any]], *, chunk_size: int, timeout: float, progress: bool
+) -> dict[str, Any]:
+    """Post the rows in chunks; the summed counts and the first problems the agent reported."""
+    import httpx
+    from tqdm import tqdm
+
+    totals = dict.fromkeys(OUTCOMES, 0)
+    problems: list[dict[str, Any]] = []
+    endpoint = url.rstrip("/") + "/v1/labels"
+    bar = tqdm(desc="labels", unit="label", disable=not progress, leave=False, file=sys.stderr)
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            for chunk in _chunks(rows, chunk_size):
+                try:
+                    r = client.post(endpoint, json={"labels": chunk})
+                except httpx.HTTPError as exc:
+                    raise UserError(f"cannot reach the agent at {endpoint}: {exc}") from None
+                if r.status_code != 200:
+                    try:
+                        message = r.json().get("error", r.text)
+                    except ValueError:
+                        message = r.text
+                    raise UserError(f"{endpoint} answered {r.status_code}: {message}")
+                body = r.json()
+                for k in OUTCOMES:
+                    totals[k] += int(body.get(k, 0))
+                problems.extend(body.get("problems", [])[: max(0, 20 - len(problems))])
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+    return {**totals, "sent": sum(totals.values()), "problems": problems}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.chunk_size < 1:
+        raise UserError("--chunk-size must be at least 1")
+    path = Path(args.file)
+    if not path.is_file():
+        raise UserError(f"labels file not found: {path}")
+    rows = read_labels(path, args.id_column, args.label_column)
+    summary = send_labels(
+        args.url, rows, chunk_size=args.chunk_size, timeout=args.timeout, progress=not (args.no_progress or args.json)
+    )
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{summary['sent']} labels sent: " + ", ".join(f"{summary[k]} {k}" for k in OUTCOMES))
+        for p in summary["problems"][:5]:
+            print(f"  {p.get('id')}: {p.get('error')}")
+    return 0

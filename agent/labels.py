@@ -1,0 +1,464 @@
+"""Delayed labels: true classes for earlier predictions, realized accuracy, estimator errors, recalibration.
+
+Every judged prediction has an id ``<request id>:<index>`` (V2 responses carry them in the parameter
+``icos_prediction_ids``, ``/v1/observe`` answers list them in ``prediction_ids``). The pipeline hands
+judged requests to a :class:`~agent.prediction_store.PredictionStore` (bounded, written off the
+request path). Later, true labels arrive by id:
+
+* ``POST /v1/labels`` ``{"labels": [{"id": "<request id>:<i>", "label": 3 | "cat"}, ...]}`` →
+  ``{"accepted": n, "unknown": n, "duplicate": n, "invalid": n, "problems": [...]}``. A label is a
+  class index or a class name. Unknown ids (never seen, evicted, or from a request not judged yet),
+  ids already labeled (the first label stays) and invalid entries are counted, never fatal; at most
+  ``labels.max_batch`` labels per request.
+* ``GET /v1/labels`` — the store (size, labeled, queued), the calibration in use, the last
+  recalibration.
+* ``POST /v1/recalibrate`` (admin bearer token) — refits the estimator calibration (oracle TPR/FPR,
+  calibration accuracy and mean confidence, ATC threshold; the ``shift_aware`` part stays the
+  bundle's) from every stored labeled prediction of the current model and bundle, at least
+  ``labels.min_recalibration_samples`` of them with right and wrong ones among them (else 409), swaps
+  it into the runtime atomically, keeps it in the store (restored at restart for the same model and
+  bundle; a reload of the model or bundle discards it) and answers with the values before and after.
+  ``labels.auto_recalibrate_every`` (a label count) triggers the same automatically.
+
+Labeled predictions feed :class:`~agent.realized.RealizedWindows` by their prediction time; each
+window of ``GET /v1/estimates`` gains a ``realized`` section and Prometheus the realized metrics of
+:mod:`exporters.label_metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+
+from agent.config import LabelsConfig
+from agent.estimators import EstimatorCalibration
+from agent.pipeline import JudgedBatch, Runtime
+from agent.prediction_store import LabeledRows, PendingBatch, PredictionStore, StoreUnavailable
+from agent.realized import RealizedWindows, realized_window
+from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
+
+if TYPE_CHECKING:
+    from agent.app import AgentService
+
+log = logging.getLogger("icos_agent.labels")
+
+MAX_ID_LENGTH = 512
+MAX_PROBLEMS = 20
+#: Fields of :class:`EstimatorCalibration` refitted from labels (``shift`` stays the bundle's).
+REFITTED_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
+
+
+class RecalibrationRefused(Exception):
+    """Recalibration is not possible now (too few labels, or only right / only wrong predictions)."""
+
+
+def resolve_label(value: object, classes: list[str]) -> int | None:
+    """A class index from a label given as an index (``3``) or a class name (``"cat"``, ``"3"``)."""
+    k = len(classes)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return value if 0 <= value < k else None
+    if isinstance(value, str):
+        if value in classes:
+            return classes.index(value)
+        text = value.strip()
+        if text.isdigit() and int(text) < k:
+            return int(text)
+    return None
+
+
+@dataclass
+class ParsedLabels:
+    labels: list[tuple[str, int]]
+    invalid: int
+    duplicate_in_request: list[str]
+    problems: list[dict[str, Any]]
+
+
+def parse_labels(obj: object, classes: list[str], max_batch: int) -> ParsedLabels:
+    """Validate a ``POST /v1/labels`` body; raises ``ValueError`` for a body that is not a label list."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("labels"), list):
+        raise ValueError('the body must be a JSON object {"labels": [{"id": "...", "label": ...}, ...]}')
+    entries = obj["labels"]
+    if len(entries) > max_batch:
+        raise OverflowError(f"{len(entries)} labels in one request; the limit is {max_batch} (labels.max_batch)")
+    seen: set[str] = set()
+    out = ParsedLabels([], 0, [], [])
+
+    def problem(i: int, pid: object, error: str) -> None:
+        if len(out.problems) < MAX_PROBLEMS:
+            out.problems.append({"index": i, "id": pid if isinstance(pid, str) else None, "error": error})
+
+    for i, e in enumerate(entries):
+        pid = e.get("id") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or not isinstance(pid, str) or not pid or len(pid) > MAX_ID_LENGTH:
+            out.invalid += 1
+            problem(i, pid, f"needs an 'id': a prediction id string of 1 to {MAX_ID_LENGTH} characters")
+            continue
+        label = resolve_label(e.get("label"), classes)
+        if label is None:
+            out.invalid += 1
+            problem(
+                i, pid, f"'label' {e.get('label')!r} is neither a class index 0..{len(classes) - 1} nor a class name"
+            )
+            continue
+        if pid in seen:
+            out.duplicate_in_request.append(pid)
+            problem(i, pid, "duplicate: this id appears earlier in the request")
+            continue
+        seen.add(pid)
+        out.labels.append((pid, label))
+    return out
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj, separators=(",", ":")), status_code=status, media_type="application/json")
+
+
+def _base(cal: EstimatorCalibration) -> dict[str, Any]:
+    return {k: getattr(cal, k) for k in REFITTED_FIELDS}
+
+
+class LabelService:
+    """The prediction store, the realized windows, ``/v1/labels`` and ``/v1/recalibrate`` of one agent."""
+
+    def __init__(self, config: LabelsConfig, agent: AgentService, state_dir: Path | None) -> None:
+        self.config = config
+        self.agent = agent
+        self.metrics = LabelMetrics(agent.registry)
+        agent.registry.register(RealizedCollector(self.snapshot))
+        self.store = PredictionStore(
+            state_dir,
+            max_predictions=config.max_predictions,
+            max_age_seconds=config.max_age_seconds,
+            queue_limit=config.queue_limit,
+            flush_interval=config.flush_interval_seconds,
+            on_error=lambda op: self.metrics.store_errors.labels(op).inc(),
+            on_drop=self.metrics.store_dropped.inc,
+        )
+        s = agent.settings
+        self.realized = RealizedWindows(s.window_seconds, s.windows.count, capacity=config.max_predictions)
+        self._identity = agent.runtime.identity
+        self._recalibrated: Runtime | None = None
+        self._recal_lock = asyncio.Lock()
+        self._since_recalibration = 0
+        self.last_recalibration: dict[str, Any] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+
+    # -- wiring -------------------------------------------------------------------------------------
+    def on_judged(self, batch: JudgedBatch) -> None:
+        """Pipeline tap (under the judging lock): queue the predictions for the writer."""
+        self.store.enqueue(
+            PendingBatch(
+                batch.request_id, batch.timestamp, batch.rt.identity, batch.probabilities, batch.labels, batch.verdicts
+            )
+        )
+
+    def _open(self) -> None:
+        self.store.open()
+        rt = self.agent.runtime
+        self.realized.reset(self._labeled(rt.identity))
+        saved = self._saved_calibration(rt)
+        if saved is not None:
+            self._install(rt, saved)
+            log.info("restored the calibration refitted from labels", extra={"identity": rt.identity})
+        self.metrics.set_store(self.store.rows, self.store.labeled)
+
+    def _labeled(self, identity: str) -> LabeledRows:
+        try:
+            return self.store.labeled_rows(identity, limit=self.config.max_predictions)
+        except StoreUnavailable:
+            return LabeledRows.empty()
+
+    def _saved_calibration(self, rt: Runtime) -> EstimatorCalibration | None:
+        try:
+            text = self.store.get_calibration(rt.identity)
+            if text is None:
+                return None
+            d = json.loads(text)["calibration"]
+            return EstimatorCalibration.from_dict(d).with_shift(rt.calibration.shift)
+        except Exception as exc:  # a damaged record only costs the refit
+            self.metrics.store_errors.labels("read").inc()
+            log.warning("ignoring a saved calibration that cannot be read", extra={"error": str(exc)})
+            return None
+
+    async def start(self, _app: FastAPI | None = None) -> None:
+        if not self.config.enabled:
+            return
+        await self.agent.run(self._open)
+        self.store.start()
+        self.agent.pipeline.judged_taps.append(self.on_judged)
+        self.agent.estimate_sections.append(self.estimate_section)
+        self._tasks.append(asyncio.create_task(self._watch_loop()))
+        self._started = True
+
+    async def stop(self, _app: FastAPI | None = None) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(self.agent.pipeline.flush)  # judge (and so store) deferred work
+        with contextlib.suppress(ValueError):
+            self.agent.pipeline.judged_taps.remove(self.on_judged)
+        with contextlib.suppress(ValueError):
+            self.agent.estimate_sections.remove(self.estimate_section)
+        await anyio.to_thread.run_sync(self.check_runtime)
+        await anyio.to_thread.run_sync(self.store.stop)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.agent.run(self.check_runtime)
+                self.metrics.set_store(self.store.rows, self.store.labeled)
+            except Exception:
+                log.exception("label bookkeeping failed")
+
+    def check_runtime(self) -> None:
+        """Follow reloads: realized windows restart for a new model or bundle; a refitted calibration
+        is discarded (and forgotten) once a reload has replaced the runtime carrying it."""
+        rt = self.agent.runtime
+        if rt.identity != self._identity:
+            self._identity = rt.identity
+            self.realized.reset(self._labeled(rt.identity))
+        done = self._recalibrated
+        if done is not None and rt is not done:
+            self._recalibrated = None
+            with contextlib.suppress(StoreUnavailable, Exception):
+                self.store.delete_calibration(done.identity)
+            log.info("reload: the calibration refitted from labels is discarded")
+
+    # -- labels -------------------------------------------------------------------------------------
+    def post_labels(self, body: bytes) -> dict[str, Any]:
+        """Apply a ``POST /v1/labels`` body (runs in a worker thread)."""
+        from agent.app import ClientError
+
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise ClientError(400, "malformed_json", "labels body is not valid JSON") from None
+        rt = self.agent.runtime
+        try:
+            parsed = parse_labels(obj, rt.classes, self.config.max_batch)
+        except OverflowError as exc:
+            raise ClientError(413, "too_large", str(exc)) from None
+        except ValueError as exc:
+            raise ClientError(400, "malformed_json", str(exc)) from None
+        self.check_runtime()
+        self.agent.pipeline.flush()  # predictions judged off the request path are judged now
+        self.store.flush()  # and written, so that a label right after its prediction finds it
+        try:
+            outcome = self.store.apply_labels(parsed.labels, time.time())
+        except StoreUnavailable as exc:
+            raise ClientError(503, "store_unavailable", str(exc)) from None
+        for identity, rows in outcome.accepted:
+            if identity == self._identity:
+                self.realized.add(rows)
+        counts = {
+            "accepted": outcome.n_accepted,
+            "unknown": len(outcome.unknown),
+            "duplicate": len(outcome.duplicate) + len(parsed.duplicate_in_request),
+            "invalid": parsed.invalid,
+        }
+        self.metrics.count_labels(counts)
+        self.metrics.set_store(self.store.rows, self.store.labeled)
+        problems = list(parsed.problems)
+        for kind, ids in (("unknown", outcome.unknown), ("duplicate", outcome.duplicate)):
+            for pid in ids[: max(0, MAX_PROBLEMS - len(problems))]:
+                text = "no stored prediction has this id" if kind == "unknown" else "already labeled"
+                problems.append({"id": pid, "error": f"{kind}: {text}"})
+        return {**counts, "problems": problems}
+
+    # -- recalibration ------------------------------------------------------------------------------
+    def refit(self, rt: Runtime) -> tuple[EstimatorCalibration, dict[str, Any]]:
+        """The calibration refitted from the stored labels of ``rt``'s model and bundle, and a report."""
+        self.store.flush()
+        rows = self.store.labeled_rows(rt.identity)
+        n, need = rows.n, self.config.min_recalibration_samples
+        if n < need:
+            raise RecalibrationRefused(
+                f"recalibration needs at least {need} labeled predictions of this model and bundle "
+                f"(labels.min_recalibration_samples); {n} are stored"
+            )
+        right = int(rows.correct.sum())
+        if right == 0 or right == n:
+            which = "right" if right == 0 else "wrong"
+            raise RecalibrationRefused(
+                f"the {n} labeled predictions hold no {which} prediction: the oracle's TPR and FPR need both"
+            )
+        old = rt.calibration
+        new = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0).with_shift(old.shift)
+        before, after = realized_window(rows, old), realized_window(rows, new)
+        assert before is not None and after is not None
+        report = {
+            "samples": n,
+            "before": _base(old),
+            "after": _base(new),
+            "labeled": {
+                "accuracy": before.accuracy.value,
+                "estimates_before": {k: e.value for k, e in before.estimates.items()},
+                "estimates_after": {k: e.value for k, e in after.estimates.items()},
+                "abs_error_before": before.abs_errors,
+                "abs_error_after": after.abs_errors,
+                "note": "after-values are in-sample: the calibration was fitted on these labeled predictions",
+            },
+        }
+        return new, report
+
+    def _install(self, rt: Runtime, calibration: EstimatorCalibration) -> Runtime:
+        new = replace(rt, calibration=calibration)
+        self.agent.runtime = new  # atomic swap; requests in flight keep the runtime they started with
+        self._recalibrated = new
+        return new
+
+    def _persist(self, identity: str, calibration: EstimatorCalibration, report: dict[str, Any]) -> bool:
+        record = {"calibration": _base(calibration), "samples": report["samples"], "created": time.time()}
+        try:
+            self.store.put_calibration(identity, json.dumps(record))
+            return True
+        except Exception as exc:
+            self.metrics.store_errors.labels("write").inc()
+            log.warning("the refitted calibration could not be saved", extra={"error": str(exc)})
+            return False
+
+    async def recalibrate(self, trigger: str) -> dict[str, Any]:
+        """Refit, swap and persist; raises :class:`RecalibrationRefused`."""
+        async with self._recal_lock:
+            await self.agent.run(self.check_runtime)
+            rt = self.agent.runtime
+            try:
+                new_cal, report = await self.agent.run(self.refit, rt)
+            except RecalibrationRefused:
+                self.metrics.recalibrations.labels(trigger, "refused").inc()
+                raise
+            if self.agent.runtime is not rt:
+                self.metrics.recalibrations.labels(trigger, "refused").inc()
+                raise RecalibrationRefused("the model was reloaded during recalibration; try again")
+            self._install(rt, new_cal)
+            self._since_recalibration = 0
+            report["persisted"] = await self.agent.run(self._persist, rt.identity, new_cal, report)
+            report.update({"recalibrated": True, "trigger": trigger, "timestamp": time.time()})
+            self.last_recalibration = report
+            self.metrics.recalibrations.labels(trigger, "applied").inc()
+            log.info(
+                "recalibrated from labels",
+                extra={"trigger": trigger, "samples": report["samples"], "tpr": new_cal.tpr, "fpr": new_cal.fpr},
+            )
+            return report
+
+    async def _auto_recalibrate(self) -> None:
+        try:
+            await self.recalibrate("auto")
+        except RecalibrationRefused as exc:
+            log.info("automatic recalibration refused", extra={"reason": str(exc)})
+        except Exception:
+            log.exception("automatic recalibration failed")
+
+    # -- read side ----------------------------------------------------------------------------------
+    def estimate_section(self, rt: Runtime, now: float) -> dict[str, dict[str, Any]]:
+        """``/v1/estimates``: the ``realized`` section of every window."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, w in self.realized.compute(rt.calibration, now).items():
+            out[name] = {"realized": w.to_dict() if w is not None else {"n": 0}}
+        return out
+
+    def snapshot(self) -> RealizedSnapshot | None:
+        if not self._started:
+            return None
+        rt = self.agent.runtime
+        points = []
+        for name, w in self.realized.compute(rt.calibration, time.time()).items():
+            if w is None:
+                points.append(RealizedPoint(name, 0, 0.0))
+            else:
+                points.append(RealizedPoint(name, w.n, w.accuracy.value, w.abs_errors, w.probability_errors.to_dict()))
+        return RealizedSnapshot(rt.name, rt.version, points)
+
+    def describe(self) -> dict[str, Any]:
+        rt = self.agent.runtime
+        return {
+            "enabled": self.config.enabled,
+            "store": {
+                "persistent": self.store.persistent,
+                "path": str(self.store.path) if self.store.path else None,
+                "predictions": self.store.rows,
+                "labeled": self.store.labeled,
+                "queued": self.store.queued,
+                "max_predictions": self.config.max_predictions,
+                "max_age": self.config.max_age,
+            },
+            "calibration": {
+                "source": "labels" if self._recalibrated is not None and rt is self._recalibrated else "bundle",
+                **_base(rt.calibration),
+            },
+            "min_recalibration_samples": self.config.min_recalibration_samples,
+            "auto_recalibrate_every": self.config.auto_recalibrate_every,
+            "last_recalibration": self.last_recalibration,
+        }
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+    def router(self) -> APIRouter:
+        from agent.app import ClientError, require_admin
+
+        r = APIRouter()
+        svc = self.agent
+
+        def enabled() -> None:
+            if not self._started:
+                raise ClientError(404, "labels_disabled", "delayed labels are disabled (labels.enabled: false)")
+
+        @r.post("/v1/labels", summary="Delayed labels: true classes for earlier predictions, by prediction id")
+        async def post_labels(request: Request) -> Response:
+            enabled()
+            body = await request.body()
+            result = await svc.run(self.post_labels, body)
+            every = self.config.auto_recalibrate_every
+            self._since_recalibration += int(result["accepted"])
+            if every and self._since_recalibration >= every and not self._recal_lock.locked():
+                self._since_recalibration = 0
+                self._tasks.append(asyncio.create_task(self._auto_recalibrate()))
+                self._tasks = [t for t in self._tasks if not t.done()]
+            return _json(result)
+
+        @r.get("/v1/labels", summary="Delayed labels: prediction store, calibration in use, last recalibration")
+        async def get_labels() -> Response:
+            enabled()
+            await svc.run(self.check_runtime)
+            return _json(self.describe())
+
+        @r.post("/v1/recalibrate", summary="Admin: refit the estimator calibration from delayed labels (bearer token)")
+        async def recalibrate(request: Request) -> Response:
+            require_admin(request)
+            enabled()
+            try:
+                report = await self.recalibrate("manual")
+            except RecalibrationRefused as exc:
+                raise ClientError(409, "recalibration_refused", str(exc)) from None
+            except StoreUnavailable as exc:
+                raise ClientError(503, "store_unavailable", str(exc)) from None
+            return _json(report)
+
+        return r
+
+
+__all__ = ["LABEL_OUTCOMES", "LabelService", "RecalibrationRefused", "parse_labels", "resolve_label"]

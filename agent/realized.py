@@ -1,0 +1,181 @@
+"""Realized accuracy from delayed labels, over the same windows as the live estimates.
+
+A labeled prediction belongs to a window by its *prediction* time (not the label's arrival time):
+"the realized accuracy of the last hour" is the accuracy of the predictions made in the last hour
+that have been labeled so far. The count window ``last<N>`` holds the ``N`` most recent labeled
+predictions (by prediction time).
+
+For every window, :class:`RealizedWindows` reports on the labeled predictions in it:
+
+* the realized accuracy (share of correct predictions) with its Wilson 95% interval;
+* every estimator computed on *the same labeled predictions* (their verdicts and confidences, with
+  the runtime's calibration), and its absolute error ``|estimate − realized accuracy|`` — the
+  comparison is between equal sets of predictions;
+* the model's probabilistic error against the one-hot truth, with the instruments BenchMetrics Prob
+  (Canbek 2023, §5 and Appendix B, Table 10) finds robust: MAE = mean |c − p|, MSE = mean (c − p)²,
+  RMSE = √MSE, the mean running over every instance and class (for two classes this is the paper's
+  binary definition). The paper's less robust instruments (LogLoss, percentage errors, median or
+  geometric-mean summaries) are deliberately absent. This is the definition of
+  ``agent.audits.mutation.probability_errors`` too.
+
+The labeled samples are kept in memory (at most ``capacity``, the newest by prediction time, and
+only those a window can still hold); statistics are recomputed when read (cached for a second).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all, wilson
+from agent.prediction_store import LabeledRows
+from agent.windows import count_window_name
+
+
+@dataclass(frozen=True)
+class ProbabilityErrors:
+    """MAE, MSE and RMSE of probabilities against one-hot truth (BenchMetrics Prob's robust instruments)."""
+
+    mae: float
+    mse: float
+    rmse: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mae": self.mae, "mse": self.mse, "rmse": self.rmse}
+
+
+def probability_errors(abs_err: np.ndarray, sq_err: np.ndarray, n_classes: np.ndarray) -> ProbabilityErrors:
+    """From per-prediction sums over classes: MAE = Σ|c−p| / ΣK, MSE = Σ(c−p)² / ΣK, RMSE = √MSE."""
+    cells = float(np.sum(n_classes))
+    if cells <= 0:
+        return ProbabilityErrors(0.0, 0.0, 0.0)
+    mse = float(np.sum(sq_err)) / cells
+    return ProbabilityErrors(float(np.sum(abs_err)) / cells, mse, math.sqrt(mse))
+
+
+@dataclass(frozen=True)
+class RealizedWindow:
+    """Realized accuracy of the labeled predictions of one window, and how the estimators did on them."""
+
+    n: int
+    correct: int
+    accuracy: Estimate
+    estimates: dict[str, Estimate] = field(default_factory=dict)
+    abs_errors: dict[str, float] = field(default_factory=dict)
+    probability_errors: ProbabilityErrors = ProbabilityErrors(0.0, 0.0, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "correct": self.correct,
+            "accuracy": self.accuracy.to_dict(),
+            "estimates": {k: e.to_dict() for k, e in self.estimates.items()},
+            "abs_error": dict(self.abs_errors),
+            "probability_error": self.probability_errors.to_dict(),
+        }
+
+
+def realized_window(rows: LabeledRows, calibration: EstimatorCalibration) -> RealizedWindow | None:
+    """The realized statistics of a set of labeled predictions (``None`` when empty)."""
+    n = rows.n
+    if n == 0:
+        return None
+    correct = int(np.sum(rows.correct))
+    acc = correct / n
+    lo, hi = wilson(correct, n)
+    stats = WindowStats.from_batch(rows.verdict, rows.confidence, calibration)
+    ests = estimate_all(stats, calibration)
+    return RealizedWindow(
+        n=n,
+        correct=correct,
+        accuracy=Estimate(acc, lo, hi, n),
+        estimates=ests,
+        abs_errors={k: abs(e.value - acc) for k, e in ests.items()},
+        probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
+    )
+
+
+def _take(rows: LabeledRows, idx: np.ndarray) -> LabeledRows:
+    return LabeledRows(*(getattr(rows, f)[idx] for f in LabeledRows.__dataclass_fields__))
+
+
+def _concat(parts: list[LabeledRows]) -> LabeledRows:
+    if not parts:
+        return LabeledRows.empty()
+    if len(parts) == 1:
+        return parts[0]
+    return LabeledRows(*(np.concatenate([getattr(p, f) for p in parts]) for f in LabeledRows.__dataclass_fields__))
+
+
+class RealizedWindows:
+    """Labeled predictions of one model, kept for the time windows and the count window (thread-safe)."""
+
+    def __init__(self, time_windows: Mapping[str, float], count: int | None, capacity: int) -> None:
+        self.time = dict(time_windows)
+        self.count = count
+        self.count_name = count_window_name(count) if count else None
+        self.capacity = int(capacity)
+        self._parts: list[LabeledRows] = []
+        self._lock = threading.Lock()
+        self._version = 0
+        self._cache: tuple[tuple[int, EstimatorCalibration, int], dict[str, RealizedWindow | None]] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.time, *([self.count_name] if self.count_name else [])]
+
+    def add(self, rows: LabeledRows) -> None:
+        if rows.n == 0:
+            return
+        with self._lock:
+            self._parts.append(rows)
+            self._version += 1
+
+    def reset(self, rows: LabeledRows | None = None) -> None:
+        with self._lock:
+            self._parts = [rows] if rows is not None and rows.n else []
+            self._version += 1
+
+    def _compact(self, now: float) -> LabeledRows:
+        """All kept samples sorted by prediction time, pruned to what a window can hold (lock held)."""
+        rows = _concat(self._parts)
+        if rows.n == 0:
+            return rows
+        order = np.argsort(rows.timestamp, kind="stable")
+        keep = np.zeros(rows.n, dtype=bool)
+        if self.time:
+            keep |= rows.timestamp[order] >= now - max(self.time.values())
+        if self.count:
+            keep[-self.count :] = True
+        idx = order[keep][-self.capacity :]
+        rows = _take(rows, idx)
+        self._parts = [rows]
+        return rows
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return sum(p.n for p in self._parts)
+
+    def compute(self, calibration: EstimatorCalibration, now: float) -> dict[str, RealizedWindow | None]:
+        """Per window name, its :class:`RealizedWindow` (``None`` when it holds no labeled prediction)."""
+        key = (self._version, calibration, int(now))
+        cached = self._cache
+        if cached is not None and cached[0][0] == key[0] and cached[0][1] is calibration and cached[0][2] == key[2]:
+            return cached[1]
+        with self._lock:
+            rows = self._compact(now)
+        out: dict[str, RealizedWindow | None] = {}
+        for name, seconds in self.time.items():
+            out[name] = realized_window(_take(rows, np.flatnonzero(rows.timestamp >= now - seconds)), calibration)
+        if self.count and self.count_name:
+            out[self.count_name] = realized_window(
+                _take(rows, np.arange(max(rows.n - self.count, 0), rows.n)), calibration
+            )
+        self._cache = (key, out)
+        return out

@@ -1,0 +1,146 @@
+"""Prometheus metrics of delayed labels (namespace ``icos_``, bounded labels, no prediction ids).
+
+Counters (:class:`LabelMetrics`):
+
+* ``icos_labels_total{outcome}`` — labels received: ``accepted``, ``unknown`` (no stored prediction
+  with that id: never seen, evicted, or not yet written), ``duplicate`` (already labeled, or repeated
+  in one request) or ``invalid`` (no id, or a label that is not a class).
+* ``icos_prediction_store_dropped_total`` — predictions not stored because the writer queue was full.
+* ``icos_prediction_store_errors_total{operation}`` — failures of the prediction store (``open``,
+  ``write``, ``read``); inference goes on.
+* ``icos_recalibrations_total{trigger,outcome}`` — ``trigger`` ``manual``/``auto``, ``outcome``
+  ``applied``/``refused``.
+* ``icos_prediction_store_predictions{state}`` — stored predictions, ``all`` and ``labeled``.
+
+At scrape time (:class:`RealizedCollector`, from a snapshot function), per window:
+
+* ``icos_realized_accuracy_ratio{model,version,window}`` — accuracy of the labeled predictions;
+* ``icos_labeled_samples{model,version,window}`` — labeled predictions behind it;
+* ``icos_estimator_abs_error_ratio{model,version,estimator,window}`` — |estimate − realized
+  accuracy|, the estimate computed on the same labeled predictions;
+* ``icos_probability_error_ratio{model,version,window,metric}`` — ``mae``/``mse``/``rmse`` of the
+  model's probabilities against the one-hot truth (dimensionless, in [0, 1]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
+PROBABILITY_METRICS = ("mae", "mse", "rmse")
+
+
+@dataclass(frozen=True)
+class RealizedPoint:
+    """The realized statistics of one window."""
+
+    window: str
+    n: int
+    accuracy: float
+    abs_errors: Mapping[str, float] = field(default_factory=dict)
+    probability_errors: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RealizedSnapshot:
+    model: str
+    version: str
+    windows: Sequence[RealizedPoint]
+
+
+class RealizedCollector(Collector):
+    """Exports realized accuracy and estimator errors computed at scrape time (``None`` → nothing)."""
+
+    def __init__(self, snapshot: Callable[[], RealizedSnapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        if snap is None:
+            return
+        mv = [snap.model, snap.version]
+        acc = GaugeMetricFamily(
+            "icos_realized_accuracy_ratio",
+            "Accuracy of the labeled predictions of the window (delayed labels).",
+            labels=["model", "version", "window"],
+        )
+        samples = GaugeMetricFamily(
+            "icos_labeled_samples",
+            "Labeled predictions in the window behind the realized accuracy.",
+            labels=["model", "version", "window"],
+        )
+        err = GaugeMetricFamily(
+            "icos_estimator_abs_error_ratio",
+            "Absolute error of each estimator against the realized accuracy, on the same labeled predictions.",
+            labels=["model", "version", "estimator", "window"],
+        )
+        prob = GaugeMetricFamily(
+            "icos_probability_error_ratio",
+            "MAE, MSE and RMSE of the model's probabilities against the one-hot truth (labeled predictions).",
+            labels=["model", "version", "window", "metric"],
+        )
+        for w in snap.windows:
+            samples.add_metric([*mv, w.window], w.n)
+            if w.n <= 0:
+                continue
+            acc.add_metric([*mv, w.window], w.accuracy)
+            for est, value in w.abs_errors.items():
+                err.add_metric([*mv, est, w.window], value)
+            for metric in PROBABILITY_METRICS:
+                if metric in w.probability_errors:
+                    prob.add_metric([*mv, w.window, metric], w.probability_errors[metric])
+        yield acc
+        yield samples
+        yield err
+        yield prob
+
+
+class LabelMetrics:
+    """Counters and gauges of the prediction store and the labels endpoint, on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.labels = Counter("icos_labels", "Delayed labels received, by outcome.", ["outcome"], registry=registry)
+        for outcome in LABEL_OUTCOMES:
+            self.labels.labels(outcome)
+        self.store_dropped = Counter(
+            "icos_prediction_store_dropped",
+            "Predictions not stored for delayed labels because the writer queue was full.",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "icos_prediction_store_errors",
+            "Failures of the prediction store (open, write, read); inference is not affected.",
+            ["operation"],
+            registry=registry,
+        )
+        for op in ("open", "write", "read"):
+            self.store_errors.labels(op)
+        self.recalibrations = Counter(
+            "icos_recalibrations",
+            "Estimator recalibrations from delayed labels, by trigger and outcome.",
+            ["trigger", "outcome"],
+            registry=registry,
+        )
+        self.store_predictions = Gauge(
+            "icos_prediction_store_predictions",
+            "Predictions kept for delayed labels (all, labeled).",
+            ["state"],
+            registry=registry,
+        )
+
+    def count_labels(self, counts: Mapping[str, int]) -> None:
+        for outcome, n in counts.items():
+            if n:
+                self.labels.labels(outcome).inc(n)
+
+    def set_store(self, rows: int, labeled: int) -> None:
+        self.store_predictions.labels("all").set(rows)
+        self.store_predictions.labels("labeled").set(labeled)
