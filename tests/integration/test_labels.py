@@ -76,7 +76,7 @@ def send_traffic(url: str, x: np.ndarray, batch: int = 100, prefix: str = "req")
     }
 
 
-def post_labels(url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+def post_labels(url: str, entries: list[Any]) -> dict[str, Any]:
     r = httpx.post(f"{url}/v1/labels", json={"labels": entries}, timeout=30)
     assert r.status_code == 200, r.text
     return dict(r.json())
@@ -116,8 +116,8 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
 
     # labels for the first 600 predictions that came back with their verdicts
     idx = np.arange(600)
-    entries = [{"id": str(traffic["ids"][i]), "label": int(y[i])} for i in idx]
-    extra = [
+    entries: list[Any] = [{"id": str(traffic["ids"][i]), "label": int(y[i])} for i in idx]
+    extra: list[Any] = [
         {"id": "nope:0", "label": 1},  # unknown
         {"id": "req-0:999", "label": 1},  # unknown (the batch had 100 predictions)
         entries[0],  # duplicate in the same request
