@@ -127,7 +127,7 @@ class LabelsConfig(_Section):
     """Delayed labels (:mod:`agent.labels`): the prediction store and recalibration."""
 
     enabled: bool = True
-    max_predictions: int = Field(1_000_000, ge=100, le=100_000_000)
+    max_predictions: int = Field(200_000, ge=100, le=100_000_000)
     max_age: str = "7d"
     flush_interval_seconds: float = Field(1.0, gt=0, le=600)
     queue_limit: int = Field(100_000, ge=1000)

@@ -1,0 +1,108 @@
+"""The demo's invariants: load the bundle cached in the state directory, or fit it (as
+``icos-agent fit`` does) and describe the fit for the MLflow run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.data_io import Dataset
+from agent.datasets import Splits
+from agent.model import OnnxClassifier
+from invariants.bundle import Bundle, BundleError
+
+BUNDLE_DIR = "bundle"
+FIT_SUMMARY = "fit-summary.json"
+#: Fit parameters of the demo (those of ``icos-agent fit``'s defaults).
+FIT_PARAMS: dict[str, Any] = {"confidence": 0.99, "support": 8, "calibration_fraction": 0.3, "trees": 100}
+
+
+@dataclass
+class FitOutcome:
+    """The bundle, whether it was fitted in this run, and the fit's summary (as ``fit --json``)."""
+
+    bundle: Bundle
+    bundle_dir: Path
+    fitted: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+def load_or_fit(
+    model: OnnxClassifier,
+    splits: Splits,
+    state_dir: Path,
+    *,
+    refit: bool,
+    seed: int,
+    say: Callable[[str], None],
+) -> FitOutcome:
+    """The bundle in ``<state_dir>/bundle`` if it fits ``model``, else a new fit saved there."""
+    bundle_dir = state_dir / BUNDLE_DIR
+    summary_path = state_dir / FIT_SUMMARY
+    if not refit and (bundle_dir / "manifest.json").exists():
+        try:
+            bundle = Bundle.load(bundle_dir, expected_model_sha256=model.sha256)
+        except BundleError as exc:
+            print(f"the bundle in {bundle_dir} is not usable ({exc}); fitting again", file=sys.stderr)
+        else:
+            saved: dict[str, Any] = {}
+            if summary_path.exists():
+                saved = json.loads(summary_path.read_text(encoding="utf-8"))
+            say(f"invariants loaded from {bundle_dir} (fitted earlier; --refit fits them again)")
+            return FitOutcome(
+                bundle,
+                bundle_dir,
+                False,
+                saved.get("summary", {}),
+                saved.get("params", {}),
+                float(saved.get("started_at", 0.0)),
+                float(saved.get("finished_at", 0.0)),
+            )
+    from agent.offline import fit_bundle
+
+    say("fitting the invariants: TDI on 2,500 training images, ADI + calibration on 1,500 validation images")
+    started = time.time()
+    report = fit_bundle(
+        model,
+        Dataset(splits.train.x, splits.train.y),
+        Dataset(splits.val.x, splits.val.y),
+        confidence=FIT_PARAMS["confidence"],
+        support=FIT_PARAMS["support"],
+        calibration_fraction=FIT_PARAMS["calibration_fraction"],
+        n_estimators=FIT_PARAMS["trees"],
+        seed=seed,
+        progress=lambda m: say(f"  {m}"),
+    )
+    report.bundle.save(bundle_dir)
+    finished = time.time()
+    cal = report.bundle.calibration
+    summary = {
+        "bundle": str(bundle_dir),
+        "model_sha256": model.sha256,
+        "train_accuracy": report.train_accuracy,
+        "val_accuracy": report.val_accuracy,
+        "tdi_rules": report.n_rules,
+        "tdi_selected": report.n_selected,
+        "tdi_coverage_val": report.coverage,
+        "idi_rules": 0,
+        "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
+        "seconds": round(finished - started, 2),
+    }
+    params = {"model": model.name, "train": "mnist-5k train", "val": "mnist-5k validation", **FIT_PARAMS, "seed": seed}
+    summary_path.write_text(
+        json.dumps({"summary": summary, "params": params, "started_at": started, "finished_at": finished}, indent=2),
+        encoding="utf-8",
+    )
+    say(
+        f"  fitted in {finished - started:.1f} s: {report.n_selected} of {report.n_rules} TDI rules selected, "
+        f"oracle TPR {cal.tpr:.2f} / FPR {cal.fpr:.3f} on {cal.n} calibration images"
+    )
+    return FitOutcome(report.bundle, bundle_dir, True, summary, params, started, finished)
