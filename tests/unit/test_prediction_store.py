@@ -1,0 +1,150 @@
+"""The prediction store of delayed labels: writing off the request path, eviction by count and by
+age, label outcomes, persistence, the in-memory fallback and the bounded queue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from agent.prediction_store import STORE_FILE, PendingBatch, PredictionStore, onehot_errors
+
+
+def batch(rid: str, n: int, ts: float, k: int = 3, seed: int = 0, identity: str = "m:b") -> PendingBatch:
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(k), n).astype(np.float32)
+    return PendingBatch(rid, ts, identity, p, p.argmax(axis=1), rng.integers(0, 4, n).astype(np.int8))
+
+
+def store(path: Path | None, **kw: float) -> PredictionStore:
+    s = PredictionStore(
+        path,
+        max_predictions=int(kw.get("max_predictions", 1000)),
+        max_age_seconds=kw.get("max_age", 3600.0),
+        queue_limit=int(kw.get("queue_limit", 10_000)),
+    )
+    s.open()
+    return s
+
+
+def test_flush_writes_rows_with_ids_and_counts(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    assert s.persistent and (tmp_path / STORE_FILE).is_file()
+    s.enqueue(batch("a", 5, 100.0))
+    s.enqueue(batch("b", 3, 101.0))
+    assert s.queued == 8 and s.rows == 0
+    assert s.flush(now=200.0) == 8
+    assert (s.rows, s.labeled, s.queued) == (8, 0, 0)
+    out = s.apply_labels([("a:0", 1), ("b:2", 0)], now=300.0)
+    assert out.n_accepted == 2 and not out.unknown and not out.duplicate
+    s.stop()
+
+
+def test_eviction_by_count_keeps_the_newest(tmp_path: Path) -> None:
+    s = store(tmp_path, max_predictions=100)
+    for i in range(5):
+        s.enqueue(batch(f"r{i}", 40, 1000.0 + i))
+        s.flush(now=1010.0)
+    assert s.rows == 100
+    out = s.apply_labels([(f"r0:{i}", 0) for i in range(40)] + [("r2:19", 0), ("r2:20", 0), ("r4:39", 0)], 1020.0)
+    # 200 predictions were written; the 100 newest are r2:20.. r4:39
+    assert len(out.unknown) == 41 and out.n_accepted == 2
+    s.stop()
+
+
+def test_eviction_by_age(tmp_path: Path) -> None:
+    s = store(tmp_path, max_age=60.0)
+    s.enqueue(batch("old", 10, 1000.0))
+    s.enqueue(batch("new", 10, 1050.0))
+    s.flush(now=1070.0)  # "old" is 70 s old
+    assert s.rows == 10
+    out = s.apply_labels([("old:0", 1), ("new:0", 1)], 1070.0)
+    assert out.unknown == ["old:0"] and out.n_accepted == 1
+    assert s.evict(now=2000.0) == 10 and s.rows == 0
+    s.stop()
+
+
+def test_unknown_duplicate_and_errors_of_labels(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    b = batch("x", 4, 10.0, k=3, seed=1)
+    s.enqueue(b)
+    s.flush(now=10.0)
+    out = s.apply_labels([("x:0", 2), ("x:1", 0), ("nope", 1)], 20.0)
+    assert out.n_accepted == 2 and out.unknown == ["nope"]
+    again = s.apply_labels([("x:0", 1), ("x:3", 1)], 30.0)
+    assert again.duplicate == ["x:0"] and again.n_accepted == 1
+    rows = s.labeled_rows("m:b")
+    assert rows.n == 3
+    p = b.probabilities.astype(np.float64)
+    expect = {0: (p[0], 2), 1: (p[1], 0), 3: (p[3], 1)}
+    got = np.array(sorted(zip(rows.abs_err, rows.sq_err, strict=True)))
+    want = np.array(sorted(onehot_errors(pr, lab) for pr, lab in expect.values()))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert rows.correct.tolist() == [bool(b.labels[i] == lab) for i, (_, lab) in expect.items()]
+    assert s.labeled_rows("another:identity").n == 0
+    s.stop()
+
+
+def test_a_reused_request_id_replaces_the_earlier_predictions(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.enqueue(batch("same", 3, 10.0, seed=1))
+    s.flush(now=10.0)
+    s.apply_labels([("same:0", 1)], 11.0)
+    s.enqueue(batch("same", 3, 12.0, seed=2))
+    s.flush(now=12.0)
+    assert (s.rows, s.labeled) == (3, 0)
+    s.stop()
+
+
+def test_persistence_across_reopen(tmp_path: Path) -> None:
+    import time
+
+    s = store(tmp_path)
+    s.enqueue(batch("p", 6, time.time()))
+    s.stop()  # stop writes what is queued
+    s2 = store(tmp_path)
+    assert s2.rows == 6
+    s2.put_calibration("m:b", '{"calibration": {}}')
+    s2.stop()
+    s3 = store(tmp_path)
+    assert s3.get_calibration("m:b") == '{"calibration": {}}'
+    s3.delete_calibration("m:b")
+    assert s3.get_calibration("m:b") is None
+    s3.stop()
+
+
+def test_unopenable_file_falls_back_to_memory(tmp_path: Path) -> None:
+    (tmp_path / STORE_FILE).mkdir()
+    errors: list[str] = []
+    s = PredictionStore(tmp_path, max_predictions=100, max_age_seconds=60, on_error=errors.append)
+    s.open()
+    assert errors == ["open"] and not s.persistent
+    s.enqueue(batch("m", 5, 10.0))
+    s.flush(now=10.0)
+    assert s.apply_labels([("m:1", 0)], 11.0).n_accepted == 1
+    s.stop()
+
+
+def test_full_queue_drops_and_counts() -> None:
+    dropped: list[int] = []
+    s = PredictionStore(None, max_predictions=100_000, max_age_seconds=60, queue_limit=1000, on_drop=dropped.append)
+    s.open()
+    assert s.enqueue(batch("a", 600, 1.0))
+    assert not s.enqueue(batch("b", 600, 1.0))
+    assert s.enqueue(batch("c", 400, 1.0))
+    assert dropped == [600] and s.queued == 1000
+    s.stop()
+
+
+def test_background_writer_flushes(tmp_path: Path) -> None:
+    import time
+
+    s = PredictionStore(tmp_path, max_predictions=1000, max_age_seconds=1e9, flush_interval=0.05)
+    s.open()
+    s.start()
+    s.enqueue(batch("bg", 7, time.time()))
+    deadline = time.monotonic() + 10
+    while s.rows < 7 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert s.rows == 7
+    s.stop()
