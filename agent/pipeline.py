@@ -344,9 +344,22 @@ class Pipeline:
     queues a batch for a background thread (used when the client did not ask for the verdicts; at
     most ``deferred_limit`` batches wait, beyond that the caller judges inline). ``flush`` judges
     everything pending (at shutdown).
+
+    The background thread *lingers*: once work arrives it waits up to ``linger_seconds`` (or until
+    ``linger_samples`` predictions wait) and judges everything in one call, so that a stream of
+    small requests costs one oracle call, one window update and one wake-up per linger period
+    instead of one per request (each wake-up also contends with the request threads for the GIL).
+    Verdicts are recorded at most ``linger_seconds`` late; windows have buckets of a second or more.
     """
 
-    def __init__(self, windows: WindowSet, metrics: AgentMetrics, deferred_limit: int = 256) -> None:
+    def __init__(
+        self,
+        windows: WindowSet,
+        metrics: AgentMetrics,
+        deferred_limit: int = 256,
+        linger_seconds: float = 0.01,
+        linger_samples: int = 512,
+    ) -> None:
         self.windows = windows
         self.metrics = metrics
         #: Called with the features of every judged batch (e.g. the audits' live-input reservoir).
@@ -355,7 +368,11 @@ class Pipeline:
         #: labels); runs under the judging lock, so it must only enqueue.
         self.judged_taps: list[Callable[[JudgedBatch], None]] = []
         self.deferred_limit = deferred_limit
+        self.linger_seconds = linger_seconds
+        self.linger_samples = linger_samples
         self._pending: list[JudgeWork] = []
+        self._pending_samples = 0  # predictions queued by judge_later since the last take
+        self._idle = False  # the background thread waits for work (judge_later must wake it)
         self._pending_lock = threading.Lock()
         self._wakeup = threading.Condition(self._pending_lock)
         self._judge_lock = threading.Lock()
@@ -397,8 +414,11 @@ class Pipeline:
         work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds, request_id=request_id)
         with self._wakeup:
             self._pending.append(work)
+            self._pending_samples += len(labels)
             if self._worker is not None and len(self._pending) <= self.deferred_limit:
-                self._wakeup.notify()
+                if self._idle or self._enough_pending():
+                    self._idle = False
+                    self._wakeup.notify()
                 return
         self._complete(work)
 
@@ -427,7 +447,12 @@ class Pipeline:
     def _take(self) -> list[JudgeWork]:
         with self._pending_lock:
             batch, self._pending = self._pending, []
+            self._pending_samples = 0
         return batch
+
+    def _enough_pending(self) -> bool:
+        """Whether the background thread should stop lingering (called holding the pending lock)."""
+        return self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
 
     def _complete(self, work: JudgeWork) -> None:
         with self._judge_lock:
@@ -438,9 +463,17 @@ class Pipeline:
         while True:
             with self._wakeup:
                 while not self._pending and not self._stopping:
+                    self._idle = True
                     self._wakeup.wait()
+                self._idle = False
                 if self._stopping and not self._pending:
                     return
+                deadline = time.monotonic() + self.linger_seconds
+                while not self._stopping and not self._enough_pending():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wakeup.wait(left)
             with self._judge_lock:
                 self._run(self._take())
 

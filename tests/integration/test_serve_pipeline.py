@@ -1,0 +1,79 @@
+"""The serve pipeline's judging: deferred (lingering background thread) and combined judging give the
+same verdicts as the reference oracle, and every prediction reaches the windows exactly once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from conftest import wait_until
+from prometheus_client import CollectorRegistry
+
+from agent.config import load_settings
+from agent.datasets import Splits
+from agent.model import default_model_path
+from agent.pipeline import JudgedBatch, Pipeline, Runtime, load_runtime
+from agent.windows import WindowSet
+from exporters.prometheus import AgentMetrics
+
+
+def runtime(bundle: Path) -> Runtime:
+    settings = load_settings(
+        None, mode="serve", model={"name": "mnist", "path": str(default_model_path())}, bundle={"path": str(bundle)}
+    )
+    return load_runtime(settings)
+
+
+def reference_verdicts(rt: Runtime, x: np.ndarray) -> np.ndarray:
+    assert rt.classifier is not None
+    pred = rt.classifier.predict(x)
+    result = rt.bundle.oracle().judge(rt.classifier.features(rt.classifier.prepare(x)), pred.probabilities, pred.labels)
+    return np.asarray(result.verdict, dtype=np.int8)
+
+
+def test_deferred_judging_matches_the_oracle(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    rt = runtime(mnist_bundle_dir)
+    assert rt.classifier is not None
+    pipe = Pipeline(WindowSet({"1m": 60.0}, 500), AgentMetrics(CollectorRegistry()), linger_seconds=0.05)
+    judged: dict[str, np.ndarray] = {}
+    pipe.judged_taps.append(lambda b: judged.__setitem__(b.request_id, b.verdicts))
+    x = mnist_splits.test.x[:500]
+    sizes = [1] * 40 + [7, 32, 1, 64, 3] * 4
+    pipe.start_background()
+    try:
+        start = 0
+        for i, n in enumerate(sizes):
+            xb = rt.classifier.prepare(x[start : start + n])
+            pred = rt.classifier.predict_prepared(xb)
+            pipe.judge_later(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, 0.001, f"r{i}")
+            start += n
+        # judged by the lingering thread on its own, without a flush
+        assert wait_until(lambda: pipe.windows.total == start, timeout=20)
+    finally:
+        pipe.stop_background()
+    assert pipe.windows.total == start
+    got = np.concatenate([judged[f"r{i}"] for i in range(len(sizes))])
+    np.testing.assert_array_equal(got, reference_verdicts(rt, x[:start]))
+
+
+def test_inline_judging_takes_the_deferred_work_along(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    rt = runtime(mnist_bundle_dir)
+    assert rt.classifier is not None
+    pipe = Pipeline(WindowSet({"1m": 60.0}, None), AgentMetrics(CollectorRegistry()), linger_seconds=60.0)
+    batches: list[JudgedBatch] = []
+    pipe.judged_taps.append(batches.append)
+    x = rt.classifier.prepare(mnist_splits.test.x[:20])
+    pred = rt.classifier.predict_prepared(x)
+    feats = rt.classifier.features(x)
+    pipe.start_background()
+    try:
+        pipe.judge_later(rt, feats[:5], pred.probabilities[:5], pred.labels[:5], None, None, "later")
+        verdicts = pipe.judge(rt, feats[5:], pred.probabilities[5:], pred.labels[5:], None, None, "now")
+        # the background thread still lingers; the inline call judged both requests
+        assert pipe.windows.total == 20
+        assert sorted(b.request_id for b in batches) == ["later", "now"]
+    finally:
+        pipe.stop_background()
+    ref = reference_verdicts(rt, mnist_splits.test.x[:20])
+    np.testing.assert_array_equal(verdicts, ref[5:])
+    assert pipe.windows.total == 20
