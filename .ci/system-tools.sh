@@ -5,6 +5,8 @@ need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # npm: installs @grafana/schema + typescript (deploy/grafana/typecheck) to type-check the dashboard.
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# chromium: headless rendering of the demo report (tests/e2e/test_demo_report_chromium.py).
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -25,7 +25,11 @@ MODEL_NAME = "mnist"
 MODEL_VERSION = "1"
 CONFIG_FILE = "agent.yaml"
 LOG_FILE = "agent.log"
-STATE_FILES = ("agent-state.sqlite3", "agent-state.sqlite3-wal", "agent-state.sqlite3-shm")
+#: What a previous run left that would mix into this one: the saved estimate windows and the store
+#: of predictions waiting for delayed labels.
+STATE_FILES = tuple(
+    f"{base}{ext}" for base in ("agent-state.sqlite3", "predictions.sqlite3") for ext in ("", "-wal", "-shm")
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -185,6 +189,6 @@ class AgentProcess:
 
 
 def clear_window_state(state_dir: Path) -> None:
-    """Forget the estimate windows a previous run saved, so the story starts from zero."""
+    """Forget the windows and predictions a previous run saved, so the story starts from zero."""
     for name in STATE_FILES:
         (state_dir / name).unlink(missing_ok=True)

@@ -58,6 +58,15 @@ class AgentClient:
         ids = str(resp.parameters.get("icos_prediction_ids", "")).split(",")
         return InferResult(np.asarray(label_t.data, dtype=np.int64).reshape(-1), verdicts, ids)
 
+    def post_labels(self, ids: list[str], labels: np.ndarray) -> dict[str, Any]:
+        """``POST /v1/labels``: the true class of earlier predictions, by prediction id."""
+        body = {"labels": [{"id": i, "label": int(y)} for i, y in zip(ids, labels.tolist(), strict=True)]}
+        r = self.http.post("/v1/labels", json=body)
+        if r.status_code != 200:
+            raise UserError(f"the agent answered {r.status_code} to POST /v1/labels: {r.text[:300]}")
+        out: dict[str, Any] = r.json()
+        return out
+
     def estimates(self) -> dict[str, Any]:
         r = self.http.get("/v1/estimates")
         r.raise_for_status()

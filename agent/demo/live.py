@@ -80,6 +80,8 @@ def phase_line(record: DemoRecord, i: int) -> str:
     parts = [f"[{i + 1}/{len(record.phases)}] {p.name}: {p.sent} predictions in {p.seconds:.1f} s"]
     if p.accuracy is not None:
         parts.append(f"truth {p.accuracy:.3f}")
+    if p.realized is not None:
+        parts.append(f"realized (labels) {p.realized:.3f}")
     for name in record.estimators:
         e = p.estimates.get(name)
         if e:

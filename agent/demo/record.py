@@ -114,6 +114,9 @@ class DemoRecord:
                 [self.headline] + [n for n in names if n != self.headline] if self.headline in names else names
             )
         p = self.phases[phase]
+        realized = (win.get("realized") or {}).get("accuracy") or {}
+        if realized.get("value") is not None:
+            p.realized = float(realized["value"])
         p.estimates = {k: {kk: float(vv) for kk, vv in v.items() if vv is not None} for k, v in ests.items()}
         p.window_n = int(win.get("n", 0))
         truth = self.window_truth()

@@ -160,9 +160,15 @@ def replay(
     record: DemoRecord,
     view: LiveView,
     opts: DemoOptions,
+    labels: bool = False,
     poll_seconds: float = 0.25,
 ) -> None:
-    """Send every phase as V2 requests of ``batch_size`` images, reading the estimates as it goes."""
+    """Send every phase as V2 requests of ``batch_size`` images, reading the estimates as it goes.
+
+    With ``labels`` the true class of every prediction is posted right after it
+    (``POST /v1/labels``), and the agent's realized accuracy is shown beside the estimates.
+    """
+    run_id = f"{int(time.time()):x}"
     for i, phase in enumerate(phases):
         record.current = i
         stats = record.phases[i]
@@ -171,8 +177,10 @@ def replay(
         last_poll = 0.0
         for b in range(n_batches):
             sl = slice(b * opts.batch_size, (b + 1) * opts.batch_size)
-            res = client.infer(phase.x[sl], request_id=f"demo-{phase.key}-{b:04d}")
+            res = client.infer(phase.x[sl], request_id=f"demo-{run_id}-{phase.key}-{b:04d}")
             record.add_predictions(i, res.labels, phase.y[sl], res.verdicts)
+            if labels:
+                client.post_labels(res.prediction_ids, phase.y[sl])
             if opts.phase_seconds > 0:
                 target = t0 + opts.phase_seconds * (b + 1) / n_batches
                 delay = target - time.monotonic()
@@ -327,7 +335,10 @@ def _run(opts: DemoOptions, t_start: float) -> int:
                 f"replaying live traffic: {len(phases)} phases x {opts.phase_size} MNIST test images, V2 binary "
                 f"requests of {opts.batch_size}; the truth is known to the demo, not to the agent"
             )
-            replay(client, phases, record, view, opts)
+            labels = client.has_path("post", "/v1/labels")
+            if labels:
+                say("the true labels are posted right after each prediction (POST /v1/labels: delayed labels)")
+            replay(client, phases, record, view, opts, labels=labels)
             view.finish(record)
             fit_runs = fit_logging.result()
             say("robustness audits, run by the agent (POST /v1/audits/{kind}?wait=true):")
