@@ -412,6 +412,8 @@ class IdiRuleSet:
         except yaml.YAMLError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise IdiRuleError(f"not a valid IDI rule file: {first}") from exc
+        except RecursionError:
+            raise IdiRuleError("not a valid IDI rule file: nested too deeply") from None
         if not isinstance(document, Mapping) or "rules" not in document:
             raise IdiRuleError("an IDI rule file is a mapping with a 'rules' list")
         extra = [k for k in document if k != "rules"]
