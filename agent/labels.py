@@ -257,6 +257,8 @@ class LabelService:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise ClientError(400, "malformed_json", "labels body is not valid JSON") from None
+        except RecursionError:
+            raise ClientError(400, "malformed_json", "labels body is nested too deeply") from None
         rt = self.agent.runtime
         try:
             parsed = parse_labels(obj, rt.classes, self.config.max_batch)

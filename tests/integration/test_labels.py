@@ -182,6 +182,8 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
     # a malformed body is a client error; an oversized one too
     assert httpx.post(f"{srv.url}/v1/labels", content=b"{").status_code == 400
     assert httpx.post(f"{srv.url}/v1/labels", json={"labels": {"id": "x"}}).status_code == 400
+    deep = b'{"labels": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    assert httpx.post(f"{srv.url}/v1/labels", content=deep).status_code == 400
 
 
 def test_recalibration_token_minimum_restart_and_reload(
