@@ -95,6 +95,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         seed=cfg.seed,
     )
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
+    assert tdi is not None  # fit_oracle always builds the TDI tree
     cal_idx = fitted.calibration_index
     cal_x, cal_y = val_x[cal_idx], subject.val_y[cal_idx]
     cal_pred = m.predict_batched(cal_x)
@@ -122,8 +123,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
     for sc in scenarios_for(subject):
         t1 = time.perf_counter()
         rng = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, "pool"))
-        parts = [test_x if sc.transform is None else sc.transform(test_x, rng) for _ in range(copies)]
-        pool_x = np.ascontiguousarray(np.concatenate(parts).astype(test_x.dtype))
+        copies_x = [test_x if sc.transform is None else sc.transform(test_x, rng) for _ in range(copies)]
+        pool_x = np.ascontiguousarray(np.concatenate(copies_x).astype(test_x.dtype))
         pred = m.predict_batched(pool_x)
         correct = pred.labels == pool_y
         pool_f = m.features(pool_x)
