@@ -131,15 +131,20 @@ class BodyLimitMiddleware:
 
     async def _reject(self, send: Send) -> None:
         self.on_reject()
-        body = v2.error_body(f"request body exceeds the limit of {self.limit} bytes (server.max_body_bytes)")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_too_large(send, self.limit)
+
+
+async def send_too_large(send: Send, limit: int) -> None:
+    """Answer 413: the request body is over ``limit`` bytes."""
+    body = v2.error_body(f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
@@ -159,43 +164,57 @@ def client_error_of(exc: Exception) -> tuple[int, str, str] | None:
 class InferFastPath:
     """Serve-mode ``POST /v2/models/{name}[/versions/{v}]/infer`` handled as plain ASGI.
 
-    The hot path skips FastAPI's routing and dependency machinery (the same route stays declared
-    for the OpenAPI document and serves the other modes); errors are answered exactly as the
-    exception handlers answer them.
+    :class:`AgentApp` calls it ahead of FastAPI's middleware stack: routing, dependency, exception
+    and telemetry layers cost more than a small model's inference. The same route stays declared
+    for the OpenAPI document and serves the other modes (and serve mode when FastAPI's native
+    OpenTelemetry is enabled, so that traced requests keep their spans). It applies the body limit
+    itself, and answers errors exactly as the exception handlers and :class:`BodyLimitMiddleware` do.
     """
 
-    def __init__(self, app: ASGIApp, service: AgentService) -> None:
-        self.app = app
+    def __init__(self, service: AgentService, limit: int) -> None:
         self.svc = service
+        self.limit = limit
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        m = None
+    def match(self, scope: Scope) -> re.Match[str] | None:
         if scope["type"] == "http" and scope["method"] == "POST" and self.svc.settings.mode == "serve":
-            m = _INFER_PATH.match(scope["path"])
-        if m is None:
-            await self.app(scope, receive, send)
-            return
+            return _INFER_PATH.match(scope["path"])
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, m: re.Match[str]) -> None:
         svc = self.svc
         headers = [(b"content-type", JSON.encode())]
+        header_length = None
+        for k, v in scope["headers"]:
+            if k == b"inference-header-content-length":
+                header_length = v.decode("latin-1")
+            elif k == b"content-length":
+                try:
+                    declared = int(v)
+                except ValueError:
+                    declared = -1
+                if declared > self.limit:
+                    await self._reject(send)
+                    return
         try:
             rt = _check_model(svc, m.group(1), m.group(2))
             chunks = []
+            received = 0
             more = True
             while more:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return
-                chunks.append(message.get("body", b""))
+                chunk = message.get("body", b"")
+                received += len(chunk)
+                if received > self.limit:
+                    await self._reject(send)
+                    return
+                chunks.append(chunk)
                 more = message.get("more_body", False)
-            header_length = None
-            for k, v in scope["headers"]:
-                if k == b"inference-header-content-length":
-                    header_length = v.decode("latin-1")
-            content, out_headers = await svc.run(svc.pipeline.serve_infer, rt, b"".join(chunks), header_length)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            content, out_headers = await svc.infer(rt, body, header_length)
             status = 200
             headers = [(k.encode(), v.encode()) for k, v in out_headers.items()]
-        except BodyTooLarge:
-            raise
         except Exception as exc:
             err = client_error_of(exc)
             if err is None:
@@ -208,6 +227,33 @@ class InferFastPath:
         headers.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+
+    async def _reject(self, send: Send) -> None:
+        self.svc.metrics.invalid("too_large")
+        await send_too_large(send, self.limit)
+
+
+class AgentApp(FastAPI):
+    """The agent's FastAPI app: serve-mode inference goes to :class:`InferFastPath` first."""
+
+    infer_fast_path: InferFastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fast = self.infer_fast_path
+        if fast is not None:
+            m = fast.match(scope)
+            if m is not None:
+                telemetry = getattr(self, "_native_telemetry", None)
+                if telemetry is None or not telemetry.enabled():
+                    await fast(scope, receive, send, m)
+                    return
+        await super().__call__(scope, receive, send)
+
+
+#: Serve-mode requests up to this size run on the event loop while they stay cheap (see
+#: :meth:`AgentService.infer`); a thread hop costs more than a small model's whole inference.
+INLINE_MAX_BYTES = 64 * 1024
+INLINE_BUDGET_SECONDS = 0.001
 
 
 class AgentService:
@@ -223,6 +269,8 @@ class AgentService:
         self.metrics.set_model(runtime.name, runtime.version, runtime.model_sha256, runtime.classes)
         registry.register(EstimatesCollector(self.snapshot))
         self.limiter = anyio.CapacityLimiter(settings.server.threads)
+        #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
+        self._inline_cost = 0.0
         self.admin_token = admin_token()
         self.ready = False
         self.store: StateStore | None = None
@@ -246,6 +294,27 @@ class AgentService:
     # -- threads ----------------------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """Serve-mode inference of one request body.
+
+        Small requests run right on the event loop while their recent cost (a moving average) stays
+        under :data:`INLINE_BUDGET_SECONDS`: a hop to a worker thread and back costs 50-100 µs, as
+        much as a small CNN's inference, and the loop is blocked for less than that budget. Larger
+        or costlier requests run in the worker threads (onnxruntime releases the GIL there).
+        """
+        if len(body) > INLINE_MAX_BYTES:
+            return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        if self._inline_cost < INLINE_BUDGET_SECONDS:
+            return self._timed_serve_infer(rt, body, header_length)
+        return await self.run(self._timed_serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+
+    def _timed_serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        t0 = time.perf_counter()
+        try:
+            return self.pipeline.serve_infer(rt, body, header_length)
+        finally:
+            self._inline_cost += 0.05 * (time.perf_counter() - t0 - self._inline_cost)
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
@@ -353,19 +422,38 @@ class AgentService:
             self.pairer.expire(time.time())
             self.count_unmatched()
 
+    def _state_failed(self, what: str, exc: BaseException) -> None:
+        self.metrics.state_write(False, time.time())
+        if self._state_ok:
+            log.error(
+                f"{what}; serving goes on, retrying every flush interval",
+                extra={"state_dir": str(self.settings.state_dir), "error": f"{type(exc).__name__}: {exc}"},
+            )
+        self._state_ok = False
+
+    def _open_store(self) -> bool:
+        """Open the state database; a read-only or full directory is counted and logged, not raised."""
+        assert self.settings.state_dir is not None
+        try:
+            self.store = StateStore(self.settings.state_dir)
+        except Exception as exc:
+            self.store = None
+            self._state_failed("saving state failed: cannot open the state directory", exc)
+            return False
+        return True
+
     def save_state_guarded(self) -> bool:
         """Save the windows; a failure (read-only or full state directory) is counted and logged once
         per outage, never raised: serving goes on and the next flush retries."""
+        if self.store is None:
+            if self.settings.state_dir is None or not self._open_store():
+                return False
+            if self.windows.total == 0:
+                self.restore_state()
         try:
             self.save_state()
         except Exception as exc:
-            self.metrics.state_write(False, time.time())
-            if self._state_ok:
-                log.error(
-                    "saving state failed; serving goes on, retrying every flush interval",
-                    extra={"state_dir": str(self.settings.state_dir), "error": f"{type(exc).__name__}: {exc}"},
-                )
-            self._state_ok = False
+            self._state_failed("saving state failed", exc)
             return False
         self.metrics.state_write(True, time.time())
         if not self._state_ok:
@@ -382,8 +470,7 @@ class AgentService:
     async def start(self) -> None:
         s = self.settings
         self.loop = asyncio.get_running_loop()
-        if s.state_dir is not None:
-            self.store = StateStore(s.state_dir)
+        if s.state_dir is not None and self._open_store():
             self.restore_state()
         if s.mode == "proxy":
             assert s.upstream.url is not None
@@ -401,7 +488,7 @@ class AgentService:
             self._tasks.append(asyncio.create_task(self._expiry_loop()))
         if s.mode == "serve":
             self.pipeline.start_background()
-        if self.store is not None:
+        if s.state_dir is not None:
             self._tasks.append(asyncio.create_task(self._flush_loop()))
         if s.server.metrics_port is not None:
             from prometheus_client import start_http_server
@@ -447,8 +534,9 @@ class AgentService:
                 log.info("saved pending observed batches", extra={"batches": left})
         if self.upstream is not None:
             await self.upstream.aclose()
-        if self.store is not None:
+        if self.settings.state_dir is not None:
             self.save_state_guarded()
+        if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
             self.store = None
@@ -792,7 +880,7 @@ def create_app(
                 await hook(app)
             await svc.stop()
 
-    app = FastAPI(
+    app = AgentApp(
         title="icos-agent",
         version=__version__,
         description="Judges live predictions with ICOS likely invariants; Open Inference Protocol V2.",
@@ -807,7 +895,7 @@ def create_app(
     app.include_router(_build_router(svc))
     for router in routers:
         app.include_router(router)
-    app.add_middleware(InferFastPath, service=svc)
+    app.infer_fast_path = InferFastPath(svc, settings.server.max_body_bytes)
     app.add_middleware(
         BodyLimitMiddleware, limit=settings.server.max_body_bytes, on_reject=lambda: svc.metrics.invalid("too_large")
     )
