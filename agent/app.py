@@ -237,16 +237,26 @@ class AgentApp(FastAPI):
     """The agent's FastAPI app: serve-mode inference goes to :class:`InferFastPath` first."""
 
     infer_fast_path: InferFastPath | None = None
+    _telemetry_checked = -1.0
+    _telemetry_enabled = False
+
+    def telemetry_enabled(self) -> bool:
+        """Whether FastAPI's native OpenTelemetry is on (re-checked once a second: the check reads
+        the global providers and the environment, which costs more than the rest of the routing)."""
+        now = time.monotonic()
+        if now - self._telemetry_checked > 1.0:
+            telemetry = getattr(self, "_native_telemetry", None)
+            self._telemetry_enabled = telemetry is not None and bool(telemetry.enabled())
+            self._telemetry_checked = now
+        return self._telemetry_enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         fast = self.infer_fast_path
         if fast is not None:
             m = fast.match(scope)
-            if m is not None:
-                telemetry = getattr(self, "_native_telemetry", None)
-                if telemetry is None or not telemetry.enabled():
-                    await fast(scope, receive, send, m)
-                    return
+            if m is not None and not self.telemetry_enabled():
+                await fast(scope, receive, send, m)
+                return
         await super().__call__(scope, receive, send)
 
 

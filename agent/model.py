@@ -13,6 +13,7 @@ All ONNX execution goes through :class:`invariants.onnx_session.OnnxSession`.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,7 +194,7 @@ class OnnxClassifier:
         n = arr.shape[0]
         if n > self.max_batch:
             raise InvalidInput("too_large", f"batch of {n} samples exceeds the limit of {self.max_batch}")
-        per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
+        per_sample = math.prod(arr.shape[1:]) if arr.ndim > 1 else 1
         if per_sample != self.n_features:
             raise InvalidInput(
                 "shape",
@@ -228,9 +229,13 @@ class OnnxClassifier:
             return np.stack([1.0 - p1, p1], axis=1).astype(np.float32)
         if self.scores_kind == "probabilities":
             return s
-        if self.scores_kind == "auto" and (s >= 0).all() and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
+        if self.scores_kind == "auto" and s.min() >= 0 and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
             return s
-        return softmax(s).astype(np.float32)
+        # softmax(s) in place: the same float32 operations without the temporaries (request path)
+        z = s - s.max(axis=1, keepdims=True)
+        np.exp(z, out=z)
+        z /= z.sum(axis=1, keepdims=True)
+        return z
 
     def predict_prepared(self, x: np.ndarray) -> Prediction:
         (scores,) = self.session.run({self.input.name: x}, [self.scores_output])
