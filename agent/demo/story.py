@@ -72,7 +72,7 @@ class DemoOptions:
     @property
     def phase_seconds(self) -> float:
         """Pacing of the replay: the minimum duration of a phase (so the live view can be followed)."""
-        return 0.0 if self.quick else 6.0
+        return 0.0 if self.quick else 10.0
 
 
 class _Terminated(Exception):
