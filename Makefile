@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 SYSTEM_STAMP := $(VENV)/.system-tools
 
-.PHONY: demo test lint venv system-tools bench clean
+.PHONY: demo test lint venv system-tools bench clean audit-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ lint: venv
 
 test: venv system-tools lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Known vulnerabilities of the installed dependencies (pip-audit); reports UNAVAILABLE without the service.
+audit-deps: venv
+	@bash .ci/audit-deps.sh
 
 bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
