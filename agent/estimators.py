@@ -523,6 +523,37 @@ class WindowStats:
     def __add__(self, other: WindowStats) -> WindowStats:
         return self._combine(other, 1)
 
+    def add_in_place(self, other: WindowStats) -> None:
+        """``self = self + other`` without building a new object (same sums; the window buckets'
+        hot path)."""
+        self.n += other.n
+        self.fails += other.fails
+        mine, theirs = self.fails_by_family, other.fails_by_family
+        self.fails_by_family = {k: mine.get(k, 0) + theirs.get(k, 0) for k in ("idi", "tdi", "adi")}
+        self.conf_sum += other.conf_sum
+        self.conf_sq_sum += other.conf_sq_sum
+        self.atc_above += other.atc_above
+        self.n_ext += other.n_ext
+        self.margin_sum += other.margin_sum
+        self.tdi_agree += other.tdi_agree
+        self.tdi_covered += other.tdi_covered
+        self.pca_sum += other.pca_sum
+        for vec, add in ((self.cells, other.cells), (self.pca_bins, other.pca_bins), (self.leaves, other.leaves)):
+            if len(vec) < len(add):
+                vec.extend([0] * (len(add) - len(vec)))
+            for i, v in enumerate(add):
+                if v:
+                    vec[i] += v
+
+    def copy(self) -> WindowStats:
+        return replace(
+            self,
+            fails_by_family=dict(self.fails_by_family),
+            cells=list(self.cells),
+            pca_bins=list(self.pca_bins),
+            leaves=list(self.leaves),
+        )
+
     def __sub__(self, other: WindowStats) -> WindowStats:
         return self._combine(other, -1)
 

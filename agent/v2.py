@@ -43,6 +43,9 @@ DATATYPES: dict[str, np.dtype] = {
 #: Default bound on the elements of one tensor, checked on its declared shape before anything is allocated.
 DEFAULT_MAX_ELEMENTS = 1 << 24
 
+#: ``json.dumps(obj, separators=(",", ":"))`` without building an encoder per call (request path).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 
 
@@ -382,7 +385,7 @@ def encode_body(
     chunks: list[bytes] = []
     head = dict(head)
     head[tensors_key] = [_tensor_json(t, binary, chunks) for t, binary in tensors]
-    text = json.dumps(head, separators=(",", ":")).encode()
+    text = _COMPACT_JSON.encode(head).encode()
     if not chunks:
         return text, {"content-type": JSON_CONTENT_TYPE}
     return b"".join([text, *chunks]), {

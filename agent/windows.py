@@ -48,7 +48,10 @@ class TimeWindow:
     def add(self, stats: WindowStats, now: float) -> None:
         k = self._index(now)
         cur = self.buckets.get(k)
-        self.buckets[k] = stats if cur is None else cur + stats
+        if cur is None:
+            self.buckets[k] = stats.copy()  # the bucket is summed into in place; ``stats`` is shared
+        else:
+            cur.add_in_place(stats)
         if len(self.buckets) > self.n_buckets:
             self._expire(now)
 

@@ -104,3 +104,19 @@ def test_window_set_estimates_and_roundtrip() -> None:
 def test_empty_windows_have_no_estimates() -> None:
     ws = WindowSet({"5m": 300}, 10)
     assert all(values == {} for _s, values in ws.estimates(CAL, now=1.0).values())
+
+
+def test_buckets_summed_in_place_equal_the_sum_of_batches() -> None:
+    rng = np.random.default_rng(7)
+    w = TimeWindow(60)
+    expected: dict[int, WindowStats] = {}  # what ``+`` gives, bucket by bucket
+    for i in range(30):
+        v, c = batch(rng, int(rng.integers(1, 40)))
+        s = WindowStats.from_batch(v, c, CAL)
+        s.leaves = [int(k) for k in rng.integers(0, 5, size=int(rng.integers(0, 6)))]  # lists of unequal length
+        s.n_ext, s.pca_sum, s.pca_bins = s.n, float(rng.uniform()), [int(k) for k in rng.integers(0, 4, 4)]
+        snapshot = s.to_dict()
+        w.add(s, now=1000.0 + i % 3)  # three bucket seconds: new buckets and in-place sums
+        assert s.to_dict() == snapshot  # the added batch itself is left alone
+        expected[i % 3] = expected[i % 3] + s if i % 3 in expected else s
+    assert [b.to_dict() for b in w.buckets.values()] == [b.to_dict() for b in expected.values()]
