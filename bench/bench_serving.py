@@ -1,16 +1,25 @@
 """Benchmark: the sidecar in ``serve`` mode against a bare onnxruntime + uvicorn V2 endpoint.
 
 Both servers run the same model (the shipped MNIST CNN) as subprocesses with the same uvicorn
-settings and one onnxruntime thread per session; requests use binary tensors. A small asyncio HTTP
-client (keep-alive connections, pre-encoded requests) drives each server at concurrency 1 and 16
-with batches of 1 and 32; the servers are measured one after the other, interleaved, in one run.
+defaults (one worker, uvloop + httptools, no access log) and one onnxruntime thread per session
+(``ICOS_AGENT_ORT_THREADS=1`` for both); requests use binary tensors, and the agent is asked for the
+same outputs as the bare server returns (probabilities and label), plus a second agent measurement
+with every output including ``icos_verdict``. The bare server decodes the binary request, runs the
+model in Starlette's thread pool, applies softmax and answers: no validation, no judging.
 
-Prints, per setting: throughput (requests/s and samples/s), p50/p99 latency, and the ratio
-agent / bare (target ≥ 0.9 on throughput); then the agent's resident memory after start (target
-≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was imported
-on the serve path (it must not be).
+Load: this process (separate from both servers) runs a small asyncio HTTP client (keep-alive
+connections, pre-encoded requests) at concurrency 1 and 16 with batches of 1 and 32; the servers
+are measured one after the other, interleaved, ``--rounds`` times, and the medians are reported.
+On a 2-core machine the client needs about as much CPU as a server, so throughput is bounded by
+the client too; the server's own CPU time per request (from ``/proc``, every thread of the server
+process) is reported as well: it does not depend on the client or on other load on the machine.
 
-    .venv/bin/python bench/bench_serving.py [--seconds 4] [--bundle DIR] [--json]
+Prints, per setting: throughput (requests/s), p50/p99 latency, server CPU ms per request, and the
+ratio agent / bare (target ≥ 0.9 on throughput); then the agent's resident memory after start
+(target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
+imported on the serve path (it must not be).
+
+    .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json]
     .venv/bin/python -m bench serving
 """
 
@@ -177,9 +186,19 @@ async def _drive(port: int, req: bytes, concurrency: int, seconds: float) -> tup
     return latencies, errors, time.perf_counter() - t0
 
 
-def measure(port: int, req: bytes, concurrency: int, seconds: float, batch: int) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of every thread of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(
+    port: int, req: bytes, concurrency: int, seconds: float, batch: int, pid: int | None = None
+) -> dict[str, float]:
     asyncio.run(_drive(port, req, concurrency, min(1.0, seconds / 4)))  # warm-up
+    cpu0 = cpu_seconds(pid) if pid is not None else 0.0
     lat, errors, elapsed = asyncio.run(_drive(port, req, concurrency, seconds))
+    cpu = cpu_seconds(pid) - cpu0 if pid is not None else float("nan")
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, e.g. status {errors[0]}")
     lat_ms = np.asarray(lat) * 1000
@@ -188,7 +207,13 @@ def measure(port: int, req: bytes, concurrency: int, seconds: float, batch: int)
         "samples_per_s": len(lat) * batch / elapsed,
         "p50_ms": float(np.percentile(lat_ms, 50)),
         "p99_ms": float(np.percentile(lat_ms, 99)),
+        "server_cpu_ms_per_request": 1000 * cpu / max(1, len(lat)),
     }
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per-key median over rounds."""
+    return {k: float(statistics.median(r[k] for r in runs)) for k in runs[0]}
 
 
 # -- process management -------------------------------------------------------------------------------
@@ -258,6 +283,7 @@ def serve_path_modules() -> dict[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="measuring time per setting and server")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per setting (medians reported)")
     ap.add_argument("--bundle", help="bundle directory (default: fit one for the shipped CNN)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -316,9 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                     for batch in (1, 32):
                         x = np.ascontiguousarray(x_all[:batch], dtype=np.float32)
                         same = request_bytes(agent_port, "mnist", x, ("probabilities", "label"))
-                        a = measure(agent_port, same, concurrency, args.seconds, batch)
-                        v = measure(agent_port, request_bytes(agent_port, "mnist", x), concurrency, args.seconds, batch)
-                        b = measure(bare_port, request_bytes(bare_port, "mnist", x), concurrency, args.seconds, batch)
+                        every = request_bytes(agent_port, "mnist", x)
+                        plain = request_bytes(bare_port, "mnist", x)
+                        runs: tuple[list[dict[str, float]], ...] = ([], [], [])
+                        for _ in range(max(1, args.rounds)):
+                            runs[0].append(measure(agent_port, same, concurrency, args.seconds, batch, agent.pid))
+                            runs[1].append(measure(agent_port, every, concurrency, args.seconds, batch, agent.pid))
+                            runs[2].append(measure(bare_port, plain, concurrency, args.seconds, batch, bare.pid))
+                        a, v, b = (median_of(r) for r in runs)
                         results["settings"].append(
                             {
                                 "concurrency": concurrency,
@@ -343,16 +374,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("agent: same outputs as bare (probabilities, label; judged off the request path);")
     print("agent+v: all outputs incl. icos_verdict (judged in the request path)")
-    print(
-        f"{'conc':>4} {'batch':>5} | {'agent req/s':>11} {'p50 ms':>7} {'p99 ms':>7} | {'agent+v req/s':>13} "
-        f"{'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} {'p50 ms':>7} {'p99 ms':>7} | {'ratio':>5} {'ratio+v':>7}"
-    )
+    print(f"medians of {max(1, args.rounds)} interleaved round(s) of {args.seconds:g} s; cpu = server CPU ms/request")
+    head = f"{'req/s':>7} {'p50 ms':>6} {'p99 ms':>6} {'cpu':>5}"
+    print(f"{'conc':>4} {'batch':>5} | agent {head} | agent+v {head} | bare {head} | {'ratio':>5} {'ratio+v':>7}")
     for s in results["settings"]:
         a, v, b = s["agent"], s["agent_with_verdict"], s["bare"]
+        cells = [
+            f"{r['requests_per_s']:>7.0f} {r['p50_ms']:>6.2f} {r['p99_ms']:>6.2f} "
+            f"{r['server_cpu_ms_per_request']:>5.2f}"
+            for r in (a, v, b)
+        ]
         print(
-            f"{s['concurrency']:>4} {s['batch']:>5} | {a['requests_per_s']:>11.1f} {a['p50_ms']:>7.2f} "
-            f"{a['p99_ms']:>7.2f} | {v['requests_per_s']:>13.1f} {v['p50_ms']:>7.2f} {v['p99_ms']:>7.2f} | "
-            f"{b['requests_per_s']:>10.1f} {b['p50_ms']:>7.2f} {b['p99_ms']:>7.2f} | "
+            f"{s['concurrency']:>4} {s['batch']:>5} | agent {cells[0]} | agent+v {cells[1]} | bare {cells[2]} | "
             f"{s['throughput_ratio']:>5.2f} {s['throughput_ratio_with_verdict']:>7.2f}"
         )
     ratios = [s["throughput_ratio"] for s in results["settings"]]
