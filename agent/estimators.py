@@ -405,6 +405,21 @@ class SampleExtras:
         return cls(margin, r, agree, covered, reference.pca_error(features))
 
 
+def sample_extras(
+    calibration: EstimatorCalibration,
+    probabilities: np.ndarray | None,
+    labels: np.ndarray | None,
+    features: np.ndarray | None,
+    tdi_rules: np.ndarray | None,
+) -> SampleExtras | None:
+    """Per-sample inputs of the full ``shift_aware`` model, or None when the calibration has no shift
+    part or any input is missing (the estimator then uses its reduced model)."""
+    shift = calibration.shift
+    if shift is None or probabilities is None or labels is None or features is None or tdi_rules is None:
+        return None
+    return SampleExtras.compute(probabilities, labels, features, tdi_rules, shift.reference)
+
+
 @dataclass
 class WindowStats:
     """Additive sufficient statistics of a set of judged predictions.
@@ -452,10 +467,8 @@ class WindowStats:
         [N] (the TDI rule index of every sample's leaf, from
         :meth:`invariants.compiled.CompiledOracle.judge_with_rules`).
         """
-        extras = None
+        extras = sample_extras(calibration, probabilities, labels, features, tdi_rules)
         shift = calibration.shift
-        if shift is not None and not any(a is None for a in (probabilities, labels, features, tdi_rules)):
-            extras = SampleExtras.compute(probabilities, labels, features, tdi_rules, shift.reference)  # type: ignore[arg-type]
         return cls.of_samples(
             verdicts, confidences, calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )

@@ -25,7 +25,7 @@ import numpy as np
 from agent import v2
 from agent.config import AgentSettings
 from agent.errors import UserError
-from agent.estimators import EstimatorCalibration
+from agent.estimators import EstimatorCalibration, WindowStats, sample_extras
 from agent.model import InvalidInput, ModelLoadError, OnnxClassifier, softmax
 from agent.v2 import ProtocolError, Tensor
 from agent.windows import WindowSet
@@ -506,13 +506,21 @@ class Pipeline:
             metadata = None
         t0 = time.perf_counter()
         oracle = rt.oracle if metadata is not None or rt.oracle_no_metadata is None else rt.oracle_no_metadata
-        result = oracle.judge(features, probabilities, labels, metadata=metadata, feature_names=rt.bundle.feature_names)
+        result, tdi_rules = oracle.judge_with_rules(
+            features, probabilities, labels, metadata=metadata, feature_names=rt.bundle.feature_names
+        )
         oracle_seconds = time.perf_counter() - t0
         verdicts = np.asarray(result.verdict, dtype=np.int8)
         for tap in self.taps:
             tap(features)
         conf = probabilities.max(axis=1)
-        self.windows.record(verdicts, conf, rt.calibration, time.time())
+        # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
+        extras = sample_extras(rt.calibration, probabilities, labels, features, tdi_rules)
+        shift = rt.calibration.shift
+        stats = WindowStats.of_samples(
+            verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
+        )
+        self.windows.record(verdicts, conf, rt.calibration, time.time(), stats=stats, extras=extras)
         counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
         class_counts = (
             np.bincount(labels.astype(np.int64), minlength=len(rt.classes)).tolist()

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimators import Estimate, EstimatorCalibration, SampleExtras, WindowStats, estimate_all
 
 BUCKETS_PER_WINDOW = 60
 
@@ -77,61 +77,100 @@ class TimeWindow:
 
 
 class CountWindow:
-    """Verdicts and confidences of the last ``size`` predictions (ring buffer, exact)."""
+    """The last ``size`` predictions (ring buffer, exact): verdicts, confidences and, when the serve
+    path computed them, the per-sample inputs of the full ``shift_aware`` model."""
+
+    _EXTRA_FIELDS = ("margin", "rules", "agree", "covered", "pca_error")
+    _EXTRA_DTYPES: tuple[type, ...] = (np.float64, np.int64, np.bool_, np.bool_, np.float64)
 
     def __init__(self, size: int) -> None:
         self.size = int(size)
         self.verdicts = np.zeros(self.size, dtype=np.int8)
         self.confidences = np.zeros(self.size, dtype=np.float64)
+        self.extras: dict[str, np.ndarray] = {
+            f: np.zeros(self.size, dtype=d) for f, d in zip(self._EXTRA_FIELDS, self._EXTRA_DTYPES, strict=True)
+        }
+        self.has_extras = np.zeros(self.size, dtype=bool)
         self.pos = 0  # next write position
         self.count = 0  # filled slots
 
-    def add(self, verdicts: np.ndarray, confidences: np.ndarray) -> None:
+    def _columns(self, verdicts: np.ndarray, confidences: np.ndarray, extras: SampleExtras | None) -> list[np.ndarray]:
+        n = len(verdicts)
+        cols: list[np.ndarray] = [verdicts, confidences]
+        if extras is not None and len(extras.margin) == n:
+            cols += [np.asarray(getattr(extras, f)) for f in self._EXTRA_FIELDS] + [np.ones(n, dtype=bool)]
+        else:
+            cols += [np.zeros(n, dtype=d) for d in self._EXTRA_DTYPES] + [np.zeros(n, dtype=bool)]
+        return cols
+
+    def _buffers(self) -> list[np.ndarray]:
+        return [self.verdicts, self.confidences, *(self.extras[f] for f in self._EXTRA_FIELDS), self.has_extras]
+
+    def add(self, verdicts: np.ndarray, confidences: np.ndarray, extras: SampleExtras | None = None) -> None:
         v = np.asarray(verdicts, dtype=np.int8).reshape(-1)
         c = np.asarray(confidences, dtype=np.float64).reshape(-1)
+        cols = self._columns(v, c, extras)
+        bufs = self._buffers()
         if len(v) >= self.size:
-            self.verdicts[:] = v[-self.size :]
-            self.confidences[:] = c[-self.size :]
+            for buf, col in zip(bufs, cols, strict=True):
+                buf[:] = col[-self.size :]
             self.pos, self.count = 0, self.size
             return
         end = self.pos + len(v)
-        if end <= self.size:
-            self.verdicts[self.pos : end] = v
-            self.confidences[self.pos : end] = c
-        else:
-            first = self.size - self.pos
-            self.verdicts[self.pos :] = v[:first]
-            self.confidences[self.pos :] = c[:first]
-            self.verdicts[: end - self.size] = v[first:]
-            self.confidences[: end - self.size] = c[first:]
+        for buf, col in zip(bufs, cols, strict=True):
+            if end <= self.size:
+                buf[self.pos : end] = col
+            else:
+                first = self.size - self.pos
+                buf[self.pos :] = col[:first]
+                buf[: end - self.size] = col[first:]
         self.pos = end % self.size
         self.count = min(self.size, self.count + len(v))
 
     def _filled(self) -> tuple[np.ndarray, np.ndarray]:
+        """Verdicts and confidences of the filled slots (ring order)."""
+        return self.verdicts[: self.count], self.confidences[: self.count]
+
+    def _ordered(self) -> list[np.ndarray]:
+        """Every buffer, oldest first, filled slots only."""
         if self.count < self.size:
-            return self.verdicts[: self.count], self.confidences[: self.count]
-        return self.verdicts, self.confidences
+            return [b[: self.count] for b in self._buffers()]
+        return [np.concatenate([b[self.pos :], b[: self.pos]]) for b in self._buffers()]
 
     def stats(self, calibration: EstimatorCalibration) -> WindowStats:
-        v, c = self._filled()
-        if len(v) == 0:
+        if self.count == 0:
             return WindowStats()
+        v, c, *ext, has = self._ordered()
+        shift = calibration.shift
+        if shift is not None and has.all():
+            extras = SampleExtras(*ext)
+            return WindowStats.of_samples(v, c, calibration.atc_threshold, extras, shift.reference)
         return WindowStats.from_batch(v, c, calibration)
 
     def to_dict(self) -> dict[str, Any]:
-        # Oldest first, so that restoring is a plain add.
-        if self.count < self.size:
-            v, c = self.verdicts[: self.count], self.confidences[: self.count]
-        else:
-            v = np.concatenate([self.verdicts[self.pos :], self.verdicts[: self.pos]])
-            c = np.concatenate([self.confidences[self.pos :], self.confidences[: self.pos]])
-        return {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
+        v, c, *ext, has = self._ordered()
+        d: dict[str, Any] = {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
+        if has.any():
+            d["extras"] = {f: col.tolist() for f, col in zip(self._EXTRA_FIELDS, ext, strict=True)}
+            d["has_extras"] = has.tolist()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], size: int | None = None) -> CountWindow:
         w = cls(int(size or d["size"]))
-        if d.get("verdicts"):
-            w.add(np.asarray(d["verdicts"], dtype=np.int8), np.asarray(d["confidences"], dtype=np.float64))
+        if not d.get("verdicts"):
+            return w
+        v = np.asarray(d["verdicts"], dtype=np.int8)
+        c = np.asarray(d["confidences"], dtype=np.float64)
+        raw = d.get("extras")
+        has = np.asarray(d.get("has_extras") or [], dtype=bool)
+        if isinstance(raw, Mapping) and len(has) == len(v) and has.all():
+            cols: list[np.ndarray] = [
+                np.asarray(raw[f], dtype=t) for f, t in zip(cls._EXTRA_FIELDS, cls._EXTRA_DTYPES, strict=True)
+            ]
+            w.add(v, c, SampleExtras(*cols))
+        else:
+            w.add(v, c)
         return w
 
 
@@ -160,14 +199,16 @@ class WindowSet:
         calibration: EstimatorCalibration,
         now: float,
         stats: WindowStats | None = None,
+        extras: SampleExtras | None = None,
     ) -> WindowStats:
-        """Add a judged batch (verdict indices and top-class probabilities)."""
+        """Add a judged batch (verdict indices and top-class probabilities; ``stats`` and ``extras``
+        when the caller computed them, see :func:`agent.estimators.sample_extras`)."""
         s = stats if stats is not None else WindowStats.from_batch(verdicts, confidences, calibration)
         with self._lock:
             for w in self.time.values():
                 w.add(s, now)
             if self.count is not None:
-                self.count.add(verdicts, confidences)
+                self.count.add(verdicts, confidences, extras)
             self.total += s.n
         return s
 

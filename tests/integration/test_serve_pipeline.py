@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import wait_until
 from prometheus_client import CollectorRegistry
 
@@ -77,3 +78,36 @@ def test_inline_judging_takes_the_deferred_work_along(mnist_bundle_dir: Path, mn
     ref = reference_verdicts(rt, mnist_splits.test.x[:20])
     np.testing.assert_array_equal(verdicts, ref[5:])
     assert pipe.windows.total == 20
+
+
+def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    """The serve path passes the oracle's TDI leaves, margins and inputs to the windows, so the live
+    count window and time window give exactly the offline `check` statistics (not the reduced model)."""
+    from agent.data_io import Dataset
+    from agent.estimators import RECOMMENDED_ESTIMATOR
+    from agent.offline import check_report
+
+    rt = runtime(mnist_bundle_dir)
+    assert rt.classifier is not None and rt.calibration.shift is not None
+    x = mnist_splits.test.x[:300]
+    pipe = Pipeline(WindowSet({"1h": 3600.0}, 300), AgentMetrics(CollectorRegistry()), linger_seconds=60.0)
+    for start in range(0, 300, 37):
+        xb = rt.classifier.prepare(x[start : start + 37])
+        pred = rt.classifier.predict_prepared(xb)
+        pipe.judge(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, None, f"r{start}")
+    offline = check_report(rt.classifier, rt.bundle, Dataset(x, mnist_splits.test.y[:300]))
+    expected = offline["estimates"][RECOMMENDED_ESTIMATOR]["value"]
+    import time
+
+    estimates = pipe.windows.estimates(rt.calibration, time.time())
+    for window in ("1h", "last300"):
+        stats, est = estimates[window]
+        assert stats.n_ext == 300, window  # every sample carried the full model's inputs
+        assert est[RECOMMENDED_ESTIMATOR].value == pytest.approx(expected, abs=1e-9), window
+    # restoring the count window from state keeps the extras
+    from agent.windows import CountWindow
+
+    count = pipe.windows.count
+    assert count is not None
+    restored = CountWindow.from_dict(count.to_dict()).stats(rt.calibration)
+    assert restored.n_ext == 300
