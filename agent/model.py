@@ -74,6 +74,48 @@ def _producer_ops(model_bytes: bytes) -> dict[str, str]:
     return {o.name: produced.get(o.name, "") for o in graph.output}
 
 
+def prepare_batch(
+    x: np.ndarray, input_shape: tuple[int, ...], max_batch: int, dtype: np.dtype | None = None
+) -> np.ndarray:
+    """Validate a batch and bring it to ``[N, *input_shape]`` (and ``dtype`` when given).
+
+    Accepts ``[N, *input_shape]``, flattened ``[N, prod(input_shape)]``, any ``[N, ...]`` with the
+    same number of values per sample (e.g. ``N×H×W`` for one channel), or one sample without the
+    batch dimension. Raises :class:`InvalidInput` naming the problem.
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiub":
+        raise InvalidInput("dtype", f"input dtype {arr.dtype} is not numeric")
+    if arr.dtype.kind == "b":
+        raise InvalidInput("dtype", "input dtype bool is not accepted; send numbers")
+    if arr.shape == input_shape:
+        arr = arr[None, ...]
+    if arr.ndim < 1 or arr.shape[0] == 0:
+        raise InvalidInput("empty", "input batch is empty")
+    n = arr.shape[0]
+    if n > max_batch:
+        raise InvalidInput("too_large", f"batch of {n} samples exceeds the limit of {max_batch}")
+    per_sample = math.prod(arr.shape[1:]) if arr.ndim > 1 else 1
+    n_features = math.prod(input_shape)
+    if per_sample != n_features:
+        raise InvalidInput(
+            "shape",
+            f"input shape {list(arr.shape)} does not fit the model input {[-1, *input_shape]} "
+            f"({per_sample} values per sample, expected {n_features})",
+        )
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        bad = int((~np.isfinite(arr)).reshape(n, -1).any(axis=1).sum())
+        raise InvalidInput("non_finite", f"input holds NaN or Inf values in {bad} sample(s)")
+    out = arr.reshape((n, *input_shape))
+    if dtype is not None and out.dtype != dtype:
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if out.min() < info.min or out.max() > info.max:
+                raise InvalidInput("dtype", f"input values do not fit the model's {dtype}")
+        out = out.astype(dtype)
+    return np.ascontiguousarray(out)
+
+
 class OnnxClassifier:
     """A classifier loaded from an ONNX file, ready for batch prediction.
 
@@ -176,42 +218,8 @@ class OnnxClassifier:
 
     # -- inputs ---------------------------------------------------------------------------
     def prepare(self, x: np.ndarray) -> np.ndarray:
-        """Validate a batch and bring it to the model's input shape and dtype.
-
-        Accepts ``[N, *input_shape]``, flattened ``[N, prod(input_shape)]``, any ``[N, ...]`` with the
-        same number of values per sample (e.g. ``N×H×W`` for one channel), or one sample without the
-        batch dimension. Raises :class:`InvalidInput` naming the problem.
-        """
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "fiub":
-            raise InvalidInput("dtype", f"input dtype {arr.dtype} is not numeric")
-        if arr.dtype.kind == "b":
-            raise InvalidInput("dtype", "input dtype bool is not accepted; send numbers")
-        if arr.shape == self.input_shape:
-            arr = arr[None, ...]
-        if arr.ndim < 1 or arr.shape[0] == 0:
-            raise InvalidInput("empty", "input batch is empty")
-        n = arr.shape[0]
-        if n > self.max_batch:
-            raise InvalidInput("too_large", f"batch of {n} samples exceeds the limit of {self.max_batch}")
-        per_sample = math.prod(arr.shape[1:]) if arr.ndim > 1 else 1
-        if per_sample != self.n_features:
-            raise InvalidInput(
-                "shape",
-                f"input shape {list(arr.shape)} does not fit the model input {[-1, *self.input_shape]} "
-                f"({per_sample} values per sample, expected {self.n_features})",
-            )
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            bad = int((~np.isfinite(arr)).reshape(n, -1).any(axis=1).sum())
-            raise InvalidInput("non_finite", f"input holds NaN or Inf values in {bad} sample(s)")
-        out = arr.reshape((n, *self.input_shape))
-        if out.dtype != self.input.dtype:
-            if self.input.dtype.kind in "iu":
-                info = np.iinfo(self.input.dtype)
-                if out.min() < info.min or out.max() > info.max:
-                    raise InvalidInput("dtype", f"input values do not fit the model's {self.input.dtype}")
-            out = out.astype(self.input.dtype)
-        return np.ascontiguousarray(out)
+        """Validate a batch and bring it to the model's input shape and dtype (see :func:`prepare_batch`)."""
+        return prepare_batch(x, self.input_shape, self.max_batch, self.input.dtype)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """Prepared inputs flattened to float32 ``[N, D]`` (what the invariants read)."""

@@ -25,8 +25,8 @@ import numpy as np
 from agent import v2
 from agent.config import AgentSettings
 from agent.errors import UserError
-from agent.estimators import EstimatorCalibration, WindowStats, sample_extras
-from agent.model import InvalidInput, ModelLoadError, OnnxClassifier, softmax
+from agent.estimators import EstimatorCalibration, SampleExtras, WindowStats, sample_extras
+from agent.model import ModelLoadError, OnnxClassifier, prepare_batch, softmax
 from agent.v2 import ProtocolError, Tensor
 from agent.windows import WindowSet
 from exporters.prometheus import AgentMetrics
@@ -88,26 +88,7 @@ class Runtime:
         """Validate a batch; raises :class:`agent.model.InvalidInput` naming the problem."""
         if self.classifier is not None:
             return self.classifier.prepare(x)
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "fiu":
-            raise InvalidInput("dtype", f"input dtype {arr.dtype} is not numeric")
-        if arr.shape == self.input_shape:
-            arr = arr[None, ...]
-        if arr.ndim < 1 or arr.shape[0] == 0:
-            raise InvalidInput("empty", "input batch is empty")
-        n = arr.shape[0]
-        if n > self.max_batch:
-            raise InvalidInput("too_large", f"batch of {n} samples exceeds the limit of {self.max_batch}")
-        per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
-        if per_sample != self.n_features:
-            raise InvalidInput(
-                "shape",
-                f"input shape {list(arr.shape)} does not fit the model input {[-1, *self.input_shape]} "
-                f"({per_sample} values per sample, expected {self.n_features})",
-            )
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise InvalidInput("non_finite", "input holds NaN or Inf values")
-        return np.ascontiguousarray(arr.reshape((n, *self.input_shape)))
+        return prepare_batch(x, self.input_shape, self.max_batch)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
@@ -333,6 +314,8 @@ class JudgedBatch:
     probabilities: np.ndarray
     labels: np.ndarray
     verdicts: np.ndarray
+    #: The inputs of the full ``shift_aware`` model for these predictions (None without a shift calibration).
+    extras: SampleExtras | None = None
 
 
 class Pipeline:
@@ -543,9 +526,13 @@ class Pipeline:
             start += n
         if self.judged_taps:
             now = time.time()
+            start = 0
             for w in works:
+                n = len(w.labels)
+                part = extras.take(np.arange(start, start + n)) if extras is not None else None
+                start += n
                 if w.request_id is not None and w.verdicts is not None:
-                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.labels, w.verdicts)
+                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.labels, w.verdicts, part)
                     for judged_tap in self.judged_taps:
                         judged_tap(batch)
 
