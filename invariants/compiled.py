@@ -41,7 +41,7 @@ def float32_floor(values: np.ndarray) -> np.ndarray:
     return v32
 
 
-def tdi_nodes(tdi: TrainingInvariants, n_features: int) -> list[Any]:
+def tdi_nodes(tdi: TrainingInvariants) -> list[Any]:
     """ONNX nodes mapping ``features`` [N, D] to ``tdi_leaf`` int64 [N] (the leaf node id)."""
     from onnx import helper
 
@@ -76,7 +76,6 @@ def tdi_nodes(tdi: TrainingInvariants, n_features: int) -> list[Any]:
     shape = helper.make_node("Constant", [], ["tdi_flat_shape"], value=helper.make_tensor("s", 7, [1], [-1]))
     flatten = helper.make_node("Reshape", ["tdi_leaf_float", "tdi_flat_shape"], ["tdi_leaf_col"])
     cast = helper.make_node("Cast", ["tdi_leaf_col"], [TDI_LEAF], to=7)  # INT64
-    del n_features
     return [ensemble, shape, flatten, cast]
 
 
@@ -95,7 +94,7 @@ def build_graph(
     opsets = dict(_OPSET)
     if tdi is not None:
         inputs.append(helper.make_tensor_value_info(FEATURES, TensorProto.FLOAT, [None, n_features]))
-        nodes += tdi_nodes(tdi, n_features)
+        nodes += tdi_nodes(tdi)
         outputs.append(helper.make_tensor_value_info(TDI_LEAF, TensorProto.INT64, [None]))
     if adi is not None:
         sub = compose.add_prefix(onnx.load_from_string(adi.onnx_bytes), "adi/")
