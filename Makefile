@@ -5,24 +5,24 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
-SYSTEM_STAMP := $(VENV)/.system-tools
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: demo test lint venv system-tools bench clean audit-deps
+.PHONY: demo test lint venv system-tools bench clean audit-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,demo]'
+$(STAMP): pyproject.toml requirements.lock | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,demo]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# Debian packages the integration tests use: prometheus (promtool and a real server).
-# Installed only when running as root and missing; otherwise those tests skip with a message.
+# Debian packages the tests use: prometheus (promtool and a real server), npm (dashboard type-check),
+# chromium (demo report). Installed only when running as root and missing; otherwise those tests skip
+# with a message saying how to install them.
 system-tools:
 	@bash .ci/system-tools.sh
 
@@ -46,3 +46,7 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+
+# Re-pin the tested dependency versions (requirements.lock constrains every install) after changing pyproject.toml.
+lock: venv
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v -i '^icos-agent' > requirements.lock
