@@ -10,6 +10,7 @@ BENCHMARKS = {
     "dscore": "bench.bench_dscore",
     "serving": "bench.bench_serving",
     "estimators": "bench.estimators.__main__",
+    "soak": "bench.soak.__main__",
 }
 DEFAULT = ("oracle", "dscore")
 
