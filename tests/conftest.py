@@ -3,7 +3,10 @@ helpers to run real agent servers on free loopback ports."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -149,3 +152,44 @@ def wait_http_ready(url: str, timeout: float = 20.0) -> None:
 
     if not wait_until(ok, timeout, 0.05):
         raise TimeoutError(f"{url} not ready within {timeout} s")
+
+
+# -- the demo (tests/e2e), run once per session in its reduced mode ----------------------------------
+DEMO_REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    state_dir: Path
+    report_dir: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """``python -m agent demo --quick --no-live`` with its state and report in a fresh directory."""
+    root = tmp_path_factory.mktemp("demo")
+    state, report = root / "state", root / "report"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    proc = subprocess.run(  # noqa: S603 - our own interpreter and module
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "demo",
+            "--quick",
+            "--no-live",
+            "--state-dir",
+            str(state),
+            "--report-dir",
+            str(report),
+        ],
+        cwd=DEMO_REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return DemoRun(state, report, proc.returncode, proc.stdout, proc.stderr)
