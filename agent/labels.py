@@ -163,7 +163,13 @@ class LabelService:
         """Pipeline tap (under the judging lock): queue the predictions for the writer."""
         self.store.enqueue(
             PendingBatch(
-                batch.request_id, batch.timestamp, batch.rt.identity, batch.probabilities, batch.labels, batch.verdicts
+                batch.request_id,
+                batch.timestamp,
+                batch.rt.identity,
+                batch.probabilities,
+                batch.labels,
+                batch.verdicts,
+                batch.extras,
             )
         )
 

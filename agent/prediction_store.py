@@ -9,10 +9,13 @@ transaction and evicts what is over the bounds: predictions older than ``max_age
 One row per prediction (table ``predictions``): its id ``<request id>:<index>``, the prediction
 time, the identity of the model and bundle that judged it, the predicted class, the top-class
 probability, the oracle verdict (index into :data:`invariants.oracle.VERDICTS`) and the probability
-vector (float32 little-endian bytes); once labeled, the true class, the label's arrival time and the
-prediction's absolute and squared error sums over the classes against the one-hot truth. A request
-id used twice replaces the earlier predictions with that id. The table ``calibration`` keeps an
-estimator calibration refitted from labels, per model identity.
+vector (float32 little-endian bytes), and the inputs of the full ``shift_aware`` model when the
+runtime computed them (column ``extras``: margin, TDI rule, agreement, coverage and PCA error of
+:class:`agent.estimators.SampleExtras`, 5 float64 little-endian; NULL otherwise); once labeled,
+the true class, the label's arrival time and the prediction's absolute and squared error sums over
+the classes against the one-hot truth. A request id used twice replaces the earlier predictions with
+that id. The table ``calibration`` keeps an estimator calibration refitted from labels, per model
+identity. A file from before the ``extras`` column gains it when opened (its rows keep NULL).
 
 The file is ``<state_dir>/predictions.sqlite3``. Without a state directory, or when the file cannot
 be opened, the store lives in memory (same bounds, lost at restart) and the failure is reported to
@@ -34,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimators import SampleExtras
+
 log = logging.getLogger("icos_agent.labels")
 
 STORE_FILE = "predictions.sqlite3"
@@ -43,11 +48,41 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS predictions ("
     " seq INTEGER PRIMARY KEY AUTOINCREMENT, pid TEXT NOT NULL UNIQUE, ts REAL NOT NULL,"
     " identity TEXT NOT NULL, predicted INTEGER NOT NULL, confidence REAL NOT NULL, verdict INTEGER NOT NULL,"
-    " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL)",
+    " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL, extras BLOB)",
     "CREATE INDEX IF NOT EXISTS predictions_ts ON predictions(ts)",
     "CREATE INDEX IF NOT EXISTS predictions_labeled ON predictions(identity, labeled_at) WHERE label IS NOT NULL",
     "CREATE TABLE IF NOT EXISTS calibration (identity TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)",
 )
+#: The :class:`SampleExtras` fields kept per prediction, in the order of the ``extras`` column.
+EXTRAS_FIELDS: tuple[str, ...] = ("margin", "rules", "agree", "covered", "pca_error")
+_EXTRAS_DTYPE = "<f8"
+
+
+def extras_columns(extras: SampleExtras) -> np.ndarray:
+    """The extras as float64 ``[N, 5]`` (columns :data:`EXTRAS_FIELDS`; integer and bool fields exactly)."""
+    return np.column_stack([np.asarray(getattr(extras, f), dtype=np.float64).reshape(-1) for f in EXTRAS_FIELDS])
+
+
+def extras_from_columns(cols: np.ndarray) -> SampleExtras:
+    """The inverse of :func:`extras_columns`."""
+    c = np.asarray(cols, dtype=np.float64).reshape(-1, len(EXTRAS_FIELDS))
+    return SampleExtras(
+        margin=c[:, 0].copy(),
+        rules=c[:, 1].astype(np.int64),
+        agree=c[:, 2] != 0,
+        covered=c[:, 3] != 0,
+        pca_error=c[:, 4].copy(),
+    )
+
+
+def _extras_blob(row: np.ndarray | None) -> bytes | None:
+    return None if row is None else np.asarray(row, dtype=_EXTRAS_DTYPE).tobytes()
+
+
+def _extras_row(blob: object) -> np.ndarray:
+    if isinstance(blob, bytes) and len(blob) == 8 * len(EXTRAS_FIELDS):
+        return np.frombuffer(blob, dtype=_EXTRAS_DTYPE).astype(np.float64)
+    return np.full(len(EXTRAS_FIELDS), np.nan)
 
 
 class StoreUnavailable(Exception):
@@ -64,6 +99,8 @@ class PendingBatch:
     probabilities: np.ndarray
     labels: np.ndarray
     verdicts: np.ndarray
+    #: The inputs of the full ``shift_aware`` model, when the runtime computed them.
+    extras: SampleExtras | None = None
 
     @property
     def n(self) -> int:
@@ -81,10 +118,24 @@ class LabeledRows:
     abs_err: np.ndarray  # sum over classes of |p_k - onehot_k|
     sq_err: np.ndarray  # sum over classes of (p_k - onehot_k)^2
     n_classes: np.ndarray  # K of each prediction
+    #: float64 [N, 5]: the stored :class:`SampleExtras` (columns :data:`EXTRAS_FIELDS`), NaN rows where
+    #: the prediction has none (``None`` given: all NaN)
+    extras: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.extras is None:
+            object.__setattr__(self, "extras", np.full((len(self.timestamp), len(EXTRAS_FIELDS)), np.nan))
 
     @property
     def n(self) -> int:
         return len(self.timestamp)
+
+    def sample_extras(self) -> SampleExtras | None:
+        """The extras of every row, or None when any row has none (the reduced model applies then)."""
+        cols = self.extras
+        if cols is None or self.n == 0 or np.isnan(cols).any():
+            return None
+        return extras_from_columns(cols)
 
     @classmethod
     def empty(cls) -> LabeledRows:
@@ -92,7 +143,13 @@ class LabeledRows:
         return cls(z, np.zeros(0, np.int8), z, np.zeros(0, bool), z, z, np.zeros(0, np.int64))
 
     @classmethod
-    def from_tuples(cls, rows: Sequence[tuple[float, int, float, bool, float, float, int]]) -> LabeledRows:
+    def from_tuples(
+        cls,
+        rows: Sequence[tuple[float, int, float, bool, float, float, int]],
+        extras: Sequence[np.ndarray] | None = None,
+    ) -> LabeledRows:
+        """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
+        one extras row (5 floats, NaN when absent) per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -104,6 +161,7 @@ class LabeledRows:
             np.asarray(a, np.float64),
             np.asarray(s, np.float64),
             np.asarray(k, np.int64),
+            np.asarray(extras, np.float64).reshape(len(rows), len(EXTRAS_FIELDS)) if extras is not None else None,
         )
 
 
@@ -193,6 +251,14 @@ class PredictionStore:
     def _init_schema(db: sqlite3.Connection) -> None:
         for stmt in _SCHEMA:
             db.execute(stmt)
+        # a file written before the ``extras`` column existed: add it (its old rows keep NULL)
+        columns = {str(r[1]) for r in db.execute("PRAGMA table_info(predictions)")}
+        if "extras" not in columns:
+            try:
+                db.execute("ALTER TABLE predictions ADD COLUMN extras BLOB")
+            except sqlite3.OperationalError as exc:  # another process added it meanwhile
+                if "duplicate column" not in str(exc):
+                    raise
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -237,7 +303,8 @@ class PredictionStore:
                     try:
                         db.executemany(
                             "INSERT OR REPLACE INTO predictions"
-                            "(pid, ts, identity, predicted, confidence, verdict, probs) VALUES(?, ?, ?, ?, ?, ?, ?)",
+                            "(pid, ts, identity, predicted, confidence, verdict, probs, extras)"
+                            " VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
                             rows,
                         )
                         db.execute("COMMIT")
@@ -311,6 +378,7 @@ class PredictionStore:
         """Record true classes for prediction ids (ids must be distinct). Unknown ids (never seen or
         evicted) and already labeled ones (``duplicate``; the first label stays) are listed."""
         by_identity: dict[str, list[tuple[float, int, float, bool, float, float, int]]] = {}
+        extras_by_identity: dict[str, list[np.ndarray]] = {}
         unknown: list[str] = []
         duplicate: list[str] = []
         n_accepted = 0
@@ -325,7 +393,7 @@ class PredictionStore:
                         found = {
                             r[0]: r
                             for r in db.execute(
-                                "SELECT pid, ts, identity, predicted, confidence, verdict, probs, label "
+                                "SELECT pid, ts, identity, predicted, confidence, verdict, probs, label, extras "
                                 f"FROM predictions WHERE pid IN ({marks})",  # noqa: S608 - placeholders only
                                 [pid for pid, _ in chunk],
                             )
@@ -345,6 +413,7 @@ class PredictionStore:
                             by_identity.setdefault(str(r[2]), []).append(
                                 (float(r[1]), int(r[5]), float(r[4]), int(r[3]) == label, a, s, len(probs))
                             )
+                            extras_by_identity.setdefault(str(r[2]), []).append(_extras_row(r[8]))
                         db.executemany(
                             "UPDATE predictions SET label = ?, labeled_at = ?, abs_err = ?, sq_err = ? WHERE pid = ?",
                             updates,
@@ -358,14 +427,14 @@ class PredictionStore:
             self.on_error("write")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
         self.labeled += n_accepted
-        accepted = [(k, LabeledRows.from_tuples(v)) for k, v in by_identity.items()]
+        accepted = [(k, LabeledRows.from_tuples(v, extras_by_identity[k])) for k, v in by_identity.items()]
         return LabelOutcome(accepted, n_accepted, unknown, duplicate)
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         """Labeled predictions of one model identity (prediction time ≥ ``since``; the newest ``limit``)."""
         sql = (
-            "SELECT ts, verdict, confidence, predicted = label, abs_err, sq_err, length(probs) / 4 "
-            "FROM predictions WHERE identity = ? AND label IS NOT NULL AND ts >= ? ORDER BY ts DESC"
+            "SELECT ts, verdict, confidence, predicted = label, abs_err, sq_err, length(probs) / 4, extras "
+            "FROM predictions WHERE identity = ? AND label IS NOT NULL AND ts >= ? ORDER BY ts DESC, seq DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
@@ -378,7 +447,9 @@ class PredictionStore:
             self.on_error("read")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
         rows.reverse()
-        return LabeledRows.from_tuples([(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows])
+        return LabeledRows.from_tuples(
+            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows], [_extras_row(r[7]) for r in rows]
+        )
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:
@@ -398,12 +469,13 @@ class PredictionStore:
             self._conn().execute("DELETE FROM calibration WHERE identity = ?", (identity,))
 
 
-def _rows(batches: Iterable[PendingBatch]) -> Iterable[tuple[str, float, str, int, float, int, bytes]]:
+def _rows(batches: Iterable[PendingBatch]) -> Iterable[tuple[str, float, str, int, float, int, bytes, bytes | None]]:
     for b in batches:
         p = np.asarray(b.probabilities, dtype="<f4").reshape(b.n, -1)
         conf = p.max(axis=1) if p.shape[1] else np.zeros(b.n, dtype="<f4")
         labels = np.asarray(b.labels, dtype=np.int64).reshape(-1)
         verdicts = np.asarray(b.verdicts, dtype=np.int64).reshape(-1)
+        ext = extras_columns(b.extras) if b.extras is not None and len(b.extras.margin) == b.n else None
         for i in range(b.n):
             yield (
                 f"{b.request_id}:{i}",
@@ -413,4 +485,5 @@ def _rows(batches: Iterable[PendingBatch]) -> Iterable[tuple[str, float, str, in
                 float(conf[i]),
                 int(verdicts[i]),
                 p[i].tobytes(),
+                _extras_blob(ext[i]) if ext is not None else None,
             )

@@ -10,7 +10,11 @@ For every window, :class:`RealizedWindows` reports on the labeled predictions in
 * the realized accuracy (share of correct predictions) with its Wilson 95% interval;
 * every estimator computed on *the same labeled predictions* (their verdicts and confidences, with
   the runtime's calibration), and its absolute error ``|estimate − realized accuracy|`` — the
-  comparison is between equal sets of predictions;
+  comparison is between equal sets of predictions. When every prediction of the window kept the
+  inputs of the full ``shift_aware`` model (margin, TDI leaf, input PCA error; stored with it),
+  ``shift_aware`` is computed with the full model, exactly as the live windows do, so its error is
+  the error of the value the dashboard shows; otherwise (e.g. predictions stored before these
+  inputs were kept) it uses the reduced model;
 * the model's probabilistic error against the one-hot truth, with the instruments BenchMetrics Prob
   (Canbek 2023, §5 and Appendix B, Table 10) finds robust: MAE = mean |c − p|, MSE = mean (c − p)²,
   RMSE = √MSE, the mean running over every instance and class (for two classes this is the paper's
@@ -88,7 +92,11 @@ def realized_window(rows: LabeledRows, calibration: EstimatorCalibration) -> Rea
     correct = int(np.sum(rows.correct))
     acc = correct / n
     lo, hi = wilson(correct, n)
-    stats = WindowStats.from_batch(rows.verdict, rows.confidence, calibration)
+    shift = calibration.shift
+    extras = rows.sample_extras() if shift is not None else None
+    stats = WindowStats.of_samples(
+        rows.verdict, rows.confidence, calibration.atc_threshold, extras, shift.reference if shift else None
+    )
     ests = estimate_all(stats, calibration)
     return RealizedWindow(
         n=n,

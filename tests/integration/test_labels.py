@@ -20,9 +20,11 @@ from agent.app import create_app
 from agent.audits.mutation import probability_errors
 from agent.cli import main as cli_main
 from agent.config import load_settings
+from agent.data_io import Dataset
 from agent.datasets import Splits
-from agent.estimators import ESTIMATORS, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
 from agent.model import OnnxClassifier, default_model_path
+from agent.offline import check_report
 from invariants.bundle import Bundle
 from invariants.oracle import VERDICTS
 
@@ -93,13 +95,13 @@ def metric_values(url: str, name: str) -> dict[tuple[tuple[str, str], ...], floa
 
 
 def labeled_truth(
-    traffic: dict[str, np.ndarray], y: np.ndarray, idx: np.ndarray, cal: EstimatorCalibration
-) -> tuple[float, dict[str, float]]:
-    verdicts = np.array([VERDICTS.index(v) for v in traffic["verdicts"][idx]], dtype=np.int8)
-    conf = traffic["probabilities"][idx].max(axis=1).astype(np.float64)
-    acc = float(np.mean(traffic["labels"][idx] == y[idx]))
-    ests = estimate_all(WindowStats.from_batch(verdicts, conf, cal), cal)
-    return acc, {k: e.value for k, e in ests.items()}
+    model: OnnxClassifier, bundle: Path, x: np.ndarray, y: np.ndarray, idx: np.ndarray
+) -> tuple[float, dict[str, float], dict[str, int]]:
+    """The offline ``check`` of the labeled predictions: accuracy, every estimator (``shift_aware``
+    with its full model: margins, TDI leaves, input PCA error) and the verdict counts."""
+    report = check_report(model, Bundle.load(bundle), Dataset(x[idx], y[idx]))
+    estimates = {k: float(e["value"]) for k, e in report["estimates"].items()}
+    return float(report["truth"]["accuracy"]), estimates, dict(report["verdicts"])
 
 
 def bundle_calibration(bundle: Path) -> EstimatorCalibration:
@@ -107,7 +109,11 @@ def bundle_calibration(bundle: Path) -> EstimatorCalibration:
 
 
 def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
-    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
+    run_server: Callable[..., RunningServer],
+    mnist_bundle_dir: Path,
+    mnist_splits: Splits,
+    mnist_model: OnnxClassifier,
+    tmp_path: Path,
 ) -> None:
     srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     x, y = mnist_splits.test.x[:1000], mnist_splits.test.y[:1000]
@@ -143,9 +149,20 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
     assert realized["accuracy"]["value"] == pytest.approx(acc_all, abs=1e-12)
     assert realized["accuracy"]["lower"] <= acc_all <= realized["accuracy"]["upper"]
     assert set(realized["abs_error"]) == set(ESTIMATORS)
-    # every estimator on the labeled subset equals an offline computation on the same predictions
-    acc, offline = labeled_truth(traffic, y, idx, bundle_calibration(mnist_bundle_dir))
+    # every estimator on the labeled subset equals the offline `check` of the same predictions,
+    # shift_aware included with its full model (the predictions were stored with its inputs)
+    acc, offline, verdict_counts = labeled_truth(mnist_model, mnist_bundle_dir, x, y, idx)
     assert acc == pytest.approx(acc_all)
+    served = traffic["verdicts"][idx].tolist()
+    assert verdict_counts == {v: served.count(v) for v in VERDICTS}
+    assert set(offline) == set(ESTIMATORS)
+    reduced_cal = bundle_calibration(mnist_bundle_dir)
+    conf = traffic["probabilities"][idx].max(axis=1).astype(np.float64)
+    verdicts = np.array([VERDICTS.index(v) for v in served], dtype=np.int8)
+    reduced = estimate_all(WindowStats.from_batch(verdicts, conf, reduced_cal), reduced_cal)
+    assert realized["estimates"][RECOMMENDED_ESTIMATOR]["value"] != pytest.approx(
+        reduced[RECOMMENDED_ESTIMATOR].value, abs=1e-9
+    )  # not the reduced model
     for name, e in realized["estimates"].items():
         assert e["n"] == 601
         assert e["value"] == pytest.approx(offline[name], abs=1e-9), name

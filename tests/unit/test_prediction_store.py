@@ -1,13 +1,26 @@
 """The prediction store of delayed labels: writing off the request path, eviction by count and by
-age, label outcomes, persistence, the in-memory fallback and the bounded queue."""
+age, label outcomes, persistence, the in-memory fallback, the bounded queue, the inputs of the full
+``shift_aware`` model kept per prediction and the upgrade of a file from before they were kept."""
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from agent.prediction_store import STORE_FILE, PendingBatch, PredictionStore, onehot_errors
+from agent.estimators import SampleExtras
+from agent.prediction_store import (
+    EXTRAS_FIELDS,
+    STORE_FILE,
+    LabeledRows,
+    PendingBatch,
+    PredictionStore,
+    extras_columns,
+    extras_from_columns,
+    onehot_errors,
+)
 
 
 def batch(rid: str, n: int, ts: float, k: int = 3, seed: int = 0, identity: str = "m:b") -> PendingBatch:
@@ -148,3 +161,82 @@ def test_background_writer_flushes(tmp_path: Path) -> None:
         time.sleep(0.02)
     assert s.rows == 7
     s.stop()
+
+
+def extras_for(n: int, seed: int = 0) -> SampleExtras:
+    rng = np.random.default_rng(seed)
+    return SampleExtras(
+        margin=rng.uniform(size=n),
+        rules=rng.integers(0, 50, n),
+        agree=rng.uniform(size=n) < 0.7,
+        covered=rng.uniform(size=n) < 0.4,
+        pca_error=rng.gamma(2.0, 0.3, n),
+    )
+
+
+def assert_same_extras(got: SampleExtras | None, want: SampleExtras) -> None:
+    assert got is not None
+    np.testing.assert_array_equal(got.margin, want.margin)
+    np.testing.assert_array_equal(got.rules, want.rules)
+    np.testing.assert_array_equal(got.agree, want.agree)
+    np.testing.assert_array_equal(got.covered, want.covered)
+    np.testing.assert_array_equal(got.pca_error, want.pca_error)
+    assert got.rules.dtype == np.int64 and got.agree.dtype == bool and got.covered.dtype == bool
+
+
+def test_extras_round_trip_through_labels_and_reads(tmp_path: Path) -> None:
+    s = store(tmp_path, max_age=1e12)
+    ex = extras_for(6)
+    s.enqueue(replace(batch("e", 6, 10.0), extras=ex))
+    s.enqueue(batch("plain", 2, 11.0))  # judged without the full model's inputs
+    s.flush(now=20.0)
+    out = s.apply_labels([(f"e:{i}", 0) for i in range(6)], 21.0)
+    ((identity, rows),) = out.accepted
+    assert identity == "m:b"
+    assert_same_extras(rows.sample_extras(), ex)
+    s.stop()
+    s2 = store(tmp_path, max_age=1e12)  # read back after a restart, in prediction-time order
+    assert_same_extras(s2.labeled_rows("m:b").sample_extras(), ex)
+    assert_same_extras(s2.labeled_rows("m:b", limit=3).sample_extras(), ex.take(np.arange(3, 6)))
+    # one labeled row without extras: the set as a whole has none
+    s2.apply_labels([("plain:0", 1)], 22.0)
+    mixed = s2.labeled_rows("m:b")
+    assert mixed.n == 7 and mixed.sample_extras() is None
+    assert mixed.extras is not None and np.isnan(mixed.extras[-1]).all()
+    s2.stop()
+
+
+def test_columns_and_empty_rows() -> None:
+    ex = extras_for(4, seed=3)
+    assert_same_extras(extras_from_columns(extras_columns(ex)), ex)
+    assert LabeledRows.empty().sample_extras() is None
+    assert LabeledRows.empty().extras is not None and LabeledRows.empty().extras.shape == (0, len(EXTRAS_FIELDS))
+
+
+def test_a_file_from_before_the_extras_column_is_upgraded(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / STORE_FILE)
+    db.execute(
+        "CREATE TABLE predictions ("
+        " seq INTEGER PRIMARY KEY AUTOINCREMENT, pid TEXT NOT NULL UNIQUE, ts REAL NOT NULL,"
+        " identity TEXT NOT NULL, predicted INTEGER NOT NULL, confidence REAL NOT NULL, verdict INTEGER NOT NULL,"
+        " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL)"
+    )
+    p = np.array([0.7, 0.2, 0.1], dtype="<f4")
+    db.execute(
+        "INSERT INTO predictions(pid, ts, identity, predicted, confidence, verdict, probs) VALUES(?,?,?,?,?,?,?)",
+        ("old:0", 100.0, "m:b", 0, 0.7, 0, p.tobytes()),
+    )
+    db.commit()
+    db.close()
+    s = store(tmp_path, max_age=1e12)
+    assert s.rows == 1
+    s.enqueue(replace(batch("new", 3, 200.0), extras=extras_for(3)))
+    s.flush(now=300.0)
+    out = s.apply_labels([("old:0", 0), ("new:0", 1), ("new:1", 1), ("new:2", 1)], 301.0)
+    assert out.n_accepted == 4
+    rows = s.labeled_rows("m:b")
+    assert rows.n == 4 and rows.sample_extras() is None  # the old row has none
+    assert rows.extras is not None and np.isnan(rows.extras[0]).all() and not np.isnan(rows.extras[1:]).any()
+    assert_same_extras(s.labeled_rows("m:b", since=150.0).sample_extras(), extras_for(3))
+    s.stop()
+    store(tmp_path, max_age=1e12).stop()  # opening an upgraded file again is a no-op
