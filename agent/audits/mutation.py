@@ -503,6 +503,45 @@ def _predict(predict_proba: PredictProba, x: np.ndarray, batch_size: int | None)
     return np.concatenate([np.asarray(predict_proba(x[i : i + batch_size])) for i in range(0, len(x), batch_size)])
 
 
+def _repeat_groups(
+    data: Any,
+    k: int,
+    ops: tuple[str, ...],
+    repetitions: int,
+    seed: int,
+    baseline: dict[str, float],
+    evaluate: Callable[[Any], dict[str, float]],
+    progress: ProgressFn | None,
+) -> dict[str, list[dict[str, Any]]]:
+    """For each operator alone and for all together (``ALL``), ``repetitions`` seeded runs: mutate
+    ``data`` (``k`` mutations), ``evaluate`` the mutated data and record the relative change (%) of
+    every error against ``baseline`` (paper §3, §5: averaged over repetitions by the callers)."""
+    groups: list[tuple[str, tuple[str, ...]]] = [(op, (op,)) for op in ops] + [("ALL", ops)]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    total, done = len(groups) * repetitions, 0
+    for gi, (name, group_ops) in enumerate(groups):
+        runs[name] = []
+        for rep in range(repetitions):
+            s = _seed_for(seed, gi, rep)
+            mutated, log = mutate(data, k, operators=group_ops, seed=s)
+            applied = len(log.applied)
+            after = evaluate(mutated) if applied else dict(baseline)
+            runs[name].append(
+                {
+                    "repetition": rep,
+                    "seed": s,
+                    "applied": applied,
+                    "after": after,
+                    "change_pct": {m: _change_pct(baseline[m], after[m]) for m in baseline},
+                    "log": log.summary(),
+                }
+            )
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return runs
+
+
 def run_mutation_audit(
     predict_proba: PredictProba,
     x: np.ndarray,
@@ -537,32 +576,11 @@ def run_mutation_audit(
         raise AuditError(f"{len(x)} samples but {len(truth)} labels")
     baseline = probability_errors(clean, truth)
     ops = tuple(o.upper() for o in operators)
-    groups: list[tuple[str, tuple[str, ...]]] = [(op, (op,)) for op in ops] + [("ALL", ops)]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    total, done = len(groups) * repetitions, 0
-    for gi, (name, group_ops) in enumerate(groups):
-        runs[name] = []
-        for rep in range(repetitions):
-            s = _seed_for(seed, gi, rep)
-            mutated, log = mutate(x, k, operators=group_ops, seed=s)
-            applied = len(log.applied)
-            if applied:
-                after = probability_errors(_predict(predict_proba, mutated, batch_size), truth)
-            else:
-                after = dict(baseline)
-            runs[name].append(
-                {
-                    "repetition": rep,
-                    "seed": s,
-                    "applied": applied,
-                    "after": after,
-                    "change_pct": {m: _change_pct(baseline[m], after[m]) for m in baseline},
-                    "log": log.summary(),
-                }
-            )
-            done += 1
-            if progress is not None:
-                progress(done, total)
+
+    def evaluate(mutated: Any) -> dict[str, float]:
+        return probability_errors(_predict(predict_proba, mutated, batch_size), truth)
+
+    runs = _repeat_groups(x, k, ops, repetitions, seed, baseline, evaluate, progress)
     params = {
         "k": k,
         "repetitions": repetitions,
@@ -705,29 +723,7 @@ def run_retrain_audit(
 
     baseline = evaluate(x_train)
     ops = tuple(o.upper() for o in operators)
-    groups: list[tuple[str, tuple[str, ...]]] = [(op, (op,)) for op in ops] + [("ALL", ops)]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    total, done = len(groups) * repetitions, 0
-    for gi, (name, group_ops) in enumerate(groups):
-        runs[name] = []
-        for rep in range(repetitions):
-            s = _seed_for(seed, gi, rep)
-            mutated, log = mutate(x_train, k, operators=group_ops, seed=s)
-            applied = len(log.applied)
-            after = evaluate(mutated) if applied else dict(baseline)
-            runs[name].append(
-                {
-                    "repetition": rep,
-                    "seed": s,
-                    "applied": applied,
-                    "after": after,
-                    "change_pct": {m: _change_pct(baseline[m], after[m]) for m in baseline},
-                    "log": log.summary(),
-                }
-            )
-            done += 1
-            if progress is not None:
-                progress(done, total)
+    runs = _repeat_groups(x_train, k, ops, repetitions, seed, baseline, evaluate, progress)
     params = {
         "estimator": spec.get("estimator"),
         "estimator_params": dict(spec.get("params") or {}),
