@@ -8,7 +8,7 @@ Names (labels are bounded: audit kinds, statuses, the configured relations and t
 * ``icos_audit_duration_seconds{audit}`` — duration of the last run, whatever its status.
 * ``icos_dscore``, ``icos_dscore_robustness``, ``icos_dscore_fitness`` — D-Score eqs. 6, 4, 3 of
   the last successful run; ``icos_dscore_base_accuracy_ratio`` — its â (agreement with the model's
-  own labels when the run was label-free).
+  own labels when the run was label-free). NaN until the first successful D-Score audit.
 * ``icos_mutation_relative_change_ratio{audit="mutation",metric,operator}`` — mean relative change
   of the model's error after mutation (0.25 = +25 %), ``metric`` ``mae``/``mse``/``rmse``/
   ``accuracy``, ``operator`` ``dec``/``imp``/``sgn``/``dig``/``all``; ``..._stddev_ratio`` its
@@ -72,6 +72,9 @@ class AuditMetrics:
             ["audit", "metric", "operator"],
             registry=registry,
         )
+        # NaN, not 0, until the first successful D-Score audit: a 0 would read as "fully degraded"
+        for gauge in (self.dscore, self.dscore_robustness, self.dscore_fitness, self.dscore_base_accuracy):
+            gauge.set(math.nan)
         self.metamorphic_violation = Gauge(
             "icos_metamorphic_violation_ratio",
             "Share of inputs whose predicted label changes under a metamorphic relation.",
