@@ -87,6 +87,8 @@ def cell_counts(verdicts: np.ndarray, confidences: np.ndarray) -> list[int]:
 #: Bins of the window's mean PCA reconstruction error, as quantiles of the clean calibration split.
 PCA_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 N_PCA_BINS = len(PCA_QUANTILES) + 1
+#: Samples per step of :meth:`InputReference.pca_error` (its float64 buffer stays in the CPU cache).
+PCA_CHUNK = 64
 #: Window features of the reduced model (computable from verdicts and confidences alone).
 REDUCED_FEATURES: tuple[str, ...] = (
     *(f"conf_bin_{i}" for i in range(N_CONF_BINS)),
@@ -137,12 +139,26 @@ class InputReference:
         return len(self.rule_label)
 
     def pca_error(self, features: np.ndarray) -> np.ndarray:
-        """Root-mean-square PCA reconstruction error of every sample (standardised units), O(N·D·k)."""
-        f = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
-        z = (f - self._center) / self._scale  # type: ignore[attr-defined]
+        """Root-mean-square PCA reconstruction error of every sample (standardised units), O(N·D·k).
+
+        Computed in chunks of :data:`PCA_CHUNK` samples in one reused float64 buffer (the same
+        operations in the same order as ``z = (f − center) / scale; r = z − (z Bᵀ) B``, without
+        an N×D temporary per step)."""
+        f = np.asarray(features).reshape(len(features), -1)
+        n = len(f)
+        center, scale = self._center, self._scale  # type: ignore[attr-defined]
         basis = self._basis  # type: ignore[attr-defined]
-        resid = z - (z @ basis.T) @ basis
-        return np.sqrt((resid * resid).mean(axis=1))
+        out = np.empty(n, dtype=np.float64)
+        buf = np.empty((min(PCA_CHUNK, n), f.shape[1]), dtype=np.float64)
+        for a in range(0, n, PCA_CHUNK):
+            z = buf[: min(PCA_CHUNK, n - a)]
+            np.copyto(z, f[a : a + len(z)], casting="unsafe")
+            np.subtract(z, center, out=z)
+            np.divide(z, scale, out=z)
+            z -= (z @ basis.T) @ basis
+            np.multiply(z, z, out=z)
+            out[a : a + len(z)] = z.mean(axis=1)
+        return np.sqrt(out, out=out)
 
     def to_dict(self) -> dict[str, object]:
         return {
