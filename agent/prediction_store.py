@@ -470,20 +470,36 @@ class PredictionStore:
 
 
 def _rows(batches: Iterable[PendingBatch]) -> Iterable[tuple[str, float, str, int, float, int, bytes, bytes | None]]:
+    """The ``predictions`` rows of queued batches (columns built per batch with numpy, not per value)."""
     for b in batches:
-        p = np.asarray(b.probabilities, dtype="<f4").reshape(b.n, -1)
-        conf = p.max(axis=1) if p.shape[1] else np.zeros(b.n, dtype="<f4")
-        labels = np.asarray(b.labels, dtype=np.int64).reshape(-1)
-        verdicts = np.asarray(b.verdicts, dtype=np.int64).reshape(-1)
-        ext = extras_columns(b.extras) if b.extras is not None and len(b.extras.margin) == b.n else None
-        for i in range(b.n):
-            yield (
-                f"{b.request_id}:{i}",
-                b.timestamp,
-                b.identity,
-                int(labels[i]),
-                float(conf[i]),
-                int(verdicts[i]),
-                p[i].tobytes(),
-                _extras_blob(ext[i]) if ext is not None else None,
-            )
+        n = b.n
+        p = np.ascontiguousarray(np.asarray(b.probabilities, dtype="<f4").reshape(n, -1))
+        conf = p.max(axis=1) if p.shape[1] else np.zeros(n, dtype="<f4")
+        labels = np.asarray(b.labels, dtype=np.int64).reshape(-1).tolist()
+        verdicts = np.asarray(b.verdicts, dtype=np.int64).reshape(-1).tolist()
+        probs = _split_bytes(p.tobytes(), n)
+        ext: list[bytes | None]
+        if b.extras is not None and len(b.extras.margin) == n:
+            ext = list(_split_bytes(np.ascontiguousarray(extras_columns(b.extras), dtype=_EXTRAS_DTYPE).tobytes(), n))
+        else:
+            ext = [None] * n
+        rid, ts, identity = b.request_id, b.timestamp, b.identity
+        yield from zip(
+            [f"{rid}:{i}" for i in range(n)],
+            [ts] * n,
+            [identity] * n,
+            labels,
+            conf.astype(np.float64).tolist(),
+            verdicts,
+            probs,
+            ext,
+            strict=True,
+        )
+
+
+def _split_bytes(data: bytes, n: int) -> list[bytes]:
+    """``data`` cut into ``n`` equal consecutive pieces (the rows of a C-contiguous array)."""
+    if n == 0:
+        return []
+    step = len(data) // n
+    return [data[i : i + step] for i in range(0, step * n, step)] if step else [b""] * n
