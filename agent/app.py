@@ -311,7 +311,9 @@ class AgentService:
         Small requests run right on the event loop while their recent cost (a moving average) stays
         under :data:`INLINE_BUDGET_SECONDS`: a hop to a worker thread and back costs 50-100 µs, as
         much as a small CNN's inference, and the loop is blocked for less than that budget. Larger
-        or costlier requests run in the worker threads (onnxruntime releases the GIL there).
+        or costlier requests run in the worker threads (onnxruntime releases the GIL there). The cost
+        is the CPU time of the calling thread, so time spent waiting for the GIL behind other worker
+        threads does not keep small requests off the loop once they went to the threads.
         """
         if len(body) > INLINE_MAX_BYTES:
             return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
@@ -320,11 +322,11 @@ class AgentService:
         return await self.run(self._timed_serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
 
     def _timed_serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             return self.pipeline.serve_infer(rt, body, header_length)
         finally:
-            self._inline_cost += 0.05 * (time.perf_counter() - t0 - self._inline_cost)
+            self._inline_cost += 0.05 * (time.thread_time() - t0 - self._inline_cost)
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
