@@ -16,7 +16,14 @@ if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
 fi
 echo "installing system packages: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq >/dev/null
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# One retry: a mirror hiccup should not fail the whole test run.
+for attempt in 1 2; do
+  if apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
+    break
+  fi
+  [ "$attempt" = 2 ] && { echo "error: could not install ${need[*]} with apt-get" >&2; exit 1; }
+  echo "apt-get failed; retrying in 10 s" >&2
+  sleep 10
+done
 # The Debian package starts a server on :9090 where an init system runs; the tests start their own.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi
