@@ -29,7 +29,8 @@ def format_report(report: dict[str, object]) -> str:
     estimates = report["estimates"]
     errors = report.get("abs_error", {})
     assert isinstance(estimates, dict) and isinstance(errors, dict)
-    for name, e in estimates.items():
+    headline = report.get("headline")
+    for name, e in sorted(estimates.items(), key=lambda kv: kv[0] != headline):  # headline first
         mark = " *" if name == report.get("headline") else ""
         row = f"{name + mark:<16}{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]"
         if truth:
