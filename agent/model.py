@@ -74,6 +74,20 @@ def _producer_ops(model_bytes: bytes) -> dict[str, str]:
     return {o.name: produced.get(o.name, "") for o in graph.output}
 
 
+def scores_as_probabilities(s: np.ndarray, kind: str) -> np.ndarray:
+    """float32 scores ``[N, K]`` (K ≥ 2) → probabilities: kept when ``kind`` says probabilities (or, for
+    ``auto``, when every row is non-negative and sums to 1), else a softmax of the logits."""
+    if kind == "probabilities":
+        return s
+    if kind == "auto" and s.min() >= 0 and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
+        return s
+    # softmax(s) in place: the same float32 operations without the temporaries (request path)
+    z = s - s.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
 def prepare_batch(
     x: np.ndarray, input_shape: tuple[int, ...], max_batch: int, dtype: np.dtype | None = None
 ) -> np.ndarray:
@@ -235,15 +249,7 @@ class OnnxClassifier:
         if s.shape[1] == 1:  # binary classifier with a single score column
             p1 = s[:, 0] if self.scores_kind == "probabilities" else 1.0 / (1.0 + np.exp(-s[:, 0]))
             return np.stack([1.0 - p1, p1], axis=1).astype(np.float32)
-        if self.scores_kind == "probabilities":
-            return s
-        if self.scores_kind == "auto" and s.min() >= 0 and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
-            return s
-        # softmax(s) in place: the same float32 operations without the temporaries (request path)
-        z = s - s.max(axis=1, keepdims=True)
-        np.exp(z, out=z)
-        z /= z.sum(axis=1, keepdims=True)
-        return z
+        return scores_as_probabilities(s, self.scores_kind)
 
     def predict_prepared(self, x: np.ndarray) -> Prediction:
         (scores,) = self.session.run({self.input.name: x}, [self.scores_output])

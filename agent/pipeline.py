@@ -26,7 +26,7 @@ from agent import v2
 from agent.config import AgentSettings
 from agent.errors import UserError
 from agent.estimators import EstimatorCalibration, SampleExtras, WindowStats, sample_extras
-from agent.model import ModelLoadError, OnnxClassifier, prepare_batch, softmax
+from agent.model import ModelLoadError, OnnxClassifier, prepare_batch, scores_as_probabilities
 from agent.v2 import ProtocolError, Tensor
 from agent.windows import WindowSet
 from exporters.prometheus import AgentMetrics
@@ -105,11 +105,7 @@ class Runtime:
             )
         if not np.isfinite(s).all():
             raise ProtocolError("scores", f"{what} holds NaN or Inf values")
-        if self.scores_kind == "probabilities":
-            return s
-        if self.scores_kind == "auto" and (s >= 0).all() and np.allclose(s.sum(axis=1), 1.0, atol=1e-3):
-            return s
-        return softmax(s).astype(np.float32)
+        return scores_as_probabilities(s, self.scores_kind)
 
     def describe(self) -> dict[str, Any]:
         return {
