@@ -51,13 +51,6 @@ class Prediction:
         return self.probabilities.max(axis=1)
 
 
-def softmax(z: np.ndarray) -> np.ndarray:
-    """Numerically stable row-wise softmax."""
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

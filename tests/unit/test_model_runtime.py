@@ -11,7 +11,13 @@ from onnx import TensorProto, helper
 from skl2onnx import to_onnx
 from sklearn.linear_model import LogisticRegression
 
-from agent.model import InvalidInput, ModelLoadError, OnnxClassifier, default_model_path, softmax
+from agent.model import InvalidInput, ModelLoadError, OnnxClassifier, default_model_path
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Reference row-wise softmax."""
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def _linear_model(softmax_out: bool, k: int = 3, d: int = 4) -> bytes:
