@@ -18,6 +18,9 @@ from agent.datasets import Splits
 
 SLOW_SECONDS = 5.0
 TIMEOUT_SECONDS = 0.5
+#: The agent's worker-thread pool (``server.threads``). It grows lazily up to this size, so how many
+#: of its threads exist after a wave depends on timing; what must not happen is growth with the load.
+POOL_THREADS = 4
 
 
 async def slow_upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -44,6 +47,7 @@ def _proxy(tmp_path: Path, bundle: Path, upstream: str) -> AgentProcess:
         "model": {"name": "mnist"},
         "bundle": {"path": str(bundle)},
         "upstream": {"url": upstream, "timeout_seconds": TIMEOUT_SECONDS},
+        "server": {"threads": POOL_THREADS},
         "audits": {"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
     }
     return AgentProcess(tmp_path, cfg).start()
@@ -72,7 +76,7 @@ def test_upstream_faults_are_bounded(
     agent = _proxy(tmp_path, mnist_bundle_dir, upstream)
     body = infer_body(mnist_splits.test.x[:2])
     try:
-        for r in _wave(agent.url, body, 16):  # warm-up: the thread pool reaches its size
+        for r in _wave(agent.url, body, 16):  # warm-up: connection handling and clients exist
             assert r[0] == status, r
         threads, fds = agent.threads(), agent.open_fds()
         for _ in range(3):
@@ -82,7 +86,9 @@ def test_upstream_faults_are_bounded(
             if kind == "slow":
                 assert all("did not answer within" in r[1] for r in results)
         time.sleep(1.0)  # connections of the last wave close
-        assert agent.threads() <= threads + 2, (threads, agent.threads())
+        # 3 x 64 requests: a thread per request (or per connection) would add hundreds; the pool may
+        # still be filling up to its bound after the warm-up.
+        assert agent.threads() <= threads + POOL_THREADS + 2, (threads, agent.threads())
         assert agent.open_fds() <= fds + 8, (fds, agent.open_fds())
         assert agent.metrics()[f"icos_upstream_errors_total{{reason={reason}}}"] == 16 + 3 * 64
         assert httpx.get(f"{agent.url}/v2/health/live").status_code == 200
