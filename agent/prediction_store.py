@@ -4,18 +4,29 @@ The request pipeline hands every judged request to :meth:`PredictionStore.enqueu
 appends it to a memory-bounded queue (at most ``queue_limit`` predictions; beyond that a batch is
 dropped and counted). A background thread writes the queue every ``flush_interval`` seconds in one
 transaction and evicts what is over the bounds: predictions older than ``max_age_seconds`` and, past
-``max_predictions`` rows, the oldest ones.
+``max_predictions`` predictions, the oldest ones.
 
-One row per prediction (table ``predictions``): its id ``<request id>:<index>``, the prediction
-time, the identity of the model and bundle that judged it, the predicted class, the top-class
-probability, the oracle verdict (index into :data:`invariants.oracle.VERDICTS`) and the probability
-vector (float32 little-endian bytes), and the inputs of the full ``shift_aware`` model when the
-runtime computed them (column ``extras``: margin, TDI rule, agreement, coverage and PCA error of
-:class:`agent.estimators.SampleExtras`, 5 float64 little-endian; NULL otherwise); once labeled,
-the true class, the label's arrival time and the prediction's absolute and squared error sums over
-the classes against the one-hot truth. A request id used twice replaces the earlier predictions with
-that id. The table ``calibration`` keeps an estimator calibration refitted from labels, per model
-identity. A file from before the ``extras`` column gains it when opened (its rows keep NULL).
+One row per *request* (table ``requests``), so that a batch of 32 predictions costs one insert and,
+later, one delete: the request id, the prediction time, the identity of the model and bundle that
+judged it, the number of classes and, as little-endian arrays over the request's predictions, the
+predicted classes (int32), the oracle verdicts (int8, indices into
+:data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs of
+the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
+agreement, coverage and PCA error of :class:`agent.estimators.SampleExtras`, float64 ``[n, 5]``;
+NULL otherwise). Prediction ``i`` of a request has the id ``<request id>:<i>``. A row holds the
+predictions ``start ≤ i < hi`` of its request; those below ``lo`` were evicted (eviction by count
+keeps exactly the newest ``max_predictions`` predictions, also inside a request). A request id used
+twice replaces every earlier prediction with that id, and their labels.
+
+Labels live in their own table (``labels``, one row per labeled prediction, keyed by the request
+row and the index): the true class, the label's arrival time, the prediction's absolute and squared
+error sums over the classes against the one-hot truth, and a copy of what the realized windows and
+recalibration read (prediction time, verdict, confidence, correctness, K, extras), so reading labeled
+predictions never decodes request rows. Evicting a request deletes its labels. The table
+``calibration`` keeps an estimator calibration refitted from labels, per model identity.
+
+A file written by earlier versions (one row per prediction in a table ``predictions``, with or
+without its ``extras`` column) is converted when opened, labels included, in one transaction.
 
 The file is ``<state_dir>/predictions.sqlite3``. Without a state directory, or when the file cannot
 be opened, the store lives in memory (same bounds, lost at restart) and the failure is reported to
@@ -30,7 +41,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,14 +56,24 @@ STORE_FILE = "predictions.sqlite3"
 _CHUNK = 500  # ids per SQL statement (well below SQLite's variable limit)
 
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS predictions ("
-    " seq INTEGER PRIMARY KEY AUTOINCREMENT, pid TEXT NOT NULL UNIQUE, ts REAL NOT NULL,"
-    " identity TEXT NOT NULL, predicted INTEGER NOT NULL, confidence REAL NOT NULL, verdict INTEGER NOT NULL,"
-    " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL, extras BLOB)",
-    "CREATE INDEX IF NOT EXISTS predictions_ts ON predictions(ts)",
-    "CREATE INDEX IF NOT EXISTS predictions_labeled ON predictions(identity, labeled_at) WHERE label IS NOT NULL",
+    "CREATE TABLE IF NOT EXISTS requests ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT, rid TEXT NOT NULL, start INTEGER NOT NULL, lo INTEGER NOT NULL,"
+    " hi INTEGER NOT NULL, ts REAL NOT NULL, identity TEXT NOT NULL, k INTEGER NOT NULL,"
+    " predicted BLOB NOT NULL, verdict BLOB NOT NULL, probs BLOB NOT NULL, extras BLOB, UNIQUE(rid, start))",
+    "CREATE INDEX IF NOT EXISTS requests_ts ON requests(ts)",
+    "CREATE TABLE IF NOT EXISTS labels ("
+    " seq INTEGER NOT NULL, idx INTEGER NOT NULL, identity TEXT NOT NULL, ts REAL NOT NULL,"
+    " verdict INTEGER NOT NULL, confidence REAL NOT NULL, correct INTEGER NOT NULL, k INTEGER NOT NULL,"
+    " label INTEGER NOT NULL, labeled_at REAL NOT NULL, abs_err REAL NOT NULL, sq_err REAL NOT NULL, extras BLOB,"
+    " PRIMARY KEY(seq, idx))",
+    "CREATE INDEX IF NOT EXISTS labels_identity_ts ON labels(identity, ts)",
     "CREATE TABLE IF NOT EXISTS calibration (identity TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)",
 )
+_INSERT_LABEL = (
+    "INSERT INTO labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
+    " sq_err, extras) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras"
 #: The :class:`SampleExtras` fields kept per prediction, in the order of the ``extras`` column.
 EXTRAS_FIELDS: tuple[str, ...] = ("margin", "rules", "agree", "covered", "pca_error")
 _EXTRAS_DTYPE = "<f8"
@@ -185,6 +206,57 @@ class LabelOutcome:
     duplicate: list[str]
 
 
+def split_prediction_id(pid: str) -> tuple[str, int]:
+    """``<request id>:<index>`` → ``(request id, index)``; an id without an integer suffix maps to
+    ``(id, -1)``, which no prediction of a new request has (it can only match a converted old row)."""
+    rid, sep, tail = pid.rpartition(":")
+    if sep and tail.isdigit() and len(tail) <= 9:
+        return rid, int(tail)
+    return pid, -1
+
+
+@dataclass
+class _RequestRow:
+    """One ``requests`` row, its arrays decoded on first use."""
+
+    seq: int
+    rid: str
+    start: int
+    lo: int
+    hi: int
+    ts: float
+    identity: str
+    k: int
+    predicted_blob: bytes
+    verdict_blob: bytes
+    probs_blob: bytes
+    extras_blob: bytes | None
+
+    @classmethod
+    def of(cls, r: Sequence[Any]) -> _RequestRow:
+        return cls(int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]), str(r[6]), int(r[7]), *r[8:])
+
+    def holds(self, idx: int) -> bool:
+        return self.lo <= idx < self.hi
+
+    def prediction(self, idx: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """``(predicted class, verdict, probabilities [K], extras row [5] (NaN when none))`` of index ``idx``."""
+        j = idx - self.start
+        k = self.k
+        predicted = int(np.frombuffer(self.predicted_blob, dtype=_PREDICTED_DTYPE, count=1, offset=4 * j)[0])
+        verdict = int(np.frombuffer(self.verdict_blob, dtype=np.int8, count=1, offset=j)[0])
+        probs = np.frombuffer(self.probs_blob, dtype="<f4", count=k, offset=4 * k * j)
+        n_ext = len(EXTRAS_FIELDS)
+        if isinstance(self.extras_blob, bytes) and len(self.extras_blob) == 8 * n_ext * (self.hi - self.start):
+            ext = np.frombuffer(self.extras_blob, dtype=_EXTRAS_DTYPE, count=n_ext, offset=8 * n_ext * j)
+        else:
+            ext = np.full(n_ext, np.nan)
+        return predicted, verdict, probs, ext.astype(np.float64)
+
+
+_PREDICTED_DTYPE = "<i4"
+
+
 class PredictionStore:
     """See the module docstring. Thread-safe; ``start()`` runs the background writer."""
 
@@ -216,8 +288,10 @@ class PredictionStore:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: predictions stored (not evicted) and, of them, labeled ones
         self.rows = 0
         self.labeled = 0
+        self._oldest_ts = float("inf")  # the oldest stored request's time (age eviction skips until then)
 
     # -- opening ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -227,9 +301,13 @@ class PredictionStore:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 db = self._connect(str(path))
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                self._init_schema(db)
+                try:
+                    db.execute("PRAGMA journal_mode=WAL")
+                    db.execute("PRAGMA synchronous=NORMAL")
+                    self._init_schema(db)
+                except BaseException:
+                    db.close()
+                    raise
                 self._db, self.path, self.persistent = db, path, True
             except (sqlite3.Error, OSError) as exc:
                 self.on_error("open")
@@ -249,16 +327,18 @@ class PredictionStore:
 
     @staticmethod
     def _init_schema(db: sqlite3.Connection) -> None:
-        for stmt in _SCHEMA:
-            db.execute(stmt)
-        # a file written before the ``extras`` column existed: add it (its old rows keep NULL)
-        columns = {str(r[1]) for r in db.execute("PRAGMA table_info(predictions)")}
-        if "extras" not in columns:
-            try:
-                db.execute("ALTER TABLE predictions ADD COLUMN extras BLOB")
-            except sqlite3.OperationalError as exc:  # another process added it meanwhile
-                if "duplicate column" not in str(exc):
-                    raise
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _SCHEMA:
+                db.execute(stmt)
+            tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "predictions" in tables:
+                n = _convert_per_prediction_rows(db)
+                log.info("converted the prediction store to one row per request", extra={"predictions": n})
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -292,26 +372,29 @@ class PredictionStore:
 
     def flush(self, now: float | None = None) -> int:
         """Write everything queued now, then evict; returns the predictions written."""
-        batches = self._take()
+        batches = _last_per_request(self._take())
         written = 0
         if batches:
-            rows = list(_rows(batches))
+            rows = [_request_row(b) for b in batches]
             try:
                 with self._db_lock:
                     db = self._conn()
                     db.execute("BEGIN")
                     try:
+                        replaced_rows, replaced_labels = _delete_requests(db, [b.request_id for b in batches])
                         db.executemany(
-                            "INSERT OR REPLACE INTO predictions"
-                            "(pid, ts, identity, predicted, confidence, verdict, probs, extras)"
-                            " VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                            "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
+                            " extras) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
                             rows,
                         )
                         db.execute("COMMIT")
                     except BaseException:
                         db.execute("ROLLBACK")
                         raise
-                written = len(rows)
+                written = sum(b.n for b in batches)
+                self.rows += written - replaced_rows
+                self.labeled -= replaced_labels
+                self._oldest_ts = min(self._oldest_ts, min(b.timestamp for b in batches))
             except (sqlite3.Error, OSError, StoreUnavailable) as exc:
                 self.on_error("write")
                 log.warning("writing predictions failed; batch dropped", extra={"rows": len(rows), "error": str(exc)})
@@ -320,27 +403,85 @@ class PredictionStore:
 
     def evict(self, now: float) -> int:
         """Delete predictions older than ``max_age_seconds`` and the oldest beyond ``max_predictions``."""
+        cutoff = now - self.max_age_seconds
+        if self._oldest_ts >= cutoff and self.rows <= self.max_predictions:
+            return 0  # nothing is over a bound: no statement at all
         try:
             with self._db_lock:
                 db = self._conn()
-                gone = db.execute("DELETE FROM predictions WHERE ts < ?", (now - self.max_age_seconds,)).rowcount
-                row = db.execute(
-                    "SELECT seq FROM predictions ORDER BY seq DESC LIMIT 1 OFFSET ?", (self.max_predictions,)
-                ).fetchone()
-                if row is not None:
-                    gone += db.execute("DELETE FROM predictions WHERE seq <= ?", (row[0],)).rowcount
+                db.execute("BEGIN")
+                try:
+                    gone = self._evict_older(db, cutoff) + self._evict_beyond_count(db)
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
         except (sqlite3.Error, OSError, StoreUnavailable) as exc:
             self.on_error("write")
             log.warning("evicting predictions failed", extra={"error": str(exc)})
+            self._refresh_counts()
             return 0
-        self._refresh_counts()
-        return int(max(gone, 0))
+        return gone
+
+    def _evict_older(self, db: sqlite3.Connection, cutoff: float) -> int:
+        n, oldest = db.execute(
+            "SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests WHERE ts < ?", (cutoff,)
+        ).fetchone()
+        if int(n) == 0 and oldest is None:
+            row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
+            self._oldest_ts = float("inf") if row[0] is None else float(row[0])
+            return 0
+        self.labeled -= db.execute(
+            "DELETE FROM labels WHERE seq IN (SELECT seq FROM requests WHERE ts < ?)", (cutoff,)
+        ).rowcount
+        db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
+        self.rows -= int(n)
+        row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
+        self._oldest_ts = float("inf") if row[0] is None else float(row[0])
+        return int(n)
+
+    def _evict_beyond_count(self, db: sqlite3.Connection) -> int:
+        excess = self.rows - self.max_predictions
+        if excess <= 0:
+            return 0
+        whole_upto: int | None = None  # delete request rows with seq <= this
+        cut: tuple[int, int] | None = None  # (seq, new lo) of a request evicted in part
+        left = excess
+        after = -1
+        while left > 0:
+            page = db.execute(
+                "SELECT seq, lo, hi FROM requests WHERE seq > ? ORDER BY seq LIMIT 1000", (after,)
+            ).fetchall()
+            if not page:
+                break
+            for seq, lo, hi in page:
+                live = int(hi) - int(lo)
+                if live <= left:
+                    whole_upto, left = int(seq), left - live
+                else:
+                    cut, left = (int(seq), int(lo) + left), 0
+                if left == 0:
+                    break
+            after = int(page[-1][0])
+        if whole_upto is not None:
+            self.labeled -= db.execute("DELETE FROM labels WHERE seq <= ?", (whole_upto,)).rowcount
+            db.execute("DELETE FROM requests WHERE seq <= ?", (whole_upto,))
+        if cut is not None:
+            seq, lo = cut
+            self.labeled -= db.execute("DELETE FROM labels WHERE seq = ? AND idx < ?", (seq, lo)).rowcount
+            db.execute("UPDATE requests SET lo = ? WHERE seq = ?", (lo, seq))
+        gone = excess - left
+        self.rows -= gone
+        return gone
 
     def _refresh_counts(self) -> None:
         try:
             with self._db_lock:
-                n, labeled = self._conn().execute("SELECT COUNT(*), COUNT(label) FROM predictions").fetchone()
+                db = self._conn()
+                n, oldest = db.execute("SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests").fetchone()
+                (labeled,) = db.execute("SELECT COUNT(*) FROM labels").fetchone()
             self.rows, self.labeled = int(n), int(labeled)
+            self._oldest_ts = float("inf") if oldest is None else float(oldest)
         except (sqlite3.Error, StoreUnavailable):
             self.on_error("read")
 
@@ -387,38 +528,39 @@ class PredictionStore:
                 db = self._conn()
                 db.execute("BEGIN")
                 try:
-                    for start in range(0, len(labels), _CHUNK):
-                        chunk = labels[start : start + _CHUNK]
-                        marks = ",".join("?" * len(chunk))
-                        found = {
-                            r[0]: r
-                            for r in db.execute(
-                                "SELECT pid, ts, identity, predicted, confidence, verdict, probs, label, extras "
-                                f"FROM predictions WHERE pid IN ({marks})",  # noqa: S608 - placeholders only
-                                [pid for pid, _ in chunk],
-                            )
-                        }
-                        updates = []
-                        for pid, label in chunk:
-                            r = found.get(pid)
-                            if r is None:
+                    for first in range(0, len(labels), _CHUNK):
+                        chunk = [
+                            (pid, label, *split_prediction_id(pid)) for pid, label in labels[first : first + _CHUNK]
+                        ]
+                        requests = _requests_by_id(db, {rid for _, _, rid, _ in chunk})
+                        done = _labeled_indices(db, {r.seq for rows in requests.values() for r in rows})
+                        inserts = []
+                        for pid, label, rid, idx in chunk:
+                            row = next((r for r in requests.get(rid, ()) if r.holds(idx)), None)
+                            if row is None:
                                 unknown.append(pid)
                                 continue
-                            if r[7] is not None:
+                            if (row.seq, idx) in done:
                                 duplicate.append(pid)
                                 continue
-                            probs = np.frombuffer(r[6], dtype="<f4")
+                            done.add((row.seq, idx))
+                            predicted, verdict, probs, ext = row.prediction(idx)
                             a, s = onehot_errors(probs, label)
-                            updates.append((label, now, a, s, pid))
-                            by_identity.setdefault(str(r[2]), []).append(
-                                (float(r[1]), int(r[5]), float(r[4]), int(r[3]) == label, a, s, len(probs))
+                            confidence = float(probs.max()) if len(probs) else 0.0
+                            correct = predicted == label
+                            inserts.append(
+                                (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs))
+                                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext))
                             )
-                            extras_by_identity.setdefault(str(r[2]), []).append(_extras_row(r[8]))
+                            by_identity.setdefault(row.identity, []).append(
+                                (row.ts, verdict, confidence, correct, a, s, len(probs))
+                            )
+                            extras_by_identity.setdefault(row.identity, []).append(ext)
                         db.executemany(
-                            "UPDATE predictions SET label = ?, labeled_at = ?, abs_err = ?, sq_err = ? WHERE pid = ?",
-                            updates,
+                            _INSERT_LABEL,
+                            inserts,
                         )
-                        n_accepted += len(updates)
+                        n_accepted += len(inserts)
                     db.execute("COMMIT")
                 except BaseException:
                     db.execute("ROLLBACK")
@@ -433,8 +575,8 @@ class PredictionStore:
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         """Labeled predictions of one model identity (prediction time ≥ ``since``; the newest ``limit``)."""
         sql = (
-            "SELECT ts, verdict, confidence, predicted = label, abs_err, sq_err, length(probs) / 4, extras "
-            "FROM predictions WHERE identity = ? AND label IS NOT NULL AND ts >= ? ORDER BY ts DESC, seq DESC"
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras "
+            "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
@@ -469,37 +611,129 @@ class PredictionStore:
             self._conn().execute("DELETE FROM calibration WHERE identity = ?", (identity,))
 
 
-def _rows(batches: Iterable[PendingBatch]) -> Iterable[tuple[str, float, str, int, float, int, bytes, bytes | None]]:
-    """The ``predictions`` rows of queued batches (columns built per batch with numpy, not per value)."""
-    for b in batches:
-        n = b.n
-        p = np.ascontiguousarray(np.asarray(b.probabilities, dtype="<f4").reshape(n, -1))
-        conf = p.max(axis=1) if p.shape[1] else np.zeros(n, dtype="<f4")
-        labels = np.asarray(b.labels, dtype=np.int64).reshape(-1).tolist()
-        verdicts = np.asarray(b.verdicts, dtype=np.int64).reshape(-1).tolist()
-        probs = _split_bytes(p.tobytes(), n)
-        ext: list[bytes | None]
-        if b.extras is not None and len(b.extras.margin) == n:
-            ext = list(_split_bytes(np.ascontiguousarray(extras_columns(b.extras), dtype=_EXTRAS_DTYPE).tobytes(), n))
-        else:
-            ext = [None] * n
-        rid, ts, identity = b.request_id, b.timestamp, b.identity
-        yield from zip(
-            [f"{rid}:{i}" for i in range(n)],
-            [ts] * n,
-            [identity] * n,
-            labels,
-            conf.astype(np.float64).tolist(),
-            verdicts,
-            probs,
-            ext,
-            strict=True,
+# -- SQL helpers (called inside a transaction) -------------------------------------------------------
+
+
+def _last_per_request(batches: list[PendingBatch]) -> list[PendingBatch]:
+    """The batches in queue order, keeping only the last one of a request id queued twice."""
+    last = {b.request_id: i for i, b in enumerate(batches)}
+    if len(last) == len(batches):
+        return batches
+    return [b for i, b in enumerate(batches) if last[b.request_id] == i]
+
+
+def _request_row(b: PendingBatch) -> tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None]:
+    """The ``requests`` values of a queued batch (after ``rid, start=0, lo=0``)."""
+    n = b.n
+    p = np.ascontiguousarray(np.asarray(b.probabilities, dtype="<f4").reshape(n, -1))
+    extras: bytes | None = None
+    if b.extras is not None and len(b.extras.margin) == n:
+        extras = np.ascontiguousarray(extras_columns(b.extras), dtype=_EXTRAS_DTYPE).tobytes()
+    return (
+        b.request_id,
+        n,
+        float(b.timestamp),
+        b.identity,
+        int(p.shape[1]),
+        np.asarray(b.labels, dtype=_PREDICTED_DTYPE).reshape(-1).tobytes(),
+        np.asarray(b.verdicts, dtype=np.int8).reshape(-1).tobytes(),
+        p.tobytes(),
+        extras,
+    )
+
+
+def _delete_requests(db: sqlite3.Connection, rids: Sequence[str]) -> tuple[int, int]:
+    """Delete the stored requests with these ids and their labels: ``(predictions, labels)`` deleted.
+    One lookup per :data:`_CHUNK` ids; deletes only for ids that exist (reused ids are rare)."""
+    found: list[tuple[int, int]] = []  # (seq, live predictions)
+    for first in range(0, len(rids), _CHUNK):
+        chunk = list(rids[first : first + _CHUNK])
+        marks = ",".join("?" * len(chunk))
+        found += db.execute(
+            f"SELECT seq, hi - lo FROM requests WHERE rid IN ({marks})",  # noqa: S608 - placeholders only
+            chunk,
+        ).fetchall()
+    if not found:
+        return 0, 0
+    labels = 0
+    for seq, _ in found:
+        labels += db.execute("DELETE FROM labels WHERE seq = ?", (seq,)).rowcount
+        db.execute("DELETE FROM requests WHERE seq = ?", (seq,))
+    return sum(int(n) for _, n in found), labels
+
+
+def _requests_by_id(db: sqlite3.Connection, rids: set[str]) -> dict[str, list[_RequestRow]]:
+    out: dict[str, list[_RequestRow]] = {}
+    if not rids:
+        return out
+    ids = list(rids)
+    marks = ",".join("?" * len(ids))
+    for r in db.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM requests WHERE rid IN ({marks})",  # noqa: S608 - placeholders only
+        ids,
+    ):
+        row = _RequestRow.of(r)
+        out.setdefault(row.rid, []).append(row)
+    return out
+
+
+def _labeled_indices(db: sqlite3.Connection, seqs: set[int]) -> set[tuple[int, int]]:
+    done: set[tuple[int, int]] = set()
+    ids = list(seqs)
+    for first in range(0, len(ids), _CHUNK):
+        chunk = ids[first : first + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        done.update(
+            (int(s), int(i))
+            for s, i in db.execute(
+                f"SELECT seq, idx FROM labels WHERE seq IN ({marks})",  # noqa: S608 - placeholders only
+                chunk,
+            )
         )
+    return done
 
 
-def _split_bytes(data: bytes, n: int) -> list[bytes]:
-    """``data`` cut into ``n`` equal consecutive pieces (the rows of a C-contiguous array)."""
-    if n == 0:
-        return []
-    step = len(data) // n
-    return [data[i : i + step] for i in range(0, step * n, step)] if step else [b""] * n
+def _convert_per_prediction_rows(db: sqlite3.Connection) -> int:
+    """Move the rows of the earlier one-row-per-prediction table into ``requests`` (one row per
+    prediction, ``start`` = its index) and ``labels``, then drop it. Returns the predictions moved."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(predictions)")}
+    extras_col = "extras" if "extras" in columns else "NULL"
+    moved = 0
+    cursor = db.execute(
+        "SELECT pid, ts, identity, predicted, confidence, verdict, probs, label, labeled_at, abs_err, sq_err,"
+        f" {extras_col} FROM predictions ORDER BY seq"  # noqa: S608 - a fixed column name or NULL
+    )
+    while True:
+        page = cursor.fetchmany(2000)
+        if not page:
+            break
+        for pid, ts, identity, predicted, confidence, verdict, probs, label, labeled_at, a, s, extras in page:
+            rid, idx = split_prediction_id(str(pid))
+            k = len(probs) // 4
+            ext = extras if isinstance(extras, bytes) and len(extras) == 8 * len(EXTRAS_FIELDS) else None
+            seq = db.execute(
+                "INSERT OR REPLACE INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
+                " extras) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    rid,
+                    idx,
+                    idx,
+                    idx + 1,
+                    ts,
+                    identity,
+                    k,
+                    np.asarray([predicted], dtype=_PREDICTED_DTYPE).tobytes(),
+                    np.asarray([verdict], dtype=np.int8).tobytes(),
+                    probs,
+                    ext,
+                ),
+            ).lastrowid
+            if label is not None:
+                db.execute(
+                    _INSERT_LABEL.replace("INSERT", "INSERT OR REPLACE", 1),
+                    (seq, idx, identity, ts, verdict, confidence, int(predicted == label), k)
+                    + (label, labeled_at, a, s, ext),
+                )
+            moved += 1
+    db.execute("DROP TABLE predictions")
+    return moved

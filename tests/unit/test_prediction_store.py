@@ -1,6 +1,7 @@
-"""The prediction store of delayed labels: writing off the request path, eviction by count and by
-age, label outcomes, persistence, the in-memory fallback, the bounded queue, the inputs of the full
-``shift_aware`` model kept per prediction and the upgrade of a file from before they were kept."""
+"""The prediction store of delayed labels (one row per request): writing off the request path,
+eviction by count (also inside a request) and by age, label outcomes, reused request ids,
+persistence, the in-memory fallback, the bounded queue, the inputs of the full ``shift_aware`` model
+kept per prediction and the conversion of files written one row per prediction."""
 
 from __future__ import annotations
 
@@ -240,3 +241,83 @@ def test_a_file_from_before_the_extras_column_is_upgraded(tmp_path: Path) -> Non
     assert_same_extras(s.labeled_rows("m:b", since=150.0).sample_extras(), extras_for(3))
     s.stop()
     store(tmp_path, max_age=1e12).stop()  # opening an upgraded file again is a no-op
+
+
+def test_a_reused_request_id_drops_every_earlier_prediction_and_label(tmp_path: Path) -> None:
+    s = store(tmp_path, max_age=1e12)
+    s.enqueue(batch("same", 5, 10.0, seed=1))
+    s.flush(now=10.0)
+    s.apply_labels([("same:4", 1)], 11.0)
+    assert (s.rows, s.labeled) == (5, 1)
+    s.enqueue(batch("same", 2, 12.0, seed=2))
+    s.enqueue(batch("other", 1, 12.0))
+    s.enqueue(batch("other", 3, 12.5))  # the same id twice in one write: the last one stays
+    s.flush(now=13.0)
+    assert (s.rows, s.labeled) == (5, 0)
+    out = s.apply_labels([("same:4", 1), ("same:1", 0), ("other:2", 0)], 14.0)
+    assert out.unknown == ["same:4"] and out.n_accepted == 2
+    s.stop()
+    reopened = store(tmp_path, max_age=1e12)
+    assert (reopened.rows, reopened.labeled) == (5, 2)
+    reopened.stop()
+
+
+def test_eviction_inside_a_request_drops_its_older_labels(tmp_path: Path) -> None:
+    s = store(tmp_path, max_predictions=100, max_age=1e12)
+    s.enqueue(batch("a", 60, 1000.0))
+    s.flush(now=1000.0)
+    s.apply_labels([("a:0", 0), ("a:30", 0), ("a:59", 0)], 1001.0)
+    s.enqueue(batch("b", 60, 1002.0))
+    s.flush(now=1002.0)  # 120 stored > 100: a:0 .. a:19 go, a:20 .. a:59 stay
+    assert (s.rows, s.labeled) == (100, 2)
+    out = s.apply_labels([("a:19", 0), ("a:20", 0), ("a:30", 1), ("b:59", 0), ("a:60", 0)], 1003.0)
+    assert out.unknown == ["a:19", "a:60"] and out.duplicate == ["a:30"] and out.n_accepted == 2
+    assert s.labeled_rows("m:b").n == 4
+    s.stop()
+    reopened = store(tmp_path, max_predictions=100, max_age=1e12)
+    assert (reopened.rows, reopened.labeled) == (100, 4)
+    reopened.stop()
+
+
+def test_prediction_ids_without_an_index_are_unknown(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.enqueue(batch("r", 2, 10.0))
+    s.flush(now=10.0)
+    out = s.apply_labels([("r", 0), ("r:", 0), ("r:x", 0), ("r:-1", 0), ("r:1", 0)], 11.0)
+    assert out.unknown == ["r", "r:", "r:x", "r:-1"] and out.n_accepted == 1
+    s.stop()
+
+
+def test_labeled_predictions_of_a_per_prediction_file_survive_the_conversion(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / STORE_FILE)
+    db.execute(
+        "CREATE TABLE predictions ("
+        " seq INTEGER PRIMARY KEY AUTOINCREMENT, pid TEXT NOT NULL UNIQUE, ts REAL NOT NULL,"
+        " identity TEXT NOT NULL, predicted INTEGER NOT NULL, confidence REAL NOT NULL, verdict INTEGER NOT NULL,"
+        " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL, extras BLOB)"
+    )
+    p = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.5, 0.4, 0.1]], dtype="<f4")
+    ex = extras_columns(extras_for(3))
+    rows = [
+        ("old:0", 100.0, "m:b", 0, 0.7, 0, p[0].tobytes(), 0, 150.0, *onehot_errors(p[0], 0), ex[0].tobytes()),
+        ("old:1", 100.0, "m:b", 2, 0.6, 2, p[1].tobytes(), None, None, None, None, ex[1].tobytes()),
+        ("old:2", 100.0, "m:b", 0, 0.5, 3, p[2].tobytes(), 1, 160.0, *onehot_errors(p[2], 1), None),
+    ]
+    db.executemany(
+        "INSERT INTO predictions(pid, ts, identity, predicted, confidence, verdict, probs, label, labeled_at,"
+        " abs_err, sq_err, extras) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
+    db.commit()
+    db.close()
+    s = store(tmp_path, max_age=1e12)
+    assert (s.rows, s.labeled) == (3, 2)
+    got = s.labeled_rows("m:b")
+    assert got.correct.tolist() == [True, False] and got.verdict.tolist() == [0, 3]
+    np.testing.assert_allclose(got.confidence, [0.7, 0.5], rtol=1e-6)
+    assert got.extras is not None and np.array_equal(got.extras[0], ex[0]) and np.isnan(got.extras[1]).all()
+    out = s.apply_labels([("old:0", 1), ("old:1", 2)], 200.0)
+    assert out.duplicate == ["old:0"] and out.n_accepted == 1 and out.accepted[0][1].correct.tolist() == [True]
+    s.stop()
+    tables = {r[0] for r in sqlite3.connect(tmp_path / STORE_FILE).execute("SELECT name FROM sqlite_master")}
+    assert "predictions" not in tables and {"requests", "labels"} <= tables
