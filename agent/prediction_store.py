@@ -36,7 +36,9 @@ never depends on the store.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -120,8 +122,9 @@ class PendingBatch:
     probabilities: np.ndarray
     labels: np.ndarray
     verdicts: np.ndarray
-    #: The inputs of the full ``shift_aware`` model, when the runtime computed them.
-    extras: SampleExtras | None = None
+    #: The inputs of the full ``shift_aware`` model, when the runtime computed them: as
+    #: :class:`SampleExtras` or as their float64 ``[n, 5]`` columns (:func:`extras_columns`).
+    extras: SampleExtras | np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -375,7 +378,7 @@ class PredictionStore:
         batches = _last_per_request(self._take())
         written = 0
         if batches:
-            rows = [_request_row(b) for b in batches]
+            rows = _request_rows(batches)
             try:
                 with self._db_lock:
                     db = self._conn()
@@ -622,24 +625,50 @@ def _last_per_request(batches: list[PendingBatch]) -> list[PendingBatch]:
     return [b for i, b in enumerate(batches) if last[b.request_id] == i]
 
 
-def _request_row(b: PendingBatch) -> tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None]:
-    """The ``requests`` values of a queued batch (after ``rid, start=0, lo=0``)."""
-    n = b.n
-    p = np.ascontiguousarray(np.asarray(b.probabilities, dtype="<f4").reshape(n, -1))
-    extras: bytes | None = None
-    if b.extras is not None and len(b.extras.margin) == n:
-        extras = np.ascontiguousarray(extras_columns(b.extras), dtype=_EXTRAS_DTYPE).tobytes()
-    return (
-        b.request_id,
-        n,
-        float(b.timestamp),
-        b.identity,
-        int(p.shape[1]),
-        np.asarray(b.labels, dtype=_PREDICTED_DTYPE).reshape(-1).tobytes(),
-        np.asarray(b.verdicts, dtype=np.int8).reshape(-1).tobytes(),
-        p.tobytes(),
-        extras,
-    )
+def _request_rows(
+    batches: Sequence[PendingBatch],
+) -> list[tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None]]:
+    """The ``requests`` values (after ``rid, start=0, lo=0``) of queued batches. The arrays of all
+    batches are converted and serialised together and cut into one BLOB per request, so a request
+    costs a few bytes slices, not a dozen small numpy calls."""
+    ns = [b.n for b in batches]
+    cuts = [0, *itertools.accumulate(ns)]
+    predicted = _cut(np.concatenate([np.asarray(b.labels).reshape(-1) for b in batches]).astype(_PREDICTED_DTYPE), cuts)
+    verdicts = _cut(np.concatenate([np.asarray(b.verdicts).reshape(-1) for b in batches]).astype(np.int8), cuts)
+    probs2d = [np.asarray(b.probabilities).reshape(b.n, -1) for b in batches]
+    ks = [p.shape[1] for p in probs2d]
+    if len(set(ks)) == 1:
+        probs = _cut(np.concatenate(probs2d).astype("<f4"), cuts)
+    else:  # models with different class counts in one write (a reload): one array per request
+        probs = [np.ascontiguousarray(p, dtype="<f4").tobytes() for p in probs2d]
+    extras: list[bytes | None] = [None] * len(batches)
+    with_extras = [i for i, b in enumerate(batches) if _extras_of(b) is not None]
+    if with_extras:
+        parts = [_extras_of(batches[i]) for i in with_extras]
+        cols = np.concatenate([p for p in parts if p is not None]).astype(_EXTRAS_DTYPE)
+        sub = _cut(cols, [0, *itertools.accumulate(ns[i] for i in with_extras)])
+        for i, blob in zip(with_extras, sub, strict=True):
+            extras[i] = blob
+    return [
+        (b.request_id, b.n, float(b.timestamp), b.identity, k, predicted[i], verdicts[i], probs[i], extras[i])
+        for i, (b, k) in enumerate(zip(batches, ks, strict=True))
+    ]
+
+
+def _extras_of(b: PendingBatch) -> np.ndarray | None:
+    """The batch's extras as float64 ``[n, 5]`` columns, or None when it has none (or a wrong count)."""
+    e = b.extras
+    if e is None:
+        return None
+    cols = e if isinstance(e, np.ndarray) else extras_columns(e)
+    return cols if cols.shape == (b.n, len(EXTRAS_FIELDS)) else None
+
+
+def _cut(a: np.ndarray, cuts: Sequence[int]) -> list[bytes]:
+    """The bytes of rows ``cuts[i]:cuts[i+1]`` of a C-contiguous array, for every ``i``."""
+    data = np.ascontiguousarray(a).tobytes()
+    row = a.itemsize * (math.prod(a.shape[1:]) if a.ndim > 1 else 1)
+    return [data[row * lo : row * hi] for lo, hi in itertools.pairwise(cuts)]
 
 
 def _delete_requests(db: sqlite3.Connection, rids: Sequence[str]) -> tuple[int, int]:
