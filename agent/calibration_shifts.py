@@ -299,9 +299,11 @@ def shifted_sets(
 
 
 def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, x_cal: np.ndarray) -> InputReference:
-    """The PCA of the training inputs and the TDI leaf table ``shift_aware`` compares live windows with."""
+    """The PCA of the training inputs, the TDI leaf table and the clean per-class confidences
+    ``shift_aware`` compares live windows with."""
     tdi = oracle.tdi
     train_f = model.features(train_x)
+    pred = model.predict_batched(x_cal)
     return InputReference.fit(
         train_f,
         model.features(x_cal),
@@ -309,6 +311,9 @@ def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, 
         rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
         rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
         train_rules=tdi.rule_index(train_f) if tdi is not None else None,
+        clean_labels=pred.labels,
+        clean_confidences=pred.confidences,
+        n_classes=model.n_classes,
     )
 
 

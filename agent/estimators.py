@@ -23,23 +23,16 @@ Estimators:
     Difference of Confidences (Guillory et al., 2021): calibration accuracy shifted by the change of
     average confidence between calibration and live data. Interval of ``avg_conf`` shifted.
 ``shift_aware`` (the recommended, headline estimator)
-    A blend of two per-sample calibrations, weighted by how shifted the live window looks:
-
-    * *in-distribution part*: the accuracy of each top-class-probability bin on the clean
-      calibration split (a reliability-diagram calibration of the confidence);
-    * *shift part*: the accuracy of each (oracle verdict × confidence bin) cell on the calibration
-      split *plus* corrupted copies of it (a generic family of corruptions, see
-      :mod:`agent.calibration_shifts`): how often the model is right when it passes / fails the
-      oracle with that confidence once the data has drifted;
-    * *weight*: the total-variation distance between the live and the calibration histograms of
-      confidence bins, minus the distance expected from sampling alone, mapped linearly between two
-      thresholds fitted on the corrupted copies (0 → in-distribution part, 1 → shift part).
-
-    The 95% interval adds to the sampling variance the variance of the calibrated cell accuracies and,
-    in proportion to the weight, the root-mean-square error of the shift part in leave-one-corruption-
-    out validation — it widens when shift is detected. Everything comes from additive counts per cell
-    (:attr:`WindowStats.cells`), so it works on streaming windows. Without a shift calibration in the
-    bundle (old bundles) the estimator is absent.
+    A regression from label-free statistics of the whole window (confidence histogram, oracle
+    verdict shares, agreement with the TDI leaves and leaf distance, input PCA error, margin, the mix
+    of predicted classes) to its accuracy, learnt at fit time on windows of corrupted copies of the
+    calibration split (a generic family of corruptions, see :mod:`agent.calibration_shifts`). Three
+    gradient-boosted forests serve windows with all per-sample inputs (``full``), without the
+    predicted labels (``inputs``) and without any per-sample input (``reduced``). The 95% interval
+    combines the forest's out-of-family error (95% quantile per level of predicted accuracy, from
+    holding corruption families out) with the sampling noise. Everything comes from additive counts
+    (:class:`WindowStats`), so it works on streaming windows. Without a shift calibration of the
+    current format in the bundle (old bundles) the estimator is absent.
 """
 
 from __future__ import annotations
@@ -97,8 +90,8 @@ REDUCED_FEATURES: tuple[str, ...] = (
     "fail_tdi",
     "fail_adi",
 )
-#: Window features of the full model (also needs probabilities, labels, inputs and TDI leaves).
-FULL_FEATURES: tuple[str, ...] = (
+#: Window features of the *inputs* model (also needs probabilities, inputs and TDI leaves).
+INPUTS_FEATURES: tuple[str, ...] = (
     *REDUCED_FEATURES,
     "tdi_agreement",
     "tdi_coverage",
@@ -107,6 +100,14 @@ FULL_FEATURES: tuple[str, ...] = (
     "mean_pca_error",
     "mean_margin",
 )
+#: Features of the mix of predicted classes: normalised entropy and largest share of the predicted
+#: labels (a model collapsing onto few classes), and the largest share-weighted drop of a class's mean
+#: confidence below its clean calibration value.
+CLASS_FEATURES: tuple[str, ...] = ("label_entropy", "label_max_share", "class_conf_drop")
+#: Window features of the full model (every sample also carries its predicted label).
+FULL_FEATURES: tuple[str, ...] = (*INPUTS_FEATURES, *CLASS_FEATURES)
+#: Pseudo-count pulling a class's clean mean confidence toward the overall clean mean (rare classes).
+CLASS_PRIOR_WEIGHT = 5.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class InputReference:
     ``center``/``scale``/``basis``: the PCA (``k`` components over standardised features; ``scale``
     has one entry for images, one per feature for tables); ``pca_edges``: bin edges of the
     reconstruction error; ``rule_label``/``rule_selected``: class and selection of every TDI leaf
-    rule; ``leaf_ref``: the training data's share of every leaf.
+    rule; ``leaf_ref``: the training data's share of every leaf; ``class_conf``: the mean top-class
+    probability of the clean calibration split per predicted class (empty: no class features).
     """
 
     center: tuple[float, ...]
@@ -126,6 +128,7 @@ class InputReference:
     rule_label: tuple[int, ...]
     rule_selected: tuple[bool, ...]
     leaf_ref: tuple[float, ...]
+    class_conf: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_center", np.asarray(self.center, dtype=np.float64))
@@ -137,6 +140,10 @@ class InputReference:
     @property
     def n_rules(self) -> int:
         return len(self.rule_label)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_conf)
 
     def pca_error(self, features: np.ndarray) -> np.ndarray:
         """Root-mean-square PCA reconstruction error of every sample (standardised units), O(N·D·k).
@@ -169,6 +176,7 @@ class InputReference:
             "rule_label": list(self.rule_label),
             "rule_selected": list(self.rule_selected),
             "leaf_ref": list(self.leaf_ref),
+            "class_conf": list(self.class_conf),
         }
 
     @classmethod
@@ -181,6 +189,7 @@ class InputReference:
             rule_label=tuple(int(v) for v in d["rule_label"]),
             rule_selected=tuple(bool(v) for v in d["rule_selected"]),
             leaf_ref=tuple(float(v) for v in d["leaf_ref"]),
+            class_conf=tuple(float(v) for v in d.get("class_conf", ())),
         )
 
     @classmethod
@@ -194,9 +203,15 @@ class InputReference:
         rule_selected: Sequence[bool] = (),
         train_rules: np.ndarray | None = None,
         components: int = 10,
+        clean_labels: np.ndarray | None = None,
+        clean_confidences: np.ndarray | None = None,
+        n_classes: int = 0,
     ) -> InputReference:
         """PCA of the training inputs (images: one global scale, tables: per-feature standard deviations);
-        error bins from the clean calibration inputs; leaf shares from the training inputs' TDI rules."""
+        error bins from the clean calibration inputs; leaf shares from the training inputs' TDI rules;
+        per predicted class, the clean calibration inputs' mean top-class probability (``clean_labels``,
+        ``clean_confidences``, ``n_classes``; smoothed toward the overall mean with
+        :data:`CLASS_PRIOR_WEIGHT` pseudo-samples)."""
         tr = np.asarray(train_features, dtype=np.float64).reshape(len(train_features), -1)
         center = tr.mean(axis=0)
         if per_feature_scale:
@@ -217,31 +232,47 @@ class InputReference:
             leaf_ref = counts / max(int(counts.sum()), 1)
         else:
             leaf_ref = np.zeros(n_rules)
+        class_conf: tuple[float, ...] = ()
+        if clean_labels is not None and clean_confidences is not None and n_classes > 0 and len(clean_labels):
+            lab = np.clip(np.asarray(clean_labels, dtype=np.int64).reshape(-1), 0, n_classes - 1)
+            conf = np.asarray(clean_confidences, dtype=np.float64).reshape(-1)
+            counts = np.bincount(lab, minlength=n_classes)[:n_classes]
+            sums = np.bincount(lab, weights=conf, minlength=n_classes)[:n_classes]
+            w = CLASS_PRIOR_WEIGHT
+            class_conf = tuple(float(v) for v in (sums + w * conf.mean()) / (counts + w))
         return replace(
             ref,
             pca_edges=edges,
             rule_label=tuple(int(v) for v in rule_label),
             rule_selected=tuple(bool(v) for v in rule_selected),
             leaf_ref=tuple(float(v) for v in leaf_ref),
+            class_conf=class_conf,
         )
+
+
+#: Format tag of the ``shift`` entry; entries of another format (older bundles) are ignored.
+SHIFT_FORMAT = "window_regression_v2"
 
 
 @dataclass(frozen=True)
 class ShiftCalibration:
     """What ``shift_aware`` learns at fit time (JSON-able through :meth:`to_dict`).
 
-    ``full``/``reduced``: gradient-boosted regressions from window features (:data:`FULL_FEATURES`,
-    :data:`REDUCED_FEATURES`) to accuracy; ``q_edges``: edges of bins of the predicted accuracy;
-    ``q_full``/``q_reduced``: per bin, the 95% quantile of the absolute error of the model in
+    ``full``/``inputs``/``reduced``: gradient-boosted regressions from window features
+    (:data:`FULL_FEATURES`, :data:`INPUTS_FEATURES`, :data:`REDUCED_FEATURES`) to accuracy; ``q_edges``:
+    edges of bins of the predicted accuracy; ``q_full``/``q_inputs``/``q_reduced``: per bin, the 95%
+    quantile of the absolute error of the model in
     leave-families-out validation (the half-width of the interval before sampling noise);
     ``reference``: the inputs and TDI leaves the window is compared with; ``families``: the
     corruption families used; ``lofo_mae``: the full model's mean absolute error out of family.
     """
 
     full: TreeEnsemble
+    inputs: TreeEnsemble
     reduced: TreeEnsemble
     q_edges: tuple[float, ...]
     q_full: tuple[float, ...]
+    q_inputs: tuple[float, ...]
     q_reduced: tuple[float, ...]
     reference: InputReference
     families: tuple[str, ...] = ()
@@ -249,11 +280,13 @@ class ShiftCalibration:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "kind": "window_regression",
+            "kind": SHIFT_FORMAT,
             "full": self.full.to_dict(),
+            "inputs": self.inputs.to_dict(),
             "reduced": self.reduced.to_dict(),
             "q_edges": list(self.q_edges),
             "q_full": list(self.q_full),
+            "q_inputs": list(self.q_inputs),
             "q_reduced": list(self.q_reduced),
             "reference": self.reference.to_dict(),
             "families": list(self.families),
@@ -262,19 +295,21 @@ class ShiftCalibration:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ShiftCalibration:
-        if d.get("kind") != "window_regression":
+        if d.get("kind") != SHIFT_FORMAT:
             raise ValueError("shift calibration of an older format (refit the bundle)")
         out = cls(
             full=TreeEnsemble.from_dict(d["full"]),
+            inputs=TreeEnsemble.from_dict(d["inputs"]),
             reduced=TreeEnsemble.from_dict(d["reduced"]),
             q_edges=tuple(float(v) for v in d["q_edges"]),
             q_full=tuple(float(v) for v in d["q_full"]),
+            q_inputs=tuple(float(v) for v in d["q_inputs"]),
             q_reduced=tuple(float(v) for v in d["q_reduced"]),
             reference=InputReference.from_dict(d["reference"]),
             families=tuple(str(v) for v in d.get("families", ())),
             lofo_mae=float(d.get("lofo_mae", 0.0)),
         )
-        if len(out.q_full) != len(out.q_edges) + 1 or len(out.q_reduced) != len(out.q_edges) + 1:
+        if any(len(q) != len(out.q_edges) + 1 for q in (out.q_full, out.q_inputs, out.q_reduced)):
             raise ValueError("shift calibration has the wrong number of interval bins")
         return out
 
@@ -389,9 +424,27 @@ class SampleExtras:
     agree: np.ndarray  # predicted label equals the leaf's class
     covered: np.ndarray  # the leaf's rule is selected
     pca_error: np.ndarray  # PCA reconstruction error of the input
+    #: predicted class index (None when not kept, e.g. by stores of an older layout: the full model
+    #: then falls back to the inputs model)
+    label: np.ndarray | None = None
 
     def take(self, idx: np.ndarray) -> SampleExtras:
-        return SampleExtras(self.margin[idx], self.rules[idx], self.agree[idx], self.covered[idx], self.pca_error[idx])
+        return SampleExtras(
+            self.margin[idx],
+            self.rules[idx],
+            self.agree[idx],
+            self.covered[idx],
+            self.pca_error[idx],
+            None if self.label is None else self.label[idx],
+        )
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[SampleExtras]) -> SampleExtras:
+        """The extras of several batches one after the other (``label`` only when every part has it)."""
+        arrays = [np.concatenate([getattr(p, f) for p in parts]) for f in _EXTRA_ARRAYS]
+        labels = None if any(p.label is None for p in parts) else np.concatenate([p.label for p in parts])  # type: ignore[misc]
+        margin, rules, agree, covered, pca_error = arrays
+        return cls(margin, rules, agree, covered, pca_error, labels)
 
     @classmethod
     def compute(
@@ -418,7 +471,10 @@ class SampleExtras:
         else:
             r = np.zeros(len(lab), dtype=np.int64)
             agree = covered = np.zeros(len(lab), dtype=bool)
-        return cls(margin, r, agree, covered, reference.pca_error(features))
+        return cls(margin, r, agree, covered, reference.pca_error(features), lab)
+
+
+_EXTRA_ARRAYS = ("margin", "rules", "agree", "covered", "pca_error")
 
 
 def sample_extras(
@@ -462,6 +518,10 @@ class WindowStats:
     pca_bins: list[int] = field(default_factory=lambda: [0] * N_PCA_BINS)
     #: samples per TDI leaf rule (empty until a batch with leaves arrives)
     leaves: list[int] = field(default_factory=list)
+    #: samples whose predicted label was passed; their count and top-class probability sum per class
+    n_cls: int = 0
+    class_counts: list[int] = field(default_factory=list)
+    class_conf: list[float] = field(default_factory=list)
 
     @classmethod
     def from_batch(
@@ -521,12 +581,23 @@ class WindowStats:
             bins = np.searchsorted(np.asarray(ref.pca_edges), extras.pca_error, side="right")
             out.pca_bins = [int(k) for k in np.bincount(bins, minlength=N_PCA_BINS)[:N_PCA_BINS]]
             out.leaves = [int(k) for k in np.bincount(extras.rules, minlength=ref.n_rules)[: ref.n_rules]]
+            k = ref.n_classes
+            if extras.label is not None and k and len(extras.label) == len(v):
+                lab = np.clip(np.asarray(extras.label, dtype=np.int64), 0, k - 1)
+                out.n_cls = int(len(v))
+                out.class_counts = [int(x) for x in np.bincount(lab, minlength=k)[:k]]
+                out.class_conf = [float(x) for x in np.bincount(lab, weights=c, minlength=k)[:k]]
         return out
 
     def _combine(self, other: WindowStats, sign: int) -> WindowStats:
         def vec(a: list[int], b: list[int]) -> list[int]:
             size = max(len(a), len(b))
             a2, b2 = a + [0] * (size - len(a)), b + [0] * (size - len(b))
+            return [x + sign * y for x, y in zip(a2, b2, strict=True)]
+
+        def fvec(a: list[float], b: list[float]) -> list[float]:
+            size = max(len(a), len(b))
+            a2, b2 = a + [0.0] * (size - len(a)), b + [0.0] * (size - len(b))
             return [x + sign * y for x, y in zip(a2, b2, strict=True)]
 
         return WindowStats(
@@ -547,6 +618,9 @@ class WindowStats:
             pca_sum=self.pca_sum + sign * other.pca_sum,
             pca_bins=vec(self.pca_bins, other.pca_bins),
             leaves=vec(self.leaves, other.leaves),
+            n_cls=self.n_cls + sign * other.n_cls,
+            class_counts=vec(self.class_counts, other.class_counts),
+            class_conf=fvec(self.class_conf, other.class_conf),
         )
 
     def __add__(self, other: WindowStats) -> WindowStats:
@@ -567,12 +641,23 @@ class WindowStats:
         self.tdi_agree += other.tdi_agree
         self.tdi_covered += other.tdi_covered
         self.pca_sum += other.pca_sum
-        for vec, add in ((self.cells, other.cells), (self.pca_bins, other.pca_bins), (self.leaves, other.leaves)):
+        self.n_cls += other.n_cls
+        for vec, add in (
+            (self.cells, other.cells),
+            (self.pca_bins, other.pca_bins),
+            (self.leaves, other.leaves),
+            (self.class_counts, other.class_counts),
+        ):
             if len(vec) < len(add):
                 vec.extend([0] * (len(add) - len(vec)))
             for i, v in enumerate(add):
                 if v:
                     vec[i] += v
+        fsum, fadd = self.class_conf, other.class_conf
+        if len(fsum) < len(fadd):
+            fsum.extend([0.0] * (len(fadd) - len(fsum)))
+        for i, x in enumerate(fadd):
+            fsum[i] += x
 
     def copy(self) -> WindowStats:
         return replace(
@@ -581,6 +666,8 @@ class WindowStats:
             cells=list(self.cells),
             pca_bins=list(self.pca_bins),
             leaves=list(self.leaves),
+            class_counts=list(self.class_counts),
+            class_conf=list(self.class_conf),
         )
 
     def __sub__(self, other: WindowStats) -> WindowStats:
@@ -607,6 +694,9 @@ class WindowStats:
             pca_sum=float(d.get("pca_sum", 0.0)),
             pca_bins=[int(v) for v in d.get("pca_bins") or [0] * N_PCA_BINS],
             leaves=[int(v) for v in d.get("leaves") or []],
+            n_cls=int(d.get("n_cls", 0)),
+            class_counts=[int(v) for v in d.get("class_counts") or []],
+            class_conf=[float(v) for v in d.get("class_conf") or []],
         )
 
 
@@ -681,16 +771,31 @@ class ShiftAwareParts:
     """The pieces of a ``shift_aware`` estimate (for reports and the benchmark)."""
 
     estimate: Estimate
-    model: str  # "full" or "reduced"
+    model: str  # "full", "inputs" or "reduced"
     features: dict[str, float]
 
 
-def window_features(stats: WindowStats, reference: InputReference) -> tuple[np.ndarray, bool]:
-    """The feature vector of a window (:data:`FULL_FEATURES` when every sample carries the optional
-    per-sample inputs, else :data:`REDUCED_FEATURES`) and whether it is the full one."""
+def class_features(stats: WindowStats, reference: InputReference) -> np.ndarray:
+    """:data:`CLASS_FEATURES` of a window whose samples all carry their predicted label."""
+    k = reference.n_classes
+    counts = np.asarray(stats.class_counts, dtype=np.float64)
+    n = float(counts.sum())
+    share = counts / max(n, 1.0)
+    nz = share[share > 0]
+    entropy = float(-(nz * np.log(nz)).sum() / math.log(k)) if k > 1 else 0.0
+    ref = np.asarray(reference.class_conf, dtype=np.float64)
+    mean_conf = np.divide(np.asarray(stats.class_conf, dtype=np.float64), counts, out=ref.copy(), where=counts > 0)
+    drop = float(np.max(share * (ref - mean_conf))) if k else 0.0
+    return np.array([entropy, float(share.max()) if k else 0.0, drop])
+
+
+def window_features(stats: WindowStats, reference: InputReference) -> tuple[np.ndarray, str]:
+    """The feature vector of a window and the model it is for: ``full`` (:data:`FULL_FEATURES`) when
+    every sample carries the optional per-sample inputs and its predicted label, ``inputs``
+    (:data:`INPUTS_FEATURES`) when the labels are missing, else ``reduced`` (:data:`REDUCED_FEATURES`)."""
     n = stats.n
     if n <= 0:
-        return np.zeros(len(REDUCED_FEATURES)), False
+        return np.zeros(len(REDUCED_FEATURES)), "reduced"
     cells = np.asarray(stats.cells, dtype=np.float64).reshape(N_VERDICTS, N_CONF_BINS)
     fam = stats.fails_by_family
     reduced = np.r_[
@@ -701,7 +806,7 @@ def window_features(stats: WindowStats, reference: InputReference) -> tuple[np.n
         fam.get("adi", 0) / n,
     ]
     if stats.n_ext != n:
-        return reduced, False
+        return reduced, "reduced"
     if reference.n_rules and len(stats.leaves) == reference.n_rules:
         leaf_tv = 0.5 * float(np.abs(np.asarray(stats.leaves) / n - np.asarray(reference.leaf_ref)).sum())
     else:
@@ -715,7 +820,10 @@ def window_features(stats: WindowStats, reference: InputReference) -> tuple[np.n
         stats.pca_sum / n,
         stats.margin_sum / n,
     ]
-    return full, True
+    k = reference.n_classes
+    if k and stats.n_cls == n and len(stats.class_counts) == k and len(stats.class_conf) == k:
+        return np.r_[full, class_features(stats, reference)], "full"
+    return full, "inputs"
 
 
 def _half_width(q_edges: Sequence[float], q: Sequence[float], value: float) -> float:
@@ -727,15 +835,18 @@ def shift_aware(stats: WindowStats, cal: ShiftCalibration) -> ShiftAwareParts:
     n = stats.n
     if n <= 0:
         return ShiftAwareParts(Estimate(0.0, 0.0, 1.0, 0), "reduced", {})
-    x, full = window_features(stats, cal.reference)
-    model, q = (cal.full, cal.q_full) if full else (cal.reduced, cal.q_reduced)
+    x, kind = window_features(stats, cal.reference)
+    model, q, names = {
+        "full": (cal.full, cal.q_full, FULL_FEATURES),
+        "inputs": (cal.inputs, cal.q_inputs, INPUTS_FEATURES),
+        "reduced": (cal.reduced, cal.q_reduced, REDUCED_FEATURES),
+    }[kind]
     value = _clip01(float(model.predict(x)[0]))
     model_err = _half_width(cal.q_edges, q, value)
     sampling = Z95 * math.sqrt(value * (1 - value) / n)
     half = math.hypot(model_err, sampling)
-    names = FULL_FEATURES if full else REDUCED_FEATURES
     est = Estimate(value, _clip01(value - half), _clip01(value + half), n)
-    return ShiftAwareParts(est, "full" if full else "reduced", dict(zip(names, (float(v) for v in x), strict=True)))
+    return ShiftAwareParts(est, kind, dict(zip(names, (float(v) for v in x), strict=True)))
 
 
 @dataclass(frozen=True)
@@ -823,61 +934,61 @@ def fit_shift_calibration(
       2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
       shift), a tenth clean; each gives the additive statistics a live window would hold and its
       true accuracy;
-    * two gradient-boosted regressions from window features to accuracy: ``full``
-      (:data:`FULL_FEATURES`, needs the per-sample inputs) and ``reduced`` (:data:`REDUCED_FEATURES`);
+    * three gradient-boosted regressions from window features to accuracy: ``full``
+      (:data:`FULL_FEATURES`, needs the per-sample inputs with the predicted labels), ``inputs``
+      (:data:`INPUTS_FEATURES`, the same without the labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
     * interval: the corruption families are split into ``folds`` groups; each group is held out,
-      both models are refitted (100 trees at a higher rate, to save time) on the windows without
+      the models are refitted (100 trees at a higher rate, to save time) on the windows without
       it and evaluated on the windows made only of it (and clean data). The 95% quantiles of those
       out-of-family errors per predicted-accuracy bin are the interval's model-error term.
     """
     sets = [clean, *shifted]
     rng = np.random.default_rng(seed)
     plans = _window_plan(sets, n_windows, rng, window_size)
-    xf, xr, truth, fams = [], [], [], []
+    xf, xi, xr, truth, fams = [], [], [], [], []
     for plan in plans:
         v = np.concatenate([sets[k].verdicts[i] for k, i in plan])
         c = np.concatenate([sets[k].confidences[i] for k, i in plan])
         ok = np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in plan])
         ex = None
         if all(sets[k].extras is not None for k, _ in plan):
-            parts = [sets[k].extras.take(i) for k, i in plan]  # type: ignore[union-attr]
-            ex = SampleExtras(
-                *(np.concatenate([getattr(p, f) for p in parts]) for f in SampleExtras.__dataclass_fields__)
-            )
+            ex = SampleExtras.concatenate([sets[k].extras.take(i) for k, i in plan])  # type: ignore[union-attr]
         stats = WindowStats.of_samples(v, c, 0.5, ex, reference)
         full_x, _ = window_features(stats, reference)
+        in_x, _ = window_features(replace(stats, n_cls=0), reference)
         red_x, _ = window_features(replace(stats, n_ext=0), reference)
-        xf.append(
-            full_x if len(full_x) == len(FULL_FEATURES) else np.r_[red_x, np.zeros(len(FULL_FEATURES) - len(red_x))]
-        )
+        xf.append(np.r_[full_x, np.zeros(len(FULL_FEATURES) - len(full_x))])
+        xi.append(np.r_[in_x, np.zeros(len(INPUTS_FEATURES) - len(in_x))])
         xr.append(red_x)
         truth.append(float(ok.mean()))
         fams.append({sets[k].name for k, _ in plan})
-    Xf, Xr, y = np.asarray(xf), np.asarray(xr), np.asarray(truth)
-    full = TreeEnsemble.fit(Xf, y, seed=seed)
-    reduced = TreeEnsemble.fit(Xr, y, seed=seed)
+    y = np.asarray(truth)
+    designs = {"full": np.asarray(xf), "inputs": np.asarray(xi), "reduced": np.asarray(xr)}
+    models = {k: TreeEnsemble.fit(X, y, seed=seed) for k, X in designs.items()}
     families = sorted({s.name for s in shifted} - {clean.name})
     groups = [set(families[i::folds]) for i in range(min(folds, len(families)))]
-    pf, pr, res_f, res_r = [], [], [], []
+    preds: dict[str, list[np.ndarray]] = {k: [] for k in designs}
+    resid: dict[str, list[np.ndarray]] = {k: [] for k in designs}
     for g in groups:
         train = np.array([not (f & g) for f in fams])
         test = np.array([bool(f & g) and f <= g | {clean.name} for f in fams])
         if train.sum() < 50 or not test.any():
             continue
-        mf = TreeEnsemble.fit(Xf[train], y[train], n_trees=100, rate=0.075, seed=seed).predict(Xf[test])
-        mr = TreeEnsemble.fit(Xr[train], y[train], n_trees=100, rate=0.075, seed=seed).predict(Xr[test])
-        pf.append(np.clip(mf, 0, 1))
-        pr.append(np.clip(mr, 0, 1))
-        res_f.append(np.clip(mf, 0, 1) - y[test])
-        res_r.append(np.clip(mr, 0, 1) - y[test])
+        for k, X in designs.items():
+            m = TreeEnsemble.fit(X[train], y[train], n_trees=100, rate=0.075, seed=seed).predict(X[test])
+            preds[k].append(np.clip(m, 0, 1))
+            resid[k].append(np.clip(m, 0, 1) - y[test])
     cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
+    q = {k: _interval_table(cat(preds[k]), cat(resid[k])) for k in designs}
     return ShiftCalibration(
-        full=full,
-        reduced=reduced,
+        full=models["full"],
+        inputs=models["inputs"],
+        reduced=models["reduced"],
         q_edges=Q_EDGES,
-        q_full=_interval_table(cat(pf), cat(res_f)),
-        q_reduced=_interval_table(cat(pr), cat(res_r)),
+        q_full=q["full"],
+        q_inputs=q["inputs"],
+        q_reduced=q["reduced"],
         reference=reference,
         families=tuple(families),
-        lofo_mae=float(np.mean(np.abs(cat(res_f)))) if res_f else 0.0,
+        lofo_mae=float(np.mean(np.abs(cat(resid["full"])))) if resid["full"] else 0.0,
     )

@@ -76,12 +76,24 @@ class TimeWindow:
         return w
 
 
+def _extra_column(extras: SampleExtras, name: str, n: int) -> np.ndarray:
+    value = getattr(extras, name)
+    return np.full(n, -1, dtype=np.int64) if value is None else np.asarray(value)
+
+
+def _extras_of_columns(cols: Sequence[np.ndarray]) -> SampleExtras:
+    """The count window's extras columns as :class:`SampleExtras` (labels only when all are known)."""
+    margin, rules, agree, covered, pca_error, label = cols
+    return SampleExtras(margin, rules, agree, covered, pca_error, label if bool(np.all(label >= 0)) else None)
+
+
 class CountWindow:
     """The last ``size`` predictions (ring buffer, exact): verdicts, confidences and, when the serve
     path computed them, the per-sample inputs of the full ``shift_aware`` model."""
 
-    _EXTRA_FIELDS = ("margin", "rules", "agree", "covered", "pca_error")
-    _EXTRA_DTYPES: tuple[type, ...] = (np.float64, np.int64, np.bool_, np.bool_, np.float64)
+    #: ``label`` is the predicted class, -1 where the caller did not pass it
+    _EXTRA_FIELDS = ("margin", "rules", "agree", "covered", "pca_error", "label")
+    _EXTRA_DTYPES: tuple[type, ...] = (np.float64, np.int64, np.bool_, np.bool_, np.float64, np.int64)
 
     def __init__(self, size: int) -> None:
         self.size = int(size)
@@ -98,7 +110,7 @@ class CountWindow:
         n = len(verdicts)
         cols: list[np.ndarray] = [verdicts, confidences]
         if extras is not None and len(extras.margin) == n:
-            cols += [np.asarray(getattr(extras, f)) for f in self._EXTRA_FIELDS] + [np.ones(n, dtype=bool)]
+            cols += [_extra_column(extras, f, n) for f in self._EXTRA_FIELDS] + [np.ones(n, dtype=bool)]
         else:
             cols += [np.zeros(n, dtype=d) for d in self._EXTRA_DTYPES] + [np.zeros(n, dtype=bool)]
         return cols
@@ -143,7 +155,7 @@ class CountWindow:
         v, c, *ext, has = self._ordered()
         shift = calibration.shift
         if shift is not None and has.all():
-            extras = SampleExtras(*ext)
+            extras = _extras_of_columns(ext)
             return WindowStats.of_samples(v, c, calibration.atc_threshold, extras, shift.reference)
         return WindowStats.from_batch(v, c, calibration)
 
@@ -166,9 +178,10 @@ class CountWindow:
         has = np.asarray(d.get("has_extras") or [], dtype=bool)
         if isinstance(raw, Mapping) and len(has) == len(v) and has.all():
             cols: list[np.ndarray] = [
-                np.asarray(raw[f], dtype=t) for f, t in zip(cls._EXTRA_FIELDS, cls._EXTRA_DTYPES, strict=True)
+                np.asarray(raw[f] if f in raw else np.full(len(v), -1), dtype=t)  # state of an older layout
+                for f, t in zip(cls._EXTRA_FIELDS, cls._EXTRA_DTYPES, strict=True)
             ]
-            w.add(v, c, SampleExtras(*cols))
+            w.add(v, c, _extras_of_columns(cols))
         else:
             w.add(v, c)
         return w

@@ -4,6 +4,7 @@ statistics, the JSON tree ensemble, fitting on labelled windows and the interval
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from agent.estimators import (
     CONF_EDGES,
     FULL_FEATURES,
+    INPUTS_FEATURES,
     N_CELLS,
     N_CONF_BINS,
     RECOMMENDED_ESTIMATOR,
@@ -25,6 +27,7 @@ from agent.estimators import (
     WindowStats,
     cell_counts,
     cell_index,
+    class_features,
     conf_bins,
     estimate_all,
     fit_shift_calibration,
@@ -40,6 +43,11 @@ TRAIN = RNG_TRAIN.normal(size=(400, D)) @ np.diag([3.0, 2.0, 1.0, 0.1, 0.1, 0.1]
 TRAIN_RULES = RNG_TRAIN.integers(0, N_RULES, 400)
 
 
+#: predicted classes and top-class probabilities of a clean calibration split (3 classes)
+CLEAN_LABELS = np.array([0] * 50 + [1] * 30 + [2] * 20)
+CLEAN_CONF = np.r_[np.full(50, 0.95), np.full(30, 0.9), np.full(20, 0.8)]
+
+
 def _reference() -> InputReference:
     return InputReference.fit(
         TRAIN,
@@ -49,6 +57,9 @@ def _reference() -> InputReference:
         rule_selected=[True, True, False, True, False],
         train_rules=TRAIN_RULES,
         components=3,
+        clean_labels=CLEAN_LABELS,
+        clean_confidences=CLEAN_CONF,
+        n_classes=3,
     )
 
 
@@ -166,8 +177,14 @@ def test_window_stats_are_additive_with_the_optional_inputs(n1: int, n2: int, se
     assert s.cells == ab.cells and s.leaves == ab.leaves and s.pca_bins == ab.pca_bins
     assert s.n_ext == ab.n_ext == n1 + n2 and s.tdi_agree == ab.tdi_agree and s.tdi_covered == ab.tdi_covered
     assert s.pca_sum == pytest.approx(ab.pca_sum) and s.margin_sum == pytest.approx(ab.margin_sum)
+    assert s.n_cls == ab.n_cls == n1 + n2 and s.class_counts == ab.class_counts
+    assert s.class_conf == pytest.approx(ab.class_conf)
     d = ab - b
     assert d.leaves == a.leaves and d.n_ext == a.n_ext and d.pca_bins == a.pca_bins
+    assert d.class_counts == a.class_counts and d.class_conf == pytest.approx(a.class_conf)
+    inplace = a.copy()
+    inplace.add_in_place(b)
+    assert inplace.class_counts == ab.class_counts and inplace.class_conf == pytest.approx(ab.class_conf)
     # an empty window adds like zero; dicts round-trip; old dicts without the new fields still load
     assert (WindowStats() + a).leaves == a.leaves
     assert WindowStats.from_dict(json.loads(json.dumps(ab.to_dict()))) == ab
@@ -204,8 +221,41 @@ def test_without_the_optional_inputs_the_reduced_model_is_used(fitted: ShiftCali
     assert abs(parts.estimate.value - float(b["correct"].mean())) < 0.05
     # a window mixing batches with and without the inputs falls back as well
     mixed = reduced + _stats(_batch(100, 0.9, 0.5, rng), cal)
-    assert not window_features(mixed, fitted.reference)[1]
+    assert window_features(mixed, fitted.reference)[1] == "reduced"
     assert shift_aware(mixed, fitted).model == "reduced"
+
+
+def test_without_the_predicted_labels_the_inputs_model_is_used(fitted: ShiftCalibration) -> None:
+    rng = np.random.default_rng(10)
+    cal = _cal(fitted)
+    b = _batch(800, 0.9, 0.5, rng)
+    ex = SampleExtras.compute(b["probs"], b["labels"], b["x"], b["r"], fitted.reference)
+    no_labels = WindowStats.of_samples(b["v"], b["conf"], cal.atc_threshold, replace(ex, label=None), fitted.reference)
+    assert no_labels.n_ext == 800 and no_labels.n_cls == 0
+    parts = shift_aware(no_labels, fitted)
+    assert parts.model == "inputs" and set(parts.features) == set(INPUTS_FEATURES)
+    assert abs(parts.estimate.value - float(b["correct"].mean())) < 0.1
+    # one batch without labels in a window sends the whole window to the inputs model
+    assert shift_aware(no_labels + _stats(_batch(50, 0.9, 0.5, rng), cal), fitted).model == "inputs"
+    assert shift_aware(_stats(b, cal), fitted).model == "full"
+
+
+def test_class_features_see_a_collapse_onto_one_class_but_not_a_change_of_class_mix() -> None:
+    ref = _reference()
+    assert ref.n_classes == 3 and ref.class_conf[0] > ref.class_conf[2]
+
+    def stats(labels: np.ndarray, conf: np.ndarray) -> WindowStats:
+        n = len(labels)
+        ex = SampleExtras(np.ones(n), np.zeros(n, np.int64), np.ones(n, bool), np.ones(n, bool), np.zeros(n), labels)
+        return WindowStats.of_samples(np.zeros(n, np.int8), conf, 0.5, ex, ref)
+
+    clean = class_features(stats(CLEAN_LABELS, CLEAN_CONF), ref)
+    # label shift: mostly class 0, at its usual confidence -> no confidence drop
+    mix = class_features(stats(np.r_[np.zeros(90, np.int64), [1] * 5, [2] * 5], np.full(100, 0.95)), ref)
+    # collapse: most inputs predicted as class 2 with a low confidence
+    collapse = class_features(stats(np.r_[np.full(90, 2), [0] * 5, [1] * 5], np.full(100, 0.5)), ref)
+    assert 0.9 < clean[0] <= 1.0 and clean[1] == pytest.approx(0.5)
+    assert mix[2] <= 1e-9 < collapse[2] and collapse[1] == pytest.approx(0.9) and collapse[0] < clean[0]
 
 
 def test_estimate_all_and_json_round_trip(fitted: ShiftCalibration) -> None:
@@ -223,3 +273,6 @@ def test_estimate_all_and_json_round_trip(fitted: ShiftCalibration) -> None:
     base = {k: v for k, v in cal.to_dict().items() if k != "shift"}
     assert EstimatorCalibration.from_dict(base).shift is None
     assert EstimatorCalibration.from_dict({**base, "shift": {"p_id": [0.5] * 6, "d0": 0.1}}).shift is None
+    # ... and so do those of the previous window-regression format (no class features, no inputs model)
+    previous = {k: v for k, v in cal.to_dict()["shift"].items() if k not in ("inputs", "q_inputs")}  # type: ignore[union-attr]
+    assert EstimatorCalibration.from_dict({**base, "shift": {**previous, "kind": "window_regression"}}).shift is None
