@@ -59,8 +59,10 @@ def test_flattened_and_channel_less_inputs_are_reshaped() -> None:
     np.testing.assert_array_equal(model.predict(x.reshape(3, 28, 28)).probabilities, ref)
     np.testing.assert_array_equal(model.predict(x[0]).probabilities, ref[:1])
     # integer pixels are cast to the model's float input
-    np.testing.assert_allclose(model.predict(x.astype(np.uint8)).probabilities,
-                               model.predict(x.astype(np.uint8).astype(np.float32)).probabilities)
+    np.testing.assert_allclose(
+        model.predict(x.astype(np.uint8)).probabilities,
+        model.predict(x.astype(np.uint8).astype(np.float32)).probabilities,
+    )
 
 
 @pytest.mark.parametrize(
