@@ -21,8 +21,8 @@ twice replaces every earlier prediction with that id, and their labels.
 Labels live in their own table (``labels``, one row per labeled prediction, keyed by the request
 row and the index): the true class, the label's arrival time, the prediction's absolute and squared
 error sums over the classes against the one-hot truth, and a copy of what the realized windows and
-recalibration read (prediction time, verdict, confidence, correctness, K, extras), so reading labeled
-predictions never decodes request rows. Evicting a request deletes its labels. The table
+recalibration read (prediction time, verdict, confidence, correctness, K, predicted class, extras), so
+reading labeled predictions never decodes request rows. Evicting a request deletes its labels. The table
 ``calibration`` keeps an estimator calibration refitted from labels, per model identity.
 
 A file written by earlier versions (one row per prediction in a table ``predictions``, with or
@@ -44,7 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +67,13 @@ _SCHEMA = (
     " seq INTEGER NOT NULL, idx INTEGER NOT NULL, identity TEXT NOT NULL, ts REAL NOT NULL,"
     " verdict INTEGER NOT NULL, confidence REAL NOT NULL, correct INTEGER NOT NULL, k INTEGER NOT NULL,"
     " label INTEGER NOT NULL, labeled_at REAL NOT NULL, abs_err REAL NOT NULL, sq_err REAL NOT NULL, extras BLOB,"
-    " PRIMARY KEY(seq, idx))",
+    " predicted INTEGER, PRIMARY KEY(seq, idx))",
     "CREATE INDEX IF NOT EXISTS labels_identity_ts ON labels(identity, ts)",
     "CREATE TABLE IF NOT EXISTS calibration (identity TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)",
 )
 _INSERT_LABEL = (
     "INSERT INTO labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " sq_err, extras, predicted) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras"
 #: The :class:`SampleExtras` fields kept per prediction, in the order of the ``extras`` column.
@@ -145,21 +145,30 @@ class LabeledRows:
     #: float64 [N, 5]: the stored :class:`SampleExtras` (columns :data:`EXTRAS_FIELDS`), NaN rows where
     #: the prediction has none (``None`` given: all NaN)
     extras: np.ndarray | None = None
+    #: int64 [N]: the predicted class, -1 where unknown (``None`` given: all unknown)
+    predicted: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
             object.__setattr__(self, "extras", np.full((len(self.timestamp), len(EXTRAS_FIELDS)), np.nan))
+        if self.predicted is None:
+            object.__setattr__(self, "predicted", np.full(len(self.timestamp), -1, dtype=np.int64))
 
     @property
     def n(self) -> int:
         return len(self.timestamp)
 
     def sample_extras(self) -> SampleExtras | None:
-        """The extras of every row, or None when any row has none (the reduced model applies then)."""
+        """The extras of every row, or None when any row has none (the reduced model applies then).
+        They carry the predicted classes when every row has one (else the *inputs* model applies)."""
         cols = self.extras
         if cols is None or self.n == 0 or np.isnan(cols).any():
             return None
-        return extras_from_columns(cols)
+        extras = extras_from_columns(cols)
+        pred = self.predicted
+        if pred is not None and len(pred) == self.n and bool((pred >= 0).all()):
+            extras = replace(extras, label=np.asarray(pred, dtype=np.int64))
+        return extras
 
     @classmethod
     def empty(cls) -> LabeledRows:
@@ -171,9 +180,10 @@ class LabeledRows:
         cls,
         rows: Sequence[tuple[float, int, float, bool, float, float, int]],
         extras: Sequence[np.ndarray] | None = None,
+        predicted: Sequence[int | None] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
-        one extras row (5 floats, NaN when absent) per row."""
+        one extras row (5 floats, NaN when absent) and one predicted class (None when unknown) per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -186,6 +196,7 @@ class LabeledRows:
             np.asarray(s, np.float64),
             np.asarray(k, np.int64),
             np.asarray(extras, np.float64).reshape(len(rows), len(EXTRAS_FIELDS)) if extras is not None else None,
+            np.asarray([-1 if v is None else v for v in predicted], np.int64) if predicted is not None else None,
         )
 
 
@@ -335,6 +346,8 @@ class PredictionStore:
             for stmt in _SCHEMA:
                 db.execute(stmt)
             tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "predicted" not in {str(r[1]) for r in db.execute("PRAGMA table_info(labels)")}:
+                db.execute("ALTER TABLE labels ADD COLUMN predicted INTEGER")  # labels of unknown class
             if "predictions" in tables:
                 n = _convert_per_prediction_rows(db)
                 log.info("converted the prediction store to one row per request", extra={"predictions": n})
@@ -523,6 +536,7 @@ class PredictionStore:
         evicted) and already labeled ones (``duplicate``; the first label stays) are listed."""
         by_identity: dict[str, list[tuple[float, int, float, bool, float, float, int]]] = {}
         extras_by_identity: dict[str, list[np.ndarray]] = {}
+        predicted_by_identity: dict[str, list[int | None]] = {}
         unknown: list[str] = []
         duplicate: list[str] = []
         n_accepted = 0
@@ -553,12 +567,13 @@ class PredictionStore:
                             correct = predicted == label
                             inserts.append(
                                 (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs))
-                                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext))
+                                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext), predicted)
                             )
                             by_identity.setdefault(row.identity, []).append(
                                 (row.ts, verdict, confidence, correct, a, s, len(probs))
                             )
                             extras_by_identity.setdefault(row.identity, []).append(ext)
+                            predicted_by_identity.setdefault(row.identity, []).append(predicted)
                         db.executemany(
                             _INSERT_LABEL,
                             inserts,
@@ -572,13 +587,16 @@ class PredictionStore:
             self.on_error("write")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
         self.labeled += n_accepted
-        accepted = [(k, LabeledRows.from_tuples(v, extras_by_identity[k])) for k, v in by_identity.items()]
+        accepted = [
+            (k, LabeledRows.from_tuples(v, extras_by_identity[k], predicted_by_identity[k]))
+            for k, v in by_identity.items()
+        ]
         return LabelOutcome(accepted, n_accepted, unknown, duplicate)
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         """Labeled predictions of one model identity (prediction time ≥ ``since``; the newest ``limit``)."""
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras "
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted "
             "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -593,7 +611,9 @@ class PredictionStore:
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
         rows.reverse()
         return LabeledRows.from_tuples(
-            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows], [_extras_row(r[7]) for r in rows]
+            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
+            [_extras_row(r[7]) for r in rows],
+            [r[8] for r in rows],
         )
 
     # -- refitted calibrations -------------------------------------------------------------------
@@ -761,7 +781,7 @@ def _convert_per_prediction_rows(db: sqlite3.Connection) -> int:
                 db.execute(
                     _INSERT_LABEL.replace("INSERT", "INSERT OR REPLACE", 1),
                     (seq, idx, identity, ts, verdict, confidence, int(predicted == label), k)
-                    + (label, labeled_at, a, s, ext),
+                    + (label, labeled_at, a, s, ext, predicted),
                 )
             moved += 1
     db.execute("DROP TABLE predictions")

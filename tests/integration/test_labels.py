@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,11 @@ from agent.estimators import (
     ESTIMATORS,
     RECOMMENDED_ESTIMATOR,
     EstimatorCalibration,
-    SampleExtras,
     WindowStats,
     estimate_all,
-    shift_aware,
 )
 from agent.model import OnnxClassifier, default_model_path
-from agent.offline import check_report, judge
+from agent.offline import check_report
 from invariants.bundle import Bundle
 from invariants.oracle import VERDICTS
 
@@ -113,22 +110,6 @@ def labeled_truth(
     return float(report["truth"]["accuracy"]), estimates, dict(report["verdicts"])
 
 
-def inputs_model_estimate(model: OnnxClassifier, bundle: Path, x: np.ndarray) -> float:
-    """``shift_aware`` of the offline judgement of ``x`` without the predicted labels in the extras
-    (its *inputs* model): what the realized section computes, since the labeled rows of the
-    prediction store keep the margins, TDI leaves and PCA errors but not the predicted labels."""
-    b = Bundle.load(bundle)
-    cal = bundle_calibration(bundle)
-    assert cal.shift is not None
-    j = judge(model, b, x, {})
-    ref = cal.shift.reference
-    p = j.prediction
-    ex = replace(SampleExtras.compute(p.probabilities, p.labels, j.features, j.tdi_rules, ref), label=None)
-    stats = WindowStats.of_samples(j.result.verdict, p.confidences, cal.atc_threshold, ex, ref)
-    assert shift_aware(stats, cal.shift).model == "inputs"
-    return estimate_all(stats, cal)[RECOMMENDED_ESTIMATOR].value
-
-
 def bundle_calibration(bundle: Path) -> EstimatorCalibration:
     return EstimatorCalibration.from_dict(Bundle.load(bundle).estimator_calibration)
 
@@ -188,8 +169,6 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
     assert realized["estimates"][RECOMMENDED_ESTIMATOR]["value"] != pytest.approx(
         reduced[RECOMMENDED_ESTIMATOR].value, abs=1e-9
     )  # not the reduced model
-    # the realized shift_aware is the inputs model's (the store keeps no predicted labels in the extras)
-    offline[RECOMMENDED_ESTIMATOR] = inputs_model_estimate(mnist_model, mnist_bundle_dir, x[idx])
     for name, e in realized["estimates"].items():
         assert e["n"] == 601
         assert e["value"] == pytest.approx(offline[name], abs=1e-9), name

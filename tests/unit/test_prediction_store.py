@@ -195,9 +195,14 @@ def test_extras_round_trip_through_labels_and_reads(tmp_path: Path) -> None:
     ((identity, rows),) = out.accepted
     assert identity == "m:b"
     assert_same_extras(rows.sample_extras(), ex)
+    labels_e = batch("e", 6, 10.0).labels
+    got = rows.sample_extras()
+    assert got is not None and got.label is not None and got.label.tolist() == labels_e.tolist()
     s.stop()
     s2 = store(tmp_path, max_age=1e12)  # read back after a restart, in prediction-time order
     assert_same_extras(s2.labeled_rows("m:b").sample_extras(), ex)
+    again = s2.labeled_rows("m:b").sample_extras()
+    assert again is not None and again.label is not None and again.label.tolist() == labels_e.tolist()
     assert_same_extras(s2.labeled_rows("m:b", limit=3).sample_extras(), ex.take(np.arange(3, 6)))
     # one labeled row without extras: the set as a whole has none
     s2.apply_labels([("plain:0", 1)], 22.0)
