@@ -159,6 +159,29 @@ def test_input_reference_scores_off_manifold_inputs_higher() -> None:
     np.testing.assert_allclose(back.pca_error(off), ref.pca_error(off))
 
 
+def _direct_pca_error(ref: InputReference, f: np.ndarray) -> np.ndarray:
+    """The definition: ``z = (f − center) / scale``, RMS of ``z − (z Bᵀ) B``, in float64."""
+    z = (np.asarray(f, np.float64).reshape(len(f), -1) - np.asarray(ref.center)) / np.asarray(ref.scale)
+    b = np.asarray(ref.basis, np.float64)
+    r = z - (z @ b.T) @ b
+    return np.sqrt((r * r).mean(axis=1))
+
+
+@pytest.mark.parametrize("per_feature_scale", [False, True])
+def test_pca_error_equals_its_definition(per_feature_scale: bool) -> None:
+    """The global-scale (image) path computes the error through ‖z‖² − ‖Bz‖² in float32; it must
+    agree with the definition in and far outside the training distribution, batch by batch."""
+    rng = np.random.default_rng(5)
+    train = rng.uniform(0, 255, (400, 49)) * (rng.uniform(size=49) > 0.3)  # pixel-like, some dead pixels
+    ref = InputReference.fit(train, train[:100], per_feature_scale=per_feature_scale, components=8)
+    live = np.concatenate([train[:50], 3.0 * train[50:80] + 40.0, rng.normal(0, 1, (20, 49))]).astype(np.float32)
+    want = _direct_pca_error(ref, live)
+    np.testing.assert_allclose(ref.pca_error(live), want, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(ref.pca_error(live.astype(np.float64)), want, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(ref.pca_error(live[:1]), want[:1], rtol=1e-4, atol=1e-7)
+    assert ref.pca_error(live[:0]).shape == (0,)
+
+
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(0, 10_000))
 @settings(max_examples=25, deadline=None)
 def test_window_stats_are_additive_with_the_optional_inputs(n1: int, n2: int, seed: int) -> None:
