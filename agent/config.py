@@ -65,6 +65,7 @@ class ServerConfig(_Section):
     max_batch: int = Field(1024, ge=1)
     max_tensor_elements: int = Field(1 << 24, ge=1)
     threads: int = Field(8, ge=1, le=256)
+    blas_threads: int = Field(1, ge=1, le=256)
     graceful_timeout_seconds: float = Field(20.0, gt=0)
     access_log: bool = False
 

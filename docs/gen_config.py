@@ -55,6 +55,8 @@ MEANINGS: dict[str, str] = {
     "ServerConfig.max_batch": "larger batches are rejected with 413",
     "ServerConfig.max_tensor_elements": "larger request tensors are rejected with 413",
     "ServerConfig.threads": "thread pool for decoding, inference and judging",
+    "ServerConfig.blas_threads": "threads of numpy's BLAS in the serve process (its products on the request path"
+    " are small; more threads mostly spin and take CPU from inference)",
     "ServerConfig.graceful_timeout_seconds": "on SIGTERM: time allowed for requests in flight and pending work",
     "ServerConfig.access_log": "one JSON log line per request",
     "UpstreamConfig.url": "proxy mode: base URL of the upstream V2 server",

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         settings.server.port = args.port
     logs.setup(settings.log_level)
     app = create_app(settings)
+    limit_blas_threads(settings.server.blas_threads)
     if args.check:
         print(f"config OK: {settings.mode} mode, model {settings.model.name} version {settings.model.version}")
         return 0
@@ -55,3 +56,16 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: None)
     server.run()
     return 0 if server.started else 1
+
+
+def limit_blas_threads(n: int) -> list[dict[str, object]]:
+    """Cap numpy's BLAS thread pool (OpenBLAS, MKL, BLIS) at ``n`` threads for the whole process.
+
+    The request path's products (the input PCA error, ``[batch, D] × [D, 11]``) are too small to
+    gain from threads, and idle BLAS threads busy-wait after every call: with OpenBLAS's default of
+    one thread per core they doubled the agent's CPU per batch-32 request. Returns the BLAS pools
+    found, after the change (``threadpoolctl.threadpool_info`` entries)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")
+    return [i for i in threadpool_info() if i.get("user_api") == "blas"]
