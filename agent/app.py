@@ -53,6 +53,7 @@ from agent.pipeline import (
     OUTPUT_PROBABILITIES,
     OUTPUT_VERDICT,
     VERDICT_BYTES,
+    JudgeWork,
     Pipeline,
     Runtime,
     load_runtime,
@@ -266,6 +267,48 @@ INLINE_MAX_BYTES = 64 * 1024
 INLINE_BUDGET_SECONDS = 0.001
 
 
+class VerdictBatcher:
+    """Judges, in one :meth:`Pipeline.judge_works` call, the works queued during one turn of the event
+    loop (used only from the loop's thread).
+
+    The first work of a turn schedules the judging with ``call_soon``, which runs after the
+    callbacks and tasks that are already ready: requests whose bodies arrived in the same turn have
+    decoded and run their model by then and join the call. A lone request is judged right after it
+    queued, with no timer and no added wait. Judging runs on the loop, like the rest of a small
+    request, and each waiting request gets its CPU share of it.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self._works: list[JudgeWork] = []
+        self._waiting: list[asyncio.Future[float]] = []
+        #: Calls made and works judged (a work per request), for the tests and the benchmark.
+        self.calls = 0
+        self.works = 0
+
+    def judge(self, work: JudgeWork) -> asyncio.Future[float]:
+        """Queue a work; the future resolves (to this request's share of the CPU seconds) once judged."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[float] = loop.create_future()
+        if not self._works:
+            loop.call_soon(self._judge_queued)
+        self._works.append(work)
+        self._waiting.append(fut)
+        return fut
+
+    def _judge_queued(self) -> None:
+        works, waiting = self._works, self._waiting
+        self._works, self._waiting = [], []
+        t0 = time.thread_time()
+        self.pipeline.judge_works(works)  # every work gets its verdicts or its error
+        share = (time.thread_time() - t0) / max(1, len(works))
+        self.calls += 1
+        self.works += len(works)
+        for fut in waiting:
+            if not fut.done():  # the request may have been cancelled (client gone)
+                fut.set_result(share)
+
+
 class AgentService:
     """The sidecar's state shared by the endpoints: runtime, windows, metrics, queues, state store."""
 
@@ -281,6 +324,8 @@ class AgentService:
         self.limiter = anyio.CapacityLimiter(settings.server.threads)
         #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
         self._inline_cost = 0.0
+        #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`).
+        self.verdicts = VerdictBatcher(self.pipeline)
         self.admin_token = admin_token()
         self.ready = False
         self.store: StateStore | None = None
@@ -314,12 +359,26 @@ class AgentService:
         or costlier requests run in the worker threads (onnxruntime releases the GIL there). The cost
         is the CPU time of the calling thread, so time spent waiting for the GIL behind other worker
         threads does not keep small requests off the loop once they went to the threads.
+
+        On the loop, requests that ask for ``icos_verdict`` are judged together: each one queues its
+        predictions with the :class:`VerdictBatcher` and waits, the batcher judges everything queued
+        in one oracle call at the end of the loop's current turn (no added wait when a request is
+        alone), and each request then answers with its own verdicts.
         """
         if len(body) > INLINE_MAX_BYTES:
             return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
-        if self._inline_cost < INLINE_BUDGET_SECONDS:
-            return self._timed_serve_infer(rt, body, header_length)
-        return await self.run(self._timed_serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        if self._inline_cost >= INLINE_BUDGET_SECONDS:
+            return await self.run(self._timed_serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        t0 = time.thread_time()
+        served = self.pipeline.serve_predict(rt, body, header_length)
+        cost = time.thread_time() - t0
+        if served.work is not None:
+            cost += await self.verdicts.judge(served.work)
+        t1 = time.thread_time()
+        try:
+            return self.pipeline.serve_respond(served)
+        finally:
+            self._inline_cost += 0.05 * (cost + time.thread_time() - t1 - self._inline_cost)
 
     def _timed_serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         t0 = time.thread_time()

@@ -382,6 +382,16 @@ class Pipeline:
         assert work.verdicts is not None
         return work.verdicts
 
+    def judge_works(self, works: Sequence[JudgeWork]) -> None:
+        """Judge these works now, together with whatever else is pending, in as few oracle calls as
+        possible (one per runtime for works without per-request metadata). Each work gets its
+        ``verdicts`` or its ``error``; nothing is raised."""
+        with self._pending_lock:
+            self._pending.extend(works)
+        with self._judge_lock:
+            if not all(w.done for w in works):
+                self._run(self._take())
+
     def judge_later(
         self,
         rt: Runtime,
@@ -538,6 +548,15 @@ class Pipeline:
 
     # serve mode: one call does everything for a request
     def serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        served = self.serve_predict(rt, body, header_length)
+        if served.work is not None:
+            self.judge_works([served.work])
+        return self.serve_respond(served)
+
+    def serve_predict(self, rt: Runtime, body: bytes, header_length: str | None) -> ServedRequest:
+        """Decode, validate and run the model. When the client asked for ``icos_verdict`` the returned
+        request carries a :class:`JudgeWork` to judge (:meth:`judge_works`) before
+        :meth:`serve_respond`; otherwise its predictions are already queued for the background judge."""
         assert rt.classifier is not None
         req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
         split = split_inputs(rt, req.inputs, req.parameters)
@@ -550,14 +569,40 @@ class Pipeline:
         inference_seconds = time.perf_counter() - t0
         features = rt.classifier.features(x)
         rid = req.id or new_request_id()
+        work: JudgeWork | None = None
         if any(name == OUTPUT_VERDICT for name, _ in wanted):
-            verdicts = self.judge(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, rid)
+            work = JudgeWork(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, request_id=rid)
         else:  # the client does not wait for the verdicts: judge off the request path
             self.judge_later(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, rid)
+        return ServedRequest(rt, rid, wanted, pred.probabilities, pred.labels, work)
+
+    def serve_respond(self, served: ServedRequest) -> tuple[bytes, dict[str, str]]:
+        """The V2 response of a request from :meth:`serve_predict` (its work, if any, judged)."""
+        work = served.work
+        if work is not None:
+            if work.error is not None:
+                raise work.error
+            assert work.verdicts is not None
+        verdicts = work.verdicts if work is not None else None
         produced = {
-            OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, pred.probabilities, "FP32"),
-            OUTPUT_LABEL: lambda: v2.tensor(OUTPUT_LABEL, pred.labels.astype(np.int64), "INT64"),
+            OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, served.probabilities, "FP32"),
+            OUTPUT_LABEL: lambda: v2.tensor(OUTPUT_LABEL, served.labels.astype(np.int64), "INT64"),
             OUTPUT_VERDICT: lambda: v2.tensor(OUTPUT_VERDICT, VERDICT_BYTES[verdicts], "BYTES"),
         }
-        outputs = [(produced[name](), binary) for name, binary in wanted]
-        return v2.encode_response(rt.name, rt.version, rid, outputs, {"icos_prediction_ids": prediction_ids(rid, n)})
+        outputs = [(produced[name](), binary) for name, binary in served.wanted]
+        rt, rid = served.rt, served.request_id
+        ids = prediction_ids(rid, len(served.labels))
+        return v2.encode_response(rt.name, rt.version, rid, outputs, {"icos_prediction_ids": ids})
+
+
+@dataclass
+class ServedRequest:
+    """A serve-mode request between inference and response (see :meth:`Pipeline.serve_predict`)."""
+
+    rt: Runtime
+    request_id: str
+    wanted: list[tuple[str, bool]]
+    probabilities: np.ndarray
+    labels: np.ndarray
+    #: The predictions to judge before answering (the client asked for ``icos_verdict``), else None.
+    work: JudgeWork | None

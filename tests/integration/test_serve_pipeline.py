@@ -16,6 +16,7 @@ from agent.model import default_model_path
 from agent.pipeline import JudgedBatch, Pipeline, Runtime, load_runtime
 from agent.windows import WindowSet
 from exporters.prometheus import AgentMetrics
+from invariants.oracle import VERDICTS as VERDICT_NAMES
 
 
 def runtime(bundle: Path) -> Runtime:
@@ -111,3 +112,43 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
     assert count is not None
     restored = CountWindow.from_dict(count.to_dict()).stats(rt.calibration)
     assert restored.n_ext == 300
+
+
+def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    """Small requests asking for ``icos_verdict`` run on the event loop; those that arrive together are
+    judged in one oracle call and each still gets its own verdicts; a lone request is judged at once."""
+    import asyncio
+    import json
+
+    from agent_process import infer_body
+
+    from agent.app import create_app
+
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist", "path": str(default_model_path())},
+        bundle={"path": str(mnist_bundle_dir)},
+        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
+    )
+    svc = create_app(settings, CollectorRegistry()).state.agent
+    rt = svc.runtime
+    xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(12)]
+
+    def verdicts_of(answer: tuple[bytes, dict[str, str]]) -> list[str]:
+        (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
+        return list(out["data"])
+
+    async def together() -> list[tuple[bytes, dict[str, str]]]:
+        bodies = [json.dumps(infer_body(x)).encode() for x in xs]
+        return list(await asyncio.gather(*(svc.infer(rt, b, None) for b in bodies)))
+
+    answers = asyncio.run(together())
+    assert (svc.verdicts.calls, svc.verdicts.works) == (1, 12)
+    for x, answer in zip(xs, answers, strict=True):
+        assert verdicts_of(answer) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
+    assert svc.windows.total == 36
+
+    alone = asyncio.run(svc.infer(rt, json.dumps(infer_body(mnist_splits.test.x[100:101])).encode(), None))
+    assert (svc.verdicts.calls, svc.verdicts.works) == (2, 13)
+    assert verdicts_of(alone) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, mnist_splits.test.x[100:101])]
