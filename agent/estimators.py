@@ -37,6 +37,7 @@ Estimators:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -67,14 +68,20 @@ def conf_bins(confidences: np.ndarray) -> np.ndarray:
 
 def cell_index(verdicts: np.ndarray, confidences: np.ndarray) -> np.ndarray:
     """Cell of each sample: ``verdict * N_CONF_BINS + confidence bin``."""
-    v = np.clip(np.asarray(verdicts, dtype=np.int64), 0, N_VERDICTS - 1)
+    v = _clip_index(np.asarray(verdicts, dtype=np.int64), N_VERDICTS)
     return v * N_CONF_BINS + conf_bins(confidences)
 
 
 def cell_counts(verdicts: np.ndarray, confidences: np.ndarray) -> list[int]:
     """Number of samples per cell (length :data:`N_CELLS`)."""
     idx = cell_index(verdicts, confidences)
-    return [int(c) for c in np.bincount(idx, minlength=N_CELLS)[:N_CELLS]]
+    return list(np.bincount(idx, minlength=N_CELLS)[:N_CELLS].tolist())
+
+
+def _clip_index(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` clipped to ``0 .. size − 1`` (two ufunc calls; ``np.clip``'s wrapper costs more than the
+    work on a request-sized batch)."""
+    return np.minimum(np.maximum(a, 0), size - 1)
 
 
 #: Bins of the window's mean PCA reconstruction error, as quantiles of the clean calibration split.
@@ -503,7 +510,7 @@ class SampleExtras:
         rules = np.asarray(tdi_rules, dtype=np.int64).reshape(-1)
         lab = np.asarray(labels, dtype=np.int64).reshape(-1)
         if reference.n_rules:
-            r = np.clip(rules, 0, reference.n_rules - 1)
+            r = _clip_index(rules, reference.n_rules)
             agree = reference._label[r] == lab  # type: ignore[attr-defined]
             covered = reference._selected[r]  # type: ignore[attr-defined]
         else:
@@ -617,14 +624,14 @@ class WindowStats:
             out.tdi_covered = int(extras.covered.sum())
             out.pca_sum = float(extras.pca_error.sum())
             bins = np.searchsorted(np.asarray(ref.pca_edges), extras.pca_error, side="right")
-            out.pca_bins = [int(k) for k in np.bincount(bins, minlength=N_PCA_BINS)[:N_PCA_BINS]]
-            out.leaves = [int(k) for k in np.bincount(extras.rules, minlength=ref.n_rules)[: ref.n_rules]]
+            out.pca_bins = np.bincount(bins, minlength=N_PCA_BINS)[:N_PCA_BINS].tolist()
+            out.leaves = np.bincount(extras.rules, minlength=ref.n_rules)[: ref.n_rules].tolist()
             k = ref.n_classes
             if extras.label is not None and k and len(extras.label) == len(v):
-                lab = np.clip(np.asarray(extras.label, dtype=np.int64), 0, k - 1)
+                lab = _clip_index(np.asarray(extras.label, dtype=np.int64), k)
                 out.n_cls = int(len(v))
-                out.class_counts = [int(x) for x in np.bincount(lab, minlength=k)[:k]]
-                out.class_conf = [float(x) for x in np.bincount(lab, weights=c, minlength=k)[:k]]
+                out.class_counts = np.bincount(lab, minlength=k)[:k].tolist()
+                out.class_conf = np.bincount(lab, weights=c, minlength=k)[:k].tolist()
         return out
 
     def _combine(self, other: WindowStats, sign: int) -> WindowStats:
@@ -688,9 +695,8 @@ class WindowStats:
         ):
             if len(vec) < len(add):
                 vec.extend([0] * (len(add) - len(vec)))
-            for i, v in enumerate(add):
-                if v:
-                    vec[i] += v
+            for i in itertools.compress(range(len(add)), add):  # the non-zero entries (C-speed scan)
+                vec[i] += add[i]
         fsum, fadd = self.class_conf, other.class_conf
         if len(fsum) < len(fadd):
             fsum.extend([0.0] * (len(fadd) - len(fsum)))
