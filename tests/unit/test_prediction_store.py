@@ -219,14 +219,21 @@ def test_columns_and_empty_rows() -> None:
     assert LabeledRows.empty().extras is not None and LabeledRows.empty().extras.shape == (0, len(EXTRAS_FIELDS))
 
 
-def test_a_file_from_before_the_extras_column_is_upgraded(tmp_path: Path) -> None:
-    db = sqlite3.connect(tmp_path / STORE_FILE)
+def per_prediction_file(directory: Path, *, extras_column: bool) -> sqlite3.Connection:
+    """A store file in the earlier layout: one row per prediction (with or without ``extras``)."""
+    db = sqlite3.connect(directory / STORE_FILE)
     db.execute(
         "CREATE TABLE predictions ("
         " seq INTEGER PRIMARY KEY AUTOINCREMENT, pid TEXT NOT NULL UNIQUE, ts REAL NOT NULL,"
         " identity TEXT NOT NULL, predicted INTEGER NOT NULL, confidence REAL NOT NULL, verdict INTEGER NOT NULL,"
-        " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL)"
+        " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL"
+        + (", extras BLOB)" if extras_column else ")")
     )
+    return db
+
+
+def test_a_file_from_before_the_extras_column_is_upgraded(tmp_path: Path) -> None:
+    db = per_prediction_file(tmp_path, extras_column=False)
     p = np.array([0.7, 0.2, 0.1], dtype="<f4")
     db.execute(
         "INSERT INTO predictions(pid, ts, identity, predicted, confidence, verdict, probs) VALUES(?,?,?,?,?,?,?)",
@@ -294,13 +301,7 @@ def test_prediction_ids_without_an_index_are_unknown(tmp_path: Path) -> None:
 
 
 def test_labeled_predictions_of_a_per_prediction_file_survive_the_conversion(tmp_path: Path) -> None:
-    db = sqlite3.connect(tmp_path / STORE_FILE)
-    db.execute(
-        "CREATE TABLE predictions ("
-        " seq INTEGER PRIMARY KEY AUTOINCREMENT, pid TEXT NOT NULL UNIQUE, ts REAL NOT NULL,"
-        " identity TEXT NOT NULL, predicted INTEGER NOT NULL, confidence REAL NOT NULL, verdict INTEGER NOT NULL,"
-        " probs BLOB NOT NULL, label INTEGER, labeled_at REAL, abs_err REAL, sq_err REAL, extras BLOB)"
-    )
+    db = per_prediction_file(tmp_path, extras_column=True)
     p = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.5, 0.4, 0.1]], dtype="<f4")
     ex = extras_columns(extras_for(3))
     rows = [
