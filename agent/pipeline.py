@@ -374,9 +374,7 @@ class Pipeline:
     ) -> np.ndarray:
         """Verdict indices (int8 ``[N]``) into :data:`invariants.oracle.VERDICTS`; windows/metrics updated."""
         work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds, request_id=request_id)
-        with self._pending_lock:
-            self._pending.append(work)
-        self._complete(work)
+        self.judge_works([work])
         if work.error is not None:
             raise work.error
         assert work.verdicts is not None
@@ -388,9 +386,7 @@ class Pipeline:
         ``verdicts`` or its ``error``; nothing is raised."""
         with self._pending_lock:
             self._pending.extend(works)
-        with self._judge_lock:
-            if not all(w.done for w in works):
-                self._run(self._take())
+        self._judge_pending_until_done(works)
 
     def judge_later(
         self,
@@ -412,7 +408,7 @@ class Pipeline:
                     self._idle = False
                     self._wakeup.notify()
                 return
-        self._complete(work)
+        self._judge_pending_until_done([work])
 
     def flush(self) -> None:
         """Judge everything pending now."""
@@ -446,9 +442,10 @@ class Pipeline:
         """Whether the background thread should stop lingering (called holding the pending lock)."""
         return self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
 
-    def _complete(self, work: JudgeWork) -> None:
+    def _judge_pending_until_done(self, works: Sequence[JudgeWork]) -> None:
+        """Judge everything pending, unless another thread already judged these works meanwhile."""
         with self._judge_lock:
-            if not work.done:
+            if not all(w.done for w in works):
                 self._run(self._take())
 
     def _background(self) -> None:
