@@ -282,7 +282,7 @@ class VerdictBatcher:
         self.pipeline = pipeline
         self._works: list[JudgeWork] = []
         self._waiting: list[asyncio.Future[float]] = []
-        #: Calls made and works judged (a work per request), for the tests and the benchmark.
+        #: Calls made and works judged (a work per request); the tests read them.
         self.calls = 0
         self.works = 0
 
