@@ -13,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import generated_page  # noqa: E402
+
 from agent.cli import build_parser  # noqa: E402
 
 OUT = ROOT / "docs" / "cli.md"
@@ -111,18 +113,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail when docs/cli.md is stale")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT} is stale: run `python docs/gen_cli.py`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT}")
-    return 0
+    return generated_page.main(OUT, render, (__doc__ or "").splitlines()[0], argv)
 
 
 if __name__ == "__main__":

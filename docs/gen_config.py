@@ -10,7 +10,6 @@ error, so a new setting cannot go undocumented.
 
 from __future__ import annotations
 
-import argparse
 import enum
 import sys
 import types
@@ -21,6 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import generated_page  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
@@ -276,18 +276,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail when docs/configuration.md is stale")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT} is stale: run `python docs/gen_config.py`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT}")
-    return 0
+    return generated_page.main(OUT, render, (__doc__ or "").splitlines()[0], argv)
 
 
 if __name__ == "__main__":
