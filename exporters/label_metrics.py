@@ -24,12 +24,13 @@ At scrape time (:class:`RealizedCollector`, from a snapshot function), per windo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+
+from exporters.prometheus import SnapshotCollector
 
 LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
 PROBABILITY_METRICS = ("mae", "mse", "rmse")
@@ -53,19 +54,10 @@ class RealizedSnapshot:
     windows: Sequence[RealizedPoint]
 
 
-class RealizedCollector(Collector):
+class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
     """Exports realized accuracy and estimator errors computed at scrape time (``None`` → nothing)."""
 
-    def __init__(self, snapshot: Callable[[], RealizedSnapshot | None]) -> None:
-        self._snapshot = snapshot
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
-        if snap is None:
-            return
+    def families(self, snap: RealizedSnapshot) -> Iterator[Metric]:
         mv = [snap.model, snap.version]
         acc = GaugeMetricFamily(
             "icos_realized_accuracy_ratio",

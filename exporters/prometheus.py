@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -77,10 +77,14 @@ class Snapshot:
     calibration_right: int | None = None
 
 
-class EstimatesCollector(Collector):
-    """Exports live estimates computed at scrape time by ``snapshot()`` (``None`` → nothing)."""
+S = TypeVar("S")
 
-    def __init__(self, snapshot: Callable[[], Snapshot | None]) -> None:
+
+class SnapshotCollector(Collector, Generic[S]):
+    """Metric families computed at scrape time from ``snapshot()`` (``None`` → nothing exported);
+    subclasses say which in :meth:`families`."""
+
+    def __init__(self, snapshot: Callable[[], S | None]) -> None:
         self._snapshot = snapshot
 
     def describe(self) -> Iterable[Metric]:
@@ -88,8 +92,17 @@ class EstimatesCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        if snap is None:
-            return
+        if snap is not None:
+            yield from self.families(snap)
+
+    def families(self, snap: S) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class EstimatesCollector(SnapshotCollector[Snapshot]):
+    """Exports live estimates computed at scrape time by ``snapshot()`` (``None`` → nothing)."""
+
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
         mv = [snap.model, snap.version]
         labels = ["model", "version", "estimator", "window"]
         value = GaugeMetricFamily(
