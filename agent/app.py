@@ -36,7 +36,7 @@ from agent.audit_routes import AuditService
 from agent.config import AgentSettings, admin_token, path_problem
 from agent.errors import UserError
 from agent.labels import LabelService
-from agent.model import InvalidInput
+from agent.model import InvalidInput, Prediction
 from agent.model_source import fetch_model
 from agent.observe import (
     REQUEST,
@@ -53,6 +53,7 @@ from agent.pipeline import (
     OUTPUT_PROBABILITIES,
     OUTPUT_VERDICT,
     VERDICT_BYTES,
+    DecodedRequest,
     JudgeWork,
     Pipeline,
     Runtime,
@@ -265,6 +266,12 @@ class AgentApp(FastAPI):
 #: :meth:`AgentService.infer`); a thread hop costs more than a small model's whole inference.
 INLINE_MAX_BYTES = 64 * 1024
 INLINE_BUDGET_SECONDS = 0.001
+#: Binary-tensor requests up to this size are decoded and answered on the event loop and only their
+#: model runs in a worker thread (decoding them is a few small Python steps and one pass over the
+#: values); larger ones, and JSON bodies over :data:`INLINE_MAX_BYTES`, run wholly in the threads.
+LOOP_DECODE_MAX_BYTES = 4 * 1024 * 1024
+#: At most this many predictions are judged in one turn of the event loop (see :class:`LoopJudge`).
+LOOP_JUDGE_MAX_SAMPLES = 128
 
 
 class VerdictBatcher:
@@ -309,6 +316,56 @@ class VerdictBatcher:
                 fut.set_result(share)
 
 
+def _model_with_cost(pipeline: Pipeline, decoded: DecodedRequest) -> tuple[Prediction, float, float]:
+    """:meth:`Pipeline.serve_model` plus the CPU time it took on the calling (worker) thread."""
+    t0 = time.thread_time()
+    pred, seconds = pipeline.serve_model(decoded)
+    return pred, seconds, time.thread_time() - t0
+
+
+class LoopJudge:
+    """Judges the predictions of small serve-mode requests that do not wait for their verdicts on the
+    event loop, in one :meth:`Pipeline.try_judge_pending` call per ``pipeline.linger_seconds``
+    (used only from the loop's thread).
+
+    Such requests run on the loop already (see :meth:`AgentService.infer`). Judging their
+    predictions there too, a few dozen at a time, spares the hand-over to the background thread:
+    each wake-up of that thread and each contended GIL switch costs as much as judging a few
+    predictions. At most ``max_samples`` predictions are judged in one loop turn (about 0.5 ms with
+    the shipped CNN's bundle); when more wait, the background thread judges them, off the loop.
+    The works sit in the pipeline's pending list, so :meth:`Pipeline.flush` (labels, shutdown)
+    judges them like any other.
+    """
+
+    def __init__(self, pipeline: Pipeline, max_samples: int) -> None:
+        self.pipeline = pipeline
+        self.max_samples = max_samples
+        self._timer: asyncio.TimerHandle | None = None
+        #: Calls that judged on the loop, and hand-overs to the background thread (the tests read them).
+        self.calls = 0
+        self.handed_over = 0
+
+    def add(self, work: JudgeWork) -> None:
+        if self.pipeline.judge_soon(work) > self.max_samples:
+            self.handed_over += 1
+            self.pipeline.wake()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.pipeline.linger_seconds, self._run)
+
+    def _run(self) -> None:
+        self._timer = None
+        if self.pipeline.try_judge_pending():
+            self.calls += 1
+        else:  # the background thread is judging: look again after another linger period
+            self._timer = asyncio.get_running_loop().call_later(self.pipeline.linger_seconds, self._run)
+
+    def close(self) -> None:
+        """Cancel the pending call (what is queued stays pending for :meth:`Pipeline.flush`)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class AgentService:
     """The sidecar's state shared by the endpoints: runtime, windows, metrics, queues, state store."""
 
@@ -326,6 +383,8 @@ class AgentService:
         self._inline_cost = 0.0
         #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`).
         self.verdicts = VerdictBatcher(self.pipeline)
+        #: Judges small requests' predictions on the loop (see :meth:`infer`).
+        self.loop_judge = LoopJudge(self.pipeline, LOOP_JUDGE_MAX_SAMPLES)
         self.admin_token = admin_token()
         self.ready = False
         self.store: StateStore | None = None
@@ -365,27 +424,45 @@ class AgentService:
         in one oracle call at the end of the loop's current turn (no added wait when a request is
         alone), and each request then answers with its own verdicts.
         """
-        if len(body) > INLINE_MAX_BYTES:
-            return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
-        if self._inline_cost >= INLINE_BUDGET_SECONDS:
-            return await self.run(self._timed_serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        small = len(body) <= INLINE_MAX_BYTES
+        if small and self._inline_cost < INLINE_BUDGET_SECONDS:
+            t0 = time.thread_time()
+            served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
+            cost = time.thread_time() - t0
+            if served.work is not None:
+                cost += await self.verdicts.judge(served.work)
+            t1 = time.thread_time()
+            try:
+                return self.pipeline.serve_respond(served)
+            finally:
+                self._inline_cost += 0.05 * (cost + time.thread_time() - t1 - self._inline_cost)
+        if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
+            return await self._infer_model_in_thread(rt, body, header_length, small)
+        return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+
+    async def _infer_model_in_thread(
+        self, rt: Runtime, body: bytes, header_length: str | None, small: bool
+    ) -> tuple[bytes, dict[str, str]]:
+        """Decode on the loop, run the model in a worker thread, judge (when asked) and answer on the
+        loop. The worker threads then hold the GIL only to enter and leave onnxruntime: with many
+        requests in flight, threads that also decoded and encoded would queue for the GIL behind each
+        other and behind the loop. A small request's cost still feeds the inline moving average, so
+        small requests return to the loop once the model is cheap again."""
         t0 = time.thread_time()
-        served = self.pipeline.serve_predict(rt, body, header_length)
+        decoded = self.pipeline.serve_decode(rt, body, header_length)
         cost = time.thread_time() - t0
+        pred, seconds, model_cost = await self.run(_model_with_cost, self.pipeline, decoded)
+        t1 = time.thread_time()
+        served = self.pipeline.serve_accept(decoded, pred, seconds)
+        cost += model_cost + time.thread_time() - t1
         if served.work is not None:
             cost += await self.verdicts.judge(served.work)
-        t1 = time.thread_time()
+        t2 = time.thread_time()
         try:
             return self.pipeline.serve_respond(served)
         finally:
-            self._inline_cost += 0.05 * (cost + time.thread_time() - t1 - self._inline_cost)
-
-    def _timed_serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
-        t0 = time.thread_time()
-        try:
-            return self.pipeline.serve_infer(rt, body, header_length)
-        finally:
-            self._inline_cost += 0.05 * (time.thread_time() - t0 - self._inline_cost)
+            if small:  # CPU times of this request only: other tasks run on the loop during the waits
+                self._inline_cost += 0.05 * (cost + time.thread_time() - t2 - self._inline_cost)
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
@@ -588,6 +665,7 @@ class AgentService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        self.loop_judge.close()
         await anyio.to_thread.run_sync(self.pipeline.stop_background)  # judge what is still pending
         if self.queue is not None and self.store is not None:
             left = 0

@@ -26,7 +26,7 @@ from agent import v2
 from agent.config import AgentSettings
 from agent.errors import UserError
 from agent.estimators import EstimatorCalibration, WindowStats, sample_extras
-from agent.model import ModelLoadError, OnnxClassifier, prepare_batch, scores_as_probabilities
+from agent.model import ModelLoadError, OnnxClassifier, Prediction, prepare_batch, scores_as_probabilities
 from agent.prediction_store import extras_columns
 from agent.v2 import ProtocolError, Tensor
 from agent.windows import WindowSet
@@ -410,6 +410,34 @@ class Pipeline:
                 return
         self._judge_pending_until_done([work])
 
+    def judge_soon(self, work: JudgeWork) -> int:
+        """Queue a work *without* waking the background thread: the caller judges it soon
+        (:meth:`try_judge_pending`) or wakes the thread (:meth:`wake`). Returns the predictions now
+        pending. :meth:`flush` judges it like any pending work."""
+        with self._pending_lock:
+            self._pending.append(work)
+            self._pending_samples += len(work.labels)
+            return self._pending_samples
+
+    def try_judge_pending(self) -> bool:
+        """Judge everything pending now, unless a judging call is running (then False, at once)."""
+        if not self._judge_lock.acquire(blocking=False):
+            return False
+        try:
+            self._run(self._take())
+        finally:
+            self._judge_lock.release()
+        return True
+
+    def wake(self) -> None:
+        """Have the background thread judge what is pending (judged here without that thread)."""
+        with self._wakeup:
+            if self._worker is not None:
+                self._idle = False
+                self._wakeup.notify()
+                return
+        self.flush()
+
     def flush(self) -> None:
         """Judge everything pending now."""
         with self._judge_lock:
@@ -550,28 +578,60 @@ class Pipeline:
             self.judge_works([served.work])
         return self.serve_respond(served)
 
-    def serve_predict(self, rt: Runtime, body: bytes, header_length: str | None) -> ServedRequest:
+    def serve_predict(
+        self, rt: Runtime, body: bytes, header_length: str | None, defer: Callable[[JudgeWork], None] | None = None
+    ) -> ServedRequest:
         """Decode, validate and run the model. When the client asked for ``icos_verdict`` the returned
         request carries a :class:`JudgeWork` to judge (:meth:`judge_works`) before
-        :meth:`serve_respond`; otherwise its predictions are already queued for the background judge."""
+        :meth:`serve_respond`; otherwise its predictions are already queued for the background judge.
+
+        The same as :meth:`serve_decode`, :meth:`serve_model` and :meth:`serve_accept` in a row (the
+        agent runs the first and the last on its event loop and only the model in a worker thread)."""
+        decoded = self.serve_decode(rt, body, header_length)
+        pred, seconds = self.serve_model(decoded)
+        return self.serve_accept(decoded, pred, seconds, defer)
+
+    def serve_decode(self, rt: Runtime, body: bytes, header_length: str | None) -> DecodedRequest:
+        """Decode and validate a request: everything before the model (raises the client's errors)."""
         assert rt.classifier is not None
         req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
         split = split_inputs(rt, req.inputs, req.parameters)
         wanted = resolve_outputs(req.outputs, SERVE_OUTPUTS, req.binary_output)
         x = rt.prepare(split.data.data)
-        n = x.shape[0]
-        meta = attach_metadata(split, n)
+        meta = attach_metadata(split, x.shape[0])
+        return DecodedRequest(rt, req.id or new_request_id(), wanted, x, meta)
+
+    @staticmethod
+    def serve_model(decoded: DecodedRequest) -> tuple[Prediction, float]:
+        """Run the model on a decoded request: its predictions and the inference wall time."""
+        classifier = decoded.rt.classifier
+        assert classifier is not None
         t0 = time.perf_counter()
-        pred = rt.classifier.predict_prepared(x)
-        inference_seconds = time.perf_counter() - t0
-        features = rt.classifier.features(x)
-        rid = req.id or new_request_id()
-        work: JudgeWork | None = None
-        if any(name == OUTPUT_VERDICT for name, _ in wanted):
-            work = JudgeWork(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, request_id=rid)
-        else:  # the client does not wait for the verdicts: judge off the request path
+        pred = classifier.predict_prepared(decoded.x)
+        return pred, time.perf_counter() - t0
+
+    def serve_accept(
+        self,
+        decoded: DecodedRequest,
+        pred: Prediction,
+        inference_seconds: float,
+        defer: Callable[[JudgeWork], None] | None = None,
+    ) -> ServedRequest:
+        """Hand the predictions to the judge: as the returned request's work when the client asked for
+        ``icos_verdict``, else to ``defer`` (the caller judges them later) or, without it, to the
+        background judge (:meth:`judge_later`)."""
+        rt, rid = decoded.rt, decoded.request_id
+        assert rt.classifier is not None
+        features = rt.classifier.features(decoded.x)
+        meta = decoded.metadata
+        work = JudgeWork(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, request_id=rid)
+        if any(name == OUTPUT_VERDICT for name, _ in decoded.wanted):
+            return ServedRequest(rt, rid, decoded.wanted, pred.probabilities, pred.labels, work)
+        if defer is not None:  # the client does not wait for the verdicts: judge off the request path
+            defer(work)
+        else:
             self.judge_later(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, rid)
-        return ServedRequest(rt, rid, wanted, pred.probabilities, pred.labels, work)
+        return ServedRequest(rt, rid, decoded.wanted, pred.probabilities, pred.labels, None)
 
     def serve_respond(self, served: ServedRequest) -> tuple[bytes, dict[str, str]]:
         """The V2 response of a request from :meth:`serve_predict` (its work, if any, judged)."""
@@ -590,6 +650,18 @@ class Pipeline:
         rt, rid = served.rt, served.request_id
         ids = prediction_ids(rid, len(served.labels))
         return v2.encode_response(rt.name, rt.version, rid, outputs, {"icos_prediction_ids": ids})
+
+
+@dataclass
+class DecodedRequest:
+    """A serve-mode request decoded and validated, before the model (see :meth:`Pipeline.serve_decode`)."""
+
+    rt: Runtime
+    request_id: str
+    wanted: list[tuple[str, bool]]
+    #: The model input, validated and in the model's shape and dtype.
+    x: np.ndarray
+    metadata: dict[str, Any] | None
 
 
 @dataclass

@@ -152,3 +152,75 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
     alone = asyncio.run(svc.infer(rt, json.dumps(infer_body(mnist_splits.test.x[100:101])).encode(), None))
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 13)
     assert verdicts_of(alone) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, mnist_splits.test.x[100:101])]
+
+
+def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
+    mnist_bundle_dir: Path, mnist_splits: Splits
+) -> None:
+    """Small requests that do not wait for their verdicts are judged on the event loop, together, once
+    the linger period is over; beyond ``max_samples`` pending predictions the background thread
+    judges them. Every prediction reaches the windows once, with the reference oracle's verdict, and a
+    large binary request (model in a worker thread) is judged like the others."""
+    import asyncio
+
+    from agent import v2
+    from agent.app import create_app
+
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist", "path": str(default_model_path())},
+        bundle={"path": str(mnist_bundle_dir)},
+        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
+    )
+    svc = create_app(settings, CollectorRegistry()).state.agent
+    rt = svc.runtime
+    judged: dict[str, np.ndarray] = {}
+    svc.pipeline.judged_taps.append(lambda b: judged.__setitem__(b.request_id, b.verdicts))
+    xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(40)]
+
+    no_verdicts = [v2.RequestedOutput("probabilities", True), v2.RequestedOutput("label", True)]
+
+    def request(i: int) -> tuple[bytes, str]:
+        x = np.ascontiguousarray(xs[i], dtype=np.float32)
+        raw, headers = v2.encode_request(
+            [v2.tensor("input", x, "FP32")], binary=True, request_id=f"r{i}", outputs=no_verdicts
+        )
+        return raw, headers[v2.HEADER_LENGTH.lower()]
+
+    assert rt.classifier is not None
+    rt.classifier.predict(xs[0])  # onnxruntime's first run is slow; it would count as a costly request
+    svc.pipeline.linger_seconds = 0.5  # far longer than a burst takes
+
+    async def burst(ids: range) -> None:
+        before = svc.windows.total
+        await asyncio.gather(*(svc.infer(rt, *request(i)) for i in ids))
+        assert svc.windows.total == before  # nothing judged in the requests' own turns
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if svc.loop_judge.calls and svc.windows.total == 3 * ids.stop:
+                break
+
+    asyncio.run(burst(range(10)))
+    assert (svc.loop_judge.calls, svc.loop_judge.handed_over) == (1, 0)
+    assert svc.windows.total == 30
+
+    svc.loop_judge.max_samples = 12  # the 5th request of the next burst goes to the background thread
+    svc.pipeline.start_background()
+    try:
+        asyncio.run(burst(range(10, 40)))
+        assert wait_until(lambda: svc.windows.total == 120, timeout=20)
+        assert svc.loop_judge.handed_over >= 1
+
+        big = np.ascontiguousarray(mnist_splits.test.x[200:232], dtype=np.float32)  # 100 KB
+        raw, headers = v2.encode_request(
+            [v2.tensor("input", big, "FP32")], binary=True, request_id="big", outputs=no_verdicts
+        )
+        header_length = headers[v2.HEADER_LENGTH.lower()]
+        assert len(raw) > 64 * 1024
+        asyncio.run(svc.infer(rt, raw, header_length))
+        assert wait_until(lambda: svc.windows.total == 152, timeout=20)
+    finally:
+        svc.pipeline.stop_background()
+    got = np.concatenate([judged[f"r{i}"] for i in range(40)] + [judged["big"]])
+    np.testing.assert_array_equal(got, reference_verdicts(rt, np.concatenate([*xs, big])))
