@@ -281,17 +281,25 @@ class VerdictBatcher:
     The first work of a turn schedules the judging with ``call_soon``, which runs after the
     callbacks and tasks that are already ready: requests whose bodies arrived in the same turn have
     decoded and run their model by then and join the call. A lone request is judged right after it
-    queued, with no timer and no added wait. Judging runs on the loop, like the rest of a small
-    request, and each waiting request gets its CPU share of it.
+    queued, with no timer and no added wait. Up to ``max_samples`` predictions, judging runs on the
+    loop, like the rest of a small request, and each waiting request gets its CPU share of it; a
+    larger call is handed to a worker thread (``run``), so that the loop is not held for
+    milliseconds.
     """
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(
+        self, pipeline: Pipeline, run: Callable[..., Awaitable[Any]], max_samples: int = LOOP_JUDGE_MAX_SAMPLES
+    ) -> None:
         self.pipeline = pipeline
+        self.run = run
+        self.max_samples = max_samples
         self._works: list[JudgeWork] = []
         self._waiting: list[asyncio.Future[float]] = []
-        #: Calls made and works judged (a work per request); the tests read them.
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Calls made, works judged (a work per request) and calls handed to a thread; the tests read them.
         self.calls = 0
         self.works = 0
+        self.in_thread = 0
 
     def judge(self, work: JudgeWork) -> asyncio.Future[float]:
         """Queue a work; the future resolves (to this request's share of the CPU seconds) once judged."""
@@ -306,14 +314,31 @@ class VerdictBatcher:
     def _judge_queued(self) -> None:
         works, waiting = self._works, self._waiting
         self._works, self._waiting = [], []
-        t0 = time.thread_time()
-        self.pipeline.judge_works(works)  # every work gets its verdicts or its error
-        share = (time.thread_time() - t0) / max(1, len(works))
         self.calls += 1
         self.works += len(works)
-        for fut in waiting:
-            if not fut.done():  # the request may have been cancelled (client gone)
-                fut.set_result(share)
+        if sum(len(w.labels) for w in works) > self.max_samples:
+            self.in_thread += 1
+            task = asyncio.get_running_loop().create_task(self._judge_in_thread(works, waiting))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        _resolve(waiting, _judge_with_cost(self.pipeline, works))
+
+    async def _judge_in_thread(self, works: list[JudgeWork], waiting: list[asyncio.Future[float]]) -> None:
+        _resolve(waiting, await self.run(_judge_with_cost, self.pipeline, works))
+
+
+def _judge_with_cost(pipeline: Pipeline, works: list[JudgeWork]) -> float:
+    """Judge the works (each gets its verdicts or its error); each one's share of the CPU seconds."""
+    t0 = time.thread_time()
+    pipeline.judge_works(works)
+    return (time.thread_time() - t0) / max(1, len(works))
+
+
+def _resolve(waiting: list[asyncio.Future[float]], share: float) -> None:
+    for fut in waiting:
+        if not fut.done():  # the request may have been cancelled (client gone)
+            fut.set_result(share)
 
 
 def _model_with_cost(pipeline: Pipeline, decoded: DecodedRequest) -> tuple[Prediction, float, float]:
@@ -382,7 +407,7 @@ class AgentService:
         #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
         self._inline_cost = 0.0
         #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`).
-        self.verdicts = VerdictBatcher(self.pipeline)
+        self.verdicts = VerdictBatcher(self.pipeline, self.run)
         #: Judges small requests' predictions on the loop (see :meth:`infer`).
         self.loop_judge = LoopJudge(self.pipeline, LOOP_JUDGE_MAX_SAMPLES)
         self.admin_token = admin_token()

@@ -224,3 +224,44 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
         svc.pipeline.stop_background()
     got = np.concatenate([judged[f"r{i}"] for i in range(40)] + [judged["big"]])
     np.testing.assert_array_equal(got, reference_verdicts(rt, np.concatenate([*xs, big])))
+
+
+def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    """Verdict requests of one loop turn holding more than ``max_samples`` predictions are judged in
+    one call in a worker thread, not on the loop; each request still gets its own verdicts."""
+    import asyncio
+    import json
+    import threading
+
+    from agent_process import infer_body
+
+    from agent.app import create_app
+
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist", "path": str(default_model_path())},
+        bundle={"path": str(mnist_bundle_dir)},
+        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
+    )
+    svc = create_app(settings, CollectorRegistry()).state.agent
+    rt = svc.runtime
+    judging_threads: list[str] = []
+    svc.pipeline.judged_taps.append(lambda _b: judging_threads.append(threading.current_thread().name))
+    xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(4)]
+
+    async def together(max_samples: int) -> list[tuple[bytes, dict[str, str]]]:
+        svc.verdicts.max_samples = max_samples
+        bodies = [json.dumps(infer_body(x)).encode() for x in xs]
+        return list(await asyncio.gather(*(svc.infer(rt, b, None) for b in bodies)))
+
+    for max_samples, in_thread in ((12, 0), (11, 1)):
+        judging_threads.clear()
+        answers = asyncio.run(together(max_samples))
+        assert svc.verdicts.in_thread == in_thread
+        assert len(set(judging_threads)) == 1
+        assert (judging_threads[0] == "MainThread") == (in_thread == 0)
+        for x, answer in zip(xs, answers, strict=True):
+            (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
+            assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
+    assert (svc.verdicts.calls, svc.verdicts.works) == (2, 8)
