@@ -57,6 +57,7 @@ from agent.pipeline import (
     JudgeWork,
     Pipeline,
     Runtime,
+    ServedRequest,
     load_runtime,
     new_request_id,
     prediction_ids,
@@ -440,9 +441,11 @@ class AgentService:
         Small requests run right on the event loop while their recent cost (a moving average) stays
         under :data:`INLINE_BUDGET_SECONDS`: a hop to a worker thread and back costs 50-100 µs, as
         much as a small CNN's inference, and the loop is blocked for less than that budget. Larger
-        or costlier requests run in the worker threads (onnxruntime releases the GIL there). The cost
-        is the CPU time of the calling thread, so time spent waiting for the GIL behind other worker
-        threads does not keep small requests off the loop once they went to the threads.
+        or costlier requests run their model in the worker threads (onnxruntime releases the GIL
+        there; see :meth:`_infer_model_in_thread`). The cost is CPU time, so time spent waiting for
+        the GIL behind other threads does not keep small requests off the loop once they went to the
+        threads. Small requests' predictions that nobody waits for are judged on the loop
+        (:class:`LoopJudge`).
 
         On the loop, requests that ask for ``icos_verdict`` are judged together: each one queues its
         predictions with the :class:`VerdictBatcher` and waits, the batcher judges everything queued
@@ -453,14 +456,7 @@ class AgentService:
         if small and self._inline_cost < INLINE_BUDGET_SECONDS:
             t0 = time.thread_time()
             served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
-            cost = time.thread_time() - t0
-            if served.work is not None:
-                cost += await self.verdicts.judge(served.work)
-            t1 = time.thread_time()
-            try:
-                return self.pipeline.serve_respond(served)
-            finally:
-                self._inline_cost += 0.05 * (cost + time.thread_time() - t1 - self._inline_cost)
+            return await self._answer(served, time.thread_time() - t0, small)
         if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
             return await self._infer_model_in_thread(rt, body, header_length, small)
         return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
@@ -479,15 +475,20 @@ class AgentService:
         pred, seconds, model_cost = await self.run(_model_with_cost, self.pipeline, decoded)
         t1 = time.thread_time()
         served = self.pipeline.serve_accept(decoded, pred, seconds)
-        cost += model_cost + time.thread_time() - t1
+        return await self._answer(served, cost + model_cost + time.thread_time() - t1, small)
+
+    async def _answer(self, served: ServedRequest, cost: float, small: bool) -> tuple[bytes, dict[str, str]]:
+        """Judge the request (when it asked for verdicts, see :class:`VerdictBatcher`) and answer it.
+        A small request's CPU time (``cost``, its CPU seconds so far, plus this) feeds the inline
+        moving average; CPU times only, since other tasks run on the loop while it waits."""
         if served.work is not None:
             cost += await self.verdicts.judge(served.work)
-        t2 = time.thread_time()
+        t0 = time.thread_time()
         try:
             return self.pipeline.serve_respond(served)
         finally:
-            if small:  # CPU times of this request only: other tasks run on the loop during the waits
-                self._inline_cost += 0.05 * (cost + time.thread_time() - t2 - self._inline_cost)
+            if small:
+                self._inline_cost += 0.05 * (cost + time.thread_time() - t0 - self._inline_cost)
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 from conftest import wait_until
 from prometheus_client import CollectorRegistry
 
+from agent.app import AgentService, create_app
 from agent.config import load_settings
 from agent.datasets import Splits
 from agent.model import default_model_path
@@ -24,6 +25,19 @@ def runtime(bundle: Path) -> Runtime:
         None, mode="serve", model={"name": "mnist", "path": str(default_model_path())}, bundle={"path": str(bundle)}
     )
     return load_runtime(settings)
+
+
+def service(bundle: Path) -> AgentService:
+    """The serve-mode service of an app that is not started (no lifespan: no background judge)."""
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist", "path": str(default_model_path())},
+        bundle={"path": str(bundle)},
+        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
+    )
+    svc: AgentService = create_app(settings, CollectorRegistry()).state.agent
+    return svc
 
 
 def reference_verdicts(rt: Runtime, x: np.ndarray) -> np.ndarray:
@@ -122,16 +136,7 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
 
     from agent_process import infer_body
 
-    from agent.app import create_app
-
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(mnist_bundle_dir)},
-        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
-    )
-    svc = create_app(settings, CollectorRegistry()).state.agent
+    svc = service(mnist_bundle_dir)
     rt = svc.runtime
     xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(12)]
 
@@ -164,16 +169,8 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
     import asyncio
 
     from agent import v2
-    from agent.app import create_app
 
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(mnist_bundle_dir)},
-        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
-    )
-    svc = create_app(settings, CollectorRegistry()).state.agent
+    svc = service(mnist_bundle_dir)
     rt = svc.runtime
     judged: dict[str, np.ndarray] = {}
     svc.pipeline.judged_taps.append(lambda b: judged.__setitem__(b.request_id, b.verdicts))
@@ -235,16 +232,7 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
 
     from agent_process import infer_body
 
-    from agent.app import create_app
-
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(mnist_bundle_dir)},
-        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
-    )
-    svc = create_app(settings, CollectorRegistry()).state.agent
+    svc = service(mnist_bundle_dir)
     rt = svc.runtime
     judging_threads: list[str] = []
     svc.pipeline.judged_taps.append(lambda _b: judging_threads.append(threading.current_thread().name))
