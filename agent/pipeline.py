@@ -399,10 +399,13 @@ class Pipeline:
         request_id: str | None = None,
     ) -> None:
         """Queue a batch for the background judge (or judge it now when the queue is full)."""
-        work = JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds, request_id=request_id)
+        self.defer(JudgeWork(rt, features, probabilities, labels, metadata, inference_seconds, request_id=request_id))
+
+    def defer(self, work: JudgeWork) -> None:
+        """:meth:`judge_later` for a work already made."""
         with self._wakeup:
             self._pending.append(work)
-            self._pending_samples += len(labels)
+            self._pending_samples += len(work.labels)
             if self._worker is not None and len(self._pending) <= self.deferred_limit:
                 if self._idle or self._enough_pending():
                     self._idle = False
@@ -619,7 +622,7 @@ class Pipeline:
     ) -> ServedRequest:
         """Hand the predictions to the judge: as the returned request's work when the client asked for
         ``icos_verdict``, else to ``defer`` (the caller judges them later) or, without it, to the
-        background judge (:meth:`judge_later`)."""
+        background judge (:meth:`defer`)."""
         rt, rid = decoded.rt, decoded.request_id
         assert rt.classifier is not None
         features = rt.classifier.features(decoded.x)
@@ -627,10 +630,7 @@ class Pipeline:
         work = JudgeWork(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, request_id=rid)
         if any(name == OUTPUT_VERDICT for name, _ in decoded.wanted):
             return ServedRequest(rt, rid, decoded.wanted, pred.probabilities, pred.labels, work)
-        if defer is not None:  # the client does not wait for the verdicts: judge off the request path
-            defer(work)
-        else:
-            self.judge_later(rt, features, pred.probabilities, pred.labels, meta, inference_seconds, rid)
+        (defer or self.defer)(work)  # the client does not wait for the verdicts: judge off the request path
         return ServedRequest(rt, rid, decoded.wanted, pred.probabilities, pred.labels, None)
 
     def serve_respond(self, served: ServedRequest) -> tuple[bytes, dict[str, str]]:
