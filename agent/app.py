@@ -285,7 +285,8 @@ class VerdictBatcher:
     queued, with no timer and no added wait. Up to ``max_samples`` predictions, judging runs on the
     loop, like the rest of a small request, and each waiting request gets its CPU share of it; a
     larger call is handed to a worker thread (``run``), so that the loop is not held for
-    milliseconds.
+    milliseconds. So is a call that would wait for the judging lock while the background thread
+    judges.
     """
 
     def __init__(
@@ -317,7 +318,7 @@ class VerdictBatcher:
         self._works, self._waiting = [], []
         self.calls += 1
         self.works += len(works)
-        if sum(len(w.labels) for w in works) > self.max_samples:
+        if self.pipeline.busy() or sum(len(w.labels) for w in works) > self.max_samples:
             self.in_thread += 1
             task = asyncio.get_running_loop().create_task(self._judge_in_thread(works, waiting))
             self._tasks.add(task)

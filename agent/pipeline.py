@@ -422,6 +422,10 @@ class Pipeline:
             self._pending_samples += len(work.labels)
             return self._pending_samples
 
+    def busy(self) -> bool:
+        """Whether a judging call is running now (a caller that must not wait can go elsewhere)."""
+        return self._judge_lock.locked()
+
     def try_judge_pending(self) -> bool:
         """Judge everything pending now, unless a judging call is running (then False, at once)."""
         if not self._judge_lock.acquire(blocking=False):

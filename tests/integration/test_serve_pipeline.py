@@ -253,3 +253,48 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
             (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
             assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 8)
+
+
+def test_verdicts_do_not_wait_on_the_loop_for_a_busy_judge(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    """While another judging call holds the judging lock, a verdict request is judged in a worker
+    thread: the event loop keeps serving instead of waiting for the lock."""
+    import asyncio
+    import json
+    import threading
+
+    from agent_process import infer_body
+
+    svc = service(mnist_bundle_dir)
+    rt = svc.runtime
+    x = mnist_splits.test.x[:3]
+
+    lock = svc.pipeline._judge_lock  # what a judging call in the background thread holds
+    guard = threading.Lock()
+    held = [True]
+
+    def release() -> None:  # once, by the scenario or (should the loop itself block) by the timer
+        with guard:
+            if held[0]:
+                held[0] = False
+                lock.release()
+
+    async def scenario() -> tuple[bytes, dict[str, str]]:
+        lock.acquire()
+        timer = threading.Timer(3.0, release)
+        timer.start()
+        try:
+            request = asyncio.create_task(svc.infer(rt, json.dumps(infer_body(x)).encode(), None))
+            for _ in range(100):
+                await asyncio.sleep(0.01)  # the loop keeps turning
+                if svc.verdicts.calls:
+                    break
+            assert svc.verdicts.in_thread == 1
+            assert not request.done()  # its thread waits for the lock, the loop does not
+        finally:
+            release()
+            timer.cancel()
+        return await request
+
+    answer = asyncio.run(scenario())
+    (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
+    assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
