@@ -381,7 +381,10 @@ class LoopJudge:
 
     def _run(self) -> None:
         self._timer = None
-        if self.pipeline.try_judge_pending():
+        if self.pipeline.pending_samples() > self.max_samples:  # e.g. large requests' work queued meanwhile
+            self.handed_over += 1
+            self.pipeline.wake()
+        elif self.pipeline.try_judge_pending():
             self.calls += 1
         else:  # the background thread is judging: look again after another linger period
             self._timer = asyncio.get_running_loop().call_later(self.pipeline.linger_seconds, self._run)

@@ -422,6 +422,11 @@ class Pipeline:
             self._pending_samples += len(work.labels)
             return self._pending_samples
 
+    def pending_samples(self) -> int:
+        """Predictions queued and not yet taken by a judging call."""
+        with self._pending_lock:
+            return self._pending_samples
+
     def busy(self) -> bool:
         """Whether a judging call is running now (a caller that must not wait can go elsewhere)."""
         return self._judge_lock.locked()

@@ -3,6 +3,7 @@ same verdicts as the reference oracle, and every prediction reaches the windows 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -228,7 +229,6 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
     one call in a worker thread, not on the loop; each request still gets its own verdicts."""
     import asyncio
     import json
-    import threading
 
     from agent_process import infer_body
 
@@ -260,7 +260,6 @@ def test_verdicts_do_not_wait_on_the_loop_for_a_busy_judge(mnist_bundle_dir: Pat
     thread: the event loop keeps serving instead of waiting for the lock."""
     import asyncio
     import json
-    import threading
 
     from agent_process import infer_body
 
@@ -298,3 +297,38 @@ def test_verdicts_do_not_wait_on_the_loop_for_a_busy_judge(mnist_bundle_dir: Pat
     answer = asyncio.run(scenario())
     (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
     assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
+
+
+def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    """When the loop's judging call comes due and more than ``max_samples`` predictions wait (work of
+    large requests queued meanwhile), the loop wakes the background thread instead of judging them."""
+    import asyncio
+
+    from agent.pipeline import JudgeWork
+
+    svc = service(mnist_bundle_dir)
+    rt = svc.runtime
+    assert rt.classifier is not None
+
+    def work(x: np.ndarray, rid: str) -> JudgeWork:
+        xb = rt.classifier.prepare(x)
+        pred = rt.classifier.predict_prepared(xb)
+        return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, 0.001, request_id=rid)
+
+    judging_threads: list[str] = []
+    svc.pipeline.judged_taps.append(lambda _b: judging_threads.append(threading.current_thread().name))
+    small, large = work(mnist_splits.test.x[:2], "small"), work(mnist_splits.test.x[2:202], "large")
+
+    async def scenario() -> None:
+        svc.loop_judge.add(small)  # schedules the loop's call
+        svc.pipeline.judge_soon(large)  # 200 more predictions arrive before it comes due
+        await asyncio.sleep(svc.pipeline.linger_seconds * 3)
+
+    svc.pipeline.start_background()
+    try:
+        asyncio.run(scenario())
+        assert wait_until(lambda: svc.windows.total == 202, timeout=20)
+    finally:
+        svc.pipeline.stop_background()
+    assert (svc.loop_judge.calls, svc.loop_judge.handed_over) == (0, 1)
+    assert judging_threads == ["icos-judge", "icos-judge"]
