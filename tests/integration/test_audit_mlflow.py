@@ -9,15 +9,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import RunningServer, free_port
+from mlflow_server import MLFLOW_BIN, MlflowServer
 
 from agent.app import create_app
 from agent.cli import main
@@ -34,58 +27,9 @@ from agent.config import load_settings
 from agent.datasets import Splits
 from agent.model import OnnxClassifier, default_model_path
 
-MLFLOW_BIN = Path(sys.executable).with_name("mlflow")
 MODEL = default_model_path()
 TOKEN = "audit-mlflow-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-class MlflowServer:
-    """``mlflow server`` in its own process group on a fixed port; stopped by that group's id."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.root, self.port = root, port
-        self.uri = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 180.0) -> None:
-        cmd = [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{self.root / 'backend.db'}"]
-        cmd += ["--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--workers", "1"]
-        with (self.root / "server.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=self.root,
-                env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"mlflow server not healthy after {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.proc = None
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,15 @@ import contextlib
 import hashlib
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import free_port
+from mlflow_server import MLFLOW_BIN, MlflowServer
 
 from exporters.mlflow_logger import (
     TAG_KIND,
@@ -37,91 +34,16 @@ from exporters.mlflow_logger import (
     log_model,
 )
 
-MLFLOW_BIN = Path(sys.executable).with_name("mlflow")
 MODEL_FILE = Path(__file__).resolve().parents[2] / "agent" / "models" / "digits_cnn.onnx"
 SHA = "ab" * 32
 START_TIMEOUT_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class MlflowServer:
-    """`mlflow server` as a subprocess in its own process group, stopped by that group's id."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = _free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-        log = (self.root / "server.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                str(MLFLOW_BIN),
-                "server",
-                "--backend-store-uri",
-                f"sqlite:///{self.root / 'backend.db'}",
-                "--artifacts-destination",
-                str(self.root / "artifacts"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                "1",
-            ],
-            cwd=self.root,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S} s")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = None
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
-        # uvicorn's worker runs in the same group; wait until the port is free again
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) != 0:
-                    return
-            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     if not MLFLOW_BIN.exists():
         pytest.skip(f"{MLFLOW_BIN} not installed")
-    srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), start_timeout=START_TIMEOUT_S)
     srv.start()
     try:
         yield srv
@@ -289,7 +211,7 @@ def test_outage_spools_and_flush_delivers_exactly_once(server: MlflowServer, tmp
 def test_unreachable_server_with_read_only_spool_raises_spool_error(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    logger = MlflowLogger(f"http://127.0.0.1:{_free_port()}", "audits", spool)
+    logger = MlflowLogger(f"http://127.0.0.1:{free_port()}", "audits", spool)
     with _read_only(spool):
         with pytest.raises(SpoolError, match="cannot write spool file"):
             logger.log(_audit())
