@@ -8,12 +8,15 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import yaml
+from conftest import RunningServer
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -62,9 +65,9 @@ def _exported(app: Any) -> dict[str, set[str]]:
     return out
 
 
-def test_every_exported_metric_is_documented_with_its_labels(mnist_bundle_dir: Path, tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
+def test_every_exported_metric_is_documented_with_its_labels(
+    mnist_bundle_dir: Path, tmp_path: Path, run_server: Callable[..., RunningServer]
+) -> None:
     from agent import v2
     from agent.app import create_app
     from agent.config import load_settings
@@ -79,7 +82,8 @@ def test_every_exported_metric_is_documented_with_its_labels(mnist_bundle_dir: P
     )
     app = create_app(settings)
     x = np.ascontiguousarray(mnist_splits().test.x[:8])
-    with TestClient(app) as client:  # predictions and labels, so the scrape-time collectors report
+    srv = run_server(app)
+    with httpx.Client(base_url=srv.url, timeout=30) as client:  # predictions and labels, so the collectors report
         body, headers = v2.encode_request([v2.tensor("input", x, "FP32")], binary=True, request_id="r1")
         assert client.post("/v2/models/mnist/infer", content=body, headers=headers).status_code == 200
         labels = {"labels": [{"id": f"r1:{i}", "label": 1} for i in range(8)]}
