@@ -48,6 +48,7 @@ from agent.observe import (
     parse_cloudevent,
 )
 from agent.offline import HEADLINE_ESTIMATOR
+from agent.os_threads import name_os_thread_once
 from agent.pipeline import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
@@ -343,6 +344,12 @@ def _resolve(waiting: list[asyncio.Future[float]], share: float) -> None:
             fut.set_result(share)
 
 
+def _in_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` in a worker thread named ``icos-worker`` for the OS (see :mod:`agent.os_threads`)."""
+    name_os_thread_once("icos-worker")
+    return fn(*args)
+
+
 def _model_with_cost(pipeline: Pipeline, decoded: DecodedRequest) -> tuple[Prediction, float, float]:
     """:meth:`Pipeline.serve_model` plus the CPU time it took on the calling (worker) thread."""
     t0 = time.thread_time()
@@ -437,7 +444,8 @@ class AgentService:
 
     # -- threads ----------------------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
+        return await anyio.to_thread.run_sync(_in_worker, fn, *args, limiter=self.limiter)
 
     async def infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """Serve-mode inference of one request body.

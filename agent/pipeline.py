@@ -27,6 +27,7 @@ from agent.config import AgentSettings
 from agent.errors import UserError
 from agent.estimators import EstimatorCalibration, WindowStats, sample_extras
 from agent.model import ModelLoadError, OnnxClassifier, Prediction, prepare_batch, scores_as_probabilities
+from agent.os_threads import name_os_thread
 from agent.prediction_store import extras_columns
 from agent.v2 import ProtocolError, Tensor
 from agent.windows import WindowSet
@@ -489,6 +490,7 @@ class Pipeline:
                 self._run(self._take())
 
     def _background(self) -> None:
+        name_os_thread("icos-judge")
         while True:
             with self._wakeup:
                 while not self._pending and not self._stopping:

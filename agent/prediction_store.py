@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from agent.estimators import SampleExtras
+from agent.os_threads import name_os_thread
 
 log = logging.getLogger("icos_agent.labels")
 
@@ -509,6 +510,7 @@ class PredictionStore:
             self._thread.start()
 
     def _loop(self) -> None:
+        name_os_thread("icos-store")
         while not self._stop.is_set():
             self._wake.wait(self.flush_interval)
             self._wake.clear()

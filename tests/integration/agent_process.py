@@ -84,6 +84,17 @@ class AgentProcess:
                 return int(line.split()[1])
         raise RuntimeError("no Threads line")
 
+    def thread_names(self) -> dict[str, int]:
+        """How many of the agent's threads have each OS-level name (``/proc/<pid>/task/*/comm``)."""
+        names: dict[str, int] = {}
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+            except OSError:  # the thread ended meanwhile
+                continue
+            names[name] = names.get(name, 0) + 1
+        return names
+
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
