@@ -15,7 +15,9 @@ the client too; the server's own CPU time per request (from ``/proc``, every thr
 process) is reported as well: it does not depend on the client or on other load on the machine.
 
 Prints, per setting: throughput (requests/s), p50/p99 latency, server CPU ms per request, and the
-ratio agent / bare (target ≥ 0.9 on throughput); then the agent's resident memory after start
+ratio agent / bare (target ≥ 0.9 on throughput); the server CPU per request split by thread (the
+event loop, the agent's named threads ``icos-worker``/``icos-judge``/``icos-store``, see
+:mod:`agent.os_threads`, and the others); then the agent's resident memory after start
 (target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
 imported on the serve path (it must not be).
 
@@ -192,13 +194,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: Thread groups of :func:`thread_cpu_seconds`, in report order.
+THREAD_GROUPS: tuple[str, ...] = ("loop", "icos-worker", "icos-judge", "icos-store", "other")
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Every live thread of ``pid``: its group (:data:`THREAD_GROUPS`: the main thread is the event
+    loop, the agent's named threads (:mod:`agent.os_threads`) by name, the rest ``other``, e.g. the
+    bare server's unnamed workers) and its CPU seconds so far, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        group = "loop" if task.name == str(pid) else comm if comm in THREAD_GROUPS else "other"
+        out[int(task.name)] = (group, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def thread_cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per group between two :func:`thread_cpu_seconds` snapshots, over the threads alive
+    at the second one (a worker thread that ended in between is missing from both sums)."""
+    out = dict.fromkeys(THREAD_GROUPS, 0.0)
+    for tid, (group, seconds) in after.items():
+        out[group] += seconds - before.get(tid, (group, 0.0))[1]
+    return out
+
+
 def measure(
     port: int, req: bytes, concurrency: int, seconds: float, batch: int, pid: int | None = None
 ) -> dict[str, float]:
     asyncio.run(_drive(port, req, concurrency, min(1.0, seconds / 4)))  # warm-up
     cpu0 = cpu_seconds(pid) if pid is not None else 0.0
+    threads0 = thread_cpu_seconds(pid) if pid is not None else {}
     lat, errors, elapsed = asyncio.run(_drive(port, req, concurrency, seconds))
     cpu = cpu_seconds(pid) - cpu0 if pid is not None else float("nan")
+    threads = thread_cpu_delta(threads0, thread_cpu_seconds(pid)) if pid is not None else {}
     if errors:
         raise RuntimeError(f"{len(errors)} failed requests, e.g. status {errors[0]}")
     lat_ms = np.asarray(lat) * 1000
@@ -208,6 +242,7 @@ def measure(
         "p50_ms": float(np.percentile(lat_ms, 50)),
         "p99_ms": float(np.percentile(lat_ms, 99)),
         "server_cpu_ms_per_request": 1000 * cpu / max(1, len(lat)),
+        **{f"cpu_ms_per_request_{k}": 1000 * v / max(1, len(lat)) for k, v in threads.items()},
     }
 
 
@@ -388,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['concurrency']:>4} {s['batch']:>5} | agent {cells[0]} | agent+v {cells[1]} | bare {cells[2]} | "
             f"{s['throughput_ratio']:>5.2f} {s['throughput_ratio_with_verdict']:>7.2f}"
         )
+    print("server CPU ms/request by thread (loop = event loop; other = unnamed threads, e.g. bare's workers):")
+    for s in results["settings"]:
+        for label, r in (("agent", s["agent"]), ("agent+v", s["agent_with_verdict"]), ("bare", s["bare"])):
+            split = " ".join(f"{k} {r.get(f'cpu_ms_per_request_{k}', float('nan')):.3f}" for k in THREAD_GROUPS)
+            print(f"{s['concurrency']:>4} {s['batch']:>5} | {label:<7} | {split}")
     ratios = [s["throughput_ratio"] for s in results["settings"]]
     print(f"throughput ratio agent/bare: min {min(ratios):.2f}, median {statistics.median(ratios):.2f} (target >= 0.9)")
     print(

@@ -1,0 +1,59 @@
+"""The serving benchmark's CPU split by thread (``bench/bench_serving.py``): named threads of the
+agent land in their own group, the main thread is the event loop, ended threads do not count."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from agent.os_threads import name_os_thread
+from bench.bench_serving import thread_cpu_delta, thread_cpu_seconds
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/task")
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_cpu_of_a_named_thread_goes_to_its_group() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def judge() -> None:
+        name_os_thread("icos-judge")
+        started.set()
+        release.wait()
+        _burn(0.3)
+        release.clear()
+        release.wait()  # stay alive until the second snapshot
+
+    t = threading.Thread(target=judge)
+    t.start()
+    started.wait()
+    before = thread_cpu_seconds(os.getpid())
+    release.set()
+    while release.is_set():
+        time.sleep(0.01)
+    after = thread_cpu_seconds(os.getpid())
+    release.set()
+    t.join()
+    delta = thread_cpu_delta(before, after)
+    assert delta["icos-judge"] >= 0.2, delta
+    assert delta["icos-worker"] == 0.0 and delta["icos-store"] == 0.0
+
+
+def test_a_thread_that_ended_is_not_counted_negative() -> None:
+    t = threading.Thread(target=_burn, args=(0.2,))
+    t.start()
+    time.sleep(0.05)
+    before = thread_cpu_seconds(os.getpid())
+    t.join()
+    after = thread_cpu_seconds(os.getpid())
+    delta = thread_cpu_delta(before, after)
+    assert all(v >= 0 for v in delta.values()), delta
