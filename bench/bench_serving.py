@@ -45,6 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.http_exchange import exchange  # noqa: E402 - run as a script too
 
 # -- the bare server --------------------------------------------------------------------------------
 
@@ -164,14 +165,7 @@ async def _one_connection(port: int, req: bytes, stop_at: float, latencies: list
     try:
         while time.perf_counter() < stop_at:
             t0 = time.perf_counter()
-            writer.write(req)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head.split(b" ", 2)[1])
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
+            status = await exchange(reader, writer, req)
             latencies.append(time.perf_counter() - t0)
             if status != 200:
                 errors.append(status)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.http_exchange import exchange
+
 
 def _http(port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
@@ -76,14 +78,7 @@ async def _connection(
             state["sent"] += 1
             kind, req = mix[rng.randrange(len(mix))]
             t0 = time.perf_counter()
-            writer.write(req)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head.split(b" ", 2)[1])
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
+            status = await exchange(reader, writer, req)
             state["latencies"].append(time.perf_counter() - t0)
             state["status"][f"{kind}:{status}"] += 1
             state["done"] += 1
