@@ -5,23 +5,32 @@ original one) gives labeled examples of how the model, the oracle and the confid
 when the operational data drifts. The estimators are calibrated on these examples (see
 :mod:`agent.estimators`, estimator ``shift_aware``).
 
-The family is deliberately *generic* and different from the shifts of the estimator benchmark
-(``bench/estimators``: Gaussian noise, translation, brightness/contrast, rotation, blur): elastic
-warps, random occlusion, pixelation, gamma changes, salt-and-pepper noise, zoom/shear and the
-overlay of two images for images; for tables, feature dropout to the mean, heavy-tailed noise,
-quantisation, monotone warps and feature swaps. Each generated set uses one transformation at a
-random strength (from harmless to label-breaking), so the calibration sees a continuum from
-in-distribution to badly shifted data.
+Two families, each applied at random strengths from harmless to label-breaking so the
+calibration sees a continuum from in-distribution to badly shifted data:
+
+* ``generic``: corruptions the agent uses nowhere else: elastic warps, random occlusion,
+  pixelation, gamma changes, salt-and-pepper noise, zoom/shear, the overlay of two images, motion
+  blur, fog, strokes and edge images for images; for tables, feature dropout to the mean,
+  heavy-tailed noise, quantisation, monotone warps and feature swaps.
+* ``audit``: the label-preserving transformations of the metamorphic audit
+  (:data:`agent.audits.metamorphic.TRANSFORMS`: pixel shifts, brightness, contrast, Gaussian noise,
+  rotation and Gaussian blur for images; multiplicative scaling and Gaussian noise for tables), with
+  their parameters drawn over wide ranges (:data:`AUDIT_RANGES`). These are the drifts the agent
+  already audits the model against, so the estimator learns how the model reacts to them.
+
+Each generated set uses one transformation of one family. Set names are ``<transformation>`` for
+the generic family and ``audit:<transformation>`` for the audit family.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from agent.audits.metamorphic import TRANSFORMS, TransformContext
 from agent.estimators import InputReference, JudgedSet, SampleExtras, ShiftCalibration, fit_shift_calibration
 
 if TYPE_CHECKING:
@@ -248,6 +257,54 @@ def tabular_corruptions(mean: np.ndarray, std: np.ndarray) -> dict[str, Corrupti
     return {name: bind(fn) for name, fn in zip(names, fns, strict=True)}
 
 
+#: Calibration families: see the module docstring.
+FAMILIES = ("generic", "audit")
+
+#: The audit family: metamorphic transformation → (parameter, value at strength 1) for images, in
+#: units of the image width (``"width"``), of the pixel range (``"range"``) or absolute degrees.
+#: Strength ``s`` in (0, 1] scales the value linearly; the transformation draws each sample's own
+#: amount up to it (e.g. a brightness offset in ``[-s·0.6, s·0.6]`` of the range).
+AUDIT_RANGES: dict[str, tuple[str, float, str]] = {
+    "shift": ("max_pixels", 0.25, "width"),
+    "brightness": ("delta", 0.6, "range"),
+    "contrast": ("amount", 0.9, "range"),
+    "gaussian_noise": ("sigma", 0.45, "range"),
+    "rotation": ("max_degrees", 70.0, "degrees"),
+    "blur": ("sigma", 0.12, "width"),
+}
+#: The audit family for tables: scaling by ``1 ± ε`` per value and Gaussian noise in feature stds.
+AUDIT_TABLE_RANGES: dict[str, tuple[str, float]] = {"scale": ("epsilon", 1.0), "noise": ("sigma", 1.5)}
+
+
+def audit_image_corruptions(lo: float, top: float) -> dict[str, Corruption]:
+    """The audit family for ``[N, C, H, W]`` images in the pixel range ``[lo, top]``."""
+    ctx = TransformContext((lo, top))
+
+    def bind(name: str, param: str, value: float, unit: str) -> Corruption:
+        t = TRANSFORMS[name]
+
+        def corrupt(x: np.ndarray, s: float, rng: np.random.Generator) -> np.ndarray:
+            amount = s * value * (x.shape[-1] if unit == "width" else 1.0)
+            if name == "shift":
+                amount = max(1.0, float(round(amount)))
+            return t.fn(x, rng, ctx, {**t.defaults, param: amount, **({"fill": lo} if "fill" in t.defaults else {})})
+
+        return corrupt
+
+    return {f"audit:{n}": bind(n, *spec) for n, spec in AUDIT_RANGES.items()}
+
+
+def audit_table_corruptions(std: np.ndarray) -> dict[str, Corruption]:
+    """The audit family for tables ``[N, D]``; ``std`` is the per-feature std of the training data."""
+    ctx = TransformContext((-np.inf, np.inf), column_std=std)
+
+    def bind(name: str, param: str, value: float) -> Corruption:
+        t = TRANSFORMS[name]
+        return lambda x, s, rng: t.fn(x, rng, ctx, {**t.defaults, param: s * value})
+
+    return {f"audit:{n}": bind(n, *spec) for n, spec in AUDIT_TABLE_RANGES.items()}
+
+
 def is_image_input(input_shape: Sequence[int]) -> bool:
     """``[C, H, W]`` or ``[H, W]`` with a spatial size of at least 6 pixels is treated as an image."""
     shape = tuple(int(d) for d in input_shape)
@@ -256,46 +313,87 @@ def is_image_input(input_shape: Sequence[int]) -> bool:
     return len(shape) == 2 and shape[0] >= 6 and shape[1] >= 6
 
 
+def calibration_family(
+    input_shape: Sequence[int], train_x: np.ndarray, families: Sequence[str] = FAMILIES
+) -> tuple[dict[str, Corruption], tuple[float, float] | None]:
+    """The corruptions of the chosen ``families`` by set name, and the pixel range ``(lo, top)`` to
+    clip images to (None for tables). ``train_x`` (prepared training inputs) gives the pixel range
+    or the per-feature statistics."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown calibration families {unknown}; choose from {', '.join(FAMILIES)}")
+    tr = np.asarray(train_x, dtype=np.float32)
+    family: dict[str, Corruption] = {}
+    if is_image_input(input_shape):
+        top = float(max(tr.max(), 1e-6))
+        lo = float(min(tr.min(), 0.0))
+        if "generic" in families:
+            family.update(image_corruptions(top))
+        if "audit" in families:
+            family.update(audit_image_corruptions(lo, top))
+        return family, (lo, top)
+    flat_tr = tr.reshape(len(tr), -1)
+    std = flat_tr.std(axis=0) + 1e-12
+    if "generic" in families:
+        family.update(tabular_corruptions(flat_tr.mean(axis=0), std))
+    if "audit" in families:
+        family.update(audit_table_corruptions(std))
+    return family, None
+
+
 def shifted_sets(
     x: np.ndarray,
     input_shape: Sequence[int],
     *,
     train_x: np.ndarray,
-    n_sets: int = 88,
+    n_sets: int | None = None,
     seed: int = 0,
+    families: Sequence[str] = FAMILIES,
+    exclude: Collection[str] = (),
 ) -> list[ShiftedSet]:
-    """``n_sets`` corrupted copies of ``x`` (the model's prepared inputs), cycling through the family
-    with strengths spread evenly over (0, 1] (1 = label-breaking for most inputs).
+    """``n_sets`` corrupted copies of ``x`` (the model's prepared inputs), cycling through the
+    transformations of ``families`` (minus the set names in ``exclude``); each transformation's
+    strengths are spread evenly over (0, 1] (1 = label-breaking for most inputs). By default 8
+    copies per transformation, and at least 88.
 
     ``train_x`` (prepared training inputs) gives the pixel range or the per-feature statistics.
     """
     rng = np.random.default_rng(seed)
     xs = np.asarray(x, dtype=np.float32)
-    tr = np.asarray(train_x, dtype=np.float32)
-    image = is_image_input(input_shape)
-    if image:
-        top = float(max(tr.max(), 1e-6))
-        family = image_corruptions(top)
-        lo = float(min(tr.min(), 0.0))
-    else:
-        flat_tr = tr.reshape(len(tr), -1)
-        family = tabular_corruptions(flat_tr.mean(axis=0), flat_tr.std(axis=0) + 1e-12)
-    names = sorted(family)
-    strengths = (np.arange(n_sets) + rng.uniform(0.2, 0.8)) / n_sets
-    rng.shuffle(strengths)
+    family, clip = calibration_family(input_shape, train_x, families)
+    names = sorted(set(family) - set(exclude))
+    if not names:
+        raise ValueError("no calibration transformation left")
+    if n_sets is None:
+        n_sets = max(88, 8 * len(names))
+    # every transformation gets its own strengths, one in each of equal slices of (0, 1] (random
+    # within the slice), so each covers the whole continuum from harmless to label-breaking
+    per_name = [n_sets // len(names) + (1 if i < n_sets % len(names) else 0) for i in range(len(names))]
+    strengths = [rng.permutation((np.arange(c) + rng.uniform(0.1, 0.9, c)) / max(c, 1)) for c in per_name]
     out: list[ShiftedSet] = []
     for k in range(n_sets):
         name = names[k % len(names)]
-        s = float(strengths[k])
-        if image:
-            img = _as_nchw(xs.reshape((len(xs), *input_shape)))
-            res = family[name](img.astype(np.float64), s, rng)
-            res = np.clip(res, lo, top).reshape(xs.shape)
-        else:
-            flat = xs.reshape(len(xs), -1).astype(np.float64)
-            res = family[name](flat, s, rng).reshape(xs.shape)
-        out.append(ShiftedSet(name, s, res.astype(np.float32)))
+        s = float(strengths[k % len(names)][k // len(names)])
+        out.append(ShiftedSet(name, s, _corrupt(family[name], xs, s, rng, input_shape, clip)))
     return out
+
+
+def _corrupt(
+    fn: Corruption,
+    xs: np.ndarray,
+    s: float,
+    rng: np.random.Generator,
+    input_shape: Sequence[int],
+    clip: tuple[float, float] | None,
+) -> np.ndarray:
+    """``fn`` at strength ``s`` on prepared inputs ``xs`` (float32, same shape back)."""
+    if clip is not None:
+        img = _as_nchw(xs.reshape((len(xs), *input_shape)))
+        res = np.clip(fn(img.astype(np.float64), s, rng), *clip).reshape(xs.shape)
+    else:
+        flat = xs.reshape(len(xs), -1).astype(np.float64)
+        res = fn(flat, s, rng).reshape(xs.shape)
+    return res.astype(np.float32)
 
 
 def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, x_cal: np.ndarray) -> InputReference:
@@ -327,8 +425,10 @@ def judge_shifted_sets(
     reference: InputReference,
     metadata: Mapping[str, np.ndarray] | None = None,
     feature_names: Sequence[str] | None = None,
-    n_sets: int = 88,
+    n_sets: int | None = None,
     seed: int = 0,
+    families: Sequence[str] = FAMILIES,
+    exclude: Collection[str] = (),
 ) -> tuple[JudgedSet, list[JudgedSet]]:
     """Judge the clean calibration split and ``n_sets`` corrupted copies of it with the oracle.
 
@@ -349,7 +449,15 @@ def judge_shifted_sets(
         return JudgedSet(name, result.verdict, pred.confidences, pred.labels == y_cal, np.asarray(y_cal), extras)
 
     clean = judged("clean", x_cal)
-    sets = shifted_sets(x_cal, model.input_shape, train_x=train_x, n_sets=n_sets, seed=seed)
+    sets = shifted_sets(
+        x_cal,
+        model.input_shape,
+        train_x=train_x,
+        n_sets=n_sets,
+        seed=seed,
+        families=families,
+        exclude=exclude,
+    )
     return clean, [judged(s.name, s.x.astype(x_cal.dtype, copy=False)) for s in sets]
 
 
@@ -362,8 +470,10 @@ def fit_shift_aware(
     train_x: np.ndarray,
     metadata: Mapping[str, np.ndarray] | None = None,
     feature_names: Sequence[str] | None = None,
-    n_sets: int = 88,
+    n_sets: int | None = None,
     seed: int = 0,
+    families: Sequence[str] = FAMILIES,
+    exclude: Collection[str] = (),
 ) -> ShiftCalibration:
     """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`)."""
     reference = input_reference(model, oracle, train_x, x_cal)
@@ -378,5 +488,7 @@ def fit_shift_aware(
         feature_names=feature_names,
         n_sets=n_sets,
         seed=seed,
+        families=families,
+        exclude=exclude,
     )
     return fit_shift_calibration(clean, shifted, reference, seed=seed)

@@ -112,7 +112,7 @@ def fit_bundle(
     est_cal = EstimatorCalibration.fit(
         val_pred.confidences[cal_idx], val_pred.labels[cal_idx] == val_y[cal_idx], cal_result.failed
     )
-    say("calibrating the shift-aware estimator on corrupted copies of the calibration split")
+    say("calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)")
     shift = fit_shift_aware(
         model,
         fitted.oracle,
