@@ -26,7 +26,10 @@ Estimators:
     A regression from label-free statistics of the whole window (confidence histogram, oracle
     verdict shares, agreement with the TDI leaves and leaf distance, input PCA error, margin, the mix
     of predicted classes) to its accuracy, learnt at fit time on windows of corrupted copies of the
-    calibration split (a generic family of corruptions, see :mod:`agent.calibration_shifts`). Three
+    calibration split (a generic family of corruptions and the metamorphic audit's transformations,
+    see :mod:`agent.calibration_shifts`). The forests predict the *residual* accuracy minus mean
+    confidence, so the estimate is the mean confidence corrected by what similar calibration windows
+    showed (the AutoEval-style regression of Deng & Zheng, CVPR 2021, on a confidence baseline). Three
     gradient-boosted forests serve windows with all per-sample inputs (``full``), without the
     predicted labels (``inputs``) and without any per-sample input (``reduced``). The 95% interval
     combines the forest's out-of-family error (95% quantile per level of predicted accuracy, from
@@ -113,6 +116,10 @@ INPUTS_FEATURES: tuple[str, ...] = (
 CLASS_FEATURES: tuple[str, ...] = ("label_entropy", "label_max_share", "class_conf_drop")
 #: Window features of the full model (every sample also carries its predicted label).
 FULL_FEATURES: tuple[str, ...] = (*INPUTS_FEATURES, *CLASS_FEATURES)
+#: Position of the window's mean confidence in every feature vector (the residual target's base).
+MEAN_CONFIDENCE = REDUCED_FEATURES.index("mean_confidence")
+#: What the ``shift_aware`` regressions may predict (see :class:`ShiftCalibration`).
+SHIFT_TARGETS = ("residual", "accuracy")
 #: Pseudo-count pulling a class's clean mean confidence toward the overall clean mean (rare classes).
 CLASS_PRIOR_WEIGHT = 5.0
 
@@ -309,7 +316,10 @@ class ShiftCalibration:
     quantile of the absolute error of the model in
     leave-families-out validation (the half-width of the interval before sampling noise);
     ``reference``: the inputs and TDI leaves the window is compared with; ``families``: the
-    corruption families used; ``lofo_mae``: the full model's mean absolute error out of family.
+    corruption families used; ``lofo_mae``: the full model's mean absolute error out of family;
+    ``target``: what the regressions predict, ``"residual"`` (accuracy minus the window's mean
+    confidence, see :func:`fit_shift_calibration`) or ``"accuracy"`` (bundles fitted before the
+    residual target).
     """
 
     full: TreeEnsemble
@@ -322,6 +332,15 @@ class ShiftCalibration:
     reference: InputReference
     families: tuple[str, ...] = ()
     lofo_mae: float = 0.0
+    target: str = "residual"
+
+    def predict(self, kind: str, x: np.ndarray) -> np.ndarray:
+        """The predicted accuracy (unclipped) of windows with features ``x`` (``[F]`` or ``[N, F]``)
+        by the ``kind`` model (``full``, ``inputs`` or ``reduced``)."""
+        x2 = np.atleast_2d(np.asarray(x, dtype=np.float64))
+        model = {"full": self.full, "inputs": self.inputs, "reduced": self.reduced}[kind]
+        out = model.predict(x2)
+        return out + x2[:, MEAN_CONFIDENCE] if self.target == "residual" else out
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -336,6 +355,7 @@ class ShiftCalibration:
             "reference": self.reference.to_dict(),
             "families": list(self.families),
             "lofo_mae": self.lofo_mae,
+            "target": self.target,
         }
 
     @classmethod
@@ -353,7 +373,10 @@ class ShiftCalibration:
             reference=InputReference.from_dict(d["reference"]),
             families=tuple(str(v) for v in d.get("families", ())),
             lofo_mae=float(d.get("lofo_mae", 0.0)),
+            target=str(d.get("target", "accuracy")),
         )
+        if out.target not in SHIFT_TARGETS:
+            raise ValueError(f"unknown shift calibration target {out.target!r}; expected one of {SHIFT_TARGETS}")
         if any(len(q) != len(out.q_edges) + 1 for q in (out.q_full, out.q_inputs, out.q_reduced)):
             raise ValueError("shift calibration has the wrong number of interval bins")
         return out
@@ -880,12 +903,12 @@ def shift_aware(stats: WindowStats, cal: ShiftCalibration) -> ShiftAwareParts:
     if n <= 0:
         return ShiftAwareParts(Estimate(0.0, 0.0, 1.0, 0), "reduced", {})
     x, kind = window_features(stats, cal.reference)
-    model, q, names = {
-        "full": (cal.full, cal.q_full, FULL_FEATURES),
-        "inputs": (cal.inputs, cal.q_inputs, INPUTS_FEATURES),
-        "reduced": (cal.reduced, cal.q_reduced, REDUCED_FEATURES),
+    q, names = {
+        "full": (cal.q_full, FULL_FEATURES),
+        "inputs": (cal.q_inputs, INPUTS_FEATURES),
+        "reduced": (cal.q_reduced, REDUCED_FEATURES),
     }[kind]
-    value = _clip01(float(model.predict(x)[0]))
+    value = _clip01(float(cal.predict(kind, x)[0]))
     model_err = _half_width(cal.q_edges, q, value)
     sampling = Z95 * math.sqrt(value * (1 - value) / n)
     half = math.hypot(model_err, sampling)
@@ -978,9 +1001,10 @@ def fit_shift_calibration(
       2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
       shift), a tenth clean; each gives the additive statistics a live window would hold and its
       true accuracy;
-    * three gradient-boosted regressions from window features to accuracy: ``full``
-      (:data:`FULL_FEATURES`, needs the per-sample inputs with the predicted labels), ``inputs``
-      (:data:`INPUTS_FEATURES`, the same without the labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
+    * three gradient-boosted regressions from window features to accuracy minus the window's mean
+      confidence (the *residual* target): ``full`` (:data:`FULL_FEATURES`, needs the per-sample
+      inputs with the predicted labels), ``inputs`` (:data:`INPUTS_FEATURES`, the same without the
+      labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
     * interval: the corruption families are split into ``folds`` groups; each group is held out,
       the models are refitted (100 trees at a higher rate, to save time) on the windows without
       it and evaluated on the windows made only of it (and clean data). The 95% quantiles of those
@@ -1008,7 +1032,11 @@ def fit_shift_calibration(
         fams.append({sets[k].name for k, _ in plan})
     y = np.asarray(truth)
     designs = {"full": np.asarray(xf), "inputs": np.asarray(xi), "reduced": np.asarray(xr)}
-    models = {k: TreeEnsemble.fit(X, y, seed=seed) for k, X in designs.items()}
+    # residual target: what the trees learn is how far accuracy falls below (or rises above) the
+    # mean confidence, so a window unlike any calibration window keeps the confidence's estimate
+    # plus the correction of its nearest calibration windows instead of their absolute accuracy
+    base = designs["full"][:, MEAN_CONFIDENCE]
+    models = {k: TreeEnsemble.fit(X, y - base, seed=seed) for k, X in designs.items()}
     families = sorted({s.name for s in shifted} - {clean.name})
     groups = [set(families[i::folds]) for i in range(min(folds, len(families)))]
     preds: dict[str, list[np.ndarray]] = {k: [] for k in designs}
@@ -1019,7 +1047,8 @@ def fit_shift_calibration(
         if train.sum() < 50 or not test.any():
             continue
         for k, X in designs.items():
-            m = TreeEnsemble.fit(X[train], y[train], n_trees=100, rate=0.075, seed=seed).predict(X[test])
+            tree = TreeEnsemble.fit(X[train], y[train] - base[train], n_trees=100, rate=0.075, seed=seed)
+            m = tree.predict(X[test]) + base[test]
             preds[k].append(np.clip(m, 0, 1))
             resid[k].append(np.clip(m, 0, 1) - y[test])
     cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
@@ -1035,4 +1064,5 @@ def fit_shift_calibration(
         reference=reference,
         families=tuple(families),
         lofo_mae=float(np.mean(np.abs(cat(resid["full"])))) if resid["full"] else 0.0,
+        target="residual",
     )

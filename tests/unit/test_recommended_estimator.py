@@ -15,6 +15,7 @@ from agent.estimators import (
     CONF_EDGES,
     FULL_FEATURES,
     INPUTS_FEATURES,
+    MEAN_CONFIDENCE,
     N_CELLS,
     N_CONF_BINS,
     RECOMMENDED_ESTIMATOR,
@@ -299,3 +300,23 @@ def test_estimate_all_and_json_round_trip(fitted: ShiftCalibration) -> None:
     # ... and so do those of the previous window-regression format (no class features, no inputs model)
     previous = {k: v for k, v in cal.to_dict()["shift"].items() if k not in ("inputs", "q_inputs")}  # type: ignore[union-attr]
     assert EstimatorCalibration.from_dict({**base, "shift": {**previous, "kind": "window_regression"}}).shift is None
+
+
+def test_residual_target_adds_the_mean_confidence_and_older_bundles_predict_accuracy(
+    fitted: ShiftCalibration,
+) -> None:
+    assert fitted.target == "residual"
+    rng = np.random.default_rng(11)
+    cal = _cal(fitted)
+    x, kind = window_features(_stats(_batch(500, 0.8, 1.0, rng), cal), fitted.reference)
+    assert kind == "full"
+    tree_only = float(fitted.full.predict(x[None])[0])
+    assert float(fitted.predict("full", x)[0]) == pytest.approx(tree_only + x[MEAN_CONFIDENCE])
+    # the same trees read from a bundle written before the residual target predict accuracy directly
+    older = {k: v for k, v in fitted.to_dict().items() if k != "target"}
+    as_accuracy = ShiftCalibration.from_dict(json.loads(json.dumps(older)))
+    assert as_accuracy.target == "accuracy"
+    assert float(as_accuracy.predict("full", x)[0]) == pytest.approx(tree_only)
+    assert ShiftCalibration.from_dict(json.loads(json.dumps(fitted.to_dict()))).target == "residual"
+    with pytest.raises(ValueError, match="unknown shift calibration target"):
+        ShiftCalibration.from_dict({**fitted.to_dict(), "target": "logit"})
