@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick:
         cfg = Config(
-            reps=args.reps or 3, size=args.size or 300, pool_min=600, seed=args.seed, shift_sets=22, n_estimators=30
+            reps=args.reps or 3, size=args.size or 300, pool_min=600, seed=args.seed, shift_sets=34, n_estimators=30
         )
     else:
         cfg = Config(reps=args.reps or 30, size=args.size or 1000, seed=args.seed)

@@ -5,10 +5,13 @@ samples after a seeded transformation, with their true labels kept. Operational 
 drawn from the shifted pool (see :mod:`bench.estimators.sampling`), optionally with class weights
 (label shift).
 
-The transformations are this module's own and are independent of anything the agent calibrates on:
-the agent's augmentation-based calibration (``agent.estimators``) uses a different family of
-corruptions (elastic warps, occlusion, pixelation, gamma, salt-and-pepper, feature dropout ...) so
-that the benchmark measures generalisation to shifts the estimator has not seen.
+The transformations are this module's own code, with strengths fixed below. The agent's
+calibration (:mod:`agent.calibration_shifts`) uses a generic family of corruptions (elastic warps,
+occlusion, pixelation, gamma, salt-and-pepper, feature dropout ...) and the metamorphic audit's
+transformations at random strengths; several scenarios are of the same *kind* as an audit
+transformation (Gaussian noise, pixel shifts, brightness/contrast, rotation, blur). Every scenario
+names these kin (``calibration_kin``), so the benchmark also measures ``shift_aware`` calibrated
+without them: a drift of a kind it has not seen.
 
 Strengths are expressed relative to the image size and pixel range (so that 8×8 digits and 28×28
 MNIST get comparable shifts) and are fixed a priori, not tuned on the results:
@@ -67,6 +70,8 @@ class Scenario:
     strength: str
     transform: Transform | None = None
     prior_alpha: float | None = None
+    #: Calibration sets of the same kind of shift (``agent.calibration_shifts`` set names).
+    calibration_kin: tuple[str, ...] = ()
 
 
 # -- image transformations -----------------------------------------------------------------------
@@ -195,38 +200,47 @@ def _mixture(parts: list[Transform]) -> Transform:
     return f
 
 
+Shift = tuple[str, Transform, Transform, tuple[str, ...]]
+
+
 def image_scenarios(spec: ImageSpec) -> list[Scenario]:
     """The image suite (see the module docstring for the strengths)."""
-    shifts: list[tuple[str, Transform, Transform]] = [
-        ("gaussian_noise", gaussian_noise(spec, 0.10), gaussian_noise(spec, 0.30)),
-        ("translation", translation(spec, 0.07), translation(spec, 0.14)),
-        ("brightness_contrast", brightness_contrast(spec, 0.7, 0.10), brightness_contrast(spec, 0.4, 0.30)),
-        ("rotation", rotation(spec, 15.0), rotation(spec, 35.0)),
-        ("blur", blur(spec, 0.035), blur(spec, 0.07)),
+    shifts: list[Shift] = [
+        ("gaussian_noise", gaussian_noise(spec, 0.10), gaussian_noise(spec, 0.30), ("audit:gaussian_noise",)),
+        ("translation", translation(spec, 0.07), translation(spec, 0.14), ("audit:shift",)),
+        (
+            "brightness_contrast",
+            brightness_contrast(spec, 0.7, 0.10),
+            brightness_contrast(spec, 0.4, 0.30),
+            ("audit:brightness", "audit:contrast"),
+        ),
+        ("rotation", rotation(spec, 15.0), rotation(spec, 35.0), ("audit:rotation",)),
+        ("blur", blur(spec, 0.035), blur(spec, 0.07), ("audit:blur",)),
     ]
     return _assemble(shifts)
 
 
 def tabular_scenarios(spec: TabularSpec) -> list[Scenario]:
     """The tabular suite (see the module docstring for the strengths)."""
-    shifts: list[tuple[str, Transform, Transform]] = [
-        ("gaussian_noise", tab_noise(spec, 0.3), tab_noise(spec, 0.8)),
-        ("feature_offset", tab_offset(spec, 0.5), tab_offset(spec, 1.5)),
-        ("feature_scale", tab_scale(spec, 1.5), tab_scale(spec, 3.0)),
-        ("missing_values", tab_missing(spec, 0.2), tab_missing(spec, 0.5)),
+    shifts: list[Shift] = [
+        ("gaussian_noise", tab_noise(spec, 0.3), tab_noise(spec, 0.8), ("audit:noise",)),
+        ("feature_offset", tab_offset(spec, 0.5), tab_offset(spec, 1.5), ()),
+        ("feature_scale", tab_scale(spec, 1.5), tab_scale(spec, 3.0), ("audit:scale",)),
+        ("missing_values", tab_missing(spec, 0.2), tab_missing(spec, 0.5), ()),
     ]
     return _assemble(shifts)
 
 
-def _assemble(shifts: list[tuple[str, Transform, Transform]]) -> list[Scenario]:
+def _assemble(shifts: list[Shift]) -> list[Scenario]:
     out = [
         Scenario("in_distribution", "in_distribution", "-"),
         Scenario("label_shift_mild", "label_shift", "mild", prior_alpha=5.0),
         Scenario("label_shift_strong", "label_shift", "strong", prior_alpha=0.5),
     ]
-    for name, mild, strong in shifts:
-        out.append(Scenario(f"{name}_mild", name, "mild", transform=mild))
-        out.append(Scenario(f"{name}_strong", name, "strong", transform=strong))
-    parts = [t for _, mild, strong in shifts for t in (mild, strong)]
-    out.append(Scenario("mixture", "mixture", "mixed", transform=_mixture(parts)))
+    for name, mild, strong, kin in shifts:
+        out.append(Scenario(f"{name}_mild", name, "mild", transform=mild, calibration_kin=kin))
+        out.append(Scenario(f"{name}_strong", name, "strong", transform=strong, calibration_kin=kin))
+    parts = [t for _, mild, strong, _ in shifts for t in (mild, strong)]
+    all_kin = tuple(k for *_, kin in shifts for k in kin)
+    out.append(Scenario("mixture", "mixture", "mixed", transform=_mixture(parts), calibration_kin=all_kin))
     return out

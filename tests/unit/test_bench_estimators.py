@@ -28,6 +28,9 @@ def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
         assert a.shape == x.shape and a.min() >= 0 and a.max() <= 16
         np.testing.assert_array_equal(a, b)
     assert len(names) == 14 and "mixture" in names and "label_shift_strong" in names
+    kin = {sc.name: sc.calibration_kin for sc in image_scenarios(ImageSpec(16.0))}
+    assert kin["blur_strong"] == ("audit:blur",) and kin["label_shift_mild"] == ()
+    assert set(kin["mixture"]) == {k for v in kin.values() for k in v if v is not kin["mixture"]}
     t = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
     for sc in tabular_scenarios(TabularSpec(t.mean(axis=0), t.std(axis=0))):
         if sc.transform is not None:
@@ -41,6 +44,11 @@ def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: ob
     text = out.read_text()
     assert "hand-written" in text and "more hand-written" in text and "old" not in text
     assert "shift_aware" in text and "in_distribution" in text and "With IDIs" in text
+    # every scenario with a kin among the calibration transformations is estimated again without it
+    held = text.split("### Shifts of a kind held out of calibration")[1].split("###")[0]
+    for scenario in ("gaussian_noise_strong", "translation_strong", "blur_strong", "mixture"):
+        assert f"| digits | {scenario} |" in held
+    assert "| in_distribution |" not in held and "all scenarios" in held
     assert (tmp_path / "img" / "estimation.png").stat().st_size > 1000
     printed = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert "interval coverage" in printed and "digits" in printed
+    assert "interval coverage" in printed and "digits" in printed and "shift_aware_held_out" in printed
