@@ -325,6 +325,8 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
         await asyncio.sleep(svc.pipeline.linger_seconds * 3)
 
     svc.pipeline.start_background()
+    # a thread still starting would take the pending work itself (it checks before it first waits)
+    assert wait_until(lambda: svc.pipeline._idle, timeout=10)
     try:
         asyncio.run(scenario())
         assert wait_until(lambda: svc.windows.total == 202, timeout=20)
