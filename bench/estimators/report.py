@@ -144,7 +144,7 @@ def held_out_table(records: Sequence[Record], cells: dict[tuple[str, str, str, s
     calibrated without the scenario's kind of shift; then mean over all scenarios / worst scenario."""
     rows = []
     for model in _ordered(records, "model"):
-        for sc in _ordered(records, "scenario"):
+        for sc in _ordered([r for r in records if r.model == model], "scenario"):
             a = cells.get((model, "none", sc, RECOMMENDED_ESTIMATOR))
             h = cells.get((model, "none", sc, HELD_OUT))
             if a is not None and h is not None and (a.mae, a.worst) != (h.mae, h.worst):
