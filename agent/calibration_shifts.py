@@ -260,14 +260,16 @@ def tabular_corruptions(mean: np.ndarray, std: np.ndarray) -> dict[str, Corrupti
 #: Calibration families: see the module docstring.
 FAMILIES = ("generic", "audit")
 
-#: The audit family: metamorphic transformation → (parameter, value at strength 1) for images, in
-#: units of the image width (``"width"``), of the pixel range (``"range"``) or absolute degrees.
-#: Strength ``s`` in (0, 1] scales the value linearly; the transformation draws each sample's own
-#: amount up to it (e.g. a brightness offset in ``[-s·0.6, s·0.6]`` of the range).
+#: The audit family: metamorphic transformation → (parameter, value at strength 1, unit) for images.
+#: ``"width"`` values are multiplied by the image width (pixels); the others are passed as they are
+#: (degrees, a contrast factor, or fractions of the pixel range, which the audit's brightness and
+#: noise scale by the range themselves). Strength ``s`` in (0, 1] scales the value linearly; the
+#: transformation draws each sample's own amount up to it (e.g. a brightness offset in
+#: ``[-s·0.6, s·0.6]`` of the range).
 AUDIT_RANGES: dict[str, tuple[str, float, str]] = {
     "shift": ("max_pixels", 0.25, "width"),
     "brightness": ("delta", 0.6, "range"),
-    "contrast": ("amount", 0.9, "range"),
+    "contrast": ("amount", 0.9, "factor"),
     "gaussian_noise": ("sigma", 0.45, "range"),
     "rotation": ("max_degrees", 70.0, "degrees"),
     "blur": ("sigma", 0.12, "width"),
