@@ -112,7 +112,9 @@ def prepare_batch(
         )
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).reshape(n, -1).any(axis=1).sum())
-        raise InvalidInput("non_finite", f"input holds NaN or Inf values in {bad} sample(s)")
+        raise InvalidInput(
+            "non_finite", f"input holds NaN or Inf values (or values beyond the {arr.dtype} range) in {bad} sample(s)"
+        )
     out = arr.reshape((n, *input_shape))
     if dtype is not None and out.dtype != dtype:
         if dtype.kind in "iu":

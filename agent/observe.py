@@ -115,7 +115,9 @@ def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> O
     if isinstance(raw_inputs, list) and raw_inputs and isinstance(raw_inputs[0], dict):
         tensors, _ = v2.decode_tensors(raw_inputs, memoryview(b""), "inputs", max_elements=rt.max_elements)
     else:
-        tensors = [v2.tensor("input", _nested("inputs", raw_inputs).astype(np.float32), "FP32")]
+        with np.errstate(over="ignore"):  # beyond float32 → ±inf, refused as non-finite downstream
+            values = _nested("inputs", raw_inputs).astype(np.float32)
+        tensors = [v2.tensor("input", values, "FP32")]
     # Per-sample metadata given as lists in "metadata" become BYTES-like tensors.
     scalar_params: dict[str, Any] = {}
     for k, v in params.items():

@@ -100,13 +100,14 @@ class Runtime:
         s = np.asarray(scores)
         if s.dtype.kind not in "fiu":
             raise ProtocolError("scores", f"{what} is not numeric")
-        s = s.astype(np.float32).reshape(len(s), -1) if s.ndim >= 1 and len(s) else s.astype(np.float32)
+        with np.errstate(over="ignore"):  # beyond float32 → ±inf, refused just below
+            s = s.astype(np.float32).reshape(len(s), -1) if s.ndim >= 1 and len(s) else s.astype(np.float32)
         if s.ndim != 2 or s.shape[1] != len(self.classes):
             raise ProtocolError(
                 "scores", f"{what} has shape {list(np.shape(scores))}; expected [N, {len(self.classes)}]"
             )
         if not np.isfinite(s).all():
-            raise ProtocolError("scores", f"{what} holds NaN or Inf values")
+            raise ProtocolError("scores", f"{what} holds NaN or Inf values (or values beyond the float32 range)")
         return scores_as_probabilities(s, self.scores_kind)
 
     def describe(self) -> dict[str, Any]:

@@ -212,7 +212,10 @@ def _json_data(name: str, datatype: str, shape: list[int], data: object) -> np.n
         if not isinstance(data, list):
             data = [data]
         try:
-            arr = np.asarray(data, dtype=DATATYPES[datatype]).reshape(-1)
+            # a value beyond the float range becomes ±inf here (and is refused as non-finite by the
+            # model's input check) instead of warning
+            with np.errstate(over="ignore"):
+                arr = np.asarray(data, dtype=DATATYPES[datatype]).reshape(-1)
         except (ValueError, TypeError, OverflowError) as exc:
             msg = str(exc).splitlines()[0][:200]
             raise ProtocolError("data", f"tensor {name!r}: data is not a {datatype} array ({msg})") from None

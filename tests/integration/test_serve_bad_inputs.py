@@ -127,6 +127,7 @@ CASES: list[Case] = [
     Case("int8-overflow", "data", obj=inp(datatype="INT8", shape=[1, 1], data=[300])),
     Case("nan", "non_finite", body=json.dumps(inp(data=[float("nan")] * 784)).encode(), mention="NaN"),
     Case("infinity", "non_finite", body=json.dumps(inp(data=[float("inf")] + [0.0] * 783)).encode()),
+    Case("beyond-float32", "non_finite", obj=inp(data=[1e300] + [0.0] * 783), mention="float32"),
     Case("empty-batch", "empty", obj=inp(shape=[0, 1, 28, 28], data=[])),
     Case("batch-too-large", "too_large", status=413, obj=inp(shape=[17, 784], data=[0.0] * 17 * 784)),
     Case("unknown-input-name", "unknown_input", obj=inp(name="pixels"), mention="'input'"),

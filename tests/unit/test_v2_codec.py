@@ -54,6 +54,13 @@ def test_json_accepts_nested_and_flat_data() -> None:
     assert a.dtype == np.float32
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_values_beyond_fp32_become_infinite_without_warning() -> None:
+    body = {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1e300, -1e300]}]}
+    data = v2.decode_request(json.dumps(body).encode()).inputs[0].data
+    assert data.dtype == np.float32 and np.isposinf(data[0]) and np.isneginf(data[1])
+
+
 def test_requested_outputs_and_binary_default() -> None:
     body = {
         "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],
