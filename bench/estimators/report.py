@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR
-from bench.estimators.harness import HELD_OUT, Record
+from bench.estimators.harness import HELD_OUT, Record, seed_of
 
 BEGIN = "<!-- BEGIN GENERATED: python -m bench.estimators -->"
 END = "<!-- END GENERATED -->"
@@ -164,6 +164,56 @@ def held_out_table(records: Sequence[Record], cells: dict[tuple[str, str, str, s
     return _md_table(["model", "scenario", RECOMMENDED_ESTIMATOR, "its kind held out of calibration"], rows)
 
 
+def _worst_scenario(cells: dict[tuple[str, str, str, str], Cell], model: str, estimator: str) -> str:
+    mine = {k[2]: c.mae for k, c in cells.items() if k[0] == model and k[1] == "none" and k[3] == estimator}
+    return max(mine, key=lambda sc: mine[sc]) if mine else "–"
+
+
+def seed_rows(
+    cells: dict[tuple[str, str, str, str], Cell], model: str, shipped_seed: int
+) -> list[tuple[int, Overall, str]]:
+    """(seed, label-free overall figures, worst scenario) of ``shift_aware`` for every calibration
+    seed in ``cells``: the shipped one first, then the others in increasing order."""
+    names = {RECOMMENDED_ESTIMATOR: shipped_seed}
+    for k in cells:
+        s = seed_of(k[3])
+        if k[0] == model and s is not None:
+            names[k[3]] = s
+    rows = []
+    for name, s in sorted(names.items(), key=lambda kv: (kv[0] != RECOMMENDED_ESTIMATOR, kv[1])):
+        o = overall(cells, model, "none", name)
+        if o is not None:
+            rows.append((s, o, _worst_scenario(cells, model, name)))
+    return rows
+
+
+def seed_table(records: Sequence[Record], cells: dict[tuple[str, str, str, str], Cell], shipped_seed: int) -> list[str]:
+    """Per model: ``shift_aware``'s label-free figures for each calibration seed, then their range."""
+    rows = []
+    for model in _ordered(records, "model"):
+        sr = seed_rows(cells, model, shipped_seed)
+        if len(sr) < 2:
+            continue
+        for s, o, worst in sr:
+            tag = f"{s} (shipped)" if s == shipped_seed else str(s)
+            rows.append([model, tag, f"{o.mean_mae:.3f}", f"{o.worst_scenario_mae:.3f} ({worst})", f"{o.coverage:.1%}"])
+        means = [o.mean_mae for _, o, _ in sr]
+        worsts = [o.worst_scenario_mae for _, o, _ in sr]
+        covs = [o.coverage for _, o, _ in sr]
+        rows.append(
+            [
+                f"**{model}**",
+                f"**range over {len(sr)} draws**",
+                f"{min(means):.3f} – {max(means):.3f}",
+                f"{min(worsts):.3f} – {max(worsts):.3f}",
+                f"{min(covs):.1%} – {max(covs):.1%}",
+            ]
+        )
+    if not rows:
+        return []
+    return _md_table(["model", "calibration seed", "mean MAE", "worst-scenario MAE", "interval coverage"], rows)
+
+
 def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | None) -> str:
     cells = summarise(records)
     models = _ordered(records, "model")
@@ -194,6 +244,18 @@ def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | N
             "error to expect from a drift the calibration has not seen.",
             "",
             *held,
+            "",
+        ]
+    seeds = seed_table(records, cells, int(meta.get("seed", "0")))
+    if seeds:
+        lines += [
+            "### Dependence on the calibration draw",
+            "",
+            f"`{RECOMMENDED_ESTIMATOR}`'s calibration is random (corruption strengths, windows, trees), seeded by "
+            "`icos-agent fit --seed`. The same scenarios, label-free, estimated with the calibrations of other "
+            "seeds: how much of a figure above is the draw rather than the method.",
+            "",
+            *seeds,
             "",
         ]
     for model in models:
@@ -266,7 +328,7 @@ def plot(records: Sequence[Record], path: Path) -> None:
     plt.close(fig)
 
 
-def console(records: Sequence[Record]) -> str:
+def console(records: Sequence[Record], shipped_seed: int = 0) -> str:
     """Plain-text tables for the terminal."""
     cells = summarise(records)
     models = _ordered(records, "model")
@@ -295,6 +357,15 @@ def console(records: Sequence[Record]) -> str:
                 out.append(
                     f"{label:28s}" + "".join(f"{v:.3f}".rjust(width[e]) for e, v in zip(cols, vals, strict=True))
                 )
+    for model in models:
+        sr = seed_rows(cells, model, shipped_seed)
+        if len(sr) > 1:
+            out.append(f"\n== {model} — {RECOMMENDED_ESTIMATOR} by calibration seed (label-free) ==")
+            out += [
+                f"seed {s:<4d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f} ({w})  "
+                f"coverage {o.coverage:.1%}"
+                for s, o, w in sr
+            ]
     tg = targets(cells)
     if tg:
         out.append("\n== targets: recommended estimator, label-free, MNIST-5k ==")

@@ -52,3 +52,36 @@ def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: ob
     assert (tmp_path / "img" / "estimation.png").stat().st_size > 1000
     printed = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "interval coverage" in printed and "digits" in printed and "shift_aware_held_out" in printed
+    # shift_aware calibrated with another seed (quick mode: seed 1) is reported beside the shipped one
+    draws = text.split("### Dependence on the calibration draw")[1].split("###")[0]
+    assert "| digits | 0 (shipped) |" in draws and "| digits | 1 |" in draws and "range over 2 draws" in draws
+    assert "shift_aware by calibration seed" in printed
+
+
+def test_calibration_seed_rows_and_names() -> None:
+    from bench.estimators.harness import Record, seed_of, seeded_name
+    from bench.estimators.report import seed_rows, summarise
+
+    assert seed_of(seeded_name(7)) == 7 and seed_of("shift_aware") is None and seed_of("shift_aware_seedx") is None
+    recs = [
+        Record("m", "none", sc, 0, est, value, value - 0.1, value + 0.1, 0.5)
+        for sc, est, value in [
+            ("a", "shift_aware", 0.52),
+            ("b", "shift_aware", 0.6),
+            ("a", seeded_name(3), 0.5),
+            ("b", seeded_name(3), 0.45),
+            ("a", seeded_name(1), 0.9),
+            ("b", seeded_name(1), 0.5),
+        ]
+    ]
+    rows = seed_rows(summarise(recs), "m", shipped_seed=0)
+    assert [s for s, _, _ in rows] == [0, 1, 3]  # shipped first, then the others in order
+    shipped, one, three = (o for _, o, _ in rows)
+    assert np.isclose(shipped.mean_mae, 0.06) and np.isclose(shipped.worst_scenario_mae, 0.1)
+    assert [w for _, _, w in rows] == ["b", "a", "b"]
+    assert np.isclose(one.worst_scenario_mae, 0.4) and one.coverage == 0.5 and three.coverage == 1.0
+
+
+def test_bad_calibration_seeds_are_refused(capsys: object) -> None:
+    assert main(["--quick", "--calibration-seeds", "1,x", "--out", "-"]) == 2
+    assert "--calibration-seeds" in capsys.readouterr().err  # type: ignore[attr-defined]
