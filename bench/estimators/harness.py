@@ -208,21 +208,15 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                 )
                 for name, e in estimate_all(stats, v.calibration).items():
                     records.append(Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth))
-                if v.name == "none" and cfg.held_out:
-                    hcal = held.get(sc.calibration_kin, v.calibration)
-                    h = estimate_all(stats, hcal).get(RECOMMENDED_ESTIMATOR)
-                    if h is not None:
-                        records.append(
-                            Record(subject.name, "none", sc.name, rep, HELD_OUT, h.value, h.lower, h.upper, truth)
-                        )
-                if v.name == "none":
-                    for s, scal in seeded.items():
-                        g = estimate_all(stats, scal).get(RECOMMENDED_ESTIMATOR)
+                if v.name == "none":  # shift_aware again under the label-free pseudo-estimators
+                    others = {seeded_name(s): scal for s, scal in seeded.items()}
+                    if cfg.held_out:
+                        others[HELD_OUT] = held.get(sc.calibration_kin, v.calibration)
+                    for pseudo, ocal in others.items():
+                        g = estimate_all(stats, ocal).get(RECOMMENDED_ESTIMATOR)
                         if g is not None:
                             records.append(
-                                Record(
-                                    subject.name, "none", sc.name, rep, seeded_name(s), g.value, g.lower, g.upper, truth
-                                )
+                                Record(subject.name, "none", sc.name, rep, pseudo, g.value, g.lower, g.upper, truth)
                             )
         say(
             f"[{subject.name}] {sc.name:28s} pool accuracy {float(correct.mean()):.3f} "
