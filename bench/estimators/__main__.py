@@ -1,5 +1,5 @@
 """``python -m bench.estimators [--quick] [--models mnist,digits,tabular] [--reps 30] [--calibration-seeds 1,2,3,4]
-[--out docs/estimation.md]``
+[--window-sizes 100,300,3000] [--out docs/estimation.md]``
 
 Runs the estimator benchmark, prints the tables and the targets, and rewrites the generated section of
 ``docs/estimation.md`` and its plot ``docs/img/estimation.png``.
@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         help="further seeds of shift_aware's calibration to report the spread over (comma-separated, "
         "'' for none; default 1,2,3,4, quick 1)",
     )
+    ap.add_argument(
+        "--window-sizes",
+        default=None,
+        help="further window sizes (predictions) to report shift_aware at (comma-separated, '' for none; "
+        "default 100,300,3000, quick 100)",
+    )
     ap.add_argument("--out", default="docs/estimation.md", help="markdown page to update ('-' for none)")
     ap.add_argument("--plot", default=None, help="PNG path (default: img/estimation.png next to --out)")
     args = ap.parse_args(argv)
@@ -44,6 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"error: --calibration-seeds wants comma-separated integers, got {spec!r}", file=sys.stderr)
         return 2
+    spec = args.window_sizes if args.window_sizes is not None else ("100" if args.quick else "100,300,3000")
+    try:
+        sizes = tuple(int(v) for v in spec.split(",") if v.strip())
+        bad = any(n < 1 for n in sizes)
+    except ValueError:
+        sizes, bad = (), True
+    if bad:
+        print(f"error: --window-sizes wants comma-separated positive integers, got {spec!r}", file=sys.stderr)
+        return 2
     if args.quick:
         cfg = Config(
             reps=args.reps or 3,
@@ -53,9 +68,16 @@ def main(argv: list[str] | None = None) -> int:
             shift_sets=34,
             n_estimators=30,
             calibration_seeds=cal_seeds,
+            window_sizes=sizes,
         )
     else:
-        cfg = Config(reps=args.reps or 30, size=args.size or 1000, seed=args.seed, calibration_seeds=cal_seeds)
+        cfg = Config(
+            reps=args.reps or 30,
+            size=args.size or 1000,
+            seed=args.seed,
+            calibration_seeds=cal_seeds,
+            window_sizes=sizes,
+        )
     t0 = time.perf_counter()
     records: list[Record] = []
     titles: dict[str, str] = {}
@@ -63,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         subject = LOADERS[name]()
         titles[f"title:{name}"] = subject.title
         records += run_subject(subject, cfg, say=lambda m: print(m, file=sys.stderr, flush=True))
-    print(console(records, cfg.seed))
+    print(console(records, cfg.seed, cfg.size))
     elapsed = time.perf_counter() - t0
     print(f"\n{len(records)} estimates in {elapsed:.0f}s")
     if args.out != "-":
@@ -75,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             cmd += f" --models {args.models}"
         if args.reps:
             cmd += f" --reps {args.reps}"
+        if args.size:
+            cmd += f" --size {args.size}"
         if args.calibration_seeds is not None:
             cmd += f" --calibration-seeds '{args.calibration_seeds}'"
+        if args.window_sizes is not None:
+            cmd += f" --window-sizes '{args.window_sizes}'"
         meta = {
             "command": cmd,
             "settings": f"{cfg.reps} repetitions of {cfg.size} samples per scenario, seed {cfg.seed}",
             "seed": str(cfg.seed),
+            "size": str(cfg.size),
             **titles,
         }
         rel = png.relative_to(out.parent) if png.is_relative_to(out.parent) else png

@@ -19,6 +19,11 @@ of a kind the calibration has not seen.
 ``fit_shift_aware``'s seed). Every scenario is also estimated with the calibrations of
 :attr:`Config.calibration_seeds` (records named by :func:`seeded_name`), so the report shows how far
 the shipped figures depend on that draw.
+
+Live windows hold as many predictions as the traffic brings. Every scenario is also estimated by
+``shift_aware`` on windows of :attr:`Config.window_sizes` predictions (records named by
+:func:`sized_name`, each against the true accuracy of its own draw), so the report shows how the
+error and the interval change with the window's size.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class Config:
     #: Further seeds of ``shift_aware``'s calibration (label-free only); each is recorded under
     #: :func:`seeded_name` so the report can show the spread over calibration draws.
     calibration_seeds: tuple[int, ...] = (1, 2, 3, 4)
+    #: Further window sizes (predictions per window) to estimate every scenario with ``shift_aware``
+    #: at (label-free only); each is recorded under :func:`sized_name`.
+    window_sizes: tuple[int, ...] = (100, 300, 3000)
 
 
 #: Pseudo-estimator of the records of ``shift_aware`` calibrated without the scenario's kind of shift.
@@ -69,6 +77,21 @@ def seeded_name(seed: int) -> str:
 def seed_of(estimator: str) -> int | None:
     """The calibration seed of a :func:`seeded_name` (None for any other estimator)."""
     rest = estimator.removeprefix(SEEDED_PREFIX)
+    return int(rest) if rest != estimator and rest.isdigit() else None
+
+
+#: Prefix of the pseudo-estimators of ``shift_aware`` on windows of another size.
+SIZED_PREFIX = "shift_aware_n"
+
+
+def sized_name(size: int) -> str:
+    """Estimator name of the records of ``shift_aware`` on windows of ``size`` predictions."""
+    return f"{SIZED_PREFIX}{size}"
+
+
+def size_of(estimator: str) -> int | None:
+    """The window size of a :func:`sized_name` (None for any other estimator)."""
+    rest = estimator.removeprefix(SIZED_PREFIX)
     return int(rest) if rest != estimator and rest.isdigit() else None
 
 
@@ -101,8 +124,41 @@ class _Variant:
     idi_partitions: dict[str, list[int]] | None
 
 
+@dataclass(frozen=True)
+class _Pool:
+    """A scenario's pool as predicted: what a window's statistics are computed from."""
+
+    confidences: np.ndarray
+    probabilities: np.ndarray
+    labels: np.ndarray
+    features: np.ndarray
+    rules: np.ndarray
+
+    def window(self, verdicts: np.ndarray, cal: EstimatorCalibration, idx: np.ndarray) -> WindowStats:
+        """The statistics of the window ``idx`` of the pool, judged with ``verdicts``."""
+        return WindowStats.from_batch(
+            verdicts[idx],
+            self.confidences[idx],
+            cal,
+            probabilities=self.probabilities[idx],
+            labels=self.labels[idx],
+            features=self.features[idx],
+            tdi_rules=self.rules[idx],
+        )
+
+
 def _seed(*parts: object) -> int:
     return zlib.crc32("/".join(str(p) for p in parts).encode())
+
+
+def _draw(rng: np.random.Generator, sc: Scenario, size: int, n_pool: int, class_index: list[np.ndarray]) -> np.ndarray:
+    """Indices of one operational set of ``size`` from the pool (with replacement; under label shift
+    with a class prior drawn from ``Dirichlet(sc.prior_alpha)``)."""
+    if sc.prior_alpha is None:
+        return rng.integers(0, n_pool, size)
+    prior = rng.dirichlet(np.full(len(class_index), sc.prior_alpha))
+    per_class = rng.multinomial(size, prior)
+    return np.concatenate([rng.choice(class_index[k], c, replace=True) for k, c in enumerate(per_class) if c > 0])
 
 
 def scenarios_for(subject: Subject) -> list[Scenario]:
@@ -171,6 +227,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
     pool_y = np.tile(subject.test_y, copies)
     n_classes = m.n_classes
     class_index = [np.flatnonzero(pool_y == k) for k in range(n_classes)]
+    extra_sizes = [n for n in dict.fromkeys(cfg.window_sizes) if n != cfg.size]
+    assert variants[0].name == "none"  # the label-free variant comes first
     for sc in scenarios_for(subject):
         t1 = time.perf_counter()
         rng = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, "pool"))
@@ -184,28 +242,13 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         for v in variants:
             meta = {"form": form_metadata(pool_y, v.idi_partitions)} if v.idi_partitions else None
             judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.labels, metadata=meta).verdict)
-        conf = pred.confidences
+        pool = _Pool(pred.confidences, pred.probabilities, pred.labels, pool_f, rules)
         for rep in range(cfg.reps):
             rr = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep))
-            if sc.prior_alpha is not None:
-                prior = rr.dirichlet(np.full(n_classes, sc.prior_alpha))
-                per_class = rr.multinomial(cfg.size, prior)
-                idx = np.concatenate(
-                    [rr.choice(class_index[k], c, replace=True) for k, c in enumerate(per_class) if c > 0]
-                )
-            else:
-                idx = rr.integers(0, len(pool_y), cfg.size)
+            idx = _draw(rr, sc, cfg.size, len(pool_y), class_index)
             truth = float(correct[idx].mean())
             for v, verdicts in zip(variants, judged, strict=True):
-                stats = WindowStats.from_batch(
-                    verdicts[idx],
-                    conf[idx],
-                    v.calibration,
-                    probabilities=pred.probabilities[idx],
-                    labels=pred.labels[idx],
-                    features=pool_f[idx],
-                    tdi_rules=rules[idx],
-                )
+                stats = pool.window(verdicts, v.calibration, idx)
                 for name, e in estimate_all(stats, v.calibration).items():
                     records.append(Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth))
                 if v.name == "none":  # shift_aware again under the label-free pseudo-estimators
@@ -218,6 +261,16 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                             records.append(
                                 Record(subject.name, "none", sc.name, rep, pseudo, g.value, g.lower, g.upper, truth)
                             )
+            for size in extra_sizes:  # shift_aware on windows of other sizes (label-free, shipped seed)
+                rs = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep, "size", size))
+                idx_s = _draw(rs, sc, size, len(pool_y), class_index)
+                free = variants[0].calibration
+                g = estimate_all(pool.window(judged[0], free, idx_s), free).get(RECOMMENDED_ESTIMATOR)
+                if g is not None:
+                    t = float(correct[idx_s].mean())
+                    records.append(
+                        Record(subject.name, "none", sc.name, rep, sized_name(size), g.value, g.lower, g.upper, t)
+                    )
         say(
             f"[{subject.name}] {sc.name:28s} pool accuracy {float(correct.mean()):.3f} "
             f"({time.perf_counter() - t1:.1f}s)"

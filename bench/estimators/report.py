@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR
-from bench.estimators.harness import HELD_OUT, Record, seed_of
+from bench.estimators.harness import HELD_OUT, Record, seed_of, size_of
 
 BEGIN = "<!-- BEGIN GENERATED: python -m bench.estimators -->"
 END = "<!-- END GENERATED -->"
@@ -214,6 +214,46 @@ def seed_table(records: Sequence[Record], cells: dict[tuple[str, str, str, str],
     return _md_table(["model", "calibration seed", "mean MAE", "worst-scenario MAE", "interval coverage"], rows)
 
 
+def size_rows(
+    records: Sequence[Record], cells: dict[tuple[str, str, str, str], Cell], model: str, main_size: int
+) -> list[tuple[int, Overall, float]]:
+    """(window size, label-free overall figures, mean interval half-width) of ``shift_aware`` for
+    every window size in ``records`` (``main_size`` is the one of the other tables), smallest first."""
+    names = {RECOMMENDED_ESTIMATOR: main_size}
+    for k in cells:
+        n = size_of(k[3])
+        if k[0] == model and n is not None:
+            names[k[3]] = n
+    half: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.model == model and r.idi == "none" and r.estimator in names:
+            half[r.estimator].append((r.upper - r.lower) / 2)
+    rows = []
+    for name, n in sorted(names.items(), key=lambda kv: kv[1]):
+        o = overall(cells, model, "none", name)
+        if o is not None:
+            rows.append((n, o, float(np.mean(half[name]))))
+    return rows
+
+
+def size_table(records: Sequence[Record], cells: dict[tuple[str, str, str, str], Cell], main_size: int) -> list[str]:
+    """Per model: ``shift_aware``'s label-free figures for each window size."""
+    rows = []
+    for model in _ordered(records, "model"):
+        sr = size_rows(records, cells, model, main_size)
+        if len(sr) < 2:
+            continue
+        for n, o, h in sr:
+            tag = f"{n} (the tables above)" if n == main_size else str(n)
+            rows.append(
+                [model, tag, f"{o.mean_mae:.3f}", f"{o.worst_scenario_mae:.3f}", f"{o.coverage:.1%}", f"±{h:.3f}"]
+            )
+    if not rows:
+        return []
+    header = ["model", "predictions per window", "mean MAE", "worst-scenario MAE", "interval coverage", "mean interval"]
+    return _md_table(header, rows)
+
+
 def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | None) -> str:
     cells = summarise(records)
     models = _ordered(records, "model")
@@ -256,6 +296,19 @@ def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | N
             "seeds: how much of a figure above is the draw rather than the method.",
             "",
             *seeds,
+            "",
+        ]
+    sizes = size_table(records, cells, int(meta.get("size", "1000")))
+    if sizes:
+        lines += [
+            "### Window size",
+            "",
+            f"A live window holds as many predictions as the traffic brings. `{RECOMMENDED_ESTIMATOR}` (shipped "
+            "calibration) on windows of other sizes, each against the true accuracy of its own draw. The "
+            "interval adds the window's sampling noise to the calibration's model error (see \"What the "
+            'intervals mean"), so a small window widens it by that noise only.',
+            "",
+            *sizes,
             "",
         ]
     for model in models:
@@ -328,7 +381,7 @@ def plot(records: Sequence[Record], path: Path) -> None:
     plt.close(fig)
 
 
-def console(records: Sequence[Record], shipped_seed: int = 0) -> str:
+def console(records: Sequence[Record], shipped_seed: int = 0, main_size: int = 1000) -> str:
     """Plain-text tables for the terminal."""
     cells = summarise(records)
     models = _ordered(records, "model")
@@ -365,6 +418,15 @@ def console(records: Sequence[Record], shipped_seed: int = 0) -> str:
                 f"seed {s:<4d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f} ({w})  "
                 f"coverage {o.coverage:.1%}"
                 for s, o, w in sr
+            ]
+    for model in models:
+        zr = size_rows(records, cells, model, main_size)
+        if len(zr) > 1:
+            out.append(f"\n== {model} — {RECOMMENDED_ESTIMATOR} by window size (label-free) ==")
+            out += [
+                f"n={n:<6d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f}  "
+                f"coverage {o.coverage:.1%}  mean interval ±{h:.3f}"
+                for n, o, h in zr
             ]
     tg = targets(cells)
     if tg:

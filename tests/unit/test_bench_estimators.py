@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -39,10 +40,10 @@ def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
 
 def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: object) -> None:
     out = tmp_path / "estimation.md"
-    out.write_text(f"# Title\n\nhand-written\n\n{BEGIN}\nold\n{END}\n\nmore hand-written\n")
+    out.write_text(f"# Title\n\nhand-written\n\n{BEGIN}\nstale generated text\n{END}\n\nmore hand-written\n")
     assert main(["--quick", "--models", "digits", "--reps", "2", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "hand-written" in text and "more hand-written" in text and "old" not in text
+    assert "hand-written" in text and "more hand-written" in text and "stale generated text" not in text
     assert "shift_aware" in text and "in_distribution" in text and "With IDIs" in text
     # every scenario with a kin among the calibration transformations is estimated again without it
     held = text.split("### Shifts of a kind held out of calibration")[1].split("###")[0]
@@ -56,6 +57,10 @@ def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: ob
     draws = text.split("### Dependence on the calibration draw")[1].split("###")[0]
     assert "| digits | 0 (shipped) |" in draws and "| digits | 1 |" in draws and "range over 2 draws" in draws
     assert "shift_aware by calibration seed" in printed
+    # shift_aware on windows of another size (quick mode: 100 besides the tables' 300)
+    sizes = text.split("### Window size")[1].split("###")[0]
+    assert "| digits | 100 |" in sizes and "| digits | 300 (the tables above) |" in sizes
+    assert "shift_aware by window size" in printed and "n=100" in printed
 
 
 def test_calibration_seed_rows_and_names() -> None:
@@ -80,6 +85,37 @@ def test_calibration_seed_rows_and_names() -> None:
     assert np.isclose(shipped.mean_mae, 0.06) and np.isclose(shipped.worst_scenario_mae, 0.1)
     assert [w for _, _, w in rows] == ["b", "a", "b"]
     assert np.isclose(one.worst_scenario_mae, 0.4) and one.coverage == 0.5 and three.coverage == 1.0
+
+
+def test_window_size_rows_and_names() -> None:
+    from bench.estimators.harness import Record, size_of, sized_name
+    from bench.estimators.report import size_rows, summarise
+
+    assert size_of(sized_name(100)) == 100 and size_of("shift_aware") is None and size_of(sized_name(3)[:-1]) is None
+    recs = [
+        Record("m", "none", sc, 0, est, value, value - half, value + half, 0.5)
+        for sc, est, value, half in [
+            ("a", "shift_aware", 0.52, 0.05),
+            ("b", "shift_aware", 0.6, 0.05),
+            ("a", sized_name(3000), 0.51, 0.02),
+            ("b", sized_name(3000), 0.49, 0.02),
+            ("a", sized_name(100), 0.8, 0.2),
+            ("b", sized_name(100), 0.5, 0.1),
+            ("a", "avg_conf", 0.9, 0.3),  # other estimators are not window sizes
+        ]
+    ]
+    rows = size_rows(recs, summarise(recs), "m", main_size=1000)
+    assert [n for n, _, _ in rows] == [100, 1000, 3000]  # smallest first, the tables' size among them
+    small, main_, large = (o for _, o, _ in rows)
+    assert np.isclose(small.mean_mae, 0.15) and np.isclose(small.worst_scenario_mae, 0.3) and small.coverage == 0.5
+    assert np.isclose(main_.mean_mae, 0.06) and np.isclose(large.worst_scenario_mae, 0.01)
+    assert np.allclose([h for _, _, h in rows], [0.15, 0.05, 0.02])
+
+
+@pytest.mark.parametrize("spec", ["100,x", "0", "300,-5"])
+def test_bad_window_sizes_are_refused(spec: str, capsys: object) -> None:
+    assert main(["--quick", "--window-sizes", spec, "--out", "-"]) == 2
+    assert "--window-sizes" in capsys.readouterr().err  # type: ignore[attr-defined]
 
 
 def test_bad_calibration_seeds_are_refused(capsys: object) -> None:
