@@ -69,6 +69,11 @@ HELD_OUT = "shift_aware_held_out"
 SEEDED_PREFIX = "shift_aware_seed"
 
 
+def _number_after(prefix: str, estimator: str) -> int | None:
+    rest = estimator.removeprefix(prefix)
+    return int(rest) if rest != estimator and rest.isdigit() else None
+
+
 def seeded_name(seed: int) -> str:
     """Estimator name of the records of ``shift_aware`` calibrated with ``seed``."""
     return f"{SEEDED_PREFIX}{seed}"
@@ -76,8 +81,7 @@ def seeded_name(seed: int) -> str:
 
 def seed_of(estimator: str) -> int | None:
     """The calibration seed of a :func:`seeded_name` (None for any other estimator)."""
-    rest = estimator.removeprefix(SEEDED_PREFIX)
-    return int(rest) if rest != estimator and rest.isdigit() else None
+    return _number_after(SEEDED_PREFIX, estimator)
 
 
 #: Prefix of the pseudo-estimators of ``shift_aware`` on windows of another size.
@@ -91,8 +95,7 @@ def sized_name(size: int) -> str:
 
 def size_of(estimator: str) -> int | None:
     """The window size of a :func:`sized_name` (None for any other estimator)."""
-    rest = estimator.removeprefix(SIZED_PREFIX)
-    return int(rest) if rest != estimator and rest.isdigit() else None
+    return _number_after(SIZED_PREFIX, estimator)
 
 
 @dataclass(frozen=True)

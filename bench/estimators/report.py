@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,16 +169,25 @@ def _worst_scenario(cells: dict[tuple[str, str, str, str], Cell], model: str, es
     return max(mine, key=lambda sc: mine[sc]) if mine else "–"
 
 
+def _variants(
+    cells: dict[tuple[str, str, str, str], Cell], model: str, parse: Callable[[str], int | None], shipped: int
+) -> dict[str, int]:
+    """``shift_aware`` (as ``shipped``) and its pseudo-estimators in ``cells`` for ``model``, each with the
+    number ``parse`` reads from its name (a calibration seed or a window size)."""
+    names = {RECOMMENDED_ESTIMATOR: shipped}
+    for k in cells:
+        v = parse(k[3])
+        if k[0] == model and v is not None:
+            names[k[3]] = v
+    return names
+
+
 def seed_rows(
     cells: dict[tuple[str, str, str, str], Cell], model: str, shipped_seed: int
 ) -> list[tuple[int, Overall, str]]:
     """(seed, label-free overall figures, worst scenario) of ``shift_aware`` for every calibration
     seed in ``cells``: the shipped one first, then the others in increasing order."""
-    names = {RECOMMENDED_ESTIMATOR: shipped_seed}
-    for k in cells:
-        s = seed_of(k[3])
-        if k[0] == model and s is not None:
-            names[k[3]] = s
+    names = _variants(cells, model, seed_of, shipped_seed)
     rows = []
     for name, s in sorted(names.items(), key=lambda kv: (kv[0] != RECOMMENDED_ESTIMATOR, kv[1])):
         o = overall(cells, model, "none", name)
@@ -219,11 +228,7 @@ def size_rows(
 ) -> list[tuple[int, Overall, float]]:
     """(window size, label-free overall figures, mean interval half-width) of ``shift_aware`` for
     every window size in ``records`` (``main_size`` is the one of the other tables), smallest first."""
-    names = {RECOMMENDED_ESTIMATOR: main_size}
-    for k in cells:
-        n = size_of(k[3])
-        if k[0] == model and n is not None:
-            names[k[3]] = n
+    names = _variants(cells, model, size_of, main_size)
     half: dict[str, list[float]] = defaultdict(list)
     for r in records:
         if r.model == model and r.idi == "none" and r.estimator in names:
@@ -254,6 +259,11 @@ def size_table(records: Sequence[Record], cells: dict[tuple[str, str, str, str],
     return _md_table(header, rows)
 
 
+def _section(title: str, text: str, table: list[str]) -> list[str]:
+    """A generated subsection: its title, a paragraph and its table (nothing without a table)."""
+    return [f"### {title}", "", text, "", *table, ""] if table else []
+
+
 def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | None) -> str:
     cells = summarise(records)
     models = _ordered(records, "model")
@@ -272,45 +282,30 @@ def markdown(records: Sequence[Record], meta: dict[str, str], plot_name: str | N
             ["target", "measured", "status"], [[t.text, t.value, "PASS" if t.ok else "FAIL"] for t in tg]
         )
         lines.append("")
-    held = held_out_table(records, cells)
-    if held:
-        lines += [
-            "### Shifts of a kind held out of calibration",
-            "",
-            f"`{RECOMMENDED_ESTIMATOR}` is calibrated on the metamorphic audit's transformations among others; "
-            "several scenarios are of the same kind (Gaussian noise, pixel shifts, brightness/contrast, rotation, "
-            "blur, table noise and scaling). Each such scenario is estimated again by "
-            f"`{RECOMMENDED_ESTIMATOR}` fitted without its kind (label-free, MAE / worst absolute error): the "
-            "error to expect from a drift the calibration has not seen.",
-            "",
-            *held,
-            "",
-        ]
-    seeds = seed_table(records, cells, int(meta.get("seed", "0")))
-    if seeds:
-        lines += [
-            "### Dependence on the calibration draw",
-            "",
-            f"`{RECOMMENDED_ESTIMATOR}`'s calibration is random (corruption strengths, windows, trees), seeded by "
-            "`icos-agent fit --seed`. The same scenarios, label-free, estimated with the calibrations of other "
-            "seeds: how much of a figure above is the draw rather than the method.",
-            "",
-            *seeds,
-            "",
-        ]
-    sizes = size_table(records, cells, int(meta.get("size", "1000")))
-    if sizes:
-        lines += [
-            "### Window size",
-            "",
-            f"A live window holds as many predictions as the traffic brings. `{RECOMMENDED_ESTIMATOR}` (shipped "
-            "calibration) on windows of other sizes, each against the true accuracy of its own draw. The "
-            "interval adds the window's sampling noise to the calibration's model error (see \"What the "
-            'intervals mean"), so a small window widens it by that noise only.',
-            "",
-            *sizes,
-            "",
-        ]
+    lines += _section(
+        "Shifts of a kind held out of calibration",
+        f"`{RECOMMENDED_ESTIMATOR}` is calibrated on the metamorphic audit's transformations among others; "
+        "several scenarios are of the same kind (Gaussian noise, pixel shifts, brightness/contrast, rotation, "
+        "blur, table noise and scaling). Each such scenario is estimated again by "
+        f"`{RECOMMENDED_ESTIMATOR}` fitted without its kind (label-free, MAE / worst absolute error): the "
+        "error to expect from a drift the calibration has not seen.",
+        held_out_table(records, cells),
+    )
+    lines += _section(
+        "Dependence on the calibration draw",
+        f"`{RECOMMENDED_ESTIMATOR}`'s calibration is random (corruption strengths, windows, trees), seeded by "
+        "`icos-agent fit --seed`. The same scenarios, label-free, estimated with the calibrations of other "
+        "seeds: how much of a figure above is the draw rather than the method.",
+        seed_table(records, cells, int(meta.get("seed", "0"))),
+    )
+    lines += _section(
+        "Window size",
+        f"A live window holds as many predictions as the traffic brings. `{RECOMMENDED_ESTIMATOR}` (shipped "
+        "calibration) on windows of other sizes, each against the true accuracy of its own draw. The "
+        "interval adds the window's sampling noise to the calibration's model error (see \"What the "
+        'intervals mean"), so a small window widens it by that noise only.',
+        size_table(records, cells, int(meta.get("size", "1000"))),
+    )
     for model in models:
         lines += [f"### {meta.get('title:' + model, model)} — label-free (no IDIs)", ""]
         lines += scenario_table(records, cells, model)
@@ -411,23 +406,19 @@ def console(records: Sequence[Record], shipped_seed: int = 0, main_size: int = 1
                     f"{label:28s}" + "".join(f"{v:.3f}".rjust(width[e]) for e, v in zip(cols, vals, strict=True))
                 )
     for model in models:
-        sr = seed_rows(cells, model, shipped_seed)
-        if len(sr) > 1:
-            out.append(f"\n== {model} — {RECOMMENDED_ESTIMATOR} by calibration seed (label-free) ==")
-            out += [
-                f"seed {s:<4d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f} ({w})  "
-                f"coverage {o.coverage:.1%}"
-                for s, o, w in sr
-            ]
-    for model in models:
-        zr = size_rows(records, cells, model, main_size)
-        if len(zr) > 1:
-            out.append(f"\n== {model} — {RECOMMENDED_ESTIMATOR} by window size (label-free) ==")
-            out += [
-                f"n={n:<6d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f}  "
-                f"coverage {o.coverage:.1%}  mean interval ±{h:.3f}"
-                for n, o, h in zr
-            ]
+        by_seed = [
+            f"seed {s:<4d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f} ({w})  "
+            f"coverage {o.coverage:.1%}"
+            for s, o, w in seed_rows(cells, model, shipped_seed)
+        ]
+        by_size = [
+            f"n={n:<6d} mean MAE {o.mean_mae:.4f}  worst-scenario MAE {o.worst_scenario_mae:.3f}  "
+            f"coverage {o.coverage:.1%}  mean interval ±{h:.3f}"
+            for n, o, h in size_rows(records, cells, model, main_size)
+        ]
+        for what, rows in (("calibration seed", by_seed), ("window size", by_size)):
+            if len(rows) > 1:  # the shipped figures alone are in the tables above
+                out += [f"\n== {model} — {RECOMMENDED_ESTIMATOR} by {what} (label-free) ==", *rows]
     tg = targets(cells)
     if tg:
         out.append("\n== targets: recommended estimator, label-free, MNIST-5k ==")
