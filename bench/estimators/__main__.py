@@ -17,6 +17,20 @@ from bench.estimators.report import console, markdown, plot, write_doc
 from bench.estimators.subjects import LOADERS
 
 
+def _integers(flag: str, given: str | None, default: str, *, positive: bool) -> tuple[int, ...] | None:
+    """The comma-separated integers of ``flag`` (``default`` when not given); None after printing an error."""
+    spec = default if given is None else given
+    try:
+        values = tuple(int(v) for v in spec.split(",") if v.strip())
+    except ValueError:
+        values = None
+    if values is None or (positive and any(v < 1 for v in values)):
+        kind = "positive integers" if positive else "integers"
+        print(f"error: {flag} wants comma-separated {kind}, got {spec!r}", file=sys.stderr)
+        return None
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.estimators", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smoke test: 3 repetitions of 300 samples, small pools")
@@ -44,20 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}", file=sys.stderr)
         return 2
-    spec = args.calibration_seeds if args.calibration_seeds is not None else ("1" if args.quick else "1,2,3,4")
-    try:
-        cal_seeds = tuple(int(v) for v in spec.split(",") if v.strip())
-    except ValueError:
-        print(f"error: --calibration-seeds wants comma-separated integers, got {spec!r}", file=sys.stderr)
-        return 2
-    spec = args.window_sizes if args.window_sizes is not None else ("100" if args.quick else "100,300,3000")
-    try:
-        sizes = tuple(int(v) for v in spec.split(",") if v.strip())
-        bad = any(n < 1 for n in sizes)
-    except ValueError:
-        sizes, bad = (), True
-    if bad:
-        print(f"error: --window-sizes wants comma-separated positive integers, got {spec!r}", file=sys.stderr)
+    cal_seeds = _integers(
+        "--calibration-seeds", args.calibration_seeds, "1" if args.quick else "1,2,3,4", positive=False
+    )
+    sizes = _integers("--window-sizes", args.window_sizes, "100" if args.quick else "100,300,3000", positive=True)
+    if cal_seeds is None or sizes is None:
         return 2
     if args.quick:
         cfg = Config(
