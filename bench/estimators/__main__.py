@@ -17,16 +17,16 @@ from bench.estimators.report import console, markdown, plot, write_doc
 from bench.estimators.subjects import LOADERS
 
 
-def _integers(flag: str, given: str | None, default: str, *, positive: bool) -> tuple[int, ...] | None:
-    """The comma-separated integers of ``flag`` (``default`` when not given); None after printing an error."""
+def _integers(flag: str, given: str | None, default: str, *, minimum: int) -> tuple[int, ...] | None:
+    """The comma-separated integers of ``flag`` (``default`` when not given), each at least ``minimum``;
+    None after printing an error."""
     spec = default if given is None else given
     try:
         values = tuple(int(v) for v in spec.split(",") if v.strip())
     except ValueError:
         values = None
-    if values is None or (positive and any(v < 1 for v in values)):
-        kind = "positive integers" if positive else "integers"
-        print(f"error: {flag} wants comma-separated {kind}, got {spec!r}", file=sys.stderr)
+    if values is None or any(v < minimum for v in values):
+        print(f"error: {flag} wants comma-separated integers of at least {minimum}, got {spec!r}", file=sys.stderr)
         return None
     return values
 
@@ -58,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}", file=sys.stderr)
         return 2
-    cal_seeds = _integers(
-        "--calibration-seeds", args.calibration_seeds, "1" if args.quick else "1,2,3,4", positive=False
-    )
-    sizes = _integers("--window-sizes", args.window_sizes, "100" if args.quick else "100,300,3000", positive=True)
+    cal_seeds = _integers("--calibration-seeds", args.calibration_seeds, "1" if args.quick else "1,2,3,4", minimum=0)
+    sizes = _integers("--window-sizes", args.window_sizes, "100" if args.quick else "100,300,3000", minimum=1)
     if cal_seeds is None or sizes is None:
         return 2
     if args.quick:

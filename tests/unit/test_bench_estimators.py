@@ -118,6 +118,7 @@ def test_bad_window_sizes_are_refused(spec: str, capsys: object) -> None:
     assert "--window-sizes" in capsys.readouterr().err  # type: ignore[attr-defined]
 
 
-def test_bad_calibration_seeds_are_refused(capsys: object) -> None:
-    assert main(["--quick", "--calibration-seeds", "1,x", "--out", "-"]) == 2
+@pytest.mark.parametrize("spec", ["1,x", "-1"])
+def test_bad_calibration_seeds_are_refused(spec: str, capsys: object) -> None:
+    assert main(["--quick", "--calibration-seeds", spec, "--out", "-"]) == 2
     assert "--calibration-seeds" in capsys.readouterr().err  # type: ignore[attr-defined]
