@@ -10,8 +10,8 @@ class UserError(Exception):
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Every exception type whose message is meant for the user."""
     from agent.audits.report import AuditError
-    from agent.data_io import DataError
-    from agent.model import InvalidInput, ModelLoadError
+    from agent.data.files import DataError
+    from agent.model.classifier import InvalidInput, ModelLoadError
     from invariants.bundle import BundleError
     from invariants.idi import IdiRuleError
     from invariants.onnx_session import OnnxLoadError

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.audits.dscore import run_dscore, run_dscore_separate_sessions  # noqa: E402
-from agent.datasets import digits, mnist5k  # noqa: E402
+from agent.data.datasets import digits, mnist5k  # noqa: E402
 from invariants.onnx_session import OnnxSession  # noqa: E402
 
 

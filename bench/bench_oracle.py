@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from agent.datasets import mnist_splits
-from agent.model import OnnxClassifier, Prediction, default_model_path
+from agent.data.datasets import mnist_splits
+from agent.model.classifier import OnnxClassifier, Prediction, default_model_path
 from invariants.compiled import CompiledOracle
 from invariants.fitting import fit_oracle
 

@@ -17,7 +17,7 @@ process) is reported as well: it does not depend on the client or on other load 
 Prints, per setting: throughput (requests/s), p50/p99 latency, server CPU ms per request, and the
 ratio agent / bare (target ≥ 0.9 on throughput); the server CPU per request split by thread (the
 event loop, the agent's named threads ``icos-worker``/``icos-judge``/``icos-store``, see
-:mod:`agent.os_threads`, and the others); then the agent's resident memory after start
+:mod:`agent.core.os_threads`, and the others); then the agent's resident memory after start
 (target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
 imported on the serve path (it must not be).
 
@@ -194,7 +194,7 @@ THREAD_GROUPS: tuple[str, ...] = ("loop", "icos-worker", "icos-judge", "icos-sto
 
 def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
     """Every live thread of ``pid``: its group (:data:`THREAD_GROUPS`: the main thread is the event
-    loop, the agent's named threads (:mod:`agent.os_threads`) by name, the rest ``other``, e.g. the
+    loop, the agent's named threads (:mod:`agent.core.os_threads`) by name, the rest ``other``, e.g. the
     bare server's unnamed workers) and its CPU seconds so far, by thread id."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[str, float]] = {}
@@ -284,10 +284,10 @@ def rss_mb(pid: int) -> float:
 def ensure_bundle(path: str | None, workdir: Path) -> Path:
     if path:
         return Path(path)
-    from agent.data_io import Dataset
-    from agent.datasets import mnist_splits
-    from agent.model import OnnxClassifier, default_model_path
-    from agent.offline import fit_bundle
+    from agent.data.datasets import mnist_splits
+    from agent.data.files import Dataset
+    from agent.model.classifier import OnnxClassifier, default_model_path
+    from agent.offline.fit import fit_bundle
 
     s = mnist_splits()
     model = OnnxClassifier.load(default_model_path())
@@ -302,7 +302,7 @@ def serve_path_modules() -> dict[str, bool]:
     code = (
         "import sys, json\n"
         "from agent.commands import serve\n"
-        "from agent.app import create_app\n"
+        "from agent.server.app import create_app\n"
         "print(json.dumps({m: m in sys.modules for m in ('mlflow', 'sklearn', 'torch', 'apscheduler', 'matplotlib')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from agent.model import default_model_path
+    from agent.model.classifier import default_model_path
 
     model = args.model or str(default_model_path())
     if args.bare_server:
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import yaml
 
-    from agent.datasets import mnist_splits
+    from agent.data.datasets import mnist_splits
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
     env["ICOS_AGENT_ORT_THREADS"] = "1"

@@ -14,8 +14,8 @@ Outputs (package data of :mod:`agent`):
 * ``agent/models/models.json``: file name, sha256, input/output description, split, accuracies
   measured with onnxruntime, torch version and the regenerating command for each model.
 
-Each model is trained only on the train split of :func:`agent.datasets.mnist_splits` /
-:func:`agent.datasets.digits_splits`; the validation and test splits are never used for training
+Each model is trained only on the train split of :func:`agent.data.datasets.mnist_splits` /
+:func:`agent.data.datasets.digits_splits`; the validation and test splits are never used for training
 or model selection (the number of epochs is fixed). Pixel scaling is the first op of each graph
 (a ``Div``), so clients send raw pixels. Every convolution is a plain ONNX ``Conv`` node followed
 by ``Relu``; the graph holds no training-mode op and no softmax.
@@ -43,7 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from agent.datasets import Split, Splits, digits_splits, mnist_splits  # noqa: E402
+from agent.data.datasets import Split, Splits, digits_splits, mnist_splits  # noqa: E402
 from invariants.onnx_session import OnnxSession  # noqa: E402
 
 OUT_DIR = REPO_ROOT / "agent" / "models"
@@ -262,7 +262,7 @@ def build(recipe: Recipe) -> dict[str, object]:
         "pixel_scale": {"min": 0.0, "max": recipe.pixel_max, "scaled_inside_model": True},
         "classes": list(range(10)),
         "split": {
-            "function": f"agent.datasets.{recipe.splits_fn}",
+            "function": f"agent.data.datasets.{recipe.splits_fn}",
             "trained_on": "train",
             "sizes": {k: int(len(getattr(splits, k).y)) for k in ("train", "val", "test")},
         },

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.datasets import Splits
-from agent.datasets import mnist_splits as _mnist_splits
-from agent.model import OnnxClassifier, default_model_path
+from agent.data.datasets import Splits
+from agent.data.datasets import mnist_splits as _mnist_splits
+from agent.model.classifier import OnnxClassifier, default_model_path
 
 #: IDI rules written into the shared bundle: a ``form`` metadata field (the ICOS paper's example).
 MNIST_IDI_YAML = """\
@@ -54,8 +54,8 @@ def mnist_bundle_dir(
     tmp_path_factory: pytest.TempPathFactory, mnist_model: OnnxClassifier, mnist_splits: Splits
 ) -> Path:
     """A bundle fitted once per session for the shipped CNN (ADI with 30 trees; IDI on ``form``)."""
-    from agent.data_io import Dataset
-    from agent.offline import fit_bundle
+    from agent.data.files import Dataset
+    from agent.offline.fit import fit_bundle
 
     root = tmp_path_factory.mktemp("mnist-bundle")
     idi = root / "idi.yaml"

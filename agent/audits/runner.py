@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.audit_config import (
+from agent.audits.config import (
     DEFAULT_IMAGE_TRANSFORMATIONS,
     DEFAULT_TABLE_TRANSFORMATIONS,
     CommonParams,
@@ -34,7 +34,7 @@ from agent.audit_config import (
 from agent.audits.report import AuditError, AuditResult, ProgressFn, jsonable
 
 if TYPE_CHECKING:
-    from agent.model import OnnxClassifier
+    from agent.model.classifier import OnnxClassifier
     from exporters.mlflow_logger import MlflowLogger
     from exporters.run_record import RunRecord
 
@@ -122,7 +122,7 @@ def load_audit_data(
     path: str | Path, model: OnnxClassifier, *, label_column: str | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none)."""
-    from agent.data_io import label_indices, load_data
+    from agent.data.files import label_indices, load_data
 
     data = load_data(path, label_column=label_column, require_metadata=False)
     x = prepare_inputs(model, data.x)
@@ -165,7 +165,7 @@ def run_audit(
 ) -> AuditResult:
     """Run the ``kind`` audit of ``model`` on inputs ``x`` (labels ``y`` optional).
 
-    ``params`` is the kind's parameter model (:mod:`agent.audit_config`); labels are dropped when
+    ``params`` is the kind's parameter model (:mod:`agent.audits.config`); labels are dropped when
     ``params.label_free``; at most ``params.max_samples`` inputs are used (seeded subset).
     ``deadline`` is a ``time.monotonic()`` value: past it the audit stops at the next step and
     raises :class:`AuditTimeout`. Other problems raise :class:`AuditError`.
@@ -359,7 +359,7 @@ def open_logger(tracking_uri: str | None, experiment: str, state_dir: Path) -> M
 def _read_table(path: str | Path) -> Any:
     import pandas as pd
 
-    from agent.data_io import DataError
+    from agent.data.files import DataError
 
     p = Path(path)
     if not p.is_file():

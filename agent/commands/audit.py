@@ -113,7 +113,7 @@ def _transformations(value: str | None) -> list[Any] | None:
 def _params(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from agent.audit_config import PARAM_MODELS
+    from agent.audits.config import PARAM_MODELS
     from agent.errors import UserError
 
     common: dict[str, Any] = {
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.model or not args.data:
                 raise UserError("--model and --data are required (or --spec/--train/--test/--target for retrain mode)")
             from agent.audits.runner import run_audit
-            from agent.model import OnnxClassifier
+            from agent.model.classifier import OnnxClassifier
 
             model = OnnxClassifier.load(args.model)
             model_info = {"name": args.model_name or model.name, "version": args.model_version, "sha256": model.sha256}

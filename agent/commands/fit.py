@@ -37,10 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.data_io import load_data
+    from agent.data.files import load_data
     from agent.errors import UserError
-    from agent.model import OnnxClassifier
-    from agent.offline import fit_bundle
+    from agent.model.classifier import OnnxClassifier
+    from agent.offline.fit import fit_bundle
 
     if not 0.0 <= args.confidence <= 1.0:
         raise UserError("--confidence must be within [0, 1]")

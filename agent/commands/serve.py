@@ -23,9 +23,9 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from agent import logs
-    from agent.app import create_app
-    from agent.config import load_settings
+    from agent.config.settings import load_settings
+    from agent.core import logs
+    from agent.server.app import create_app
 
     settings = load_settings(args.config)
     if args.host:

@@ -18,7 +18,7 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from agent.config import ADMIN_TOKEN_ENV, ENV_PREFIX
+from agent.config.settings import ADMIN_TOKEN_ENV, ENV_PREFIX
 from agent.errors import UserError
 
 MODEL_NAME = "mnist"

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agent import v2
 from agent.errors import UserError
+from agent.protocol import v2
 
 VERDICT_NAMES = ("pass", "fail:idi", "fail:tdi", "fail:adi")
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.data_io import Dataset
-from agent.datasets import Splits
-from agent.model import OnnxClassifier
+from agent.data.datasets import Splits
+from agent.data.files import Dataset
+from agent.model.classifier import OnnxClassifier
 from invariants.bundle import Bundle, BundleError
 
 BUNDLE_DIR = "bundle"
@@ -66,7 +66,7 @@ def load_or_fit(
                 float(saved.get("started_at", 0.0)),
                 float(saved.get("finished_at", 0.0)),
             )
-    from agent.offline import fit_bundle
+    from agent.offline.fit import fit_bundle
 
     say("fitting the invariants: TDI on 2,500 training images, ADI + calibration on 1,500 validation images")
     started = time.time()

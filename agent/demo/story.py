@@ -276,8 +276,8 @@ def run_demo(opts: DemoOptions) -> int:
 
 
 def _run(opts: DemoOptions, t_start: float) -> int:
-    from agent.datasets import mnist_splits
-    from agent.model import OnnxClassifier, default_model_path
+    from agent.data.datasets import mnist_splits
+    from agent.model.classifier import OnnxClassifier, default_model_path
 
     # MLflow announces the migrations of a new store at INFO level (here and in the agent it starts).
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")

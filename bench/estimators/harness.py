@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.calibration_shifts import fit_shift_aware
-from agent.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.shifts import fit_shift_aware
 from bench.estimators.scenarios import ImageSpec, Scenario, TabularSpec, image_scenarios, tabular_scenarios
 from bench.estimators.subjects import Subject, form_metadata, idi_yaml
 from invariants.fitting import fit_oracle

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR
+from agent.estimation.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR
 from bench.estimators.harness import HELD_OUT, Record, seed_of, size_of
 
 BEGIN = "<!-- BEGIN GENERATED: python -m bench.estimators -->"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.model import OnnxClassifier
+from agent.model.classifier import OnnxClassifier
 
 FINE_DIGITS = {"P1": [0, 3, 6, 8, 9], "P2": [1, 4, 7], "P3": [2, 5]}
 
@@ -43,8 +43,8 @@ def _equal(n_classes: int) -> dict[str, list[int]]:
 
 
 def mnist() -> Subject:
-    from agent.datasets import mnist_splits
-    from agent.model import default_model_path
+    from agent.data.datasets import mnist_splits
+    from agent.model.classifier import default_model_path
 
     s = mnist_splits()
     model = OnnxClassifier.load(default_model_path(), name="mnist_cnn")
@@ -67,7 +67,7 @@ def mnist() -> Subject:
 def digits() -> Subject:
     from pathlib import Path
 
-    from agent.datasets import digits_splits
+    from agent.data.datasets import digits_splits
 
     s = digits_splits()
     path = Path(__file__).resolve().parents[2] / "agent" / "models" / "digits_cnn.onnx"

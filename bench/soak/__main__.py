@@ -45,7 +45,7 @@ def run_soak(requests: int, concurrency: int, seconds: float, bundle: str | None
     with tempfile.TemporaryDirectory(prefix="icos-soak-") as tmp:
         work = Path(tmp)
         bundle_dir = ensure_bundle(bundle, work)
-        from agent.model import default_model_path
+        from agent.model.classifier import default_model_path
 
         port = free_port()
         cfg = {

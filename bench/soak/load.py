@@ -91,7 +91,7 @@ async def _connection(
 
 
 async def drive(port: int, total: int, concurrency: int, seconds: float, warmup: float, seed: int) -> dict[str, Any]:
-    from agent.datasets import mnist_splits
+    from agent.data.datasets import mnist_splits
 
     x = np.ascontiguousarray(mnist_splits().test.x[:8], dtype=np.float32)
     mix = request_mix(port, x)

@@ -270,7 +270,7 @@ def helm_prometheusrule(src: dict[str, Any]) -> str:
         + "metadata:\n"
         + '  name: {{ include "icos-agent.fullname" . }}\n'
         + "  labels:\n"
-        + '    {{- include "icos-agent.labels" . | nindent 4 }}\n'
+        + '    {{- include "icos-agent.labels.service" . | nindent 4 }}\n'
         + "    {{- with .Values.prometheusRule.labels }}\n"
         + "    {{- toYaml . | nindent 4 }}\n"
         + "    {{- end }}\n"
@@ -294,7 +294,7 @@ def helm_grafana_alerts(src: dict[str, Any]) -> str:
         + "metadata:\n"
         + '  name: {{ include "icos-agent.fullname" . }}-grafana-alerts\n'
         + "  labels:\n"
-        + '    {{- include "icos-agent.labels" . | nindent 4 }}\n'
+        + '    {{- include "icos-agent.labels.service" . | nindent 4 }}\n'
         + "    {{ .Values.grafana.alerts.label }}: {{ .Values.grafana.alerts.labelValue | quote }}\n"
         + "data:\n"
         + "  icos-agent-alerts.yaml: |\n"

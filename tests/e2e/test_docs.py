@@ -68,10 +68,10 @@ def _exported(app: Any) -> dict[str, set[str]]:
 def test_every_exported_metric_is_documented_with_its_labels(
     mnist_bundle_dir: Path, tmp_path: Path, run_server: Callable[..., RunningServer]
 ) -> None:
-    from agent import v2
-    from agent.app import create_app
-    from agent.config import load_settings
-    from agent.datasets import mnist_splits
+    from agent.config.settings import load_settings
+    from agent.data.datasets import mnist_splits
+    from agent.protocol import v2
+    from agent.server.app import create_app
 
     settings = load_settings(
         None,

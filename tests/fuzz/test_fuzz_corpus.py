@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from agent.cli import main
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
 from invariants.bundle import _canonical, _manifest_digest, sha256_bytes
 
 HERE = Path(__file__).parent

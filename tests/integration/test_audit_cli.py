@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from agent.cli import main
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
 
 MODEL = str(default_model_path())
 

@@ -21,11 +21,11 @@ import yaml
 from conftest import RunningServer, free_port
 from mlflow_server import MLFLOW_BIN, MlflowServer
 
-from agent.app import create_app
 from agent.cli import main
-from agent.config import load_settings
-from agent.datasets import Splits
-from agent.model import OnnxClassifier, default_model_path
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.model.classifier import OnnxClassifier, default_model_path
+from agent.server.app import create_app
 
 MODEL = default_model_path()
 TOKEN = "audit-mlflow-token"

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from conftest import RunningServer, wait_until
 
-from agent.app import create_app
-from agent.config import load_settings
-from agent.datasets import Splits
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
 from agent.errors import UserError
-from agent.model import default_model_path
+from agent.model.classifier import default_model_path
+from agent.server.app import create_app
 
 TOKEN = "s3cret-audit-token"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.data_io import Dataset
-from agent.datasets import mnist_splits
-from agent.model import OnnxClassifier, default_model_path
-from agent.offline import check_report, fit_bundle
+from agent.data.datasets import mnist_splits
+from agent.data.files import Dataset
+from agent.model.classifier import OnnxClassifier, default_model_path
+from agent.offline.fit import check_report, fit_bundle
 
 MODEL = str(default_model_path())
 DIGITS_MODEL = str(default_model_path().parent / "digits_cnn.onnx")

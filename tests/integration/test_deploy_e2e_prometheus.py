@@ -23,8 +23,8 @@ import pytest
 import yaml
 from conftest import free_port, wait_http_ready
 
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")

@@ -150,8 +150,8 @@ def test_agent_container_wiring(values_file: Path | None) -> None:
 
 
 def test_agent_config_is_accepted_by_the_agent(tmp_path: Path) -> None:
-    """The chart's agent.yaml passes the agent's own validation (when agent.config exists)."""
-    config = pytest.importorskip("agent.config", reason="agent.config not available")
+    """The chart's agent.yaml passes the agent's own validation (when agent.config.settings exists)."""
+    config = pytest.importorskip("agent.config.settings", reason="agent.config.settings not available")
     for p in EXAMPLES:
         docs = render(_values(p))
         cm = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))

@@ -13,9 +13,9 @@ import numpy as np
 from agent_process import AgentProcess, infer_body
 from conftest import free_port, wait_until
 
-from agent.datasets import Splits
-from agent.model import default_model_path
-from agent.state import STATE_FILE
+from agent.data.datasets import Splits
+from agent.judging.state import STATE_FILE
+from agent.model.classifier import default_model_path
 from exporters.spool import decode
 
 TOKEN = "crash-test-token"

@@ -14,7 +14,7 @@ import pytest
 from agent_process import AgentProcess, infer_body
 from conftest import RunningServer, free_port, start_server
 
-from agent.datasets import Splits
+from agent.data.datasets import Splits
 
 SLOW_SECONDS = 5.0
 TIMEOUT_SECONDS = 0.5

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 from agent_process import AgentProcess, infer_body
 
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
 
 TOKEN = "reload-fault-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -19,8 +19,8 @@ import pytest
 from agent_process import AgentProcess, infer_body
 from conftest import wait_until
 
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
 
 
 def _mount(*args: str) -> None:

@@ -16,21 +16,21 @@ from conftest import RunningServer, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.app import create_app
 from agent.audits.mutation import probability_errors
 from agent.cli import main as cli_main
-from agent.config import load_settings
-from agent.data_io import Dataset
-from agent.datasets import Splits
-from agent.estimators import (
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.data.files import Dataset
+from agent.estimation.estimators import (
     ESTIMATORS,
     RECOMMENDED_ESTIMATOR,
     EstimatorCalibration,
     WindowStats,
     estimate_all,
 )
-from agent.model import OnnxClassifier, default_model_path
-from agent.offline import check_report
+from agent.model.classifier import OnnxClassifier, default_model_path
+from agent.offline.fit import check_report
+from agent.server.app import create_app
 from invariants.bundle import Bundle
 from invariants.oracle import VERDICTS
 

@@ -15,9 +15,9 @@ from conftest import RunningServer, start_server
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.app import create_app
-from agent.config import load_settings
-from agent.model import default_model_path
+from agent.config.settings import load_settings
+from agent.model.classifier import default_model_path
+from agent.server.app import create_app
 
 INFER = "/v2/models/mnist/infer"
 X1 = np.zeros((1, 1, 28, 28), dtype=np.float32)

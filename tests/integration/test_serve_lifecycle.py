@@ -19,10 +19,10 @@ import yaml
 from conftest import RunningServer, free_port, wait_http_ready, wait_until
 from prometheus_client import CollectorRegistry
 
-from agent.app import AgentService, create_app
-from agent.config import load_settings
-from agent.datasets import Splits
-from agent.model import OnnxClassifier, default_model_path
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.model.classifier import OnnxClassifier, default_model_path
+from agent.server.app import AgentService, create_app
 
 
 def settings_for(bundle: Path, state: Path | None, mode: str = "serve", **extra: Any) -> Any:
@@ -235,8 +235,8 @@ def test_serve_path_does_not_import_mlflow(mnist_bundle_dir: Path) -> None:
     code = (
         "import sys\n"
         "from agent.cli import build_parser\n"
-        "from agent.app import create_app\n"
-        "from agent.config import load_settings\n"
+        "from agent.server.app import create_app\n"
+        "from agent.config.settings import load_settings\n"
         f"s = load_settings(None, model={{'path': {str(default_model_path())!r}}},"
         f" bundle={{'path': {str(mnist_bundle_dir)!r}}})\n"
         "create_app(s)\n"

@@ -14,10 +14,10 @@ from conftest import RunningServer, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.app import AgentService, create_app
-from agent.config import load_settings
-from agent.datasets import Splits
-from agent.model import OnnxClassifier
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.model.classifier import OnnxClassifier
+from agent.server.app import AgentService, create_app
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"

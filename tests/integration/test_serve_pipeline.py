@@ -11,12 +11,12 @@ import pytest
 from conftest import wait_until
 from prometheus_client import CollectorRegistry
 
-from agent.app import AgentService, create_app
-from agent.config import load_settings
-from agent.datasets import Splits
-from agent.model import default_model_path
-from agent.pipeline import JudgedBatch, Pipeline, Runtime, load_runtime
-from agent.windows import WindowSet
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.judging.pipeline import JudgedBatch, Pipeline, Runtime, load_runtime
+from agent.judging.windows import WindowSet
+from agent.model.classifier import default_model_path
+from agent.server.app import AgentService, create_app
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS as VERDICT_NAMES
 
@@ -99,9 +99,9 @@ def test_inline_judging_takes_the_deferred_work_along(mnist_bundle_dir: Path, mn
 def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     """The serve path passes the oracle's TDI leaves, margins and inputs to the windows, so the live
     count window and time window give exactly the offline `check` statistics (not the reduced model)."""
-    from agent.data_io import Dataset
-    from agent.estimators import RECOMMENDED_ESTIMATOR
-    from agent.offline import check_report
+    from agent.data.files import Dataset
+    from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+    from agent.offline.fit import check_report
 
     rt = runtime(mnist_bundle_dir)
     assert rt.classifier is not None and rt.calibration.shift is not None
@@ -121,7 +121,7 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
         assert stats.n_ext == 300, window  # every sample carried the full model's inputs
         assert est[RECOMMENDED_ESTIMATOR].value == pytest.approx(expected, abs=1e-9), window
     # restoring the count window from state keeps the extras
-    from agent.windows import CountWindow
+    from agent.judging.windows import CountWindow
 
     count = pipe.windows.count
     assert count is not None
@@ -169,7 +169,7 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
     large binary request (model in a worker thread) is judged like the others."""
     import asyncio
 
-    from agent import v2
+    from agent.protocol import v2
 
     svc = service(mnist_bundle_dir)
     rt = svc.runtime
@@ -304,7 +304,7 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
     large requests queued meanwhile), the loop wakes the background thread instead of judging them."""
     import asyncio
 
-    from agent.pipeline import JudgeWork
+    from agent.judging.pipeline import JudgeWork
 
     svc = service(mnist_bundle_dir)
     rt = svc.runtime

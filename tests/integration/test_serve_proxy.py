@@ -17,10 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agent.app import create_app
-from agent.config import load_settings
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
+from agent.server.app import create_app
 
 
 def upstream_app(bundle: Path) -> Any:

@@ -16,10 +16,10 @@ from conftest import RunningServer, start_server
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.app import create_app
-from agent.config import load_settings
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.config.settings import load_settings
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
+from agent.server.app import create_app
 
 
 def serve_settings(bundle: Path, **extra: Any) -> Any:

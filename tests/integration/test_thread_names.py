@@ -12,9 +12,9 @@ import pytest
 from agent_process import AgentProcess
 from conftest import wait_until
 
-from agent import v2
-from agent.datasets import Splits
-from agent.model import default_model_path
+from agent.data.datasets import Splits
+from agent.model.classifier import default_model_path
+from agent.protocol import v2
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
 

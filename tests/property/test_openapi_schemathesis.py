@@ -16,9 +16,9 @@ import pytest
 from conftest import RunningServer, start_server
 from prometheus_client import CollectorRegistry
 
-from agent.app import create_app
-from agent.config import load_settings
-from agent.model import default_model_path
+from agent.config.settings import load_settings
+from agent.model.classifier import default_model_path
+from agent.server.app import create_app
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install schemathesis)")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

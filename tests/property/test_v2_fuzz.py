@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from agent.app import AgentService, create_app
-from agent.config import load_settings
-from agent.model import default_model_path
+from agent.config.settings import load_settings
+from agent.model.classifier import default_model_path
+from agent.server.app import AgentService, create_app
 
 FUZZ = settings(
     max_examples=int(os.environ.get("ICOS_FUZZ_EXAMPLES", "120")),

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from agent.audit_config import DScoreParams, MetamorphicParams, MutationParams
+from agent.audits.config import DScoreParams, MetamorphicParams, MutationParams
 from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, run_audit
-from agent.model import OnnxClassifier, default_model_path
-from agent.scheduler import check_trigger, validate_cron
+from agent.core.scheduler import check_trigger, validate_cron
+from agent.model.classifier import OnnxClassifier, default_model_path
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def model() -> OnnxClassifier:
 
 @pytest.fixture(scope="module")
 def images() -> tuple[np.ndarray, np.ndarray]:
-    from agent.datasets import mnist_splits
+    from agent.data.datasets import mnist_splits
 
     s = mnist_splits()
     return s.test.x[:64], s.test.y[:64]

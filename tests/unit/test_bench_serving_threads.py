@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent.os_threads import name_os_thread
+from agent.core.os_threads import name_os_thread
 from bench.bench_serving import thread_cpu_delta, thread_cpu_seconds
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/task")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.config import ServerConfig
+from agent.config.settings import ServerConfig
 
 
 def test_the_default_is_one_thread() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agent.audits.metamorphic import TRANSFORMS
-from agent.calibration_shifts import AUDIT_RANGES, AUDIT_TABLE_RANGES, image_corruptions, shifted_sets
+from agent.estimation.shifts import AUDIT_RANGES, AUDIT_TABLE_RANGES, image_corruptions, shifted_sets
 
 
 def _digits_like(n: int = 40, seed: int = 0) -> np.ndarray:

@@ -465,7 +465,7 @@ def test_single_session_equals_separate_sessions_and_label_free() -> None:
 
 @pytest.fixture(scope="module")
 def mnist_test() -> tuple[np.ndarray, np.ndarray]:
-    from agent.datasets import mnist_splits
+    from agent.data.datasets import mnist_splits
 
     test = mnist_splits().test
     return test.x, test.y

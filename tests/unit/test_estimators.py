@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.estimators import (
+from agent.estimation.estimators import (
     EstimatorCalibration,
     WindowStats,
     atc_threshold,

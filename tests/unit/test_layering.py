@@ -53,7 +53,7 @@ def test_layering(package: str, forbidden: set[str]) -> None:
     [
         ("onnxruntime", "invariants/onnx_session.py"),
         ("mlflow", "exporters/mlflow_logger.py"),
-        ("apscheduler", "agent/scheduler.py"),
+        ("apscheduler", "agent/core/scheduler.py"),
     ],
 )
 def test_third_party_clients_behind_one_adapter(library: str, adapter: str) -> None:

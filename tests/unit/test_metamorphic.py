@@ -27,8 +27,8 @@ def digits_model() -> tuple[object, np.ndarray]:
     """The shipped digits CNN's ``predict_proba`` and the digits test images (pixel range 0..16)."""
     if not DIGITS_CNN.is_file():
         pytest.skip(f"shipped model {DIGITS_CNN.relative_to(ROOT)} is missing")
-    from agent.datasets import digits_splits
-    from agent.model import OnnxClassifier
+    from agent.data.datasets import digits_splits
+    from agent.model.classifier import OnnxClassifier
 
     return OnnxClassifier.load(DIGITS_CNN).predict_proba, digits_splits().test.x
 

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from skl2onnx import to_onnx
 from sklearn.linear_model import LogisticRegression
 
-from agent.model import InvalidInput, ModelLoadError, OnnxClassifier, default_model_path
+from agent.model.classifier import InvalidInput, ModelLoadError, OnnxClassifier, default_model_path
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

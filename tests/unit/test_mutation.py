@@ -235,8 +235,8 @@ def test_probability_errors_match_binary_definition() -> None:
 def digits_model_and_data() -> tuple[object, np.ndarray, np.ndarray]:
     if not DIGITS_CNN.is_file():
         pytest.skip(f"shipped model {DIGITS_CNN.relative_to(ROOT)} is missing")
-    from agent.datasets import digits_splits
-    from agent.model import OnnxClassifier
+    from agent.data.datasets import digits_splits
+    from agent.model.classifier import OnnxClassifier
 
     test = digits_splits().test
     return OnnxClassifier.load(DIGITS_CNN), test.x, test.y

@@ -1,4 +1,4 @@
-"""OS-level thread names (``agent.os_threads``): what ``top -H`` and ``/proc/<pid>/task/*/comm`` show."""
+"""OS-level thread names (``agent.core.os_threads``): what ``top -H`` and ``/proc/<pid>/task/*/comm`` show."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.os_threads import name_os_thread, name_os_thread_once
+from agent.core.os_threads import name_os_thread, name_os_thread_once
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimators import SampleExtras
-from agent.prediction_store import (
+from agent.estimation.estimators import SampleExtras
+from agent.labels.store import (
     EXTRAS_FIELDS,
     STORE_FILE,
     LabeledRows,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.estimators import (
+from agent.estimation.estimators import (
     CONF_EDGES,
     FULL_FEATURES,
     INPUTS_FEATURES,
@@ -35,7 +35,7 @@ from agent.estimators import (
     shift_aware,
     window_features,
 )
-from agent.tree_ensemble import TreeEnsemble
+from agent.estimation.tree_ensemble import TreeEnsemble
 
 D = 6
 N_RULES = 5

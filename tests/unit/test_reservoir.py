@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from agent.reservoir import Reservoir
+from agent.data.reservoir import Reservoir
 
 
 def test_fill_then_bounded() -> None:

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from agent import v2
-from agent.v2 import DATATYPES, ProtocolError
+from agent.protocol import v2
+from agent.protocol.v2 import DATATYPES, ProtocolError
 
 
 @pytest.mark.parametrize("datatype", [d for d in DATATYPES if d != "BYTES"])

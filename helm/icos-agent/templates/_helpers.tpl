@@ -20,7 +20,7 @@ app.kubernetes.io/name: {{ include "icos-agent.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "icos-agent.labels" -}}
+{{- define "icos-agent.labels.service" -}}
 {{ include "icos-agent.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: icos-agent
@@ -54,8 +54,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "/artifacts/bundle/%s" .Values.bundle.subPath | trimSuffix "/" }}
 {{- end }}
 
-{{/* The agent's config file (agent/config.py); the admin token is never in it. */}}
-{{- define "icos-agent.config" -}}
+{{/* The agent's config file (agent/config/settings.py); the admin token is never in it. */}}
+{{- define "icos-agent.config.settings" -}}
 {{- $cfg := dict "mode" .Values.mode "log_level" .Values.logLevel "state_dir" "/var/lib/icos-agent" }}
 {{- $model := dict "name" .Values.model.name "version" (toString .Values.model.version) }}
 {{- if eq .Values.mode "serve" }}

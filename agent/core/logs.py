@@ -34,7 +34,7 @@ def uvicorn_log_config(level: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "agent.logs.JsonFormatter"}},
+        "formatters": {"json": {"()": "agent.core.logs.JsonFormatter"}},
         "handlers": {"default": handler},
         "loggers": {
             "uvicorn": {"handlers": ["default"], "level": lvl, "propagate": False},

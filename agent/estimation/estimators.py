@@ -27,7 +27,7 @@ Estimators:
     verdict shares, agreement with the TDI leaves and leaf distance, input PCA error, margin, the mix
     of predicted classes) to its accuracy, learnt at fit time on windows of corrupted copies of the
     calibration split (a generic family of corruptions and the metamorphic audit's transformations,
-    see :mod:`agent.calibration_shifts`). The forests predict the *residual* accuracy minus mean
+    see :mod:`agent.estimation.shifts`). The forests predict the *residual* accuracy minus mean
     confidence, so the estimate is the mean confidence corrected by what similar calibration windows
     showed (the AutoEval-style regression of Deng & Zheng, CVPR 2021, on a confidence baseline). Three
     gradient-boosted forests serve windows with all per-sample inputs (``full``), without the
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.tree_ensemble import TreeEnsemble
+from agent.estimation.tree_ensemble import TreeEnsemble
 
 Z95 = 1.959963984540054
 

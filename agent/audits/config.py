@@ -36,7 +36,7 @@ DEFAULT_TABLE_TRANSFORMATIONS: tuple[str, ...] = ("scale", "noise")
 
 
 def _duration(text: str) -> float:
-    from agent.config import parse_duration
+    from agent.config.settings import parse_duration
 
     return parse_duration(text)
 
@@ -140,7 +140,7 @@ class _Schedule(_Strict):
     def _cron(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from agent.scheduler import validate_cron
+        from agent.core.scheduler import validate_cron
 
         return validate_cron(v)
 

@@ -22,15 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from agent import v2
-from agent.config import AgentSettings
+from agent.config.settings import AgentSettings
+from agent.core.os_threads import name_os_thread
 from agent.errors import UserError
-from agent.estimators import EstimatorCalibration, WindowStats, sample_extras
-from agent.model import ModelLoadError, OnnxClassifier, Prediction, prepare_batch, scores_as_probabilities
-from agent.os_threads import name_os_thread
-from agent.prediction_store import extras_columns
-from agent.v2 import ProtocolError, Tensor
-from agent.windows import WindowSet
+from agent.estimation.estimators import EstimatorCalibration, WindowStats, sample_extras
+from agent.judging.windows import WindowSet
+from agent.labels.store import extras_columns
+from agent.model.classifier import ModelLoadError, OnnxClassifier, Prediction, prepare_batch, scores_as_probabilities
+from agent.protocol import v2
+from agent.protocol.v2 import ProtocolError, Tensor
 from exporters.prometheus import AgentMetrics
 from invariants.bundle import Bundle, BundleError
 from invariants.compiled import CompiledOracle
@@ -87,7 +87,7 @@ class Runtime:
         return int(np.prod(self.input_shape))
 
     def prepare(self, x: np.ndarray) -> np.ndarray:
-        """Validate a batch; raises :class:`agent.model.InvalidInput` naming the problem."""
+        """Validate a batch; raises :class:`agent.model.classifier.InvalidInput` naming the problem."""
         if self.classifier is not None:
             return self.classifier.prepare(x)
         return prepare_batch(x, self.input_shape, self.max_batch)
@@ -315,7 +315,7 @@ class JudgedBatch:
     labels: np.ndarray
     verdicts: np.ndarray
     #: The inputs of the full ``shift_aware`` model for these predictions as float64 ``[n, 5]``
-    #: columns (:func:`agent.prediction_store.extras_columns`; None without a shift calibration).
+    #: columns (:func:`agent.labels.store.extras_columns`; None without a shift calibration).
     extras: np.ndarray | None = None
 
 

@@ -1,7 +1,7 @@
 """Audits inside the running agent: scheduled jobs, ``GET /v1/audits``, ``POST /v1/audits/{kind}``.
 
 :class:`AuditService` owns the reservoir of live inputs (fed by the request pipeline), the
-scheduler (:mod:`agent.scheduler`), the audit metrics (:mod:`exporters.audit_metrics`) on the app's
+scheduler (:mod:`agent.core.scheduler`), the audit metrics (:mod:`exporters.audit_metrics`) on the app's
 registry, the MLflow logger (runs spooled in ``<state_dir>/mlflow-spool`` while MLflow is down) and
 the last results. An audit always runs in a scheduler thread, never on the request path, with a time
 budget checked between its steps (status ``timeout`` past it); one run per audit kind at a time.
@@ -30,15 +30,15 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
-from agent.audit_config import AUDIT_KINDS, AuditsConfig
+from agent.audits.config import AUDIT_KINDS, AuditsConfig
 from agent.audits.report import AuditError, AuditResult
 from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, run_audit
-from agent.reservoir import Reservoir
+from agent.data.reservoir import Reservoir
 from exporters.audit_metrics import AuditMetrics
 
 if TYPE_CHECKING:
-    from agent.app import AgentService
-    from agent.model import OnnxClassifier
+    from agent.model.classifier import OnnxClassifier
+    from agent.server.app import AgentService
     from exporters.mlflow_logger import MlflowLogger
 
 log = logging.getLogger("icos_agent.audits")
@@ -88,7 +88,7 @@ class AuditService:
         self.state_dir = state_dir
         self.metrics = AuditMetrics(agent.registry)
         r = config.reservoir
-        from agent.config import parse_duration
+        from agent.config.settings import parse_duration
 
         self.reservoir: Reservoir | None = (
             Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
@@ -112,14 +112,14 @@ class AuditService:
             self.reservoir.add(features)
 
     async def start(self, _app: FastAPI | None = None) -> None:
-        from agent.scheduler import JobScheduler
+        from agent.core.scheduler import JobScheduler
 
         if self.reservoir is not None:
             self.agent.pipeline.taps.append(self.observe_inputs)
         self._stopping.clear()
         self._scheduler = JobScheduler(max_workers=len(AUDIT_KINDS) + 1)
         cfg = self.config
-        from agent.config import parse_duration
+        from agent.config.settings import parse_duration
 
         delay = parse_duration(cfg.first_run_delay) if cfg.first_run_delay else None
         for kind, job in cfg.jobs().items():
@@ -159,7 +159,7 @@ class AuditService:
 
         @r.post("/v1/audits/{kind}", summary="Admin: run an audit now (bearer token); ?wait=true waits")
         async def run_now(kind: str, request: Request) -> Response:
-            from agent.app import ClientError, require_admin
+            from agent.server.app import ClientError, require_admin
 
             require_admin(request)
             if kind not in AUDIT_KINDS:
@@ -226,7 +226,7 @@ class AuditService:
         with self._cache_lock:
             model = self._models.get(rt.model_path)
             if model is None:
-                from agent.model import OnnxClassifier
+                from agent.model.classifier import OnnxClassifier
 
                 model = OnnxClassifier.load(rt.model_path, name=rt.name)
                 self._models = {rt.model_path: model}

@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from agent.config import AgentSettings
+from agent.config.settings import AgentSettings
 from agent.errors import UserError
 
 __all__ = ["fetch_model"]

@@ -11,7 +11,7 @@ import json
 
 import httpx
 
-from agent import v2
+from agent.protocol import v2
 
 
 class UpstreamError(Exception):

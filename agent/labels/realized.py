@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all, wilson
-from agent.prediction_store import LabeledRows
-from agent.windows import count_window_name
+from agent.estimation.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all, wilson
+from agent.judging.windows import count_window_name
+from agent.labels.store import LabeledRows
 
 
 @dataclass(frozen=True)

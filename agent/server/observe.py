@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from agent import v2
-from agent.pipeline import Runtime, SplitInputs, attach_metadata, new_request_id, split_inputs
-from agent.v2 import ProtocolError, Tensor
+from agent.judging.pipeline import Runtime, SplitInputs, attach_metadata, new_request_id, split_inputs
+from agent.protocol import v2
+from agent.protocol.v2 import ProtocolError, Tensor
 
 REQUEST = "request"
 RESPONSE = "response"

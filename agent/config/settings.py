@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from agent.audit_config import AuditsConfig
+from agent.audits.config import AuditsConfig
 from agent.errors import UserError
 
 ENV_PREFIX = "ICOS_AGENT_"
@@ -125,7 +125,7 @@ class SecurityConfig(_Section):
 
 
 class LabelsConfig(_Section):
-    """Delayed labels (:mod:`agent.labels`): the prediction store and recalibration."""
+    """Delayed labels (:mod:`agent.labels.service`): the prediction store and recalibration."""
 
     enabled: bool = True
     max_predictions: int = Field(200_000, ge=100, le=100_000_000)

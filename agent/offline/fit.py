@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from agent.calibration_shifts import fit_shift_aware
-from agent.data_io import Dataset, label_indices
+from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
-from agent.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
-from agent.model import OnnxClassifier, Prediction
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.shifts import fit_shift_aware
+from agent.model.classifier import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.fitting import fit_oracle
@@ -28,7 +28,7 @@ from invariants.oracle import VERDICTS, OracleResult, calibrate
 Progress = Callable[[str], None]
 
 #: The estimate shown first (the headline) in reports and dashboards: the recommended estimator
-#: (``shift_aware``, see ``agent.estimators`` and ``docs/estimation.md``).
+#: (``shift_aware``, see ``agent.estimation.estimators`` and ``docs/estimation.md``).
 HEADLINE_ESTIMATOR = RECOMMENDED_ESTIMATOR
 
 

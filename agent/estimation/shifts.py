@@ -3,7 +3,7 @@
 The validation data has labels; corrupting it with transformations whose label is known (the
 original one) gives labeled examples of how the model, the oracle and the confidence behave
 when the operational data drifts. The estimators are calibrated on these examples (see
-:mod:`agent.estimators`, estimator ``shift_aware``).
+:mod:`agent.estimation.estimators`, estimator ``shift_aware``).
 
 Two families, each applied at random strengths from harmless to label-breaking so the
 calibration sees a continuum from in-distribution to badly shifted data:
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent.audits.metamorphic import TRANSFORMS, TransformContext
-from agent.estimators import InputReference, JudgedSet, SampleExtras, ShiftCalibration, fit_shift_calibration
+from agent.estimation.estimators import InputReference, JudgedSet, SampleExtras, ShiftCalibration, fit_shift_calibration
 
 if TYPE_CHECKING:
-    from agent.model import OnnxClassifier
+    from agent.model.classifier import OnnxClassifier
     from invariants.oracle import Oracle
 
 Corruption = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]

@@ -280,4 +280,4 @@ class OnnxClassifier:
 
 def default_model_path() -> Path:
     """The shipped MNIST CNN (LeNet-style, 28×28 grey input in raw pixel scale 0..255)."""
-    return Path(__file__).parent / "models" / "mnist_cnn.onnx"
+    return Path(__file__).parent.parent / "models" / "mnist_cnn.onnx"

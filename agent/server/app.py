@@ -31,25 +31,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent import __version__, logs, v2
-from agent.audit_routes import AuditService
-from agent.config import AgentSettings, admin_token, path_problem
+from agent import __version__
+from agent.config.settings import AgentSettings, admin_token, path_problem
+from agent.core import logs
+from agent.core.os_threads import name_os_thread_once
 from agent.errors import UserError
-from agent.labels import LabelService
-from agent.model import InvalidInput, Prediction
-from agent.model_source import fetch_model
-from agent.observe import (
-    REQUEST,
-    EventPairer,
-    ObserveItem,
-    decode_observation,
-    decode_request_event,
-    decode_response_event,
-    parse_cloudevent,
-)
-from agent.offline import HEADLINE_ESTIMATOR
-from agent.os_threads import name_os_thread_once
-from agent.pipeline import (
+from agent.judging.pipeline import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
     OUTPUT_VERDICT,
@@ -65,10 +52,25 @@ from agent.pipeline import (
     resolve_outputs,
     split_inputs,
 )
-from agent.proxy import UpstreamClient, UpstreamError
-from agent.state import StateStore
-from agent.v2 import ProtocolError
-from agent.windows import WindowSet
+from agent.judging.state import StateStore
+from agent.judging.windows import WindowSet
+from agent.labels.service import LabelService
+from agent.model.classifier import InvalidInput, Prediction
+from agent.model.source import fetch_model
+from agent.offline.fit import HEADLINE_ESTIMATOR
+from agent.protocol import v2
+from agent.protocol.v2 import ProtocolError
+from agent.server.audits import AuditService
+from agent.server.observe import (
+    REQUEST,
+    EventPairer,
+    ObserveItem,
+    decode_observation,
+    decode_request_event,
+    decode_response_event,
+    parse_cloudevent,
+)
+from agent.server.proxy import UpstreamClient, UpstreamError
 from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
 
 log = logs.get("app")
@@ -345,7 +347,7 @@ def _resolve(waiting: list[asyncio.Future[float]], share: float) -> None:
 
 
 def _in_worker(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` in a worker thread named ``icos-worker`` for the OS (see :mod:`agent.os_threads`)."""
+    """Run ``fn`` in a worker thread named ``icos-worker`` for the OS (see :mod:`agent.core.os_threads`)."""
     name_os_thread_once("icos-worker")
     return fn(*args)
 
@@ -439,7 +441,7 @@ class AgentService:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._state_ok = True
         #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
-        #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels`).
+        #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels.service`).
         self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
 
     # -- threads ----------------------------------------------------------------------------------
@@ -814,7 +816,7 @@ def _proxy_judge(
         resp = v2.decode_response(body, header_length)
     except ProtocolError as exc:
         raise UpstreamError(502, "bad_response", f"upstream answered an unreadable response: {exc}") from None
-    from agent.observe import _probabilities
+    from agent.server.observe import _probabilities
 
     try:
         probs = _probabilities(rt, resp.outputs, svc.settings.upstream.scores_output, "upstream response")
@@ -851,7 +853,7 @@ def _proxy_judge(
 
 
 def _proxy_prepare(rt: Runtime, body: bytes, header_length: str | None) -> tuple[Any, ...]:
-    from agent.pipeline import attach_metadata
+    from agent.judging.pipeline import attach_metadata
 
     req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
     split = split_inputs(rt, req.inputs, req.parameters)

@@ -2,7 +2,7 @@
 
 Every judged prediction has an id ``<request id>:<index>`` (V2 responses carry them in the parameter
 ``icos_prediction_ids``, ``/v1/observe`` answers list them in ``prediction_ids``). The pipeline hands
-judged requests to a :class:`~agent.prediction_store.PredictionStore` (bounded, written off the
+judged requests to a :class:`~agent.labels.store.PredictionStore` (bounded, written off the
 request path). Later, true labels arrive by id:
 
 * ``POST /v1/labels`` ``{"labels": [{"id": "<request id>:<i>", "label": 3 | "cat"}, ...]}`` →
@@ -20,7 +20,7 @@ request path). Later, true labels arrive by id:
   bundle; a reload of the model or bundle discards it) and answers with the values before and after.
   ``labels.auto_recalibrate_every`` (a label count) triggers the same automatically.
 
-Labeled predictions feed :class:`~agent.realized.RealizedWindows` by their prediction time; each
+Labeled predictions feed :class:`~agent.labels.realized.RealizedWindows` by their prediction time; each
 window of ``GET /v1/estimates`` gains a ``realized`` section and Prometheus the realized metrics of
 :mod:`exporters.label_metrics`.
 """
@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
-from agent.config import LabelsConfig
-from agent.estimators import EstimatorCalibration
-from agent.pipeline import JudgedBatch, Runtime
-from agent.prediction_store import LabeledRows, PendingBatch, PredictionStore, StoreUnavailable
-from agent.realized import RealizedWindows, realized_window
+from agent.config.settings import LabelsConfig
+from agent.estimation.estimators import EstimatorCalibration
+from agent.judging.pipeline import JudgedBatch, Runtime
+from agent.labels.realized import RealizedWindows, realized_window
+from agent.labels.store import LabeledRows, PendingBatch, PredictionStore, StoreUnavailable
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
 
 if TYPE_CHECKING:
-    from agent.app import AgentService
+    from agent.server.app import AgentService
 
 log = logging.getLogger("icos_agent.labels")
 
@@ -257,7 +257,7 @@ class LabelService:
     # -- labels -------------------------------------------------------------------------------------
     def post_labels(self, body: bytes) -> dict[str, Any]:
         """Apply a ``POST /v1/labels`` body (runs in a worker thread)."""
-        from agent.app import ClientError
+        from agent.server.app import ClientError
 
         try:
             obj = json.loads(body)
@@ -426,7 +426,7 @@ class LabelService:
 
     # -- HTTP ---------------------------------------------------------------------------------------
     def router(self) -> APIRouter:
-        from agent.app import ClientError, require_admin
+        from agent.server.app import ClientError, require_admin
 
         r = APIRouter()
         svc = self.agent
