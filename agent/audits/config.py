@@ -27,6 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agent.core.durations import parse_duration
+from agent.core.scheduler import validate_cron
+
 AuditKind = Literal["dscore", "mutation", "metamorphic"]
 AUDIT_KINDS: tuple[str, ...] = ("dscore", "mutation", "metamorphic")
 MUTATION_OPERATORS: tuple[str, ...] = ("DEC", "IMP", "SGN", "DIG")
@@ -36,8 +39,6 @@ DEFAULT_TABLE_TRANSFORMATIONS: tuple[str, ...] = ("scale", "noise")
 
 
 def _duration(text: str) -> float:
-    from agent.config.settings import parse_duration
-
     return parse_duration(text)
 
 
@@ -140,8 +141,6 @@ class _Schedule(_Strict):
     def _cron(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from agent.core.scheduler import validate_cron
-
         return validate_cron(v)
 
     @model_validator(mode="after")

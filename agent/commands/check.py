@@ -46,7 +46,7 @@ def format_report(report: dict[str, object]) -> str:
 def run(args: argparse.Namespace) -> int:
     from agent.data.files import load_data
     from agent.model.classifier import OnnxClassifier
-    from agent.offline.fit import check_report
+    from agent.offline.check import check_report
     from invariants.bundle import Bundle
 
     model = OnnxClassifier.load(args.model)

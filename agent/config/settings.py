@@ -21,22 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
+from agent.core.durations import parse_duration
 from agent.errors import UserError
 
 ENV_PREFIX = "ICOS_AGENT_"
 ADMIN_TOKEN_ENV = "ICOS_AGENT_ADMIN_TOKEN"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """``"90s"``, ``"5m"``, ``"1h"``, ``"1d"`` → seconds. Raises ``ValueError`` naming the format."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1d")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.durations import parse_duration
 from agent.estimation.estimators import Estimate, EstimatorCalibration, SampleExtras, WindowStats, estimate_all
 
 BUCKETS_PER_WINDOW = 60
@@ -266,6 +267,4 @@ class WindowSet:
 
 
 def parse_windows(names: Sequence[str]) -> dict[str, float]:
-    from agent.config.settings import parse_duration
-
     return {n: parse_duration(n) for n in names}

@@ -1,35 +1,26 @@
-"""Offline work behind ``icos-agent fit`` and ``icos-agent check``.
-
-``fit`` trains the invariants of a model and writes a bundle; ``check`` judges a batch with a bundle
-and reports verdicts and every estimate (and, when the data has labels, the truth and the oracle's
-TPR/FPR/F1 as in the ICOS paper §5.3).
-"""
+"""Offline work behind ``icos-agent fit``: train the invariants of a model and write a bundle."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.estimators import EstimatorCalibration
 from agent.estimation.shifts import fit_shift_aware
 from agent.model.classifier import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
-from invariants.compiled import CompiledOracle
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
-from invariants.oracle import VERDICTS, OracleResult, calibrate
 
 Progress = Callable[[str], None]
 
 #: The estimate shown first (the headline) in reports and dashboards: the recommended estimator
 #: (``shift_aware``, see ``agent.estimation.estimators`` and ``docs/estimation.md``).
-HEADLINE_ESTIMATOR = RECOMMENDED_ESTIMATOR
 
 
 def predict_with_progress(model: OnnxClassifier, x: np.ndarray, desc: str, batch_size: int = 256) -> Prediction:
@@ -145,82 +136,3 @@ def fit_bundle(
         n_selected=len(tdi.selected_rules),
         coverage=float(tdi.coverage(model.features(val_x))),
     )
-
-
-@dataclass
-class Judged:
-    """A judged batch: the model's prediction and the oracle's verdicts."""
-
-    prediction: Prediction
-    result: OracleResult
-    #: TDI rule (leaf) index of every sample, or None without TDIs
-    tdi_rules: np.ndarray | None = None
-    #: the flattened inputs the oracle read
-    features: np.ndarray | None = None
-
-
-def judge(
-    model: OnnxClassifier,
-    bundle: Bundle,
-    x: np.ndarray,
-    metadata: dict[str, np.ndarray] | None = None,
-    *,
-    prepared: bool = False,
-) -> Judged:
-    xp = x if prepared else model.prepare(x)
-    pred = predict_with_progress(model, xp, "predict")
-    feats = model.features(xp)
-    result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(
-        feats,
-        pred.probabilities,
-        pred.labels,
-        metadata=metadata or None,
-        feature_names=bundle.feature_names,
-    )
-    return Judged(pred, result, rules, feats)
-
-
-def check_report(
-    model: OnnxClassifier, bundle: Bundle, data: Dataset, metadata_fields: Sequence[str] = ()
-) -> dict[str, Any]:
-    """Verdicts and estimates for a batch; truth and oracle quality when labels are present."""
-    meta = {k: data.metadata[k] for k in metadata_fields} if metadata_fields else dict(data.metadata)
-    judged = judge(model, bundle, data.x, meta)
-    cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
-    stats = WindowStats.from_batch(
-        judged.result.verdict,
-        judged.prediction.confidences,
-        cal,
-        probabilities=judged.prediction.probabilities,
-        labels=judged.prediction.labels,
-        features=judged.features,
-        tdi_rules=judged.tdi_rules,
-    )
-    estimates = estimate_all(stats, cal)
-    report: dict[str, Any] = {
-        "n": int(len(data)),
-        "model": {"name": model.name, "sha256": model.sha256},
-        "headline": HEADLINE_ESTIMATOR,
-        "verdicts": judged.result.counts(),
-        "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
-    }
-    if data.y is not None:
-        y = label_indices(data.y, model.classes)
-        correct = judged.prediction.labels == y
-        accuracy = float(correct.mean())
-        oc = calibrate(judged.result, ~correct)
-        report["truth"] = {"accuracy": accuracy}
-        report["oracle"] = {
-            "tpr": oc.tpr,
-            "fpr": oc.fpr,
-            "f1": oc.f1,
-            "tp": oc.tp,
-            "fp": oc.fp,
-            "tn": oc.tn,
-            "fn": oc.fn,
-        }
-        report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
-    return report
-
-
-__all__ = ["VERDICTS", "FitReport", "Judged", "check_report", "fit_bundle", "judge", "HEADLINE_ESTIMATOR"]

@@ -36,6 +36,7 @@ from agent.config.settings import AgentSettings, admin_token, path_problem
 from agent.core import logs
 from agent.core.os_threads import name_os_thread_once
 from agent.errors import UserError
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
 from agent.judging.pipeline import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
@@ -57,7 +58,6 @@ from agent.judging.windows import WindowSet
 from agent.labels.service import LabelService
 from agent.model.classifier import InvalidInput, Prediction
 from agent.model.source import fetch_model
-from agent.offline.fit import HEADLINE_ESTIMATOR
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError
 from agent.server.audits import AuditService
@@ -522,7 +522,7 @@ class AgentService:
                     windows[name].update(extra)
         return {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
-            "headline": HEADLINE_ESTIMATOR,
+            "headline": RECOMMENDED_ESTIMATOR,
             "total_judged": self.windows.total,
             "windows": windows,
             "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},

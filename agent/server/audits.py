@@ -33,6 +33,7 @@ from fastapi.responses import Response
 from agent.audits.config import AUDIT_KINDS, AuditsConfig
 from agent.audits.report import AuditError, AuditResult
 from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, run_audit
+from agent.core.durations import parse_duration
 from agent.data.reservoir import Reservoir
 from exporters.audit_metrics import AuditMetrics
 
@@ -88,8 +89,6 @@ class AuditService:
         self.state_dir = state_dir
         self.metrics = AuditMetrics(agent.registry)
         r = config.reservoir
-        from agent.config.settings import parse_duration
-
         self.reservoir: Reservoir | None = (
             Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
         )
@@ -119,8 +118,6 @@ class AuditService:
         self._stopping.clear()
         self._scheduler = JobScheduler(max_workers=len(AUDIT_KINDS) + 1)
         cfg = self.config
-        from agent.config.settings import parse_duration
-
         delay = parse_duration(cfg.first_run_delay) if cfg.first_run_delay else None
         for kind, job in cfg.jobs().items():
             self._scheduler.add(

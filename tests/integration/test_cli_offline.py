@@ -14,7 +14,8 @@ import pytest
 from agent.data.datasets import mnist_splits
 from agent.data.files import Dataset
 from agent.model.classifier import OnnxClassifier, default_model_path
-from agent.offline.fit import check_report, fit_bundle
+from agent.offline.check import check_report
+from agent.offline.fit import fit_bundle
 
 MODEL = str(default_model_path())
 DIGITS_MODEL = str(default_model_path().parent / "digits_cnn.onnx")

@@ -29,7 +29,7 @@ from agent.estimation.estimators import (
     estimate_all,
 )
 from agent.model.classifier import OnnxClassifier, default_model_path
-from agent.offline.fit import check_report
+from agent.offline.check import check_report
 from agent.server.app import create_app
 from invariants.bundle import Bundle
 from invariants.oracle import VERDICTS

@@ -101,7 +101,7 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
     count window and time window give exactly the offline `check` statistics (not the reduced model)."""
     from agent.data.files import Dataset
     from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
-    from agent.offline.fit import check_report
+    from agent.offline.check import check_report
 
     rt = runtime(mnist_bundle_dir)
     assert rt.classifier is not None and rt.calibration.shift is not None

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config.settings import admin_token, load_settings, parse_duration
+from agent.config.settings import admin_token, load_settings
+from agent.core.durations import parse_duration
 from agent.errors import UserError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "agent.yaml"
