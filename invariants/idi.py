@@ -4,7 +4,7 @@ An IDI encodes upfront knowledge of the operational domain: "if the operational 
 to partition X, the label predicted by the model cannot be y". The paper writes them as
 clauses (eq. 1), e.g. ``fail :- input_image ∈ P1, output ∉ {0, 3, 6, 8, 9}``.
 
-Rules are written by hand in a small YAML language (parsed with ``yaml.safe_load`` only, no
+Rules are written by hand in a small YAML language (parsed safely: no Python tags, anchors or aliases, no
 evaluation of any expression)::
 
     rules:
@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+from invariants.untrusted import bounded_repr, safe_load_yaml
 
 __all__ = [
     "OPERATORS",
@@ -131,20 +133,20 @@ class _Where:
         self.name = name
 
     def error(self, message: str) -> IdiRuleError:
-        label = f"rule {self.number}" + (f" ({self.name!r})" if self.name is not None else "")
+        label = f"rule {self.number}" + (f" ({bounded_repr(self.name)})" if self.name is not None else "")
         return IdiRuleError(f"{label}: {message}")
 
 
 def _parse_scalar(raw: object, where: _Where, key: str, numeric: bool) -> Scalar:
     if numeric:
         if not _is_number(raw) or not math.isfinite(float(raw)):  # type: ignore[arg-type]
-            raise where.error(f"operator '{key}' needs a finite number, got {raw!r}")
+            raise where.error(f"operator '{key}' needs a finite number, got {bounded_repr(raw)}")
         return raw  # type: ignore[return-value]
     if isinstance(raw, str) or _is_number(raw):
         if isinstance(raw, float) and not math.isfinite(raw):
-            raise where.error(f"operator '{key}' needs a finite number or a string, got {raw!r}")
+            raise where.error(f"operator '{key}' needs a finite number or a string, got {bounded_repr(raw)}")
         return raw  # type: ignore[return-value]
-    raise where.error(f"operator '{key}' needs a string or a number (quote it), got {raw!r}")
+    raise where.error(f"operator '{key}' needs a string or a number (quote it), got {bounded_repr(raw)}")
 
 
 def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
@@ -155,8 +157,10 @@ def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
     unknown = [k for k in raw if k not in _SUBJECTS and k not in OPERATORS]
     if unknown:
         if not subjects:
-            raise where.error(f"unknown key {unknown[0]!r} in condition {position} (expected 'field' or 'feature')")
-        raise where.error(f"unknown operator {unknown[0]!r}")
+            raise where.error(
+                f"unknown key {bounded_repr(unknown[0])} in condition {position} (expected 'field' or 'feature')"
+            )
+        raise where.error(f"unknown operator {bounded_repr(unknown[0])}")
     if len(subjects) != 1:
         if not subjects:
             raise where.error(f"condition {position} needs one subject, 'field' or 'feature'")
@@ -170,7 +174,7 @@ def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
     index: int | None = None
     if subject == "field":
         if not isinstance(target, str) or not target:
-            raise where.error(f"'field' must be a metadata name, got {target!r}")
+            raise where.error(f"'field' must be a metadata name, got {bounded_repr(target)}")
         name = target
     else:
         if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
@@ -180,13 +184,13 @@ def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
             index = int(match.group(1)) if match else None
             name = target
         else:
-            raise where.error(f"'feature' must be a feature name or x[i], got {target!r}")
+            raise where.error(f"'feature' must be a feature name or x[i], got {bounded_repr(target)}")
     numeric = op in _NUMERIC_OPS or subject == "feature"
     value: Value
     if op in _SET_OPS:
         items = raw[op]
         if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
-            raise where.error(f"operator '{op}' needs a non-empty list, got {items!r}")
+            raise where.error(f"operator '{op}' needs a non-empty list, got {bounded_repr(items)}")
         value = tuple(_parse_scalar(v, where, op, numeric) for v in items)
     else:
         value = _parse_scalar(raw[op], where, op, numeric)
@@ -200,14 +204,14 @@ def _parse_labels(raw: object, classes: Sequence[str], where: _Where, key: str) 
     elif isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)):
         items = list(raw)
     else:
-        raise where.error(f"'{key}' must be a list of class names or indices, got {raw!r}")
+        raise where.error(f"'{key}' must be a list of class names or indices, got {bounded_repr(raw)}")
     if not items:
         raise where.error(f"'{key}' must list at least one label")
     names = {c: i for i, c in reversed(list(enumerate(classes)))}
     out: set[int] = set()
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (str, int)):
-            raise where.error(f"'{key}': label {item!r} is neither a class name nor a class index")
+            raise where.error(f"'{key}': label {bounded_repr(item)} is neither a class name nor a class index")
         if isinstance(item, int):
             if not 0 <= item < len(classes):
                 raise where.error(f"'{key}': class index {item} out of range 0..{len(classes) - 1}")
@@ -215,7 +219,7 @@ def _parse_labels(raw: object, classes: Sequence[str], where: _Where, key: str) 
         elif item in names:
             out.add(names[item])
         else:
-            raise where.error(f"'{key}': unknown class {item!r}")
+            raise where.error(f"'{key}': unknown class {bounded_repr(item)}")
     return frozenset(out)
 
 
@@ -228,13 +232,13 @@ def _parse_rule(raw: object, classes: Sequence[str], number: int, seen: set[str]
         where.name = name
     for key in raw:
         if key not in _RULE_KEYS:
-            raise where.error(f"unknown key {key!r} (expected one of {', '.join(_RULE_KEYS)})")
+            raise where.error(f"unknown key {bounded_repr(key)} (expected one of {', '.join(_RULE_KEYS)})")
     if "name" not in raw:
         raise where.error("missing required key 'name'")
     if not isinstance(name, str) or not name.strip():
-        raise where.error(f"'name' must be a non-empty string, got {name!r}")
+        raise where.error(f"'name' must be a non-empty string, got {bounded_repr(name)}")
     if name in seen:
-        raise where.error(f"duplicate rule name {name!r}")
+        raise where.error(f"duplicate rule name {bounded_repr(name)}")
     if "when" not in raw:
         raise where.error("missing required key 'when'")
     when = raw["when"]
@@ -276,7 +280,9 @@ class _Column:
             self._num = np.full(n, math.nan if missing else _as_float(scalar))
             return
         if arr.ndim != 1 or arr.shape[0] != n:
-            raise ValueError(f"metadata field {field!r} has shape {arr.shape}, expected one value or {n} values")
+            raise ValueError(
+                f"metadata field {bounded_repr(field)} has shape {arr.shape}, expected one value or {n} values"
+            )
         kind = arr.dtype.kind
         if kind in "iub":
             self._num = arr.astype(np.float64)
@@ -396,19 +402,21 @@ class IdiRuleSet:
         for i, rule in enumerate(self.rules):
             labels = rule.allowed if rule.allowed is not None else rule.forbidden
             if labels is None or (rule.allowed is not None and rule.forbidden is not None):
-                raise IdiRuleError(f"rule {i + 1} ({rule.name!r}): needs exactly one of allowed / forbidden")
+                raise IdiRuleError(
+                    f"rule {i + 1} ({bounded_repr(rule.name)}): needs exactly one of allowed / forbidden"
+                )
             if any(not 0 <= label < len(self.classes) for label in labels):
-                raise IdiRuleError(f"rule {i + 1} ({rule.name!r}): class index out of range")
+                raise IdiRuleError(f"rule {i + 1} ({bounded_repr(rule.name)}): class index out of range")
 
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
     def from_yaml(cls, text: str, classes: Sequence[str]) -> IdiRuleSet:
-        """Parse the YAML rule language (``yaml.safe_load`` only: Python tags are refused)."""
+        """Parse the YAML rule language (safe loading only: Python tags, anchors and aliases are refused)."""
         if not classes:
             raise IdiRuleError("IDI rules need the model's class list")
         try:
-            document = yaml.safe_load(text)
+            document = safe_load_yaml(text)
         except yaml.YAMLError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise IdiRuleError(f"not a valid IDI rule file: {first}") from exc
@@ -418,7 +426,7 @@ class IdiRuleSet:
             raise IdiRuleError("an IDI rule file is a mapping with a 'rules' list")
         extra = [k for k in document if k != "rules"]
         if extra:
-            raise IdiRuleError(f"unknown top-level key {extra[0]!r} (only 'rules' is allowed)")
+            raise IdiRuleError(f"unknown top-level key {bounded_repr(extra[0])} (only 'rules' is allowed)")
         raw_rules = document["rules"]
         if raw_rules is None:
             raw_rules = []
@@ -508,7 +516,7 @@ class IdiRuleSet:
                 where = _Where(number, rule.name)
                 if cond.index is None:
                     if names is None or cond.name not in names:
-                        raise where.error(f"unknown feature {cond.name!r}")
+                        raise where.error(f"unknown feature {bounded_repr(cond.name)}")
                 elif n_features is not None and cond.index >= n_features:
                     raise where.error(f"feature {cond.name} out of range (the input has {n_features})")
 

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from agent.audits.config import AuditsConfig
 from agent.core.durations import parse_duration
 from agent.errors import UserError
+from invariants.untrusted import safe_load_yaml
 
 ENV_PREFIX = "ICOS_AGENT_"
 ADMIN_TOKEN_ENV = "ICOS_AGENT_ADMIN_TOKEN"
@@ -247,7 +248,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         except OSError as exc:
             raise UserError(f"cannot read config file {p}: {exc.strerror}") from exc
         try:
-            loaded = yaml.safe_load(text)
+            loaded = safe_load_yaml(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark is not None else ""
