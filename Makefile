@@ -7,6 +7,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
+# pipefail: an install that fails is not hidden by the filter that shows its progress
+SHELL := bash
+.SHELLFLAGS := -o pipefail -c
+
 .PHONY: demo test lint venv system-tools bench clean audit-deps lock
 
 $(BIN)/python:
@@ -14,7 +18,9 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml requirements.lock | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,demo]'
+	@echo "==> installing icos-agent and its pinned dependencies into $(VENV) (the first time takes a few minutes)"
+	$(BIN)/python -m pip install -c requirements.lock -e '.[dev,demo]' \
+	  | { grep --line-buffered -E '^(Collecting|Installing collected|Successfully installed)' || true; } | cut -c1-110
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

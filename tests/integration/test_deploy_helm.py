@@ -223,3 +223,33 @@ def test_plain_servicemonitor_selects_the_plain_service() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "icos-agent"
+
+
+def test_audit_trigger_reads_the_admin_token_from_a_file() -> None:
+    """The token never sits in a container's arguments or environment (where `ps` or the pod spec shows it)."""
+    docs = render({"audits": {"cronjob": {"enabled": True}}})
+    job = next(d for d in docs if d["kind"] == "CronJob")
+    spec = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    trigger = next(c for c in spec["containers"] if c["name"] == "trigger")
+    assert "ICOS_AGENT_ADMIN_TOKEN" not in json.dumps(trigger)
+    assert "TOKEN" not in " ".join(trigger["args"])
+    assert "-H @/tmp/auth-header" in trigger["args"][0]
+    mounts = {m["name"]: m for m in trigger["volumeMounts"]}
+    assert mounts["admin-token"]["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == "admin-token")
+    assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+
+
+def test_grace_period_covers_the_graceful_timeout_and_the_last_flush() -> None:
+    deploy = next(d for d in render({}) if d["kind"] == "Deployment")
+    assert deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 20 + 1 + 10
+    with pytest.raises(helm.HelmError, match="terminationGracePeriodSeconds 30 is too short"):
+        render({"terminationGracePeriodSeconds": 30})
+    with pytest.raises(helm.HelmError, match="at least .* = 71"):
+        render({"config": {"server": {"graceful_timeout_seconds": 60}}})
+
+
+def test_network_policy_admits_only_the_namespace_by_default() -> None:
+    policy = next(d for d in render({}) if d["kind"] == "NetworkPolicy")
+    http_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "http")
+    assert http_rule["from"] == [{"podSelector": {}}]
