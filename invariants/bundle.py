@@ -41,6 +41,8 @@ __all__ = ["FORMAT_VERSION", "Bundle", "BundleError", "sha256_bytes", "sha256_fi
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+#: the largest file a bundle may hold (a 1,000-tree ADI forest is a few MB)
+MAX_FILE_BYTES = 512 * 1024 * 1024
 IDI_FILE = "idi.yaml"
 TDI_FILE = "tdi.json"
 ADI_FILE = "adi.onnx"
@@ -246,9 +248,7 @@ class Bundle:
         for name in _PAYLOAD_FILES:
             if name not in files:
                 continue
-            path = root / name
-            if not path.is_file():
-                raise BundleError(f"{name}: missing file")
+            path = _contained(root, name)
             try:
                 data = path.read_bytes()
             except OSError as exc:
@@ -303,10 +303,24 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _read_manifest(root: Path) -> dict[str, Any]:
-    path = root / MANIFEST
+def _contained(root: Path, name: str) -> Path:
+    """``root / name`` if it is a regular file that resolves inside ``root``: a link in a bundle may point
+    within it (Kubernetes volumes are built of such links) but never out of it, where
+    ``security.allowed_roots`` would not reach (``/etc/shadow``, ``/dev/zero``)."""
+    path = root / name
     if not path.is_file():
-        raise BundleError(f"{MANIFEST}: missing file")
+        raise BundleError(f"{name}: missing file")
+    real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    if not real.is_relative_to(real_root):
+        raise BundleError(f"{name}: a link that leads outside the bundle directory")
+    size = real.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise BundleError(f"{name}: {size} bytes, more than a bundle file may hold ({MAX_FILE_BYTES})")
+    return path
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    path = _contained(root, MANIFEST)
     try:
         raw = path.read_bytes()
     except OSError as exc:

@@ -199,8 +199,11 @@ class AgentSettings(BaseSettings):
 
 
 def admin_token() -> str | None:
-    """The admin bearer token from the environment (never from the file); ``None`` disables admin."""
-    token = os.environ.get(ADMIN_TOKEN_ENV, "")
+    """The admin bearer token from the environment (never from the file); ``None`` disables admin.
+
+    Surrounding white space is dropped: a Secret made from a file (``echo token > f``) ends in a newline
+    that no ``Authorization`` header can carry, and such a token could never match."""
+    token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
     return token or None
 
 

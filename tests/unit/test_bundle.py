@@ -300,3 +300,29 @@ def test_loading_and_judging_never_import_sklearn(saved: tuple[Bundle, Path], da
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=root
     )
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "tdi.json", "adi.onnx"])
+def test_a_link_out_of_the_bundle_is_refused(saved: tuple[Bundle, Path], tmp_path: Path, name: str) -> None:
+    """A bundle file that is a link leading elsewhere is refused before it is read, even when the target
+    holds the right bytes: the bundle directory is what security.allowed_roots vetted."""
+    _, directory = saved
+    target = copy_of(directory, tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / name).write_bytes((target / name).read_bytes())
+    (target / name).unlink()
+    (target / name).symlink_to(outside / name)
+    with pytest.raises(BundleError, match=f"{name}: a link that leads outside the bundle directory"):
+        Bundle.load(target)
+
+
+def test_links_inside_the_bundle_are_followed(saved: tuple[Bundle, Path], tmp_path: Path) -> None:
+    """Kubernetes ConfigMap and Secret volumes present every file as a link into a hidden folder beside it."""
+    _, directory = saved
+    mounted = tmp_path / "mounted"
+    hidden = mounted / "..data"
+    shutil.copytree(directory, hidden)
+    for f in hidden.iterdir():
+        (mounted / f.name).symlink_to(Path("..data") / f.name)
+    assert Bundle.load(mounted).classes == Bundle.load(directory).classes

@@ -106,3 +106,10 @@ def test_shipped_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.mode == "serve"
     fields = set(yaml.safe_load(EXAMPLE.read_text()))
     assert {"mode", "model", "bundle", "server", "upstream", "windows", "metrics", "observe", "state_dir"} <= fields
+
+
+def test_admin_token_loses_the_newline_a_secret_file_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", "t0k\n")
+    assert admin_token() == "t0k"
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", " \n")
+    assert admin_token() is None
