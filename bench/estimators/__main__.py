@@ -1,8 +1,8 @@
 """``python -m bench.estimators [--quick] [--models mnist,digits,tabular] [--reps 30] [--calibration-seeds 1,2,3,4]
 [--window-sizes 100,300,3000] [--out docs/estimation.md]``
 
-Runs the estimator benchmark, prints the tables and the targets, and rewrites the generated section of
-``docs/estimation.md`` and its plot ``docs/img/estimation.png``.
+Runs the estimator benchmark and prints the tables and the targets; with ``--out docs/estimation.md`` it
+also rewrites that page's generated section and its plot ``docs/img/estimation.png``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         help="further window sizes (predictions) to report shift_aware at (comma-separated, '' for none; "
         "default 100,300,3000, quick 100)",
     )
-    ap.add_argument("--out", default="docs/estimation.md", help="markdown page to update ('-' for none)")
+    ap.add_argument(
+        "--out", default="-", help="page whose generated section to rewrite, e.g. docs/estimation.md (default: none)"
+    )
     ap.add_argument("--plot", default=None, help="PNG path (default: img/estimation.png next to --out)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         png = Path(args.plot) if args.plot else out.parent / "img" / "estimation.png"
         plot(records, png)
-        cmd = "python -m bench.estimators" + (" --quick" if args.quick else "")
+        cmd = f"python -m bench.estimators --out {args.out}" + (" --quick" if args.quick else "")
         if args.models != "mnist,digits,tabular":
             cmd += f" --models {args.models}"
         if args.reps:
