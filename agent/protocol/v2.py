@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,14 @@ DEFAULT_MAX_ELEMENTS = 1 << 24
 
 #: ``json.dumps(obj, separators=(",", ":"))`` without building an encoder per call (request path).
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+#: Largest dimension and rank a shape may declare (V2 shapes are int64; numpy and every consumer
+#: downstream assume far less). Checked beside the element count, so ``[0, 10**30]`` is refused too.
+MAX_DIMENSION = (1 << 31) - 1
+MAX_RANK = 32
+
+#: A ``\uD800``–``\uDFFF`` escape in JSON text: only then can the parsed body hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 
@@ -146,14 +155,39 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         raise ProtocolError("malformed_json", "body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ProtocolError("malformed_json", "body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(head) is not None:
+        _refuse_lone_surrogates(obj)
     return obj, payload
+
+
+def _refuse_lone_surrogates(obj: object) -> None:
+    """JSON may escape a lone UTF-16 surrogate (``"\\ud800"``), which no UTF-8 encoder accepts: such a
+    string would fail later, in the prediction store, a log line or a metric label, far from the
+    request that brought it. Refuse the body here instead (only bodies with such an escape are walked)."""
+    stack: list[object] = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ProtocolError(
+                    "malformed_json", "body holds a string that is not valid Unicode (a lone surrogate such as \\ud800)"
+                ) from None
 
 
 def _shape(name: str, raw: object) -> list[int]:
     if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise ProtocolError("shape", f"tensor {name!r}: shape must be a list of integers, got {raw!r}"[:300])
+        raise ProtocolError("shape", f"tensor {name[:100]!r}: shape must be a list of integers, got {raw!r}"[:300])
+    if len(raw) > MAX_RANK:
+        raise ProtocolError("shape", f"tensor {name[:100]!r}: shape has {len(raw)} dimensions, more than {MAX_RANK}")
     if any(d < 0 for d in raw):
-        raise ProtocolError("shape", f"tensor {name!r}: shape {raw} has a negative dimension")
+        raise ProtocolError("shape", f"tensor {name[:100]!r}: shape {raw} has a negative dimension"[:300])
     return list(raw)
 
 
@@ -227,11 +261,17 @@ def _json_data(name: str, datatype: str, shape: list[int], data: object) -> np.n
 
 
 def _check_elements(name: str, shape: list[int], max_elements: int | None) -> None:
+    """Too many elements is 413; a dimension past :data:`MAX_DIMENSION` (where a zero elsewhere keeps the
+    count small, as in ``[0, 10**30]``) is a malformed shape, 400."""
     if max_elements is not None and math.prod(shape) > max_elements:
         raise ProtocolError(
             "too_large",
             f"tensor {name!r}: shape {shape} has more than {max_elements} elements (server.max_tensor_elements)"[:300],
             status=413,
+        )
+    if any(d > MAX_DIMENSION for d in shape):
+        raise ProtocolError(
+            "shape", f"tensor {name[:100]!r}: shape {shape} has a dimension larger than {MAX_DIMENSION}"[:300]
         )
 
 
@@ -331,9 +371,14 @@ def decode_request(
         if not isinstance(raw, list):
             raise ProtocolError("malformed_json", "'outputs' must be a list")
         outputs = []
+        requested: set[str] = set()
         for i, o in enumerate(raw):
             if not isinstance(o, dict) or not isinstance(o.get("name"), str):
                 raise ProtocolError("malformed_json", f"outputs[{i}] must be an object with a 'name'")
+            if o["name"] in requested:
+                # each output is answered once: a repeated name would multiply the response's size
+                raise ProtocolError("duplicate_tensor", f"output {o['name'][:100]!r} is requested twice")
+            requested.add(o["name"])
             op = o.get("parameters") or {}
             if not isinstance(op, dict):
                 raise ProtocolError("malformed_json", f"outputs[{i}]: 'parameters' must be an object")

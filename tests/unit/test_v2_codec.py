@@ -128,3 +128,55 @@ def test_datatype_of() -> None:
     assert v2.datatype_of(np.zeros(1, np.int64)) == "INT64"
     assert v2.datatype_of(np.array(["a"])) == "BYTES"
     assert json.loads(v2.error_body("boom")) == {"error": "boom"}
+
+
+X = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "\ud800", "inputs": [X]},
+        {"inputs": [{**X, "name": "x\udfff"}]},
+        {"inputs": [X], "parameters": {"site": "\udc00"}},
+        {"inputs": [{"name": "m", "datatype": "BYTES", "shape": [1], "data": ["\ud801"]}]},
+    ],
+    ids=["id", "tensor-name", "parameter", "bytes-value"],
+)
+def test_lone_surrogates_are_refused_wherever_they_sit(body: dict[str, object]) -> None:
+    """A string no UTF-8 encoder accepts is refused at the boundary, not when the store writes it."""
+    text = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as a \\udXXX escape
+    assert b"\\ud" in text
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(text)
+    assert info.value.reason == "malformed_json" and "not valid Unicode" in str(info.value)
+    with pytest.raises(ProtocolError):
+        v2.decode_response(json.dumps({"id": "\ud800", "outputs": [X]}).encode())
+
+
+def test_surrogate_pairs_are_ordinary_text() -> None:
+    assert v2.decode_request(json.dumps({"id": "\U0001f600", "inputs": [X]}).encode()).id == "\U0001f600"
+
+
+@pytest.mark.parametrize("shape", [[0, 10**30], [10**30, 0], [0, 2**31], [1] * 33])
+def test_absurd_shapes_are_client_errors(shape: list[int]) -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": []}]}
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(json.dumps(body).encode())
+    assert info.value.reason == "shape" and info.value.status == 400
+    assert len(str(info.value)) < 320
+    head = json.dumps({"inputs": [{**body["inputs"][0], "parameters": {"binary_data_size": 0}}]}).encode()  # type: ignore[index]
+    head = head.replace(b', "data": []', b"")
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(head, str(len(head)))
+    assert info.value.reason == "shape"
+    with pytest.raises(ProtocolError):
+        v2.decode_response(json.dumps({"outputs": body["inputs"]}).encode())
+
+
+def test_an_output_is_requested_once() -> None:
+    """600 copies of one output would multiply the response (124 MB for a 1,024-row request)."""
+    body = {"inputs": [X], "outputs": [{"name": "probabilities"}] * 600}
+    with pytest.raises(ProtocolError) as info:
+        v2.decode_request(json.dumps(body).encode())
+    assert info.value.reason == "duplicate_tensor" and "requested twice" in str(info.value)
