@@ -1,4 +1,8 @@
-"""JSON structured logs: one JSON object per line on stderr (also for uvicorn's loggers)."""
+"""JSON structured logs: one JSON object per line on stderr (also for uvicorn's loggers).
+
+Every line passes :func:`exporters.redaction.redact_text`, so a credential in a URI (a tracking URI, an
+upstream, a database URL) never reaches the logs, whichever code logged it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from exporters.redaction import redact_text
 
 _RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
@@ -17,13 +23,16 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact_text(record.getMessage()),
         }
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
-                out[key] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+                if isinstance(value, int | float | bool | type(None)):
+                    out[key] = value
+                else:
+                    out[key] = redact_text(str(value))
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = redact_text(self.formatException(record.exc_info))
         return json.dumps(out)
 
 
