@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+#: Two-sided 95% quantile of the standard normal distribution.
 Z95 = 1.959963984540054
 
 
