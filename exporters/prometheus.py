@@ -36,8 +36,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-VERDICT_LABELS: tuple[tuple[str, str], ...] = (("pass", "none"), ("fail", "idi"), ("fail", "tdi"), ("fail", "adi"))
-FAMILIES = ("idi", "tdi", "adi")
+from invariants.oracle import FAMILIES, Verdict
+
+#: ``(verdict, invariant)`` label values of every :class:`~invariants.oracle.Verdict`, indexed by code.
+VERDICT_LABELS: tuple[tuple[str, str], ...] = tuple((v.outcome, v.family) for v in Verdict)
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

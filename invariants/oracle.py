@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,38 @@ from invariants.adi import AlgorithmInvariants
 from invariants.idi import IdiRuleSet
 from invariants.tdi import TrainingInvariants
 
-__all__ = ["FAMILIES", "VERDICTS", "Oracle", "OracleCalibration", "OracleResult", "calibrate"]
+__all__ = ["FAMILIES", "VERDICTS", "Oracle", "OracleCalibration", "OracleResult", "Verdict", "calibrate"]
 
-VERDICTS: tuple[str, ...] = ("pass", "fail:idi", "fail:tdi", "fail:adi")
-FAMILIES: tuple[str, ...] = ("idi", "tdi", "adi")
+
+class Verdict(IntEnum):
+    """The oracle's outcome for one prediction; the value is its int8 code in :class:`OracleResult`,
+    stores and windows, in the order the families are checked."""
+
+    PASS = 0
+    IDI = 1
+    TDI = 2
+    ADI = 3
+
+    @property
+    def family(self) -> str:
+        """The invariant family that failed the prediction (``"none"`` on pass)."""
+        return "none" if self is Verdict.PASS else self.name.lower()
+
+    @property
+    def outcome(self) -> str:
+        """``"pass"`` or ``"fail"``."""
+        return "pass" if self is Verdict.PASS else "fail"
+
+    @property
+    def label(self) -> str:
+        """The verdict's name in reports and JSON: ``"pass"`` or ``"fail:<family>"``."""
+        return "pass" if self is Verdict.PASS else f"fail:{self.family}"
+
+
+#: Verdict labels indexed by code.
+VERDICTS: tuple[str, ...] = tuple(v.label for v in Verdict)
+#: The invariant families in the order they are checked.
+FAMILIES: tuple[str, ...] = tuple(v.family for v in Verdict if v is not Verdict.PASS)
 _ADI_TEXT = "fail :- random forest over the probability vector predicts a misprediction (ADI)"
 
 
@@ -35,7 +64,7 @@ class OracleResult:
 
     @property
     def failed(self) -> np.ndarray:
-        return np.asarray(self.verdict) != 0
+        return np.asarray(self.verdict) != Verdict.PASS
 
     def names(self) -> list[str]:
         return [VERDICTS[v] for v in np.asarray(self.verdict).tolist()]
@@ -94,35 +123,35 @@ class Oracle:
         if self.idi is not None and self.idi.rules:
             fired = self.idi.evaluate(labels, metadata, flat, feature_names)
             hit = fired >= 0
-            verdict[hit] = 1
+            verdict[hit] = Verdict.IDI
             rule[hit] = fired[hit]
         if self.tdi is not None:
             if flat is None:
                 raise ValueError("training-data-dependent invariants need the input features")
-            todo = np.flatnonzero(verdict == 0)
+            todo = np.flatnonzero(verdict == Verdict.PASS)
             if todo.size:
                 fired = self.tdi.evaluate(flat[todo], labels[todo])
                 hit = fired >= 0
-                verdict[todo[hit]] = 2
+                verdict[todo[hit]] = Verdict.TDI
                 rule[todo[hit]] = fired[hit]
         if self.adi is not None:
-            todo = np.flatnonzero(verdict == 0)
+            todo = np.flatnonzero(verdict == Verdict.PASS)
             if todo.size:
                 wrong = self.adi.evaluate(probs[todo])
-                verdict[todo[wrong]] = 3
+                verdict[todo[wrong]] = Verdict.ADI
                 rule[todo[wrong]] = 0
         return OracleResult(verdict, rule)
 
     def describe(self, result: OracleResult, i: int) -> str:
         """The clause that decided sample ``i`` (``"pass"`` when none fired)."""
         verdict, index = int(result.verdict[i]), int(result.rule[i])
-        if verdict == 0:
-            return "pass"
-        if verdict == 1 and self.idi is not None:
+        if verdict == Verdict.PASS:
+            return Verdict.PASS.label
+        if verdict == Verdict.IDI and self.idi is not None:
             return self.idi.describe(index)
-        if verdict == 2 and self.tdi is not None:
+        if verdict == Verdict.TDI and self.tdi is not None:
             return self.tdi.rules[index].text
-        if verdict == 3:
+        if verdict == Verdict.ADI:
             return _ADI_TEXT
         return VERDICTS[verdict]
 
@@ -201,11 +230,12 @@ def calibrate(result: OracleResult, wrong: np.ndarray) -> OracleCalibration:
     fn = int(np.count_nonzero(~failed & truth))
     verdict = np.asarray(result.verdict)
     per_family = {
-        family: {
-            "tp": int(np.count_nonzero((verdict == k) & truth)),
-            "fp": int(np.count_nonzero((verdict == k) & ~truth)),
+        v.family: {
+            "tp": int(np.count_nonzero((verdict == v) & truth)),
+            "fp": int(np.count_nonzero((verdict == v) & ~truth)),
         }
-        for k, family in enumerate(FAMILIES, start=1)
+        for v in Verdict
+        if v is not Verdict.PASS
     }
     return OracleCalibration(
         tpr=tp / (tp + fn) if tp + fn else 0.0,

@@ -31,7 +31,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent.audits.metamorphic import TRANSFORMS, TransformContext
-from agent.estimation.estimators import InputReference, JudgedSet, SampleExtras, ShiftCalibration, fit_shift_calibration
+from agent.estimation.calibration import ShiftCalibration
+from agent.estimation.reference import InputReference
+from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
+from agent.estimation.statistics import SampleExtras
 
 if TYPE_CHECKING:
     from agent.model.classifier import OnnxClassifier

@@ -25,9 +25,9 @@ import numpy as np
 from agent.config.settings import AgentSettings
 from agent.core.os_threads import name_os_thread
 from agent.errors import UserError
-from agent.estimation.estimators import EstimatorCalibration, WindowStats, sample_extras
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.statistics import WindowStats, extras_columns, sample_extras
 from agent.judging.windows import WindowSet
-from agent.labels.store import extras_columns
 from agent.model.classifier import ModelLoadError, OnnxClassifier, Prediction, prepare_batch, scores_as_probabilities
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError, Tensor
@@ -315,7 +315,7 @@ class JudgedBatch:
     labels: np.ndarray
     verdicts: np.ndarray
     #: The inputs of the full ``shift_aware`` model for these predictions as float64 ``[n, 5]``
-    #: columns (:func:`agent.labels.store.extras_columns`; None without a shift calibration).
+    #: columns (:func:`agent.estimation.statistics.extras_columns`; None without a shift calibration).
     extras: np.ndarray | None = None
 
 

@@ -1,6 +1,6 @@
 """Streaming windows of judged predictions, over time and over a count of predictions.
 
-* :class:`TimeWindow` keeps :class:`~agent.estimation.estimators.WindowStats` in fixed time buckets (a window
+* :class:`TimeWindow` keeps :class:`~agent.estimation.statistics.WindowStats` in fixed time buckets (a window
   of ``W`` seconds has about 60 buckets of ``W/60`` s, at least 1 s); buckets older than the window
   are dropped when new ones arrive or when the window is read. Its statistics cover the last ``W``
   seconds to within one bucket.
@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 
 from agent.core.durations import parse_duration
-from agent.estimation.estimators import Estimate, EstimatorCalibration, SampleExtras, WindowStats, estimate_all
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import estimate_all
+from agent.estimation.intervals import Estimate
+from agent.estimation.statistics import SampleExtras, WindowStats
 
 BUCKETS_PER_WINDOW = 60
 
@@ -216,7 +219,7 @@ class WindowSet:
         extras: SampleExtras | None = None,
     ) -> WindowStats:
         """Add a judged batch (verdict indices and top-class probabilities; ``stats`` and ``extras``
-        when the caller computed them, see :func:`agent.estimation.estimators.sample_extras`)."""
+        when the caller computed them, see :func:`agent.estimation.statistics.sample_extras`)."""
         s = stats if stats is not None else WindowStats.from_batch(verdicts, confidences, calibration)
         with self._lock:
             for w in self.time.values():

@@ -36,7 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all, wilson
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import estimate_all
+from agent.estimation.intervals import Estimate, wilson
+from agent.estimation.statistics import WindowStats
 from agent.judging.windows import count_window_name
 from agent.labels.store import LabeledRows
 

@@ -40,7 +40,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
 from agent.config.settings import LabelsConfig
-from agent.estimation.estimators import EstimatorCalibration
+from agent.estimation.calibration import EstimatorCalibration
 from agent.judging.pipeline import JudgedBatch, Runtime
 from agent.labels.realized import RealizedWindows, realized_window
 from agent.labels.store import LabeledRows, PendingBatch, PredictionStore, StoreUnavailable

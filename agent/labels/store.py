@@ -12,7 +12,7 @@ judged it, the number of classes and, as little-endian arrays over the request's
 predicted classes (int32), the oracle verdicts (int8, indices into
 :data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs of
 the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
-agreement, coverage and PCA error of :class:`agent.estimation.estimators.SampleExtras`, float64 ``[n, 5]``;
+agreement, coverage and PCA error of :class:`agent.estimation.statistics.SampleExtras`, float64 ``[n, 5]``;
 NULL otherwise). Prediction ``i`` of a request has the id ``<request id>:<i>``. A row holds the
 predictions ``start ≤ i < hi`` of its request; those below ``lo`` were evicted (eviction by count
 keeps exactly the newest ``max_predictions`` predictions, also inside a request). A request id used
@@ -51,7 +51,8 @@ from typing import Any
 import numpy as np
 
 from agent.core.os_threads import name_os_thread
-from agent.estimation.estimators import SampleExtras
+from agent.estimation.statistics import EXTRAS_DTYPE as _EXTRAS_DTYPE
+from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_columns, extras_from_columns
 
 log = logging.getLogger("icos_agent.labels")
 
@@ -77,26 +78,6 @@ _INSERT_LABEL = (
     " sq_err, extras, predicted) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras"
-#: The :class:`SampleExtras` fields kept per prediction, in the order of the ``extras`` column.
-EXTRAS_FIELDS: tuple[str, ...] = ("margin", "rules", "agree", "covered", "pca_error")
-_EXTRAS_DTYPE = "<f8"
-
-
-def extras_columns(extras: SampleExtras) -> np.ndarray:
-    """The extras as float64 ``[N, 5]`` (columns :data:`EXTRAS_FIELDS`; integer and bool fields exactly)."""
-    return np.column_stack([np.asarray(getattr(extras, f), dtype=np.float64).reshape(-1) for f in EXTRAS_FIELDS])
-
-
-def extras_from_columns(cols: np.ndarray) -> SampleExtras:
-    """The inverse of :func:`extras_columns`."""
-    c = np.asarray(cols, dtype=np.float64).reshape(-1, len(EXTRAS_FIELDS))
-    return SampleExtras(
-        margin=c[:, 0].copy(),
-        rules=c[:, 1].astype(np.int64),
-        agree=c[:, 2] != 0,
-        covered=c[:, 3] != 0,
-        pca_error=c[:, 4].copy(),
-    )
 
 
 def _extras_blob(row: np.ndarray | None) -> bytes | None:

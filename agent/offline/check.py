@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 
 from agent.data.files import Dataset, label_indices
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.statistics import WindowStats
 from agent.model.classifier import OnnxClassifier, Prediction
 from agent.offline.fit import predict_with_progress
 from invariants.bundle import Bundle

@@ -10,7 +10,7 @@ import numpy as np
 
 from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
-from agent.estimation.estimators import EstimatorCalibration
+from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.shifts import fit_shift_aware
 from agent.model.classifier import OnnxClassifier, Prediction
 from invariants.bundle import Bundle

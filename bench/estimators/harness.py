@@ -35,8 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
 from agent.estimation.shifts import fit_shift_aware
+from agent.estimation.statistics import WindowStats
 from bench.estimators.scenarios import ImageSpec, Scenario, TabularSpec, image_scenarios, tabular_scenarios
 from bench.estimators.subjects import Subject, form_metadata, idi_yaml
 from invariants.fitting import fit_oracle

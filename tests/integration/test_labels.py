@@ -21,13 +21,9 @@ from agent.cli import main as cli_main
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
-from agent.estimation.estimators import (
-    ESTIMATORS,
-    RECOMMENDED_ESTIMATOR,
-    EstimatorCalibration,
-    WindowStats,
-    estimate_all,
-)
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.statistics import WindowStats
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.offline.check import check_report
 from agent.server.app import create_app

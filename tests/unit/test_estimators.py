@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.estimation.calibration import EstimatorCalibration, atc_threshold
 from agent.estimation.estimators import (
-    EstimatorCalibration,
-    WindowStats,
-    atc_threshold,
+    ESTIMATORS,
+    REGISTRY,
     estimate_all,
+    estimator_names,
+    register_estimator,
     rogan_gladen,
-    wilson,
 )
+from agent.estimation.intervals import Estimate, wilson
+from agent.estimation.statistics import WindowStats
+from agent.judging.windows import WindowSet
 
 
 def _cal(**kw: float) -> EstimatorCalibration:
@@ -101,3 +107,38 @@ def test_estimate_all_values() -> None:
     for e in est.values():
         assert 0 <= e.lower <= e.value <= e.upper <= 1 and e.n == 10
     assert estimate_all(WindowStats(), cal) == {}
+
+
+@pytest.fixture
+def constant_estimator() -> Iterator[str]:
+    """A trivial estimator registered for one test and removed afterwards."""
+    name = "constant_half"
+
+    @register_estimator(name)
+    def _constant(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
+        return Estimate(0.5, 0.0, 1.0, stats.n)
+
+    try:
+        yield name
+    finally:
+        del REGISTRY[name]
+
+
+def test_one_registry_entry_adds_an_estimator_everywhere(constant_estimator: str) -> None:
+    rng = np.random.default_rng(3)
+    v, c = rng.integers(0, 4, 50).astype(np.int8), rng.uniform(0.3, 1.0, 50)
+    stats = WindowStats.of_samples(v, c, 0.6)
+    out = estimate_all(stats, _cal())
+    assert list(out)[-1] == constant_estimator and out[constant_estimator] == Estimate(0.5, 0.0, 1.0, 50)
+    assert constant_estimator in estimator_names()
+    windows = WindowSet({"5m": 300.0}, 20)
+    windows.record(v, c, _cal(), now=100.0)
+    for _stats, estimates in windows.estimates(_cal(), now=100.0).values():
+        assert estimates[constant_estimator].value == 0.5
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator(constant_estimator)(lambda s, cal: None)
+
+
+def test_registry_lists_the_builtin_estimators_in_report_order() -> None:
+    assert ESTIMATORS == ("icos", "icos_corrected", "avg_conf", "atc", "doc", "shift_aware")
+    assert tuple(REGISTRY)[: len(ESTIMATORS)] == ESTIMATORS

@@ -10,7 +10,7 @@ from sklearn.linear_model import LogisticRegression
 from invariants.adi import AlgorithmInvariants
 from invariants.fitting import FittedOracle, fit_oracle, stratified_split
 from invariants.idi import IdiRuleSet
-from invariants.oracle import FAMILIES, VERDICTS, Oracle, OracleCalibration, OracleResult, calibrate
+from invariants.oracle import FAMILIES, VERDICTS, Oracle, OracleCalibration, OracleResult, Verdict, calibrate
 from invariants.tdi import TrainingInvariants
 
 DIGITS = [str(i) for i in range(10)]
@@ -47,6 +47,14 @@ FEATURES = np.array([[0, 0], [0, 0], [10, 0], [10, 10], [10, 10], [0, 0]], dtype
 LABELS = np.array([2, 1, 1, 2, 0, 0])
 META = {"cam": [1, 0, 0, 1, 0, None]}
 PROBS = np.full((6, 3), 1 / 3, dtype=np.float32)
+
+
+def test_verdict_codes_labels_and_families() -> None:
+    assert [int(v) for v in Verdict] == [0, 1, 2, 3]
+    assert VERDICTS == ("pass", "fail:idi", "fail:tdi", "fail:adi") == tuple(v.label for v in Verdict)
+    assert FAMILIES == ("idi", "tdi", "adi")
+    labels = [(v.outcome, v.family) for v in Verdict]
+    assert labels == [("pass", "none"), ("fail", "idi"), ("fail", "tdi"), ("fail", "adi")]
 
 
 def test_first_violation_decides() -> None:

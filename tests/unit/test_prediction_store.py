@@ -11,15 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimation.estimators import SampleExtras
+from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_columns, extras_from_columns
 from agent.labels.store import (
-    EXTRAS_FIELDS,
     STORE_FILE,
     LabeledRows,
     PendingBatch,
     PredictionStore,
-    extras_columns,
-    extras_from_columns,
     onehot_errors,
 )
 

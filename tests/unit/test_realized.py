@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from agent.audits.mutation import probability_errors as mutation_probability_errors
-from agent.estimation.estimators import EstimatorCalibration, WindowStats, estimate_all
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import estimate_all
+from agent.estimation.statistics import WindowStats
 from agent.labels.realized import RealizedWindows, probability_errors, realized_window
 from agent.labels.service import parse_labels, resolve_label
 from agent.labels.store import LabeledRows, onehot_errors

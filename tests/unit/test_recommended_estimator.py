@@ -11,30 +11,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.estimation.estimators import (
+from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.layout import (
     CONF_EDGES,
     FULL_FEATURES,
     INPUTS_FEATURES,
     MEAN_CONFIDENCE,
     N_CELLS,
     N_CONF_BINS,
-    RECOMMENDED_ESTIMATOR,
     REDUCED_FEATURES,
-    EstimatorCalibration,
-    InputReference,
-    JudgedSet,
-    SampleExtras,
-    ShiftCalibration,
-    WindowStats,
     cell_counts,
     cell_index,
-    class_features,
     conf_bins,
-    estimate_all,
-    fit_shift_calibration,
-    shift_aware,
-    window_features,
 )
+from agent.estimation.reference import InputReference
+from agent.estimation.shift_aware import class_features, shift_aware, window_features
+from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
+from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.estimation.tree_ensemble import TreeEnsemble
 
 D = 6

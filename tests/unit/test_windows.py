@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from agent.estimation.estimators import EstimatorCalibration, WindowStats
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.statistics import WindowStats
 from agent.judging.windows import CountWindow, TimeWindow, WindowSet, bucket_seconds_for
 
 CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=50, n_right=950, accuracy=0.95, avg_conf=0.93, atc_threshold=0.7)

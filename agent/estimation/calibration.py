@@ -1,0 +1,187 @@
+"""What the estimators learn from the labeled calibration split (stored in the bundle, JSON-able).
+
+:class:`EstimatorCalibration` holds the oracle's TPR/FPR and the confidence statistics of the
+classic estimators; its optional :class:`ShiftCalibration` holds the ``shift_aware`` regressions
+(fitted by :func:`agent.estimation.shift_fitting.fit_shift_calibration`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from agent.estimation.layout import MEAN_CONFIDENCE
+from agent.estimation.reference import InputReference
+from agent.estimation.tree_ensemble import TreeEnsemble
+
+#: What the ``shift_aware`` regressions may predict (see :class:`ShiftCalibration`).
+SHIFT_TARGETS = ("residual", "accuracy")
+#: Format tag of the ``shift`` entry; entries of another format (older bundles) are ignored.
+SHIFT_FORMAT = "window_regression_v2"
+
+
+@dataclass(frozen=True)
+class ShiftCalibration:
+    """What ``shift_aware`` learns at fit time (JSON-able through :meth:`to_dict`).
+
+    ``full``/``inputs``/``reduced``: gradient-boosted regressions from window features
+    (:data:`FULL_FEATURES`, :data:`INPUTS_FEATURES`, :data:`REDUCED_FEATURES`) to accuracy; ``q_edges``:
+    edges of bins of the predicted accuracy; ``q_full``/``q_inputs``/``q_reduced``: per bin, the 95%
+    quantile of the absolute error of the model in
+    leave-families-out validation (the half-width of the interval before sampling noise);
+    ``reference``: the inputs and TDI leaves the window is compared with; ``families``: the
+    corruption families used; ``lofo_mae``: the full model's mean absolute error out of family;
+    ``target``: what the regressions predict, ``"residual"`` (accuracy minus the window's mean
+    confidence, see :func:`fit_shift_calibration`) or ``"accuracy"`` (bundles fitted before the
+    residual target).
+    """
+
+    full: TreeEnsemble
+    inputs: TreeEnsemble
+    reduced: TreeEnsemble
+    q_edges: tuple[float, ...]
+    q_full: tuple[float, ...]
+    q_inputs: tuple[float, ...]
+    q_reduced: tuple[float, ...]
+    reference: InputReference
+    families: tuple[str, ...] = ()
+    lofo_mae: float = 0.0
+    target: str = "residual"
+
+    def predict(self, kind: str, x: np.ndarray) -> np.ndarray:
+        """The predicted accuracy (unclipped) of windows with features ``x`` (``[F]`` or ``[N, F]``)
+        by the ``kind`` model (``full``, ``inputs`` or ``reduced``)."""
+        x2 = np.atleast_2d(np.asarray(x, dtype=np.float64))
+        model = {"full": self.full, "inputs": self.inputs, "reduced": self.reduced}[kind]
+        out = model.predict(x2)
+        return out + x2[:, MEAN_CONFIDENCE] if self.target == "residual" else out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": SHIFT_FORMAT,
+            "full": self.full.to_dict(),
+            "inputs": self.inputs.to_dict(),
+            "reduced": self.reduced.to_dict(),
+            "q_edges": list(self.q_edges),
+            "q_full": list(self.q_full),
+            "q_inputs": list(self.q_inputs),
+            "q_reduced": list(self.q_reduced),
+            "reference": self.reference.to_dict(),
+            "families": list(self.families),
+            "lofo_mae": self.lofo_mae,
+            "target": self.target,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShiftCalibration:
+        if d.get("kind") != SHIFT_FORMAT:
+            raise ValueError("shift calibration of an older format (refit the bundle)")
+        out = cls(
+            full=TreeEnsemble.from_dict(d["full"]),
+            inputs=TreeEnsemble.from_dict(d["inputs"]),
+            reduced=TreeEnsemble.from_dict(d["reduced"]),
+            q_edges=tuple(float(v) for v in d["q_edges"]),
+            q_full=tuple(float(v) for v in d["q_full"]),
+            q_inputs=tuple(float(v) for v in d["q_inputs"]),
+            q_reduced=tuple(float(v) for v in d["q_reduced"]),
+            reference=InputReference.from_dict(d["reference"]),
+            families=tuple(str(v) for v in d.get("families", ())),
+            lofo_mae=float(d.get("lofo_mae", 0.0)),
+            target=str(d.get("target", "accuracy")),
+        )
+        if out.target not in SHIFT_TARGETS:
+            raise ValueError(f"unknown shift calibration target {out.target!r}; expected one of {SHIFT_TARGETS}")
+        if any(len(q) != len(out.q_edges) + 1 for q in (out.q_full, out.q_inputs, out.q_reduced)):
+            raise ValueError("shift calibration has the wrong number of interval bins")
+        return out
+
+
+@dataclass(frozen=True)
+class EstimatorCalibration:
+    """What the estimators learn from the labeled calibration split (stored in the bundle)."""
+
+    tpr: float
+    fpr: float
+    n_wrong: int
+    n_right: int
+    accuracy: float
+    avg_conf: float
+    atc_threshold: float
+    shift: ShiftCalibration | None = None
+
+    @property
+    def n(self) -> int:
+        return self.n_wrong + self.n_right
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {k: getattr(self, k) for k in _BASE_FIELDS}
+        if self.shift is not None:
+            d["shift"] = self.shift.to_dict()
+        return d
+
+    def with_shift(self, shift: ShiftCalibration | None) -> EstimatorCalibration:
+        """A copy carrying ``shift`` (the ``shift_aware`` calibration)."""
+        return replace(self, shift=shift)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> EstimatorCalibration:
+        return cls(
+            tpr=float(d["tpr"]),  # type: ignore[arg-type]
+            fpr=float(d["fpr"]),  # type: ignore[arg-type]
+            n_wrong=int(d["n_wrong"]),  # type: ignore[call-overload]
+            n_right=int(d["n_right"]),  # type: ignore[call-overload]
+            accuracy=float(d["accuracy"]),  # type: ignore[arg-type]
+            avg_conf=float(d["avg_conf"]),  # type: ignore[arg-type]
+            atc_threshold=float(d["atc_threshold"]),  # type: ignore[arg-type]
+            shift=_shift_or_none(d.get("shift")),
+        )
+
+    @classmethod
+    def fit(cls, confidences: np.ndarray, correct: np.ndarray, failed: np.ndarray) -> EstimatorCalibration:
+        """Fit from the calibration split: top-class probabilities, correctness, oracle fail flags."""
+        conf = np.asarray(confidences, dtype=np.float64)
+        ok = np.asarray(correct, dtype=bool)
+        fail = np.asarray(failed, dtype=bool)
+        if len(conf) == 0:
+            raise ValueError("calibration split is empty")
+        wrong = ~ok
+        n_wrong, n_right = int(wrong.sum()), int(ok.sum())
+        tpr = float((fail & wrong).sum() / n_wrong) if n_wrong else 0.0
+        fpr = float((fail & ok).sum() / n_right) if n_right else 0.0
+        return cls(
+            tpr=tpr,
+            fpr=fpr,
+            n_wrong=n_wrong,
+            n_right=n_right,
+            accuracy=float(ok.mean()),
+            avg_conf=float(conf.mean()),
+            atc_threshold=atc_threshold(conf, float(ok.mean())),
+        )
+
+
+def _shift_or_none(d: object) -> ShiftCalibration | None:
+    """The ``shift_aware`` calibration, or None when absent or of an older format (old bundles)."""
+    if not isinstance(d, Mapping) or not d:
+        return None
+    try:
+        return ShiftCalibration.from_dict(d)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+_BASE_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
+
+
+def atc_threshold(confidences: np.ndarray, accuracy: float) -> float:
+    """Threshold ``t`` such that the share of ``confidences > t`` equals ``accuracy`` (Garg et al. 2022)."""
+    c = np.sort(np.asarray(confidences, dtype=np.float64))
+    n = len(c)
+    k = int(round((1.0 - accuracy) * n))  # number of samples at or below t
+    if k <= 0:
+        return float(np.nextafter(c[0], -np.inf))
+    if k >= n:
+        return float(c[-1])
+    return float(c[k - 1])

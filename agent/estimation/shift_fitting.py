@@ -1,0 +1,166 @@
+"""Fitting ``shift_aware``: windows drawn from judged calibration sets, regressions and interval tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from agent.estimation.calibration import ShiftCalibration
+from agent.estimation.layout import FULL_FEATURES, INPUTS_FEATURES, MEAN_CONFIDENCE
+from agent.estimation.reference import InputReference
+from agent.estimation.shift_aware import window_features
+from agent.estimation.statistics import SampleExtras, WindowStats
+from agent.estimation.tree_ensemble import TreeEnsemble
+
+
+@dataclass(frozen=True)
+class JudgedSet:
+    """One labeled calibration set: oracle verdicts, top-class probabilities, correctness, true
+    classes (for label-shift resampling) and the optional per-sample inputs of the full model."""
+
+    name: str
+    verdicts: np.ndarray
+    confidences: np.ndarray
+    correct: np.ndarray
+    y: np.ndarray | None = None
+    extras: SampleExtras | None = None
+
+
+#: Edges of the predicted-accuracy bins of the interval's model-error term.
+Q_EDGES: tuple[float, ...] = (0.5, 0.75, 0.9)
+
+
+def _window_plan(
+    sets: list[JudgedSet], n_windows: int, rng: np.random.Generator, size: tuple[int, int]
+) -> list[list[tuple[int, np.ndarray]]]:
+    """Windows drawn from the sets (index 0 = clean): one set, or a mixture of 2–3 (sometimes with
+    clean data), each sometimes resampled to a Dirichlet class prior (label shift)."""
+    plans: list[list[tuple[int, np.ndarray]]] = []
+    shifted = np.arange(1, len(sets))
+    for _ in range(n_windows):
+        u = rng.uniform()
+        if u < 0.1 or not len(shifted):
+            chosen = [0]
+        elif u < 0.6:
+            chosen = [int(rng.choice(shifted))]
+        else:
+            chosen = [int(v) for v in rng.choice(shifted, min(len(shifted), int(rng.integers(2, 4))), replace=False)]
+            if rng.uniform() < 0.3:
+                chosen.append(0)
+        m = int(rng.integers(size[0], size[1] + 1))
+        counts = rng.multinomial(m, rng.dirichlet(np.ones(len(chosen))))
+        alpha = float(rng.choice([0.5, 2.0, 5.0])) if rng.uniform() < 0.3 else None
+        plan = []
+        prior = None
+        for k, c in zip(chosen, counts, strict=True):
+            if c == 0:
+                continue
+            s = sets[k]
+            if alpha is not None and s.y is not None:
+                if prior is None:
+                    prior = rng.dirichlet(np.full(int(s.y.max()) + 1, alpha))
+                p = prior[np.asarray(s.y, dtype=np.int64)]
+                plan.append((k, rng.choice(len(s.correct), int(c), p=p / p.sum())))
+            else:
+                plan.append((k, rng.integers(0, len(s.correct), int(c))))
+        plans.append(plan)
+    return plans
+
+
+def _interval_table(pred: np.ndarray, resid: np.ndarray) -> tuple[float, ...]:
+    """95% quantile of |residual| per predicted-accuracy bin, never narrower for lower accuracy."""
+    if len(resid) == 0:
+        return (0.5,) * (len(Q_EDGES) + 1)
+    bins = np.searchsorted(np.asarray(Q_EDGES), pred, side="right")
+    overall = float(np.quantile(np.abs(resid), 0.95))
+    q = []
+    for b in range(len(Q_EDGES) + 1):
+        r = np.abs(resid[bins == b])
+        q.append(float(np.quantile(r, 0.95)) if len(r) >= 20 else overall)
+    for b in range(len(q) - 2, -1, -1):  # lower predicted accuracy: at least as wide
+        q[b] = max(q[b], q[b + 1])
+    return tuple(q)
+
+
+def fit_shift_calibration(
+    clean: JudgedSet,
+    shifted: list[JudgedSet],
+    reference: InputReference,
+    *,
+    n_windows: int = 2000,
+    window_size: tuple[int, int] = (400, 1600),
+    folds: int = 3,
+    seed: int = 0,
+) -> ShiftCalibration:
+    """Fit ``shift_aware`` on windows drawn from the clean calibration split and its corrupted copies.
+
+    * ``n_windows`` windows (sizes in ``window_size``) are drawn: one corrupted set, or a mixture of
+      2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
+      shift), a tenth clean; each gives the additive statistics a live window would hold and its
+      true accuracy;
+    * three gradient-boosted regressions from window features to accuracy minus the window's mean
+      confidence (the *residual* target): ``full`` (:data:`FULL_FEATURES`, needs the per-sample
+      inputs with the predicted labels), ``inputs`` (:data:`INPUTS_FEATURES`, the same without the
+      labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
+    * interval: the corruption families are split into ``folds`` groups; each group is held out,
+      the models are refitted (100 trees at a higher rate, to save time) on the windows without
+      it and evaluated on the windows made only of it (and clean data). The 95% quantiles of those
+      out-of-family errors per predicted-accuracy bin are the interval's model-error term.
+    """
+    sets = [clean, *shifted]
+    rng = np.random.default_rng(seed)
+    plans = _window_plan(sets, n_windows, rng, window_size)
+    xf, xi, xr, truth, fams = [], [], [], [], []
+    for plan in plans:
+        v = np.concatenate([sets[k].verdicts[i] for k, i in plan])
+        c = np.concatenate([sets[k].confidences[i] for k, i in plan])
+        ok = np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in plan])
+        ex = None
+        if all(sets[k].extras is not None for k, _ in plan):
+            ex = SampleExtras.concatenate([sets[k].extras.take(i) for k, i in plan])  # type: ignore[union-attr]
+        stats = WindowStats.of_samples(v, c, 0.5, ex, reference)
+        full_x, _ = window_features(stats, reference)
+        in_x, _ = window_features(replace(stats, n_cls=0), reference)
+        red_x, _ = window_features(replace(stats, n_ext=0), reference)
+        xf.append(np.r_[full_x, np.zeros(len(FULL_FEATURES) - len(full_x))])
+        xi.append(np.r_[in_x, np.zeros(len(INPUTS_FEATURES) - len(in_x))])
+        xr.append(red_x)
+        truth.append(float(ok.mean()))
+        fams.append({sets[k].name for k, _ in plan})
+    y = np.asarray(truth)
+    designs = {"full": np.asarray(xf), "inputs": np.asarray(xi), "reduced": np.asarray(xr)}
+    # residual target: what the trees learn is how far accuracy falls below (or rises above) the
+    # mean confidence, so a window unlike any calibration window keeps the confidence's estimate
+    # plus the correction of its nearest calibration windows instead of their absolute accuracy
+    base = designs["full"][:, MEAN_CONFIDENCE]
+    models = {k: TreeEnsemble.fit(X, y - base, seed=seed) for k, X in designs.items()}
+    families = sorted({s.name for s in shifted} - {clean.name})
+    groups = [set(families[i::folds]) for i in range(min(folds, len(families)))]
+    preds: dict[str, list[np.ndarray]] = {k: [] for k in designs}
+    resid: dict[str, list[np.ndarray]] = {k: [] for k in designs}
+    for g in groups:
+        train = np.array([not (f & g) for f in fams])
+        test = np.array([bool(f & g) and f <= g | {clean.name} for f in fams])
+        if train.sum() < 50 or not test.any():
+            continue
+        for k, X in designs.items():
+            tree = TreeEnsemble.fit(X[train], y[train] - base[train], n_trees=100, rate=0.075, seed=seed)
+            m = tree.predict(X[test]) + base[test]
+            preds[k].append(np.clip(m, 0, 1))
+            resid[k].append(np.clip(m, 0, 1) - y[test])
+    cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
+    q = {k: _interval_table(cat(preds[k]), cat(resid[k])) for k in designs}
+    return ShiftCalibration(
+        full=models["full"],
+        inputs=models["inputs"],
+        reduced=models["reduced"],
+        q_edges=Q_EDGES,
+        q_full=q["full"],
+        q_inputs=q["inputs"],
+        q_reduced=q["reduced"],
+        reference=reference,
+        families=tuple(families),
+        lofo_mae=float(np.mean(np.abs(cat(resid["full"])))) if resid["full"] else 0.0,
+        target="residual",
+    )
