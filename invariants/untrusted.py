@@ -35,7 +35,11 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def safe_load_yaml(text: str) -> Any:
     """``yaml.safe_load`` (no Python tags) that also refuses anchors and aliases."""
-    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    loader = _NoAliasLoader(text)  # what yaml.load does, with our SafeLoader subclass
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def bounded_repr(value: object, limit: int = REPR_LIMIT) -> str:
