@@ -38,7 +38,7 @@ import numpy as np
 
 from agent.estimation.estimators import Estimate, EstimatorCalibration, WindowStats, estimate_all, wilson
 from agent.judging.windows import count_window_name
-from agent.labels.store import LabeledRows
+from agent.labels.rows import LabeledRows
 
 
 @dataclass(frozen=True)

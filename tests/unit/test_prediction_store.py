@@ -12,16 +12,15 @@ from pathlib import Path
 import numpy as np
 
 from agent.estimation.estimators import SampleExtras
-from agent.labels.store import (
+from agent.labels.rows import (
     EXTRAS_FIELDS,
-    STORE_FILE,
     LabeledRows,
     PendingBatch,
-    PredictionStore,
     extras_columns,
     extras_from_columns,
     onehot_errors,
 )
+from agent.labels.store import STORE_FILE, PredictionStore
 
 
 def batch(rid: str, n: int, ts: float, k: int = 3, seed: int = 0, identity: str = "m:b") -> PendingBatch:

@@ -9,8 +9,8 @@ import pytest
 from agent.audits.mutation import probability_errors as mutation_probability_errors
 from agent.estimation.estimators import EstimatorCalibration, WindowStats, estimate_all
 from agent.labels.realized import RealizedWindows, probability_errors, realized_window
+from agent.labels.rows import LabeledRows, onehot_errors
 from agent.labels.service import parse_labels, resolve_label
-from agent.labels.store import LabeledRows, onehot_errors
 
 CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=100, n_right=900, accuracy=0.9, avg_conf=0.92, atc_threshold=0.7)
 
