@@ -28,14 +28,15 @@ Delivery is exactly once and survives MLflow outages and restarts:
 mlflow is imported lazily (it costs over a second), never at module import. All calls go through
 an explicit :class:`mlflow.MlflowClient` (no fluent API, no global tracking URI). HTTP timeouts and
 retries are bounded through mlflow's own environment variables (see
-:func:`configure_mlflow_environment`) so an unreachable server fails in seconds.
+:func:`exporters.mlflow_env.configure_mlflow_environment`) so an unreachable server fails in seconds.
+Tracking-URI handling lives in :mod:`exporters.mlflow_env` and the staging and locating of local
+files in :mod:`exporters.mlflow_files`; neither imports mlflow.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import tempfile
 import threading
 import time
@@ -44,8 +45,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
+from exporters.mlflow_env import (
+    check_tracking_uri,
+    configure_mlflow_environment,
+    default_artifact_location,
+    default_tracking_uri,
+    resolve_uri,
+    sqlite_path,
+)
+from exporters.mlflow_files import DownloadedModel, RegisteredModelVersion, locate_model, stage_model_files, write_tree
 from exporters.run_record import (
     KINDS,
     SNAPSHOT_KIND,
@@ -77,8 +86,6 @@ __all__ = [
     "RegisteredModelVersion",
     "RunRecord",
     "SpoolError",
-    "configure_mlflow_environment",
-    "default_tracking_uri",
     "download_model",
     "load_model_from_uri",
     "log_model",
@@ -86,12 +93,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HTTP_TIMEOUT_S = 5
-DEFAULT_HTTP_MAX_RETRIES = 1
 DEFAULT_RETRY_AFTER_S = 30.0
 TAG_LAST_RECORD_ID = "icos.last_record_id"
 TAG_SERIES_DAY = "icos.series.day"
-BUNDLE_DIR = "bundle"
 
 # Error codes of requests MLflow will refuse again however often they are retried.
 _PERMANENT_ERROR_CODES = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST"})
@@ -101,61 +105,6 @@ _MAX_PARAMS_PER_BATCH = 100
 
 class _Unavailable(Exception):
     """MLflow is reachable but not usable right now (e.g. the experiment is deleted)."""
-
-
-# -- configuration -------------------------------------------------------------------------------
-def configure_mlflow_environment(http_timeout_s: int | None = None, http_max_retries: int | None = None) -> None:
-    """Bound mlflow's HTTP behaviour through its documented environment variables.
-
-    ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (default 120 s in mlflow) and ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``
-    (default 7, with exponential backoff: minutes against a dead server) are set to the given values,
-    or, when ``None``, default to 5 s and 1 retry unless the environment already sets them. Telemetry,
-    artifact progress bars and printed run URLs are off unless the environment turns them on.
-    mlflow reads these variables at request time, so this works after mlflow is imported too.
-    """
-    for name, value, default in (
-        ("MLFLOW_HTTP_REQUEST_TIMEOUT", http_timeout_s, DEFAULT_HTTP_TIMEOUT_S),
-        ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", http_max_retries, DEFAULT_HTTP_MAX_RETRIES),
-    ):
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-            os.environ[name] = str(value)
-        else:
-            os.environ.setdefault(name, str(default))
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-
-
-def default_tracking_uri(state_dir: Path) -> str:
-    """``sqlite:///<state dir>/mlflow.db`` (absolute), the store used when no URI is configured."""
-    return f"sqlite:///{(Path(state_dir).resolve() / 'mlflow.db').as_posix()}"
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri[len("sqlite:///") :].split("?", 1)[0]
-    if not path or path == ":memory:":
-        return None
-    return Path(path).resolve()
-
-
-def _check_tracking_uri(uri: str) -> None:
-    scheme = urlparse(uri).scheme
-    if scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
-        raise ValueError(
-            f"MLflow tracking URI {uri!r} is a file store, which MLflow 3.17 refuses unless "
-            "MLFLOW_ALLOW_FILE_STORE=true; use sqlite:///<path>/mlflow.db or an http(s):// server instead"
-        )
-
-
-def _default_artifact_location(uri: str) -> str | None:
-    """For a local sqlite store: ``<db dir>/mlartifacts`` (else mlflow would use ``./mlruns``)."""
-    db = _sqlite_path(uri)
-    return (db.parent / "mlartifacts").as_uri() if db is not None else None
 
 
 def _ms(seconds: float) -> int:
@@ -183,7 +132,7 @@ def series_key(model_name: str, model_version: str, day: str) -> str:
 
 
 def _client(tracking_uri: str) -> Any:
-    db = _sqlite_path(tracking_uri)
+    db = sqlite_path(tracking_uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
     from mlflow import MlflowClient  # lazy: importing mlflow costs over a second
@@ -207,13 +156,6 @@ def _ensure_experiment(client: Any, name: str, artifact_location: str | None) ->
             f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or configure another"
         )
     return str(experiment.experiment_id)
-
-
-def _write_tree(root: Path, files: Mapping[str, bytes]) -> None:
-    for rel, content in files.items():
-        target = root.joinpath(*check_artifact_path(rel).split("/"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(bytes(content))
 
 
 # -- the logger ----------------------------------------------------------------------------------
@@ -256,9 +198,9 @@ class MlflowLogger:
             raise ValueError("retry_after_s must be >= 0")
         spool_dir = Path(spool_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(state_dir if state_dir else spool_dir.parent)
-        _check_tracking_uri(self.tracking_uri)
+        check_tracking_uri(self.tracking_uri)
         self.experiment = experiment
-        self.artifact_location = artifact_location or _default_artifact_location(self.tracking_uri)
+        self.artifact_location = artifact_location or default_artifact_location(self.tracking_uri)
         self.retry_after_s = float(retry_after_s)
         configure_mlflow_environment(http_timeout_s, http_max_retries)
         self._spool = Spool(spool_dir, max_spool_bytes)
@@ -487,38 +429,11 @@ class MlflowLogger:
         if not artifacts:
             return
         with tempfile.TemporaryDirectory(prefix="icos-mlflow-") as tmp:
-            _write_tree(Path(tmp), artifacts)
+            write_tree(Path(tmp), artifacts)
             client.log_artifacts(run_id, tmp, artifact_path=prefix)
 
 
 # -- models --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DownloadedModel:
-    """Local copy of a model from MLflow: the ONNX file and the invariant bundle next to it, if any."""
-
-    onnx_path: Path
-    bundle_dir: Path | None
-    root: Path
-
-
-@dataclass(frozen=True)
-class RegisteredModelVersion:
-    """What :func:`log_model` registered."""
-
-    name: str
-    version: str
-    run_id: str
-    model_uri: str
-
-
-def _resolve_uri(tracking_uri: str | None) -> str:
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri:
-        raise ValueError("no MLflow tracking URI: pass one or set MLFLOW_TRACKING_URI")
-    _check_tracking_uri(uri)
-    return uri
-
-
 def _registry_download_uri(client: Any, uri: str) -> str | None:
     """Resolve ``models:/name/version``, ``models:/name@alias`` and ``models:/name/latest`` (with an
     optional sub-path) to the version's storage URI through an explicit client.
@@ -550,32 +465,12 @@ def _registry_download_uri(client: Any, uri: str) -> str | None:
     return f"{base}/{sub}" if sub else base
 
 
-def _locate_model(path: Path) -> DownloadedModel:
-    if path.is_file():
-        if path.suffix != ".onnx":
-            raise ValueError(f"downloaded artifact {path} is not an .onnx file")
-        bundle = path.parent / BUNDLE_DIR
-        return DownloadedModel(path, bundle if bundle.is_dir() else None, path.parent)
-    candidates = sorted(p for p in path.rglob("*.onnx") if BUNDLE_DIR not in p.relative_to(path).parts[:-1])
-    if len(candidates) != 1:
-        preferred = path / "model.onnx"
-        if preferred not in candidates:
-            found = ", ".join(str(p.relative_to(path)) for p in candidates) or "none"
-            raise ValueError(f"expected exactly one .onnx model outside {BUNDLE_DIR}/ in {path}; found: {found}")
-        candidates = [preferred]
-    onnx_path = candidates[0]
-    bundle = onnx_path.parent / BUNDLE_DIR
-    if not bundle.is_dir():
-        bundle = path / BUNDLE_DIR
-    return DownloadedModel(onnx_path, bundle if bundle.is_dir() else None, path)
-
-
 def download_model(uri: str, tracking_uri: str | None, dest_dir: Path) -> DownloadedModel:
     """Download a model (``models:/name/1``, ``models:/name@alias``, ``runs:/<id>/model``, any
     artifact URI) into ``dest_dir`` (use a dedicated directory) and locate the ONNX file and the
     ``bundle/`` directory next to it. ``tracking_uri`` ``None`` → ``MLFLOW_TRACKING_URI``.
     """
-    uri_ = _resolve_uri(tracking_uri)
+    uri_ = resolve_uri(tracking_uri)
     configure_mlflow_environment()
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
@@ -585,7 +480,7 @@ def download_model(uri: str, tracking_uri: str | None, dest_dir: Path) -> Downlo
     if uri.startswith("models:/"):
         artifact_uri = _registry_download_uri(_client(uri_), uri) or uri
     local = download_artifacts(artifact_uri=artifact_uri, dst_path=str(dest), tracking_uri=uri_, registry_uri=uri_)
-    return _locate_model(Path(local))
+    return locate_model(Path(local))
 
 
 def load_model_from_uri(uri: str, tracking_uri: str | None, dest_dir: Path) -> Path:
@@ -609,7 +504,7 @@ def log_model(
 
     No mlflow flavor is needed: :func:`download_model` reads the files back as they are.
     """
-    uri = _resolve_uri(tracking_uri)
+    uri = resolve_uri(tracking_uri)
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise FileNotFoundError(f"ONNX model not found: {onnx_path}")
@@ -618,21 +513,14 @@ def log_model(
     check_artifact_path(artifact_path)
     configure_mlflow_environment()
     client = _client(uri)
-    experiment_id = _ensure_experiment(client, experiment, _default_artifact_location(uri))
+    experiment_id = _ensure_experiment(client, experiment, default_artifact_location(uri))
     sha256 = hashlib.sha256(onnx_path.read_bytes()).hexdigest()
     run_tags = {TAG_KIND: "model", TAG_MODEL_NAME: registered_name, TAG_MODEL_SHA256: sha256, **(tags or {})}
     run = client.create_run(experiment_id, tags=run_tags, run_name=f"register {registered_name}")
     run_id = str(run.info.run_id)
     with tempfile.TemporaryDirectory(prefix="icos-mlflow-model-") as tmp:
-        staged = Path(tmp)
-        (staged / onnx_path.name).write_bytes(onnx_path.read_bytes())
-        if bundle_dir is not None:
-            for file in sorted(Path(bundle_dir).rglob("*")):
-                if file.is_file():
-                    target = staged / BUNDLE_DIR / file.relative_to(bundle_dir)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(file.read_bytes())
-        client.log_artifacts(run_id, str(staged), artifact_path=artifact_path)
+        stage_model_files(onnx_path, Path(bundle_dir) if bundle_dir is not None else None, Path(tmp))
+        client.log_artifacts(run_id, tmp, artifact_path=artifact_path)
     client.set_terminated(run_id, "FINISHED")
     try:
         client.create_registered_model(registered_name)

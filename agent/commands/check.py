@@ -44,6 +44,7 @@ def format_report(report: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps numpy out of CLI start-up
     from agent.data.files import load_data
     from agent.model.classifier import OnnxClassifier
     from agent.offline.check import check_report

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from agent.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -36,11 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    # lazy: keeps httpx, pydantic and numpy out of CLI start-up
     from agent.demo import DemoOptions, run_demo
     from agent.demo.live import LiveView
-    from agent.errors import UserError
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise UserError("--port must be within 1..65535")

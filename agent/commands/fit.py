@@ -7,6 +7,9 @@ import json
 import sys
 import time
 
+from agent.commands.audit import log_fit
+from agent.errors import UserError
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("fit", help="fit IDI/TDI/ADI invariants for a model and write a bundle")
@@ -37,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps numpy out of CLI start-up
     from agent.data.files import load_data
-    from agent.errors import UserError
     from agent.model.classifier import OnnxClassifier
     from agent.offline.fit import fit_bundle
 
@@ -82,8 +85,6 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.perf_counter() - started, 2),
     }
     if args.mlflow:
-        from agent.commands.audit import log_fit
-
         summary["mlflow"] = log_fit(args, model, summary, started)
     if args.json:
         print(json.dumps(summary))

@@ -80,6 +80,7 @@ def send_labels(
     url: str, rows: Iterator[dict[str, Any]], *, chunk_size: int, timeout: float, progress: bool
 ) -> dict[str, Any]:
     """Post the rows in chunks; the summed counts and the first problems the agent reported."""
+    # lazy: keeps httpx and tqdm out of CLI start-up
     import httpx
     from tqdm import tqdm
 

@@ -7,6 +7,7 @@ pending work, flushes state and exits 0.
 from __future__ import annotations
 
 import argparse
+import signal
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -19,10 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
+    import uvicorn  # lazy: keeps uvicorn out of CLI start-up
 
-    import uvicorn
-
+    # lazy: keeps fastapi, pydantic and numpy (and logging, ~40 ms) out of CLI start-up
     from agent.config.settings import load_settings
     from agent.core import logs
     from agent.server.app import create_app
@@ -65,7 +65,7 @@ def limit_blas_threads(n: int) -> list[dict[str, object]]:
     gain from threads, and idle BLAS threads busy-wait after every call: with OpenBLAS's default of
     one thread per core they doubled the agent's CPU per batch-32 request. Returns the BLAS pools
     found, after the change (``threadpoolctl.threadpool_info`` entries)."""
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_info, threadpool_limits  # lazy: keeps threadpoolctl out of CLI start-up
 
     threadpool_limits(limits=n, user_api="blas")
     return [i for i in threadpool_info() if i.get("user_api") == "blas"]

@@ -14,6 +14,7 @@ from typing import Any
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
 from agent.model.classifier import OnnxClassifier
+from agent.offline.fit import fit_bundle
 from invariants.bundle import Bundle, BundleError
 
 BUNDLE_DIR = "bundle"
@@ -66,8 +67,6 @@ def load_or_fit(
                 float(saved.get("started_at", 0.0)),
                 float(saved.get("finished_at", 0.0)),
             )
-    from agent.offline.fit import fit_bundle
-
     say("fitting the invariants: TDI on 2,500 training images, ADI + calibration on 1,500 validation images")
     started = time.time()
     report = fit_bundle(

@@ -1,290 +1,41 @@
 """The request pipeline: validate → predict (serve mode) → judge → update windows and metrics.
 
-A :class:`Runtime` is everything loaded for one model + bundle; it is immutable and swapped as a
-whole on reload, so a request in flight keeps the runtime it started with. :class:`Pipeline`
-judges batches and feeds the estimator windows and the metrics; its methods are synchronous and run
-in the server's thread pool (onnxruntime releases the GIL), one call per request.
-
-Every judged prediction has an id ``<request id>:<index>`` so that delayed true labels can later be
-joined to it.
+:class:`Pipeline` judges batches of a :class:`~agent.judging.runtime.Runtime` and feeds the
+estimator windows and the metrics; its methods are synchronous and run in the server's thread pool
+(onnxruntime releases the GIL), one call per request. The request's ids, inputs and outputs are
+handled by :mod:`agent.judging.request_io`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from agent.config.settings import AgentSettings
 from agent.core.os_threads import name_os_thread
-from agent.errors import UserError
-from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.statistics import WindowStats, extras_columns, sample_extras
+from agent.judging.request_io import (
+    OUTPUT_LABEL,
+    OUTPUT_PROBABILITIES,
+    OUTPUT_VERDICT,
+    SERVE_OUTPUTS,
+    VERDICT_BYTES,
+    attach_metadata,
+    new_request_id,
+    prediction_ids,
+    resolve_outputs,
+    split_inputs,
+)
+from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
-from agent.model.classifier import ModelLoadError, OnnxClassifier, Prediction, prepare_batch, scores_as_probabilities
+from agent.model.classifier import Prediction
 from agent.protocol import v2
-from agent.protocol.v2 import ProtocolError, Tensor
 from exporters.prometheus import AgentMetrics
-from invariants.bundle import Bundle, BundleError
-from invariants.compiled import CompiledOracle
 from invariants.oracle import VERDICTS
-
-VERDICT_BYTES = np.array([v.encode() for v in VERDICTS], dtype=object)
-OUTPUT_PROBABILITIES = "probabilities"
-OUTPUT_LABEL = "label"
-OUTPUT_VERDICT = "icos_verdict"
-SERVE_OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_LABEL, OUTPUT_VERDICT)
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """A loaded model (serve mode) or input description (proxy/observe) with its bundle."""
-
-    name: str
-    version: str
-    mode: str
-    classifier: OnnxClassifier | None
-    input_name: str | None
-    input_shape: tuple[int, ...]
-    classes: list[str]
-    bundle: Bundle
-    oracle: CompiledOracle
-    calibration: EstimatorCalibration
-    metadata_fields: frozenset[str]
-    model_sha256: str
-    bundle_digest: str
-    scores_kind: str
-    max_batch: int
-    model_path: str | None = None
-    bundle_path: str | None = None
-    #: The oracle for batches without metadata: IDI rules that only read metadata cannot fire then.
-    oracle_no_metadata: CompiledOracle | None = None
-    #: Bound on the elements of one request tensor (``server.max_tensor_elements``).
-    max_elements: int = v2.DEFAULT_MAX_ELEMENTS
-
-    @property
-    def identity(self) -> str:
-        """What the estimator windows belong to: the model and the bundle judging it."""
-        return f"{self.model_sha256[:16]}:{self.bundle_digest[:16]}"
-
-    @property
-    def n_features(self) -> int:
-        return int(np.prod(self.input_shape))
-
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        """Validate a batch; raises :class:`agent.model.classifier.InvalidInput` naming the problem."""
-        if self.classifier is not None:
-            return self.classifier.prepare(x)
-        return prepare_batch(x, self.input_shape, self.max_batch)
-
-    def features(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-
-    def to_probabilities(self, scores: np.ndarray, what: str) -> np.ndarray:
-        """Scores from another server → probabilities ``[N, K]`` (softmax for logits)."""
-        s = np.asarray(scores)
-        if s.dtype.kind not in "fiu":
-            raise ProtocolError("scores", f"{what} is not numeric")
-        with np.errstate(over="ignore"):  # beyond float32 → ±inf, refused just below
-            s = s.astype(np.float32).reshape(len(s), -1) if s.ndim >= 1 and len(s) else s.astype(np.float32)
-        if s.ndim != 2 or s.shape[1] != len(self.classes):
-            raise ProtocolError(
-                "scores", f"{what} has shape {list(np.shape(scores))}; expected [N, {len(self.classes)}]"
-            )
-        if not np.isfinite(s).all():
-            raise ProtocolError("scores", f"{what} holds NaN or Inf values (or values beyond the float32 range)")
-        return scores_as_probabilities(s, self.scores_kind)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "mode": self.mode,
-            "sha256": self.model_sha256,
-            "bundle_digest": self.bundle_digest,
-            "input": {"name": self.input_name, "shape": [-1, *self.input_shape]},
-            "classes": self.classes,
-            "metadata_fields": sorted(self.metadata_fields),
-        }
-
-
-def load_runtime(
-    settings: AgentSettings,
-    *,
-    model_path: str | Path | None = None,
-    bundle_path: str | Path | None = None,
-    version: str | None = None,
-) -> Runtime:
-    """Load the model (serve mode) and the bundle; raises :class:`UserError` naming what is wrong."""
-    m = settings.model
-    mpath = Path(model_path) if model_path is not None else m.path
-    bpath = Path(bundle_path) if bundle_path is not None else settings.bundle.path
-    if bpath is None:
-        raise UserError("bundle.path is not set")
-    classifier: OnnxClassifier | None = None
-    sha: str | None = None
-    try:
-        if settings.mode == "serve":
-            if mpath is None:
-                raise UserError("model.path is required in serve mode")
-            classifier = OnnxClassifier.load(
-                mpath, name=m.name, scores_output=m.scores_output, scores_kind=m.scores_kind, classes=m.classes
-            )
-            classifier.max_batch = settings.server.max_batch
-            sha = classifier.sha256
-        elif mpath is not None:
-            if not mpath.is_file():
-                raise UserError(f"model.path: file not found: {mpath}")
-            sha = _file_sha256(mpath)
-        bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
-    except (ModelLoadError, BundleError) as exc:
-        raise UserError(str(exc)) from exc
-    cal_dict = bundle.estimator_calibration
-    if not cal_dict:
-        raise UserError(f"bundle {bpath} has no estimator calibration; refit it with `icos-agent fit`")
-    calibration = EstimatorCalibration.from_dict(cal_dict)
-    if classifier is not None:
-        input_shape = classifier.input_shape
-        classes = classifier.classes
-        if len(bundle.classes) != len(classes):
-            raise UserError(f"bundle has {len(bundle.classes)} classes but the model has {len(classes)}")
-    else:
-        if any(d is None for d in bundle.input_shape):
-            raise UserError(f"bundle {bpath} has a dynamic input shape {bundle.input_shape}")
-        input_shape = tuple(int(d) for d in bundle.input_shape if d is not None)
-        classes = list(m.classes) if m.classes else list(bundle.classes)
-    idi = bundle.idi
-    manifest = Path(bpath) / "manifest.json"
-    metadata_only = idi is None or all(c.subject == "field" for r in idi.rules for c in r.conditions)
-    # TDI + ADI compiled into one ONNX graph: same verdicts as bundle.oracle(), a fraction of the cost
-    oracle = CompiledOracle(bundle.oracle(), int(np.prod(input_shape)), len(classes))
-    return Runtime(
-        name=m.name,
-        version=version or m.version,
-        mode=settings.mode,
-        classifier=classifier,
-        input_name=classifier.input.name if classifier is not None else None,
-        input_shape=input_shape,
-        classes=classes,
-        bundle=bundle,
-        oracle=oracle,
-        oracle_no_metadata=oracle.without_idi() if metadata_only else oracle,
-        calibration=calibration,
-        metadata_fields=frozenset(idi.metadata_fields) if idi is not None else frozenset(),
-        model_sha256=sha or bundle.model_sha256,
-        bundle_digest=_file_sha256(manifest) if manifest.is_file() else bundle.model_sha256,
-        scores_kind=m.scores_kind,
-        max_batch=settings.server.max_batch,
-        max_elements=settings.server.max_tensor_elements,
-        model_path=str(mpath) if mpath else None,
-        bundle_path=str(bpath),
-    )
-
-
-# -- request helpers ----------------------------------------------------------------------------------
-
-
-def new_request_id() -> str:
-    """32 random hex digits (what ``uuid.uuid4().hex`` looks like, at a fifth of its cost)."""
-    return os.urandom(16).hex()
-
-
-def prediction_ids(request_id: str, n: int) -> str:
-    """Per-sample prediction ids ``<request id>:<index>``, comma-separated (a V2 parameter is a scalar)."""
-    return ",".join(f"{request_id}:{i}" for i in range(n))
-
-
-def _metadata_array(t: Tensor) -> np.ndarray:
-    data = t.data.reshape(-1)
-    if t.datatype == "BYTES":
-        return np.asarray(data.tolist(), dtype="S") if data.size else np.zeros(0, dtype="S1")
-    return data
-
-
-@dataclass
-class SplitInputs:
-    data: Tensor
-    metadata: dict[str, Any] = field(default_factory=dict)
-    per_sample: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str, Any]) -> SplitInputs:
-    """The model input and the IDI metadata (request ``parameters`` for the batch, or named inputs).
-
-    Inputs named like a metadata field of the bundle are metadata; other BYTES inputs are metadata
-    the rules do not read (ignored), unless named like the model's input.
-    """
-
-    def is_data(t: Tensor) -> bool:
-        if t.name in rt.metadata_fields:
-            return False
-        return t.datatype != "BYTES" or t.name == rt.input_name or (rt.input_name is None and len(inputs) == 1)
-
-    data = [t for t in inputs if is_data(t)]
-    if not data:
-        raise ProtocolError("missing_input", "request has no model input, only metadata inputs")
-    if len(data) > 1:
-        names = ", ".join(repr(t.name) for t in data)
-        known = f"; metadata inputs are {', '.join(sorted(rt.metadata_fields))}" if rt.metadata_fields else ""
-        raise ProtocolError(
-            "unknown_input", f"request has {len(data)} data inputs ({names}); the model takes one{known}"
-        )
-    x = data[0]
-    if rt.input_name is not None and x.name != rt.input_name:
-        raise ProtocolError("unknown_input", f"unknown input {x.name!r}; the model's input is {rt.input_name!r}")
-    if x.datatype == "BYTES":
-        raise ProtocolError("datatype", f"input {x.name!r} has datatype BYTES; the model takes numbers")
-    out = SplitInputs(x)
-    for f in rt.metadata_fields:
-        if f in parameters:
-            v = parameters[f]
-            if isinstance(v, dict | list):
-                raise ProtocolError("metadata", f"parameter {f!r} must be a single value for the whole batch")
-            out.metadata[f] = v
-    for t in inputs:
-        if t.name in rt.metadata_fields:
-            out.per_sample[t.name] = _metadata_array(t)
-    return out
-
-
-def attach_metadata(split: SplitInputs, n: int) -> dict[str, Any] | None:
-    meta = dict(split.metadata)
-    for name, arr in split.per_sample.items():
-        if arr.shape[0] != n:
-            raise ProtocolError("metadata", f"metadata input {name!r} has {arr.shape[0]} values for {n} samples")
-        meta[name] = arr
-    return meta or None
-
-
-def resolve_outputs(
-    requested: Sequence[v2.RequestedOutput] | None, available: Sequence[str], default_binary: bool
-) -> list[tuple[str, bool]]:
-    if requested is None:
-        return [(name, default_binary) for name in available]
-    out = []
-    for r in requested:
-        if r.name not in available:
-            raise ProtocolError("unknown_output", f"unknown output {r.name!r}; available: {', '.join(available)}")
-        out.append((r.name, r.binary))
-    return out
-
-
-# -- judging ------------------------------------------------------------------------------------------
 
 
 @dataclass(eq=False)

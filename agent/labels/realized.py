@@ -41,7 +41,7 @@ from agent.estimation.estimators import estimate_all
 from agent.estimation.intervals import Estimate, wilson
 from agent.estimation.statistics import WindowStats
 from agent.judging.windows import count_window_name
-from agent.labels.store import LabeledRows
+from agent.labels.rows import LabeledRows
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,11 @@ from fastapi.responses import Response
 
 from agent.config.settings import LabelsConfig
 from agent.estimation.calibration import EstimatorCalibration
-from agent.judging.pipeline import JudgedBatch, Runtime
+from agent.judging.pipeline import JudgedBatch
+from agent.judging.runtime import Runtime
 from agent.labels.realized import RealizedWindows, realized_window
-from agent.labels.store import LabeledRows, PendingBatch, PredictionStore, StoreUnavailable
+from agent.labels.rows import LabeledRows, PendingBatch
+from agent.labels.store import PredictionStore, StoreUnavailable
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
 
 if TYPE_CHECKING:

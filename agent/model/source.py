@@ -17,6 +17,7 @@ from pathlib import Path
 
 from agent.config.settings import AgentSettings
 from agent.errors import UserError
+from exporters.mlflow_logger import download_model
 
 __all__ = ["fetch_model"]
 
@@ -33,8 +34,6 @@ def fetch_model(settings: AgentSettings) -> AgentSettings:
     uri = settings.model.uri
     if uri is None or settings.model.path is not None:
         return settings
-    from exporters.mlflow_logger import download_model
-
     tracking = _tracking_uri(settings)
     if uri.startswith(("models:/", "runs:/")) and not tracking:
         raise UserError(f"model.uri {uri}: set model.tracking_uri or MLFLOW_TRACKING_URI to find the MLflow server")

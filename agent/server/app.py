@@ -37,22 +37,18 @@ from agent.core import logs
 from agent.core.os_threads import name_os_thread_once
 from agent.errors import UserError
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
-from agent.judging.pipeline import (
+from agent.judging.pipeline import DecodedRequest, JudgeWork, Pipeline, ServedRequest
+from agent.judging.request_io import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
     OUTPUT_VERDICT,
     VERDICT_BYTES,
-    DecodedRequest,
-    JudgeWork,
-    Pipeline,
-    Runtime,
-    ServedRequest,
-    load_runtime,
     new_request_id,
     prediction_ids,
     resolve_outputs,
     split_inputs,
 )
+from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
 from agent.labels.service import LabelService
@@ -853,7 +849,7 @@ def _proxy_judge(
 
 
 def _proxy_prepare(rt: Runtime, body: bytes, header_length: str | None) -> tuple[Any, ...]:
-    from agent.judging.pipeline import attach_metadata
+    from agent.judging.request_io import attach_metadata
 
     req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
     split = split_inputs(rt, req.inputs, req.parameters)

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from agent.judging.pipeline import Runtime, SplitInputs, attach_metadata, new_request_id, split_inputs
+from agent.judging.request_io import SplitInputs, attach_metadata, new_request_id, split_inputs
+from agent.judging.runtime import Runtime
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError, Tensor
 

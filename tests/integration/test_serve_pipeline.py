@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
-from agent.judging.pipeline import JudgedBatch, Pipeline, Runtime, load_runtime
+from agent.judging.pipeline import JudgedBatch, Pipeline
+from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.windows import WindowSet
 from agent.model.classifier import default_model_path
 from agent.server.app import AgentService, create_app

@@ -239,7 +239,8 @@ def test_importing_the_logger_does_not_import_mlflow() -> None:
 
 
 def test_file_store_needs_explicit_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporters.mlflow_logger import MlflowLogger, default_tracking_uri
+    from exporters.mlflow_env import default_tracking_uri
+    from exporters.mlflow_logger import MlflowLogger
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     with pytest.raises(ValueError, match="MLFLOW_ALLOW_FILE_STORE"):
@@ -254,7 +255,7 @@ def test_file_store_needs_explicit_opt_in(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_http_limits_are_set_unless_the_environment_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporters.mlflow_logger import configure_mlflow_environment
+    from exporters.mlflow_env import configure_mlflow_environment
 
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")

@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_columns, extras_from_columns
-from agent.labels.store import (
-    STORE_FILE,
+from agent.labels.rows import (
     LabeledRows,
     PendingBatch,
-    PredictionStore,
     onehot_errors,
 )
+from agent.labels.store import STORE_FILE, PredictionStore
 
 
 def batch(rid: str, n: int, ts: float, k: int = 3, seed: int = 0, identity: str = "m:b") -> PendingBatch:

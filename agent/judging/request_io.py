@@ -1,0 +1,111 @@
+"""The V2 request around the model: request and prediction ids, the split of the inputs into
+the model input and IDI metadata, and the outputs a client can ask for.
+
+Every judged prediction has an id ``<request id>:<index>`` so that delayed true labels can later be
+joined to it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.judging.runtime import Runtime
+from agent.protocol import v2
+from agent.protocol.v2 import ProtocolError, Tensor
+from invariants.oracle import VERDICTS
+
+VERDICT_BYTES = np.array([v.encode() for v in VERDICTS], dtype=object)
+OUTPUT_PROBABILITIES = "probabilities"
+OUTPUT_LABEL = "label"
+OUTPUT_VERDICT = "icos_verdict"
+SERVE_OUTPUTS = (OUTPUT_PROBABILITIES, OUTPUT_LABEL, OUTPUT_VERDICT)
+
+
+def new_request_id() -> str:
+    """32 random hex digits (what ``uuid.uuid4().hex`` looks like, at a fifth of its cost)."""
+    return os.urandom(16).hex()
+
+
+def prediction_ids(request_id: str, n: int) -> str:
+    """Per-sample prediction ids ``<request id>:<index>``, comma-separated (a V2 parameter is a scalar)."""
+    return ",".join(f"{request_id}:{i}" for i in range(n))
+
+
+def _metadata_array(t: Tensor) -> np.ndarray:
+    data = t.data.reshape(-1)
+    if t.datatype == "BYTES":
+        return np.asarray(data.tolist(), dtype="S") if data.size else np.zeros(0, dtype="S1")
+    return data
+
+
+@dataclass
+class SplitInputs:
+    data: Tensor
+    metadata: dict[str, Any] = field(default_factory=dict)
+    per_sample: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str, Any]) -> SplitInputs:
+    """The model input and the IDI metadata (request ``parameters`` for the batch, or named inputs).
+
+    Inputs named like a metadata field of the bundle are metadata; other BYTES inputs are metadata
+    the rules do not read (ignored), unless named like the model's input.
+    """
+
+    def is_data(t: Tensor) -> bool:
+        if t.name in rt.metadata_fields:
+            return False
+        return t.datatype != "BYTES" or t.name == rt.input_name or (rt.input_name is None and len(inputs) == 1)
+
+    data = [t for t in inputs if is_data(t)]
+    if not data:
+        raise ProtocolError("missing_input", "request has no model input, only metadata inputs")
+    if len(data) > 1:
+        names = ", ".join(repr(t.name) for t in data)
+        known = f"; metadata inputs are {', '.join(sorted(rt.metadata_fields))}" if rt.metadata_fields else ""
+        raise ProtocolError(
+            "unknown_input", f"request has {len(data)} data inputs ({names}); the model takes one{known}"
+        )
+    x = data[0]
+    if rt.input_name is not None and x.name != rt.input_name:
+        raise ProtocolError("unknown_input", f"unknown input {x.name!r}; the model's input is {rt.input_name!r}")
+    if x.datatype == "BYTES":
+        raise ProtocolError("datatype", f"input {x.name!r} has datatype BYTES; the model takes numbers")
+    out = SplitInputs(x)
+    for f in rt.metadata_fields:
+        if f in parameters:
+            v = parameters[f]
+            if isinstance(v, dict | list):
+                raise ProtocolError("metadata", f"parameter {f!r} must be a single value for the whole batch")
+            out.metadata[f] = v
+    for t in inputs:
+        if t.name in rt.metadata_fields:
+            out.per_sample[t.name] = _metadata_array(t)
+    return out
+
+
+def attach_metadata(split: SplitInputs, n: int) -> dict[str, Any] | None:
+    meta = dict(split.metadata)
+    for name, arr in split.per_sample.items():
+        if arr.shape[0] != n:
+            raise ProtocolError("metadata", f"metadata input {name!r} has {arr.shape[0]} values for {n} samples")
+        meta[name] = arr
+    return meta or None
+
+
+def resolve_outputs(
+    requested: Sequence[v2.RequestedOutput] | None, available: Sequence[str], default_binary: bool
+) -> list[tuple[str, bool]]:
+    if requested is None:
+        return [(name, default_binary) for name in available]
+    out = []
+    for r in requested:
+        if r.name not in available:
+            raise ProtocolError("unknown_output", f"unknown output {r.name!r}; available: {', '.join(available)}")
+        out.append((r.name, r.binary))
+    return out

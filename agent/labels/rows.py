@@ -1,0 +1,186 @@
+"""The values the prediction store takes and gives back, and how a stored request row decodes.
+
+:class:`PendingBatch` is a judged request queued for writing; :class:`LabeledRows` the labeled
+predictions the realized windows and recalibration read; :class:`LabelOutcome` what applying labels
+did; :class:`RequestRow` one ``requests`` row of :mod:`agent.labels.store`, its BLOB arrays decoded
+on demand. The per-sample extras codec (:data:`agent.estimation.statistics.EXTRAS_FIELDS`) fixes the
+``extras`` column layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from agent.estimation.statistics import EXTRAS_DTYPE as _EXTRAS_DTYPE
+from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_from_columns
+
+#: dtype of the ``predicted`` BLOB of a ``requests`` row (one little-endian int32 per prediction)
+PREDICTED_DTYPE = "<i4"
+def _extras_blob(row: np.ndarray | None) -> bytes | None:
+    return None if row is None else np.asarray(row, dtype=_EXTRAS_DTYPE).tobytes()
+
+
+def _extras_row(blob: object) -> np.ndarray:
+    if isinstance(blob, bytes) and len(blob) == 8 * len(EXTRAS_FIELDS):
+        return np.frombuffer(blob, dtype=_EXTRAS_DTYPE).astype(np.float64)
+    return np.full(len(EXTRAS_FIELDS), np.nan)
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """One judged request waiting to be written."""
+
+    request_id: str
+    timestamp: float
+    identity: str
+    probabilities: np.ndarray
+    labels: np.ndarray
+    verdicts: np.ndarray
+    #: The inputs of the full ``shift_aware`` model, when the runtime computed them: as
+    #: :class:`SampleExtras` or as their float64 ``[n, 5]`` columns (:func:`extras_columns`).
+    extras: SampleExtras | np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True)
+class LabeledRows:
+    """Labeled predictions (arrays of equal length), e.g. for the realized windows or recalibration."""
+
+    timestamp: np.ndarray  # prediction time (s since the epoch)
+    verdict: np.ndarray  # int8, index into VERDICTS
+    confidence: np.ndarray  # top-class probability
+    correct: np.ndarray  # bool: predicted class == true class
+    abs_err: np.ndarray  # sum over classes of |p_k - onehot_k|
+    sq_err: np.ndarray  # sum over classes of (p_k - onehot_k)^2
+    n_classes: np.ndarray  # K of each prediction
+    #: float64 [N, 5]: the stored :class:`SampleExtras` (columns :data:`EXTRAS_FIELDS`), NaN rows where
+    #: the prediction has none (``None`` given: all NaN)
+    extras: np.ndarray | None = None
+    #: int64 [N]: the predicted class, -1 where unknown (``None`` given: all unknown)
+    predicted: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.extras is None:
+            object.__setattr__(self, "extras", np.full((len(self.timestamp), len(EXTRAS_FIELDS)), np.nan))
+        if self.predicted is None:
+            object.__setattr__(self, "predicted", np.full(len(self.timestamp), -1, dtype=np.int64))
+
+    @property
+    def n(self) -> int:
+        return len(self.timestamp)
+
+    def sample_extras(self) -> SampleExtras | None:
+        """The extras of every row, or None when any row has none (the reduced model applies then).
+        They carry the predicted classes when every row has one (else the *inputs* model applies)."""
+        cols = self.extras
+        if cols is None or self.n == 0 or np.isnan(cols).any():
+            return None
+        extras = extras_from_columns(cols)
+        pred = self.predicted
+        if pred is not None and len(pred) == self.n and bool((pred >= 0).all()):
+            extras = replace(extras, label=np.asarray(pred, dtype=np.int64))
+        return extras
+
+    @classmethod
+    def empty(cls) -> LabeledRows:
+        z = np.zeros(0)
+        return cls(z, np.zeros(0, np.int8), z, np.zeros(0, bool), z, z, np.zeros(0, np.int64))
+
+    @classmethod
+    def from_tuples(
+        cls,
+        rows: Sequence[tuple[float, int, float, bool, float, float, int]],
+        extras: Sequence[np.ndarray] | None = None,
+        predicted: Sequence[int | None] | None = None,
+    ) -> LabeledRows:
+        """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
+        one extras row (5 floats, NaN when absent) and one predicted class (None when unknown) per row."""
+        if not rows:
+            return cls.empty()
+        ts, v, c, ok, a, s, k = zip(*rows, strict=True)
+        return cls(
+            np.asarray(ts, np.float64),
+            np.asarray(v, np.int8),
+            np.asarray(c, np.float64),
+            np.asarray(ok, bool),
+            np.asarray(a, np.float64),
+            np.asarray(s, np.float64),
+            np.asarray(k, np.int64),
+            np.asarray(extras, np.float64).reshape(len(rows), len(EXTRAS_FIELDS)) if extras is not None else None,
+            np.asarray([-1 if v is None else v for v in predicted], np.int64) if predicted is not None else None,
+        )
+
+
+def onehot_errors(probabilities: np.ndarray, label: int) -> tuple[float, float]:
+    """``(sum_k |p_k − y_k|, sum_k (p_k − y_k)²)`` for one probability vector and its one-hot truth
+    ``y`` (BenchMetrics Prob's absolute and squared error per instance, summed over the classes)."""
+    p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
+    d = p.copy()
+    if 0 <= label < len(d):
+        d[label] -= 1.0
+    return float(np.abs(d).sum()), float((d * d).sum())
+
+
+@dataclass(frozen=True)
+class LabelOutcome:
+    """What :meth:`PredictionStore.apply_labels` did with each id."""
+
+    accepted: list[tuple[str, LabeledRows]]  # per model identity, the newly labeled predictions
+    n_accepted: int
+    unknown: list[str]
+    duplicate: list[str]
+
+
+def split_prediction_id(pid: str) -> tuple[str, int]:
+    """``<request id>:<index>`` → ``(request id, index)``; an id without an integer suffix maps to
+    ``(id, -1)``, which no prediction of a new request has (it can only match a converted old row)."""
+    rid, sep, tail = pid.rpartition(":")
+    if sep and tail.isdigit() and len(tail) <= 9:
+        return rid, int(tail)
+    return pid, -1
+
+
+@dataclass
+class RequestRow:
+    """One ``requests`` row, its arrays decoded on first use."""
+
+    seq: int
+    rid: str
+    start: int
+    lo: int
+    hi: int
+    ts: float
+    identity: str
+    k: int
+    predicted_blob: bytes
+    verdict_blob: bytes
+    probs_blob: bytes
+    extras_blob: bytes | None
+
+    @classmethod
+    def of(cls, r: Sequence[Any]) -> RequestRow:
+        return cls(int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]), str(r[6]), int(r[7]), *r[8:])
+
+    def holds(self, idx: int) -> bool:
+        return self.lo <= idx < self.hi
+
+    def prediction(self, idx: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """``(predicted class, verdict, probabilities [K], extras row [5] (NaN when none))`` of index ``idx``."""
+        j = idx - self.start
+        k = self.k
+        predicted = int(np.frombuffer(self.predicted_blob, dtype=PREDICTED_DTYPE, count=1, offset=4 * j)[0])
+        verdict = int(np.frombuffer(self.verdict_blob, dtype=np.int8, count=1, offset=j)[0])
+        probs = np.frombuffer(self.probs_blob, dtype="<f4", count=k, offset=4 * k * j)
+        n_ext = len(EXTRAS_FIELDS)
+        if isinstance(self.extras_blob, bytes) and len(self.extras_blob) == 8 * n_ext * (self.hi - self.start):
+            ext = np.frombuffer(self.extras_blob, dtype=_EXTRAS_DTYPE, count=n_ext, offset=8 * n_ext * j)
+        else:
+            ext = np.full(n_ext, np.nan)
+        return predicted, verdict, probs, ext.astype(np.float64)
