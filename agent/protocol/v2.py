@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import ClientError
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 JSON_CONTENT_TYPE = "application/json"
@@ -49,7 +51,7 @@ _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ClientError, ValueError):
     """A malformed V2 body. ``reason`` is a short bounded label; ``status`` the HTTP status to answer."""
 
     def __init__(self, reason: str, message: str, status: int = 400) -> None:
