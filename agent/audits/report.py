@@ -15,12 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import UserError
+
 #: Progress callback of the long audits: ``progress(done, total)`` in the audit's own units
 #: (forward passes for D-Score, model evaluations for mutation and metamorphic audits).
 ProgressFn = Callable[[int, int], None]
 
 
-class AuditError(ValueError):
+class AuditError(UserError, ValueError):
     """An audit cannot run on this model, data or configuration; the message says why."""
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """A data file that cannot be used, with the reason."""
 
 

@@ -32,24 +32,23 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import Response
+import anyio.to_thread
+from prometheus_client import CollectorRegistry
 
-from agent.config.settings import LabelsConfig
+from agent.config.settings import AgentSettings, LabelsConfig
+from agent.errors import ClientError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.judging.pipeline import JudgedBatch
+from agent.judging.pipeline import JudgedBatch, Pipeline
 from agent.judging.runtime import Runtime
 from agent.labels.realized import RealizedWindows, realized_window
 from agent.labels.rows import LabeledRows, PendingBatch
 from agent.labels.store import PredictionStore, StoreUnavailable
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
-
-if TYPE_CHECKING:
-    from agent.server.app import AgentService
 
 log = logging.getLogger("icos_agent.labels")
 
@@ -59,8 +58,27 @@ MAX_PROBLEMS = 20
 REFITTED_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
 
 
-class RecalibrationRefused(Exception):
+class RecalibrationRefused(ClientError):
     """Recalibration is not possible now (too few labels, or only right / only wrong predictions)."""
+
+    status = 409
+    reason = "recalibration_refused"
+
+
+class LabelHost(Protocol):
+    """What the label service needs of the agent that hosts it (:class:`agent.server.service.AgentService`)."""
+
+    settings: AgentSettings
+    registry: CollectorRegistry
+    pipeline: Pipeline
+    runtime: Runtime
+    estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]]
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in one of the agent's worker threads."""
+
+    def swap_runtime(self, new: Runtime) -> None:
+        """Serve ``new`` from now on (atomically)."""
 
 
 def resolve_label(value: object, classes: list[str]) -> int | None:
@@ -125,18 +143,15 @@ def parse_labels(obj: object, classes: list[str], max_batch: int) -> ParsedLabel
     return out
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    return Response(json.dumps(obj, separators=(",", ":")), status_code=status, media_type="application/json")
-
-
 def _base(cal: EstimatorCalibration) -> dict[str, Any]:
     return {k: getattr(cal, k) for k in REFITTED_FIELDS}
 
 
 class LabelService:
-    """The prediction store, the realized windows, ``/v1/labels`` and ``/v1/recalibrate`` of one agent."""
+    """The prediction store, the realized windows and the recalibration of one agent (served on
+    ``/v1/labels`` and ``/v1/recalibrate`` by :mod:`agent.server.labels_routes`)."""
 
-    def __init__(self, config: LabelsConfig, agent: AgentService, state_dir: Path | None) -> None:
+    def __init__(self, config: LabelsConfig, agent: LabelHost, state_dir: Path | None) -> None:
         self.config = config
         self.agent = agent
         self.metrics = LabelMetrics(agent.registry)
@@ -175,6 +190,11 @@ class LabelService:
             )
         )
 
+    @property
+    def started(self) -> bool:
+        """Whether the service runs (``labels.enabled`` and started with the agent)."""
+        return self._started
+
     def _open(self) -> None:
         self.store.open()
         rt = self.agent.runtime
@@ -203,7 +223,7 @@ class LabelService:
             log.warning("ignoring a saved calibration that cannot be read", extra={"error": str(exc)})
             return None
 
-    async def start(self, _app: FastAPI | None = None) -> None:
+    async def start(self, _app: object = None) -> None:
         if not self.config.enabled:
             return
         await self.agent.run(self._open)
@@ -213,7 +233,7 @@ class LabelService:
         self._tasks.append(asyncio.create_task(self._watch_loop()))
         self._started = True
 
-    async def stop(self, _app: FastAPI | None = None) -> None:
+    async def stop(self, _app: object = None) -> None:
         if not self._started:
             return
         self._started = False
@@ -223,8 +243,6 @@ class LabelService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
-        import anyio.to_thread
-
         await anyio.to_thread.run_sync(self.agent.pipeline.flush)  # judge (and so store) deferred work
         with contextlib.suppress(ValueError):
             self.agent.pipeline.judged_taps.remove(self.on_judged)
@@ -258,29 +276,25 @@ class LabelService:
 
     # -- labels -------------------------------------------------------------------------------------
     def post_labels(self, body: bytes) -> dict[str, Any]:
-        """Apply a ``POST /v1/labels`` body (runs in a worker thread)."""
-        from agent.server.app import ClientError
-
+        """Apply a ``POST /v1/labels`` body (runs in a worker thread); raises :class:`ClientError` for a
+        body that is not a label list, :class:`StoreUnavailable` when the store cannot be written."""
         try:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            raise ClientError(400, "malformed_json", "labels body is not valid JSON") from None
+            raise ClientError("labels body is not valid JSON", status=400, reason="malformed_json") from None
         except RecursionError:
-            raise ClientError(400, "malformed_json", "labels body is nested too deeply") from None
+            raise ClientError("labels body is nested too deeply", status=400, reason="malformed_json") from None
         rt = self.agent.runtime
         try:
             parsed = parse_labels(obj, rt.classes, self.config.max_batch)
         except OverflowError as exc:
-            raise ClientError(413, "too_large", str(exc)) from None
+            raise ClientError(str(exc), status=413, reason="too_large") from None
         except ValueError as exc:
-            raise ClientError(400, "malformed_json", str(exc)) from None
+            raise ClientError(str(exc), status=400, reason="malformed_json") from None
         self.check_runtime()
         self.agent.pipeline.flush()  # predictions judged off the request path are judged now
         self.store.flush()  # and written, so that a label right after its prediction finds it
-        try:
-            outcome = self.store.apply_labels(parsed.labels, time.time())
-        except StoreUnavailable as exc:
-            raise ClientError(503, "store_unavailable", str(exc)) from None
+        outcome = self.store.apply_labels(parsed.labels, time.time())
         for identity, rows in outcome.accepted:
             if identity == self._identity:
                 self.realized.add(rows)
@@ -337,7 +351,7 @@ class LabelService:
 
     def _install(self, rt: Runtime, calibration: EstimatorCalibration) -> Runtime:
         new = replace(rt, calibration=calibration)
-        self.agent.runtime = new  # atomic swap; requests in flight keep the runtime they started with
+        self.agent.swap_runtime(new)  # requests in flight keep the runtime they started with
         self._recalibrated = new
         return new
 
@@ -384,6 +398,18 @@ class LabelService:
         except Exception:
             log.exception("automatic recalibration failed")
 
+    async def accept(self, body: bytes) -> dict[str, Any]:
+        """``POST /v1/labels``: apply ``body`` in a worker thread (see :meth:`post_labels`); every
+        ``labels.auto_recalibrate_every`` accepted labels start a recalibration in the background."""
+        result: dict[str, Any] = await self.agent.run(self.post_labels, body)
+        every = self.config.auto_recalibrate_every
+        self._since_recalibration += int(result["accepted"])
+        if every and self._since_recalibration >= every and not self._recal_lock.locked():
+            self._since_recalibration = 0
+            self._tasks.append(asyncio.create_task(self._auto_recalibrate()))
+            self._tasks = [t for t in self._tasks if not t.done()]
+        return result
+
     # -- read side ----------------------------------------------------------------------------------
     def estimate_section(self, rt: Runtime, now: float) -> dict[str, dict[str, Any]]:
         """``/v1/estimates``: the ``realized`` section of every window."""
@@ -426,49 +452,5 @@ class LabelService:
             "last_recalibration": self.last_recalibration,
         }
 
-    # -- HTTP ---------------------------------------------------------------------------------------
-    def router(self) -> APIRouter:
-        from agent.server.app import ClientError, require_admin
 
-        r = APIRouter()
-        svc = self.agent
-
-        def enabled() -> None:
-            if not self._started:
-                raise ClientError(404, "labels_disabled", "delayed labels are disabled (labels.enabled: false)")
-
-        @r.post("/v1/labels", summary="Delayed labels: true classes for earlier predictions, by prediction id")
-        async def post_labels(request: Request) -> Response:
-            enabled()
-            body = await request.body()
-            result = await svc.run(self.post_labels, body)
-            every = self.config.auto_recalibrate_every
-            self._since_recalibration += int(result["accepted"])
-            if every and self._since_recalibration >= every and not self._recal_lock.locked():
-                self._since_recalibration = 0
-                self._tasks.append(asyncio.create_task(self._auto_recalibrate()))
-                self._tasks = [t for t in self._tasks if not t.done()]
-            return _json(result)
-
-        @r.get("/v1/labels", summary="Delayed labels: prediction store, calibration in use, last recalibration")
-        async def get_labels() -> Response:
-            enabled()
-            await svc.run(self.check_runtime)
-            return _json(self.describe())
-
-        @r.post("/v1/recalibrate", summary="Admin: refit the estimator calibration from delayed labels (bearer token)")
-        async def recalibrate(request: Request) -> Response:
-            require_admin(request)
-            enabled()
-            try:
-                report = await self.recalibrate("manual")
-            except RecalibrationRefused as exc:
-                raise ClientError(409, "recalibration_refused", str(exc)) from None
-            except StoreUnavailable as exc:
-                raise ClientError(503, "store_unavailable", str(exc)) from None
-            return _json(report)
-
-        return r
-
-
-__all__ = ["LABEL_OUTCOMES", "LabelService", "RecalibrationRefused", "parse_labels", "resolve_label"]
+__all__ = ["LABEL_OUTCOMES", "LabelHost", "LabelService", "RecalibrationRefused", "parse_labels", "resolve_label"]

@@ -21,21 +21,21 @@ from typing import Literal
 
 import numpy as np
 
+from agent.errors import ClientError, UserError
 from invariants.onnx_session import OnnxLoadError, OnnxSession, TensorInfo
 
 ScoresKind = Literal["auto", "logits", "probabilities"]
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     """The model file is missing, not ONNX, or not a classifier this runtime understands."""
 
 
-class InvalidInput(ValueError):
+class InvalidInput(ClientError, ValueError):
     """A batch the model cannot take. ``reason`` is a short, bounded label for metrics."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, status=413 if reason == "too_large" else 400, reason=reason)
 
 
 @dataclass(frozen=True)

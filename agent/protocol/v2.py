@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import ClientError
+
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 JSON_CONTENT_TYPE = "application/json"
@@ -58,7 +60,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ClientError, ValueError):
     """A malformed V2 body. ``reason`` is a short bounded label; ``status`` the HTTP status to answer."""
 
     def __init__(self, reason: str, message: str, status: int = 400) -> None:

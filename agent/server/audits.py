@@ -24,22 +24,24 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio.to_thread
 import numpy as np
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import Response
+from prometheus_client import CollectorRegistry
 
 from agent.audits.config import AUDIT_KINDS, AuditsConfig
 from agent.audits.report import AuditError, AuditResult
-from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, run_audit
+from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, open_logger, run_audit
 from agent.core.durations import parse_duration
+from agent.core.scheduler import JobScheduler
 from agent.data.reservoir import Reservoir
+from agent.judging.pipeline import Pipeline
+from agent.judging.runtime import Runtime
+from agent.model.classifier import OnnxClassifier
 from exporters.audit_metrics import AuditMetrics
 
 if TYPE_CHECKING:
-    from agent.model.classifier import OnnxClassifier
-    from agent.server.app import AgentService
     from exporters.mlflow_logger import MlflowLogger
 
 log = logging.getLogger("icos_agent.audits")
@@ -72,18 +74,19 @@ def export_result(metrics: AuditMetrics, result: AuditResult) -> None:
         metrics.set_metamorphic(violations)
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    import json
+class AuditHost(Protocol):
+    """What the audit service needs of the agent that hosts it (:class:`agent.server.service.AgentService`)."""
 
-    return Response(
-        json.dumps(obj, separators=(",", ":"), allow_nan=False), status_code=status, media_type="application/json"
-    )
+    registry: CollectorRegistry
+    pipeline: Pipeline
+    runtime: Runtime
 
 
 class AuditService:
-    """Scheduled and on-demand audits of the agent's model (see the module docstring)."""
+    """Scheduled and on-demand audits of the agent's model (see the module docstring; the routes are
+    in :mod:`agent.server.audit_routes`)."""
 
-    def __init__(self, config: AuditsConfig, agent: AgentService, state_dir: Path | None) -> None:
+    def __init__(self, config: AuditsConfig, agent: AuditHost, state_dir: Path | None) -> None:
         self.config = config
         self.agent = agent
         self.state_dir = state_dir
@@ -110,9 +113,7 @@ class AuditService:
         if self.reservoir is not None:
             self.reservoir.add(features)
 
-    async def start(self, _app: FastAPI | None = None) -> None:
-        from agent.core.scheduler import JobScheduler
-
+    async def start(self, _app: object = None) -> None:
         if self.reservoir is not None:
             self.agent.pipeline.taps.append(self.observe_inputs)
         self._stopping.clear()
@@ -133,52 +134,31 @@ class AuditService:
         if cfg.jobs():
             log.info("audit schedule started", extra={"audits": ",".join(cfg.jobs())})
 
-    async def stop(self, _app: FastAPI | None = None) -> None:
+    async def stop(self, _app: object = None) -> None:
         self._stopping.set()
         with contextlib.suppress(ValueError):
             self.agent.pipeline.taps.remove(self.observe_inputs)
         if self._scheduler is not None:
-            import anyio.to_thread
-
             await anyio.to_thread.run_sync(lambda: self._scheduler.shutdown(wait=True))
             self._scheduler = None
         if self._tmp_spool is not None:
             self._tmp_spool.cleanup()
             self._tmp_spool = None
 
-    def router(self) -> APIRouter:
-        r = APIRouter()
+    def is_running(self, kind: str) -> bool:
+        """Whether a ``kind`` audit is in progress (one at a time per kind)."""
+        return self._locks[kind].locked()
 
-        @r.get("/v1/audits", summary="Audits: schedule, last results, history")
-        async def list_audits(request: Request) -> Response:
-            details = request.query_params.get("details", "true").lower() not in ("0", "false", "no")
-            return _json(self.describe(details=details))
+    def running_id(self, kind: str) -> str | None:
+        """The id of the ``kind`` audit in progress (``None`` when none is, or while it starts)."""
+        return self._running.get(kind)
 
-        @r.post("/v1/audits/{kind}", summary="Admin: run an audit now (bearer token); ?wait=true waits")
-        async def run_now(kind: str, request: Request) -> Response:
-            from agent.server.app import ClientError, require_admin
-
-            require_admin(request)
-            if kind not in AUDIT_KINDS:
-                raise ClientError(404, "unknown_audit", f"unknown audit {kind!r}; choose {', '.join(AUDIT_KINDS)}")
-            if self._locks[kind].locked():
-                running = self._running.get(kind)
-                raise ClientError(409, "audit_running", f"a {kind} audit is already running (id {running})")
-            wait = request.query_params.get("wait", "false").lower() in ("1", "true", "yes")
-            run_id = uuid.uuid4().hex
-            if wait:
-                import anyio.to_thread
-
-                outcome = await anyio.to_thread.run_sync(lambda: self.run_once(kind, "manual", run_id))
-                if outcome is None:
-                    raise ClientError(409, "audit_running", f"a {kind} audit is already running")
-                return _json(outcome.to_dict(), 200)
-            if self._scheduler is None:
-                raise ClientError(503, "not_ready", "the agent is not running audits (starting or stopping)")
-            self._scheduler.submit(f"audit-{kind}-manual-{run_id}", lambda: self.run_once(kind, "manual", run_id))
-            return _json({"id": run_id, "kind": kind, "status": "accepted"}, 202)
-
-        return r
+    def submit(self, kind: str, run_id: str) -> bool:
+        """Run a ``kind`` audit now in a scheduler thread; ``False`` when the scheduler is not running."""
+        if self._scheduler is None:
+            return False
+        self._scheduler.submit(f"audit-{kind}-manual-{run_id}", lambda: self.run_once(kind, "manual", run_id))
+        return True
 
     # -- state for GET --------------------------------------------------------------------------------
     def describe(self, *, details: bool = True) -> dict[str, Any]:
@@ -223,8 +203,6 @@ class AuditService:
         with self._cache_lock:
             model = self._models.get(rt.model_path)
             if model is None:
-                from agent.model.classifier import OnnxClassifier
-
                 model = OnnxClassifier.load(rt.model_path, name=rt.name)
                 self._models = {rt.model_path: model}
             return model
@@ -321,8 +299,6 @@ class AuditService:
         if not self._mlflow_wanted() or self._logger_failed:
             return None
         if self._logger is None:
-            from agent.audits.runner import open_logger
-
             state = self.state_dir
             if state is None:
                 self._tmp_spool = tempfile.TemporaryDirectory(prefix="icos-agent-spool-")

@@ -72,7 +72,7 @@ def _nested(name: str, value: object) -> np.ndarray:
     return arr
 
 
-def _probabilities(rt: Runtime, outputs: list[Tensor], scores_output: str | None, what: str) -> np.ndarray:
+def output_probabilities(rt: Runtime, outputs: list[Tensor], scores_output: str | None, what: str) -> np.ndarray:
     by_name = {t.name: t for t in outputs}
     if scores_output is not None:
         t = by_name.get(scores_output)
@@ -135,7 +135,7 @@ def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> O
         probs = rt.to_probabilities(_nested("probabilities", obj["probabilities"]), "'probabilities'")
     elif "outputs" in obj:
         outs, _ = v2.decode_tensors(obj["outputs"], memoryview(b""), "outputs", max_elements=rt.max_elements)
-        probs = _probabilities(rt, outs, scores_output, "observation")
+        probs = output_probabilities(rt, outs, scores_output, "observation")
     else:
         raise ProtocolError("malformed_json", "observation has neither 'probabilities' nor 'outputs'")
     probs = _check_probabilities(rt, probs, x.shape[0])
@@ -203,7 +203,7 @@ def decode_response_event(rt: Runtime, data: bytes, scores_output: str | None) -
     if "predictions" in obj:
         return rt.to_probabilities(_nested("predictions", obj["predictions"]), "'predictions'")
     resp = v2.decode_response(data)
-    return _probabilities(rt, resp.outputs, scores_output, "response event")
+    return output_probabilities(rt, resp.outputs, scores_output, "response event")
 
 
 @dataclass

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier, default_model_path
-from agent.server.app import AgentService, create_app
+from agent.server.app import create_app
+from agent.server.service import AgentService
 
 
 def settings_for(bundle: Path, state: Path | None, mode: str = "serve", **extra: Any) -> Any:

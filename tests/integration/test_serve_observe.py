@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier
-from agent.server.app import AgentService, create_app
+from agent.server.app import create_app
+from agent.server.service import AgentService
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"

@@ -17,7 +17,8 @@ from agent.judging.pipeline import JudgedBatch, Pipeline
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.windows import WindowSet
 from agent.model.classifier import default_model_path
-from agent.server.app import AgentService, create_app
+from agent.server.app import create_app
+from agent.server.service import AgentService
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS as VERDICT_NAMES
 

@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
 from agent.model.classifier import default_model_path
-from agent.server.app import AgentService, create_app
+from agent.server.app import create_app
+from agent.server.service import AgentService
 
 FUZZ = settings(
     max_examples=int(os.environ.get("ICOS_FUZZ_EXAMPLES", "120")),

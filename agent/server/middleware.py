@@ -1,0 +1,63 @@
+"""The request body limit (``server.max_body_bytes``): 413 by ``Content-Length`` or while streaming."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent.server.responses import send_error
+
+
+class BodyTooLarge(Exception):
+    """Raised from the limited ``receive`` once the body passes the limit (caught by the middleware)."""
+
+
+def declared_length(value: bytes) -> int:
+    """A ``Content-Length`` header's value; ``-1`` when it is not a number."""
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+class BodyLimitMiddleware:
+    """Rejects bodies over ``limit`` bytes with 413 (by Content-Length, or while streaming)."""
+
+    def __init__(self, app: ASGIApp, limit: int, on_reject: Callable[[], None]) -> None:
+        self.app = app
+        self.limit = limit
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and declared_length(value) > self.limit:
+                await self._reject(send)
+                return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except BodyTooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        self.on_reject()
+        await send_too_large(send, self.limit)
+
+
+async def send_too_large(send: Send, limit: int) -> None:
+    """Answer 413: the request body is over ``limit`` bytes."""
+    await send_error(send, 413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)")

@@ -1,0 +1,402 @@
+"""The sidecar's state shared by the endpoints: :class:`AgentService` (runtime, windows, metrics,
+worker threads, observe queue, state store) and its lifecycle.
+
+:meth:`AgentService.infer` is the one serve-mode path from a request body to its answer (decode, run,
+judge, encode); both the fast ASGI path and the FastAPI route call it. :meth:`AgentService.swap_runtime`
+is the one place the runtime is replaced (reload, recalibration from labels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agent.config.settings import AgentSettings, admin_token
+from agent.core import logs
+from agent.errors import ClientError
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+from agent.judging.batching import (
+    LOOP_JUDGE_MAX_SAMPLES,
+    LoopJudge,
+    VerdictBatcher,
+    in_worker,
+    model_with_cost,
+)
+from agent.judging.pipeline import Pipeline, ServedRequest
+from agent.judging.runtime import Runtime, load_runtime
+from agent.judging.state import StateStore
+from agent.judging.windows import WindowSet
+from agent.server.observe import EventPairer, ObserveItem
+from agent.server.proxy import UpstreamClient
+from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
+
+log = logs.get("app")
+
+#: Serve-mode requests up to this size run on the event loop while they stay cheap (see
+#: :meth:`AgentService.infer`); a thread hop costs more than a small model's whole inference.
+INLINE_MAX_BYTES = 64 * 1024
+INLINE_BUDGET_SECONDS = 0.001
+#: Binary-tensor requests up to this size are decoded and answered on the event loop and only their
+#: model runs in a worker thread (decoding them is a few small Python steps and one pass over the
+#: values); larger ones, and JSON bodies over :data:`INLINE_MAX_BYTES`, run wholly in the threads.
+LOOP_DECODE_MAX_BYTES = 4 * 1024 * 1024
+
+
+class AgentService:
+    """The sidecar's state shared by the endpoints: runtime, windows, metrics, queues, state store."""
+
+    def __init__(self, settings: AgentSettings, registry: CollectorRegistry, runtime: Runtime) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.metrics = AgentMetrics(registry, per_class_label_cap=settings.metrics.per_class_label_cap)
+        self.windows = WindowSet(settings.window_seconds, settings.windows.count)
+        self.pipeline = Pipeline(self.windows, self.metrics)
+        self.runtime = runtime
+        self.metrics.set_model(runtime.name, runtime.version, runtime.model_sha256, runtime.classes)
+        registry.register(EstimatesCollector(self.snapshot))
+        self.limiter = anyio.CapacityLimiter(settings.server.threads)
+        #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
+        self._inline_cost = 0.0
+        #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`).
+        self.verdicts = VerdictBatcher(self.pipeline, self.run)
+        #: Judges small requests' predictions on the loop (see :meth:`infer`).
+        self.loop_judge = LoopJudge(self.pipeline, LOOP_JUDGE_MAX_SAMPLES)
+        self.admin_token = admin_token()
+        self.ready = False
+        self.store: StateStore | None = None
+        self.upstream: UpstreamClient | None = None
+        self.queue: asyncio.Queue[ObserveItem] | None = None
+        self.pairer = EventPairer(settings.observe.event_ttl_seconds, settings.observe.event_buffer)
+        self._counted_unmatched = (0, 0, 0)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reload_lock = asyncio.Lock()
+        self._metrics_server: Any = None
+        self.accepting = True
+        #: Observe workers judge only while this is set (cleared to hold judging, e.g. for maintenance).
+        self.judging = asyncio.Event()
+        self.judging.set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._state_ok = True
+        #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
+        #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels.service`).
+        self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
+
+    # -- threads ----------------------------------------------------------------------------------
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
+        return await anyio.to_thread.run_sync(in_worker, fn, *args, limiter=self.limiter)
+
+    async def infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """Serve-mode inference of one request body.
+
+        Small requests run right on the event loop while their recent cost (a moving average) stays
+        under :data:`INLINE_BUDGET_SECONDS`: a hop to a worker thread and back costs 50-100 µs, as
+        much as a small CNN's inference, and the loop is blocked for less than that budget. Larger
+        or costlier requests run their model in the worker threads (onnxruntime releases the GIL
+        there; see :meth:`_infer_model_in_thread`). The cost is CPU time, so time spent waiting for
+        the GIL behind other threads does not keep small requests off the loop once they went to the
+        threads. Small requests' predictions that nobody waits for are judged on the loop
+        (:class:`LoopJudge`).
+
+        On the loop, requests that ask for ``icos_verdict`` are judged together: each one queues its
+        predictions with the :class:`VerdictBatcher` and waits, the batcher judges everything queued
+        in one oracle call at the end of the loop's current turn (no added wait when a request is
+        alone), and each request then answers with its own verdicts.
+        """
+        small = len(body) <= INLINE_MAX_BYTES
+        if small and self._inline_cost < INLINE_BUDGET_SECONDS:
+            t0 = time.thread_time()
+            served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
+            return await self._answer(served, time.thread_time() - t0, small)
+        if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
+            return await self._infer_model_in_thread(rt, body, header_length, small)
+        return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+
+    async def _infer_model_in_thread(
+        self, rt: Runtime, body: bytes, header_length: str | None, small: bool
+    ) -> tuple[bytes, dict[str, str]]:
+        """Decode on the loop, run the model in a worker thread, judge (when asked) and answer on the
+        loop. The worker threads then hold the GIL only to enter and leave onnxruntime: with many
+        requests in flight, threads that also decoded and encoded would queue for the GIL behind each
+        other and behind the loop. A small request's cost still feeds the inline moving average, so
+        small requests return to the loop once the model is cheap again."""
+        t0 = time.thread_time()
+        decoded = self.pipeline.serve_decode(rt, body, header_length)
+        cost = time.thread_time() - t0
+        pred, seconds, model_cost = await self.run(model_with_cost, self.pipeline, decoded)
+        t1 = time.thread_time()
+        served = self.pipeline.serve_accept(decoded, pred, seconds)
+        return await self._answer(served, cost + model_cost + time.thread_time() - t1, small)
+
+    async def _answer(self, served: ServedRequest, cost: float, small: bool) -> tuple[bytes, dict[str, str]]:
+        """Judge the request (when it asked for verdicts, see :class:`VerdictBatcher`) and answer it.
+        A small request's CPU time (``cost``, its CPU seconds so far, plus this) feeds the inline
+        moving average; CPU times only, since other tasks run on the loop while it waits."""
+        if served.work is not None:
+            cost += await self.verdicts.judge(served.work)
+        t0 = time.thread_time()
+        try:
+            return self.pipeline.serve_respond(served)
+        finally:
+            if small:
+                self._inline_cost += 0.05 * (cost + time.thread_time() - t0 - self._inline_cost)
+
+    # -- estimates --------------------------------------------------------------------------------
+    def estimates(self) -> dict[str, Any]:
+        rt = self.runtime
+        now = time.time()
+        windows = {}
+        for name, (stats, ests) in self.windows.estimates(rt.calibration, now).items():
+            windows[name] = {
+                "n": stats.n,
+                "fails": stats.fails,
+                "fails_by_family": dict(stats.fails_by_family),
+                "estimates": {k: e.to_dict() for k, e in ests.items()},
+            }
+        for section in self.estimate_sections:
+            for name, extra in section(rt, now).items():
+                if name in windows:
+                    windows[name].update(extra)
+        return {
+            "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
+            "headline": RECOMMENDED_ESTIMATOR,
+            "total_judged": self.windows.total,
+            "windows": windows,
+            "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},
+            "timestamp": now,
+        }
+
+    def snapshot(self) -> Snapshot | None:
+        rt = self.runtime
+        points: list[EstimatePoint] = []
+        wpoints: list[WindowPoint] = []
+        for name, (stats, ests) in self.windows.estimates(rt.calibration, time.time()).items():
+            wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family)))
+            for est, e in ests.items():
+                points.append(EstimatePoint(est, name, e.value, e.lower, e.upper, e.n))
+        cal = rt.calibration
+        return Snapshot(rt.name, rt.version, points, wpoints, cal.tpr, cal.fpr, cal.n_wrong, cal.n_right)
+
+    # -- state ------------------------------------------------------------------------------------
+    def _state_key(self) -> str:
+        return f"windows:{self.settings.model.name}"
+
+    def save_state(self) -> None:
+        if self.store is None:
+            return
+        self.store.put_json(self._state_key(), {"identity": self.runtime.identity, "windows": self.windows.to_dict()})
+
+    def restore_state(self) -> None:
+        if self.store is None:
+            return
+        saved = self.store.get_json(self._state_key())
+        if saved and saved.get("identity") == self.runtime.identity:
+            self.windows.restore(saved["windows"])
+            log.info("restored estimator windows", extra={"judged": self.windows.total})
+        elif saved:
+            log.info("saved windows belong to another model or bundle; starting empty")
+
+    # -- observe ----------------------------------------------------------------------------------
+    def count_unmatched(self) -> None:
+        p = self.pairer
+        e0, v0, d0 = self._counted_unmatched
+        for reason, new, old in (
+            ("expired", p.expired, e0),
+            ("evicted", p.evicted, v0),
+            ("duplicate", p.duplicates, d0),
+        ):
+            if new > old:
+                self.metrics.observe_unmatched.labels(reason).inc(new - old)
+        self._counted_unmatched = (p.expired, p.evicted, p.duplicates)
+
+    def enqueue(self, item: ObserveItem) -> None:
+        assert self.queue is not None
+        if not self.accepting:
+            raise ClientError(
+                "the agent is shutting down; retry on another replica", status=503, reason="shutting_down"
+            )
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.metrics.observe_rejected.inc()
+            raise ClientError(
+                f"observe queue is full ({self.queue.maxsize} batches); retry later", status=429, reason="queue_full"
+            ) from None
+        self.metrics.observe_queue_length.set(self.queue.qsize())
+
+    def _judge_item(self, item: ObserveItem) -> None:
+        rt = self.runtime
+        probs = item.probabilities
+        labels = probs.argmax(axis=1).astype(np.int64)
+        self.pipeline.judge(rt, rt.features(item.x), probs, labels, item.metadata, None, item.id)
+
+    async def _observe_worker(self) -> None:
+        assert self.queue is not None
+        while True:
+            await self.judging.wait()
+            item = await self.queue.get()
+            try:
+                await self.run(self._judge_item, item)
+            except Exception:
+                log.exception("judging an observed batch failed", extra={"id": item.id})
+            finally:
+                self.queue.task_done()
+                self.metrics.observe_queue_length.set(self.queue.qsize())
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.observe.event_ttl_seconds / 4))
+            self.pairer.expire(time.time())
+            self.count_unmatched()
+
+    def _state_failed(self, what: str, exc: BaseException) -> None:
+        self.metrics.state_write(False, time.time())
+        if self._state_ok:
+            log.error(
+                f"{what}; serving goes on, retrying every flush interval",
+                extra={"state_dir": str(self.settings.state_dir), "error": f"{type(exc).__name__}: {exc}"},
+            )
+        self._state_ok = False
+
+    def _open_store(self) -> bool:
+        """Open the state database; a read-only or full directory is counted and logged, not raised."""
+        assert self.settings.state_dir is not None
+        try:
+            self.store = StateStore(self.settings.state_dir)
+        except Exception as exc:
+            self.store = None
+            self._state_failed("saving state failed: cannot open the state directory", exc)
+            return False
+        return True
+
+    def save_state_guarded(self) -> bool:
+        """Save the windows; a failure (read-only or full state directory) is counted and logged once
+        per outage, never raised: serving goes on and the next flush retries."""
+        if self.store is None:
+            if self.settings.state_dir is None or not self._open_store():
+                return False
+            if self.windows.total == 0:
+                self.restore_state()
+        try:
+            self.save_state()
+        except Exception as exc:
+            self._state_failed("saving state failed", exc)
+            return False
+        self.metrics.state_write(True, time.time())
+        if not self._state_ok:
+            log.warning("saving state recovered", extra={"state_dir": str(self.settings.state_dir)})
+        self._state_ok = True
+        return True
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.state.flush_interval_seconds)
+            await self.run(self.save_state_guarded)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.loop = asyncio.get_running_loop()
+        if s.state_dir is not None and self._open_store():
+            self.restore_state()
+        if s.mode == "proxy":
+            assert s.upstream.url is not None
+            self.upstream = UpstreamClient(s.upstream.url, s.upstream.timeout_seconds, max_connections=64)
+        if s.mode == "observe":
+            self.queue = asyncio.Queue(maxsize=s.observe.queue_size)
+            if self.store is not None:
+                for _kind, arrays, meta in self.store.take_pending():
+                    with contextlib.suppress(asyncio.QueueFull):
+                        self.queue.put_nowait(ObserveItem.from_arrays(arrays, meta))
+                if self.queue.qsize():
+                    log.info("restored pending observed batches", extra={"batches": self.queue.qsize()})
+            for _ in range(s.observe.workers):
+                self._tasks.append(asyncio.create_task(self._observe_worker()))
+            self._tasks.append(asyncio.create_task(self._expiry_loop()))
+        if s.mode == "serve":
+            self.pipeline.start_background()
+        if s.state_dir is not None:
+            self._tasks.append(asyncio.create_task(self._flush_loop()))
+        if s.server.metrics_port is not None:
+            self._metrics_server = start_http_server(s.server.metrics_port, addr=s.server.host, registry=self.registry)
+        self.ready = True
+        log.info(
+            "agent ready",
+            extra={
+                "mode": s.mode,
+                "model": self.runtime.name,
+                "version": self.runtime.version,
+                "sha256": self.runtime.model_sha256,
+            },
+        )
+
+    async def stop(self) -> None:
+        self.ready = False
+        self.accepting = False
+        if self.queue is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.queue.join(), timeout=self.settings.server.graceful_timeout_seconds)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self.loop_judge.close()
+        await anyio.to_thread.run_sync(self.pipeline.stop_background)  # judge what is still pending
+        if self.queue is not None and self.store is not None:
+            left = 0
+            while not self.queue.empty():
+                item = self.queue.get_nowait()
+                arrays, meta = item.to_arrays()
+                try:
+                    self.store.add_pending("observe", arrays, meta)
+                except Exception as exc:
+                    self.metrics.state_write(False, time.time())
+                    log.error("an observed batch could not be saved", extra={"id": item.id, "error": str(exc)})
+                    continue
+                left += 1
+            if left:
+                log.info("saved pending observed batches", extra={"batches": left})
+        if self.upstream is not None:
+            await self.upstream.aclose()
+        if self.settings.state_dir is not None:
+            self.save_state_guarded()
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+            self.store = None
+        if self._metrics_server is not None:
+            server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
+            with contextlib.suppress(Exception):
+                server.shutdown()
+                server.server_close()
+        log.info("agent stopped; state flushed")
+
+    async def reload(self, model_path: str | None, bundle_path: str | None, version: str | None) -> Runtime:
+        async with self._reload_lock:
+            new = await anyio.to_thread.run_sync(
+                lambda: load_runtime(self.settings, model_path=model_path, bundle_path=bundle_path, version=version)
+            )
+            self.swap_runtime(new)
+            log.info(
+                "reloaded", extra={"sha256": new.model_sha256, "bundle": new.bundle_digest, "version": new.version}
+            )
+            return new
+
+    def swap_runtime(self, new: Runtime) -> None:
+        """Serve ``new`` from now on: the one place the runtime is replaced (an atomic swap: requests in
+        flight keep the runtime they started with). The windows restart when the model or the bundle
+        changed (not for a new calibration of the same ones); the model metrics follow."""
+        if new.identity != self.runtime.identity:
+            self.windows.reset()
+        self.runtime = new
+        self.metrics.set_model(new.name, new.version, new.model_sha256, new.classes)
