@@ -39,12 +39,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from agent.audits.report import AuditError, AuditResult, ProgressFn
+from agent.data.files import DataError
 
 __all__ = [
     "ALLOWED_ESTIMATORS",
@@ -743,3 +745,15 @@ def run_retrain_audit(
         runs,
         {"mutated_share_of_cells": k / max(int(x_train.size), 1), "target": target},
     )
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A CSV or Parquet table of retrain mode; unreadable files raise :class:`DataError`."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file not found: {p}")
+    try:
+        return pd.read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else pd.read_csv(p)
+    except Exception as exc:  # pandas raises many parser error types
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{p}: cannot read table ({reason})") from None
