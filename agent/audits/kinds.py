@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from agent.audits.dscore import run_dscore
+from agent.audits.dscore.run import run_dscore
 from agent.audits.metamorphic import run_metamorphic_audit
 from agent.audits.params import (
     DEFAULT_IMAGE_TRANSFORMATIONS,
@@ -153,7 +153,7 @@ def _run_mutation(
     model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: MutationParams, guard: ProgressFn, _: bool
 ) -> AuditResult:
     # pandas stays out of the agent's start-up until a mutation audit runs
-    from agent.audits.mutation import run_mutation_audit
+    from agent.audits.mutation.run import run_mutation_audit
 
     return run_mutation_audit(
         model.predict_proba,
@@ -191,7 +191,7 @@ def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress
     if not any(getattr(args, a) for a in ("spec", "train", "test", "target")):
         return None
     # pandas and scikit-learn stay out of the CLI's start-up until retrain mode runs
-    from agent.audits.mutation import read_table, run_retrain_audit
+    from agent.audits.mutation.retrain import read_table, run_retrain_audit
 
     missing = [f"--{a}" for a in ("spec", "train", "test", "target") if not getattr(args, a)]
     if missing:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.audits.mutation import probability_errors as mutation_probability_errors
+from agent.audits.mutation.robustness import probability_errors as mutation_probability_errors
 from agent.estimation.estimators import EstimatorCalibration, WindowStats, estimate_all
 from agent.labels.realized import RealizedWindows, probability_errors, realized_window
 from agent.labels.service import parse_labels, resolve_label
