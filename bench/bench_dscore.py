@@ -4,8 +4,8 @@ A D-Score audit needs ``2n² + 1`` passes over the data (base model, ``n²`` reg
 ``n²`` translated test sets). This script measures, in one run and on the same data:
 
 * ``plain``: ``2n² + 1`` forward passes of the unmodified model (one onnxruntime session);
-* ``audit``: :func:`agent.audits.dscore.run_dscore` (graph surgery, one masked session, translation);
-* ``separate``: :func:`agent.audits.dscore.run_dscore_separate_sessions` (``n²`` variant models and
+* ``audit``: :func:`agent.audits.dscore.run.run_dscore` (graph surgery, one masked session, translation);
+* ``separate``: :func:`agent.audits.dscore.run.run_dscore_separate_sessions` (``n²`` variant models and
   sessions built one by one: the baseline the mask inputs avoid).
 
 and prints ``audit / plain`` (target ≤ 1.5) and ``separate / audit``. Each timing is the median
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.audits.dscore import run_dscore, run_dscore_separate_sessions  # noqa: E402
+from agent.audits.dscore.run import run_dscore, run_dscore_separate_sessions  # noqa: E402
 from agent.data.datasets import digits, mnist5k  # noqa: E402
 from invariants.onnx_session import OnnxSession  # noqa: E402
 

@@ -16,19 +16,38 @@ Names (labels are bounded: audit kinds, statuses, the configured relations and t
 * ``icos_metamorphic_violation_ratio{relation}`` — share of inputs whose label changed under the
   relation (``relation="all"``: pooled over every relation).
 
-This module knows nothing of the agent: it takes plain numbers.
+This module knows nothing of the agent: the audit kinds and their gauges (:class:`GaugeSpec`) are
+given at construction, values are plain numbers.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-AUDITS: tuple[str, ...] = ("dscore", "mutation", "metamorphic")
 STATUSES: tuple[str, ...] = ("success", "failure", "timeout", "skipped")
-MUTATION_METRICS: tuple[str, ...] = ("mae", "mse", "rmse", "accuracy")
+
+#: Values of one gauge: ``{label values: value}`` (``()`` for a gauge without labels).
+GaugeValues = Mapping[tuple[str, ...], float]
+
+
+@dataclass(frozen=True)
+class GaugeSpec:
+    """A gauge an audit kind exports.
+
+    ``nan_until_set``: the gauge reads NaN, not 0, until the first successful run (a 0 would read
+    as "fully degraded"). ``replace``: label sets absent from an update are removed (e.g. relations
+    no longer configured).
+    """
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    nan_until_set: bool = False
+    replace: bool = False
 
 
 def _finite(value: float) -> float:
@@ -37,9 +56,13 @@ def _finite(value: float) -> float:
 
 
 class AuditMetrics:
-    """Gauges and counters of the audits; ``record_*`` methods are thread-safe (prometheus_client)."""
+    """Gauges and counters of the audits; methods are thread-safe (prometheus_client).
 
-    def __init__(self, registry: CollectorRegistry, audits: Iterable[str] = AUDITS) -> None:
+    ``audits`` are the kind names (their run counters exist from the start); ``gauges`` the kinds'
+    own gauges, in exposition order.
+    """
+
+    def __init__(self, registry: CollectorRegistry, audits: Iterable[str], gauges: Iterable[GaugeSpec]) -> None:
         self.runs = Counter("icos_audit_runs", "Finished audit runs by status.", ["audit", "status"], registry=registry)
         self.last_success = Gauge(
             "icos_audit_last_success_timestamp_seconds",
@@ -50,38 +73,16 @@ class AuditMetrics:
         self.duration = Gauge(
             "icos_audit_duration_seconds", "Duration of the last audit run.", ["audit"], registry=registry
         )
-        self.dscore = Gauge("icos_dscore", "D-Score (eq. 6) of the last successful audit.", registry=registry)
-        self.dscore_robustness = Gauge(
-            "icos_dscore_robustness", "D-Score v_robust (eq. 4, lower is better).", registry=registry
-        )
-        self.dscore_fitness = Gauge("icos_dscore_fitness", "D-Score v_fitness (eq. 3).", registry=registry)
-        self.dscore_base_accuracy = Gauge(
-            "icos_dscore_base_accuracy_ratio",
-            "Accuracy of the unmodified model in the last D-Score audit.",
-            registry=registry,
-        )
-        self.mutation_change = Gauge(
-            "icos_mutation_relative_change_ratio",
-            "Mean relative change of the model's error after data mutation (0.25 = +25%).",
-            ["audit", "metric", "operator"],
-            registry=registry,
-        )
-        self.mutation_change_std = Gauge(
-            "icos_mutation_relative_change_stddev_ratio",
-            "Standard deviation over repetitions of the relative change after data mutation.",
-            ["audit", "metric", "operator"],
-            registry=registry,
-        )
-        # NaN, not 0, until the first successful D-Score audit: a 0 would read as "fully degraded"
-        for gauge in (self.dscore, self.dscore_robustness, self.dscore_fitness, self.dscore_base_accuracy):
-            gauge.set(math.nan)
-        self.metamorphic_violation = Gauge(
-            "icos_metamorphic_violation_ratio",
-            "Share of inputs whose predicted label changes under a metamorphic relation.",
-            ["relation"],
-            registry=registry,
-        )
-        self._relations: set[str] = set()
+        self._specs: dict[str, GaugeSpec] = {}
+        self.gauges: dict[str, Gauge] = {}
+        self._label_sets: dict[str, set[tuple[str, ...]]] = {}
+        for spec in gauges:
+            gauge = Gauge(spec.name, spec.help, list(spec.labels), registry=registry)
+            if spec.nan_until_set and not spec.labels:
+                gauge.set(math.nan)
+            self._specs[spec.name] = spec
+            self.gauges[spec.name] = gauge
+            self._label_sets[spec.name] = set()
         for audit in audits:
             for status in STATUSES:
                 self.runs.labels(audit, status)
@@ -93,22 +94,16 @@ class AuditMetrics:
         if status == "success":
             self.last_success.labels(audit).set(float(finished_at))
 
-    def set_dscore(self, dscore: float, robustness: float, fitness: float, base_accuracy: float) -> None:
-        self.dscore.set(_finite(dscore))
-        self.dscore_robustness.set(_finite(robustness))
-        self.dscore_fitness.set(_finite(fitness))
-        self.dscore_base_accuracy.set(_finite(base_accuracy))
-
-    def set_mutation(self, changes: Mapping[tuple[str, str], tuple[float, float]], audit: str = "mutation") -> None:
-        """``{(metric, operator): (mean_ratio, std_ratio)}``; ratios, not percent."""
-        for (metric, operator), (mean, std) in changes.items():
-            self.mutation_change.labels(audit, metric, operator.lower()).set(_finite(mean))
-            self.mutation_change_std.labels(audit, metric, operator.lower()).set(_finite(std))
-
-    def set_metamorphic(self, violations: Mapping[str, float]) -> None:
-        """``{relation: violation ratio}``; relations absent from this run are removed."""
-        for gone in self._relations - set(violations):
-            self.metamorphic_violation.remove(gone)
-        for relation, ratio in violations.items():
-            self.metamorphic_violation.labels(relation).set(_finite(ratio))
-        self._relations = set(violations)
+    def set_gauge(self, name: str, values: GaugeValues) -> None:
+        """Set the gauge ``name`` for each label set in ``values`` (non-finite values read NaN)."""
+        spec, gauge = self._specs[name], self.gauges[name]
+        if not spec.labels:
+            for value in values.values():
+                gauge.set(_finite(value))
+            return
+        if spec.replace:
+            for gone in self._label_sets[name] - set(values):
+                gauge.remove(*gone)
+            self._label_sets[name] = set(values)
+        for labels, value in values.items():
+            gauge.labels(*labels).set(_finite(value))

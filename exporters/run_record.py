@@ -22,8 +22,9 @@ from typing import Any
 
 ParamValue = str | int | float | bool
 
-#: Kinds the agent logs. Other lower-case names are accepted too.
-KINDS = ("fit", "dscore", "mutation", "metamorphic", "estimates")
+#: Kinds the agent logs besides its audits (an audit's record is named for its kind, e.g. ``dscore``).
+#: Any lower-case name is accepted.
+KINDS = ("fit", "estimates")
 #: The kind whose records are appended to one run per model, version and day.
 SNAPSHOT_KIND = "estimates"
 
@@ -100,7 +101,9 @@ class RunRecord:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not _KIND.match(self.kind):
-            raise ValueError(f"kind {self.kind!r} must be a lower-case name such as {', '.join(KINDS)}")
+            raise ValueError(
+                f"kind {self.kind!r} must be a lower-case name such as {', '.join(KINDS)} or an audit kind"
+            )
         if not isinstance(self.name, str) or not self.name or len(self.name) > MAX_RUN_NAME_LENGTH:
             raise ValueError(f"run name must be 1-{MAX_RUN_NAME_LENGTH} characters, got {self.name!r}")
         if not isinstance(self.record_id, str) or not _RECORD_ID.match(self.record_id):

@@ -2,19 +2,20 @@
 
 * :func:`load_audit_data` reads a data file and shapes it for the model (images ``[N, C, H, W]``,
   labels as class indices).
-* :func:`run_audit` runs D-Score, data mutation or metamorphic testing and returns the
+* :func:`run_audit` runs an audit kind of the registry (:mod:`agent.audits.registry`) and returns the
   :class:`~agent.audits.report.AuditResult`; a deadline turns into :class:`AuditTimeout` at the next
   step boundary (a D-Score batch, a mutation repetition, a metamorphic relation).
 * :func:`audit_record` / :func:`fit_record` build the MLflow :class:`~exporters.run_record.RunRecord`
   of an audit or a fit: params, metrics, the JSON report and PNG artifacts, model tags.
 * :func:`open_logger` builds the :class:`~exporters.mlflow_logger.MlflowLogger` (spool in the state
-  directory), importing mlflow only when a run is delivered.
+  directory); the logger imports mlflow only when a run is delivered.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,20 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.audits.config import (
-    DEFAULT_IMAGE_TRANSFORMATIONS,
-    DEFAULT_TABLE_TRANSFORMATIONS,
-    CommonParams,
-    DScoreParams,
-    MetamorphicParams,
-    MutationParams,
-)
+from agent.audits.config import AUDIT_KINDS
+from agent.audits.params import CommonParams
 from agent.audits.report import AuditError, AuditResult, ProgressFn, jsonable
+from agent.data.files import label_indices, load_data
+from exporters.mlflow_logger import MlflowLogger
+from exporters.run_record import RunRecord
 
 if TYPE_CHECKING:
     from agent.model.classifier import OnnxClassifier
-    from exporters.mlflow_logger import MlflowLogger
-    from exporters.run_record import RunRecord
 
 __all__ = [
     "AuditOutcome",
@@ -122,8 +118,6 @@ def load_audit_data(
     path: str | Path, model: OnnxClassifier, *, label_column: str | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none)."""
-    from agent.data.files import label_indices, load_data
-
     data = load_data(path, label_column=label_column, require_metadata=False)
     x = prepare_inputs(model, data.x)
     y = None if data.y is None else label_indices(data.y, model.classes)
@@ -174,62 +168,12 @@ def run_audit(
     if y is not None and len(y) != len(x):
         raise AuditError(f"{len(x)} inputs but {len(y)} labels")
     x, y = _subset(x, y, params)
+    entry = AUDIT_KINDS.get(kind)
+    if entry is None:
+        raise AuditError(f"unknown audit {kind!r}; choose {', '.join(AUDIT_KINDS)}")
     guard = _guard(progress, deadline, kind)
     guard(0, 1)
-    if kind == "dscore":
-        assert isinstance(params, DScoreParams)
-        from agent.audits.dscore import run_dscore
-
-        audit = run_dscore(
-            model.model_bytes,
-            x,
-            y,
-            n=params.n,
-            t=params.t,
-            batch_size=params.batch_size,
-            output_name=model.scores_output,
-            progress=guard,
-        )
-        result = audit.to_audit_result(heatmaps=heatmaps)
-        result.details["base_accuracy"] = audit.base_accuracy
-        return result
-    if kind == "mutation":
-        assert isinstance(params, MutationParams)
-        from agent.audits.mutation import run_mutation_audit
-
-        return run_mutation_audit(
-            model.predict_proba,
-            x,
-            y,
-            k=params.k,
-            repetitions=params.repetitions,
-            seed=params.seed,
-            operators=params.operators,
-            progress=guard,
-            batch_size=params.batch_size,
-        )
-    if kind == "metamorphic":
-        assert isinstance(params, MetamorphicParams)
-        from agent.audits.metamorphic import run_metamorphic_audit
-
-        transformations = params.transformations
-        if transformations is None:
-            images = x.ndim >= 3
-            transformations = list(DEFAULT_IMAGE_TRANSFORMATIONS if images else DEFAULT_TABLE_TRANSFORMATIONS)
-        result = run_metamorphic_audit(
-            model.predict_proba,
-            x,
-            transformations=transformations,
-            order=params.order,
-            seed=params.seed,
-            max_compositions=params.max_compositions,
-            flips_safe=params.allow_flips,
-            batch_size=params.batch_size,
-            progress=guard,
-        )
-        result.params["label_free"] = True
-        return result
-    raise AuditError(f"unknown audit {kind!r}; choose dscore, mutation or metamorphic")
+    return entry.run(model, x, y, params, guard, heatmaps)
 
 
 # -- MLflow records -----------------------------------------------------------------------------------
@@ -270,7 +214,6 @@ def audit_record(
     Tags: ``icos.audit.status``, ``icos.audit.trigger``, ``icos.audit.data_source`` plus the
     model tags the logger adds (``icos.model.name``/``.version``/``.sha256``).
     """
-    from exporters.run_record import RunRecord
 
     result = outcome.result
     report = json.dumps(outcome.to_dict(), indent=2, allow_nan=False).encode()
@@ -315,7 +258,6 @@ def fit_record(
 ) -> RunRecord:
     """The MLflow run of ``icos-agent fit``: fit parameters, model and oracle metrics, the bundle's
     small files (manifest, IDI rules, TDI rules with their readable text) and the JSON summary."""
-    from exporters.run_record import RunRecord
 
     metrics: dict[str, Any] = {k: v for k, v in summary.items() if not isinstance(v, Mapping)}
     for k, v in dict(summary.get("calibration") or {}).items():
@@ -341,8 +283,6 @@ def fit_record(
 
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/icos-agent`` (``~/.local/state/icos-agent``): where the CLI spools runs."""
-    import os
-
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "icos-agent"
 
@@ -350,50 +290,5 @@ def default_state_dir() -> Path:
 def open_logger(tracking_uri: str | None, experiment: str, state_dir: Path) -> MlflowLogger:
     """An MLflow logger spooling into ``<state_dir>/mlflow-spool``; ``tracking_uri`` ``None`` →
     ``sqlite:///<state_dir>/mlflow.db``."""
-    from exporters.mlflow_logger import MlflowLogger
-
     state_dir = Path(state_dir)
     return MlflowLogger(tracking_uri, experiment, state_dir / "mlflow-spool", state_dir=state_dir)
-
-
-def _read_table(path: str | Path) -> Any:
-    import pandas as pd
-
-    from agent.data.files import DataError
-
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"data file not found: {p}")
-    try:
-        return pd.read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else pd.read_csv(p)
-    except Exception as exc:  # pandas raises many parser error types
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{p}: cannot read table ({reason})") from None
-
-
-def run_retrain(
-    spec: Mapping[str, Any],
-    train: str | Path,
-    test: str | Path,
-    target: str,
-    params: MutationParams,
-    *,
-    progress: ProgressFn | None = None,
-    deadline: float | None = None,
-) -> AuditResult:
-    """The mutation paper's own procedure (§4-5): mutate ``k`` cells of the training table, retrain
-    the estimator named by ``spec``, evaluate on the clean test table (see
-    :func:`agent.audits.mutation.run_retrain_audit`)."""
-    from agent.audits.mutation import run_retrain_audit
-
-    return run_retrain_audit(
-        spec,
-        _read_table(train),
-        _read_table(test),
-        target,
-        k=params.k,
-        repetitions=params.repetitions,
-        seed=params.seed,
-        operators=params.operators,
-        progress=_guard(progress, deadline, "mutation"),
-    )

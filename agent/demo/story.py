@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from agent.audits.config import AUDIT_KINDS
+from agent.audits.runner import fit_record, open_logger
+from agent.data.datasets import mnist_splits
 from agent.demo.agent_process import (
     CONFIG_FILE,
     LOG_FILE,
@@ -42,9 +45,11 @@ from agent.demo.client import AgentClient
 from agent.demo.fitting import FitOutcome, load_or_fit
 from agent.demo.live import LiveView
 from agent.demo.record import DemoRecord, PhaseStats
+from agent.demo.report import write_report
 from agent.demo.traffic import Phase, build_phases
+from agent.model.classifier import OnnxClassifier, default_model_path
+from exporters.run_record import RunRecord
 
-AUDIT_KINDS = ("dscore", "mutation", "metamorphic")
 EXPERIMENT = "icos-agent"
 
 
@@ -85,8 +90,6 @@ def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
 
 # -- MLflow (demo side: the fit and the estimate snapshots; the agent logs its audits) -------------------
 def _log_fit_and_snapshots(state_dir: Path, fit: FitOutcome, model: Any, record: DemoRecord | None) -> dict[str, Any]:
-    from agent.audits.runner import fit_record, open_logger
-    from exporters.run_record import RunRecord
 
     logger = open_logger(None, EXPERIMENT, state_dir)
     runs: dict[str, Any] = {}
@@ -203,21 +206,7 @@ def _audit_line(kind: str, outcome: dict[str, Any]) -> str:
     m = (outcome.get("result") or {}).get("metrics", {})
     if status != "success":
         return f"  {kind}: {status} after {secs:.1f} s: {outcome.get('error')}"
-    if kind == "dscore":
-        what = (
-            f"D-Score {m['dscore']:.3f} (fitness {m['fitness']:.3f}, robustness {m['robustness']:.4f}), "
-            f"accuracy {m['base_accuracy']:.3f} -> {m['min_translated_accuracy']:.3f} at worst when translated"
-        )
-    elif kind == "mutation":
-        what = (
-            f"all operators together: MAE {m.get('all_mae_change_pct_mean', 0):+.1f} %, "
-            f"accuracy {m.get('all_accuracy_change_pct_mean', 0):+.2f} % (relative change)"
-        )
-    else:
-        what = (
-            f"labels changed on {m['overall_violation_rate']:.1%} of transformed inputs "
-            f"(worst relation {m['max_violation_rate']:.1%})"
-        )
+    what = AUDIT_KINDS[kind].demo_line(m)
     return f"  {kind}: {what} [{secs:.1f} s]"
 
 
@@ -276,8 +265,6 @@ def run_demo(opts: DemoOptions) -> int:
 
 
 def _run(opts: DemoOptions, t_start: float) -> int:
-    from agent.data.datasets import mnist_splits
-    from agent.model.classifier import OnnxClassifier, default_model_path
 
     # MLflow announces the migrations of a new store at INFO level (here and in the agent it starts).
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -370,7 +357,6 @@ def _run(opts: DemoOptions, t_start: float) -> int:
 
 
 def _report(record: DemoRecord, report_dir: Path, commands: list[tuple[str, str]]) -> Path:
-    from agent.demo.report import write_report
 
     return write_report(record, report_dir, commands)
 

@@ -13,7 +13,7 @@ calibration sees a continuum from in-distribution to badly shifted data:
   blur, fog, strokes and edge images for images; for tables, feature dropout to the mean,
   heavy-tailed noise, quantisation, monotone warps and feature swaps.
 * ``audit``: the label-preserving transformations of the metamorphic audit
-  (:data:`agent.audits.metamorphic.TRANSFORMS`: pixel shifts, brightness, contrast, Gaussian noise,
+  (:data:`agent.perturb.transforms.TRANSFORMS`: pixel shifts, brightness, contrast, Gaussian noise,
   rotation and Gaussian blur for images; multiplicative scaling and Gaussian noise for tables), with
   their parameters drawn over wide ranges (:data:`AUDIT_RANGES`). These are the drifts the agent
   already audits the model against, so the estimator learns how the model reacts to them.
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agent.audits.metamorphic import TRANSFORMS, TransformContext
 from agent.estimation.calibration import ShiftCalibration
 from agent.estimation.reference import InputReference
 from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
 from agent.estimation.statistics import SampleExtras
+from agent.perturb.transforms import TRANSFORMS, TransformContext
 
 if TYPE_CHECKING:
     from agent.model.classifier import OnnxClassifier

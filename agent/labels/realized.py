@@ -20,7 +20,7 @@ For every window, :class:`RealizedWindows` reports on the labeled predictions in
   RMSE = √MSE, the mean running over every instance and class (for two classes this is the paper's
   binary definition). The paper's less robust instruments (LogLoss, percentage errors, median or
   geometric-mean summaries) are deliberately absent. This is the definition of
-  ``agent.audits.mutation.probability_errors`` too.
+  ``agent.audits.mutation.robustness.probability_errors`` too.
 
 The labeled samples are kept in memory (at most ``capacity``, the newest by prediction time, and
 only those a window can still hold); statistics are recomputed when read (cached for a second).

@@ -31,7 +31,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from agent.audits.config import AUDIT_KINDS, AuditsConfig
-from agent.audits.report import AuditError, AuditResult
+from agent.audits.registry import audit_metrics, export_result
+from agent.audits.report import AuditError
 from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, open_logger, run_audit
 from agent.core.durations import parse_duration
 from agent.core.scheduler import JobScheduler
@@ -39,7 +40,6 @@ from agent.data.reservoir import Reservoir
 from agent.judging.pipeline import Pipeline
 from agent.judging.runtime import Runtime
 from agent.model.classifier import OnnxClassifier
-from exporters.audit_metrics import AuditMetrics
 
 if TYPE_CHECKING:
     from exporters.mlflow_logger import MlflowLogger
@@ -52,26 +52,6 @@ FLUSH_INTERVAL_SECONDS = 60.0
 
 class AgentStopping(AuditTimeout):
     """The agent is shutting down; the audit in progress stops at its next step."""
-
-
-def export_result(metrics: AuditMetrics, result: AuditResult) -> None:
-    """Set the gauges of one successful audit result."""
-    m = result.metrics
-    if result.kind == "dscore":
-        metrics.set_dscore(m["dscore"], m["robustness"], m["fitness"], m["base_accuracy"])
-    elif result.kind == "mutation":
-        changes: dict[tuple[str, str], tuple[float, float]] = {}
-        for group in result.details.get("summary", {}):
-            for metric in ("mae", "mse", "rmse", "accuracy"):
-                mean = m.get(f"{group.lower()}_{metric}_change_pct_mean")
-                std = m.get(f"{group.lower()}_{metric}_change_pct_std")
-                if mean is not None and std is not None:
-                    changes[(metric, group.lower())] = (float(mean) / 100.0, float(std) / 100.0)
-        metrics.set_mutation(changes)
-    elif result.kind == "metamorphic":
-        violations = {str(r["relation"]): float(r["violation_rate"]) for r in result.details.get("relations", [])}
-        violations["all"] = float(m["overall_violation_rate"])
-        metrics.set_metamorphic(violations)
 
 
 class AuditHost(Protocol):
@@ -90,7 +70,7 @@ class AuditService:
         self.config = config
         self.agent = agent
         self.state_dir = state_dir
-        self.metrics = AuditMetrics(agent.registry)
+        self.metrics = audit_metrics(agent.registry)
         r = config.reservoir
         self.reservoir: Reservoir | None = (
             Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None

@@ -16,7 +16,7 @@ from conftest import RunningServer, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.audits.mutation import probability_errors
+from agent.audits.mutation.robustness import probability_errors
 from agent.cli import main as cli_main
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits

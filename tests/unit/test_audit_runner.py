@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from agent.audits.config import DScoreParams, MetamorphicParams, MutationParams
+from agent.audits.params import DScoreParams, MetamorphicParams, MutationParams
 from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, run_audit
 from agent.core.scheduler import check_trigger, validate_cron
 from agent.model.classifier import OnnxClassifier, default_model_path

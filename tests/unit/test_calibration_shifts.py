@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from agent.audits.metamorphic import TRANSFORMS
 from agent.estimation.shifts import AUDIT_RANGES, AUDIT_TABLE_RANGES, image_corruptions, shifted_sets
+from agent.perturb.transforms import TRANSFORMS
 
 
 def _digits_like(n: int = 40, seed: int = 0) -> np.ndarray:

@@ -12,20 +12,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.audits.dscore import (
-    DScoreError,
+from agent.audits.dscore.masking import insert_region_masks
+from agent.audits.dscore.run import heatmaps_png, run_dscore, run_dscore_separate_sessions
+from agent.audits.dscore.scores import DScoreError, feature_distribution, g_bound, score, score_from_distributions
+from agent.audits.dscore.translation import (
     augment,
-    feature_distribution,
-    g_bound,
-    heatmaps_png,
-    insert_region_masks,
     pad_resize,
     region_bounds,
     resize_bilinear,
-    run_dscore,
-    run_dscore_separate_sessions,
-    score,
-    score_from_distributions,
     translate,
     translation_padding,
 )

@@ -10,13 +10,13 @@ import pytest
 
 from agent.audits.metamorphic import (
     MetamorphicConfigError,
-    TransformContext,
     apply_relation,
     build_relations,
     parse_specs,
     run_metamorphic_audit,
     wilson_interval,
 )
+from agent.perturb.transforms import TransformContext
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_CNN = ROOT / "agent" / "models" / "digits_cnn.onnx"

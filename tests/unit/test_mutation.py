@@ -13,20 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.audits.mutation import (
-    ALLOWED_ESTIMATORS,
-    NotApplicable,
-    build_estimator,
-    dec,
-    decimal_parts,
-    dig,
-    imp,
-    mutate,
-    probability_errors,
-    run_mutation_audit,
-    run_retrain_audit,
-    sgn,
-)
+from agent.audits.mutation.operators import NotApplicable, dec, decimal_parts, dig, imp, mutate, sgn
+from agent.audits.mutation.retrain import ALLOWED_ESTIMATORS, build_estimator, run_retrain_audit
+from agent.audits.mutation.robustness import probability_errors
+from agent.audits.mutation.run import run_mutation_audit
 from agent.audits.report import AuditError
 
 ROOT = Path(__file__).resolve().parents[2]

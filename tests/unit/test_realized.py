@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.audits.mutation import probability_errors as mutation_probability_errors
+from agent.audits.mutation.robustness import probability_errors as mutation_probability_errors
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import estimate_all
 from agent.estimation.statistics import WindowStats

@@ -1,0 +1,395 @@
+"""The built-in audit kinds, registered in :mod:`agent.audits.registry`: D-Score, data mutation and
+metamorphic testing, each with its run function, CLI flags, printed summaries and gauges."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+from agent.audits.dscore.run import run_dscore
+from agent.audits.metamorphic import run_metamorphic_audit
+from agent.audits.params import (
+    DEFAULT_IMAGE_TRANSFORMATIONS,
+    DEFAULT_TABLE_TRANSFORMATIONS,
+    DScoreJob,
+    DScoreParams,
+    MetamorphicJob,
+    MetamorphicParams,
+    MutationJob,
+    MutationParams,
+)
+from agent.audits.registry import AuditKind, CliRun, register
+from agent.audits.report import AuditResult, ProgressFn
+from agent.errors import UserError
+from exporters.audit_metrics import GaugeSpec, GaugeValues
+
+if TYPE_CHECKING:
+    from agent.model.classifier import OnnxClassifier
+
+MUTATION_METRICS: tuple[str, ...] = ("mae", "mse", "rmse", "accuracy")
+
+
+def read_yaml(text_or_path: str, what: str) -> Any:
+    """A YAML file's content, or ``text_or_path`` itself parsed as YAML when it is no file."""
+    p = Path(text_or_path)
+    try:
+        is_file = p.is_file()
+    except OSError:
+        is_file = False
+    text = p.read_text(encoding="utf-8") if is_file else text_or_path
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{what}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+# -- D-Score ----------------------------------------------------------------------------------------------
+def _run_dscore(
+    model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: DScoreParams, guard: ProgressFn, heatmaps: bool
+) -> AuditResult:
+    audit = run_dscore(
+        model.model_bytes,
+        x,
+        y,
+        n=params.n,
+        t=params.t,
+        batch_size=params.batch_size,
+        output_name=model.scores_output,
+        progress=guard,
+    )
+    result = audit.to_audit_result(heatmaps=heatmaps)
+    result.details["base_accuracy"] = audit.base_accuracy
+    return result
+
+
+def _dscore_args(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--n", type=int, default=3, help="n×n regions (default 3)")
+    d.add_argument("--t", type=float, default=5.0, help="translation hyper-parameter t (default 5)")
+
+
+def _dscore_summary(out: dict[str, Any]) -> list[str]:
+    m = out["result"]["metrics"]
+    d = out["result"]["details"]
+    n = out["result"]["params"]["n"]
+    lines = [
+        f"  D-Score {m['dscore']:.4f} = fitness {m['fitness']:.4f} - robustness {m['robustness']:.4f}"
+        f"  (base accuracy {m['base_accuracy']:.4f}{', label-free' if d['label_free'] else ''})"
+    ]
+    for name, key in (
+        ("variant accuracy (region deleted)", "variant_accuracies"),
+        ("accuracy on translated inputs", "translated_accuracies"),
+    ):
+        vals = d[key]
+        lines.append(f"  {name}:")
+        for r in range(n):
+            lines.append("    " + "  ".join(f"{v:.3f}" for v in vals[r * n : (r + 1) * n]))
+    lines.append(f"  augmentation probability p = {m['augmentation_probability']:.4f}")
+    return lines
+
+
+def _dscore_json(out: dict[str, Any]) -> dict[str, Any]:
+    details = out["result"]["details"]
+    return {
+        **details["score"],
+        "base_accuracy": details["base_accuracy"],
+        "variant_accuracies": details["variant_accuracies"],
+        "translated_accuracies": details["translated_accuracies"],
+        **out,
+    }
+
+
+def _dscore_demo(m: Mapping[str, Any]) -> str:
+    return (
+        f"D-Score {m['dscore']:.3f} (fitness {m['fitness']:.3f}, robustness {m['robustness']:.4f}), "
+        f"accuracy {m['base_accuracy']:.3f} -> {m['min_translated_accuracy']:.3f} at worst when translated"
+    )
+
+
+def _dscore_export(result: AuditResult) -> dict[str, GaugeValues]:
+    m = result.metrics
+    return {
+        "icos_dscore": {(): m["dscore"]},
+        "icos_dscore_robustness": {(): m["robustness"]},
+        "icos_dscore_fitness": {(): m["fitness"]},
+        "icos_dscore_base_accuracy_ratio": {(): m["base_accuracy"]},
+    }
+
+
+DSCORE = register(
+    AuditKind(
+        name="dscore",
+        params=DScoreParams,
+        job=DScoreJob,
+        run=_run_dscore,
+        help="D-Score: region deletion and translation (white-box CNN diagnosis)",
+        add_arguments=_dscore_args,
+        cli_params=lambda args: {"n": args.n, "t": args.t},
+        summary_lines=_dscore_summary,
+        demo_line=_dscore_demo,
+        gauges=(
+            GaugeSpec("icos_dscore", "D-Score (eq. 6) of the last successful audit.", nan_until_set=True),
+            GaugeSpec("icos_dscore_robustness", "D-Score v_robust (eq. 4, lower is better).", nan_until_set=True),
+            GaugeSpec("icos_dscore_fitness", "D-Score v_fitness (eq. 3).", nan_until_set=True),
+            GaugeSpec(
+                "icos_dscore_base_accuracy_ratio",
+                "Accuracy of the unmodified model in the last D-Score audit.",
+                nan_until_set=True,
+            ),
+        ),
+        export=_dscore_export,
+        cli_json=_dscore_json,
+    )
+)
+
+
+# -- data mutation ----------------------------------------------------------------------------------------
+def _run_mutation(
+    model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: MutationParams, guard: ProgressFn, _: bool
+) -> AuditResult:
+    # pandas stays out of the agent's start-up until a mutation audit runs
+    from agent.audits.mutation.run import run_mutation_audit
+
+    return run_mutation_audit(
+        model.predict_proba,
+        x,
+        y,
+        k=params.k,
+        repetitions=params.repetitions,
+        seed=params.seed,
+        operators=params.operators,
+        progress=guard,
+        batch_size=params.batch_size,
+    )
+
+
+def _mutation_args(m: argparse.ArgumentParser) -> None:
+    m.add_argument("--k", type=int, default=100, help="mutated cells per repetition (default 100)")
+    m.add_argument("--repetitions", type=int, default=5)
+    m.add_argument("--operators", default="DEC,IMP,SGN,DIG", help="comma-separated subset of DEC,IMP,SGN,DIG")
+    m.add_argument("--seed", type=int, default=0)
+    r = m.add_argument_group("retrain mode (the paper's procedure: mutate the training set, retrain)")
+    r.add_argument("--spec", help="YAML estimator spec: {estimator: sklearn.ensemble.RandomForestRegressor, params}")
+    r.add_argument("--train", help="training table (CSV/Parquet)")
+    r.add_argument("--test", help="test table (CSV/Parquet)")
+    r.add_argument("--target", help="target column")
+
+
+def _mutation_params(args: argparse.Namespace) -> dict[str, Any]:
+    ops = [o for o in args.operators.split(",") if o.strip()]
+    return {"k": args.k, "repetitions": args.repetitions, "operators": ops, "seed": args.seed}
+
+
+def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress: ProgressFn) -> CliRun | None:
+    """Retrain mode (§4-5): mutate ``k`` cells of the training table, retrain the estimator of
+    ``--spec``, evaluate on the clean test table; ``None`` when none of its flags is given."""
+    if not any(getattr(args, a) for a in ("spec", "train", "test", "target")):
+        return None
+    # pandas and scikit-learn stay out of the CLI's start-up until retrain mode runs
+    from agent.audits.mutation.retrain import read_table, run_retrain_audit
+
+    missing = [f"--{a}" for a in ("spec", "train", "test", "target") if not getattr(args, a)]
+    if missing:
+        raise UserError(f"retrain mode needs --spec, --train, --test and --target; missing {', '.join(missing)}")
+    if args.model or args.data:
+        raise UserError("retrain mode trains its own model: drop --model/--data")
+    if not Path(args.spec).is_file():
+        raise UserError(f"--spec: file not found: {args.spec}")
+    spec = read_yaml(args.spec, "--spec")
+    if not isinstance(spec, dict):
+        raise UserError("--spec must be a mapping: {estimator: <class path>, params: {...}}")
+    result = run_retrain_audit(
+        spec,
+        read_table(args.train),
+        read_table(args.test),
+        args.target,
+        k=params.k,
+        repetitions=params.repetitions,
+        seed=params.seed,
+        operators=params.operators,
+        progress=progress,
+    )
+    result.params["spec_sha256"] = hashlib.sha256(Path(args.spec).read_bytes()).hexdigest()
+    name = args.model_name or str(spec.get("estimator", "estimator")).rsplit(".", 1)[-1]
+    source = f"{args.train} -> {args.test}"
+    return result, int(result.params["n_train"]), source, {"name": name, "version": args.model_version, "sha256": ""}
+
+
+def _mutation_summary(out: dict[str, Any]) -> list[str]:
+    summary = out["result"]["details"]["summary"]
+    lines = ["  baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in out["result"]["details"]["baseline"].items())]
+    lines.append(f"  {'operator':<9}" + "".join(f"{k + ' Δ%':>20}" for k in ("mae", "mse", "rmse")))
+    for op, s in summary.items():
+        cells = []
+        for k in ("mae", "mse", "rmse"):
+            mean, std = s[k]["change_pct_mean"], s[k]["change_pct_std"]
+            cells.append("n/a" if mean is None else f"{mean:+.2f} ± {std or 0:.2f}")
+        note = f"  ({s['note']})" if s.get("note") else ""
+        lines.append(f"  {op:<9}" + "".join(f"{c:>20}" for c in cells) + note)
+    return lines
+
+
+def _mutation_demo(m: Mapping[str, Any]) -> str:
+    return (
+        f"all operators together: MAE {m.get('all_mae_change_pct_mean', 0):+.1f} %, "
+        f"accuracy {m.get('all_accuracy_change_pct_mean', 0):+.2f} % (relative change)"
+    )
+
+
+def _mutation_export(result: AuditResult) -> dict[str, GaugeValues]:
+    """Mean and standard deviation of the relative change per metric and operator group, as ratios."""
+    m = result.metrics
+    means: dict[tuple[str, ...], float] = {}
+    stds: dict[tuple[str, ...], float] = {}
+    for group in result.details.get("summary", {}):
+        for metric in MUTATION_METRICS:
+            mean = m.get(f"{group.lower()}_{metric}_change_pct_mean")
+            std = m.get(f"{group.lower()}_{metric}_change_pct_std")
+            if mean is not None and std is not None:
+                means[("mutation", metric, group.lower())] = float(mean) / 100.0
+                stds[("mutation", metric, group.lower())] = float(std) / 100.0
+    return {"icos_mutation_relative_change_ratio": means, "icos_mutation_relative_change_stddev_ratio": stds}
+
+
+MUTATION = register(
+    AuditKind(
+        name="mutation",
+        params=MutationParams,
+        job=MutationJob,
+        run=_run_mutation,
+        help="data mutation DEC/IMP/SGN/DIG: relative change of MAE/MSE/RMSE",
+        add_arguments=_mutation_args,
+        cli_params=_mutation_params,
+        summary_lines=_mutation_summary,
+        demo_line=_mutation_demo,
+        gauges=(
+            GaugeSpec(
+                "icos_mutation_relative_change_ratio",
+                "Mean relative change of the model's error after data mutation (0.25 = +25%).",
+                ("audit", "metric", "operator"),
+            ),
+            GaugeSpec(
+                "icos_mutation_relative_change_stddev_ratio",
+                "Standard deviation over repetitions of the relative change after data mutation.",
+                ("audit", "metric", "operator"),
+            ),
+        ),
+        export=_mutation_export,
+        cli_model_required=False,
+        cli_alt_run=_mutation_retrain,
+    )
+)
+
+
+# -- metamorphic testing ----------------------------------------------------------------------------------
+def _run_metamorphic(
+    model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: MetamorphicParams, guard: ProgressFn, _: bool
+) -> AuditResult:
+    transformations = params.transformations
+    if transformations is None:
+        images = x.ndim >= 3
+        transformations = list(DEFAULT_IMAGE_TRANSFORMATIONS if images else DEFAULT_TABLE_TRANSFORMATIONS)
+    result = run_metamorphic_audit(
+        model.predict_proba,
+        x,
+        transformations=transformations,
+        order=params.order,
+        seed=params.seed,
+        max_compositions=params.max_compositions,
+        flips_safe=params.allow_flips,
+        batch_size=params.batch_size,
+        progress=guard,
+    )
+    result.params["label_free"] = True
+    return result
+
+
+def _metamorphic_args(t: argparse.ArgumentParser) -> None:
+    t.add_argument(
+        "--transformations",
+        help='YAML file or inline YAML list, e.g. "[shift, {name: blur, sigma: 0.7}]" (default: a safe set)',
+    )
+    t.add_argument("--order", type=int, default=1, help="compose this many transformations (default 1)")
+    t.add_argument("--max-compositions", type=int, help="test a seeded subset of the compositions")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--allow-flips", action="store_true", help="declare horizontal/vertical flips label-preserving")
+
+
+def _transformations(value: str | None) -> list[Any] | None:
+    if value is None:
+        return None
+    loaded = read_yaml(value, "--transformations")
+    if isinstance(loaded, dict) and "transformations" in loaded:
+        loaded = loaded["transformations"]
+    if isinstance(loaded, str):
+        loaded = [s.strip() for s in loaded.split(",") if s.strip()]
+    if not isinstance(loaded, list) or not loaded:
+        raise UserError("--transformations must be a list of names or {name: ..., <param>: ...} mappings")
+    return loaded
+
+
+def _metamorphic_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "transformations": _transformations(args.transformations),
+        "order": args.order,
+        "seed": args.seed,
+        "allow_flips": args.allow_flips,
+        "max_compositions": args.max_compositions,
+    }
+
+
+def _metamorphic_summary(out: dict[str, Any]) -> list[str]:
+    m = out["result"]["metrics"]
+    lines = [
+        f"  overall violation rate {m['overall_violation_rate']:.4f}"
+        f" [{m['overall_violation_rate_lower']:.4f}, {m['overall_violation_rate_upper']:.4f}]"
+    ]
+    for r in out["result"]["details"]["relations"]:
+        lines.append(
+            f"  {r['relation']:<32} violations {r['violation_rate']:.4f}"
+            f"  confidence drop {r['mean_confidence_drop']:+.4f}"
+        )
+    return lines
+
+
+def _metamorphic_demo(m: Mapping[str, Any]) -> str:
+    return (
+        f"labels changed on {m['overall_violation_rate']:.1%} of transformed inputs "
+        f"(worst relation {m['max_violation_rate']:.1%})"
+    )
+
+
+def _metamorphic_export(result: AuditResult) -> dict[str, GaugeValues]:
+    relations = result.details.get("relations", [])
+    violations: dict[tuple[str, ...], float] = {(str(r["relation"]),): float(r["violation_rate"]) for r in relations}
+    violations[("all",)] = float(result.metrics["overall_violation_rate"])
+    return {"icos_metamorphic_violation_ratio": violations}
+
+
+METAMORPHIC = register(
+    AuditKind(
+        name="metamorphic",
+        params=MetamorphicParams,
+        job=MetamorphicJob,
+        run=_run_metamorphic,
+        help="metamorphic testing: label changes under label-preserving edits",
+        add_arguments=_metamorphic_args,
+        cli_params=_metamorphic_params,
+        summary_lines=_metamorphic_summary,
+        demo_line=_metamorphic_demo,
+        gauges=(
+            GaugeSpec(
+                "icos_metamorphic_violation_ratio",
+                "Share of inputs whose predicted label changes under a metamorphic relation.",
+                ("relation",),
+                replace=True,
+            ),
+        ),
+        export=_metamorphic_export,
+    )
+)

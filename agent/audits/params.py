@@ -1,0 +1,168 @@
+"""Parameter and schedule models of the robustness audits.
+
+The parameter models (:class:`DScoreParams`, :class:`MutationParams`, :class:`MetamorphicParams`)
+are shared by the CLI (``icos-agent audit ...``) and the scheduler, so both validate the same way;
+a job model (``DScoreJob`` ...) is a kind's parameters plus its schedule (:class:`_Schedule`).
+The ``audits`` config section that holds them is built in :mod:`agent.audits.config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agent.core.durations import parse_duration
+from agent.core.scheduler import validate_cron
+
+MUTATION_OPERATORS: tuple[str, ...] = ("DEC", "IMP", "SGN", "DIG")
+#: Transformations used when none are configured, by kind of data.
+DEFAULT_IMAGE_TRANSFORMATIONS: tuple[str, ...] = ("shift", "brightness", "contrast", "gaussian_noise", "blur")
+DEFAULT_TABLE_TRANSFORMATIONS: tuple[str, ...] = ("scale", "noise")
+
+
+def _duration(text: str) -> float:
+    return parse_duration(text)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- audit parameters ----------------------------------------------------------------------------
+class CommonParams(_Strict):
+    label_free: bool = Field(False, description="ignore labels: accuracy means agreement with the model's own labels")
+    max_samples: int | None = Field(
+        2000, ge=1, description="use at most this many inputs (a seeded random subset); null = all"
+    )
+    batch_size: int = Field(256, ge=1, le=65536)
+
+
+class DScoreParams(CommonParams):
+    """D-Score §IV: ``n × n`` regions, translation hyper-parameter ``t``."""
+
+    n: int = Field(3, ge=1, le=16)
+    t: float = Field(5.0, gt=0)
+
+
+class MutationParams(CommonParams):
+    """Data mutation §4: ``k`` mutated cells per repetition, operators DEC/IMP/SGN/DIG."""
+
+    k: int = Field(100, ge=1)
+    repetitions: int = Field(5, ge=1, le=1000)
+    operators: list[str] = Field(default_factory=lambda: list(MUTATION_OPERATORS))
+    seed: int = Field(0, ge=0)
+
+    @field_validator("operators")
+    @classmethod
+    def _ops(cls, v: list[str]) -> list[str]:
+        ops = [o.strip().upper() for o in v]
+        bad = [o for o in ops if o not in MUTATION_OPERATORS]
+        if bad or not ops:
+            raise ValueError(f"unknown operator(s) {bad or ops}; choose from {', '.join(MUTATION_OPERATORS)}")
+        if len(set(ops)) != len(ops):
+            raise ValueError(f"operator listed twice: {ops}")
+        return ops
+
+
+class MetamorphicParams(CommonParams):
+    """Metamorphic testing (LAMPION §3): transformations, order of composition, seed."""
+
+    transformations: list[str | dict[str, Any]] | None = None
+    order: int = Field(1, ge=1, le=4)
+    seed: int = Field(0, ge=0)
+    allow_flips: bool = False
+    max_compositions: int | None = Field(None, ge=1)
+
+
+# -- scheduling ----------------------------------------------------------------------------------
+class AuditData(_Strict):
+    """Where a scheduled audit gets its inputs.
+
+    ``reference``: a labeled (or unlabeled) data file (``.npz`` x/y, CSV, Parquet). ``live``: the
+    bounded reservoir sample of recent live inputs (label-free); the run is skipped while the
+    reservoir holds fewer than ``min_samples`` inputs.
+    """
+
+    source: Literal["reference", "live"] = "reference"
+    path: Path | None = None
+    label_column: str | None = None
+    min_samples: int = Field(50, ge=1)
+
+    @model_validator(mode="after")
+    def _needs_path(self) -> AuditData:
+        if self.source == "reference" and self.path is None:
+            raise ValueError("path is required when source is reference")
+        if self.source == "live" and self.path is not None:
+            raise ValueError("path is only used when source is reference")
+        return self
+
+
+class _Schedule(_Strict):
+    cron: str | None = None
+    interval: str | None = None
+    time_budget: str = "10m"
+    data: AuditData | None = None
+    mlflow: bool = True
+
+    @field_validator("interval", "time_budget")
+    @classmethod
+    def _durations(cls, v: str | None) -> str | None:
+        if v is not None and _duration(v) <= 0:
+            raise ValueError(f"{v!r} must be positive")
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        return validate_cron(v)
+
+    @model_validator(mode="after")
+    def _cron_xor_interval(self) -> _Schedule:
+        if (self.cron is None) == (self.interval is None):
+            raise ValueError("set exactly one of cron and interval")
+        return self
+
+    @property
+    def interval_seconds(self) -> float | None:
+        return None if self.interval is None else _duration(self.interval)
+
+    @property
+    def time_budget_seconds(self) -> float:
+        return _duration(self.time_budget)
+
+
+class DScoreJob(_Schedule, DScoreParams):
+    pass
+
+
+class MutationJob(_Schedule, MutationParams):
+    pass
+
+
+class MetamorphicJob(_Schedule, MetamorphicParams):
+    pass
+
+
+class ReservoirConfig(_Strict):
+    size: int = Field(1000, ge=0, le=1_000_000, description="live inputs kept for label-free audits; 0 = off")
+    horizon: str = Field("1h", description="the sample covers inputs of at most about this age")
+
+    @field_validator("horizon")
+    @classmethod
+    def _horizon(cls, v: str) -> str:
+        if _duration(v) <= 0:
+            raise ValueError(f"{v!r} must be positive")
+        return v
+
+
+class AuditMlflowConfig(_Strict):
+    """Where audit runs go. ``tracking_uri`` null → ``sqlite:///<state_dir>/mlflow.db`` when a state
+    directory is set, else audits are not logged. Unreachable → spooled in ``<state_dir>``."""
+
+    enabled: bool = True
+    tracking_uri: str | None = None
+    experiment: str = Field("icos-agent", min_length=1)

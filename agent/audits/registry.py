@@ -1,0 +1,127 @@
+"""The one registry of audit kinds: everything the agent needs to know about a kind, in one entry.
+
+An :class:`AuditKind` holds a kind's parameter and job (schedule) models, the function that runs
+it, its ``icos-agent audit <kind>`` arguments, the text the CLI and the demo print for a result and
+the Prometheus gauges it exports. The ``audits`` config section, the CLI, the HTTP routes, the
+metrics, the MLflow run records and the demo all iterate :data:`AUDIT_KINDS`, so adding a kind is
+one :func:`register` call (the built-in kinds are registered by :mod:`agent.audits.kinds`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agent.audits.params import CommonParams, _Schedule
+from agent.audits.report import AuditResult, ProgressFn
+from exporters.audit_metrics import AuditMetrics, GaugeSpec, GaugeValues
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from agent.model.classifier import OnnxClassifier
+
+__all__ = [
+    "AUDIT_KINDS",
+    "PARAM_MODELS",
+    "AuditKind",
+    "CliRun",
+    "audit_metrics",
+    "export_result",
+    "register",
+    "unregister",
+]
+
+#: ``run(model, x, y, params, progress, heatmaps)``: the kind's audit on prepared inputs.
+RunFn = Callable[["OnnxClassifier", np.ndarray, "np.ndarray | None", Any, ProgressFn, bool], AuditResult]
+#: What a CLI run that brings its own model returns: result, number of inputs, data source, model tags.
+CliRun = tuple[AuditResult, int, str, dict[str, str]]
+
+
+def _no_cli_json(out: dict[str, Any]) -> dict[str, Any]:
+    return out
+
+
+def _no_gauges(result: AuditResult) -> dict[str, GaugeValues]:
+    return {}
+
+
+@dataclass(frozen=True)
+class AuditKind:
+    """One audit kind.
+
+    * ``params``/``job``: its parameter model and its config entry (parameters plus schedule).
+    * ``run``: runs it on inputs shaped for the model (see :func:`agent.audits.runner.run_audit`).
+    * ``help``/``add_arguments``/``cli_params``: the ``icos-agent audit <name>`` sub-command, its
+      own flags and how they map onto ``params`` fields; ``cli_model_required`` is false when
+      ``cli_alt_run`` can run without ``--model``/``--data`` (it returns ``None`` when its flags
+      are absent); ``cli_json`` reshapes the ``--json`` object.
+    * ``summary_lines``: the CLI's text lines for a result (after the header line);
+      ``demo_line``: the demo's one-line summary of a successful run's metrics.
+    * ``gauges``/``export``: the Prometheus gauges of the kind and their values for a result.
+    """
+
+    name: str
+    params: type[CommonParams]
+    job: type[_Schedule]
+    run: RunFn
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    cli_params: Callable[[argparse.Namespace], dict[str, Any]]
+    summary_lines: Callable[[dict[str, Any]], list[str]]
+    demo_line: Callable[[Mapping[str, Any]], str]
+    gauges: tuple[GaugeSpec, ...] = ()
+    export: Callable[[AuditResult], dict[str, GaugeValues]] = _no_gauges
+    cli_model_required: bool = True
+    cli_alt_run: Callable[[argparse.Namespace, Any, ProgressFn], CliRun | None] | None = None
+    cli_json: Callable[[dict[str, Any]], dict[str, Any]] = field(default=_no_cli_json)
+
+
+#: Every audit kind by name, in registration order (the order of the config, CLI and ``GET /v1/audits``).
+AUDIT_KINDS: dict[str, AuditKind] = {}
+
+
+def register(kind: AuditKind) -> AuditKind:
+    """Add ``kind``; a name can be registered once."""
+    if kind.name in AUDIT_KINDS:
+        raise ValueError(f"audit kind {kind.name!r} is already registered")
+    AUDIT_KINDS[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    """Remove the kind ``name`` (tests add and remove kinds)."""
+    AUDIT_KINDS.pop(name, None)
+
+
+class _ParamModels(Mapping[str, type[CommonParams]]):
+    """``{kind: parameter model}``, read live from :data:`AUDIT_KINDS`."""
+
+    def __getitem__(self, name: str) -> type[CommonParams]:
+        return AUDIT_KINDS[name].params
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(AUDIT_KINDS)
+
+    def __len__(self) -> int:
+        return len(AUDIT_KINDS)
+
+
+PARAM_MODELS: Mapping[str, type[CommonParams]] = _ParamModels()
+
+
+def audit_metrics(registry: CollectorRegistry) -> AuditMetrics:
+    """The audit metrics on ``registry``: run counters of every kind and every kind's gauges."""
+    return AuditMetrics(registry, list(AUDIT_KINDS), [g for k in AUDIT_KINDS.values() for g in k.gauges])
+
+
+def export_result(metrics: AuditMetrics, result: AuditResult) -> None:
+    """Set the gauges of one successful audit result (kinds without gauges set nothing)."""
+    kind = AUDIT_KINDS.get(result.kind)
+    if kind is not None:
+        for name, values in kind.export(result).items():
+            metrics.set_gauge(name, values)

@@ -1,0 +1,1 @@
+"""Perturbations of model inputs (images, tables) shared by the audits and the estimators' calibration."""
