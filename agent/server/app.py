@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
 from agent import __version__
+from agent.config.model_source import fetch_model
 from agent.config.settings import AgentSettings
 from agent.judging.runtime import Runtime, load_runtime
 from agent.labels.service import LabelService
-from agent.model.source import fetch_model
 from agent.server.audit_routes import audit_router
 from agent.server.audits import AuditService
 from agent.server.errors import install_error_handlers
