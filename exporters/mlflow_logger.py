@@ -55,6 +55,7 @@ from exporters.mlflow_env import (
     sqlite_path,
 )
 from exporters.mlflow_files import DownloadedModel, RegisteredModelVersion, locate_model, stage_model_files, write_tree
+from exporters.redaction import RedactingFilter, redact_text
 from exporters.run_record import (
     KINDS,
     SNAPSHOT_KIND,
@@ -92,6 +93,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())  # tracking URIs and MLflow's errors may carry credentials
 
 DEFAULT_RETRY_AFTER_S = 30.0
 TAG_LAST_RECORD_ID = "icos.last_record_id"
@@ -320,7 +322,7 @@ class MlflowLogger:
 
     def _mark_down(self, exc: BaseException) -> None:
         self._experiment_id = None
-        self._last_error = _short(exc)
+        self._last_error = redact_text(_short(exc))
         self._down_until = time.monotonic() + self.retry_after_s
         if not self._down:
             log.warning(

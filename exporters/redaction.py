@@ -8,9 +8,10 @@ values of credential-like query parameters become ``***``; everything else stays
 
 from __future__ import annotations
 
+import logging
 import re
 
-__all__ = ["REDACTED", "redact_text", "redact_uri"]
+__all__ = ["REDACTED", "RedactingFilter", "redact_text", "redact_uri"]
 
 REDACTED = "***"
 
@@ -35,3 +36,15 @@ def redact_text(text: str) -> str:
 def redact_uri(uri: str | None) -> str | None:
     """One URI with its credentials replaced by ``***`` (``None`` stays ``None``)."""
     return None if uri is None else redact_text(uri)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the formatted message of every record passing a logger it is on
+    (for loggers whose records may reach handlers other than the agent's JSON one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporters.redaction import RedactingFilter
 from exporters.run_record import RunRecord
 
 log = logging.getLogger(__name__)
+log.addFilter(RedactingFilter())  # tracking URIs and MLflow's errors may carry credentials
 
 SPOOL_FORMAT = "icos-agent/mlflow-spool"
 SPOOL_VERSION = 1

@@ -40,6 +40,7 @@ from agent.audits.runner import (
 )
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
+from exporters.redaction import redact_uri
 
 
 def _common(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         mlflow_info = {
             "run_id": run_id,
             "spooled": outcome.mlflow_spooled,
-            "tracking_uri": logger.tracking_uri,
+            "tracking_uri": redact_uri(logger.tracking_uri),
             "experiment": args.experiment,
             "spool_dir": str(logger.spool_dir),
         }
@@ -213,4 +214,4 @@ def log_fit(args: argparse.Namespace, model: Any, summary: dict[str, Any], start
     run_id = logger.log(record)
     if run_id is None and not args.json:
         print(f"  MLflow unreachable: run spooled in {logger.spool_dir}", file=sys.stderr)
-    return {"run_id": run_id, "tracking_uri": logger.tracking_uri, "spooled": run_id is None}
+    return {"run_id": run_id, "tracking_uri": redact_uri(logger.tracking_uri), "spooled": run_id is None}

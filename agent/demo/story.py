@@ -48,6 +48,7 @@ from agent.demo.record import DemoRecord, PhaseStats
 from agent.demo.report import write_report
 from agent.demo.traffic import Phase, build_phases
 from agent.model.classifier import OnnxClassifier, default_model_path
+from exporters.redaction import redact_uri
 from exporters.run_record import RunRecord
 
 EXPERIMENT = "icos-agent"
@@ -129,7 +130,7 @@ def _log_fit_and_snapshots(state_dir: Path, fit: FitOutcome, model: Any, record:
                 step=int(now) * 10 + i,
             )
             runs["estimates"] = logger.log(snap)
-    runs["tracking_uri"] = logger.tracking_uri
+    runs["tracking_uri"] = redact_uri(logger.tracking_uri)
     return runs
 
 

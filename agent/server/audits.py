@@ -40,6 +40,7 @@ from agent.data.reservoir import Reservoir
 from agent.judging.pipeline import Pipeline
 from agent.judging.runtime import Runtime
 from agent.model.classifier import OnnxClassifier
+from exporters.redaction import redact_uri
 
 if TYPE_CHECKING:
     from exporters.mlflow_logger import MlflowLogger
@@ -164,7 +165,7 @@ class AuditService:
             "reservoir": None if res is None else {"capacity": res.capacity, "size": len(res), "seen": res.seen},
             "mlflow": None
             if self._logger is None
-            else {"tracking_uri": self._logger.tracking_uri, "pending": self._logger.pending()},
+            else {"tracking_uri": redact_uri(self._logger.tracking_uri), "pending": self._logger.pending()},
         }
 
     # -- running ----------------------------------------------------------------------------------------

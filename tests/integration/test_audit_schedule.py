@@ -216,3 +216,43 @@ def test_audit_config_is_validated_at_load(
 ) -> None:
     with pytest.raises(UserError, match=re.escape(message)):
         load_settings(_write_config(tmp_path, mnist_bundle_dir, audits))
+
+
+def test_credentials_in_the_tracking_uri_never_leave_the_agent(
+    tmp_path: Path,
+    mnist_bundle_dir: Path,
+    reference: Path,
+    run_server: Callable[..., RunningServer],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``GET /v1/audits`` is unauthenticated: it shows where runs go, never the password in the URI."""
+    monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", TOKEN)
+    secret = "pa55w0rd-in-uri"
+    config = _write_config(
+        tmp_path,
+        mnist_bundle_dir,
+        {
+            "reference": {"path": reference.name},
+            # a closed loopback port: MLflow is "down", the run is spooled, the URI is still shown
+            "mlflow": {"tracking_uri": f"http://icos:{secret}@127.0.0.1:9/"},
+            "dscore": {"interval": "24h", "n": 2, "t": 5},
+        },
+    )
+    settings = load_settings(config)
+    settings.state_dir = tmp_path / "state"
+    srv = run_server(create_app(settings))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    resp = httpx.post(f"{srv.url}/v1/audits/dscore?wait=true", headers=auth, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert secret not in resp.text
+
+    def done() -> bool:
+        last = httpx.get(f"{srv.url}/v1/audits").json()["audits"]["dscore"]["last"]
+        return last is not None
+
+    assert wait_until(done, timeout=90, interval=0.3)
+    body = httpx.get(f"{srv.url}/v1/audits").text
+    assert secret not in body
+    assert "http://***@127.0.0.1:9/" in body
+    assert secret not in caplog.text
