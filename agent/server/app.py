@@ -34,6 +34,7 @@ from agent.server.labels_routes import labels_router
 from agent.server.middleware import BodyLimitMiddleware
 from agent.server.routes import build_router
 from agent.server.service import AgentService
+from agent.server.triton_routes import triton_router
 
 
 class AgentApp(FastAPI):
@@ -106,6 +107,7 @@ def create_app(
     app.state.registry = registry
     app.state.settings = settings
     install_error_handlers(app, svc.metrics)
+    app.include_router(triton_router(svc))  # first: /v2/models/stats is no model named 'stats'
     app.include_router(build_router(svc))
     for router in routers:
         app.include_router(router)

@@ -15,6 +15,7 @@ import tritonclient.http as th
 from conftest import RunningServer, start_server
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
@@ -274,3 +275,24 @@ def test_unused_bytes_inputs_are_ignored(agent: RunningServer, mnist_splits: Spl
     r = httpx.post(f"{agent.url}/v2/models/mnist/infer", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == mnist_splits.test.y[:2].tolist()
+
+
+def test_triton_extensions_are_answered_without_counting_as_invalid(
+    client: th.InferenceServerClient, agent: RunningServer
+) -> None:
+    """Triton clients probe the repository index, the model configuration and statistics: the index is
+    served, the rest is a 404 that says why, and none of it feeds the invalid-requests alert."""
+    before = sum(v for (name, _), v in metrics(agent.url).items() if name == "icos_invalid_requests_total")
+    index = client.get_model_repository_index()
+    assert index == [{"name": "mnist", "version": "3", "state": "READY", "reason": ""}]
+    for call in (lambda: client.get_model_config("mnist"), lambda: client.get_inference_statistics("mnist")):
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert "not served by icos-agent" in str(info.value)
+    for path in ("/v2/models/stats", "/v2/models/mnist/versions/1/config", "/v2/models/mnist/versions/1/stats"):
+        resp = httpx.get(f"{agent.url}{path}")
+        assert resp.status_code == 404 and "Triton" in resp.json()["error"]
+    after = sum(v for (name, _), v in metrics(agent.url).items() if name == "icos_invalid_requests_total")
+    assert after == before
+    assert httpx.get(f"{agent.url}/v2/models/nosuch").status_code == 404  # a wrong model still counts
+    assert sum(v for (n, _), v in metrics(agent.url).items() if n == "icos_invalid_requests_total") == before + 1
