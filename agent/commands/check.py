@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from agent.commands.model_args import add_model_arguments, load_model
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="judge a data set with a bundle: verdicts, estimates, truth if labeled")
-    p.add_argument("--model", required=True, help="ONNX classifier")
+    add_model_arguments(p)
     p.add_argument("--bundle", required=True, help="bundle directory written by `fit`")
     p.add_argument("--data", required=True, help="data (.npz x[/y], .csv, .parquet)")
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays the IDIs read")
@@ -46,11 +48,10 @@ def format_report(report: dict[str, object]) -> str:
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps numpy out of CLI start-up
     from agent.data.files import load_data
-    from agent.model.classifier import OnnxClassifier
     from agent.offline.check import check_report
     from invariants.bundle import Bundle
 
-    model = OnnxClassifier.load(args.model)
+    model = load_model(args)
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
     data = load_data(args.data, label_column=args.label_column, metadata=args.metadata)
     report = check_report(model, bundle, data, args.metadata)

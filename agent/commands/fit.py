@@ -8,12 +8,13 @@ import sys
 import time
 
 from agent.commands.audit import log_fit
+from agent.commands.model_args import add_model_arguments, load_model
 from agent.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("fit", help="fit IDI/TDI/ADI invariants for a model and write a bundle")
-    p.add_argument("--model", required=True, help="ONNX classifier")
+    add_model_arguments(p)
     p.add_argument("--train", required=True, help="labeled training data (.npz x/y, .csv, .parquet)")
     p.add_argument("--val", required=True, help="labeled validation data (ADI training + calibration)")
     p.add_argument("--idi", help="YAML file of input-data-dependent invariants")
@@ -42,7 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps numpy out of CLI start-up
     from agent.data.files import load_data
-    from agent.model.classifier import OnnxClassifier
     from agent.offline.fit import fit_bundle
 
     if not 0.0 <= args.confidence <= 1.0:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 < args.calibration_fraction < 1.0:
         raise UserError("--calibration-fraction must be within (0, 1)")
     started = time.perf_counter()
-    model = OnnxClassifier.load(args.model)
+    model = load_model(args)
     train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
     val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
 

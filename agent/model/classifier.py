@@ -3,7 +3,8 @@
 Accepted models:
 
 * a single float output of logits (softmax is applied) or of probabilities;
-* scikit-learn models converted by skl2onnx (``label`` + ``probabilities`` outputs, ``zipmap=False``);
+* scikit-learn models converted by skl2onnx, as they come: with ZipMap (``output_probability``, a
+  sequence of ``{class: probability}`` maps, the converter's default) or without (``probabilities``);
 * any model whose score output is named by ``scores_output`` (with ``scores_kind`` saying whether it
   holds ``logits`` or ``probabilities``; ``auto`` decides from the graph and the values).
 
@@ -168,6 +169,9 @@ class OnnxClassifier:
             )
         self.input_shape: tuple[int, ...] = tuple(int(d) for d in self.input.shape[1:] if d is not None)
         self.n_features = int(np.prod(self.input_shape))
+        self._zipmap = False
+        #: class names in the order of a ZipMap output's keys (None for tensor outputs)
+        self.zipmap_classes: list[str] | None = None
         self.scores_output, self.scores_kind = self._pick_scores(scores_output, scores_kind)
         probe = self.predict(np.zeros((1, *self.input_shape), dtype=self.input.dtype))
         self.n_classes = int(probe.probabilities.shape[1])
@@ -177,7 +181,8 @@ class OnnxClassifier:
             )
         if classes is not None and len(classes) != self.n_classes:
             raise ModelLoadError(f"{len(classes)} class names given but the model has {self.n_classes} classes")
-        self.classes: list[str] = list(classes) if classes is not None else [str(i) for i in range(self.n_classes)]
+        default = self.zipmap_classes or [str(i) for i in range(self.n_classes)]
+        self.classes: list[str] = list(classes) if classes is not None else default
 
     @classmethod
     def load(
@@ -203,6 +208,7 @@ class OnnxClassifier:
 
     def _pick_scores(self, scores_output: str | None, scores_kind: ScoresKind) -> tuple[str, ScoresKind]:
         floats = [o for o in self.session.outputs if o.dtype.kind == "f"]
+        maps = [o for o in self.session.outputs if _is_zipmap(o)]
         by_name = {o.name: o for o in self.session.outputs}
         if scores_output is not None:
             if scores_output not in by_name:
@@ -210,15 +216,26 @@ class OnnxClassifier:
                     f"scores_output {scores_output!r} is not an output of the model (outputs: {', '.join(by_name)})"
                 )
             chosen = scores_output
+            if by_name[chosen].dtype.kind != "f" and not _is_zipmap(by_name[chosen]):
+                raise ModelLoadError(
+                    f"scores_output {scores_output!r} holds {by_name[chosen].onnx_type}, not class scores "
+                    "(a float tensor [N, K] or a sequence of {class: probability} maps)"
+                )
         elif "probabilities" in by_name and by_name["probabilities"].dtype.kind == "f":
             chosen = "probabilities"
         elif len(floats) == 1:
             chosen = floats[0].name
+        elif not floats and len(maps) == 1:
+            chosen = maps[0].name
         else:
+            candidates = ", ".join(o.name for o in floats + maps) or "none"
             raise ModelLoadError(
-                "cannot tell which output holds the class scores "
-                f"(float outputs: {', '.join(o.name for o in floats) or 'none'}); set scores_output"
+                f"cannot tell which output holds the class scores (candidates: {candidates}); "
+                "set scores_output (fit/check: --scores-output)"
             )
+        self._zipmap = _is_zipmap(by_name[chosen])
+        if self._zipmap:
+            return chosen, "probabilities"  # ZipMap carries the classifier's predict_proba
         if scores_kind == "auto":
             producer = _producer_ops(self.model_bytes).get(chosen, "")
             if producer == "Softmax" or chosen == "probabilities":
@@ -248,11 +265,24 @@ class OnnxClassifier:
 
     def predict_prepared(self, x: np.ndarray) -> Prediction:
         (scores,) = self.session.run({self.input.name: x}, [self.scores_output])
+        if self._zipmap:
+            scores = self._zipmap_scores(scores)
         proba = self.scores_to_probabilities(scores)
         return Prediction(proba, proba.argmax(axis=1).astype(np.int64))
 
     def predict(self, x: np.ndarray) -> Prediction:
         return self.predict_prepared(self.prepare(x))
+
+    def _zipmap_scores(self, rows: object) -> np.ndarray:
+        """ZipMap's ``[{class: p, ...}, ...]`` as float32 ``[N, K]``, columns in the converter's class order
+        (the order of the first map's keys, kept as :attr:`zipmap_classes`)."""
+        seq = list(rows) if isinstance(rows, list | np.ndarray) else []
+        if not seq:
+            return np.zeros((0, len(self.zipmap_classes or ())), dtype=np.float32)
+        keys = list(seq[0].keys())
+        if self.zipmap_classes is None:
+            self.zipmap_classes = [str(k) for k in keys]
+        return np.array([[row[k] for k in keys] for row in seq], dtype=np.float32)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         return self.predict(x).probabilities
@@ -276,6 +306,11 @@ class OnnxClassifier:
             "scores_kind": self.scores_kind,
             "classes": self.classes,
         }
+
+
+def _is_zipmap(info: TensorInfo) -> bool:
+    """A skl2onnx ZipMap output: ``seq(map(int64|string, tensor(float)))``."""
+    return info.onnx_type.startswith("seq(map(")
 
 
 def default_model_path() -> Path:

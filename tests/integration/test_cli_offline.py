@@ -215,3 +215,34 @@ def test_relaxing_confidence_or_support_never_lowers_tpr_or_fpr(
         cal = calibrate(oracle.judge(feats, pred.probabilities, pred.labels), wrong)
         assert cal.tpr >= previous[0] and cal.fpr >= previous[1], ((c, s), cal, previous)
         previous = (cal.tpr, cal.fpr)
+
+
+def test_fit_and_check_take_a_scikit_learn_export_as_it_comes(tmp_path: Path) -> None:
+    """skl2onnx's default export (ZipMap on) fits and checks without flags; --scores-output names it too."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_digits(return_X_y=True)
+    x = x.astype(np.float32)
+    clf = LogisticRegression(max_iter=300).fit(x[:900], y[:900])
+    exported = to_onnx(clf, x[:1], target_opset={"": 17, "ai.onnx.ml": 3})  # ZipMap on: skl2onnx's default
+    (tmp_path / "digits.onnx").write_bytes(exported.SerializeToString())
+    for name, part in (("train", slice(0, 900)), ("val", slice(900, 1400)), ("test", slice(1400, None))):
+        np.savez(tmp_path / f"{name}.npz", x=x[part], y=y[part])
+    model = str(tmp_path / "digits.onnx")
+    fit = cli(
+        "fit", "--model", model, "--train", str(tmp_path / "train.npz"), "--val", str(tmp_path / "val.npz"),
+        "--trees", "20", "--out", str(tmp_path / "bundle"),
+    )  # fmt: skip
+    assert fit.returncode == 0, fit.stderr
+    check = cli(
+        "check", "--model", model, "--scores-output", "output_probability", "--bundle", str(tmp_path / "bundle"),
+        "--data", str(tmp_path / "test.npz"), "--json",
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)
+    assert report["truth"]["accuracy"] == pytest.approx(float((clf.predict(x[1400:]) == y[1400:]).mean()), abs=1e-6)
+    bad = cli("check", "--model", model, "--scores-output", "output_label", "--bundle", str(tmp_path / "bundle"),
+              "--data", str(tmp_path / "test.npz"))  # fmt: skip
+    assert bad.returncode == 2 and "not class scores" in bad.stderr and "Traceback" not in bad.stderr

@@ -133,3 +133,30 @@ def test_load_errors_are_clear(tmp_path: Path) -> None:
 def test_onnx_checker_accepts_shipped_models() -> None:
     for name in ("mnist_cnn.onnx", "digits_cnn.onnx"):
         onnx.checker.check_model(onnx.load(str(default_model_path().parent / name)))
+
+
+@pytest.mark.parametrize("string_labels", [False, True], ids=["int-classes", "string-classes"])
+def test_skl2onnx_default_export_with_zipmap(string_labels: bool) -> None:
+    """skl2onnx's default (ZipMap on) gives a sequence of {class: probability} maps: read as probabilities,
+    columns in the converter's class order, class names from its keys."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1)
+    labels = np.array(["cat", "dog", "eel"])[y] if string_labels else y
+    clf = LogisticRegression(max_iter=500).fit(x, labels)
+    onx = to_onnx(clf, x[:1], target_opset={"": 17, "ai.onnx.ml": 3})  # ZipMap on, as most users export
+    model = OnnxClassifier(onx.SerializeToString())
+    assert model.scores_output == "output_probability" and model.scores_kind == "probabilities"
+    assert model.classes == [str(c) for c in clf.classes_]
+    pred = model.predict(x)
+    np.testing.assert_allclose(pred.probabilities, clf.predict_proba(x), atol=1e-5)
+    assert (np.asarray(model.classes)[pred.labels] == clf.predict(x).astype(str)).mean() > 0.99
+
+
+def test_scores_output_must_hold_scores() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 3)).astype(np.float32)
+    clf = LogisticRegression(max_iter=200).fit(x, (x[:, 0] > 0).astype(np.int64))
+    onx = to_onnx(clf, x[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+    with pytest.raises(ModelLoadError, match="not class scores"):
+        OnnxClassifier(onx.SerializeToString(), scores_output="output_label")
