@@ -247,6 +247,11 @@ class OnnxClassifier:
         """Validate a batch and bring it to the model's input shape and dtype (see :func:`prepare_batch`)."""
         return prepare_batch(x, self.input_shape, self.max_batch, self.input.dtype)
 
+    def prepare_file(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`prepare` for a whole data file (``fit``, ``check``, audits): ``max_batch`` bounds one
+        request, not a file, whose predictions run in batches anyway."""
+        return prepare_batch(x, self.input_shape, max(1, len(x)), self.input.dtype)
+
     def features(self, x: np.ndarray) -> np.ndarray:
         """Prepared inputs flattened to float32 ``[N, D]`` (what the invariants read)."""
         return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
@@ -285,10 +290,13 @@ class OnnxClassifier:
         return np.array([[row[k] for k in keys] for row in seq], dtype=np.float32)
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        return self.predict(x).probabilities
+        """Probabilities of any number of samples (run in batches: audits pass whole data sets)."""
+        return self.predict_batched(x).probabilities
 
     def predict_batched(self, x: np.ndarray, batch_size: int = 512) -> Prediction:
         """Predict a large array in chunks (for offline work)."""
+        if len(x) <= batch_size:
+            return self.predict(x)
         parts = [self.predict(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
         return Prediction(np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts]))
 

@@ -41,7 +41,7 @@ def judge(
     *,
     prepared: bool = False,
 ) -> Judged:
-    xp = x if prepared else model.prepare(x)
+    xp = x if prepared else model.prepare_file(x)
     pred = predict_with_progress(model, xp, "predict")
     feats = model.features(xp)
     result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(

@@ -67,8 +67,8 @@ def fit_bundle(
     if train.y is None or val.y is None:
         raise UserError("fit needs labels (y) in both the training and the validation data")
     idi = IdiRuleSet.load(idi_path, model.classes) if idi_path else None
-    train_x = model.prepare(train.x)
-    val_x = model.prepare(val.x)
+    train_x = model.prepare_file(train.x)
+    val_x = model.prepare_file(val.x)
     train_y = label_indices(train.y, model.classes)
     val_y = label_indices(val.y, model.classes)
     train_pred = predict_with_progress(model, train_x, "predict train")

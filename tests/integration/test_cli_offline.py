@@ -246,3 +246,15 @@ def test_fit_and_check_take_a_scikit_learn_export_as_it_comes(tmp_path: Path) ->
     bad = cli("check", "--model", model, "--scores-output", "output_label", "--bundle", str(tmp_path / "bundle"),
               "--data", str(tmp_path / "test.npz"))  # fmt: skip
     assert bad.returncode == 2 and "not class scores" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_check_reads_files_longer_than_a_request(bundle_dir: Path, data_dir: Path, tmp_path: Path) -> None:
+    """server.max_batch bounds one request; a 5,000-row file is no request and is checked whole."""
+    s = mnist_splits()
+    x = np.concatenate([s.train.x, s.val.x, s.test.x])[:5000]
+    y = np.concatenate([s.train.y, s.val.y, s.test.y])[:5000]
+    assert len(x) == 5000
+    np.savez(tmp_path / "all.npz", x=x, y=y)
+    r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(tmp_path / "all.npz"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n"] == 5000
