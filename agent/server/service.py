@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import numpy as np
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from agent.config.settings import AgentSettings, admin_token
 from agent.core import logs
@@ -34,6 +34,7 @@ from agent.judging.pipeline import Pipeline, ServedRequest
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
+from agent.server.metrics_port import MetricsPortServer
 from agent.server.observe import EventPairer, ObserveItem
 from agent.server.proxy import UpstreamClient
 from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
@@ -78,7 +79,7 @@ class AgentService:
         self._counted_unmatched = (0, 0, 0)
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsPortServer | None = None
         self.accepting = True
         #: Observe workers judge only while this is set (cleared to hold judging, e.g. for maintenance).
         self.judging = asyncio.Event()
@@ -326,7 +327,8 @@ class AgentService:
         if s.state_dir is not None:
             self._tasks.append(asyncio.create_task(self._flush_loop()))
         if s.server.metrics_port is not None:
-            self._metrics_server = start_http_server(s.server.metrics_port, addr=s.server.host, registry=self.registry)
+            self._metrics_server = MetricsPortServer(self.registry, self.run)
+            await self._metrics_server.start(s.server.host, s.server.metrics_port)
         self.ready = True
         log.info(
             "agent ready",
@@ -375,10 +377,8 @@ class AgentService:
                 self.store.close()
             self.store = None
         if self._metrics_server is not None:
-            server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
-            with contextlib.suppress(Exception):
-                server.shutdown()
-                server.server_close()
+            await self._metrics_server.stop()
+            self._metrics_server = None
         log.info("agent stopped; state flushed")
 
     async def reload(self, model_path: str | None, bundle_path: str | None, version: str | None) -> Runtime:

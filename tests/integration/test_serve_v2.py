@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
-from conftest import RunningServer, start_server
+from conftest import RunningServer, start_server, wait_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
@@ -296,3 +296,38 @@ def test_triton_extensions_are_answered_without_counting_as_invalid(
     assert after == before
     assert httpx.get(f"{agent.url}/v2/models/nosuch").status_code == 404  # a wrong model still counts
     assert sum(v for (n, _), v in metrics(agent.url).items() if n == "icos_invalid_requests_total") == before + 1
+
+
+def test_metrics_port_holds_no_thread_per_connection(mnist_bundle_dir: Path) -> None:
+    """150 idle connections to the metrics port cost no thread each (the old server started one per
+    connection, without bound); once they go, a scrape is answered at once; other paths are refused."""
+    import socket
+    import threading
+
+    from conftest import free_port
+
+    port = free_port()
+    settings = serve_settings(mnist_bundle_dir)
+    settings.server.metrics_port = port
+    srv = start_server(create_app(settings, CollectorRegistry()))
+    idle: list[socket.socket] = []
+    try:
+        threads_before = threading.active_count()
+        for _ in range(150):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        wait_until(lambda: threading.active_count() >= threads_before + 100, timeout=1.0, interval=0.1)
+        assert threading.active_count() < threads_before + 10
+        for s in idle:
+            s.close()
+        idle.clear()
+        resp = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert resp.status_code == 200 and "icos_predictions_total" in resp.text
+        assert httpx.get(f"http://127.0.0.1:{port}/other", timeout=10).status_code == 404
+        assert httpx.post(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 405
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nX-Filler: " + b"a" * 20000 + b"\r\n\r\n")
+            assert s.recv(64).startswith(b"HTTP/1.1 431")
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
