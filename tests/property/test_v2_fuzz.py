@@ -42,7 +42,12 @@ DATATYPES = ["BOOL", "UINT8", "INT8", "INT32", "INT64", "UINT64", "FP16", "FP32"
 NAMES = ["input", "form", "x", "probabilities", ""]
 
 # -- strategies -------------------------------------------------------------------------------------
+#: text that no UTF-8 encoder takes (lone surrogates) beside ordinary and astral characters
+odd_text = st.lists(st.sampled_from(["\ud800", "\udfff", "\udc00a", "a", "\U0001f600", "\x00"]), max_size=4).map(
+    "".join
+)
 scalars = st.one_of(
+    odd_text,
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -57,10 +62,10 @@ json_values = st.recursive(
     ),
     max_leaves=20,
 )
-dims = st.integers(min_value=-2, max_value=40) | st.sampled_from([784, 10**6, 2**40])
+dims = st.integers(min_value=-2, max_value=40) | st.sampled_from([784, 10**6, 2**31, 2**40, 2**63, 10**30])
 shapes = st.one_of(
     st.lists(dims, max_size=4),
-    st.sampled_from([[1, 1, 28, 28], [1, 784], [2, 784], [784], [0, 784]]),
+    st.sampled_from([[1, 1, 28, 28], [1, 784], [2, 784], [784], [0, 784], [0, 10**30], [10**30, 0], [1] * 40]),
     json_values,
 )
 
@@ -88,7 +93,7 @@ def tensor_data(draw: st.DrawFn, shape: Any) -> Any:
 def v2_tensor(draw: st.DrawFn) -> dict[str, Any]:
     t: dict[str, Any] = {}
     if draw(st.integers(0, 9)):
-        t["name"] = draw(st.sampled_from(NAMES) | st.text(max_size=5))
+        t["name"] = draw(st.sampled_from(NAMES) | st.text(max_size=5) | odd_text)
     if draw(st.integers(0, 9)):
         t["datatype"] = draw(st.sampled_from(DATATYPES) | st.text(max_size=5))
     shape = draw(shapes)
@@ -110,7 +115,10 @@ def v2_request(draw: st.DrawFn) -> Any:
         body["inputs"] = draw(st.lists(v2_tensor(), max_size=3) | json_values)
     if draw(st.booleans()):
         body["outputs"] = draw(
-            st.lists(st.fixed_dictionaries({"name": st.sampled_from(["label", "icos_verdict", "logits"])}), max_size=2)
+            st.lists(
+                st.fixed_dictionaries({"name": st.sampled_from(["label", "icos_verdict", "probabilities", "logits"])}),
+                max_size=6,  # repeated names: each output is answered once, or the request is refused
+            )
             | json_values
         )
     if draw(st.booleans()):
@@ -118,7 +126,7 @@ def v2_request(draw: st.DrawFn) -> Any:
             st.dictionaries(st.sampled_from(["form", "binary_data_output", "x"]), json_values, max_size=3) | json_values
         )
     if draw(st.integers(0, 4)) == 0:
-        body["id"] = draw(json_values)
+        body["id"] = draw(json_values | odd_text)
     return body
 
 
@@ -168,7 +176,7 @@ def observation(draw: st.DrawFn) -> Any:
     if draw(st.booleans()):
         body["metadata"] = draw(st.dictionaries(st.sampled_from(["form", "x"]), json_values, max_size=2) | json_values)
     if draw(st.integers(0, 4)) == 0:
-        body["id"] = draw(json_values)
+        body["id"] = draw(json_values | odd_text)
     return body
 
 
