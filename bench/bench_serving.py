@@ -22,6 +22,7 @@ event loop, the agent's named threads ``icos-worker``/``icos-judge``/``icos-stor
 imported on the serve path (it must not be).
 
     .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json]
+        [--server-cpus 0-7 --client-cpus 8-15]
     .venv/bin/python -m bench serving
 """
 
@@ -309,16 +310,46 @@ def serve_path_modules() -> dict[str, bool]:
     return dict(json.loads(out.stdout))
 
 
+def cpu_list(text: str) -> set[int]:
+    """``0-3,6`` → {0, 1, 2, 3, 6} (the ``taskset -c`` syntax)."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi if dash else lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list like 0-3 or 0,2") from None
+    if not cpus or min(cpus) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list like 0-3 or 0,2")
+    return cpus
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="measuring time per setting and server")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per setting (medians reported)")
     ap.add_argument("--bundle", help="bundle directory (default: fit one for the shipped CNN)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--server-cpus",
+        type=cpu_list,
+        metavar="LIST",
+        help="pin both servers to these CPUs, e.g. 0-3 or 0,2 (default: not pinned); with --client-cpus, the load "
+        "generator and the servers no longer share cores and throughput compares fairly too",
+    )
+    ap.add_argument("--client-cpus", type=cpu_list, metavar="LIST", help="pin the load generator to these CPUs")
     ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from agent.model.classifier import default_model_path
+
+    available = os.sched_getaffinity(0)
+    for flag, cpus in (("--server-cpus", args.server_cpus), ("--client-cpus", args.client_cpus)):
+        if cpus is not None and not cpus <= available:
+            ap.error(f"{flag}: CPUs {sorted(cpus - available)} are not available here ({sorted(available)})")
+    if args.client_cpus is not None:
+        os.sched_setaffinity(0, args.client_cpus)
+    pin = None if args.server_cpus is None else (lambda: os.sched_setaffinity(0, args.server_cpus))
 
     model = args.model or str(default_model_path())
     if args.bare_server:
@@ -351,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
             cwd=ROOT,
             env=env,
+            preexec_fn=pin,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -362,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, str(Path(__file__)), "--bare-server", str(bare_port), "--model", model],
                 cwd=ROOT,
                 env=env,
+                preexec_fn=pin,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
@@ -388,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "bare": b,
                                 "throughput_ratio": a["requests_per_s"] / b["requests_per_s"],
                                 "throughput_ratio_with_verdict": v["requests_per_s"] / b["requests_per_s"],
+                                "cpu_ratio": a["server_cpu_ms_per_request"] / b["server_cpu_ms_per_request"],
+                                "cpu_ratio_with_verdict": v["server_cpu_ms_per_request"]
+                                / b["server_cpu_ms_per_request"],
                             }
                         )
             finally:
@@ -398,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             agent.terminate()
             results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
     results["serve_path_imports"] = serve_path_modules()
+    results["server_cpus"] = sorted(args.server_cpus) if args.server_cpus else None
+    results["client_cpus"] = sorted(args.client_cpus) if args.client_cpus else None
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -422,6 +460,22 @@ def main(argv: list[str] | None = None) -> int:
         for label, r in (("agent", s["agent"]), ("agent+v", s["agent_with_verdict"]), ("bare", s["bare"])):
             split = " ".join(f"{k} {r.get(f'cpu_ms_per_request_{k}', float('nan')):.3f}" for k in THREAD_GROUPS)
             print(f"{s['concurrency']:>4} {s['batch']:>5} | {label:<7} | {split}")
+    print("server CPU per request, agent / bare (the headline: it does not depend on the load generator):")
+    for s in results["settings"]:
+        print(
+            f"{s['concurrency']:>4} {s['batch']:>5} | agent {s['cpu_ratio']:.2f} (target <= 1.10) | "
+            f"agent+v {s['cpu_ratio_with_verdict']:.2f} (target <= 1.30)"
+        )
+    worst, worst_v = max(s["cpu_ratio"] for s in results["settings"]), max(
+        s["cpu_ratio_with_verdict"] for s in results["settings"]
+    )
+    print(
+        f"CPU ratio, worst setting: agent {worst:.2f} {'met' if worst <= 1.10 else 'MISSED'}; "
+        f"agent+v {worst_v:.2f} {'met' if worst_v <= 1.30 else 'MISSED'}"
+    )
+    pinned = results["server_cpus"] is not None and results["client_cpus"] is not None
+    print(f"pinned: servers on {results['server_cpus']}, load generator on {results['client_cpus']}" if pinned else
+          "not pinned (--server-cpus/--client-cpus): throughput ratios share cores with the load generator")
     ratios = [s["throughput_ratio"] for s in results["settings"]]
     print(f"throughput ratio agent/bare: min {min(ratios):.2f}, median {statistics.median(ratios):.2f} (target >= 0.9)")
     print(

@@ -57,3 +57,17 @@ def test_a_thread_that_ended_is_not_counted_negative() -> None:
     after = thread_cpu_seconds(os.getpid())
     delta = thread_cpu_delta(before, after)
     assert all(v >= 0 for v in delta.values()), delta
+
+
+def test_cpu_lists_read_like_taskset() -> None:
+    import argparse
+
+    import pytest
+
+    from bench.bench_serving import cpu_list
+
+    assert cpu_list("0-3,6") == {0, 1, 2, 3, 6}
+    assert cpu_list("1") == {1}
+    for bad in ("", "a-b", "3-", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cpu_list(bad)
