@@ -231,7 +231,10 @@ class AgentService:
         except asyncio.QueueFull:
             self.metrics.observe_rejected.inc()
             raise ClientError(
-                f"observe queue is full ({self.queue.maxsize} batches); retry later", status=429, reason="queue_full"
+                f"observe queue is full ({self.queue.maxsize} batches); retry later",
+                status=429,
+                reason="queue_full",
+                headers={"Retry-After": "1"},
             ) from None
         self.metrics.observe_queue_length.set(self.queue.qsize())
 

@@ -23,6 +23,7 @@ from test_serve_observe import REQUEST_TYPE, RESPONSE_TYPE, ce_headers, counter,
 
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier
+from agent.server.observe import REQUEST, RESPONSE, EventPairer, PendingFull
 
 #: Address space the agent may take beyond what it holds once started (the 1 GiB pod, less the
 #: interpreter, numpy, onnxruntime and the fitted bundle that the measured baseline already counts).
@@ -150,3 +151,22 @@ def test_metadata_bounds_per_value_and_per_batch(
     assert r.status_code == 413 and "observe.max_metadata_bytes" in r.json()["error"], r.text
     assert send(["lines"] * 40).status_code == 202
     assert counter(srv.url, "icos_invalid_requests_total", reason="metadata_too_large") == 2
+
+
+def test_pairer_accounts_bytes_through_pairs_duplicates_evictions_and_expiry() -> None:
+    """The byte total follows every way an event leaves the buffer, so the bound never drifts."""
+    p = EventPairer(ttl_seconds=10, capacity=2, max_bytes=100)
+    assert p.add("a", REQUEST, "ra", 0.0, 40) is None and p.bytes == 40
+    assert p.add("a", REQUEST, "ra2", 1.0, 30) is None and p.bytes == 30 and p.duplicates == 1
+    assert p.add("b", REQUEST, "rb", 1.0, 60) is None and p.bytes == 90
+    with pytest.raises(PendingFull) as full:
+        p.add("c", RESPONSE, "pc", 2.0, 20)
+    assert full.value.status == 429 and full.value.headers == {"Retry-After": "8"} and p.overflow == 1
+    assert p.bytes == 90 and len(p) == 2  # nothing stored, nothing evicted
+    assert p.add("b", RESPONSE, "pb", 2.0, 50) == ("rb", "pb") and p.bytes == 30  # a pair always fits
+    with pytest.raises(PendingFull) as alone:
+        p.add("d", REQUEST, "rd", 2.0, 101)
+    assert alone.value.status == 413
+    assert p.add("c", RESPONSE, "pc", 2.0, 20) is None and p.bytes == 50
+    assert p.add("e", RESPONSE, "pe", 3.0, 10) is None and p.evicted == 1 and p.bytes == 30  # "a" evicted
+    assert p.expire(20.0) == 2 and p.bytes == 0 and len(p) == 0
