@@ -12,6 +12,8 @@ that :func:`user_error_types` needs no lazy import.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from invariants.bundle import BundleError
 from invariants.idi import IdiRuleError
 from invariants.onnx_session import OnnxLoadError
@@ -26,13 +28,24 @@ class ClientError(UserError):
 
     status: int = 400
     reason: str = "invalid"
+    #: Extra response headers, e.g. ``Retry-After`` of a 429.
+    headers: Mapping[str, str] | None = None
 
-    def __init__(self, message: str = "", *, status: int | None = None, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        status: int | None = None,
+        reason: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status
         if reason is not None:
             self.reason = reason
+        if headers is not None:
+            self.headers = headers
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:

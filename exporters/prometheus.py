@@ -241,7 +241,8 @@ class AgentMetrics:
         )
         self.observe_unmatched = Counter(
             "icos_observe_events_unmatched",
-            "Observe mode: CloudEvents dropped without their pair, by reason (expired, evicted, duplicate).",
+            "Observe mode: CloudEvents dropped without their pair, by reason (expired, evicted, duplicate; "
+            "overflow: refused with 429 at observe.max_pending_bytes).",
             ["reason"],
             registry=registry,
         )

@@ -100,6 +100,24 @@ class ObserveConfig(_Section):
     queue_size: int = Field(1000, ge=1)
     event_ttl_seconds: float = Field(60.0, gt=0)
     event_buffer: int = Field(10_000, ge=1)
+    max_pending_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="bytes of decoded CloudEvents waiting for their pair; an event that would pass it is "
+        "refused with 429 and `Retry-After`, so unpaired events cannot fill the pod's memory",
+    )
+    max_metadata_value_bytes: int = Field(
+        1024,
+        ge=1,
+        le=1024 * 1024,
+        description="longest per-sample metadata string in an observation or request event (413 beyond)",
+    )
+    max_metadata_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="per-sample metadata of one observation or request event, counted as numpy stores it "
+        "(samples × longest value, summed over fields); refused with 413 before it is allocated",
+    )
     workers: int = Field(1, ge=1, le=32)
 
 

@@ -46,7 +46,7 @@ class HttpAnswer:
 
 
 def _client(exc: ClientError) -> HttpAnswer:
-    return HttpAnswer(exc.status, str(exc), invalid=exc.reason)
+    return HttpAnswer(exc.status, str(exc), invalid=exc.reason, headers=exc.headers)
 
 
 def _upstream(exc: UpstreamError) -> HttpAnswer:

@@ -6,8 +6,12 @@ Two ways in, both on ``POST /v1/observe``:
   "metadata": {...}}``, inputs as a nested array or as V2 tensors; or V2 ``inputs`` + ``outputs``);
 * KServe inference-logger CloudEvents (binary mode ``ce-*`` headers, or structured
   ``application/cloudevents+json``): the request event and the response event of one inference
-  share a ``ce-id`` and are paired in a bounded buffer with a TTL; events left without their pair are
-  counted (``expired``, ``evicted`` when the buffer is full, ``duplicate``).
+  share a ``ce-id`` and are paired in a buffer bounded in events, in bytes and in time (a TTL); events
+  left without their pair are counted (``expired``, ``evicted`` when the buffer is full, ``duplicate``),
+  and an event that would pass the byte bound is refused with 429 (``overflow``).
+
+Per-sample metadata strings are bounded (per value and per batch) before any array of them is built:
+numpy stores N strings as N × the longest, so one long value in a large batch would ask for gigabytes.
 
 Accepted batches go into a bounded queue judged by worker tasks in the thread pool; when the queue
 is full the request is rejected with 429 rather than dropped silently.
@@ -17,14 +21,17 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from agent.config.settings import ObserveConfig
+from agent.errors import ClientError
 from agent.judging.request_io import SplitInputs, attach_metadata, new_request_id, split_inputs
 from agent.judging.runtime import Runtime
 from agent.protocol import v2
@@ -32,6 +39,62 @@ from agent.protocol.v2 import ProtocolError, Tensor
 
 REQUEST = "request"
 RESPONSE = "response"
+
+_MiB = 1024 * 1024
+
+
+class MetadataTooLarge(ClientError):
+    """Per-sample metadata past ``observe.max_metadata_value_bytes`` or ``observe.max_metadata_bytes``."""
+
+    status = 413
+    reason = "metadata_too_large"
+
+
+class PendingFull(ClientError):
+    """A CloudEvent that would pass ``observe.max_pending_bytes``: retry once older events paired or expired."""
+
+    status = 429
+    reason = "observe_pending_full"
+
+
+@dataclass(frozen=True)
+class MetadataBounds:
+    """Bounds on per-sample metadata strings, checked before the fixed-width arrays are allocated."""
+
+    max_value: int = 1024
+    max_total: int = 4 * _MiB
+
+    @classmethod
+    def of(cls, cfg: ObserveConfig) -> MetadataBounds:
+        return cls(cfg.max_metadata_value_bytes, cfg.max_metadata_bytes)
+
+    def check(self, fields: Iterable[tuple[str, Sequence[bytes]]]) -> None:
+        """Refuse (413) a value longer than ``max_value``, or fields whose arrays (samples × longest
+        value, as numpy stores them) would together take more than ``max_total`` bytes."""
+        total = 0
+        for name, values in fields:
+            longest = 0
+            for i, v in enumerate(values):
+                if len(v) > self.max_value:
+                    raise MetadataTooLarge(
+                        f"metadata {name!r}: value {i} has {len(v)} bytes, over the limit of {self.max_value} "
+                        "(observe.max_metadata_value_bytes)"
+                    )
+                longest = max(longest, len(v))
+            total += len(values) * longest
+            if total > self.max_total:
+                raise MetadataTooLarge(
+                    f"metadata {name!r}: {len(values)} values of up to {longest} bytes take {total} bytes "
+                    f"with the other fields, over the limit of {self.max_total} (observe.max_metadata_bytes)"
+                )
+
+    def check_tensors(self, rt: Runtime, tensors: Sequence[Tensor]) -> None:
+        """:meth:`check` the BYTES tensors that :func:`split_inputs` turns into metadata arrays."""
+        self.check(
+            (t.name, t.data.reshape(-1).tolist())
+            for t in tensors
+            if t.name in rt.metadata_fields and t.datatype == "BYTES"
+        )
 
 
 @dataclass
@@ -101,8 +164,11 @@ def _prepare(rt: Runtime, split: SplitInputs) -> tuple[np.ndarray, dict[str, Any
     return x, attach_metadata(split, x.shape[0])
 
 
-def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> ObserveItem:
+def decode_observation(
+    rt: Runtime, body: bytes, scores_output: str | None, bounds: MetadataBounds | None = None
+) -> ObserveItem:
     """A direct ``/v1/observe`` JSON body → a batch to judge (raises ProtocolError/InvalidInput)."""
+    bounds = bounds or MetadataBounds()
     obj, _ = v2.split_body(body, None)
     rid = obj.get("id")
     if rid is not None and not isinstance(rid, str):
@@ -119,16 +185,18 @@ def decode_observation(rt: Runtime, body: bytes, scores_output: str | None) -> O
         with np.errstate(over="ignore"):  # beyond float32 → ±inf, refused as non-finite downstream
             values = _nested("inputs", raw_inputs).astype(np.float32)
         tensors = [v2.tensor("input", values, "FP32")]
-    # Per-sample metadata given as lists in "metadata" become BYTES-like tensors.
+    # Per-sample metadata given as lists in "metadata" become BYTES tensors (object arrays of bytes).
     scalar_params: dict[str, Any] = {}
     for k, v in params.items():
         if isinstance(v, list):
             if k not in rt.metadata_fields:
                 continue
-            arr = np.asarray([str(e).encode() for e in v], dtype="S") if v else np.zeros(0, dtype="S1")
-            tensors.append(Tensor(k, "BYTES", [len(v)], arr.astype(object)))
+            arr = np.empty(len(v), dtype=object)
+            arr[:] = [str(e).encode() for e in v]
+            tensors.append(Tensor(k, "BYTES", [len(v)], arr))
         else:
             scalar_params[k] = v
+    bounds.check_tensors(rt, tensors)
     split = split_inputs(rt, tensors, scalar_params)
     x, meta = _prepare(rt, split)
     if "probabilities" in obj:
@@ -186,13 +254,16 @@ def parse_cloudevent(headers: Mapping[str, str], body: bytes) -> CloudEvent | No
     return CloudEvent(ce_id, kind, data)
 
 
-def decode_request_event(rt: Runtime, data: bytes) -> tuple[np.ndarray, dict[str, Any] | None]:
+def decode_request_event(
+    rt: Runtime, data: bytes, bounds: MetadataBounds | None = None
+) -> tuple[np.ndarray, dict[str, Any] | None]:
     """The logged inference request (V2 ``inputs`` or V1 ``instances``) → prepared inputs, metadata."""
     obj, _ = v2.split_body(data, None)
     if "instances" in obj:
         split = split_inputs(rt, [v2.tensor("input", _nested("instances", obj["instances"]).astype(np.float32))], {})
     else:
         req = v2.decode_request(data, max_elements=rt.max_elements)
+        (bounds or MetadataBounds()).check_tensors(rt, req.inputs)
         split = split_inputs(rt, req.inputs, req.parameters)
     return _prepare(rt, split)
 
@@ -206,26 +277,56 @@ def decode_response_event(rt: Runtime, data: bytes, scores_output: str | None) -
     return output_probabilities(rt, resp.outputs, scores_output, "response event")
 
 
+def size_of(value: Any) -> int:
+    """Bytes a decoded event holds: its arrays (object arrays: their byte strings too) and scalars."""
+    if isinstance(value, np.ndarray):
+        n = value.nbytes
+        if value.dtype.kind == "O":
+            n += sum(len(e) if isinstance(e, bytes | str) else 8 for e in value.reshape(-1).tolist())
+        return n
+    if isinstance(value, tuple | list):
+        return sum(size_of(v) for v in value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + size_of(v) for k, v in value.items())
+    if isinstance(value, bytes | str):
+        return len(value)
+    return 8
+
+
 @dataclass
 class _Half:
     kind: str
     value: Any
     t: float
+    size: int
 
 
 class EventPairer:
-    """Pairs request and response events by id; bounded size, entries expire after ``ttl`` seconds."""
+    """Pairs request and response events by id.
 
-    def __init__(self, ttl_seconds: float, capacity: int) -> None:
+    Bounded in events (``capacity``: the oldest is evicted), in bytes (``max_bytes``: an event that
+    would pass it is refused, since evicting could not make room for a flood of large ones without
+    losing every pair) and in time (entries expire after ``ttl`` seconds).
+    """
+
+    def __init__(self, ttl_seconds: float, capacity: int, max_bytes: int = 64 * _MiB) -> None:
         self.ttl = ttl_seconds
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self._pending: OrderedDict[str, _Half] = OrderedDict()
+        self.bytes = 0
         self.expired = 0
         self.evicted = 0
         self.duplicates = 0
+        self.overflow = 0
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    def _drop(self, key: str) -> _Half:
+        half = self._pending.pop(key)
+        self.bytes -= half.size
+        return half
 
     def expire(self, now: float) -> int:
         """Drop entries older than the TTL; returns how many."""
@@ -234,24 +335,48 @@ class EventPairer:
             key, half = next(iter(self._pending.items()))
             if now - half.t < self.ttl:
                 break
-            del self._pending[key]
+            self._drop(key)
             n += 1
         self.expired += n
         return n
 
-    def add(self, ce_id: str, kind: str, value: Any, now: float) -> tuple[Any, Any] | None:
-        """Store one half; when its pair is here, return ``(request_value, response_value)``."""
+    def _refuse(self, ce_id: str, size: int, now: float) -> PendingFull:
+        self.overflow += 1
+        if size > self.max_bytes:
+            return PendingFull(
+                f"event {ce_id}: {size} bytes decoded, more than observe.max_pending_bytes ({self.max_bytes}) "
+                "lets wait for a pair",
+                status=413,
+                reason="observe_event_too_large",
+            )
+        oldest = next(iter(self._pending.values()), None)
+        wait = max(1, math.ceil(self.ttl - (now - oldest.t))) if oldest is not None else 1
+        return PendingFull(
+            f"event {ce_id}: {len(self._pending)} events ({self.bytes} bytes) wait for their pair; "
+            f"{size} more bytes would pass observe.max_pending_bytes ({self.max_bytes}); retry in {wait} s",
+            headers={"Retry-After": str(wait)},
+        )
+
+    def add(self, ce_id: str, kind: str, value: Any, now: float, size: int = 0) -> tuple[Any, Any] | None:
+        """Store one half of ``size`` bytes; when its pair is here, return ``(request_value, response_value)``.
+
+        Raises :class:`PendingFull` (nothing stored) when the half would pass ``max_bytes``."""
         self.expire(now)
         other = self._pending.get(ce_id)
-        if other is not None:
-            if other.kind == kind:
-                self.duplicates += 1
-                self._pending[ce_id] = _Half(kind, value, other.t)
-                return None
-            del self._pending[ce_id]
+        if other is not None and other.kind != kind:
+            self._drop(ce_id)
             return (value, other.value) if kind == REQUEST else (other.value, value)
+        freed = other.size if other is not None else 0
+        if self.bytes - freed + size > self.max_bytes:
+            raise self._refuse(ce_id, size, now)
+        if other is not None:
+            self.duplicates += 1  # the newer half replaces it, in place (its age and order kept)
+            self._pending[ce_id] = _Half(kind, value, other.t, size)
+            self.bytes += size - other.size
+            return None
         if len(self._pending) >= self.capacity:
-            self._pending.popitem(last=False)
+            self._drop(next(iter(self._pending)))
             self.evicted += 1
-        self._pending[ce_id] = _Half(kind, value, now)
+        self._pending[ce_id] = _Half(kind, value, now, size)
+        self.bytes += size
         return None

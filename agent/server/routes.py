@@ -26,11 +26,13 @@ from agent.protocol import v2
 from agent.server.admin import require_admin
 from agent.server.observe import (
     REQUEST,
+    MetadataBounds,
     ObserveItem,
     decode_observation,
     decode_request_event,
     decode_response_event,
     parse_cloudevent,
+    size_of,
 )
 from agent.server.proxy import proxy_judge, proxy_prepare
 from agent.server.responses import json_response
@@ -144,18 +146,21 @@ def build_router(svc: AgentService) -> APIRouter:
         headers = {k.lower(): v for k, v in request.headers.items()}
         event = parse_cloudevent(headers, body)
         scores_output = svc.settings.upstream.scores_output
+        bounds = MetadataBounds.of(svc.settings.observe)
         if event is None:
-            item = await svc.run(decode_observation, rt, body, scores_output)
+            item = await svc.run(decode_observation, rt, body, scores_output, bounds)
             svc.enqueue(item)
             n = int(item.x.shape[0])
             return json_response({"id": item.id, "accepted": n, "prediction_ids": _ids(item.id, n)}, 202)
         svc.metrics.observe_events.labels(event.kind).inc()
         if event.kind == REQUEST:
-            value = await svc.run(decode_request_event, rt, event.data)
+            value = await svc.run(decode_request_event, rt, event.data, bounds)
         else:
             value = await svc.run(decode_response_event, rt, event.data, scores_output)
-        pair = svc.pairer.add(event.id, event.kind, value, time.time())
-        svc.count_unmatched()
+        try:
+            pair = svc.pairer.add(event.id, event.kind, value, time.time(), size_of(value))
+        finally:
+            svc.count_unmatched()
         if pair is None:
             return json_response({"id": event.id, "paired": False}, 202)
         (x, meta), probs = pair

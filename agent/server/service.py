@@ -75,8 +75,10 @@ class AgentService:
         self.store: StateStore | None = None
         self.upstream: UpstreamClient | None = None
         self.queue: asyncio.Queue[ObserveItem] | None = None
-        self.pairer = EventPairer(settings.observe.event_ttl_seconds, settings.observe.event_buffer)
-        self._counted_unmatched = (0, 0, 0)
+        self.pairer = EventPairer(
+            settings.observe.event_ttl_seconds, settings.observe.event_buffer, settings.observe.max_pending_bytes
+        )
+        self._counted_unmatched = (0, 0, 0, 0)
         self._tasks: list[asyncio.Task[None]] = []
         self._reload_lock = asyncio.Lock()
         self._metrics_server: MetricsPortServer | None = None
@@ -208,15 +210,16 @@ class AgentService:
     # -- observe ----------------------------------------------------------------------------------
     def count_unmatched(self) -> None:
         p = self.pairer
-        e0, v0, d0 = self._counted_unmatched
+        e0, v0, d0, o0 = self._counted_unmatched
         for reason, new, old in (
             ("expired", p.expired, e0),
             ("evicted", p.evicted, v0),
             ("duplicate", p.duplicates, d0),
+            ("overflow", p.overflow, o0),
         ):
             if new > old:
                 self.metrics.observe_unmatched.labels(reason).inc(new - old)
-        self._counted_unmatched = (p.expired, p.evicted, p.duplicates)
+        self._counted_unmatched = (p.expired, p.evicted, p.duplicates, p.overflow)
 
     def enqueue(self, item: ObserveItem) -> None:
         assert self.queue is not None
@@ -229,7 +232,10 @@ class AgentService:
         except asyncio.QueueFull:
             self.metrics.observe_rejected.inc()
             raise ClientError(
-                f"observe queue is full ({self.queue.maxsize} batches); retry later", status=429, reason="queue_full"
+                f"observe queue is full ({self.queue.maxsize} batches); retry later",
+                status=429,
+                reason="queue_full",
+                headers={"Retry-After": "1"},
             ) from None
         self.metrics.observe_queue_length.set(self.queue.qsize())
 
