@@ -61,7 +61,8 @@ MEANINGS: dict[str, str] = {
     "ServerConfig.access_log": "one JSON log line per request",
     "UpstreamConfig.url": "proxy mode: base URL of the upstream V2 server",
     "UpstreamConfig.model_name": "the model's name on the upstream (default: `model.name`)",
-    "UpstreamConfig.timeout_seconds": "an upstream call slower than this answers 504",
+    "UpstreamConfig.timeout_seconds": "one deadline for the whole upstream call (waiting for a pooled connection, "
+    "connecting, sending, reading the whole answer); a slower call answers 504",
     "UpstreamConfig.scores_output": "the upstream output (or observed tensor) holding the class scores",
     "WindowsConfig.time": "time windows of the live estimates (durations such as `30s`, `5m`, `1h`, `1d`)",
     "WindowsConfig.count": "the count window: the last N predictions (null: none)",

@@ -65,6 +65,13 @@ class UpstreamConfig(_Section):
     model_name: str | None = None
     timeout_seconds: float = Field(10.0, gt=0, le=600)
     scores_output: str | None = None
+    max_response_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        le=1 << 32,
+        description="largest upstream answer the agent reads (its declared length and the bytes streamed); "
+        "a larger one answers 502 and is never buffered past this",
+    )
 
     @field_validator("url")
     @classmethod

@@ -316,7 +316,12 @@ class AgentService:
             self.restore_state()
         if s.mode == "proxy":
             assert s.upstream.url is not None
-            self.upstream = UpstreamClient(s.upstream.url, s.upstream.timeout_seconds, max_connections=64)
+            self.upstream = UpstreamClient(
+                s.upstream.url,
+                s.upstream.timeout_seconds,
+                max_connections=64,
+                max_response_bytes=s.upstream.max_response_bytes,
+            )
         if s.mode == "observe":
             self.queue = asyncio.Queue(maxsize=s.observe.queue_size)
             if self.store is not None:
