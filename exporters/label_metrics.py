@@ -5,9 +5,12 @@ Counters (:class:`LabelMetrics`):
 * ``icos_labels_total{outcome}`` — labels received: ``accepted``, ``unknown`` (no stored prediction
   with that id: never seen, evicted, or not yet written), ``duplicate`` (already labeled, or repeated
   in one request) or ``invalid`` (no id, or a label that is not a class).
-* ``icos_prediction_store_dropped_total`` — predictions not stored because the writer queue was full.
+* ``icos_prediction_store_dropped_total{reason}`` — predictions not stored: ``queue_full`` (the
+  writer queue was full), ``write_failed`` (a failed write, e.g. a full disk) or ``invalid`` (a
+  request the store cannot hold, e.g. an id UTF-8 cannot encode; only that request is dropped).
 * ``icos_prediction_store_errors_total{operation}`` — failures of the prediction store (``open``,
-  ``write``, ``read``); inference goes on.
+  ``write``, ``read``, ``corrupt``: a damaged file moved aside at open, or damaged rows met); inference
+  goes on.
 * ``icos_recalibrations_total{trigger,outcome}`` — ``trigger`` ``manual``/``auto``, ``outcome``
   ``applied``/``refused``.
 * ``icos_prediction_store_predictions{state}`` — stored predictions, ``all`` and ``labeled``.
@@ -34,6 +37,10 @@ from exporters.prometheus import SnapshotCollector
 
 LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
 PROBABILITY_METRICS = ("mae", "mse", "rmse")
+#: why predictions were not stored (``icos_prediction_store_dropped_total{reason}``)
+STORE_DROP_REASONS = ("queue_full", "write_failed", "invalid")
+#: what failed in the store (``icos_prediction_store_errors_total{operation}``)
+STORE_OPERATIONS = ("open", "write", "read", "corrupt")
 
 
 @dataclass(frozen=True)
@@ -104,16 +111,19 @@ class LabelMetrics:
             self.labels.labels(outcome)
         self.store_dropped = Counter(
             "icos_prediction_store_dropped",
-            "Predictions not stored for delayed labels because the writer queue was full.",
+            "Predictions not stored for delayed labels, by reason (queue_full, write_failed, invalid).",
+            ["reason"],
             registry=registry,
         )
+        for reason in STORE_DROP_REASONS:
+            self.store_dropped.labels(reason)
         self.store_errors = Counter(
             "icos_prediction_store_errors",
-            "Failures of the prediction store (open, write, read); inference is not affected.",
+            "Failures of the prediction store (open, write, read, corrupt); inference is not affected.",
             ["operation"],
             registry=registry,
         )
-        for op in ("open", "write", "read"):
+        for op in STORE_OPERATIONS:
             self.store_errors.labels(op)
         self.recalibrations = Counter(
             "icos_recalibrations",

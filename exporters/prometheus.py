@@ -24,6 +24,8 @@ Metric names (labels):
 * ``icos_model_info{model,version,sha256}`` — constant 1.
 * ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
   ``icos_state_last_write_timestamp_seconds`` — health of the state directory.
+* ``icos_state_quarantined_total{what}`` — damaged state (``windows``, ``pending``, ``document``,
+  ``file``) set aside at start instead of failing it.
 """
 
 from __future__ import annotations
@@ -264,6 +266,14 @@ class AgentMetrics:
             "Unix time of the last successful write of the state directory.",
             registry=registry,
         )
+        self.state_quarantined = Counter(
+            "icos_state_quarantined",
+            "Damaged state set aside at start (windows, pending, document, file); the agent starts without it.",
+            ["what"],
+            registry=registry,
+        )
+        for what in ("windows", "pending", "document", "file"):
+            self.state_quarantined.labels(what)
         self._info_labels: tuple[str, str, str] | None = None
         self._cache: dict[tuple[str, str, int], _Children] = {}
 

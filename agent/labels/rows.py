@@ -20,6 +20,36 @@ from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_from
 
 #: dtype of the ``predicted`` BLOB of a ``requests`` row (one little-endian int32 per prediction)
 PREDICTED_DTYPE = "<i4"
+
+
+class CorruptRow(ValueError):
+    """A stored row whose BLOBs do not match its counts (a damaged page of the file)."""
+
+
+def storable_text(text: str) -> bool:
+    """Whether SQLite can store ``text``: it must encode as UTF-8 (a lone surrogate such as
+    ``"\\ud800"`` cannot, and would make the whole transaction fail)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def batch_problem(b: PendingBatch) -> str | None:
+    """Why a queued batch cannot be written (``None`` when it can): text that UTF-8 cannot encode, or
+    arrays whose lengths disagree. Checked per batch so that one bad request drops only itself."""
+    if not (storable_text(b.request_id) and storable_text(b.identity)):
+        return "text that is not UTF-8 encodable"
+    n = b.n
+    probs = np.size(b.probabilities)
+    if n == 0 or np.size(b.verdicts) != n or probs == 0 or probs % n:
+        return "arrays of inconsistent lengths"
+    return None
+
+
 def _extras_blob(row: np.ndarray | None) -> bytes | None:
     return None if row is None else np.asarray(row, dtype=_EXTRAS_DTYPE).tobytes()
 
@@ -175,6 +205,14 @@ class RequestRow:
         """``(predicted class, verdict, probabilities [K], extras row [5] (NaN when none))`` of index ``idx``."""
         j = idx - self.start
         k = self.k
+        m = self.hi - self.start
+        blobs = (self.predicted_blob, self.verdict_blob, self.probs_blob)
+        if not all(isinstance(b, bytes) for b in blobs) or (
+            len(self.predicted_blob),
+            len(self.verdict_blob),
+            len(self.probs_blob),
+        ) != (4 * m, m, 4 * k * m):
+            raise CorruptRow(f"stored request {self.rid!r} has arrays that do not match its {m} predictions")
         predicted = int(np.frombuffer(self.predicted_blob, dtype=PREDICTED_DTYPE, count=1, offset=4 * j)[0])
         verdict = int(np.frombuffer(self.verdict_blob, dtype=np.int8, count=1, offset=j)[0])
         probs = np.frombuffer(self.probs_blob, dtype="<f4", count=k, offset=4 * k * j)

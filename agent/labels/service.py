@@ -163,7 +163,7 @@ class LabelService:
             queue_limit=config.queue_limit,
             flush_interval=config.flush_interval_seconds,
             on_error=lambda op: self.metrics.store_errors.labels(op).inc(),
-            on_drop=self.metrics.store_dropped.inc,
+            on_drop=lambda n, reason: self.metrics.store_dropped.labels(reason).inc(n),
         )
         s = agent.settings
         self.realized = RealizedWindows(s.window_seconds, s.windows.count, capacity=config.max_predictions)

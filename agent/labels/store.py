@@ -30,8 +30,12 @@ without its ``extras`` column) is converted when opened, labels included, in one
 
 The file is ``<state_dir>/predictions.sqlite3``. Without a state directory, or when the file cannot
 be opened, the store lives in memory (same bounds, lost at restart) and the failure is reported to
-``on_error("open")``; a failed write drops its batch and reports ``on_error("write")``. Inference
-never depends on the store.
+``on_error("open")``; a damaged file (``PRAGMA quick_check`` at open) is moved aside and reported to
+``on_error("corrupt")``, as are stored rows whose arrays do not match their counts (their labels
+count as unknown). Predictions not stored are reported to ``on_drop(n, reason)``: ``queue_full``,
+``invalid`` (a request whose id or identity UTF-8 cannot encode, or whose arrays disagree: dropped
+alone, the rest of the flush is written) and ``write_failed`` (a failed write, e.g. a full disk, drops
+its batch and also reports ``on_error("write")``). Inference never depends on the store.
 
 The row and batch types are in :mod:`agent.labels.rows`; the schema, the conversion of older files
 and the SQL statements in :mod:`agent.labels.sqlite_schema`.
@@ -52,13 +56,16 @@ import numpy as np
 
 from agent.core.os_threads import name_os_thread
 from agent.labels.rows import (
+    CorruptRow,
     LabeledRows,
     LabelOutcome,
     PendingBatch,
     _extras_blob,
     _extras_row,
+    batch_problem,
     onehot_errors,
     split_prediction_id,
+    storable_text,
 )
 from agent.labels.sqlite_schema import (
     CHUNK,
@@ -80,6 +87,10 @@ class StoreUnavailable(Exception):
     """The store could not be read or written (the message says why)."""
 
 
+class _Damaged(Exception):
+    """The store file is damaged (the message says how)."""
+
+
 class PredictionStore:
     """See the module docstring. Thread-safe; ``start()`` runs the background writer."""
 
@@ -92,7 +103,7 @@ class PredictionStore:
         queue_limit: int = 100_000,
         flush_interval: float = 1.0,
         on_error: Callable[[str], None] = lambda _op: None,
-        on_drop: Callable[[int], None] = lambda _n: None,
+        on_drop: Callable[[int, str], None] = lambda _n, _reason: None,
     ) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.max_predictions = int(max_predictions)
@@ -118,21 +129,20 @@ class PredictionStore:
 
     # -- opening ---------------------------------------------------------------------------------
     def open(self) -> None:
-        """Open the file in the state directory, or fall back to memory (reported as an ``open`` error)."""
+        """Open the file in the state directory, or fall back to memory (reported as an ``open`` error).
+        A damaged file (``PRAGMA quick_check`` fails, or it is no database) is moved aside, counted as a
+        ``corrupt`` error and replaced by an empty one: its rows would read back as garbage."""
         if self.directory is not None:
             path = self.directory / STORE_FILE
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                db = self._connect(str(path))
                 try:
-                    db.execute("PRAGMA journal_mode=WAL")
-                    db.execute("PRAGMA synchronous=NORMAL")
-                    init_schema(db)
-                except BaseException:
-                    db.close()
-                    raise
+                    db = self._open_file(path)
+                except _Damaged as exc:
+                    self._move_aside(path, str(exc))
+                    db = self._open_file(path)
                 self._db, self.path, self.persistent = db, path, True
-            except (sqlite3.Error, OSError) as exc:
+            except (sqlite3.Error, OSError, _Damaged) as exc:
                 self.on_error("open")
                 log.warning(
                     "prediction store not writable; keeping predictions in memory (lost at restart)",
@@ -143,6 +153,38 @@ class PredictionStore:
             init_schema(db)
             self._db = db
         self._refresh_counts()
+
+    def _open_file(self, path: Path) -> sqlite3.Connection:
+        db = self._connect(str(path))
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            (check,) = db.execute("PRAGMA quick_check(1)").fetchone()
+            if check != "ok":
+                raise _Damaged(f"quick_check: {check}")
+            init_schema(db)
+        except sqlite3.OperationalError:
+            db.close()
+            raise
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+            db.close()
+            raise _Damaged(str(exc)) from exc
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self, path: Path, why: str) -> None:
+        """Rename a damaged store file (and its WAL) to ``<name>.corrupt-<time>``, kept for inspection."""
+        suffix = f".corrupt-{int(time.time())}"
+        for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if part.exists():
+                part.rename(part.with_name(part.name + suffix))
+        self.on_error("corrupt")
+        log.error(
+            "the prediction store file is damaged; moved aside, starting an empty store",
+            extra={"path": str(path), "moved_to": str(path) + suffix, "error": why},
+        )
 
     @staticmethod
     def _connect(target: str) -> sqlite3.Connection:
@@ -164,7 +206,7 @@ class PredictionStore:
                 self._queued += batch.n
                 dropped = False
         if dropped:
-            self.on_drop(batch.n)
+            self.on_drop(batch.n, "queue_full")
         return not dropped
 
     @property
@@ -179,34 +221,60 @@ class PredictionStore:
         return batches
 
     def flush(self, now: float | None = None) -> int:
-        """Write everything queued now, then evict; returns the predictions written."""
-        batches = last_per_request(self._take())
+        """Write everything queued now, then evict; returns the predictions written. A batch that
+        cannot be stored (:func:`batch_problem`) is dropped alone; a failed write drops what it held.
+        Both are counted (``on_drop``), never raised: the other requests' predictions are written."""
+        batches = self._storable(last_per_request(self._take()))
         written = 0
         if batches:
-            rows = request_rows(batches)
             try:
-                with self._db_lock:
-                    db = self._conn()
-                    db.execute("BEGIN")
-                    try:
-                        replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
-                        db.executemany(
-                            "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
-                            " extras) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            rows,
-                        )
-                        db.execute("COMMIT")
-                    except BaseException:
-                        db.execute("ROLLBACK")
-                        raise
-                written = sum(b.n for b in batches)
-                self.rows += written - replaced_rows
-                self.labeled -= replaced_labels
-                self._oldest_ts = min(self._oldest_ts, min(b.timestamp for b in batches))
-            except (sqlite3.Error, OSError, StoreUnavailable) as exc:
+                written = self._write(batches)
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is counted, the writer lives
+                n = sum(b.n for b in batches)
                 self.on_error("write")
-                log.warning("writing predictions failed; batch dropped", extra={"rows": len(rows), "error": str(exc)})
+                self.on_drop(n, "write_failed")
+                log.warning(
+                    "writing predictions failed; batch dropped",
+                    extra={"predictions": n, "error": f"{type(exc).__name__}: {exc}"},
+                )
         self.evict(time.time() if now is None else now)
+        return written
+
+    def _storable(self, batches: list[PendingBatch]) -> list[PendingBatch]:
+        """The batches that can be written; the others are counted as ``invalid`` and logged (one line)."""
+        bad = [(b, p) for b in batches if (p := batch_problem(b)) is not None]
+        if not bad:
+            return batches
+        n = sum(b.n for b, _ in bad)
+        self.on_drop(n, "invalid")
+        log.warning(
+            "predictions not stored: their request cannot be written",
+            extra={"requests": len(bad), "predictions": n, "reason": bad[0][1]},
+        )
+        skip = {id(b) for b, _ in bad}
+        return [b for b in batches if id(b) not in skip]
+
+    def _write(self, batches: list[PendingBatch]) -> int:
+        rows = request_rows(batches)
+        with self._db_lock:
+            db = self._conn()
+            db.execute("BEGIN")
+            try:
+                replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
+                db.executemany(
+                    "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
+                    " extras) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled back already (e.g. a full disk)
+                    db.execute("ROLLBACK")
+                raise
+        written = sum(b.n for b in batches)
+        self.rows += written - replaced_rows
+        self.labeled -= replaced_labels
+        self._oldest_ts = min(self._oldest_ts, min(b.timestamp for b in batches))
         return written
 
     def evict(self, now: float) -> int:
@@ -332,6 +400,7 @@ class PredictionStore:
         predicted_by_identity: dict[str, list[int | None]] = {}
         unknown: list[str] = []
         duplicate: list[str] = []
+        corrupt: list[str] = []
         n_accepted = 0
         try:
             with self._db_lock:
@@ -339,9 +408,12 @@ class PredictionStore:
                 db.execute("BEGIN")
                 try:
                     for first in range(0, len(labels), CHUNK):
-                        chunk = [
-                            (pid, label, *split_prediction_id(pid)) for pid, label in labels[first : first + CHUNK]
-                        ]
+                        chunk = []
+                        for pid, label in labels[first : first + CHUNK]:
+                            if storable_text(pid):
+                                chunk.append((pid, label, *split_prediction_id(pid)))
+                            else:  # no stored prediction has an id that SQLite cannot hold
+                                unknown.append(pid)
                         requests = requests_by_id(db, {rid for _, _, rid, _ in chunk})
                         done = labeled_indices(db, {r.seq for rows in requests.values() for r in rows})
                         inserts = []
@@ -353,8 +425,13 @@ class PredictionStore:
                             if (row.seq, idx) in done:
                                 duplicate.append(pid)
                                 continue
+                            try:
+                                predicted, verdict, probs, ext = row.prediction(idx)
+                            except CorruptRow as exc:
+                                corrupt.append(str(exc))
+                                unknown.append(pid)
+                                continue
                             done.add((row.seq, idx))
-                            predicted, verdict, probs, ext = row.prediction(idx)
                             a, s = onehot_errors(probs, label)
                             confidence = float(probs.max()) if len(probs) else 0.0
                             correct = predicted == label
@@ -379,6 +456,12 @@ class PredictionStore:
         except (sqlite3.Error, OSError) as exc:
             self.on_error("write")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+        if corrupt:
+            self.on_error("corrupt")
+            log.error(
+                "stored predictions are damaged; their labels count as unknown",
+                extra={"predictions": len(corrupt), "error": corrupt[0]},
+            )
         self.labeled += n_accepted
         accepted = [
             (k, LabeledRows.from_tuples(v, extras_by_identity[k], predicted_by_identity[k]))

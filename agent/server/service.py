@@ -200,12 +200,20 @@ class AgentService:
     def restore_state(self) -> None:
         if self.store is None:
             return
-        saved = self.store.get_json(self._state_key())
+        saved = self.store.get_json(self._state_key(), self._check_saved_windows, "windows")
         if saved and saved.get("identity") == self.runtime.identity:
             self.windows.restore(saved["windows"])
             log.info("restored estimator windows", extra={"judged": self.windows.total})
         elif saved:
             log.info("saved windows belong to another model or bundle; starting empty")
+
+    def _check_saved_windows(self, saved: Any) -> None:
+        """Raise when saved windows cannot be restored: tried on a scratch set, so the live windows are
+        never half restored (the store quarantines what this refuses and the agent starts empty)."""
+        if not isinstance(saved, dict) or not isinstance(saved.get("identity"), str):
+            raise ValueError("not a saved windows document")
+        if saved["identity"] == self.runtime.identity:
+            WindowSet(self.settings.window_seconds, self.settings.windows.count).restore(saved["windows"])
 
     # -- observe ----------------------------------------------------------------------------------
     def count_unmatched(self) -> None:
@@ -277,7 +285,9 @@ class AgentService:
         """Open the state database; a read-only or full directory is counted and logged, not raised."""
         assert self.settings.state_dir is not None
         try:
-            self.store = StateStore(self.settings.state_dir)
+            self.store = StateStore(
+                self.settings.state_dir, lambda what: self.metrics.state_quarantined.labels(what).inc()
+            )
         except Exception as exc:
             self.store = None
             self._state_failed("saving state failed: cannot open the state directory", exc)
@@ -325,11 +335,16 @@ class AgentService:
         if s.mode == "observe":
             self.queue = asyncio.Queue(maxsize=s.observe.queue_size)
             if self.store is not None:
-                for _kind, arrays, meta in self.store.take_pending():
-                    with contextlib.suppress(asyncio.QueueFull):
-                        self.queue.put_nowait(ObserveItem.from_arrays(arrays, meta))
+                restored = self.store.take_pending(
+                    lambda _kind, a, m: ObserveItem.from_arrays(a, m), s.observe.queue_size
+                )
+                for item in restored:  # at most the queue's size taken: the rest stays for the next start
+                    self.queue.put_nowait(item)
                 if self.queue.qsize():
-                    log.info("restored pending observed batches", extra={"batches": self.queue.qsize()})
+                    log.info(
+                        "restored pending observed batches",
+                        extra={"batches": self.queue.qsize(), "left_for_next_start": self.store.count_pending()},
+                    )
             for _ in range(s.observe.workers):
                 self._tasks.append(asyncio.create_task(self._observe_worker()))
             self._tasks.append(asyncio.create_task(self._expiry_loop()))

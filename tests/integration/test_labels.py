@@ -203,6 +203,9 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
     assert httpx.post(f"{srv.url}/v1/labels", json={"labels": {"id": "x"}}).status_code == 400
     deep = b'{"labels": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
     assert httpx.post(f"{srv.url}/v1/labels", content=deep).status_code == 400
+    # an id no stored prediction can have (a lone surrogate, which SQLite cannot hold) is unknown, not a 500
+    r = httpx.post(f"{srv.url}/v1/labels", content=b'{"labels": [{"id": "\\ud800:0", "label": 1}]}')
+    assert r.status_code == 200 and r.json()["unknown"] == 1, r.text
 
 
 def test_recalibration_token_minimum_restart_and_reload(

@@ -136,13 +136,19 @@ def test_unopenable_file_falls_back_to_memory(tmp_path: Path) -> None:
 
 
 def test_full_queue_drops_and_counts() -> None:
-    dropped: list[int] = []
-    s = PredictionStore(None, max_predictions=100_000, max_age_seconds=60, queue_limit=1000, on_drop=dropped.append)
+    dropped: list[tuple[int, str]] = []
+    s = PredictionStore(
+        None,
+        max_predictions=100_000,
+        max_age_seconds=60,
+        queue_limit=1000,
+        on_drop=lambda n, reason: dropped.append((n, reason)),
+    )
     s.open()
     assert s.enqueue(batch("a", 600, 1.0))
     assert not s.enqueue(batch("b", 600, 1.0))
     assert s.enqueue(batch("c", 400, 1.0))
-    assert dropped == [600] and s.queued == 1000
+    assert dropped == [(600, "queue_full")] and s.queued == 1000
     s.stop()
 
 
