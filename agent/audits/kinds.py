@@ -28,6 +28,7 @@ from agent.audits.registry import AuditKind, CliRun, register
 from agent.audits.report import AuditResult, ProgressFn
 from agent.errors import UserError
 from exporters.audit_metrics import GaugeSpec, GaugeValues
+from invariants.untrusted import safe_load_yaml
 
 if TYPE_CHECKING:
     from agent.model.classifier import OnnxClassifier
@@ -44,7 +45,9 @@ def read_yaml(text_or_path: str, what: str) -> Any:
         is_file = False
     text = p.read_text(encoding="utf-8") if is_file else text_or_path
     try:
-        return yaml.safe_load(text)
+        return safe_load_yaml(text)
+    except RecursionError:
+        raise UserError(f"{what}: not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{what}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
 

@@ -73,3 +73,15 @@ def test_idi_messages_quote_bounded_values() -> None:
     with pytest.raises(IdiRuleError) as info:
         IdiRuleSet.from_yaml(rules, ["0", "1"])
     assert len(str(info.value)) < 400
+
+
+def test_audit_yaml_arguments_refuse_aliases(tmp_path: Path) -> None:
+    from agent.audits.kinds import read_yaml
+    from agent.errors import UserError
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("a: &x [1, 2]\nb: *x\n", encoding="utf-8")
+    for source in (str(spec), "[&t {name: shift}, *t]"):
+        with pytest.raises(UserError, match="anchors and aliases are not allowed"):
+            read_yaml(source, "--spec")
+    assert read_yaml("[{name: shift}]", "--transformations") == [{"name": "shift"}]
