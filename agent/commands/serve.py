@@ -47,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
         access_log=settings.server.access_log,
         timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
         lifespan="on",
-        http=bounded_protocol(settings.server.header_timeout_seconds, settings.server.max_head_bytes),
+        http=bounded_protocol(
+            settings.server.header_timeout_seconds,
+            settings.server.max_head_bytes,
+            on_refused=app.state.agent.metrics.connection_refused,
+        ),
         limit_concurrency=settings.server.limit_concurrency,
         timeout_keep_alive=settings.server.timeout_keep_alive_seconds,
         backlog=2048,

@@ -12,7 +12,8 @@ that
 * answers 503 with ``Retry-After`` and closes a new connection at once while ``limit_concurrency``
   connections are open (``server.limit_concurrency``), so that descriptors stay below the limit.
 
-Refusals are logged at most once per ``LOG_INTERVAL`` seconds with a count, never once each.
+Refusals are counted by reason (``icos_connections_refused_total{reason}``) and logged at most once
+per ``LOG_INTERVAL`` seconds with counts, never once each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -50,11 +52,14 @@ class HeadTooLarge(Exception):
 class _Throttled:
     """Counts events and logs one warning per :data:`LOG_INTERVAL` with the count since the last."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_refused: Callable[[str], None] | None) -> None:
         self.counts: dict[str, int] = {}
         self.last = 0.0
+        self.on_refused = on_refused
 
     def note(self, what: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(what)
         self.counts[what] = self.counts.get(what, 0) + 1
         now = time.monotonic()
         if now - self.last >= LOG_INTERVAL:
@@ -63,10 +68,13 @@ class _Throttled:
             self.counts.clear()
 
 
-def bounded_protocol(header_timeout: float, max_head_bytes: int) -> type[HttpToolsProtocol]:
+def bounded_protocol(
+    header_timeout: float, max_head_bytes: int, on_refused: Callable[[str], None] | None = None
+) -> type[HttpToolsProtocol]:
     """The httptools protocol class with a head timeout, a head size bound and refusal at the
-    connection limit (``uvicorn.Config.limit_concurrency``)."""
-    throttled = _Throttled()
+    connection limit (``uvicorn.Config.limit_concurrency``); ``on_refused`` counts each refusal
+    by reason (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``)."""
+    throttled = _Throttled(on_refused)
     too_large = _refusal(
         b"HTTP/1.1 431 Request Header Fields Too Large",
         f"request head larger than {max_head_bytes} bytes (server.max_head_bytes)",

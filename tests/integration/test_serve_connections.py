@@ -117,6 +117,9 @@ def test_dribbling_clients_cannot_take_every_descriptor(agent: AgentProcess) -> 
             s.close()
     answer, _ = _exchange(agent, LIVE)
     assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:300]
+    metrics = agent.metrics()
+    assert metrics["icos_connections_refused_total{reason=limit_concurrency}"] >= 1
+    assert metrics["icos_connections_refused_total{reason=header_timeout}"] >= 1
     assert len(agent.log()) - log_before < 20_000  # refusals are logged with a count, not once each
 
 
@@ -126,6 +129,7 @@ def test_oversized_request_head_is_refused(agent: AgentProcess) -> None:
     assert closed
     assert not answer or answer.startswith(b"HTTP/1.1 431"), answer[:300]
     assert b"server.max_head_bytes" in answer or not answer
+    assert agent.metrics()["icos_connections_refused_total{reason=max_head_bytes}"] >= 1
 
 
 def test_idle_keep_alive_connection_is_closed(agent: AgentProcess) -> None:
