@@ -59,6 +59,16 @@ MEANINGS: dict[str, str] = {
     " are small; more threads mostly spin and take CPU from inference)",
     "ServerConfig.graceful_timeout_seconds": "on SIGTERM: time allowed for requests in flight and pending work",
     "ServerConfig.access_log": "one JSON log line per request",
+    "ServerConfig.max_metadata_value_bytes": "a longer value of a per-sample metadata input (IDI) is rejected with"
+    " 413 (`metadata_too_large`)",
+    "ServerConfig.limit_concurrency": "open HTTP connections beyond which a new connection is answered 503 with"
+    " `Retry-After` and closed at once (uvicorn also answers 503 to requests while as many are in progress);"
+    " keep it below the process's file descriptor limit",
+    "ServerConfig.timeout_keep_alive_seconds": "an idle keep-alive connection is closed after this time",
+    "ServerConfig.header_timeout_seconds": "a connection that has not sent a complete request head this long after"
+    " it opened (or after its request's first byte) is closed",
+    "ServerConfig.max_head_bytes": "a larger request head (request line and headers) is answered 431 and its"
+    " connection closed",
     "UpstreamConfig.url": "proxy mode: base URL of the upstream V2 server",
     "UpstreamConfig.model_name": "the model's name on the upstream (default: `model.name`)",
     "UpstreamConfig.timeout_seconds": "one deadline for the whole upstream call (waiting for a pooled connection, "

@@ -21,6 +21,8 @@ Metric names (labels):
 * ``icos_invalid_requests_total{reason}``, ``icos_upstream_errors_total{reason}``,
   ``icos_observe_queue_length``, ``icos_observe_rejected_total``,
   ``icos_observe_events_total{type}``, ``icos_observe_events_unmatched_total{reason}``.
+* ``icos_connections_refused_total{reason}`` — connections refused or closed by the HTTP server's
+  bounds (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``).
 * ``icos_model_info{model,version,sha256}`` — constant 1.
 * ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
   ``icos_state_last_write_timestamp_seconds`` — health of the state directory.
@@ -43,6 +45,8 @@ from invariants.oracle import FAMILIES, Verdict
 #: ``(verdict, invariant)`` label values of every :class:`~invariants.oracle.Verdict`, indexed by code.
 VERDICT_LABELS: tuple[tuple[str, str], ...] = tuple((v.outcome, v.family) for v in Verdict)
 
+#: Why the HTTP server refused or closed a connection (labels of ``icos_connections_refused_total``).
+CONNECTION_REFUSAL_REASONS = ("limit_concurrency", "header_timeout", "max_head_bytes")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -221,6 +225,14 @@ class AgentMetrics:
             ["reason"],
             registry=registry,
         )
+        self.connections_refused = Counter(
+            "icos_connections_refused",
+            "Connections refused or closed by the HTTP server's bounds, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in CONNECTION_REFUSAL_REASONS:
+            self.connections_refused.labels(reason)
         self.upstream_errors = Counter(
             "icos_upstream_errors",
             "Proxy mode: failed calls to the upstream server, by reason.",
@@ -344,3 +356,8 @@ class AgentMetrics:
 
     def invalid(self, reason: str) -> None:
         self.invalid_requests.labels(reason).inc()
+
+    def connection_refused(self, reason: str) -> None:
+        """One connection refused or closed by a bound of the HTTP server (one of
+        :data:`CONNECTION_REFUSAL_REASONS`)."""
+        self.connections_refused.labels(reason).inc()

@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.config.settings import load_settings
     from agent.core import logs
     from agent.server.app import create_app
+    from agent.server.http_protocol import bounded_protocol
 
     settings = load_settings(args.config)
     if args.host:
@@ -46,7 +47,13 @@ def run(args: argparse.Namespace) -> int:
         access_log=settings.server.access_log,
         timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
         lifespan="on",
-        limit_concurrency=None,
+        http=bounded_protocol(
+            settings.server.header_timeout_seconds,
+            settings.server.max_head_bytes,
+            on_refused=app.state.agent.metrics.connection_refused,
+        ),
+        limit_concurrency=settings.server.limit_concurrency,
+        timeout_keep_alive=settings.server.timeout_keep_alive_seconds,
         backlog=2048,
     )
     server = uvicorn.Server(config)

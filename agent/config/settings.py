@@ -58,6 +58,11 @@ class ServerConfig(_Section):
     blas_threads: int = Field(1, ge=1, le=256)
     graceful_timeout_seconds: float = Field(20.0, gt=0)
     access_log: bool = False
+    max_metadata_value_bytes: int = Field(1024, ge=1, le=1 << 20)
+    limit_concurrency: int = Field(512, ge=1, le=1_000_000)
+    timeout_keep_alive_seconds: int = Field(5, ge=1, le=3600)
+    header_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
 
 
 class UpstreamConfig(_Section):

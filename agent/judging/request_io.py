@@ -36,11 +36,35 @@ def prediction_ids(request_id: str, n: int) -> str:
     return ",".join(f"{request_id}:{i}" for i in range(n))
 
 
-def _metadata_array(t: Tensor) -> np.ndarray:
+def _metadata_array(t: Tensor, max_values: int, max_value_bytes: int) -> np.ndarray:
+    """A per-sample metadata input as a 1-D array, its bounds checked before anything is allocated.
+
+    A fixed-width bytes array costs ``values × longest value``: one long string among many short ones
+    would multiply the request's size (a 5 MB body could ask for gigabytes). At most ``max_values``
+    values (the batch limit) of at most ``max_value_bytes`` each keep it below their product."""
     data = t.data.reshape(-1)
-    if t.datatype == "BYTES":
-        return np.asarray(data.tolist(), dtype="S") if data.size else np.zeros(0, dtype="S1")
-    return data
+    if data.size > max_values:
+        raise ProtocolError(
+            "metadata_too_large",
+            f"metadata input {t.name!r} has {data.size} values; the limit is {max_values} (server.max_batch)",
+            status=413,
+        )
+    if t.datatype != "BYTES":
+        return data
+    if not data.size:
+        return np.zeros(0, dtype="S1")
+    longest = 0
+    for i, item in enumerate(data.tolist()):
+        size = len(item.encode()) if isinstance(item, str) else len(item)  # the decoder gives bytes
+        if size > max_value_bytes:
+            raise ProtocolError(
+                "metadata_too_large",
+                f"metadata input {t.name!r}: value {i} has {size} bytes; the limit is {max_value_bytes}"
+                " (server.max_metadata_value_bytes)",
+                status=413,
+            )
+        longest = max(longest, size)
+    return np.asarray(data.tolist(), dtype=f"S{max(1, longest)}")
 
 
 @dataclass
@@ -85,7 +109,7 @@ def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str,
             out.metadata[f] = v
     for t in inputs:
         if t.name in rt.metadata_fields:
-            out.per_sample[t.name] = _metadata_array(t)
+            out.per_sample[t.name] = _metadata_array(t, rt.max_batch, rt.max_metadata_value_bytes)
     return out
 
 

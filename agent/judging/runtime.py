@@ -57,6 +57,8 @@ class Runtime:
     oracle_no_metadata: CompiledOracle | None = None
     #: Bound on the elements of one request tensor (``server.max_tensor_elements``).
     max_elements: int = v2.DEFAULT_MAX_ELEMENTS
+    #: Bound on one value of a per-sample metadata input (``server.max_metadata_value_bytes``).
+    max_metadata_value_bytes: int = 1024
 
     @property
     def identity(self) -> str:
@@ -172,6 +174,7 @@ def load_runtime(
         scores_kind=m.scores_kind,
         max_batch=settings.server.max_batch,
         max_elements=settings.server.max_tensor_elements,
+        max_metadata_value_bytes=settings.server.max_metadata_value_bytes,
         model_path=str(mpath) if mpath else None,
         bundle_path=str(bpath),
     )

@@ -9,6 +9,7 @@ OpenTelemetry is on. Both call :meth:`AgentService.infer`, so the answers are th
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -37,6 +38,11 @@ from agent.server.observe import (
 from agent.server.proxy import proxy_judge, proxy_prepare
 from agent.server.responses import json_response
 from agent.server.service import AgentService
+
+#: A version a reload may set: it becomes a metric label and a log field (what ``model.version`` allows, bounded).
+RELOAD_VERSION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+#: The longest model or bundle path a reload accepts (Linux's PATH_MAX).
+MAX_RELOAD_PATH = 4096
 
 
 def check_model(svc: AgentService, name: str, version: str | None) -> Runtime:
@@ -196,8 +202,22 @@ def build_router(svc: AgentService) -> APIRouter:
             value = opts.get(key)
             if value is not None and not isinstance(value, str):
                 raise ClientError(f"reload: {key} must be a string", status=400, reason="malformed_json")
-            if value is None or key == "version":
+            if value is None:
                 continue
+            if key == "version":
+                if not RELOAD_VERSION.fullmatch(value):
+                    raise ClientError(
+                        f"reload: version must be 1 to 64 characters of A-Z a-z 0-9 . _ - ({len(value)} given)",
+                        status=400,
+                        reason="reload_request",
+                    )
+                continue
+            if "\0" in value or not value or len(value) > MAX_RELOAD_PATH:
+                raise ClientError(
+                    f"reload: {key} must be a path of 1 to {MAX_RELOAD_PATH} characters without NUL bytes",
+                    status=400,
+                    reason="reload_request",
+                )
             problem = path_problem(value, svc.settings.security.allowed_roots)
             if problem:
                 raise ClientError(

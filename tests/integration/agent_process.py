@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 class AgentProcess:
     """``icos-agent serve`` in a subprocess; stderr (JSON logs) goes to ``<dir>/agent.log``."""
 
-    def __init__(self, directory: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: dict[str, Any],
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], Any] | None = None,
+    ) -> None:
+        """``preexec_fn`` runs in the child before the agent starts (e.g. to lower a resource limit)."""
         self.dir = directory
         self.port = free_port()
         cfg = dict(config)
@@ -28,6 +36,7 @@ class AgentProcess:
         self.log_path = directory / f"agent-{self.port}.log"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
         self.env.update(env or {})
+        self.preexec_fn = preexec_fn
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -46,6 +55,7 @@ class AgentProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
+                preexec_fn=self.preexec_fn,
             )
         try:
             wait_http_ready(f"{self.url}/v2/health/ready", timeout)

@@ -54,14 +54,23 @@ def test_bad_reloads_keep_the_old_model(tmp_path: Path, mnist_bundle_dir: Path, 
                 ({"bundle_path": str(outside)}, 403, "allowed_roots"),  # outside the roots
                 ({"bundle_path": str(root / ".." / "outside")}, 403, "allowed_roots"),
                 ({"model_path": 5}, 400, "string"),
+                ({"bundle_path": "a\u0000b"}, 400, "NUL"),  # the OS refuses such a path: the client's mistake
+                ({"model_path": "x" * 5000}, 400, "4096"),
+                ({"version": "v" * (1 << 20)}, 400, "version"),  # it would become a metric label
+                ({"version": "1\nicos_fake 1"}, 400, "version"),
+                ({"version": ""}, 400, "version"),
             ]
             for body, status, mention in cases:
                 r = c.post(f"{agent.url}/v1/reload", json=body, headers=AUTH)
                 assert r.status_code == status, r.text
                 err = r.json()["error"]
                 assert mention in err, err
-                assert "still serving" in err or mention == "string", err
+                assert "still serving" in err or status == 400 and "reload:" in err, err
                 still_serving()
+
+            r = c.post(f"{agent.url}/v1/reload", json={"version": "2.0-rc.1"}, headers=AUTH)  # a valid version
+            assert r.status_code == 200 and r.json()["model"]["version"] == "2.0-rc.1", r.text
+            still_serving()
 
             # the configured file itself replaced by garbage, then reloaded
             model.write_bytes(b"not an onnx model")
@@ -75,5 +84,6 @@ def test_bad_reloads_keep_the_old_model(tmp_path: Path, mnist_bundle_dir: Path, 
             metrics = agent.metrics()
             assert metrics["icos_invalid_requests_total{reason=reload}"] >= 3
             assert metrics["icos_invalid_requests_total{reason=forbidden_path}"] == 3
+            assert metrics["icos_invalid_requests_total{reason=reload_request}"] == 5
     finally:
         agent.kill()

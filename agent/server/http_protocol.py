@@ -1,0 +1,153 @@
+"""uvicorn's httptools protocol with the connection bounds uvicorn lacks.
+
+uvicorn (0.54) arms its keep-alive timer only after a response: a connection that never finishes a
+request head stays open for ever, and neither uvicorn nor httptools bounds the size of a head. A
+few hundred clients dribbling header bytes could then take every file descriptor of the process.
+:func:`bounded_protocol` returns a subclass (``uvicorn.Config(http=...)`` takes a protocol class)
+that
+
+* closes a connection whose request head is not complete ``header_timeout`` seconds after the
+  connection opened or the request's first byte arrived (``server.header_timeout_seconds``);
+* answers 431 and closes when a head grows past ``max_head_bytes`` (``server.max_head_bytes``);
+* answers 503 with ``Retry-After`` and closes a new connection at once while ``limit_concurrency``
+  connections are open (``server.limit_concurrency``), so that descriptors stay below the limit.
+
+Refusals are counted by reason (``icos_connections_refused_total{reason}``) and logged at most once
+per ``LOG_INTERVAL`` seconds with counts, never once each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("icos_agent.http")
+
+#: Seconds between two log records about refused or timed-out connections.
+LOG_INTERVAL = 10.0
+
+
+def _refusal(status_line: bytes, message: str, *headers: bytes) -> bytes:
+    """A complete HTTP/1.1 answer that closes the connection, with a JSON error like the app's."""
+    body = json.dumps({"error": message}).encode()
+    head = [status_line, b"content-type: application/json", b"connection: close", *headers]
+    return b"\r\n".join([*head, b"content-length: " + str(len(body)).encode(), b"", body])
+
+
+_BUSY = _refusal(
+    b"HTTP/1.1 503 Service Unavailable", "too many open connections (server.limit_concurrency)", b"retry-after: 1"
+)
+
+
+class HeadTooLarge(Exception):
+    """A request head past ``server.max_head_bytes``, raised from a parser callback."""
+
+
+class _Throttled:
+    """Counts events and logs one warning per :data:`LOG_INTERVAL` with the count since the last."""
+
+    def __init__(self, on_refused: Callable[[str], None] | None) -> None:
+        self.counts: dict[str, int] = {}
+        self.last = 0.0
+        self.on_refused = on_refused
+
+    def note(self, what: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(what)
+        self.counts[what] = self.counts.get(what, 0) + 1
+        now = time.monotonic()
+        if now - self.last >= LOG_INTERVAL:
+            self.last = now
+            log.warning("connections refused or closed", extra={"counts": dict(self.counts)})
+            self.counts.clear()
+
+
+def bounded_protocol(
+    header_timeout: float, max_head_bytes: int, on_refused: Callable[[str], None] | None = None
+) -> type[HttpToolsProtocol]:
+    """The httptools protocol class with a head timeout, a head size bound and refusal at the
+    connection limit (``uvicorn.Config.limit_concurrency``); ``on_refused`` counts each refusal
+    by reason (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``)."""
+    throttled = _Throttled(on_refused)
+    too_large = _refusal(
+        b"HTTP/1.1 431 Request Header Fields Too Large",
+        f"request head larger than {max_head_bytes} bytes (server.max_head_bytes)",
+    )
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_timer: asyncio.TimerHandle | None = None
+            self._head_size = 0
+            self._head_too_large = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+                throttled.note("limit_concurrency")
+                transport.write(_BUSY)
+                transport.close()
+                return
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_size = 0
+            if self._head_timer is None:  # the next request on a kept-alive connection
+                self._arm_head_timer()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_head(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_head(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._cancel_head_timer()
+            super().on_headers_complete()
+
+        def _count_head(self, n: int) -> None:
+            # the parser hands the head over in pieces as it arrives: stop before storing more
+            self._head_size += n
+            if self._head_size > max_head_bytes:
+                self._head_too_large = True
+                raise HeadTooLarge(max_head_bytes)  # the parser stops; uvicorn answers with send_400_response
+
+        def send_400_response(self, msg: str) -> None:
+            if not self._head_too_large:
+                super().send_400_response(msg)
+                return
+            throttled.note("max_head_bytes")
+            self._cancel_head_timer()
+            self.transport.write(too_large)
+            self.transport.close()
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(header_timeout, self._head_timeout)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                throttled.note("header_timeout")
+                self.transport.close()
+
+    return BoundedHttpToolsProtocol
+

@@ -1,0 +1,150 @@
+"""Connection hygiene of ``icos-agent serve`` (uvicorn + httptools + uvloop), against the real process.
+
+With 256 file descriptors, 300 clients that open a connection and dribble header bytes used to take
+every descriptor: a fresh ``/v2/health/live`` was reset until they left. Now connections past
+``server.limit_concurrency`` are answered 503 (``Retry-After``) at once, a head not complete within
+``server.header_timeout_seconds`` is closed, and a head over ``server.max_head_bytes`` is answered 431.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_process import AgentProcess
+
+from agent.model.classifier import default_model_path
+
+FLOOD = 300
+LIMIT = 64
+HEADER_TIMEOUT = 2
+
+
+def _nofile_256() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> Iterator[AgentProcess]:
+    cfg = {
+        "model": {"name": "mnist", "path": str(default_model_path())},
+        "bundle": {"path": str(mnist_bundle_dir)},
+        "server": {
+            "limit_concurrency": LIMIT,
+            "header_timeout_seconds": HEADER_TIMEOUT,
+            "timeout_keep_alive_seconds": 1,
+            "max_head_bytes": 16 * 1024,
+        },
+        "audits": {"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
+    }
+    proc = AgentProcess(tmp_path_factory.mktemp("connections"), cfg, preexec_fn=_nofile_256).start()
+    yield proc
+    proc.kill()
+
+
+def _connect(agent: AgentProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", agent.port), timeout=5)
+
+
+def _exchange(agent: AgentProcess, request: bytes, wait: float = 5.0) -> tuple[bytes, bool]:
+    """Send ``request`` on a fresh connection; what came back and whether the server closed it
+    (a reset counts as closed) within ``wait`` seconds."""
+    out = b""
+    with _connect(agent) as s:
+        try:
+            s.sendall(request)
+        except OSError:  # the server closed while we were still sending
+            return out, True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                return out, False
+            except OSError:
+                return out, True
+            if not chunk:
+                return out, True
+            out += chunk
+    return out, False
+
+
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+
+
+def test_dribbling_clients_cannot_take_every_descriptor(agent: AgentProcess) -> None:
+    log_before = len(agent.log())
+    dribblers: list[socket.socket] = []
+    try:
+        for _ in range(FLOOD):
+            s = _connect(agent)
+            dribblers.append(s)
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\nX-Slow: ")
+        # the server answers a fresh connection at once, not a timeout or a reset
+        answer, closed = _exchange(agent, LIVE)
+        status = answer.split(b"\r\n", 1)[0]
+        assert status in (b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable"), answer[:300]
+        if b"503" in status:
+            assert b"retry-after: 1" in answer.lower() and b"server.limit_concurrency" in answer
+        assert closed
+        assert agent.open_fds() < 256
+        # dribbling does not keep a connection: every one is closed once its head is overdue
+        deadline = time.monotonic() + HEADER_TIMEOUT + 20
+        open_ = list(dribblers)
+        while open_ and time.monotonic() < deadline:
+            still = []
+            for s in open_:
+                try:
+                    s.send(b"a")
+                    s.settimeout(0.001)
+                    if s.recv(65536) == b"":
+                        continue
+                    still.append(s)
+                except TimeoutError:
+                    still.append(s)
+                except OSError:
+                    continue
+            open_ = still
+            time.sleep(0.5)
+        assert not open_, f"{len(open_)} dribbling connections still open"
+    finally:
+        for s in dribblers:
+            s.close()
+    answer, _ = _exchange(agent, LIVE)
+    assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:300]
+    metrics = agent.metrics()
+    assert metrics["icos_connections_refused_total{reason=limit_concurrency}"] >= 1
+    assert metrics["icos_connections_refused_total{reason=header_timeout}"] >= 1
+    assert len(agent.log()) - log_before < 20_000  # refusals are logged with a count, not once each
+
+
+def test_oversized_request_head_is_refused(agent: AgentProcess) -> None:
+    head = b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\n" + b"X-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
+    answer, closed = _exchange(agent, head)
+    assert closed
+    assert not answer or answer.startswith(b"HTTP/1.1 431"), answer[:300]
+    assert b"server.max_head_bytes" in answer or not answer
+    assert agent.metrics()["icos_connections_refused_total{reason=max_head_bytes}"] >= 1
+
+
+def test_idle_keep_alive_connection_is_closed(agent: AgentProcess) -> None:
+    answer, closed = _exchange(agent, b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\n\r\n", wait=10)
+    assert answer.startswith(b"HTTP/1.1 200 OK") and closed  # timeout_keep_alive_seconds: 1
+
+
+def test_content_length_with_chunked_encoding_is_refused_and_closed(agent: AgentProcess) -> None:
+    """Both framings in one request (request smuggling): httptools' parser refuses it and uvicorn closes."""
+    body = b'{"inputs": []}'
+    request = (
+        b"POST /v2/models/mnist/infer HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+    )
+    answer, closed = _exchange(agent, request)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert closed
