@@ -118,12 +118,6 @@ class ObserveConfig(_Section):
         description="bytes of decoded CloudEvents waiting for their pair; an event that would pass it is "
         "refused with 429 and `Retry-After`, so unpaired events cannot fill the pod's memory",
     )
-    max_metadata_value_bytes: int = Field(
-        1024,
-        ge=1,
-        le=1024 * 1024,
-        description="longest per-sample metadata string in an observation or request event (413 beyond)",
-    )
     max_metadata_bytes: int = Field(
         4 * 1024 * 1024,
         ge=1024,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import ClientError
 from agent.judging.runtime import Runtime
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError, Tensor
@@ -36,6 +37,14 @@ def prediction_ids(request_id: str, n: int) -> str:
     return ",".join(f"{request_id}:{i}" for i in range(n))
 
 
+class MetadataTooLarge(ClientError):
+    """Per-sample metadata past its bounds (``server.max_batch`` values of ``server.max_metadata_value_bytes``
+    each; in observe mode also ``observe.max_metadata_bytes`` per batch), refused before allocating."""
+
+    status = 413
+    reason = "metadata_too_large"
+
+
 def _metadata_array(t: Tensor, max_values: int, max_value_bytes: int) -> np.ndarray:
     """A per-sample metadata input as a 1-D array, its bounds checked before anything is allocated.
 
@@ -44,10 +53,8 @@ def _metadata_array(t: Tensor, max_values: int, max_value_bytes: int) -> np.ndar
     values (the batch limit) of at most ``max_value_bytes`` each keep it below their product."""
     data = t.data.reshape(-1)
     if data.size > max_values:
-        raise ProtocolError(
-            "metadata_too_large",
-            f"metadata input {t.name!r} has {data.size} values; the limit is {max_values} (server.max_batch)",
-            status=413,
+        raise MetadataTooLarge(
+            f"metadata input {t.name!r} has {data.size} values; the limit is {max_values} (server.max_batch)"
         )
     if t.datatype != "BYTES":
         return data
@@ -57,11 +64,9 @@ def _metadata_array(t: Tensor, max_values: int, max_value_bytes: int) -> np.ndar
     for i, item in enumerate(data.tolist()):
         size = len(item.encode()) if isinstance(item, str) else len(item)  # the decoder gives bytes
         if size > max_value_bytes:
-            raise ProtocolError(
-                "metadata_too_large",
+            raise MetadataTooLarge(
                 f"metadata input {t.name!r}: value {i} has {size} bytes; the limit is {max_value_bytes}"
-                " (server.max_metadata_value_bytes)",
-                status=413,
+                " (server.max_metadata_value_bytes)"
             )
         longest = max(longest, size)
     return np.asarray(data.tolist(), dtype=f"S{max(1, longest)}")

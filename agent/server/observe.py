@@ -10,7 +10,7 @@ Two ways in, both on ``POST /v1/observe``:
   left without their pair are counted (``expired``, ``evicted`` when the buffer is full, ``duplicate``),
   and an event that would pass the byte bound is refused with 429 (``overflow``).
 
-Per-sample metadata strings are bounded (per value and per batch) before any array of them is built:
+Per-sample metadata strings are bounded (per value, as for requests, and per batch) before any array of them is built:
 numpy stores N strings as N × the longest, so one long value in a large batch would ask for gigabytes.
 
 Accepted batches go into a bounded queue judged by worker tasks in the thread pool; when the queue
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.config.settings import ObserveConfig
+from agent.config.settings import AgentSettings
 from agent.errors import ClientError
-from agent.judging.request_io import SplitInputs, attach_metadata, new_request_id, split_inputs
+from agent.judging.request_io import MetadataTooLarge, SplitInputs, attach_metadata, new_request_id, split_inputs
 from agent.judging.runtime import Runtime
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError, Tensor
@@ -41,13 +41,6 @@ REQUEST = "request"
 RESPONSE = "response"
 
 _MiB = 1024 * 1024
-
-
-class MetadataTooLarge(ClientError):
-    """Per-sample metadata past ``observe.max_metadata_value_bytes`` or ``observe.max_metadata_bytes``."""
-
-    status = 413
-    reason = "metadata_too_large"
 
 
 class PendingFull(ClientError):
@@ -65,8 +58,9 @@ class MetadataBounds:
     max_total: int = 4 * _MiB
 
     @classmethod
-    def of(cls, cfg: ObserveConfig) -> MetadataBounds:
-        return cls(cfg.max_metadata_value_bytes, cfg.max_metadata_bytes)
+    def of(cls, settings: AgentSettings) -> MetadataBounds:
+        """Per value ``server.max_metadata_value_bytes`` (as for requests); per batch ``observe.max_metadata_bytes``."""
+        return cls(settings.server.max_metadata_value_bytes, settings.observe.max_metadata_bytes)
 
     def check(self, fields: Iterable[tuple[str, Sequence[bytes]]]) -> None:
         """Refuse (413) a value longer than ``max_value``, or fields whose arrays (samples × longest
@@ -78,7 +72,7 @@ class MetadataBounds:
                 if len(v) > self.max_value:
                     raise MetadataTooLarge(
                         f"metadata {name!r}: value {i} has {len(v)} bytes, over the limit of {self.max_value} "
-                        "(observe.max_metadata_value_bytes)"
+                        "(server.max_metadata_value_bytes)"
                     )
                 longest = max(longest, len(v))
             total += len(values) * longest

@@ -152,7 +152,7 @@ def build_router(svc: AgentService) -> APIRouter:
         headers = {k.lower(): v for k, v in request.headers.items()}
         event = parse_cloudevent(headers, body)
         scores_output = svc.settings.upstream.scores_output
-        bounds = MetadataBounds.of(svc.settings.observe)
+        bounds = MetadataBounds.of(svc.settings)
         if event is None:
             item = await svc.run(decode_observation, rt, body, scores_output, bounds)
             svc.enqueue(item)

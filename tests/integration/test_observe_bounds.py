@@ -113,12 +113,12 @@ def test_long_metadata_in_a_large_batch_refused_before_allocating(
         direct = {"inputs": x.tolist(), "probabilities": probs, "metadata": {"form": form}}
         r = c.post(f"{agent.url}/v1/observe", json=direct)
         assert r.status_code == 413, r.text
-        assert "observe.max_metadata_value_bytes" in r.json()["error"]
+        assert "server.max_metadata_value_bytes" in r.json()["error"]
         tensors = json.loads(v2_request(x))
         tensors["inputs"].append({"name": "form", "shape": [1024], "datatype": "BYTES", "data": form})
         r = c.post(f"{agent.url}/v1/observe", json=tensors, headers=ce_headers("meta-1", REQUEST_TYPE))
         assert r.status_code == 413, r.text
-        assert "observe.max_metadata_value_bytes" in r.json()["error"]
+        assert "server.max_metadata_value_bytes" in r.json()["error"]
         assert agent.proc is not None and agent.proc.poll() is None, agent.log()[-3000:]
         assert c.get(f"{agent.url}/v2/health/live").status_code == 200
         assert agent.metrics()["icos_invalid_requests_total{reason=metadata_too_large}"] == 2
@@ -132,7 +132,9 @@ def test_metadata_bounds_per_value_and_per_batch(
 ) -> None:
     """Values over ``max_metadata_value_bytes``, or a batch whose values take more than
     ``max_metadata_bytes`` as a fixed-width array, are refused with 413 naming the setting."""
-    srv = run_server(observe_app(mnist_bundle_dir, max_metadata_value_bytes=64, max_metadata_bytes=2048))
+    app = observe_app(mnist_bundle_dir, max_metadata_bytes=2048)
+    app.state.settings.server.max_metadata_value_bytes = 64
+    srv = run_server(app)
     x = mnist_splits.test.x[:40]
     probs = mnist_model.predict(x).probabilities.tolist()
     url = f"{srv.url}/v1/observe"
@@ -144,7 +146,7 @@ def test_metadata_bounds_per_value_and_per_batch(
         )
 
     r = send(["lines", "c" * 65])
-    assert r.status_code == 413 and "observe.max_metadata_value_bytes" in r.json()["error"], r.text
+    assert r.status_code == 413 and "server.max_metadata_value_bytes" in r.json()["error"], r.text
     assert send(["lines", "c" * 64]).status_code == 202
     # 40 values of up to 60 bytes: 2400 bytes as a fixed-width array, over 2048
     r = send(["lines"] * 39 + ["c" * 60])

@@ -18,6 +18,7 @@ SCRIPT = r"""
 import json, resource, sys
 
 from agent.config.settings import load_settings
+from agent.errors import ClientError
 from agent.judging.request_io import attach_metadata, split_inputs
 from agent.judging.runtime import load_runtime
 from agent.protocol import v2
@@ -41,7 +42,7 @@ try:
     split = split_inputs(rt, req.inputs, req.parameters)
     attach_metadata(split, 1)
     print(json.dumps({"accepted": True}))
-except v2.ProtocolError as exc:
+except ClientError as exc:
     print(json.dumps({"status": exc.status, "reason": exc.reason, "error": str(exc)}))
 except MemoryError:
     print(json.dumps({"memory_error": True}))
