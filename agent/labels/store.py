@@ -12,7 +12,7 @@ judged it, the number of classes and, as little-endian arrays over the request's
 predicted classes (int32), the oracle verdicts (int8, indices into
 :data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs of
 the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
-agreement, coverage and PCA error of :class:`agent.estimation.estimators.SampleExtras`, float64 ``[n, 5]``;
+agreement, coverage and PCA error of :class:`agent.estimation.statistics.SampleExtras`, float64 ``[n, 5]``;
 NULL otherwise). Prediction ``i`` of a request has the id ``<request id>:<i>``. A row holds the
 predictions ``start ≤ i < hi`` of its request; those below ``lo`` were evicted (eviction by count
 keeps exactly the newest ``max_predictions`` predictions, also inside a request). A request id used
