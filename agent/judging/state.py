@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from agent.core import logs
+from agent.core.sqlite_files import DamagedFile, move_aside, open_checked
 
 STATE_FILE = "agent-state.sqlite3"
 #: quarantined entries kept (the oldest are deleted beyond this)
@@ -33,10 +34,6 @@ QUARANTINE_KEEP = 100
 
 log = logs.get("state")
 T = TypeVar("T")
-
-
-class _Damaged(Exception):
-    """The state file is damaged (the message says how)."""
 
 
 class StateStore:
@@ -47,52 +44,29 @@ class StateStore:
         self.on_quarantine = on_quarantine
         self._lock = threading.Lock()
         try:
-            self._db = self._open()
-        except _Damaged as exc:
+            self._db = open_checked(self.path, self._init)
+        except DamagedFile as exc:
             self._move_aside(str(exc))
-            self._db = self._open()
+            self._db = open_checked(self.path, self._init)
 
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10.0)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            (check,) = db.execute("PRAGMA quick_check(1)").fetchone()
-            if check != "ok":
-                raise _Damaged(f"quick_check: {check}")
-            db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated REAL)")
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS pending "
-                "(id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, payload BLOB NOT NULL, created REAL)"
-            )
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS quarantine (id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL,"
-                " key TEXT, value BLOB, reason TEXT, created REAL)"
-            )
-        except sqlite3.OperationalError:  # locked, read-only, full: not damage, the caller reports it
-            db.close()
-            raise
-        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
-            db.close()
-            raise _Damaged(str(exc)) from exc
-        except BaseException:
-            db.close()
-            raise
-        return db
+    @staticmethod
+    def _init(db: sqlite3.Connection) -> None:
+        db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL, updated REAL)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS pending "
+            "(id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, payload BLOB NOT NULL, created REAL)"
+        )
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS quarantine (id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL,"
+            " key TEXT, value BLOB, reason TEXT, created REAL)"
+        )
 
     def _move_aside(self, why: str) -> None:
-        """Rename the damaged file (and its WAL) to ``<name>.corrupt-<time>``, kept for inspection."""
-        suffix = f".corrupt-{int(time.time())}"
-        for part in (
-            self.path,
-            self.path.with_name(self.path.name + "-wal"),
-            self.path.with_name(self.path.name + "-shm"),
-        ):
-            if part.exists():
-                part.rename(part.with_name(part.name + suffix))
+        """Rename the damaged file (and its WAL) aside, kept for inspection; log and count it."""
+        moved = move_aside(self.path)
         log.error(
             "the state database is damaged; moved aside, starting with empty state",
-            extra={"path": str(self.path), "moved_to": str(self.path) + suffix, "error": why},
+            extra={"path": str(self.path), "moved_to": str(moved), "error": why},
         )
         self.on_quarantine("file")
 

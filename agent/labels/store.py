@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from agent.core.os_threads import name_os_thread
+from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
 from agent.labels.rows import (
     CorruptRow,
     LabeledRows,
@@ -85,10 +86,6 @@ STORE_FILE = "predictions.sqlite3"
 
 class StoreUnavailable(Exception):
     """The store could not be read or written (the message says why)."""
-
-
-class _Damaged(Exception):
-    """The store file is damaged (the message says how)."""
 
 
 class PredictionStore:
@@ -137,58 +134,31 @@ class PredictionStore:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 try:
-                    db = self._open_file(path)
-                except _Damaged as exc:
+                    db = open_checked(path, init_schema)
+                except DamagedFile as exc:
                     self._move_aside(path, str(exc))
-                    db = self._open_file(path)
+                    db = open_checked(path, init_schema)
                 self._db, self.path, self.persistent = db, path, True
-            except (sqlite3.Error, OSError, _Damaged) as exc:
+            except (sqlite3.Error, OSError, DamagedFile) as exc:
                 self.on_error("open")
                 log.warning(
                     "prediction store not writable; keeping predictions in memory (lost at restart)",
                     extra={"path": str(path), "error": str(exc)},
                 )
         if self._db is None:
-            db = self._connect(":memory:")
+            db = connect(":memory:")
             init_schema(db)
             self._db = db
         self._refresh_counts()
 
-    def _open_file(self, path: Path) -> sqlite3.Connection:
-        db = self._connect(str(path))
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            (check,) = db.execute("PRAGMA quick_check(1)").fetchone()
-            if check != "ok":
-                raise _Damaged(f"quick_check: {check}")
-            init_schema(db)
-        except sqlite3.OperationalError:
-            db.close()
-            raise
-        except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
-            db.close()
-            raise _Damaged(str(exc)) from exc
-        except BaseException:
-            db.close()
-            raise
-        return db
-
     def _move_aside(self, path: Path, why: str) -> None:
-        """Rename a damaged store file (and its WAL) to ``<name>.corrupt-<time>``, kept for inspection."""
-        suffix = f".corrupt-{int(time.time())}"
-        for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            if part.exists():
-                part.rename(part.with_name(part.name + suffix))
+        """Rename a damaged store file (and its WAL) aside, kept for inspection; count and log it."""
+        moved = move_aside(path)
         self.on_error("corrupt")
         log.error(
             "the prediction store file is damaged; moved aside, starting an empty store",
-            extra={"path": str(path), "moved_to": str(path) + suffix, "error": why},
+            extra={"path": str(path), "moved_to": str(moved), "error": why},
         )
-
-    @staticmethod
-    def _connect(target: str) -> sqlite3.Connection:
-        return sqlite3.connect(target, check_same_thread=False, isolation_level=None, timeout=10.0)
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
