@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
+
+from agent.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -57,12 +60,30 @@ def run(args: argparse.Namespace) -> int:
         backlog=2048,
     )
     server = uvicorn.Server(config)
+    sockets = None
+    if settings.server.admin_port is not None:
+        if settings.server.admin_port in (settings.server.port, settings.server.metrics_port):
+            raise UserError("server.admin_port must differ from server.port and server.metrics_port")
+        # One server, two listening sockets: requests carry the port they arrived on (scope["server"]),
+        # which is how the app keeps the admin API on its own port.
+        sockets = [listen(settings.server.host, port) for port in (settings.server.port, settings.server.admin_port)]
     # uvicorn re-raises the signal it handled after a graceful shutdown; a no-op handler turns that
     # into a normal return, so SIGTERM ends with exit status 0 once state is flushed.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is), as uvicorn would bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def limit_blas_threads(n: int) -> list[dict[str, object]]:

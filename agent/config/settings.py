@@ -51,6 +51,14 @@ class ServerConfig(_Section):
     host: str = "0.0.0.0"  # noqa: S104 - a sidecar listens on the pod network
     port: int = Field(8080, ge=1, le=65535)
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    admin_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="a port of its own for the admin API (reload, recalibrate, triggered audits): "
+        "when set, those endpoints answer only there (404 on server.port) and that port answers only "
+        "them and the health checks, so a NetworkPolicy can admit its callers alone; null keeps them on server.port",
+    )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1024, ge=1)
     max_tensor_elements: int = Field(1 << 24, ge=1)
@@ -199,6 +207,11 @@ class AgentSettings(BaseSettings):
             raise ValueError("upstream.url is required in proxy mode")
         if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:
             raise ValueError("server.metrics_port must differ from server.port")
+        if self.server.admin_port is not None and self.server.admin_port in (
+            self.server.port,
+            self.server.metrics_port,
+        ):
+            raise ValueError("server.admin_port must differ from server.port and server.metrics_port")
         return self
 
     @classmethod

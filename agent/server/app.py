@@ -26,12 +26,14 @@ from agent.config.model_source import fetch_model
 from agent.config.settings import AgentSettings
 from agent.judging.runtime import Runtime, load_runtime
 from agent.labels.service import LabelService
+from agent.server.admin import admin_port_refusal
 from agent.server.audit_routes import audit_router
 from agent.server.audits import AuditService
 from agent.server.errors import install_error_handlers
 from agent.server.fast_path import InferFastPath
 from agent.server.labels_routes import labels_router
 from agent.server.middleware import BodyLimitMiddleware
+from agent.server.responses import send_error
 from agent.server.routes import build_router
 from agent.server.service import AgentService
 from agent.server.triton_routes import triton_router
@@ -41,6 +43,9 @@ class AgentApp(FastAPI):
     """The agent's FastAPI app: serve-mode inference goes to :class:`InferFastPath` first."""
 
     infer_fast_path: InferFastPath | None = None
+    #: ``server.admin_port``: requests arriving there reach only the admin API and the health checks.
+    admin_port: int | None = None
+    on_admin_port_refusal: Callable[[], None] = staticmethod(lambda: None)
     _telemetry_checked = -1.0
     _telemetry_enabled = False
 
@@ -55,6 +60,11 @@ class AgentApp(FastAPI):
         return self._telemetry_enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = admin_port_refusal(scope, self.admin_port)
+        if refusal is not None:
+            self.on_admin_port_refusal()
+            await send_error(send, 404, refusal)
+            return
         fast = self.infer_fast_path
         if fast is not None:
             m = fast.match(scope)
@@ -112,6 +122,8 @@ def create_app(
     for router in routers:
         app.include_router(router)
     app.infer_fast_path = InferFastPath(svc, settings.server.max_body_bytes)
+    app.admin_port = settings.server.admin_port
+    app.on_admin_port_refusal = lambda: svc.metrics.invalid("admin_port")
     app.add_middleware(
         BodyLimitMiddleware, limit=settings.server.max_body_bytes, on_reject=lambda: svc.metrics.invalid("too_large")
     )

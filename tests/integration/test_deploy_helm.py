@@ -253,3 +253,24 @@ def test_network_policy_admits_only_the_namespace_by_default() -> None:
     policy = next(d for d in render({}) if d["kind"] == "NetworkPolicy")
     http_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "http")
     assert http_rule["from"] == [{"podSelector": {}}]
+
+
+def test_admin_api_has_its_own_port_reached_only_by_the_audit_job() -> None:
+    docs = render({"audits": {"cronjob": {"enabled": True}}})
+    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))["data"]["agent.yaml"])
+    assert config["server"]["admin_port"] == 9103
+    svc = next(d for d in docs if d["kind"] == "Service")
+    assert {"name": "admin", "port": 9103, "targetPort": "admin", "protocol": "TCP"} in svc["spec"]["ports"]
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    admin_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "admin")
+    job = next(d for d in docs if d["kind"] == "CronJob")
+    job_labels = job["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert admin_rule["from"] == [{"podSelector": {"matchLabels": job_labels}}]
+    trigger = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert ":9103/v1/audits/" in trigger["args"][0]
+    # null puts the admin API back on the http port: no admin port, no admin rule.
+    docs = render({"admin": {"port": None}, "audits": {"cronjob": {"enabled": True}}})
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert all(r["ports"][0]["port"] != "admin" for r in policy["spec"]["ingress"])
+    job = next(d for d in docs if d["kind"] == "CronJob")
+    assert ":8080/v1/audits/" in job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]

@@ -67,6 +67,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.metrics.port }}
 {{- $_ := set $server "metrics_port" (int .Values.metrics.port) }}
 {{- end }}
+{{- if .Values.admin.port }}
+{{- $_ := set $server "admin_port" (int .Values.admin.port) }}
+{{- end }}
 {{- $_ := set $cfg "server" $server }}
 {{- if eq .Values.mode "proxy" }}
 {{- $_ := set $cfg "upstream" (dict "url" .Values.upstream.url) }}
