@@ -33,6 +33,7 @@ from agent.server.errors import install_error_handlers
 from agent.server.fast_path import InferFastPath
 from agent.server.labels_routes import labels_router
 from agent.server.middleware import BodyLimitMiddleware
+from agent.server.openapi_bodies import declare_request_bodies
 from agent.server.responses import send_error
 from agent.server.routes import build_router
 from agent.server.service import AgentService
@@ -117,9 +118,9 @@ def create_app(
     app.state.registry = registry
     app.state.settings = settings
     install_error_handlers(app, svc.metrics)
-    app.include_router(triton_router(svc))  # first: /v2/models/stats is no model named 'stats'
-    app.include_router(build_router(svc))
-    for router in routers:
+    # triton first: /v2/models/stats is no model named 'stats'
+    for router in (triton_router(svc), build_router(svc), *routers):
+        declare_request_bodies(router.routes)
         app.include_router(router)
     app.infer_fast_path = InferFastPath(svc, settings.server.max_body_bytes)
     app.admin_port = settings.server.admin_port

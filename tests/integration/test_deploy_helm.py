@@ -257,7 +257,8 @@ def test_network_policy_admits_only_the_namespace_by_default() -> None:
 
 def test_admin_api_has_its_own_port_reached_only_by_the_audit_job() -> None:
     docs = render({"audits": {"cronjob": {"enabled": True}}})
-    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))["data"]["agent.yaml"])
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))
+    config = yaml.safe_load(configmap["data"]["agent.yaml"])
     assert config["server"]["admin_port"] == 9103
     svc = next(d for d in docs if d["kind"] == "Service")
     assert {"name": "admin", "port": 9103, "targetPort": "admin", "protocol": "TCP"} in svc["spec"]["ports"]
