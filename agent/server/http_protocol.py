@@ -13,7 +13,9 @@ that
   connections are open (``server.limit_concurrency``), so that descriptors stay below the limit.
 
 Refusals are counted by reason (``icos_connections_refused_total{reason}``) and logged at most once
-per ``LOG_INTERVAL`` seconds with counts, never once each.
+per ``LOG_INTERVAL`` seconds with counts, never once each. uvicorn's own per-request warnings (a
+request that is not HTTP, a request past the concurrency limit, an unsupported upgrade) go the same
+way (:class:`_QuietLogger`): a flood of them is a few counted lines, not a log line per request.
 """
 
 from __future__ import annotations
@@ -68,6 +70,37 @@ class _Throttled:
             self.counts.clear()
 
 
+#: uvicorn's per-request warnings → the reason they are counted under.
+_UVICORN_WARNINGS = {
+    "Invalid HTTP request received.": "malformed_request",
+    "Exceeded concurrency limit.": "limit_concurrency",
+    "Unsupported upgrade request.": "unsupported_upgrade",
+}
+
+
+class _QuietLogger:
+    """uvicorn's protocol logger with its per-request warnings counted and throttled (``note``);
+    everything else (errors of the app, trace lines) goes to the real logger as before."""
+
+    def __init__(self, logger: logging.Logger, throttled: _Throttled) -> None:
+        self._logger = logger
+        self._throttled = throttled
+
+    @property
+    def level(self) -> int:
+        return self._logger.level
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        reason = _UVICORN_WARNINGS.get(msg)
+        if reason is not None and not args:
+            self._throttled.note(reason)
+        else:
+            self._logger.warning(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
 def bounded_protocol(
     header_timeout: float, max_head_bytes: int, on_refused: Callable[[str], None] | None = None
 ) -> type[HttpToolsProtocol]:
@@ -83,6 +116,7 @@ def bounded_protocol(
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.logger = _QuietLogger(self.logger, throttled)  # type: ignore[assignment]
             self._head_timer: asyncio.TimerHandle | None = None
             self._head_size = 0
             self._head_too_large = False

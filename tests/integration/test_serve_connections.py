@@ -148,3 +148,18 @@ def test_content_length_with_chunked_encoding_is_refused_and_closed(agent: Agent
     answer, closed = _exchange(agent, request)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
     assert closed
+
+
+def test_malformed_requests_are_counted_not_logged_each(agent: AgentProcess) -> None:
+    """uvicorn logs "Invalid HTTP request received." once per such request: a flood of garbage would
+    grow the log by a line each. Now each is answered 400, counted, and logged with a count."""
+    before = agent.metrics().get("icos_connections_refused_total{reason=malformed_request}", 0.0)
+    log_before = agent.log().count("Invalid HTTP request received")
+    n = 40
+    for i in range(n):
+        answer, closed = _exchange(agent, b"\x16\x03\x01 not http at all " + str(i).encode() + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    after = agent.metrics()["icos_connections_refused_total{reason=malformed_request}"]
+    assert after - before == n
+    # none logged one by one (the throttled line with the counts comes at most every 10 s)
+    assert agent.log().count("Invalid HTTP request received") == log_before
