@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
             settings.server.header_timeout_seconds,
             settings.server.max_head_bytes,
             on_refused=app.state.agent.metrics.connection_refused,
+            body_timeout=settings.server.body_timeout_seconds,
         ),
         limit_concurrency=settings.server.limit_concurrency,
         timeout_keep_alive=settings.server.timeout_keep_alive_seconds,

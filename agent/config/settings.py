@@ -70,6 +70,14 @@ class ServerConfig(_Section):
     limit_concurrency: int = Field(512, ge=1, le=1_000_000)
     timeout_keep_alive_seconds: int = Field(5, ge=1, le=3600)
     header_timeout_seconds: float = Field(10.0, gt=0, le=3600)
+    body_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="a request body not complete this many seconds after its head closes the connection "
+        "(icos_connections_refused_total{reason=\"body_timeout\"}); bounds how long a client that dribbles "
+        "its body holds a request slot",
+    )
     max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
 
 

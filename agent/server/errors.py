@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from agent.core import logs
 from agent.errors import ClientError
@@ -59,6 +60,11 @@ def _store(exc: StoreUnavailable) -> HttpAnswer:
     return HttpAnswer(503, str(exc), invalid="store_unavailable")
 
 
+def _gone(_exc: ClientDisconnect) -> HttpAnswer:
+    # Nobody reads this answer; a body that timed out is counted in icos_connections_refused_total.
+    return HttpAnswer(400, "the client closed the connection before sending its whole request")
+
+
 def _http(exc: StarletteHTTPException) -> HttpAnswer:
     reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
     return HttpAnswer(
@@ -72,6 +78,7 @@ ERROR_TABLE: tuple[tuple[type[Exception], Callable[[Any], HttpAnswer]], ...] = (
     (UpstreamError, _upstream),
     (StoreUnavailable, _store),
     (StarletteHTTPException, _http),
+    (ClientDisconnect, _gone),
 )
 
 

@@ -8,6 +8,9 @@ that
 
 * closes a connection whose request head is not complete ``header_timeout`` seconds after the
   connection opened or the request's first byte arrived (``server.header_timeout_seconds``);
+* closes a connection whose request body is not complete ``body_timeout`` seconds after its head
+  (``server.body_timeout_seconds``): a client dribbling a large body holds a request slot, a
+  thread's worth of buffers and a descriptor no longer than that;
 * answers 431 and closes when a head grows past ``max_head_bytes`` (``server.max_head_bytes``);
 * answers 503 with ``Retry-After`` and closes a new connection at once while ``limit_concurrency``
   connections are open (``server.limit_concurrency``), so that descriptors stay below the limit.
@@ -102,11 +105,14 @@ class _QuietLogger:
 
 
 def bounded_protocol(
-    header_timeout: float, max_head_bytes: int, on_refused: Callable[[str], None] | None = None
+    header_timeout: float,
+    max_head_bytes: int,
+    on_refused: Callable[[str], None] | None = None,
+    body_timeout: float | None = None,
 ) -> type[HttpToolsProtocol]:
-    """The httptools protocol class with a head timeout, a head size bound and refusal at the
-    connection limit (``uvicorn.Config.limit_concurrency``); ``on_refused`` counts each refusal
-    by reason (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``)."""
+    """The httptools protocol class with a head timeout, a head size bound, a body timeout and refusal
+    at the connection limit (``uvicorn.Config.limit_concurrency``); ``on_refused`` counts each refusal
+    by reason (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``, ``body_timeout``)."""
     throttled = _Throttled(on_refused)
     too_large = _refusal(
         b"HTTP/1.1 431 Request Header Fields Too Large",
@@ -118,6 +124,7 @@ def bounded_protocol(
             super().__init__(*args, **kwargs)
             self.logger = _QuietLogger(self.logger, throttled)  # type: ignore[assignment]
             self._head_timer: asyncio.TimerHandle | None = None
+            self._body_timer: asyncio.TimerHandle | None = None
             self._head_size = 0
             self._head_too_large = False
 
@@ -132,6 +139,7 @@ def bounded_protocol(
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_head_timer()
+            self._cancel_body_timer()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -151,6 +159,24 @@ def bounded_protocol(
         def on_headers_complete(self) -> None:
             self._cancel_head_timer()
             super().on_headers_complete()
+            if body_timeout is not None:
+                self._body_timer = self.loop.call_later(body_timeout, self._body_timeout)
+
+        def on_message_complete(self) -> None:
+            self._cancel_body_timer()
+            super().on_message_complete()
+
+        def _cancel_body_timer(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _body_timeout(self) -> None:
+            # The app's receive() then reports a disconnect; its request ends without an answer.
+            self._body_timer = None
+            if not self.transport.is_closing():
+                throttled.note("body_timeout")
+                self.transport.close()
 
         def _count_head(self, n: int) -> None:
             # the parser hands the head over in pieces as it arrives: stop before storing more

@@ -22,6 +22,7 @@ from agent.model.classifier import default_model_path
 FLOOD = 300
 LIMIT = 64
 HEADER_TIMEOUT = 2
+BODY_TIMEOUT = 3
 
 
 def _nofile_256() -> None:
@@ -36,6 +37,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> I
         "server": {
             "limit_concurrency": LIMIT,
             "header_timeout_seconds": HEADER_TIMEOUT,
+            "body_timeout_seconds": BODY_TIMEOUT,
             "timeout_keep_alive_seconds": 1,
             "max_head_bytes": 16 * 1024,
         },
@@ -163,3 +165,28 @@ def test_malformed_requests_are_counted_not_logged_each(agent: AgentProcess) -> 
     assert after - before == n
     # none logged one by one (the throttled line with the counts comes at most every 10 s)
     assert agent.log().count("Invalid HTTP request received") == log_before
+
+
+@pytest.mark.parametrize("path", ["/v2/models/mnist/infer", "/v1/labels"])
+def test_a_body_sent_too_slowly_is_cut_off(agent: AgentProcess, path: str) -> None:
+    """A complete head, then a body that never completes: closed ``server.body_timeout_seconds`` after
+    the head (uvicorn has no such timeout), on the fast inference path and on a FastAPI route."""
+    before = agent.metrics().get("icos_connections_refused_total{reason=body_timeout}", 0.0)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100000\r\n\r\n"
+    ).encode()
+    with _connect(agent) as s:
+        s.sendall(head + b'{"inputs": [')
+        s.settimeout(BODY_TIMEOUT + 10)
+        try:
+            data = s.recv(4096)
+        except TimeoutError:
+            pytest.fail(f"the connection was still open {BODY_TIMEOUT + 10} s after the head")
+        except OSError:  # reset
+            data = b""
+        assert data == b"", data[:300]  # closed without an answer
+    assert agent.metrics()["icos_connections_refused_total{reason=body_timeout}"] == before + 1
+    answer, _ = _exchange(agent, b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert "internal error" not in agent.log()
