@@ -21,8 +21,8 @@ from starlette.requests import ClientDisconnect
 from agent.core import logs
 from agent.errors import ClientError
 from agent.labels.store import StoreUnavailable
-from agent.server.proxy import UpstreamError
 from agent.server.responses import error_response
+from agent.server.upstream import UpstreamError
 from exporters.prometheus import AgentMetrics
 
 log = logs.get("app")

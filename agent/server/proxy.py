@@ -1,179 +1,115 @@
 """Proxy mode: forward V2 inference requests to an upstream V2 server and judge its answer.
 
-The upstream is called with :mod:`httpx` (one pooled async client). Each call has ONE deadline,
-``upstream.timeout_seconds``, over the whole exchange: waiting for a pooled connection, connecting,
-sending, and reading the whole answer; an upstream that dribbles its answer cannot hold a request (or
-a pooled connection) past it. The answer is streamed under ``upstream.max_response_bytes`` (its
-declared length is checked first), so a huge answer is refused without being buffered.
-
-Failures become :class:`UpstreamError`: unreachable or broken upstream → 502, timeout → 504, too
-large → 502. A 4xx from the upstream (the client's mistake) is passed through with the upstream's
-message (the first line of its JSON ``error``, sanitised and bounded). A 5xx answer's body is never
-passed on (it may be a traceback): the client is told the status, the log gets a bounded excerpt.
+What the upstream takes and answers comes from its metadata (:class:`~agent.server.upstream.UpstreamModel`,
+read at start and on reload): the agent advertises the upstream's inputs and outputs beside its own
+``probabilities``, ``label`` and ``icos_verdict``; it asks the upstream explicitly for the output that
+holds the class scores (e.g. MLServer scikit-learn's ``predict_proba``) plus the upstream outputs the
+client named; it sends binary tensors only to an upstream that advertises the binary extension
+(otherwise JSON) and encodes the answer for the client as the client asked. A request that names no
+outputs gets serve mode's defaults: ``probabilities``, ``label``, ``icos_verdict``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
 from typing import Any
 
-import httpx
 import numpy as np
 
-from agent.core import logs
 from agent.judging.pipeline import Pipeline
 from agent.judging.request_io import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
     OUTPUT_VERDICT,
+    SERVE_OUTPUTS,
     VERDICT_BYTES,
     attach_metadata,
     new_request_id,
     prediction_ids,
-    resolve_outputs,
     split_inputs,
 )
 from agent.judging.runtime import Runtime
 from agent.protocol import v2
-from agent.protocol.v2 import ProtocolError
+from agent.protocol.v2 import ProtocolError, RequestedOutput
 from agent.server.observe import output_probabilities
+from agent.server.upstream import UpstreamError, UpstreamModel
 
-log = logs.get("proxy")
-
-#: Bytes of an upstream error answer read (for the log, and a 4xx's message); the rest is dropped.
-ERROR_BODY_BYTES = 4096
-#: Characters of an upstream 4xx message passed to the client.
-CLIENT_MESSAGE_CHARS = 200
-#: Characters of an upstream error answer written to the log.
-LOG_BODY_CHARS = 500
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+__all__ = ["UpstreamError", "proxy_judge", "proxy_metadata", "proxy_prepare"]
 
 
-class UpstreamError(Exception):
-    """The upstream could not answer. ``reason`` is a bounded label for metrics."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-class UpstreamClient:
-    """One pooled HTTP client for the upstream; :meth:`infer` is bounded in time and memory."""
-
-    def __init__(
-        self,
-        base_url: str,
-        timeout_seconds: float,
-        max_connections: int = 64,
-        max_response_bytes: int = 64 * 1024 * 1024,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout_seconds = timeout_seconds
-        self.max_response_bytes = max_response_bytes
-        # httpx's own timeouts are per operation (each read may take the whole timeout); they stay
-        # as a backstop, the deadline over the whole call is the ``asyncio.timeout`` in :meth:`infer`.
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_seconds),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
-
-    async def infer(self, model_name: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, str | None]:
-        """POST a V2 request; returns the response body and its ``Inference-Header-Content-Length``."""
-        url = f"{self.base_url}/v2/models/{model_name}/infer"
-        try:
-            async with asyncio.timeout(self.timeout_seconds):
-                return await self._exchange(url, body, headers)
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise UpstreamError(
-                504, "timeout", f"upstream {self.base_url} did not answer within {self.timeout_seconds:g} s"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(
-                502, "unreachable", f"upstream {self.base_url} is unreachable: {type(exc).__name__}: {exc}"
-            ) from exc
-
-    async def _exchange(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, str | None]:
-        # identity: a compressed answer could expand far past the bytes counted on the wire
-        headers = {**headers, "Accept-Encoding": "identity"}
-        async with self._client.stream("POST", url, content=body, headers=headers) as resp:
-            if resp.status_code >= 400:
-                raise _status_error(resp.status_code, await _read_capped(resp, ERROR_BODY_BYTES, truncate=True))
-            declared = _declared_length(resp)
-            if declared is not None and declared > self.max_response_bytes:
-                raise self._too_large(f"it declares {declared} bytes")
-            content = await _read_capped(resp, self.max_response_bytes, truncate=False)
-            if content is None:
-                raise self._too_large("it streamed more")
-            return content, resp.headers.get(v2.HEADER_LENGTH)
-
-    def _too_large(self, what: str) -> UpstreamError:
-        return UpstreamError(
-            502,
-            "too_large",
-            f"upstream answer is larger than upstream.max_response_bytes ({self.max_response_bytes} bytes): {what}",
-        )
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
+def proxy_metadata(own: dict[str, Any], up: UpstreamModel) -> dict[str, Any]:
+    """The model metadata a proxy advertises: the upstream's inputs (the agent's own description when
+    it lists none) and metadata fields, then the upstream's outputs, the scores output it answers
+    when asked, and the agent's outputs (an upstream output of the same name is the one answered)."""
+    meta = dict(own)
+    if up.inputs:
+        fields = [i for i in own["inputs"][1:] if i["name"] not in {u["name"] for u in up.inputs}]
+        meta["inputs"] = [*up.inputs, *fields]
+    outputs = list(up.outputs)
+    if up.scores_output is not None and up.scores_output not in up.output_names:
+        k = own["outputs"][0]["shape"][-1]
+        outputs.append({"name": up.scores_output, "datatype": "FP64", "shape": [-1, k]})
+    names = {o["name"] for o in outputs}
+    meta["outputs"] = [*outputs, *[o for o in own["outputs"] if o["name"] not in names]]
+    meta["parameters"] = {**own["parameters"], "icos_upstream_server": up.server_name or "unknown"}
+    if up.scores_output is not None:
+        meta["parameters"]["icos_upstream_scores_output"] = up.scores_output
+    return meta
 
 
-def _declared_length(resp: httpx.Response) -> int | None:
-    value = resp.headers.get("content-length")
-    if value is None or not value.strip().isdigit():
-        return None  # absent or malformed: the streamed count still bounds it
-    return int(value)
+def _wanted(req: v2.InferRequest, up: UpstreamModel) -> list[tuple[str, bool]]:
+    """The outputs the client gets, with their encodings; unknown names refused when the upstream
+    lists its outputs (when it lists none, other names are asked of it and it decides)."""
+    if req.outputs is None:
+        return [(name, req.binary_output) for name in SERVE_OUTPUTS]
+    if up.outputs:
+        available = [*up.output_names, *[n for n in SERVE_OUTPUTS if n not in up.output_names]]
+        if up.scores_output is not None and up.scores_output not in available:
+            available.append(up.scores_output)
+        for r in req.outputs:
+            if r.name not in available:
+                raise ProtocolError("unknown_output", f"unknown output {r.name!r}; available: {', '.join(available)}")
+    return [(r.name, r.binary) for r in req.outputs]
 
 
-async def _read_capped(resp: httpx.Response, cap: int, *, truncate: bool) -> bytes | None:
-    """At most ``cap`` bytes of the answer, read chunk by chunk: ``None`` past the cap, or (``truncate``)
-    the first ``cap`` bytes with the rest left unread."""
-    buf = bytearray()
-    async for chunk in resp.aiter_bytes():
-        if len(buf) + len(chunk) > cap:
-            if not truncate:
-                return None
-            buf += chunk[: cap - len(buf)]
-            break
-        buf += chunk
-    return bytes(buf)
+def _from_upstream(name: str, up: UpstreamModel) -> bool:
+    """Whether output ``name`` is the upstream's (else the agent computes it)."""
+    if name == OUTPUT_VERDICT:
+        return False
+    return name not in SERVE_OUTPUTS or name in up.output_names
 
 
-def _status_error(status: int, body: bytes | None) -> UpstreamError:
-    """A 4xx passes the upstream's JSON ``error`` (first line, sanitised); a 5xx only its status, the
-    body (possibly a traceback) goes to the log, bounded."""
-    text = (body or b"").decode("utf-8", "replace")
-    if 400 <= status < 500:
-        message = _client_message(text)
-        detail = f": {message}" if message else ""
-        return UpstreamError(status, "client_error", f"upstream rejected the request ({status}){detail}")
-    log.warning(
-        "upstream answered an error",
-        extra={"status": status, "body": _UNPRINTABLE.sub(" ", text[:LOG_BODY_CHARS])},
+def proxy_prepare(rt: Runtime, up: UpstreamModel, body: bytes, header_length: str | None) -> tuple[Any, ...]:
+    """Decode the client's request: ``(request, metadata, model input, body to forward, its headers)``.
+
+    Only the model input is forwarded, as binary tensors when both the client and the upstream use
+    them, else as JSON. The forwarded request names the scores output and the upstream outputs the
+    client asked for; when the scores output is not known, it names none (the upstream answers all).
+    """
+    req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
+    split = split_inputs(rt, req.inputs, req.parameters)
+    x = rt.prepare(split.data.data)
+    meta = attach_metadata(split, x.shape[0])
+    binary = req.used_binary and up.binary
+    params = {k: v for k, v in req.parameters.items() if k not in rt.metadata_fields and k != "binary_data_output"}
+    if binary:
+        params["binary_data_output"] = True
+    outputs: list[RequestedOutput] | None = None
+    if up.scores_output is not None:
+        names = [up.scores_output]
+        names += [n for n, _ in _wanted(req, up) if _from_upstream(n, up) and n not in names]
+        outputs = [RequestedOutput(n, binary) for n in names]
+    else:
+        _wanted(req, up)  # refuse unknown names before calling the upstream
+    data = v2.Tensor(split.data.name, split.data.datatype, split.data.shape, split.data.data)
+    fwd_body, fwd_headers = v2.encode_request(
+        [data], binary=binary, request_id=req.id, parameters=params, outputs=outputs
     )
-    return UpstreamError(502, "bad_status", f"upstream answered {status}")
-
-
-def _client_message(text: str) -> str:
-    """The first line of a JSON ``{"error": "..."}``, printable ASCII, bounded; '' for anything else."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return ""
-    if not isinstance(obj, dict) or not isinstance(obj.get("error"), str):
-        return ""
-    lines = obj["error"].strip().splitlines()
-    first = lines[0] if lines else ""
-    if first.startswith("Traceback"):
-        return ""
-    return _UNPRINTABLE.sub("?", first)[:CLIENT_MESSAGE_CHARS]
+    return req, meta, x, fwd_body, fwd_headers
 
 
 def proxy_judge(
     pipeline: Pipeline,
-    scores_output: str | None,
+    up: UpstreamModel,
     rt: Runtime,
     req: v2.InferRequest,
     split_meta: dict[str, Any] | None,
@@ -182,14 +118,14 @@ def proxy_judge(
     header_length: str | None,
     seconds: float,
 ) -> tuple[bytes, dict[str, str]]:
-    """Judge the upstream's answer to a forwarded request and answer the client: the outputs it asked
-    for (the upstream's and the agent's) with the verdicts."""
+    """Judge the upstream's answer to a forwarded request and answer the client with the outputs it
+    asked for (the upstream's and the agent's), each encoded as the client asked."""
     try:
         resp = v2.decode_response(body, header_length)
     except ProtocolError as exc:
         raise UpstreamError(502, "bad_response", f"upstream answered an unreadable response: {exc}") from None
     try:
-        probs = output_probabilities(rt, resp.outputs, scores_output, "upstream response")
+        probs = output_probabilities(rt, resp.outputs, up.scores_output, "upstream response")
     except ProtocolError as exc:
         raise UpstreamError(502, "bad_response", str(exc)) from None
     n = x.shape[0]
@@ -198,42 +134,21 @@ def proxy_judge(
     labels = probs.argmax(axis=1).astype(np.int64)
     rid = req.id or resp.id or new_request_id()
     verdicts = pipeline.judge(rt, rt.features(x), probs, labels, split_meta, seconds, rid)
-    upstream_outputs = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}
-    computed = {
-        OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, probs, "FP32"),
-        OUTPUT_LABEL: lambda: v2.tensor(OUTPUT_LABEL, labels, "INT64"),
-    }
-    available = [*upstream_outputs, *[k for k in computed if k not in upstream_outputs], OUTPUT_VERDICT]
-    if req.outputs is None:
-        wanted = [(name, req.binary_output) for name in [*upstream_outputs, OUTPUT_VERDICT]]
-    else:
-        wanted = resolve_outputs(req.outputs, available, req.binary_output)
+    answered = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}
     out = []
-    for name, binary in wanted:
+    for name, binary in _wanted(req, up):
         if name == OUTPUT_VERDICT:
-            out.append((v2.tensor(OUTPUT_VERDICT, VERDICT_BYTES[verdicts], "BYTES"), binary))
-        elif name in upstream_outputs:
-            t = upstream_outputs[name]
-            out.append((v2.Tensor(t.name, t.datatype, t.shape, t.data), binary))
+            t = v2.tensor(OUTPUT_VERDICT, VERDICT_BYTES[verdicts], "BYTES")
+        elif name in answered and (_from_upstream(name, up) or not up.read):
+            t = answered[name]
+            t = v2.Tensor(t.name, t.datatype, t.shape, t.data)
+        elif name == OUTPUT_PROBABILITIES:
+            t = v2.tensor(OUTPUT_PROBABILITIES, probs, "FP32")
+        elif name == OUTPUT_LABEL:
+            t = v2.tensor(OUTPUT_LABEL, labels, "INT64")
         else:
-            out.append((computed[name](), binary))
+            raise UpstreamError(502, "bad_response", f"upstream response has no output {name!r}")
+        out.append((t, binary))
     params = {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float | bool)}
     params["icos_prediction_ids"] = prediction_ids(rid, n)
     return v2.encode_response(rt.name, rt.version, rid, out, params)
-
-
-def proxy_prepare(rt: Runtime, body: bytes, header_length: str | None) -> tuple[Any, ...]:
-    """Decode the client's request: ``(request, metadata, model input, body to forward, its headers)``.
-    Only the model input is forwarded, in the client's encoding; every output is asked for."""
-    req = v2.decode_request(body, header_length, max_elements=rt.max_elements)
-    split = split_inputs(rt, req.inputs, req.parameters)
-    x = rt.prepare(split.data.data)
-    meta = attach_metadata(split, x.shape[0])
-    # Forward only the model input, in the client's encoding; ask for every output.
-    params = {k: v for k, v in req.parameters.items() if k not in rt.metadata_fields and k != "binary_data_output"}
-    if req.used_binary:
-        params["binary_data_output"] = True
-    fwd_body, fwd_headers = v2.encode_request(
-        [split.data], binary=req.used_binary, request_id=req.id, parameters=params
-    )
-    return req, meta, x, fwd_body, fwd_headers

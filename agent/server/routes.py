@@ -35,7 +35,7 @@ from agent.server.observe import (
     parse_cloudevent,
     size_of,
 )
-from agent.server.proxy import proxy_judge, proxy_prepare
+from agent.server.proxy import proxy_judge, proxy_metadata, proxy_prepare
 from agent.server.responses import json_response
 from agent.server.service import AgentService
 
@@ -105,7 +105,10 @@ def build_router(svc: AgentService) -> APIRouter:
         return json_response({"ready": svc.ready}, 200 if svc.ready else 503)
 
     async def model_metadata(name: str, version: str | None = None) -> Response:
-        return json_response(model_metadata_of(check_model(svc, name, version)))
+        own = model_metadata_of(check_model(svc, name, version))
+        if svc.upstream is None:
+            return json_response(own)
+        return json_response(proxy_metadata(own, await svc.upstream_info()))
 
     async def model_ready(name: str, version: str | None = None) -> Response:
         rt = check_model(svc, name, version)
@@ -125,13 +128,12 @@ def build_router(svc: AgentService) -> APIRouter:
             content, headers = await svc.infer(rt, body, header_length)
             return Response(content, headers=headers)
         assert svc.upstream is not None
-        req, meta, x, fwd_body, fwd_headers = await svc.run(proxy_prepare, rt, body, header_length)
+        up = await svc.upstream_info()
+        req, meta, x, fwd_body, fwd_headers = await svc.run(proxy_prepare, rt, up, body, header_length)
         t0 = time.perf_counter()
         up_body, up_len = await svc.upstream.infer(svc.settings.upstream_model_name, fwd_body, fwd_headers)
         seconds = time.perf_counter() - t0
-        content, headers = await svc.run(
-            proxy_judge, svc.pipeline, svc.settings.upstream.scores_output, rt, req, meta, x, up_body, up_len, seconds
-        )
+        content, headers = await svc.run(proxy_judge, svc.pipeline, up, rt, req, meta, x, up_body, up_len, seconds)
         return Response(content, headers=headers)
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

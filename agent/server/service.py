@@ -36,7 +36,7 @@ from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.observe import EventPairer, ObserveItem
-from agent.server.proxy import UpstreamClient
+from agent.server.upstream import UpstreamClient, UpstreamError, UpstreamModel
 from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
 
 log = logs.get("app")
@@ -74,6 +74,8 @@ class AgentService:
         self.ready = False
         self.store: StateStore | None = None
         self.upstream: UpstreamClient | None = None
+        #: What the upstream's metadata says (proxy mode); ``None`` until it has been read.
+        self.upstream_model: UpstreamModel | None = None
         self.queue: asyncio.Queue[ObserveItem] | None = None
         self.pairer = EventPairer(
             settings.observe.event_ttl_seconds, settings.observe.event_buffer, settings.observe.max_pending_bytes
@@ -332,6 +334,7 @@ class AgentService:
                 max_connections=64,
                 max_response_bytes=s.upstream.max_response_bytes,
             )
+            await self.refresh_upstream_model(at_start=True)
         if s.mode == "observe":
             self.queue = asyncio.Queue(maxsize=s.observe.queue_size)
             if self.store is not None:
@@ -407,12 +410,47 @@ class AgentService:
             self._metrics_server = None
         log.info("agent stopped; state flushed")
 
+    # -- proxy ------------------------------------------------------------------------------------
+    async def refresh_upstream_model(self, at_start: bool = False) -> UpstreamModel:
+        """Read the upstream's server and model metadata (at start, on reload, and on the first request
+        after a start that could not reach it). At start an unreachable upstream is logged, not raised:
+        a sidecar may start before its model server."""
+        assert self.upstream is not None
+        s = self.settings
+        try:
+            info = await self.upstream.metadata(s.upstream_model_name, s.upstream.scores_output)
+        except UpstreamError as exc:
+            if not at_start:
+                raise
+            log.warning("upstream metadata not read yet; retried on the first request", extra={"error": str(exc)})
+            return UpstreamModel()
+        if self.upstream_model != info:
+            log.info(
+                "upstream metadata",
+                extra={
+                    "server": info.server_name or "unknown",
+                    "binary_tensors": info.binary,
+                    "inputs": [i["name"] for i in info.inputs],
+                    "outputs": info.output_names,
+                    "scores_output": info.scores_output,
+                },
+            )
+        self.upstream_model = info
+        return info
+
+    async def upstream_info(self) -> UpstreamModel:
+        """The upstream's metadata, read now if it could not be read before."""
+        info = self.upstream_model
+        return info if info is not None else await self.refresh_upstream_model()
+
     async def reload(self, model_path: str | None, bundle_path: str | None, version: str | None) -> Runtime:
         async with self._reload_lock:
             new = await anyio.to_thread.run_sync(
                 lambda: load_runtime(self.settings, model_path=model_path, bundle_path=bundle_path, version=version)
             )
             self.swap_runtime(new)
+            if self.upstream is not None:
+                await self.refresh_upstream_model(at_start=True)
             log.info(
                 "reloaded", extra={"sha256": new.model_sha256, "bundle": new.bundle_digest, "version": new.version}
             )

@@ -235,7 +235,9 @@ def test_upstream_traceback_never_reaches_the_client(agent: AgentProcess, mnist_
     before = _errors(agent, "bad_status")
     r, _ = _post(agent, _body(mnist_splits, kind))
     assert r.status_code == 502
-    assert r.json() == {"error": "upstream answered 500"}
+    assert r.json() == {
+        "error": "upstream answered 500 Internal Server Error; its body is not passed on (see the agent's log)"
+    }
     assert _errors(agent, "bad_status") == before + 1
     assert "SECRET-INTERNAL-DETAIL" in agent.log()  # logged server-side, bounded
 

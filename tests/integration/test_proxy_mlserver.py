@@ -1,0 +1,245 @@
+"""Proxy mode in front of a real MLServer (mlserver-sklearn, default model settings: no ``predict_fn``),
+driven by unmodified tritonclient HTTP with binary and JSON tensors.
+
+MLServer runs from its own virtual environment (``make mlserver-venv`` → ``build/mlserver-venv``; it
+pins an older FastAPI than the agent) on free loopback ports (HTTP, gRPC and metrics). Its model is a
+scikit-learn logistic regression on sklearn digits, trained and saved in MLServer's own format
+(joblib) by MLServer's interpreter inside the test's temp directory. The agent's bundle is fitted on
+the same model trained here and exported to ONNX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as th
+from conftest import RunningServer, free_port, start_server
+from prometheus_client import CollectorRegistry
+
+from agent.config.settings import load_settings
+from agent.server.app import create_app
+from invariants.oracle import VERDICTS
+
+ROOT = Path(__file__).resolve().parents[2]
+MLSERVER_PYTHON = ROOT / "build" / "mlserver-venv" / "bin" / "python"
+MODEL = "digits"
+START_SECONDS = 120.0
+#: Written by MLServer's interpreter: train on sklearn digits, save where MLServer's runtime loads it.
+TRAIN_AND_SAVE = """
+import sys
+import joblib
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+x, y = load_digits(return_X_y=True)
+joblib.dump(LogisticRegression(max_iter=2000).fit(x[:900], y[:900]), sys.argv[1])
+"""
+#: Default model settings of MLServer's scikit-learn runtime (no ``predict_fn``): the model's input is
+#: declared, its outputs are not (it answers ``predict`` unless asked for ``predict_proba``).
+MODEL_SETTINGS = {
+    "name": MODEL,
+    "implementation": "mlserver_sklearn.SKLearnModel",
+    "parameters": {"uri": "./model.joblib"},
+    "inputs": [{"name": "X", "datatype": "FP32", "shape": [-1, 64]}],
+}
+
+
+def _mlserver_or_skip() -> Path:
+    missing = "MLServer is not installed for the tests: run `make mlserver-venv` (build/mlserver-venv)"
+    if not MLSERVER_PYTHON.is_file():
+        pytest.skip(missing)
+    probe = subprocess.run(
+        [str(MLSERVER_PYTHON), "-c", "import mlserver, mlserver_sklearn"], capture_output=True, timeout=120
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"{missing}; importing it failed: {probe.stderr.decode()[-300:]}")
+    return MLSERVER_PYTHON
+
+
+@pytest.fixture(scope="module")
+def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLServer serving the digits model on free loopback ports; yields its host:port."""
+    python = _mlserver_or_skip()
+    root = tmp_path_factory.mktemp("mlserver")
+    model_dir = root / MODEL
+    model_dir.mkdir()
+    subprocess.run([str(python), "-c", TRAIN_AND_SAVE, str(model_dir / "model.joblib")], check=True, timeout=300)
+    (model_dir / "model-settings.json").write_text(json.dumps(MODEL_SETTINGS))
+    port = free_port()
+    settings = {
+        "host": "127.0.0.1",
+        "http_port": port,
+        "grpc_port": free_port(),
+        "metrics_port": free_port(),
+        "parallel_workers": 0,
+    }
+    (root / "settings.json").write_text(json.dumps(settings))
+    log = (root / "mlserver.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLSERVER_", "PYTHON"))}
+    proc = subprocess.Popen(
+        [str(python.parent / "mlserver"), "start", str(root)], cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"MLServer exited ({proc.returncode}): {(root / 'mlserver.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/v2/models/{MODEL}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"MLServer not ready in {START_SECONDS:g} s: {(root / 'mlserver.log').read_text()[-2000:]}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def digits_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bundle for the same logistic regression, trained here and exported to ONNX."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    from agent.data.files import Dataset
+    from agent.model.classifier import OnnxClassifier
+    from agent.offline.fit import fit_bundle
+
+    root = tmp_path_factory.mktemp("digits-bundle")
+    x, y = load_digits(return_X_y=True)
+    x = x.astype(np.float32)
+    clf = LogisticRegression(max_iter=2000).fit(x[:900], y[:900])
+    onnx_model = to_onnx(clf, x[:1], options={id(clf): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
+    (root / "digits.onnx").write_bytes(onnx_model.SerializeToString())
+    model = OnnxClassifier.load(root / "digits.onnx", name=MODEL)
+    report = fit_bundle(model, Dataset(x[:900], y[:900]), Dataset(x[900:1400], y[900:1400]), n_estimators=20)
+    report.bundle.save(root / "bundle")
+    return root / "bundle"
+
+
+@pytest.fixture(scope="module")
+def agent(mlserver: str, digits_bundle: Path) -> Iterator[RunningServer]:
+    settings = load_settings(
+        None,
+        mode="proxy",
+        model={"name": MODEL, "version": "1"},
+        bundle={"path": str(digits_bundle)},
+        upstream={"url": f"http://{mlserver}", "timeout_seconds": 30},
+    )
+    srv = start_server(create_app(settings, CollectorRegistry()))
+    yield srv
+    srv.stop()
+
+
+def _test_images(n: int) -> np.ndarray:
+    from sklearn.datasets import load_digits
+
+    x, _ = load_digits(return_X_y=True)
+    return np.ascontiguousarray(x[1400 : 1400 + n], dtype=np.float32)
+
+
+def _input(x: np.ndarray, binary: bool) -> th.InferInput:
+    inp = th.InferInput("X", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    return inp
+
+
+def _strings(values: np.ndarray) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values.reshape(-1).tolist()]
+
+
+def _direct(mlserver: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MLServer's own ``predict`` and ``predict_proba`` (JSON: it has no binary extension)."""
+    res = th.InferenceServerClient(mlserver).infer(
+        MODEL,
+        [_input(x, False)],
+        outputs=[th.InferRequestedOutput(n, binary_data=False) for n in ("predict", "predict_proba")],
+    )
+    return res.as_numpy("predict"), res.as_numpy("predict_proba")
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_scores_label_and_verdicts(agent: RunningServer, mlserver: str, binary: bool) -> None:
+    x = _test_images(24)
+    predict, proba = _direct(mlserver, x)
+    client = th.InferenceServerClient(agent.hostport)
+    res = client.infer(
+        MODEL,
+        [_input(x, binary)],
+        outputs=[th.InferRequestedOutput(n, binary_data=binary) for n in ("probabilities", "label", "icos_verdict")],
+    )
+    assert [o["name"] for o in res.get_response()["outputs"]] == ["probabilities", "label", "icos_verdict"]
+    np.testing.assert_allclose(res.as_numpy("probabilities"), proba, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(res.as_numpy("label"), predict.reshape(-1))
+    verdicts = _strings(res.as_numpy("icos_verdict"))
+    assert len(verdicts) == 24 and set(verdicts) <= set(VERDICTS)
+    # no outputs named: serve mode's defaults, in the client's encoding
+    plain = client.infer(MODEL, [_input(x[:3], binary)])
+    assert [o["name"] for o in plain.get_response()["outputs"]] == ["probabilities", "label", "icos_verdict"]
+    np.testing.assert_array_equal(plain.as_numpy("label"), predict.reshape(-1)[:3])
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_upstream_outputs_when_asked(agent: RunningServer, mlserver: str, binary: bool) -> None:
+    x = _test_images(5)
+    predict, proba = _direct(mlserver, x)
+    res = th.InferenceServerClient(agent.hostport).infer(
+        MODEL,
+        [_input(x, binary)],
+        outputs=[th.InferRequestedOutput(n, binary_data=binary) for n in ("predict", "icos_verdict")],
+    )
+    assert [o["name"] for o in res.get_response()["outputs"]] == ["predict", "icos_verdict"]
+    np.testing.assert_array_equal(res.as_numpy("predict"), predict)
+    only_scores = th.InferenceServerClient(agent.hostport).infer(
+        MODEL, [_input(x, binary)], outputs=[th.InferRequestedOutput("predict_proba", binary_data=binary)]
+    )
+    assert [o["name"] for o in only_scores.get_response()["outputs"]] == ["predict_proba"]
+    np.testing.assert_allclose(only_scores.as_numpy("predict_proba"), proba)
+
+
+def test_model_metadata_shows_the_upstream_inputs_and_the_agent_outputs(agent: RunningServer) -> None:
+    meta = th.InferenceServerClient(agent.hostport).get_model_metadata(MODEL)
+    assert meta["inputs"][0] == {"name": "X", "datatype": "FP32", "shape": [-1, 64]}
+    names = [o["name"] for o in meta["outputs"]]
+    assert names == ["predict_proba", "probabilities", "label", "icos_verdict"]
+    assert meta["parameters"]["icos_upstream_server"] == "mlserver"
+    assert meta["parameters"]["icos_upstream_scores_output"] == "predict_proba"
+
+
+def test_upstream_error_is_502_without_traceback_and_the_next_request_works(agent: RunningServer) -> None:
+    """Asking a classifier for ``transform`` makes MLServer answer 500 with a traceback and reset the
+    connection: the client gets a short 502, and the next request (same pooled upstream) succeeds."""
+    x = _test_images(2)
+    client = th.InferenceServerClient(agent.hostport)
+    for _ in range(3):
+        r = httpx.post(
+            f"{agent.url}/v2/models/{MODEL}/infer",
+            json={
+                "inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 64], "data": x.reshape(-1).tolist()}],
+                "outputs": [{"name": "transform"}],
+            },
+            timeout=60,
+        )
+        assert r.status_code == 502
+        error = r.json()["error"]
+        assert error.startswith("upstream answered 500 Internal Server Error"), error
+        assert "Traceback" not in r.text and "File " not in r.text and len(r.text) < 300
+        res = client.infer(MODEL, [_input(x, True)], outputs=[th.InferRequestedOutput("label")])
+        assert res.as_numpy("label").shape == (2,)
