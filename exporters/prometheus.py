@@ -24,6 +24,9 @@ Metric names (labels):
 * ``icos_connections_refused_total{reason}`` — connections refused or closed by the HTTP server's
   bounds (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``).
 * ``icos_model_info{model,version,sha256}`` — constant 1.
+* ``icos_window_stat_total{model,version,bundle,stat}`` — the additive window statistics every
+  estimator reads (counts and sums, one ``stat`` per number: about 80 series per model), summed over
+  replicas by the fleet evaluator (``mode: fleet``).
 * ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
   ``icos_state_last_write_timestamp_seconds`` — health of the state directory.
 * ``icos_state_quarantined_total{what}`` — damaged state (``windows``, ``pending``, ``document``,
@@ -286,6 +289,13 @@ class AgentMetrics:
         )
         for what in ("windows", "pending", "document", "file"):
             self.state_quarantined.labels(what)
+        self.window_stats = Counter(
+            "icos_window_stat",
+            "Additive window statistics of the judged predictions (counts and sums the estimators read), by stat.",
+            ["model", "version", "bundle", "stat"],
+            registry=registry,
+        )
+        self._stat_children: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._info_labels: tuple[str, str, str] | None = None
         self._cache: dict[tuple[str, str, int], _Children] = {}
 
@@ -328,6 +338,22 @@ class AgentMetrics:
                 c.inference.observe(sec)
         if oracle_seconds is not None:
             c.oracle.observe(oracle_seconds)
+
+    def record_window_stats(self, model: str, version: str, bundle: str, items: Iterable[tuple[str, float]]) -> None:
+        """Add one batch's window statistics (``(stat, value)`` pairs, zeros included: every series is
+        created at its first sight, so that a vector's length is visible to the fleet evaluator)."""
+        key = (model, version, bundle)
+        children = self._stat_children.get(key)
+        if children is None:
+            if len(self._stat_children) > 4:  # reloads: keep the series of the last few bundles only
+                self._stat_children.clear()
+            children = self._stat_children[key] = {}
+        for stat, value in items:
+            child = children.get(stat)
+            if child is None:
+                child = children[stat] = self.window_stats.labels(model, version, bundle, stat)
+            if value:
+                child.inc(value)
 
     def _children(self, model: str, version: str, classes: Sequence[str]) -> _Children:
         key = (model, version, len(classes))

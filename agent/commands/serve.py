@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import argparse
 import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.config.settings import AgentSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="run the sidecar: V2 inference (serve/proxy) or observe, live estimates, /metrics")
+    p = sub.add_parser(
+        "serve",
+        help="run the sidecar (serve/proxy/observe: V2 inference, live estimates, /metrics) or the fleet evaluator",
+    )
     p.add_argument("--config", help="YAML config (see deploy/examples/agent.yaml); ICOS_AGENT_* env vars override it")
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port")
@@ -34,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     if args.port:
         settings.server.port = args.port
     logs.setup(settings.log_level)
+    if settings.mode == "fleet":
+        return _serve_fleet(settings, check=args.check)
     app = create_app(settings)
     limit_blas_threads(settings.server.blas_threads)
     if args.check:
@@ -59,6 +68,33 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal it handled after a graceful shutdown; a no-op handler turns that
     # into a normal return, so SIGTERM ends with exit status 0 once state is flushed.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _serve_fleet(settings: AgentSettings, *, check: bool) -> int:
+    """``mode: fleet``: the fleet evaluator (:mod:`agent.fleet`) on ``server.host:server.port``."""
+    import uvicorn
+
+    from agent.core import logs
+    from agent.fleet.app import create_fleet_app
+
+    app = create_fleet_app(settings)
+    if check:
+        print(f"config OK: fleet mode, model {settings.model.name}, Prometheus API {settings.fleet.prometheus_url}")
+        return 0
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_config=logs.uvicorn_log_config(settings.log_level),
+        access_log=settings.server.access_log,
+        timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
