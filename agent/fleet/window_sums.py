@@ -4,12 +4,13 @@ Why not ``increase()``: it extrapolates to the window's edges and returns fracti
 so a fleet estimate built on it would not equal the estimate of one agent that saw the same
 predictions. Instead the evaluator reads raw counter values and differences them itself:
 
-* for every series without a reset in the window, ``increment = last value in (t−w−L, t]`` minus
-  ``last value in (t−w−L, t−w]`` (0 when the series was born in the window: a replica that joined),
-  evaluated by Prometheus as two exact sums (``last_over_time`` reads raw samples, no extrapolation;
-  a replica that left keeps its last value, so it counts until its data leaves the window);
-* the few series with a reset (``resets() > 0``: a replica restarted) are read sample by sample and
-  their increments summed with a reset restarting from zero, like one agent would have counted.
+* for every series, ``increment = last value in [t−w−L, t]`` minus ``last value in [t−w−L, t−w]``
+  (0 when the series was born in the window: a replica that joined), evaluated by Prometheus as two
+  exact sums over all replicas (``last_over_time`` reads raw samples, no extrapolation; a replica that
+  left keeps its last value, so it counts until its data leaves the window);
+* the few series with a reset (``resets() > 0``: a replica restarted) are then read sample by sample:
+  their share of the two sums is replaced by their increments summed with a reset restarting from
+  zero, like one agent would have counted.
 
 ``L`` is the lookback (``fleet.lookback_seconds``). The figures are exact up to the scrape interval:
 predictions a replica judged after its last scrape before a crash are lost (the process is gone),
@@ -87,12 +88,10 @@ def window_sums(
     sel = selector(model, extra)
     full = _ms(window_s + lookback_s)
     by = ", ".join((*GROUP_LABELS, "stat"))
-    reset = f"(resets({sel}[{full}]) > 0)"
+    reset = f"resets({sel}[{full}]) > 0"
     q0 = api.queries
-    end = api.vector(f"sum by ({by}) (last_over_time({sel}[{full}]) unless {reset})", at)
-    begin = api.vector(
-        f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}) unless {reset})", at
-    )
+    end = api.vector(f"sum by ({by}) (last_over_time({sel}[{full}]))", at)
+    begin = api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))", at)
     out = WindowSums()
     sums: dict[GroupKey, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in end:
@@ -109,9 +108,13 @@ def window_sums(
         matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
         raw: list[Series] = api.matrix(f"{selector(model, extra)[:-1]},{matchers}}}[{full}]", at)
         for series in raw:
-            if series.labels in reset_series:
+            if series.labels in reset_series and series.points:
+                # its share of the two sums above (last value minus the baseline) is replaced by the
+                # increments read sample by sample
                 group, stat = _key(series.labels)
-                sums[group][stat] += series_increment(series.points, at - window_s)
+                baseline = [v for t, v in series.points if t <= at - window_s]
+                last = series.points[-1][1] - (baseline[-1] if baseline else 0.0)
+                sums[group][stat] += series_increment(series.points, at - window_s) - last
     n_sel = selector(model, extra, stat="n")
     for s in api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at):
         group, _ = _key(s.labels)
