@@ -340,26 +340,31 @@ def _default(f: Field[Any]) -> Any:
 
 #: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
 CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf")
+#: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
+INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", *CLASS_STATS)
 
 
-def stat_items(stats: WindowStats, *, classes: bool = True) -> Iterator[tuple[str, float]]:
+def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True) -> Iterator[tuple[str, float]]:
     """Every additive number of ``stats`` under a flat name: a count or sum by its field name, entry
     ``i`` of a vector as ``name:i``, a family count as ``name:family`` (zeros included, so that a
     vector's length survives the export). ``classes=False`` leaves out :data:`CLASS_STATS` (and
-    reports ``n_cls`` as 0, so that a reader falls back to the model without class features).
+    reports ``n_cls`` as 0, so that a reader falls back to the model without class features);
+    ``inputs=False`` leaves out the vectors of the per-sample inputs (:data:`INPUT_STATS`) and reports
+    ``n_ext`` and ``n_cls`` as 0 (a reader then uses the reduced model): for bundles fitted before the
+    leaves were binned, whose leaf counts would be one series per leaf.
 
     These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
     rebuilds the statistic of all replicas (:func:`stats_from_items`)."""
     for f in _FIELDS:
         name, kind, value = f.name, str(f.type), getattr(stats, f.name)
         if kind in _VECTOR_ZERO:
-            if classes or name not in CLASS_STATS:
+            if (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
                 for i, x in enumerate(value):
                     yield f"{name}:{i}", x
         elif kind == _FAMILY_KIND:
             for fam in FAMILIES:
                 yield f"{name}:{fam}", value.get(fam, 0)
-        elif name == "n_cls" and not classes:
+        elif (name == "n_cls" and not (classes and inputs)) or (name == "n_ext" and not inputs):
             yield name, 0
         else:
             yield name, value

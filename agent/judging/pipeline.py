@@ -314,7 +314,11 @@ class Pipeline:
             rt.name,
             rt.version,
             rt.bundle_label,
-            stat_items(stats, classes=len(rt.classes) <= self.metrics.per_class_label_cap),
+            stat_items(
+                stats,
+                classes=len(rt.classes) <= self.metrics.per_class_label_cap,
+                inputs=shift is None or shift.reference.leaf_bins > 0,
+            ),
         )
         self.metrics.record_batch(
             rt.name,

@@ -87,3 +87,21 @@ def test_counter_increment_restarts_from_zero_after_a_reset() -> None:
 def test_selectors_quote_label_values() -> None:
     assert quote('a"b\\c') == '"a\\"b\\\\c"'
     assert selector("m", 'job="x"', stat="n") == 'icos_window_stat_total{model="m",stat="n",job="x"}'
+
+
+def test_bundles_fitted_before_the_leaf_bins_export_no_per_leaf_series() -> None:
+    rng = np.random.default_rng(2)
+    old = _reference(300, rng)
+    old = _unbinned(old)
+    s = _stats(old, rng)
+    assert len(s.leaves) == 300  # the agent keeps one count per leaf for such a bundle
+    items = dict(stat_items(s, inputs=False))
+    assert len(items) < 60 and not any(k.startswith(("leaves", "pca_bins", "class_")) for k in items)
+    back = stats_from_items(items)
+    assert back.n == s.n and back.n_ext == 0 and back.n_cls == 0  # the reduced model, not a wrong leaf feature
+
+
+def _unbinned(ref: InputReference) -> InputReference:
+    from dataclasses import replace
+
+    return replace(ref, leaf_bins=0)
