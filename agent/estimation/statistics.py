@@ -9,6 +9,7 @@ column codec, as stored with every prediction.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
@@ -333,6 +334,16 @@ if _unknown:
     raise TypeError(f"WindowStats fields of a kind without arithmetic: {sorted(map(str, _unknown))}")
 
 
+#: (field, "vector" | "family" | "scalar") of every field, in declaration order (:func:`stat_items`).
+_PLAN: tuple[tuple[str, str], ...] = tuple(
+    (f.name, "vector" if str(f.type) in _VECTOR_ZERO else "family" if str(f.type) == _FAMILY_KIND else "scalar")
+    for f in _FIELDS
+)
+_FAMILY_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    name: tuple((fam, f"{name}:{fam}") for fam in FAMILIES) for name, kind in _PLAN if kind == "family"
+}
+
+
 def _default(f: Field[Any]) -> Any:
     """The empty value of a field (its default or the result of its default factory)."""
     return f.default_factory() if callable(f.default_factory) else f.default
@@ -355,19 +366,24 @@ def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True)
 
     These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
     rebuilds the statistic of all replicas (:func:`stats_from_items`)."""
-    for f in _FIELDS:
-        name, kind, value = f.name, str(f.type), getattr(stats, f.name)
-        if kind in _VECTOR_ZERO:
+    for name, kind in _PLAN:
+        value = getattr(stats, name)
+        if kind == "vector":
             if (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
-                for i, x in enumerate(value):
-                    yield f"{name}:{i}", x
-        elif kind == _FAMILY_KIND:
-            for fam in FAMILIES:
-                yield f"{name}:{fam}", value.get(fam, 0)
+                yield from zip(_vector_names(name, len(value)), value, strict=True)
+        elif kind == "family":
+            for fam, key in _FAMILY_NAMES[name]:
+                yield key, value.get(fam, 0)
         elif (name == "n_cls" and not (classes and inputs)) or (name == "n_ext" and not inputs):
             yield name, 0
         else:
             yield name, value
+
+
+@functools.lru_cache(maxsize=64)
+def _vector_names(name: str, size: int) -> tuple[str, ...]:
+    """``name:0`` … ``name:<size − 1>`` (built once per length: :func:`stat_items` is on the judging path)."""
+    return tuple(f"{name}:{i}" for i in range(size))
 
 
 def stats_from_items(items: Mapping[str, float]) -> WindowStats:

@@ -61,7 +61,7 @@ def _exported(app: Any) -> dict[str, set[str]]:
             out[name] = set(collector._labelnames)
         else:
             for fam in collector.collect():
-                out[fam.name] = {k for s in fam.samples for k in s.labels}
+                out[fam.name + ("_total" if fam.type == "counter" else "")] = {k for s in fam.samples for k in s.labels}
     return out
 
 

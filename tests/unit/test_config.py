@@ -60,7 +60,7 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ({**BASE, "upstream": {"url": "ftp://x"}}, "upstream.url: must be an http:// or https:// URL"),
         ({**BASE, "mode": "proxy"}, "upstream.url is required in proxy mode"),
         ({**BASE, "mode": "fleet"}, "fleet.prometheus_url is required in fleet mode"),
-        ({**BASE, "fleet": {"prometheus_url": "prom:9090"}}, "fleet.prometheus_url: must be an http:// or https:// URL"),
+        ({**BASE, "fleet": {"prometheus_url": "prom:9090"}}, "fleet.prometheus_url: must be an http:// or https://"),
         ({**BASE, "fleet": {"selector": "job=x"}}, "fleet.selector: String should match pattern"),
         ({"bundle": {"path": "b"}}, "model.path is required in serve mode"),
         ({"model": {"path": "m.onnx"}}, "bundle.path is required"),
