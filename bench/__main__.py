@@ -11,6 +11,7 @@ BENCHMARKS = {
     "serving": "bench.bench_serving",
     "estimators": "bench.estimators.__main__",
     "soak": "bench.soak.__main__",
+    "fleet": "bench.bench_fleet",
 }
 DEFAULT = ("oracle", "dscore")
 

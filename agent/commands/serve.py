@@ -9,12 +9,19 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 from agent.errors import UserError
 
+if TYPE_CHECKING:
+    from agent.config.settings import AgentSettings
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="run the sidecar: V2 inference (serve/proxy) or observe, live estimates, /metrics")
+    p = sub.add_parser(
+        "serve",
+        help="run the sidecar (serve/proxy/observe: V2 inference, live estimates, /metrics) or the fleet evaluator",
+    )
     p.add_argument("--config", help="YAML config (see deploy/examples/agent.yaml); ICOS_AGENT_* env vars override it")
     p.add_argument("--host", help="override server.host")
     p.add_argument("--port", type=int, help="override server.port")
@@ -37,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if args.port:
         settings.server.port = args.port
     logs.setup(settings.log_level)
+    if settings.mode == "fleet":
+        return _serve_fleet(settings, check=args.check)
     app = create_app(settings)
     limit_blas_threads(settings.server.blas_threads)
     if args.check:
@@ -85,6 +94,33 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def _serve_fleet(settings: AgentSettings, *, check: bool) -> int:
+    """``mode: fleet``: the fleet evaluator (:mod:`agent.fleet`) on ``server.host:server.port``."""
+    import uvicorn
+
+    from agent.core import logs
+    from agent.fleet.app import create_fleet_app
+
+    app = create_fleet_app(settings)
+    if check:
+        print(f"config OK: fleet mode, model {settings.model.name}, Prometheus API {settings.fleet.prometheus_url}")
+        return 0
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_config=logs.uvicorn_log_config(settings.log_level),
+        access_log=settings.server.access_log,
+        timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1
 
 
 def limit_blas_threads(n: int) -> list[dict[str, object]]:

@@ -28,6 +28,7 @@ from invariants.untrusted import safe_load_yaml
 ENV_PREFIX = "ICOS_AGENT_"
 ADMIN_TOKEN_ENV = "ICOS_AGENT_ADMIN_TOKEN"
 
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -178,6 +179,48 @@ class LabelsConfig(_Section):
         return parse_duration(self.max_age)
 
 
+class FleetConfig(_Section):
+    """``mode: fleet``: the evaluator that sums every replica's ``icos_window_stat_total`` from a
+    Prometheus-compatible API and serves the fleet's estimates (:mod:`agent.fleet`)."""
+
+    prometheus_url: str | None = Field(
+        None,
+        description="base URL of a Prometheus-compatible HTTP API (Prometheus, Thanos Query, Mimir's "
+        "/prometheus prefix); /api/v1/query is appended",
+    )
+    refresh_seconds: float = Field(30.0, ge=1, le=3600, description="seconds between two evaluations of the fleet")
+    query_timeout_seconds: float = Field(10.0, gt=0, le=600, description="timeout of one query to the API")
+    selector: str = Field(
+        "",
+        pattern=r'^[A-Za-z0-9_]+(=|!=|=~|!~)"[^"\\]*"(,[A-Za-z0-9_]+(=|!=|=~|!~)"[^"\\]*")*$|^$',
+        description='further label matchers of the replicas\' series, e.g. namespace="prod",job="icos-agent"',
+    )
+    lookback_seconds: float = Field(
+        300.0,
+        ge=1,
+        le=86_400,
+        description="how far before a window's start a replica's last counter value is looked for "
+        "(Prometheus's default lookback is 5 minutes)",
+    )
+    stale_after_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="age of the last successful evaluation after which estimates are marked stale "
+        "(default: three refresh periods)",
+    )
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/") if v else v
+
+    @property
+    def stale_seconds(self) -> float:
+        return self.stale_after_seconds or 3 * self.refresh_seconds
+
+
 class AgentSettings(BaseSettings):
     """Every setting of the sidecar (see ``deploy/examples/agent.yaml`` for an annotated copy)."""
 
@@ -188,7 +231,7 @@ class AgentSettings(BaseSettings):
         case_sensitive=False,
     )
 
-    mode: Literal["serve", "proxy", "observe"] = "serve"
+    mode: Literal["serve", "proxy", "observe", "fleet"] = "serve"
     model: ModelConfig = Field(default_factory=ModelConfig)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -202,6 +245,7 @@ class AgentSettings(BaseSettings):
     state_dir: Path | None = None
     audits: AuditsConfig = Field(default_factory=AuditsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
 
     @model_validator(mode="after")
     def _mode_needs(self) -> AgentSettings:
@@ -211,6 +255,8 @@ class AgentSettings(BaseSettings):
             raise ValueError("bundle.path is required (a bundle directory written by `icos-agent fit`)")
         if self.mode == "serve" and self.model.path is None and self.model.uri is None:
             raise ValueError("model.path is required in serve mode (or model.uri, an MLflow model URI)")
+        if self.mode == "fleet" and self.fleet.prometheus_url is None:
+            raise ValueError("fleet.prometheus_url is required in fleet mode")
         if self.mode == "proxy" and self.upstream.url is None:
             raise ValueError("upstream.url is required in proxy mode")
         if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:

@@ -45,6 +45,11 @@ def clip_index(a: np.ndarray, size: int) -> np.ndarray:
 #: Bins of the window's mean PCA reconstruction error, as quantiles of the clean calibration split.
 PCA_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 N_PCA_BINS = len(PCA_QUANTILES) + 1
+#: Bins the TDI leaves are grouped into for the ``tdi_leaf_distance`` feature: contiguous runs of
+#: leaves (in tree order, so neighbouring regions of the input space) of about equal training mass.
+#: A bounded number keeps the window statistic and its Prometheus export small whatever the tree's
+#: size (an unpruned TDI tree has hundreds of leaves).
+LEAF_BINS = 16
 #: Window features of the reduced model (computable from verdicts and confidences alone).
 REDUCED_FEATURES: tuple[str, ...] = (
     *(f"conf_bin_{i}" for i in range(N_CONF_BINS)),

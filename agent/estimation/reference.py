@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.layout import PCA_QUANTILES
+from agent.estimation.layout import LEAF_BINS, PCA_QUANTILES
 
 #: Samples per step of :meth:`InputReference.pca_error` (its float64 buffer stays in the CPU cache).
 PCA_CHUNK = 64
@@ -28,7 +28,9 @@ class InputReference:
     has one entry for images, one per feature for tables); ``pca_edges``: bin edges of the
     reconstruction error; ``rule_label``/``rule_selected``: class and selection of every TDI leaf
     rule; ``leaf_ref``: the training data's share of every leaf; ``class_conf``: the mean top-class
-    probability of the clean calibration split per predicted class (empty: no class features).
+    probability of the clean calibration split per predicted class (empty: no class features);
+    ``leaf_bins``: how many bins of leaves windows count (:func:`leaf_bin_of_rule`; 0: one per leaf,
+    references fitted before the leaves were binned).
     """
 
     center: tuple[float, ...]
@@ -39,6 +41,7 @@ class InputReference:
     rule_selected: tuple[bool, ...]
     leaf_ref: tuple[float, ...]
     class_conf: tuple[float, ...] = ()
+    leaf_bins: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_center", np.asarray(self.center, dtype=np.float64))
@@ -47,6 +50,16 @@ class InputReference:
         object.__setattr__(self, "_label", np.asarray(self.rule_label, dtype=np.int64))
         object.__setattr__(self, "_selected", np.asarray(self.rule_selected, dtype=bool))
         object.__setattr__(self, "_fast_pca", self._fast_pca_terms())
+        bin_of = leaf_bin_of_rule(self.leaf_ref, self.leaf_bins)
+        object.__setattr__(self, "leaf_bin", bin_of)
+        object.__setattr__(
+            self, "leaf_bin_ref", np.bincount(bin_of, weights=np.asarray(self.leaf_ref), minlength=self.n_leaf_bins)
+        )
+
+    @property
+    def n_leaf_bins(self) -> int:
+        """Length of a window's leaf counts (0 without TDI leaves)."""
+        return (self.leaf_bins or self.n_rules) if self.n_rules else 0
 
     def _fast_pca_terms(self) -> tuple[np.ndarray, np.ndarray, float, float] | None:
         """For one global scale (images): ``(M, Bc, ‖c‖², s⁻²)`` with the float32 ``D×(k+1)`` matrix
@@ -125,6 +138,7 @@ class InputReference:
             "rule_selected": list(self.rule_selected),
             "leaf_ref": list(self.leaf_ref),
             "class_conf": list(self.class_conf),
+            "leaf_bins": self.leaf_bins,
         }
 
     @classmethod
@@ -138,6 +152,7 @@ class InputReference:
             rule_selected=tuple(bool(v) for v in d["rule_selected"]),
             leaf_ref=tuple(float(v) for v in d["leaf_ref"]),
             class_conf=tuple(float(v) for v in d.get("class_conf", ())),
+            leaf_bins=int(d.get("leaf_bins", 0)),
         )
 
     @classmethod
@@ -195,4 +210,18 @@ class InputReference:
             rule_selected=tuple(bool(v) for v in rule_selected),
             leaf_ref=tuple(float(v) for v in leaf_ref),
             class_conf=class_conf,
+            leaf_bins=LEAF_BINS,
         )
+
+
+def leaf_bin_of_rule(leaf_ref: Sequence[float], bins: int) -> np.ndarray:
+    """The bin of every TDI leaf: ``bins`` contiguous runs of leaves of about equal training share
+    (a leaf goes to the bin its share's midpoint falls in); ``bins == 0`` keeps one bin per leaf."""
+    share = np.asarray(leaf_ref, dtype=np.float64)
+    if bins <= 0 or not len(share):
+        return np.arange(len(share), dtype=np.int64)
+    total = float(share.sum())
+    if total <= 0:
+        return (np.arange(len(share)) * bins // len(share)).astype(np.int64)
+    mid = (np.cumsum(share) - share / 2) / total
+    return np.minimum((mid * bins).astype(np.int64), bins - 1)

@@ -59,8 +59,9 @@ def window_features(stats: WindowStats, reference: InputReference) -> tuple[np.n
     ]
     if stats.n_ext != n:
         return reduced, "reduced"
-    if reference.n_rules and len(stats.leaves) == reference.n_rules:
-        leaf_tv = 0.5 * float(np.abs(np.asarray(stats.leaves) / n - np.asarray(reference.leaf_ref)).sum())
+    if reference.n_rules and len(stats.leaves) == reference.n_leaf_bins:
+        ref_share = reference.leaf_bin_ref  # type: ignore[attr-defined]
+        leaf_tv = 0.5 * float(np.abs(np.asarray(stats.leaves) / n - ref_share).sum())
     else:
         leaf_tv = 0.0
     full = np.r_[

@@ -9,8 +9,9 @@ column codec, as stored with every prediction.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any
 
@@ -164,7 +165,8 @@ class WindowStats:
     tdi_covered: int = 0
     pca_sum: float = 0.0
     pca_bins: list[int] = field(default_factory=lambda: [0] * N_PCA_BINS)
-    #: samples per TDI leaf rule (empty until a batch with leaves arrives)
+    #: samples per bin of TDI leaf rules (:func:`~agent.estimation.reference.leaf_bin_of_rule`; empty
+    #: until a batch with leaves arrives)
     leaves: list[int] = field(default_factory=list)
     #: samples whose predicted label was passed; their count and top-class probability sum per class
     n_cls: int = 0
@@ -228,7 +230,9 @@ class WindowStats:
             out.pca_sum = float(extras.pca_error.sum())
             bins = np.searchsorted(np.asarray(ref.pca_edges), extras.pca_error, side="right")
             out.pca_bins = np.bincount(bins, minlength=N_PCA_BINS)[:N_PCA_BINS].tolist()
-            out.leaves = np.bincount(extras.rules, minlength=ref.n_rules)[: ref.n_rules].tolist()
+            if ref.n_rules:
+                nb = ref.n_leaf_bins
+                out.leaves = np.bincount(ref.leaf_bin[extras.rules], minlength=nb)[:nb].tolist()  # type: ignore[attr-defined]
             k = ref.n_classes
             if extras.label is not None and k and len(extras.label) == len(v):
                 lab = clip_index(np.asarray(extras.label, dtype=np.int64), k)
@@ -330,6 +334,79 @@ if _unknown:
     raise TypeError(f"WindowStats fields of a kind without arithmetic: {sorted(map(str, _unknown))}")
 
 
+#: (field, "vector" | "family" | "scalar") of every field, in declaration order (:func:`stat_items`).
+_PLAN: tuple[tuple[str, str], ...] = tuple(
+    (f.name, "vector" if str(f.type) in _VECTOR_ZERO else "family" if str(f.type) == _FAMILY_KIND else "scalar")
+    for f in _FIELDS
+)
+_FAMILY_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    name: tuple((fam, f"{name}:{fam}") for fam in FAMILIES) for name, kind in _PLAN if kind == "family"
+}
+
+
 def _default(f: Field[Any]) -> Any:
     """The empty value of a field (its default or the result of its default factory)."""
     return f.default_factory() if callable(f.default_factory) else f.default
+
+
+#: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
+CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf")
+#: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
+INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", *CLASS_STATS)
+
+
+def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True) -> Iterator[tuple[str, float]]:
+    """Every additive number of ``stats`` under a flat name: a count or sum by its field name, entry
+    ``i`` of a vector as ``name:i``, a family count as ``name:family`` (zeros included, so that a
+    vector's length survives the export). ``classes=False`` leaves out :data:`CLASS_STATS` (and
+    reports ``n_cls`` as 0, so that a reader falls back to the model without class features);
+    ``inputs=False`` leaves out the vectors of the per-sample inputs (:data:`INPUT_STATS`) and reports
+    ``n_ext`` and ``n_cls`` as 0 (a reader then uses the reduced model): for bundles fitted before the
+    leaves were binned, whose leaf counts would be one series per leaf.
+
+    These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
+    rebuilds the statistic of all replicas (:func:`stats_from_items`)."""
+    for name, kind in _PLAN:
+        value = getattr(stats, name)
+        if kind == "vector":
+            if (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
+                yield from zip(_vector_names(name, len(value)), value, strict=True)
+        elif kind == "family":
+            for fam, key in _FAMILY_NAMES[name]:
+                yield key, value.get(fam, 0)
+        elif (name == "n_cls" and not (classes and inputs)) or (name == "n_ext" and not inputs):
+            yield name, 0
+        else:
+            yield name, value
+
+
+@functools.lru_cache(maxsize=64)
+def _vector_names(name: str, size: int) -> tuple[str, ...]:
+    """``name:0`` … ``name:<size − 1>`` (built once per length: :func:`stat_items` is on the judging path)."""
+    return tuple(f"{name}:{i}" for i in range(size))
+
+
+def stats_from_items(items: Mapping[str, float]) -> WindowStats:
+    """The inverse of :func:`stat_items` (unknown names are ignored; counts are rounded to integers,
+    since a sum of counter differences is exact only up to float rounding)."""
+    out = WindowStats()
+    by_name = {f.name: f for f in _FIELDS}
+    for key, raw in items.items():
+        name, _, index = key.partition(":")
+        f = by_name.get(name)
+        if f is None:
+            continue
+        kind = str(f.type)
+        if kind in _VECTOR_ZERO:
+            if not index.isdigit():
+                continue
+            i = int(index)
+            vec = getattr(out, name)
+            vec.extend([_VECTOR_ZERO[kind]] * (i + 1 - len(vec)))
+            vec[i] = round(raw) if kind == "list[int]" else float(raw)
+        elif kind == _FAMILY_KIND:
+            if index in FAMILIES:
+                getattr(out, name)[index] = round(raw)
+        elif not index:
+            setattr(out, name, round(raw) if kind == "int" else float(raw))
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from agent.core.os_threads import name_os_thread
-from agent.estimation.statistics import WindowStats, extras_columns, sample_extras
+from agent.estimation.statistics import WindowStats, extras_columns, sample_extras, stat_items
 from agent.judging.request_io import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
@@ -309,6 +309,16 @@ class Pipeline:
             np.bincount(labels.astype(np.int64), minlength=len(rt.classes)).tolist()
             if len(rt.classes) <= self.metrics.per_class_label_cap
             else None
+        )
+        self.metrics.record_window_stats(
+            rt.name,
+            rt.version,
+            rt.bundle_label,
+            stat_items(
+                stats,
+                classes=len(rt.classes) <= self.metrics.per_class_label_cap,
+                inputs=shift is None or shift.reference.leaf_bins > 0,
+            ),
         )
         self.metrics.record_batch(
             rt.name,

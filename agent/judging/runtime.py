@@ -66,6 +66,12 @@ class Runtime:
         return f"{self.model_sha256[:16]}:{self.bundle_digest[:16]}"
 
     @property
+    def bundle_label(self) -> str:
+        """The ``bundle`` label of the exported window statistics: the manifest digest's first 16 hex
+        digits (one value per bundle; the fleet evaluator refuses to add statistics of two)."""
+        return self.bundle_digest[:16]
+
+    @property
     def n_features(self) -> int:
         return int(np.prod(self.input_shape))
 

@@ -23,6 +23,7 @@ from agent.config.settings import AgentSettings, admin_token
 from agent.core import logs
 from agent.errors import ClientError
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+from agent.estimation.statistics import WindowStats, stat_items
 from agent.judging.batching import (
     LOOP_JUDGE_MAX_SAMPLES,
     LoopJudge,
@@ -62,6 +63,7 @@ class AgentService:
         self.pipeline = Pipeline(self.windows, self.metrics)
         self.runtime = runtime
         self.metrics.set_model(runtime.name, runtime.version, runtime.model_sha256, runtime.classes)
+        self.metrics.record_window_stats(runtime.name, runtime.version, runtime.bundle_label, stat_items(WindowStats()))
         registry.register(EstimatesCollector(self.snapshot))
         self.limiter = anyio.CapacityLimiter(settings.server.threads)
         #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
@@ -464,3 +466,4 @@ class AgentService:
             self.windows.reset()
         self.runtime = new
         self.metrics.set_model(new.name, new.version, new.model_sha256, new.classes)
+        self.metrics.record_window_stats(new.name, new.version, new.bundle_label, stat_items(WindowStats()))

@@ -122,26 +122,60 @@ def panels() -> list[dict[str, Any]]:
     y += 1
     p.append(
         _stat(
-            "Fleet corrected estimate (1h)",
-            f'icos:estimated_accuracy:ratio_rate1h{{estimator="icos_corrected", {SEL}}}',
-            "{{model}} {{version}}",
+            "Fleet headline estimate (1h)",
+            f"icos:headline_accuracy:ratio1h{{{SEL}}}",
+            "{{estimator}} {{model}} {{version}}",
             (0, y, 6, 8),
             unit="percentunit",
-            description="Rogan-Gladen corrected ICOS estimate over the last hour, from the verdict counters of "
-            "every replica (recording rule icos:estimated_accuracy:ratio_rate1h).",
+            description="The fleet evaluator's shift_aware estimate over the last hour, from every replica's "
+            "window statistics (recording rule icos:headline_accuracy:ratio1h); without a fresh evaluator, the "
+            "Rogan-Gladen corrected ICOS estimate from the verdict counters (the legend names the estimator).",
         )
     )
     p.append(
         _timeseries(
-            "Fleet estimate from counters",
+            "Fleet headline estimate (95% interval)",
             [
-                (f"icos:estimated_accuracy:ratio_rate5m{{{SEL}}}", "{{estimator}} 5m {{model}} {{version}}"),
-                (f"icos:estimated_accuracy:ratio_rate1h{{{SEL}}}", "{{estimator}} 1h {{model}} {{version}}"),
+                (f"icos:headline_accuracy:ratio5m{{{SEL}}}", "{{estimator}} 5m {{model}} {{version}}"),
+                (f"icos:headline_accuracy:ratio1h{{{SEL}}}", "{{estimator}} 1h {{model}} {{version}}"),
+                (f"icos:headline_accuracy:ratio1h_lower{{{SEL}}}", "{{estimator}} 1h lower {{model}} {{version}}"),
+                (f"icos:headline_accuracy:ratio1h_upper{{{SEL}}}", "{{estimator}} 1h upper {{model}} {{version}}"),
             ],
             (6, y, 18, 8),
             unit="percentunit",
             minmax=(0, 1),
-            description="Fleet-wide estimates recomputed from counters summed over replicas (recording rules).",
+            overrides=_band_overrides(),
+            description="The fleet's headline estimate with its 95% interval (fleet evaluator); the corrected "
+            "estimate of the recording rules, without interval, where the evaluator is off or stale.",
+        )
+    )
+    y += 8
+    p.append(
+        _timeseries(
+            "Fleet estimates per estimator",
+            [
+                (
+                    f"icos:fleet_estimated_accuracy:ratio1h{{{SEL}}}",
+                    "{{estimator}} 1h (evaluator) {{model}} {{version}}",
+                ),
+                (f"icos:estimated_accuracy:ratio_rate1h{{{SEL}}}", "{{estimator}} 1h (counters) {{model}} {{version}}"),
+            ],
+            (0, y, 16, 8),
+            unit="percentunit",
+            minmax=(0, 1),
+            description="Every estimator on all replicas' predictions (fleet evaluator), and the estimates "
+            "recomputed from counters by the recording rules.",
+        )
+    )
+    p.append(
+        _stat(
+            "Fleet evaluator age",
+            f'time() - max by (model) (icos_fleet_last_success_timestamp_seconds{{{NS}, model=~"$model"}})',
+            "{{model}}",
+            (16, y, 8, 8),
+            unit="s",
+            description="Seconds since the fleet evaluator's last successful refresh (IcosFleetEvaluatorStale "
+            "fires while it keeps failing).",
         )
     )
     y += 8

@@ -61,7 +61,28 @@ def _exported(app: Any) -> dict[str, set[str]]:
             out[name] = set(collector._labelnames)
         else:
             for fam in collector.collect():
-                out[fam.name] = {k for s in fam.samples for k in s.labels}
+                out[fam.name + ("_total" if fam.type == "counter" else "")] = {k for s in fam.samples for k in s.labels}
+    return out
+
+
+def _fleet_exported() -> dict[str, set[str]]:
+    """``{metric: labels}`` of the fleet evaluator (``mode: fleet``), from a snapshot with every part."""
+    from exporters.fleet import FleetCollector, FleetSnapshot, FleetVersion
+    from exporters.prometheus import EstimatePoint
+
+    snap = FleetSnapshot(
+        model="mnist",
+        versions=[FleetVersion("1", [EstimatePoint("shift_aware", "5m", 0.9, 0.8, 0.95, 10)], {"5m": 10}, {"5m": 3})],
+        mismatches=[("2", "mixed")],
+        last_success=1.0,
+        refresh_seconds=0.1,
+        errors_total=0,
+        stale=False,
+    )
+    out: dict[str, set[str]] = {}
+    for fam in FleetCollector(lambda: snap).collect():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[name] = {k for s in fam.samples for k in s.labels}
     return out
 
 
@@ -90,6 +111,7 @@ def test_every_exported_metric_is_documented_with_its_labels(
         assert client.post("/v1/labels", json=labels).status_code == 200
         scraped = client.get("/metrics").text
         exported = _exported(app)
+    exported.update(_fleet_exported())
     documented = _documented()
     for metric, kind in re.findall(r"^# TYPE (icos_\w+) (\w+)", scraped, re.M):
         if metric.endswith("_created"):  # prometheus_client's creation time of counters and histograms

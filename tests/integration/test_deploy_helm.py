@@ -29,6 +29,7 @@ EVERYTHING = {
     "grafana": {"alerts": {"enabled": True}},
     "audits": {"cronjob": {"enabled": True}},
     "podDisruptionBudget": {"enabled": True},
+    "fleet": {"enabled": True, "prometheusUrl": "http://prometheus.monitoring:9090"},
 }
 
 
@@ -145,7 +146,7 @@ def test_agent_container_wiring(values_file: Path | None) -> None:
     if mode == "proxy":
         assert cfg["upstream"]["url"].startswith("http://127.0.0.1:")
         assert len(spec["containers"]) == 2
-    svc = next(d for d in docs if d["kind"] == "Service")
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == deploy["metadata"]["name"])
     assert {p["name"] for p in svc["spec"]["ports"]} == set(ports)
 
 
@@ -275,3 +276,46 @@ def test_admin_api_has_its_own_port_reached_only_by_the_audit_job() -> None:
     assert all(r["ports"][0]["port"] != "admin" for r in policy["spec"]["ingress"])
     job = next(d for d in docs if d["kind"] == "CronJob")
     assert ":8080/v1/audits/" in job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
+
+
+def test_fleet_evaluator_is_one_pod_of_its_own_scraped_by_its_own_servicemonitor(tmp_path: Path) -> None:
+    config = pytest.importorskip("agent.config.settings", reason="agent.config.settings not available")
+    assert not any(d["metadata"]["name"].endswith("-fleet") for d in render({}))  # off by default
+    docs = render(
+        {
+            "serviceMonitor": {"enabled": True},
+            "fleet": {"enabled": True, "prometheusUrl": "http://thanos-query.monitoring:9090", "selector": 'x="1"'},
+            "config": {"windows": {"time": ["10m", "2h"]}},
+        }
+    )
+    byname = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    deploy = byname[("Deployment", "demo-icos-agent-fleet")]
+    agent = byname[("Deployment", "demo-icos-agent")]
+    assert deploy["spec"]["replicas"] == 1
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["serve", "--config", "/etc/icos-agent/fleet.yaml"]
+    # the fleet config passes the agent's own validation and reads this release's replicas only
+    cm = byname[("ConfigMap", "demo-icos-agent-fleet")]
+    f = tmp_path / "fleet.yaml"
+    f.write_text(cm["data"]["fleet.yaml"], encoding="utf-8")
+    settings = config.load_settings(f)
+    assert settings.mode == "fleet" and settings.fleet.prometheus_url == "http://thanos-query.monitoring:9090"
+    assert settings.fleet.selector == 'namespace="ml",service="demo-icos-agent",x="1"'
+    assert settings.windows.time == ["10m", "2h"] and settings.model.name == "model"
+    mounted = {m["mountPath"] for m in container["volumeMounts"]}
+    assert any(str(settings.bundle.path).startswith(m) for m in mounted)
+    # neither the agents' Service nor their ServiceMonitor selects the evaluator; its own ones do
+    fleet_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    agent_svc = byname[("Service", "demo-icos-agent")]
+    assert not agent_svc["spec"]["selector"].items() <= fleet_labels.items()
+    assert agent_svc["spec"]["selector"].items() <= agent["spec"]["template"]["metadata"]["labels"].items()
+    fleet_svc = byname[("Service", "demo-icos-agent-fleet")]
+    assert fleet_svc["spec"]["selector"].items() <= fleet_labels.items()
+    sm = byname[("ServiceMonitor", "demo-icos-agent-fleet")]
+    agent_sm = byname[("ServiceMonitor", "demo-icos-agent")]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= fleet_svc["metadata"]["labels"].items()
+    assert not agent_sm["spec"]["selector"]["matchLabels"].items() <= fleet_svc["metadata"]["labels"].items()
+    # job="<prometheusRule.job>-fleet", as IcosFleetEvaluatorStale reads it
+    assert fleet_svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "icos-agent-fleet"
+    assert sm["spec"]["endpoints"][0]["port"] == "http"

@@ -1,0 +1,95 @@
+"""The fleet evaluator's HTTP app: ``GET /v1/estimates``, ``GET /metrics`` and health, with the refresh
+loop in one background thread (started and stopped by the app's lifespan)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from agent.config.model_source import fetch_model
+from agent.config.settings import AgentSettings
+from agent.core import logs
+from agent.core.os_threads import name_os_thread
+from agent.fleet.evaluator import FleetEvaluator
+from agent.fleet.prometheus_api import PrometheusAPI
+from agent.judging.runtime import load_runtime
+from exporters.fleet import FleetCollector
+
+log = logs.get("fleet")
+
+
+class RefreshLoop:
+    """Calls :meth:`FleetEvaluator.refresh` every ``fleet.refresh_seconds`` until stopped."""
+
+    def __init__(self, evaluator: FleetEvaluator, period: float) -> None:
+        self.evaluator = evaluator
+        self.period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="icos-fleet-refresh", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        name_os_thread("icos-fleet")
+        while not self._stop.is_set():
+            try:
+                self.evaluator.refresh()
+            except Exception:  # a bug must not end the loop: the estimates then go stale and alert
+                log.exception("fleet: refresh raised")
+            self._stop.wait(self.period)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None = None) -> FastAPI:
+    """Build the fleet evaluator's app; loads the bundle now (raises :class:`UserError`)."""
+    if settings.fleet.prometheus_url is None:
+        from agent.errors import UserError
+
+        raise UserError("fleet.prometheus_url is required in fleet mode")
+    rt = load_runtime(fetch_model(settings))
+    api = PrometheusAPI(settings.fleet.prometheus_url, settings.fleet.query_timeout_seconds)
+    evaluator = FleetEvaluator(settings, rt.calibration, rt.bundle_label, api)
+    registry = registry if registry is not None else CollectorRegistry()
+    registry.register(FleetCollector(evaluator.snapshot))
+    loop = RefreshLoop(evaluator, settings.fleet.refresh_seconds)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(loop.stop)
+            api.close()
+
+    app = FastAPI(title="icos-agent fleet evaluator", lifespan=lifespan)
+    app.state.fleet = evaluator
+
+    @app.get("/v1/estimates", summary="Estimates of the whole fleet (same shape as an agent's)")
+    async def estimates(version: str | None = None) -> JSONResponse:
+        return JSONResponse(evaluator.estimates(version))
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v2/health/live", summary="liveness")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", summary="readiness: bundle loaded (stale estimates are served, marked stale)")
+    async def ready() -> dict[str, bool]:
+        return {"ready": True, "stale": evaluator.stale()}
+
+    return app

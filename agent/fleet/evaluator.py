@@ -1,0 +1,210 @@
+"""The fleet evaluator: every refresh, the window statistics of all replicas from Prometheus, every
+estimator on them, and what is served (``/v1/estimates``, ``/metrics``).
+
+A failed refresh keeps the last estimates (marked stale once older than ``fleet.stale_after_seconds``)
+and counts the error; statistics of two bundles under one model version are never added: that
+version gets no estimate and a ``icos_fleet_bundle_mismatch`` series instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.config.settings import AgentSettings
+from agent.core import logs
+from agent.core.durations import parse_duration
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.intervals import Estimate
+from agent.estimation.statistics import WindowStats, stats_from_items
+from agent.fleet.prometheus_api import PrometheusAPI, QueryError
+from agent.fleet.window_sums import window_sums
+from exporters.fleet import FleetSnapshot, FleetVersion
+from exporters.prometheus import EstimatePoint
+
+log = logs.get("fleet")
+
+
+@dataclass(frozen=True)
+class VersionWindows:
+    """One model version's statistic and estimates per window, and the replicas behind them."""
+
+    windows: dict[str, tuple[WindowStats, dict[str, Estimate]]]
+    replicas: dict[str, int]
+
+
+@dataclass
+class FleetResult:
+    """What one successful refresh found."""
+
+    at: float
+    versions: dict[str, VersionWindows] = field(default_factory=dict)
+    #: (version, reason) of versions left out: ``mixed`` (several bundles) or ``other_bundle``
+    mismatches: set[tuple[str, str]] = field(default_factory=set)
+    restarted_replicas: int = 0
+    queries: int = 0
+    seconds: float = 0.0
+
+
+class FleetEvaluator:
+    """Evaluates one model's fleet with the calibration of its bundle (the one the replicas serve)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        calibration: EstimatorCalibration,
+        bundle_label: str,
+        api: PrometheusAPI,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.model = settings.model.name
+        self.calibration = calibration
+        self.bundle_label = bundle_label
+        self.api = api
+        self.clock = clock
+        self.windows = {name: parse_duration(name) for name in settings.windows.time}
+        self.result: FleetResult | None = None
+        self.errors_total = 0
+        self.last_error: str | None = None
+        self.last_attempt: float | None = None
+        self._lock = threading.Lock()
+
+    def evaluate(self, at: float) -> FleetResult:
+        """One evaluation of every window at ``at`` (raises :class:`QueryError`)."""
+        t0 = time.perf_counter()
+        fleet = self.settings.fleet
+        out = FleetResult(at)
+        per_version: dict[str, dict[str, tuple[WindowStats, dict[str, Estimate]]]] = {}
+        replicas: dict[str, dict[str, int]] = {}
+        for name, seconds in self.windows.items():
+            sums = window_sums(self.api, self.model, at, seconds, fleet.lookback_seconds, fleet.selector)
+            out.queries += sums.queries
+            out.restarted_replicas = max(out.restarted_replicas, sums.restarted_replicas)
+            bundles: dict[str, set[str]] = {}
+            for (_, version, bundle), items in sums.stats.items():
+                if items.get("n", 0) >= 0.5:
+                    bundles.setdefault(version, set()).add(bundle)
+            for version, seen in bundles.items():
+                if len(seen) > 1:
+                    out.mismatches.add((version, "mixed"))
+                elif seen != {self.bundle_label}:
+                    out.mismatches.add((version, "other_bundle"))
+                else:
+                    stats = stats_from_items(sums.stats[(self.model, version, self.bundle_label)])
+                    per_version.setdefault(version, {})[name] = (stats, estimate_all(stats, self.calibration))
+                    replicas.setdefault(version, {})[name] = sums.replicas.get(
+                        (self.model, version, self.bundle_label), 0
+                    )
+        for version, reason in sorted(out.mismatches):
+            log.error(
+                "fleet: model %s version %s: %s; no estimate for it",
+                self.model,
+                version,
+                "replicas report statistics of several bundles (a mixed estimate would mean nothing)"
+                if reason == "mixed"
+                else f"replicas serve another bundle than this evaluator's ({self.bundle_label})",
+            )
+        bad = {v for v, _ in out.mismatches}
+        for version, wins in per_version.items():
+            if version not in bad:
+                out.versions[version] = VersionWindows(wins, replicas.get(version, {}))
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    def refresh(self) -> bool:
+        """Evaluate now; on failure keep the last result and count the error. True on success."""
+        now = self.clock()
+        self.last_attempt = now
+        try:
+            result = self.evaluate(now)
+        except QueryError as exc:
+            with self._lock:
+                self.errors_total += 1
+                self.last_error = str(exc)
+            log.warning("fleet: refresh failed, keeping the last estimates: %s", exc)
+            return False
+        with self._lock:
+            self.result = result
+            self.last_error = None
+        return True
+
+    # -- what is served ------------------------------------------------------------------------
+    def stale(self, now: float | None = None) -> bool:
+        r = self.result
+        now = self.clock() if now is None else now
+        return r is None or now - r.at > self.settings.fleet.stale_seconds
+
+    def version_of(self, asked: str | None) -> str | None:
+        r = self.result
+        if r is None:
+            return None
+        if asked is not None:
+            return asked if asked in r.versions else None
+        if self.settings.model.version in r.versions:
+            return self.settings.model.version
+        return min(r.versions) if r.versions else None
+
+    def estimates(self, version: str | None = None) -> dict[str, Any]:
+        """``/v1/estimates``: an agent's answer for one version (``version``, else the configured one,
+        else the first seen), plus the fleet's own fields and every version under ``versions``."""
+        now = self.clock()
+        r = self.result
+        v = self.version_of(version)
+        windows = _windows_json(r.versions[v]) if r is not None and v is not None else {}
+        return {
+            "model": {"name": self.model, "version": v or version or self.settings.model.version},
+            "headline": RECOMMENDED_ESTIMATOR,
+            "windows": windows,
+            "oracle": {"tpr": self.calibration.tpr, "fpr": self.calibration.fpr},
+            "timestamp": r.at if r is not None else None,
+            "fleet": {
+                "bundle": self.bundle_label,
+                "stale": self.stale(now),
+                "age_seconds": (now - r.at) if r is not None else None,
+                "last_error": self.last_error,
+                "query_errors_total": self.errors_total,
+                "mismatches": [{"version": mv, "reason": why} for mv, why in sorted(r.mismatches)] if r else [],
+            },
+            "versions": {name: _windows_json(vw) for name, vw in r.versions.items()} if r is not None else {},
+        }
+
+    def snapshot(self) -> FleetSnapshot:
+        r = self.result
+        versions = []
+        if r is not None:
+            for version, vw in r.versions.items():
+                points = [
+                    EstimatePoint(est, window, e.value, e.lower, e.upper, e.n)
+                    for window, (_, ests) in vw.windows.items()
+                    for est, e in ests.items()
+                ]
+                samples = {window: stats.n for window, (stats, _) in vw.windows.items()}
+                versions.append(FleetVersion(version, points, samples, dict(vw.replicas)))
+        return FleetSnapshot(
+            model=self.model,
+            versions=versions,
+            mismatches=sorted(r.mismatches) if r is not None else [],
+            last_success=r.at if r is not None else None,
+            refresh_seconds=r.seconds if r is not None else None,
+            errors_total=self.errors_total,
+            stale=self.stale(),
+            restarted_replicas=r.restarted_replicas if r is not None else 0,
+        )
+
+
+def _windows_json(vw: VersionWindows) -> dict[str, Any]:
+    return {
+        name: {
+            "n": stats.n,
+            "fails": stats.fails,
+            "fails_by_family": dict(stats.fails_by_family),
+            "replicas": vw.replicas.get(name, 0),
+            "estimates": {k: e.to_dict() for k, e in ests.items()},
+        }
+        for name, (stats, ests) in vw.windows.items()
+    }

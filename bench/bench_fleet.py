@@ -1,0 +1,276 @@
+"""The fleet evaluator's refresh against a Prometheus holding many simulated replicas.
+
+Simulates ``--replicas`` agents (default 100) at ``--rate`` predictions per second each (default 100),
+scraped every ``--scrape`` seconds for 1 h 10 min: every replica's ``icos_window_stat_total`` series
+(the statistics one agent exports for a 10-class model with a shift-aware bundle), with a share of the
+replicas restarting once mid-hour (a counter reset). The samples are written as OpenMetrics, turned
+into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics`` and served by a real Prometheus.
+
+Prints, for the 5m and 1h windows of ``FleetEvaluator.evaluate`` (every query and every estimator):
+its wall time (best of ``--repeat``), its queries, and the error of the summed prediction count
+against the simulated truth; the baseline beside it is the same sums by ``increase()`` (one query per
+window), measured in the same run, with its own error (``increase()`` extrapolates to the window's
+edges and ignores the replicas that restarted between two scrapes only partially).
+
+Run: ``python -m bench.bench_fleet [--replicas 100] [--bundle DIR]`` (needs ``prometheus`` and
+``promtool``: Debian ``apt-get install prometheus``). Without ``--bundle`` the estimators run with a
+calibration that has no ``shift_aware`` part (the queries, which dominate, are the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from agent.config.settings import AgentSettings
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.layout import LEAF_BINS
+from agent.estimation.reference import InputReference
+from agent.estimation.statistics import SampleExtras, WindowStats, stat_items
+from agent.fleet.evaluator import FleetEvaluator
+from agent.fleet.prometheus_api import PrometheusAPI
+from agent.fleet.window_sums import STAT_METRIC
+from invariants.bundle import Bundle
+
+WINDOWS = {"5m": 300.0, "1h": 3600.0}
+SPAN = 70 * 60  # the longest window, its lookback and a margin
+MODEL, VERSION = "mnist", "1"
+
+
+def _reference(rng: np.random.Generator) -> InputReference:
+    n_rules = 300
+    return InputReference(
+        center=(0.0,) * 4,
+        scale=(1.0,),
+        basis=((1.0, 0.0, 0.0, 0.0),),
+        pca_edges=(0.1, 0.2, 0.3),
+        rule_label=tuple(int(v) for v in rng.integers(0, 10, n_rules)),
+        rule_selected=tuple(bool(v) for v in rng.integers(0, 2, n_rules)),
+        leaf_ref=tuple(float(v) for v in rng.dirichlet(np.ones(n_rules))),
+        class_conf=(0.95,) * 10,
+        leaf_bins=LEAF_BINS,
+    )
+
+
+def _calibration(bundle: Path | None) -> tuple[EstimatorCalibration, InputReference, str]:
+    rng = np.random.default_rng(0)
+    if bundle is not None:
+        b = Bundle.load(bundle)
+        cal = EstimatorCalibration.from_dict(b.estimator_calibration)
+        ref = cal.shift.reference if cal.shift is not None else _reference(rng)
+        return cal, ref, "bundle " + str(bundle)
+    cal = EstimatorCalibration.from_dict(
+        {
+            "tpr": 0.8,
+            "fpr": 0.05,
+            "n_wrong": 200,
+            "n_right": 1300,
+            "accuracy": 0.95,
+            "avg_conf": 0.96,
+            "atc_threshold": 0.7,
+        }
+    )
+    return cal, _reference(rng), "synthetic calibration (no shift_aware part)"
+
+
+def _templates(ref: InputReference, per_scrape: int, rng: np.random.Generator, k: int = 32) -> list[list[float]]:
+    """``k`` statistics of one scrape interval's predictions, as flat values in :func:`stat_items` order."""
+    out = []
+    for _ in range(k):
+        n = int(rng.poisson(per_scrape))
+        extras = SampleExtras(
+            margin=rng.random(n),
+            rules=rng.integers(0, ref.n_rules, n),
+            agree=rng.random(n) < 0.9,
+            covered=rng.random(n) < 0.6,
+            pca_error=rng.random(n) * 0.3,
+            label=rng.integers(0, 10, n),
+        )
+        conf = np.clip(rng.beta(20, 1.5, n), 0, 1)
+        verdicts = np.where(rng.random(n) < 0.08, rng.integers(1, 4, n), 0)
+        s = WindowStats.of_samples(verdicts, conf, 0.7, extras, ref)
+        out.append([v for _, v in stat_items(s)])
+    return out
+
+
+def _write_openmetrics(
+    path: Path, replicas: int, scrape: int, end: int, ref: InputReference, rate: float
+) -> dict[str, float]:
+    """The simulated series; returns the true prediction count of each window ending at ``end``."""
+    rng = np.random.default_rng(1)
+    templates = _templates(ref, int(rate * scrape), rng)
+    names = [k for k, _ in stat_items(_sample_stats(ref))]
+    steps = SPAN // scrape
+    times = end - scrape * np.arange(steps, -1, -1)
+    truth = dict.fromkeys(WINDOWS, 0.0)
+    n_index = names.index("n")
+    with path.open("w", encoding="utf-8") as f:
+        f.write(f"# TYPE {STAT_METRIC.removesuffix('_total')} counter\n")
+        for r in range(replicas):
+            picks = rng.integers(0, len(templates), steps + 1)
+            incs = np.asarray([templates[i] for i in picks])  # [steps+1, stats]
+            incs[0] = 0.0
+            values = np.cumsum(incs, axis=0)
+            if r % 20 == 7:  # 5% of the replicas restart once mid-hour: counters from zero again
+                cut = steps - int(1800 // scrape) + r % 11
+                values[cut:] = np.cumsum(incs[cut:], axis=0)
+            at = _evaluation_time(end, scrape)
+            for name, tw in WINDOWS.items():
+                truth[name] += float(incs[(times > at - tw) & (times <= at), n_index].sum())
+            labels = f'model="{MODEL}",version="{VERSION}",bundle="b",job="icos-agent",instance="r{r:03d}"'
+            for j, stat in enumerate(names):
+                col = values[:, j]
+                f.writelines(
+                    f'{STAT_METRIC}{{{labels},stat="{stat}"}} {v:.17g} {t}\n' for t, v in zip(times, col, strict=True)
+                )
+        f.write("# EOF\n")
+    return truth
+
+
+def _evaluation_time(end: int, scrape: int) -> float:
+    """When the refresh runs: between two scrapes, as in production (not on a sample's timestamp)."""
+    return end - 0.4 * scrape
+
+
+def _sample_stats(ref: InputReference) -> WindowStats:
+    rng = np.random.default_rng(2)
+    extras = SampleExtras(
+        rng.random(4),
+        rng.integers(0, ref.n_rules, 4),
+        rng.random(4) < 1,
+        rng.random(4) < 1,
+        rng.random(4),
+        rng.integers(0, 10, 4),
+    )
+    return WindowStats.of_samples(np.zeros(4), np.ones(4), 0.7, extras, ref)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.bench_fleet", description=__doc__.splitlines()[0])
+    ap.add_argument("--replicas", type=int, default=100)
+    ap.add_argument("--rate", type=float, default=100.0, help="predictions per second per replica")
+    ap.add_argument("--scrape", type=int, default=30, help="scrape interval of the simulated series (s)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--bundle", type=Path, default=None, help="a bundle whose calibration the estimators use")
+    args = ap.parse_args(argv)
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is None or promtool is None:
+        print("needs prometheus and promtool (Debian: apt-get install prometheus)", file=sys.stderr)
+        return 2
+    cal, ref, what = _calibration(args.bundle)
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        root = Path(tmp)
+        end = int(time.time()) // 60 * 60 - 120
+        t0 = time.perf_counter()
+        om = root / "series.om"
+        truth = _write_openmetrics(om, args.replicas, args.scrape, end, ref, args.rate)
+        series = args.replicas * len(list(stat_items(_sample_stats(ref))))
+        print(
+            f"{args.replicas} replicas, {series} series, {om.stat().st_size / 1e6:.0f} MB of OpenMetrics "
+            f"({time.perf_counter() - t0:.0f} s); estimators with a {what}",
+            flush=True,
+        )
+        (root / "tsdb").mkdir()
+        t0 = time.perf_counter()
+        subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(om), str(root / "tsdb")],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        om.unlink()
+        print(f"blocks written ({time.perf_counter() - t0:.0f} s)", flush=True)
+        (root / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n", encoding="utf-8")
+        port = _free_port()
+        proc = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={root / 'prometheus.yml'}",
+                f"--storage.tsdb.path={root / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            return _measure(url, _evaluation_time(end, args.scrape), truth, cal, args.repeat)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibration, repeat: int) -> int:
+    settings = AgentSettings.model_validate(
+        {
+            "mode": "fleet",
+            "model": {"name": MODEL, "version": VERSION},
+            "bundle": {"path": "."},
+            "windows": {"time": list(WINDOWS)},
+            "fleet": {"prometheus_url": url, "query_timeout_seconds": 120},
+        }
+    )
+    api = PrometheusAPI(url, 120)
+    evaluator = FleetEvaluator(settings, cal, "b", api)
+    best, cpu, result = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = evaluator.evaluate(float(end))
+        best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    assert result is not None
+    base_best, base_n = float("inf"), {}
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for name in WINDOWS:
+            res = api.vector(
+                f'sum by (model, version, bundle, stat) (increase({STAT_METRIC}{{model="{MODEL}"}}[{name}]))',
+                float(end),
+            )
+            base_n[name] = next(s.value for s in res if dict(s.labels)["stat"] == "n")
+        base_best = min(base_best, time.perf_counter() - t0)
+    api.close()
+    version = result.versions[VERSION]
+    print(
+        f"refresh (evaluate, windows {', '.join(WINDOWS)}): {best:.3f} s best of {repeat}, {result.queries} queries, "
+        f"{result.restarted_replicas} replicas with a reset read sample by sample; the evaluator's own CPU "
+        f"{cpu:.3f} s (the rest is Prometheus)"
+    )
+    print(f"baseline increase() sums, same windows: {base_best:.3f} s; ratio refresh/baseline {best / base_best:.2f}")
+    for name in WINDOWS:
+        stats, ests = version.windows[name]
+        head = ests.get("shift_aware") or ests.get("icos")
+        print(
+            f"  {name}: n {stats.n} (truth {truth[name]:.0f}, error {stats.n - truth[name]:+.0f}); "
+            f"increase(): {base_n[name]:.1f} (error {base_n[name] - truth[name]:+.1f}); "
+            f"replicas {version.replicas.get(name)}; headline {head.value:.4f} [{head.lower:.4f}, {head.upper:.4f}]"
+            if head
+            else f"  {name}: n {stats.n}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

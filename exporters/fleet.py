@@ -1,0 +1,119 @@
+"""Prometheus metrics of the fleet evaluator (``mode: fleet``), computed at scrape time.
+
+* ``icos_fleet_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
+  ``icos_fleet_estimated_accuracy_ratio_lower`` / ``_upper`` — every estimator on the sum of all
+  replicas' window statistics;
+* ``icos_fleet_estimated_accuracy_samples{model,version,window}`` — predictions behind them;
+* ``icos_fleet_replicas{model,version,window}`` — replicas that exported in the window;
+* ``icos_fleet_last_success_timestamp_seconds{model}``, ``icos_fleet_refresh_duration_seconds{model}``,
+  ``icos_fleet_query_errors_total{model}``, ``icos_fleet_stale{model}`` (1 when the estimates are
+  older than the stale limit: Prometheus unreachable or failing), ``icos_fleet_restarted_replicas{model}``;
+* ``icos_fleet_bundle_mismatch{model,version,reason}`` — 1 for a version left out: ``mixed`` (its
+  replicas export statistics of several bundles) or ``other_bundle`` (not the evaluator's bundle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporters.prometheus import EstimatePoint, SnapshotCollector
+
+
+@dataclass(frozen=True)
+class FleetVersion:
+    version: str
+    estimates: Sequence[EstimatePoint]
+    samples: Mapping[str, int]
+    replicas: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    model: str
+    versions: Sequence[FleetVersion]
+    mismatches: Sequence[tuple[str, str]]
+    last_success: float | None
+    refresh_seconds: float | None
+    errors_total: int
+    stale: bool
+    restarted_replicas: int = 0
+
+
+class FleetCollector(SnapshotCollector[FleetSnapshot]):
+    """The fleet evaluator's estimates and health."""
+
+    def families(self, snap: FleetSnapshot) -> Iterator[Metric]:
+        labels = ["model", "version", "estimator", "window"]
+        value = GaugeMetricFamily(
+            "icos_fleet_estimated_accuracy_ratio", "Estimated accuracy of the whole fleet (label-free).", labels=labels
+        )
+        lower = GaugeMetricFamily(
+            "icos_fleet_estimated_accuracy_ratio_lower",
+            "Lower bound of the fleet estimate's 95% interval.",
+            labels=labels,
+        )
+        upper = GaugeMetricFamily(
+            "icos_fleet_estimated_accuracy_ratio_upper",
+            "Upper bound of the fleet estimate's 95% interval.",
+            labels=labels,
+        )
+        wl = ["model", "version", "window"]
+        samples = GaugeMetricFamily(
+            "icos_fleet_estimated_accuracy_samples", "Predictions of all replicas in the window.", labels=wl
+        )
+        replicas = GaugeMetricFamily("icos_fleet_replicas", "Replicas that exported in the window.", labels=wl)
+        for v in snap.versions:
+            for e in v.estimates:
+                lv = [snap.model, v.version, e.estimator, e.window]
+                value.add_metric(lv, e.value)
+                lower.add_metric(lv, e.lower)
+                upper.add_metric(lv, e.upper)
+            for window, n in v.samples.items():
+                samples.add_metric([snap.model, v.version, window], n)
+            for window, k in v.replicas.items():
+                replicas.add_metric([snap.model, v.version, window], k)
+        yield from (value, lower, upper, samples, replicas)
+        m = [snap.model]
+        mismatch = GaugeMetricFamily(
+            "icos_fleet_bundle_mismatch",
+            "1 for a model version left out: its replicas export statistics of several bundles (mixed) or "
+            "of another bundle than the evaluator's (other_bundle).",
+            labels=["model", "version", "reason"],
+        )
+        for version, reason in snap.mismatches:
+            mismatch.add_metric([snap.model, version, reason], 1)
+        yield mismatch
+        last = GaugeMetricFamily(
+            "icos_fleet_last_success_timestamp_seconds", "Unix time of the last successful refresh.", labels=["model"]
+        )
+        if snap.last_success is not None:
+            last.add_metric(m, snap.last_success)
+        yield last
+        duration = GaugeMetricFamily(
+            "icos_fleet_refresh_duration_seconds", "Wall time of the last successful refresh.", labels=["model"]
+        )
+        if snap.refresh_seconds is not None:
+            duration.add_metric(m, snap.refresh_seconds)
+        yield duration
+        errors = CounterMetricFamily(
+            "icos_fleet_query_errors",
+            "Failed refreshes (Prometheus unreachable or answering an error).",
+            labels=["model"],
+        )
+        errors.add_metric(m, snap.errors_total)
+        yield errors
+        stale = GaugeMetricFamily(
+            "icos_fleet_stale", "1 when the served estimates are older than the stale limit.", labels=["model"]
+        )
+        stale.add_metric(m, 1 if snap.stale else 0)
+        yield stale
+        restarted = GaugeMetricFamily(
+            "icos_fleet_restarted_replicas",
+            "Replicas whose counters reset (restarted) within the longest window.",
+            labels=["model"],
+        )
+        restarted.add_metric(m, snap.restarted_replicas)
+        yield restarted

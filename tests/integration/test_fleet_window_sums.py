@@ -1,0 +1,137 @@
+"""The fleet's sums against a real Prometheus holding hand-made replica series (backfilled with
+``promtool tsdb create-blocks-from openmetrics``): replicas joining, leaving and restarting, two
+versions side by side, and statistics of several bundles, which are refused rather than mixed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import free_port, wait_http_ready
+
+from agent.config.settings import AgentSettings
+from agent.estimation.calibration import EstimatorCalibration
+from agent.fleet.evaluator import FleetEvaluator
+from agent.fleet.prometheus_api import PrometheusAPI
+
+PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None or PROMTOOL is None, reason="needs prometheus and promtool (Debian: apt-get install prometheus)"
+)
+STEP = 15  # seconds between two scrapes
+END = (int(time.time()) // 60 - 10) * 60  # ten minutes ago, on a minute
+AT = END - 5  # the refresh runs between two scrapes
+# (version, bundle, instance) -> n counter per scrape over the last 30 minutes (121 scrapes); None: no sample
+STEPS = 121
+
+
+def _series() -> dict[tuple[str, str, str], list[float | None]]:
+    ramp = [float(10 * i) for i in range(STEPS)]  # 10 predictions per scrape
+    joined = [None] * 100 + [float(10 * i) for i in range(1, 22)]  # born 5 minutes before the end
+    left = [float(10 * i) for i in range(110)] + [None] * 11  # gone 2.5 minutes before the end
+    restarted = [float(10 * i) for i in range(100)] + [float(3 * i) for i in range(21)]  # reset, then 3 per scrape
+    return {
+        ("3", "ours", "r1"): ramp,
+        ("3", "ours", "r2"): joined,
+        ("3", "ours", "r3"): left,
+        ("3", "ours", "r4"): restarted,
+        ("4", "ours", "r5"): ramp,  # a second version of the same bundle, side by side
+        ("1", "ours", "r6"): ramp,  # version 1: replicas of two bundles
+        ("1", "theirs", "r7"): ramp,
+        ("2", "theirs", "r8"): ramp,  # version 2: another bundle only
+    }
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("fleet-sums")
+    lines = ["# TYPE icos_window_stat counter"]
+    for (version, bundle, inst), values in _series().items():
+        for stat, scale in (("n", 1.0), ("fails", 0.1), ("atc_above", 0.9), ("conf_sum", 0.92), ("conf_sq_sum", 0.85)):
+            labels = f'model="m",version="{version}",bundle="{bundle}",instance="{inst}",job="icos-agent",stat="{stat}"'
+            for i, v in enumerate(values):
+                if v is not None:
+                    lines.append(f"icos_window_stat_total{{{labels}}} {v * scale:.6f} {END - STEP * (STEPS - 1 - i)}")
+    lines.append("# EOF")
+    (root / "series.om").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (root / "tsdb").mkdir()
+    assert PROMTOOL is not None and PROMETHEUS is not None
+    subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(root / "series.om"), str(root / "tsdb")],
+        check=True,
+        capture_output=True,
+    )
+    (root / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n", encoding="utf-8")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={root / 'prometheus.yml'}",
+            f"--storage.tsdb.path={root / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http_ready(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _evaluator(url: str, windows: list[str]) -> FleetEvaluator:
+    settings = AgentSettings.model_validate(
+        {
+            "mode": "fleet",
+            "model": {"name": "m", "version": "3"},
+            "bundle": {"path": "."},
+            "windows": {"time": windows},
+            "fleet": {"prometheus_url": url, "lookback_seconds": 120, "selector": 'job="icos-agent"'},
+        }
+    )
+    cal = EstimatorCalibration.from_dict(
+        {
+            "tpr": 0.8,
+            "fpr": 0.05,
+            "n_wrong": 100,
+            "n_right": 900,
+            "accuracy": 0.9,
+            "avg_conf": 0.92,
+            "atc_threshold": 0.7,
+        }
+    )
+    return FleetEvaluator(settings, cal, "ours", PrometheusAPI(url, 30), clock=lambda: float(AT))
+
+
+def test_joins_leaves_and_restarts_are_counted_exactly(prometheus: str) -> None:
+    result = _evaluator(prometheus, ["10m", "1m"]).evaluate(float(AT))
+    stats10, ests = result.versions["3"].windows["10m"]
+    # (AT − 10m, AT] holds the scrapes at END − 600 … END − 15 (indices 80 … 119), the baseline is index 79.
+    # r1: 1190 − 790; r2 (born at index 100 at 10): 200 from zero; r3 (last sample at index 109): 1090 − 790;
+    # r4: 990 − 790 before its reset at index 100, then 0, 3, …, 57 counting from zero
+    assert stats10.n == 400 + 200 + 300 + (200 + 57)
+    assert abs(stats10.fails - 0.1 * stats10.n) < 1
+    assert result.versions["3"].replicas["10m"] == 4 and result.restarted_replicas == 1
+    assert set(ests) >= {"icos", "icos_corrected", "avg_conf", "atc", "doc"}
+    assert ests["avg_conf"].value == pytest.approx(0.92, abs=1e-6)
+    stats1, _ = result.versions["3"].windows["1m"]
+    # (AT − 1m, AT]: indices 116 … 119: r1 40, r2 40, r3 gone (its last value at both ends), r4 4 × 3
+    assert stats1.n == 40 + 40 + 12
+    assert result.versions["3"].replicas["1m"] == 3
+
+
+def test_versions_side_by_side_and_bundles_never_mixed(prometheus: str) -> None:
+    result = _evaluator(prometheus, ["10m"]).evaluate(float(AT))
+    assert set(result.versions) == {"3", "4"}  # two versions of our bundle, estimated apart
+    assert result.versions["4"].windows["10m"][0].n == 400
+    assert result.mismatches == {("1", "mixed"), ("2", "other_bundle")}
+    snap = _evaluator(prometheus, ["10m"])
+    assert snap.refresh() and ("1", "mixed") in snap.snapshot().mismatches
+    body = snap.estimates("1")
+    assert body["windows"] == {} and {"version": "1", "reason": "mixed"} in body["fleet"]["mismatches"]

@@ -1,0 +1,107 @@
+"""The fleet's arithmetic: flat window statistics, counter increments across resets, bounded leaf bins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.estimation.layout import LEAF_BINS
+from agent.estimation.reference import InputReference, leaf_bin_of_rule
+from agent.estimation.statistics import SampleExtras, WindowStats, stat_items, stats_from_items
+from agent.fleet.window_sums import quote, selector, series_increment
+
+
+def _reference(n_rules: int, rng: np.random.Generator) -> InputReference:
+    share = rng.dirichlet(np.ones(n_rules))
+    return InputReference(
+        center=(0.0,) * 4,
+        scale=(1.0,),
+        basis=((1.0, 0.0, 0.0, 0.0),),
+        pca_edges=(0.1, 0.2, 0.3),
+        rule_label=tuple(int(v) for v in rng.integers(0, 10, n_rules)),
+        rule_selected=tuple(bool(v) for v in rng.integers(0, 2, n_rules)),
+        leaf_ref=tuple(float(v) for v in share),
+        class_conf=(0.9,) * 10,
+        leaf_bins=LEAF_BINS,
+    )
+
+
+def _stats(ref: InputReference, rng: np.random.Generator, n: int = 500) -> WindowStats:
+    extras = SampleExtras(
+        margin=rng.random(n),
+        rules=rng.integers(0, ref.n_rules, n),
+        agree=rng.random(n) < 0.8,
+        covered=rng.random(n) < 0.5,
+        pca_error=rng.random(n) * 0.4,
+        label=rng.integers(0, 10, n),
+    )
+    return WindowStats.of_samples(rng.integers(0, 4, n), rng.random(n), 0.7, extras, ref)
+
+
+def test_flat_items_round_trip_and_stay_bounded_for_a_large_tree() -> None:
+    rng = np.random.default_rng(0)
+    ref = _reference(400, rng)  # an unpruned TDI tree: hundreds of leaves
+    a, b = _stats(ref, rng), _stats(ref, rng)
+    items = dict(stat_items(a))
+    assert len(items) < 100, len(items)  # bounded whatever the number of leaves
+    assert len(a.leaves) == LEAF_BINS
+    back = stats_from_items(items)
+    assert back.n == a.n and back.leaves == a.leaves and back.class_counts == a.class_counts
+    for key, value in stat_items(back):
+        assert value == pytest.approx(items[key])
+    # sums of the flat items are the flat items of the sum (what the fleet evaluator relies on)
+    summed = {k: v + dict(stat_items(b))[k] for k, v in items.items()}
+    total = stats_from_items(summed)
+    for key, value in stat_items(a + b):
+        assert dict(stat_items(total))[key] == pytest.approx(value)
+
+
+def test_flat_items_without_classes_fall_back_to_the_inputs_model() -> None:
+    rng = np.random.default_rng(1)
+    ref = _reference(30, rng)
+    s = _stats(ref, rng)
+    items = dict(stat_items(s, classes=False))
+    assert not any(k.startswith(("class_counts", "class_conf")) for k in items)
+    back = stats_from_items(items)
+    assert back.n_cls == 0 and back.n_ext == s.n
+
+
+def test_leaf_bins_are_contiguous_runs_of_about_equal_mass() -> None:
+    share = np.full(160, 1 / 160)
+    bins = leaf_bin_of_rule(share, 16)
+    assert bins.tolist() == sorted(bins.tolist()) and np.bincount(bins).tolist() == [10] * 16
+    assert leaf_bin_of_rule(share, 0).tolist() == list(range(160))  # references fitted before binning
+    skewed = np.r_[0.9, np.full(9, 0.1 / 9)]
+    assert leaf_bin_of_rule(skewed, 4).max() <= 3
+
+
+def test_counter_increment_restarts_from_zero_after_a_reset() -> None:
+    # baseline at t=10 is 100; then +20, a restart (reset to 5), +10
+    points = [(5.0, 90.0), (10.0, 100.0), (11.0, 120.0), (12.0, 5.0), (13.0, 15.0)]
+    assert series_increment(points, start=10.0) == 20 + 5 + 10
+    # a series born in the window counts from zero
+    assert series_increment([(11.0, 7.0), (12.0, 9.0)], start=10.0) == 9.0
+    assert series_increment([(1.0, 3.0)], start=10.0) == 0.0
+
+
+def test_selectors_quote_label_values() -> None:
+    assert quote('a"b\\c') == '"a\\"b\\\\c"'
+    assert selector("m", 'job="x"', stat="n") == 'icos_window_stat_total{model="m",stat="n",job="x"}'
+
+
+def test_bundles_fitted_before_the_leaf_bins_export_no_per_leaf_series() -> None:
+    rng = np.random.default_rng(2)
+    old = _reference(300, rng)
+    old = _unbinned(old)
+    s = _stats(old, rng)
+    assert len(s.leaves) == 300  # the agent keeps one count per leaf for such a bundle
+    items = dict(stat_items(s, inputs=False))
+    assert len(items) < 60 and not any(k.startswith(("leaves", "pca_bins", "class_")) for k in items)
+    back = stats_from_items(items)
+    assert back.n == s.n and back.n_ext == 0 and back.n_cls == 0  # the reduced model, not a wrong leaf feature
+
+
+def _unbinned(ref: InputReference) -> InputReference:
+    from dataclasses import replace
+
+    return replace(ref, leaf_bins=0)
