@@ -258,9 +258,8 @@ def print_table(name: str, report: dict[str, Any], cbpe: list[float] | None) -> 
         cb = f"{cbpe[i]:7.4f}" if cbpe is not None and i < len(cbpe) else f"{'-':>7}"
         others = " ".join(f"{k}={v['value']:.3f}" for k, v in c["estimates"].items())
         rows = f"{c['start']}..{c['end']}"
-        print(
-            f"{rows:>13} {e['value']:7.4f} [{e['lower']:.3f}, {e['upper']:.3f}] {cb} {c['truth']['accuracy']:7.4f}  {others}"
-        )
+        interval = f"[{e['lower']:.3f}, {e['upper']:.3f}]"
+        print(f"{rows:>13} {e['value']:7.4f} {interval} {cb} {c['truth']['accuracy']:7.4f}  {others}")
     chunks = report["chunks"]
     for k in chunks[0]["estimates"]:
         mae = float(np.mean([abs(c["estimates"][k]["value"] - c["truth"]["accuracy"]) for c in chunks]))

@@ -73,10 +73,10 @@ def fit_table_bundle(
     say = progress or (lambda _m: None)
     if ref.y is None:
         raise UserError("fit needs labels: name the reference table's label column (--label-column)")
-    if ref.probabilities.shape[1] != len(classes):
-        raise UserError(f"{ref.probabilities.shape[1]} probability columns but {len(classes)} classes")
     if decision_threshold is not None and len(classes) != 2:
         raise UserError(f"--decision-threshold applies to binary models only; this one has {len(classes)} classes")
+    if ref.probabilities.shape[1] != len(classes):
+        raise UserError(f"{ref.probabilities.shape[1]} probability columns but {len(classes)} classes")
     if not 0.0 < train_fraction < 1.0:
         raise UserError("--train-fraction must be within (0, 1)")
     y = label_indices(ref.y, classes)
