@@ -16,9 +16,10 @@ from a covariate shift towards the cases the model finds hard, so its accuracy d
 shift NannyML's CBPE is built for: the relation between features and label stays the same). The
 model is a scikit-learn gradient-boosting classifier trained on a separate draw.
 
-``python -m bench.nannyml_style`` fits a bundle from each reference table, checks the analysis table in
-chunks of :data:`CHUNK` rows and prints per chunk: the headline estimate, CBPE's (when ``nannyml``
-imports; ``--nannyml-python`` runs it in another environment), and the truth.
+``python -m bench.nannyml_style --write DIR`` only writes the tables. ``python -m bench.nannyml_style``
+fits a bundle from each reference table, checks the analysis table in chunks of :data:`CHUNK` rows and
+prints per chunk: the headline estimate, CBPE's (when ``nannyml`` imports; ``--nannyml-python`` runs it
+in another environment), and the truth.
 """
 
 from __future__ import annotations
@@ -273,7 +274,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.nannyml_style", description=__doc__.splitlines()[0])
     p.add_argument("--nannyml-python", help="a Python with nannyml installed, to measure CBPE beside us")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--write",
+        metavar="DIR",
+        help="only write the tables (car_loan_/credit_card_ reference.parquet, analysis.parquet and .csv) to DIR",
+    )
     args = p.parse_args(argv)
+    if args.write:
+        out = Path(args.write)
+        out.mkdir(parents=True, exist_ok=True)
+        for stem, make in (("car_loan", car_loan), ("credit_card", credit_card)):
+            table = make(seed=args.seed)
+            for period in ("reference", "analysis"):
+                table.period(period).to_parquet(out / f"{stem}_{period}.parquet")
+                table.period(period).to_csv(out / f"{stem}_{period}.csv", index=False)
+        print(f"tables written to {out}")
+        return 0
     python = args.nannyml_python
     if python is None:
         try:
