@@ -207,3 +207,27 @@ def test_class_names_come_from_the_probability_columns() -> None:
         "prepaid_card",
         "highstreet_card",
     ]
+
+
+def test_serve_mode_model_predicts_with_the_bundle_threshold(bundle_dir: Path, car: Table, tmp_path: Path) -> None:
+    """An ONNX binary model served with a bundle that has a decision threshold labels by it."""
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    from invariants.bundle import sha256_file
+
+    ref = car.period("reference")
+    x = ref[list(CAR_FEATURES)].to_numpy(np.float32)
+    clf = LogisticRegression(max_iter=500).fit(x, ref["repaid"].to_numpy())
+    onnx_path = tmp_path / "loan.onnx"
+    onnx_path.write_bytes(to_onnx(clf, x[:1], options={"zipmap": False}).SerializeToString())
+    b = Bundle.load(bundle_dir)
+    b.table, b.model_sha256, b.decision_threshold, b.headline = None, sha256_file(onnx_path), 0.7, None
+    b.save(tmp_path / "model-bundle")
+    model = {"name": "m", "path": str(onnx_path)}
+    rt = load_runtime(load_settings(None, mode="serve", model=model, bundle={"path": str(tmp_path / "model-bundle")}))
+    assert rt.classifier is not None and rt.classifier.decision_threshold == 0.7 and rt.headline == "shift_aware"
+    pred = rt.classifier.predict(x[:500])
+    p1 = clf.predict_proba(x[:500])[:, 1]
+    assert pred.labels.tolist() == (p1 >= 0.7).astype(int).tolist() != (p1 >= 0.5).astype(int).tolist()
+    assert rt.labels_of(pred.probabilities).tolist() == pred.labels.tolist()
