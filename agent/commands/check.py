@@ -82,8 +82,6 @@ def check_table(args: argparse.Namespace) -> dict[str, object]:
     from agent.offline.tables import check_table_report
     from invariants.bundle import Bundle
 
-    if args.model:
-        raise UserError(f"bundle {args.bundle} was fitted from a table of predictions; drop --model")
     bundle = Bundle.load(args.bundle)
     table = bundle.table
     assert table is not None
@@ -105,12 +103,12 @@ def run(args: argparse.Namespace) -> int:
     from agent.offline.check import check_report
     from invariants.bundle import Bundle
 
-    if Bundle.table_source(args.bundle) is not None:
+    if not args.model:
+        if Bundle.table_source(args.bundle) is None:
+            raise UserError(f"--model is required: bundle {args.bundle} was fitted from an ONNX model")
         report = check_table(args)
         print(json.dumps(report) if args.json else format_report(report))
         return 0
-    if not args.model:
-        raise UserError(f"--model is required: bundle {args.bundle} was fitted from an ONNX model")
     if args.chunk_size is not None:
         raise UserError("--chunk-size applies to table-based bundles (fitted with `fit --reference`)")
     model = load_model(args)

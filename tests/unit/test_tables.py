@@ -188,8 +188,9 @@ def test_cli_names_what_is_missing(
 ) -> None:
     ref, out = str(files["ref"]), str(tmp_path / "b")
     assert "--proba-columns" in cli_error(capsys, "fit", "--reference", ref, "--label-column", "repaid", "--out", out)
-    err = cli_error(capsys, "check", "--bundle", str(bundle_dir), "--data", str(files["ana"]), "--model", ref)
-    assert "drop --model" in err
+    onnx = str(ROOT / "agent" / "models" / "digits_cnn.onnx")
+    err = cli_error(capsys, "check", "--bundle", str(bundle_dir), "--data", str(files["ana"]), "--model", onnx)
+    assert "fitted from a table of predictions" in err and "without a model" in err
     err = cli_error(
         capsys, "fit", "--reference", ref, "--label-column", "repaid", "--proba-columns", "nope", "--out", out
     )
