@@ -7,6 +7,11 @@ Files (DESIGN.md, "Invariant bundle"):
   with counts), ``estimator_calibration`` (free numbers from the caller), ``files`` (sha256 of
   every other file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own
   canonical JSON without that key, so an edited manifest is refused as well);
+  Optional keys, written only when set (older bundles stay byte-identical): ``table`` (a bundle
+  fitted from a table of features and predicted probabilities rather than an ONNX model:
+  ``proba_columns``, ``feature_columns``, ``label_column``; ``model_sha256`` is then null),
+  ``decision_threshold`` (binary models: class 1 is predicted from this probability on) and
+  ``headline`` (the estimator reports show first, when not the default one);
 * ``idi.yaml`` — only when IDIs exist;
 * ``tdi.json`` — the tree arrays and the leaf table;
 * ``adi.onnx`` — the random forest.
@@ -37,7 +42,7 @@ from invariants.onnx_session import OnnxLoadError
 from invariants.oracle import Oracle, OracleCalibration
 from invariants.tdi import TrainingInvariants
 
-__all__ = ["FORMAT_VERSION", "Bundle", "BundleError", "sha256_bytes", "sha256_file"]
+__all__ = ["FORMAT_VERSION", "Bundle", "BundleError", "TableSource", "sha256_bytes", "sha256_file"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -64,6 +69,33 @@ _REQUIRED_KEYS = (
 
 class BundleError(ValueError):
     """A bundle cannot be written or read; one line naming the file and the problem."""
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """Where a table-based bundle reads a model's behaviour: the columns of its tables."""
+
+    proba_columns: tuple[str, ...]
+    feature_columns: tuple[str, ...]
+    label_column: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "proba_columns": list(self.proba_columns),
+            "feature_columns": list(self.feature_columns),
+            "label_column": self.label_column,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TableSource:
+        probas, feats, label = d.get("proba_columns"), d.get("feature_columns"), d.get("label_column")
+        if not isinstance(probas, list) or not probas or not all(isinstance(c, str) for c in probas):
+            raise BundleError(f"{MANIFEST}: 'table.proba_columns' must be a non-empty list of column names")
+        if not isinstance(feats, list) or not all(isinstance(c, str) for c in feats):
+            raise BundleError(f"{MANIFEST}: 'table.feature_columns' must be a list of column names")
+        if label is not None and not isinstance(label, str):
+            raise BundleError(f"{MANIFEST}: 'table.label_column' must be a column name or null")
+        return cls(tuple(probas), tuple(feats), label)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -109,9 +141,10 @@ def _manifest_digest(manifest: Mapping[str, Any]) -> str:
 
 @dataclass
 class Bundle:
-    """Everything needed to run a fitted oracle beside one model."""
+    """Everything needed to run a fitted oracle beside one model (``model_sha256``), or on the tables
+    of a model's predictions (``table``, no model file)."""
 
-    model_sha256: str
+    model_sha256: str | None
     input_shape: list[int | None]
     classes: list[str]
     feature_names: list[str] | None
@@ -122,6 +155,9 @@ class Bundle:
     calibration: OracleCalibration
     estimator_calibration: dict[str, Any] = field(default_factory=dict)
     created_at: str | None = None
+    table: TableSource | None = None
+    decision_threshold: float | None = None
+    headline: str | None = None
 
     @classmethod
     def from_fitted(
@@ -180,6 +216,12 @@ class Bundle:
             "files": dict(sorted(files.items())),
             "created_at": created_at if created_at is not None else self.created_at,
         }
+        if self.table is not None:
+            manifest["table"] = self.table.to_dict()
+        if self.decision_threshold is not None:
+            manifest["decision_threshold"] = float(self.decision_threshold)
+        if self.headline is not None:
+            manifest["headline"] = self.headline
         manifest["manifest_sha256"] = _manifest_digest(manifest)
         return manifest
 
@@ -190,8 +232,11 @@ class Bundle:
         A reader that opens the directory during the replacement may briefly find it missing;
         it never finds a half-written bundle."""
         target = Path(directory)
-        if not _is_sha256(self.model_sha256):
+        if self.table is None and not _is_sha256(self.model_sha256):
             raise BundleError(f"{MANIFEST}: model_sha256 must be a hex sha256 digest, got {self.model_sha256!r}")
+        if self.table is not None and self.model_sha256 is not None:
+            raise BundleError(f"{MANIFEST}: a table-based bundle has no model_sha256")
+        _check_threshold(self.decision_threshold, len(self.classes))
         if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / MANIFEST).exists())):
             raise BundleError(f"{target}: exists and is not an invariant bundle; refusing to overwrite it")
         created_at = self.created_at or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -236,6 +281,16 @@ class Bundle:
 
     # -- reading --------------------------------------------------------------------------
 
+    @staticmethod
+    def table_source(directory: str | os.PathLike[str]) -> TableSource | None:
+        """The table columns of a table-based bundle, None for a model's bundle; reads only the
+        (verified) manifest, so a caller can tell the two kinds apart before loading either."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise BundleError(f"{root}: no such bundle directory")
+        manifest = _read_manifest(root)
+        return TableSource.from_dict(manifest["table"]) if "table" in manifest else None
+
     @classmethod
     def load(cls, directory: str | os.PathLike[str], *, expected_model_sha256: str | None = None) -> Bundle:
         """Read a bundle, verifying the manifest and every file digest before parsing any file."""
@@ -256,6 +311,9 @@ class Bundle:
             if sha256_bytes(data) != files[name]:
                 raise BundleError(f"{name}: sha256 mismatch (bundle tampered or corrupted)")
             blobs[name] = data
+        table = TableSource.from_dict(manifest["table"]) if "table" in manifest else None
+        if expected_model_sha256 is not None and table is not None:
+            raise BundleError(f"{root} was fitted from a table of predictions, not for a model; use it without a model")
         if expected_model_sha256 is not None and expected_model_sha256.lower() != manifest["model_sha256"].lower():
             raise BundleError(
                 f"bundle was fitted for model sha256 {_short(manifest['model_sha256'])} "
@@ -296,7 +354,20 @@ class Bundle:
             calibration=calibration,
             estimator_calibration=dict(manifest["estimator_calibration"]),
             created_at=manifest["created_at"],
+            table=table,
+            decision_threshold=manifest.get("decision_threshold"),
+            headline=manifest.get("headline"),
         )
+
+
+def _check_threshold(value: object, n_classes: int) -> None:
+    """A decision threshold is a probability strictly inside (0, 1), for a binary model only."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
+        raise BundleError(f"'decision_threshold' must be a probability strictly between 0 and 1, got {value!r}")
+    if n_classes != 2:
+        raise BundleError(f"'decision_threshold' applies to binary models only; this one has {n_classes} classes")
 
 
 def _reject_constant(name: str) -> float:
@@ -349,8 +420,21 @@ def _check_manifest_types(manifest: Mapping[str, Any]) -> None:
     def bad(key: str, expected: str) -> BundleError:
         return BundleError(f"{MANIFEST}: {key!r} must be {expected}")
 
-    if not _is_sha256(manifest["model_sha256"]):
+    if "table" in manifest:
+        if manifest["model_sha256"] is not None:
+            raise bad("model_sha256", "null in a table-based bundle")
+        if not isinstance(manifest["table"], dict):
+            raise bad("table", "an object")
+    elif not _is_sha256(manifest["model_sha256"]):
         raise bad("model_sha256", "a hex sha256 digest")
+    if "headline" in manifest and not isinstance(manifest["headline"], str):
+        raise bad("headline", "an estimator name")
+    if "decision_threshold" in manifest:
+        classes_ = manifest["classes"]
+        try:
+            _check_threshold(manifest["decision_threshold"], len(classes_) if isinstance(classes_, list) else 0)
+        except BundleError as exc:
+            raise BundleError(f"{MANIFEST}: {exc}") from None
     shape = manifest["input_shape"]
     if not isinstance(shape, list) or not all(
         d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0) for d in shape

@@ -80,10 +80,13 @@ def fit_oracle(
     val_metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
     min_samples_leaf: int = 5,
     progress: Callable[[str], None] | None = None,
+    val_predicted: np.ndarray | None = None,
 ) -> FittedOracle:
     """Fit TDIs on train, ADIs on part of val, and calibrate the oracle on the rest of val.
 
     ``class_names`` only makes the TDI rule texts readable (defaults to the IDI classes).
+    ``val_predicted``: the model's predicted labels on val when they are not the argmax of
+    ``val_probabilities`` (a binary model with a decision threshold).
     """
 
     def say(message: str) -> None:
@@ -119,7 +122,9 @@ def fit_oracle(
         f"{len(tdi.rules)} leaves, {len(tdi.selected_rules)} selected (confidence >= {confidence}, support > {support})"
     )
 
-    predicted = np.argmax(probs, axis=1)
+    predicted = np.argmax(probs, axis=1) if val_predicted is None else np.asarray(val_predicted, dtype=np.int64)
+    if predicted.shape != val_y.shape:
+        raise ValueError(f"{predicted.shape[0]} val predicted labels but {val_y.shape[0]} val labels")
     wrong = predicted != val_y
     adi_index, calibration_index = stratified_split(wrong, calibration_fraction, seed)
     if adi_index.size == 0 or calibration_index.size == 0:

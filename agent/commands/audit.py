@@ -193,7 +193,19 @@ def log_fit(args: argparse.Namespace, model: Any, summary: dict[str, Any], start
     """Log ``icos-agent fit`` as one MLflow run (see :func:`agent.audits.runner.fit_record`)."""
     params = {
         k: getattr(args, k)
-        for k in ("model", "train", "val", "idi", "confidence", "support", "calibration_fraction", "trees", "seed")
+        for k in (
+            "model",
+            "train",
+            "val",
+            "reference",
+            "decision_threshold",
+            "idi",
+            "confidence",
+            "support",
+            "calibration_fraction",
+            "trees",
+            "seed",
+        )
         if getattr(args, k, None) is not None
     }
     try:

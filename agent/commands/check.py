@@ -6,6 +6,7 @@ import argparse
 import json
 
 from agent.commands.model_args import add_model_arguments, load_model
+from agent.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,7 +17,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays the IDIs read")
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        metavar="ROWS",
+        help="table-based bundles: also report every chunk of this many rows, in file order",
+    )
+    p.add_argument(
+        "--batch-rows",
+        type=int,
+        default=16384,
+        help="table-based bundles: rows read at once (bounds memory whatever the file's length; default 16384)",
+    )
     p.set_defaults(func=run)
+
+
+def format_chunks(report: dict[str, object]) -> list[str]:
+    """One line per chunk: rows, headline estimate with its interval, the truth when known."""
+    chunks = report.get("chunks")
+    if not isinstance(chunks, list):
+        return []
+    headline = str(report.get("headline"))
+    lines = [f"per chunk of {report.get('chunk_size')} rows ({headline}):"]
+    lines.append(f"{'rows':>17}{'estimate':>10}{'95% interval':>22}{'truth':>9}{'fails':>8}")
+    for c in chunks:
+        e = c["estimates"].get(headline)
+        est = f"{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]" if e else f"{'-':>10}{'':>22}"
+        truth = f"{c['truth']['accuracy']:>9.4f}" if "truth" in c else f"{'-':>9}"
+        fails = c["n"] - c["verdicts"].get("pass", 0)
+        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}")
+    return lines
 
 
 def format_report(report: dict[str, object]) -> str:
@@ -42,7 +72,29 @@ def format_report(report: dict[str, object]) -> str:
     if isinstance(oracle, dict):
         lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")
     lines.append("* headline estimator")
+    lines.extend(format_chunks(report))
     return "\n".join(lines)
+
+
+def check_table(args: argparse.Namespace) -> dict[str, object]:
+    """A table-based bundle: features and probabilities come from the data table, no model."""
+    from agent.data.tables import resolve_columns
+    from agent.offline.tables import check_table_report
+    from invariants.bundle import Bundle
+
+    bundle = Bundle.load(args.bundle)
+    table = bundle.table
+    assert table is not None
+    label = args.label_column or table.label_column
+    columns, _ = resolve_columns(
+        args.data,
+        proba=table.proba_columns,
+        label=label,
+        features=table.feature_columns,
+        metadata=args.metadata,
+        require_label=args.label_column is not None,
+    )
+    return check_table_report(bundle, args.data, columns, chunk_rows=args.chunk_size, batch_rows=args.batch_rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,8 +103,17 @@ def run(args: argparse.Namespace) -> int:
     from agent.offline.check import check_report
     from invariants.bundle import Bundle
 
+    if not args.model:
+        if Bundle.table_source(args.bundle) is None:
+            raise UserError(f"--model is required: bundle {args.bundle} was fitted from an ONNX model")
+        report = check_table(args)
+        print(json.dumps(report) if args.json else format_report(report))
+        return 0
+    if args.chunk_size is not None:
+        raise UserError("--chunk-size applies to table-based bundles (fitted with `fit --reference`)")
     model = load_model(args)
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
+    model.decision_threshold = bundle.decision_threshold
     data = load_data(args.data, label_column=args.label_column, metadata=args.metadata)
     report = check_report(model, bundle, data, args.metadata)
     print(json.dumps(report) if args.json else format_report(report))

@@ -6,17 +6,48 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from agent.commands.audit import log_fit
-from agent.commands.model_args import add_model_arguments, load_model
+from agent.commands.model_args import add_model_arguments, add_table_arguments, load_model, split_columns
 from agent.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("fit", help="fit IDI/TDI/ADI invariants for a model and write a bundle")
+    p = sub.add_parser(
+        "fit",
+        help="fit IDI/TDI/ADI invariants for a model (ONNX, or any model from a table of its predictions) "
+        "and write a bundle",
+    )
     add_model_arguments(p)
-    p.add_argument("--train", required=True, help="labeled training data (.npz x/y, .csv, .parquet)")
-    p.add_argument("--val", required=True, help="labeled validation data (ADI training + calibration)")
+    p.add_argument("--train", help="labeled training data (.npz x/y, .csv, .parquet); with --model")
+    p.add_argument("--val", help="labeled validation data (ADI training + calibration); with --model")
+    p.add_argument(
+        "--reference",
+        metavar="TABLE",
+        help="instead of --model/--train/--val: a labeled reference table (.csv, .parquet) of features and "
+        "predicted probabilities (--proba-columns) of any model",
+    )
+    add_table_arguments(p)
+    p.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="comma-separated class names, in the order of --proba-columns (default: the column names without "
+        "their common prefix; 0,1 for a single column)",
+    )
+    p.add_argument(
+        "--train-fraction",
+        type=float,
+        default=0.5,
+        help="share of the reference table's rows that fit the TDIs; the rest is validation (default 0.5)",
+    )
+    p.add_argument(
+        "--decision-threshold",
+        type=float,
+        help="binary models: class 1 is predicted when its probability is at least this (default: argmax, i.e. 0.5)",
+    )
     p.add_argument("--idi", help="YAML file of input-data-dependent invariants")
     p.add_argument("--confidence", type=float, default=0.99, help="minimum TDI rule confidence C (default 0.99)")
     p.add_argument("--support", type=int, default=8, help="TDI rules need support > S records (default 8)")
@@ -40,24 +71,89 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    if not 0.0 <= args.confidence <= 1.0:
+        raise UserError("--confidence must be within [0, 1]")
+    if not 0.0 < args.calibration_fraction < 1.0:
+        raise UserError("--calibration-fraction must be within (0, 1)")
+    if args.decision_threshold is not None and not 0.0 < args.decision_threshold < 1.0:
+        raise UserError("--decision-threshold must be within (0, 1)")
+    if args.reference:
+        given = [f for f in ("model", "train", "val") if getattr(args, f)]
+        if given:
+            raise UserError(f"--reference replaces --model, --train and --val; drop --{given[0]}")
+        if not args.proba_columns:
+            raise UserError("--reference needs --proba-columns (the predicted probability columns)")
+        if not args.label_column:
+            raise UserError("--reference needs --label-column (the reference table's labels)")
+    else:
+        missing = [f for f in ("model", "train", "val") if not getattr(args, f)]
+        if missing:
+            raise UserError(
+                f"fit needs --model, --train and --val (missing --{missing[0]}), or --reference with "
+                "--proba-columns for a table of any model's predictions"
+            )
+
+
+def _fit_table(args: argparse.Namespace, say: Any) -> tuple[Any, Any]:
+    """The reference table path: (report, a stand-in for the model in the summary and run record)."""
+    from agent.data.tables import default_classes, resolve_columns
+    from agent.offline.tables import fit_table_bundle, read_reference
+
+    proba = split_columns(args.proba_columns) or []
+    columns, skipped = resolve_columns(
+        args.reference,
+        proba=proba,
+        label=args.label_column,
+        features=split_columns(args.feature_columns),
+        metadata=args.metadata,
+        require_label=True,
+    )
+    if skipped:
+        say(f"non-numeric columns left out of the features: {', '.join(skipped)} (encode them as numbers to use them)")
+    classes = split_columns(args.classes) or default_classes(proba)
+    ref = read_reference(args.reference, columns, args.batch_rows)
+    report = fit_table_bundle(
+        ref,
+        columns,
+        classes,
+        idi_path=args.idi,
+        decision_threshold=args.decision_threshold,
+        train_fraction=args.train_fraction,
+        confidence=args.confidence,
+        support=args.support,
+        calibration_fraction=args.calibration_fraction,
+        n_estimators=args.trees,
+        seed=args.seed,
+        progress=say,
+    )
+    return report, SimpleNamespace(name=Path(args.reference).stem, sha256="")
+
+
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps numpy out of CLI start-up
     from agent.data.files import load_data
     from agent.offline.fit import fit_bundle
 
-    if not 0.0 <= args.confidence <= 1.0:
-        raise UserError("--confidence must be within [0, 1]")
-    if not 0.0 < args.calibration_fraction < 1.0:
-        raise UserError("--calibration-fraction must be within (0, 1)")
+    _check_args(args)
     started = time.perf_counter()
-    model = load_model(args)
-    train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
-    val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
 
     def say(msg: str) -> None:
         if not args.json:
             print(f"  {msg}", file=sys.stderr)
 
+    if args.reference:
+        report, model = _fit_table(args, say)
+        return _finish(args, report, model, started)
+    model = load_model(args)
+    if args.decision_threshold is not None:
+        if model.n_classes != 2:
+            raise UserError(
+                f"--decision-threshold applies to binary models only; this one has {model.n_classes} classes"
+            )
+        model.decision_threshold = args.decision_threshold
+    train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
+    val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
     report = fit_bundle(
         model,
         train,
@@ -70,11 +166,22 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=say,
     )
+    return _finish(args, report, model, started)
+
+
+def _finish(args: argparse.Namespace, report: Any, model: Any, started: float) -> int:
+    """Write the bundle, log the run when asked, print the summary."""
+    from agent.estimation.estimators import headline_estimator
+
     report.bundle.save(args.out)
     cal = report.bundle.calibration
-    summary = {
+    table = report.bundle.table
+    summary: dict[str, Any] = {
         "bundle": args.out,
-        "model_sha256": model.sha256,
+        "model_sha256": model.sha256 or None,
+        "source": "table" if table is not None else "model",
+        "headline": headline_estimator(report.bundle.headline),
+        "decision_threshold": report.bundle.decision_threshold,
         "train_accuracy": report.train_accuracy,
         "val_accuracy": report.val_accuracy,
         "tdi_rules": report.n_rules,
@@ -89,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"bundle written to {args.out}")
+        print(f"bundle written to {args.out}" + (" (from a table of predictions: no model)" if table else ""))
         print(f"  model accuracy: train {report.train_accuracy:.4f}, validation {report.val_accuracy:.4f}")
         print(
             f"  TDI: {report.n_selected} of {report.n_rules} rules selected (C >= {args.confidence}, "
@@ -99,5 +206,7 @@ def run(args: argparse.Namespace) -> int:
             f"  oracle on the calibration split ({cal.n} samples, {cal.tp + cal.fn} model errors): "
             f"TPR {cal.tpr:.3f}, FPR {cal.fpr:.3f}"
         )
+        if table is not None:
+            print(f"  headline estimator: {summary['headline']} (shift_aware needs the model to perturb inputs)")
         print(f"  took {summary['seconds']} s")
     return 0

@@ -42,7 +42,8 @@ class Dataset:
         )
 
 
-def _labels(y: np.ndarray, where: str) -> np.ndarray:
+def parse_labels(y: np.ndarray, where: str) -> np.ndarray:
+    """Labels as int64 indices when they are whole numbers, else as class-name strings."""
     arr = np.asarray(y)
     if arr.ndim != 1:
         raise DataError(f"{where}: labels must be 1-D, got shape {list(arr.shape)}")
@@ -67,7 +68,7 @@ def load_npz(path: Path, metadata: Sequence[str] = (), require_metadata: bool = 
     if x.ndim < 2 and x.size:
         x = x.reshape(len(x), -1)
     n = len(x)
-    y = _labels(arrays.pop("y"), str(path)) if "y" in arrays else None
+    y = parse_labels(arrays.pop("y"), str(path)) if "y" in arrays else None
     if y is not None and len(y) != n:
         raise DataError(f"{path}: 'y' has {len(y)} labels but 'x' has {n} samples")
     meta = {k: v for k, v in arrays.items() if v.ndim == 1 and len(v) == n}
@@ -95,7 +96,7 @@ def load_table(
         raise DataError(
             f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})"
         )
-    y = _labels(df[label_column].to_numpy(), str(path)) if label_column else None
+    y = parse_labels(df[label_column].to_numpy(), str(path)) if label_column else None
     meta = {m: df[m].to_numpy() for m in metadata}
     feats = df.drop(columns=[*metadata, *([label_column] if label_column else [])])
     non_numeric = [str(c) for c in feats.columns if not pd.api.types.is_numeric_dtype(feats[c])]

@@ -148,6 +148,16 @@ def _shift_aware(stats: WindowStats, calibration: EstimatorCalibration) -> Estim
 ESTIMATORS: tuple[str, ...] = estimator_names()
 #: The recommended estimator (shown first in reports and dashboards).
 RECOMMENDED_ESTIMATOR = "shift_aware"
+#: The headline of a bundle fitted from tables (``icos-agent fit --reference``): ``shift_aware`` learns
+#: from corrupted copies of the calibration inputs passed through the model, which a table does not
+#: have, so it is absent there; this is the best of the estimators that need only the predictions
+#: (measured in ``docs/estimation.md``, "From tables").
+TABLE_HEADLINE = "doc"
+
+
+def headline_estimator(bundle_headline: str | None) -> str:
+    """The estimator reports show first: the one a bundle names, else :data:`RECOMMENDED_ESTIMATOR`."""
+    return bundle_headline or RECOMMENDED_ESTIMATOR
 
 
 def estimate_all(stats: WindowStats, calibration: EstimatorCalibration) -> dict[str, Estimate]:

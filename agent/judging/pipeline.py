@@ -32,7 +32,7 @@ from agent.judging.request_io import (
 )
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
-from agent.model.classifier import Prediction
+from agent.model.classifier import Prediction, label_confidences
 from agent.protocol import v2
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS
@@ -296,7 +296,7 @@ class Pipeline:
         verdicts = np.asarray(result.verdict, dtype=np.int8)
         for tap in self.taps:
             tap(features)
-        conf = probabilities.max(axis=1)
+        conf = label_confidences(probabilities, labels)
         # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
         extras = sample_extras(rt.calibration, probabilities, labels, features, tdi_rules)
         shift = rt.calibration.shift

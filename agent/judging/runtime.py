@@ -17,7 +17,14 @@ import numpy as np
 from agent.config.settings import AgentSettings
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.model.classifier import ModelLoadError, OnnxClassifier, prepare_batch, scores_as_probabilities
+from agent.estimation.estimators import headline_estimator
+from agent.model.classifier import (
+    ModelLoadError,
+    OnnxClassifier,
+    predicted_labels,
+    prepare_batch,
+    scores_as_probabilities,
+)
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError
 from invariants.bundle import Bundle, BundleError
@@ -59,6 +66,10 @@ class Runtime:
     max_elements: int = v2.DEFAULT_MAX_ELEMENTS
     #: Bound on one value of a per-sample metadata input (``server.max_metadata_value_bytes``).
     max_metadata_value_bytes: int = 1024
+    #: Binary models: class 1 is predicted from this probability on (the bundle's); None is argmax.
+    decision_threshold: float | None = None
+    #: The estimator shown first (the bundle's headline, ``shift_aware`` unless it says otherwise).
+    headline: str = "shift_aware"
 
     @property
     def identity(self) -> str:
@@ -83,6 +94,10 @@ class Runtime:
 
     def features(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+
+    def labels_of(self, probabilities: np.ndarray) -> np.ndarray:
+        """The predicted labels of probabilities from elsewhere (proxy, observe), with the bundle's threshold."""
+        return predicted_labels(probabilities, self.decision_threshold)
 
     def to_probabilities(self, scores: np.ndarray, what: str) -> np.ndarray:
         """Scores from another server → probabilities ``[N, K]`` (softmax for logits)."""
@@ -128,6 +143,8 @@ def load_runtime(
     classifier: OnnxClassifier | None = None
     sha: str | None = None
     try:
+        if settings.mode != "observe":
+            _refuse_table_bundle(bpath, settings.mode)
         if settings.mode == "serve":
             if mpath is None:
                 raise UserError("model.path is required in serve mode")
@@ -143,6 +160,8 @@ def load_runtime(
         bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
     except (ModelLoadError, BundleError) as exc:
         raise UserError(str(exc)) from exc
+    if classifier is not None:
+        classifier.decision_threshold = bundle.decision_threshold
     cal_dict = bundle.estimator_calibration
     if not cal_dict:
         raise UserError(f"bundle {bpath} has no estimator calibration; refit it with `icos-agent fit`")
@@ -175,12 +194,27 @@ def load_runtime(
         oracle_no_metadata=oracle.without_idi() if metadata_only else oracle,
         calibration=calibration,
         metadata_fields=frozenset(idi.metadata_fields) if idi is not None else frozenset(),
-        model_sha256=sha or bundle.model_sha256,
-        bundle_digest=_file_sha256(manifest) if manifest.is_file() else bundle.model_sha256,
+        model_sha256=sha or bundle.model_sha256 or "",
+        bundle_digest=_file_sha256(manifest) if manifest.is_file() else (bundle.model_sha256 or ""),
         scores_kind=m.scores_kind,
         max_batch=settings.server.max_batch,
         max_elements=settings.server.max_tensor_elements,
         max_metadata_value_bytes=settings.server.max_metadata_value_bytes,
         model_path=str(mpath) if mpath else None,
         bundle_path=str(bpath),
+        decision_threshold=bundle.decision_threshold,
+        headline=headline_estimator(bundle.headline),
     )
+
+
+def _refuse_table_bundle(bpath: Path, mode: str) -> None:
+    """Serve and proxy modes judge a model's own answers; a bundle fitted from tables has no model."""
+    try:
+        table = Bundle.table_source(bpath)
+    except BundleError:
+        return  # the load below names the problem
+    if table is not None:
+        raise UserError(
+            f"bundle {bpath} was fitted from a table of predictions (no model); mode {mode!r} needs a bundle "
+            "fitted from the ONNX model: use mode 'observe' with this bundle, or refit it with `icos-agent fit --model`"
+        )

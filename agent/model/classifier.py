@@ -48,8 +48,29 @@ class Prediction:
 
     @property
     def confidences(self) -> np.ndarray:
-        """Top-class probability per sample."""
-        return self.probabilities.max(axis=1)
+        """Probability of the predicted class per sample (the top-class probability under argmax)."""
+        return label_confidences(self.probabilities, self.labels)
+
+
+def predicted_labels(probabilities: np.ndarray, decision_threshold: float | None = None) -> np.ndarray:
+    """Predicted class indices ``[N]`` from probabilities ``[N, K]``.
+
+    ``decision_threshold`` applies to binary models only: class 1 when its probability is at least the
+    threshold (a binary model tuned for recall or precision rarely decides at 0.5). ``None`` (or more
+    than two classes) is argmax, which for two classes is the threshold 0.5 up to ties.
+    """
+    p = np.asarray(probabilities)
+    if decision_threshold is None or p.ndim != 2 or p.shape[1] != 2:
+        return p.argmax(axis=1).astype(np.int64)
+    return (p[:, 1] >= decision_threshold).astype(np.int64)
+
+
+def label_confidences(probabilities: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The probability the model gave its predicted class, per sample: what the confidence-based
+    estimators read (the top-class probability when labels are argmax, not under a threshold)."""
+    p = np.asarray(probabilities)
+    idx = np.asarray(labels, dtype=np.int64).reshape(-1, 1)
+    return np.take_along_axis(p, idx, axis=1)[:, 0] if len(p) else np.zeros(0, dtype=p.dtype)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -148,6 +169,8 @@ class OnnxClassifier:
         self.sha256 = sha256_bytes(model_bytes)
         self.name = name or (Path(path).stem if path else "model")
         self.max_batch = max_batch
+        #: Binary models: probability of class 1 from which it is predicted (None: argmax), from the bundle.
+        self.decision_threshold: float | None = None
         try:
             self.session = OnnxSession(model_bytes)
         except OnnxLoadError as exc:
@@ -273,7 +296,7 @@ class OnnxClassifier:
         if self._zipmap:
             scores = self._zipmap_scores(scores)
         proba = self.scores_to_probabilities(scores)
-        return Prediction(proba, proba.argmax(axis=1).astype(np.int64))
+        return Prediction(proba, predicted_labels(proba, self.decision_threshold))
 
     def predict(self, x: np.ndarray) -> Prediction:
         return self.predict_prepared(self.prepare(x))

@@ -12,7 +12,7 @@ import numpy as np
 
 from agent.data.files import Dataset, label_indices
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.estimators import estimate_all, headline_estimator
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import OnnxClassifier, Prediction
 from agent.offline.fit import predict_with_progress
@@ -74,7 +74,7 @@ def check_report(
     report: dict[str, Any] = {
         "n": int(len(data)),
         "model": {"name": model.name, "sha256": model.sha256},
-        "headline": RECOMMENDED_ESTIMATOR,
+        "headline": headline_estimator(bundle.headline),
         "verdicts": judged.result.counts(),
         "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
     }
@@ -95,4 +95,3 @@ def check_report(
         }
         report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
     return report
-

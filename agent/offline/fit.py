@@ -89,6 +89,7 @@ def fit_bundle(
         feature_names=train.feature_names,
         class_names=model.classes,
         progress=say,
+        val_predicted=val_pred.labels,
     )
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
     assert tdi is not None and adi is not None  # fit_oracle always builds both
@@ -126,6 +127,7 @@ def fit_bundle(
         adi=adi,
         calibration=fitted.calibration,
         estimator_calibration=est_cal.to_dict(),
+        decision_threshold=model.decision_threshold,
     )
     return FitReport(
         bundle=bundle,

@@ -131,7 +131,7 @@ def proxy_judge(
     n = x.shape[0]
     if probs.shape[0] != n:
         raise UpstreamError(502, "bad_response", f"upstream returned {probs.shape[0]} predictions for {n} inputs")
-    labels = probs.argmax(axis=1).astype(np.int64)
+    labels = rt.labels_of(probs)
     rid = req.id or resp.id or new_request_id()
     verdicts = pipeline.judge(rt, rt.features(x), probs, labels, split_meta, seconds, rid)
     answered = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}

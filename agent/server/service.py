@@ -16,13 +16,11 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import numpy as np
 from prometheus_client import CollectorRegistry
 
 from agent.config.settings import AgentSettings, admin_token
 from agent.core import logs
 from agent.errors import ClientError
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
 from agent.estimation.statistics import WindowStats, stat_items
 from agent.judging.batching import (
     LOOP_JUDGE_MAX_SAMPLES,
@@ -174,7 +172,7 @@ class AgentService:
                     windows[name].update(extra)
         return {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
-            "headline": RECOMMENDED_ESTIMATOR,
+            "headline": rt.headline,
             "total_judged": self.windows.total,
             "windows": windows,
             "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},
@@ -254,7 +252,7 @@ class AgentService:
     def _judge_item(self, item: ObserveItem) -> None:
         rt = self.runtime
         probs = item.probabilities
-        labels = probs.argmax(axis=1).astype(np.int64)
+        labels = rt.labels_of(probs)
         self.pipeline.judge(rt, rt.features(item.x), probs, labels, item.metadata, None, item.id)
 
     async def _observe_worker(self) -> None:

@@ -1,0 +1,234 @@
+"""Tables of a model's predictions (NannyML/Evidently style), read in bounded batches.
+
+One row per prediction: feature columns, the predicted probability columns and, when known, the label
+column. Parquet files are read with pyarrow's batch reader, CSV files with pandas' chunked reader, so
+a file of any length costs at most one batch of rows in memory.
+
+A single probability column is a binary model's probability of class 1 (NannyML's ``y_pred_proba``);
+several columns are one probability per class, in class order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from agent.data.files import DataError, parse_labels
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Rows read at once by default: bounds memory whatever the file's length.
+DEFAULT_BATCH_ROWS = 16384
+#: How far a row of probabilities may sum away from 1 before the table is refused.
+SUM_TOLERANCE = 1e-3
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class TableColumns:
+    """Which columns of a table hold what."""
+
+    proba: tuple[str, ...]
+    features: tuple[str, ...]
+    label: str | None = None
+    metadata: tuple[str, ...] = ()
+
+    def read(self) -> list[str]:
+        """Every column to read, each once."""
+        cols = [*self.features, *self.proba, *self.metadata, *([self.label] if self.label else [])]
+        return list(dict.fromkeys(cols))
+
+
+@dataclass
+class TableBatch:
+    """One batch of rows: features ``[N, D]`` float32, probabilities ``[N, K]`` float32 (K ≥ 2),
+    labels ``[N]`` (indices or class names) or None, metadata columns."""
+
+    x: np.ndarray
+    probabilities: np.ndarray
+    y: np.ndarray | None = None
+    metadata: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def _is_parquet(path: Path) -> bool:
+    return path.suffix.lower() in (".parquet", ".pq")
+
+
+def _check_path(path: Path) -> None:
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        raise DataError(f"{path}: a table of predictions must be .csv or .parquet, not {path.suffix!r}")
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def table_schema(path: str | Path) -> dict[str, bool]:
+    """Column name → whether it is numeric, read from the Parquet schema or the first CSV rows."""
+    import pandas as pd
+
+    p = Path(path)
+    _check_path(p)
+    try:
+        if _is_parquet(p):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            schema = pq.read_schema(p)
+            return {
+                f.name: pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+                for f in schema
+            }
+        head = pd.read_csv(p, nrows=1000)
+    except Exception as exc:  # pyarrow and pandas raise many parser error types
+        raise DataError(f"{p}: cannot read table ({_first_line(exc)})") from exc
+    return {str(c): bool(pd.api.types.is_numeric_dtype(head[c])) for c in head.columns}
+
+
+def table_rows(path: str | Path) -> int | None:
+    """Rows in the file when known without reading it (Parquet metadata); None for CSV."""
+    p = Path(path)
+    if not _is_parquet(p):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(p).metadata.num_rows)
+    except Exception:  # unreadable: the batch reader names the problem
+        return None
+
+
+def _frames(path: Path, columns: Sequence[str], batch_rows: int) -> Iterator[pd.DataFrame]:
+    import pandas as pd
+
+    try:
+        if _is_parquet(path):
+            import pyarrow.parquet as pq
+
+            with pq.ParquetFile(path) as pf:
+                for rb in pf.iter_batches(batch_size=batch_rows, columns=list(columns)):
+                    yield rb.to_pandas()
+        else:
+            with pd.read_csv(path, usecols=list(columns), chunksize=batch_rows) as reader:
+                yield from reader
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow and pandas raise many parser error types
+        raise DataError(f"{path}: cannot read table ({_first_line(exc)})") from exc
+
+
+def resolve_columns(
+    path: str | Path,
+    *,
+    proba: Sequence[str],
+    label: str | None,
+    features: Sequence[str] | None = None,
+    metadata: Sequence[str] = (),
+    require_label: bool = False,
+) -> tuple[TableColumns, list[str]]:
+    """The columns to read from ``path`` and the non-numeric columns left out of the features.
+
+    Without ``features``, every other numeric column is a feature (non-numeric ones are skipped and
+    returned, so the caller can say so); named features must exist and be numeric.
+    """
+    schema = table_schema(path)
+    wanted = [*proba, *metadata, *([label] if label else []), *(features or [])]
+    missing = [c for c in wanted if c not in schema]
+    if label and require_label is False and label in missing:
+        missing.remove(label)
+        label = None
+    if missing:
+        raise DataError(f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(schema)})")
+    if not proba:
+        raise DataError("name the predicted probability column(s) (--proba-columns)")
+    skipped: list[str] = []
+    if features is None:
+        taken = {*proba, *metadata, *([label] if label else [])}
+        features = [c for c in schema if c not in taken and schema[c]]
+        skipped = [c for c in schema if c not in taken and not schema[c]]
+    bad = [c for c in [*features, *proba] if not schema[c]]
+    if bad:
+        raise DataError(f"{path}: non-numeric column(s): {', '.join(bad)}; features and probabilities must be numbers")
+    if not features:
+        raise DataError(f"{path}: no numeric feature column left (name them with --feature-columns)")
+    return TableColumns(tuple(proba), tuple(features), label, tuple(metadata)), skipped
+
+
+def _probabilities(df: pd.DataFrame, cols: Sequence[str], where: str) -> np.ndarray:
+    p = df[list(cols)].to_numpy(dtype=np.float64)
+    if not np.isfinite(p).all():
+        raise DataError(f"{where}: probability column(s) {', '.join(cols)} hold empty, NaN or infinite values")
+    if (p < 0).any() or (p > 1).any():
+        raise DataError(f"{where}: probability column(s) {', '.join(cols)} hold values outside [0, 1]")
+    if p.shape[1] == 1:
+        p = np.concatenate([1.0 - p, p], axis=1)
+    sums = p.sum(axis=1)
+    worst = int(np.argmax(np.abs(sums - 1.0))) if len(sums) else 0
+    if len(sums) and abs(sums[worst] - 1.0) > SUM_TOLERANCE:
+        raise DataError(
+            f"{where}: the probabilities of a row must sum to 1 (one row sums to {sums[worst]:.4f}); "
+            "--proba-columns must name one column per class, or the probability of class 1 of a binary model"
+        )
+    return (p / sums[:, None]).astype(np.float32)
+
+
+def iter_table(
+    path: str | Path, columns: TableColumns, *, batch_rows: int = DEFAULT_BATCH_ROWS, desc: str = "read"
+) -> Iterator[TableBatch]:
+    """The table's rows in batches of at most ``batch_rows``, with a progress bar on stderr (hidden
+    for short runs)."""
+    from tqdm import tqdm
+
+    p = Path(path)
+    _check_path(p)
+    if batch_rows < 1:
+        raise DataError(f"batch size must be at least 1 row, got {batch_rows}")
+    start = 0
+    with tqdm(total=table_rows(p), desc=desc, unit="row", leave=False, mininterval=0.5, delay=1.0) as bar:
+        for df in _frames(p, columns.read(), batch_rows):
+            where = f"{p} (rows {start + 1}..{start + len(df)})"
+            feats = df[list(columns.features)]
+            try:
+                x = feats.to_numpy(dtype=np.float32)
+            except (TypeError, ValueError) as exc:
+                raise DataError(f"{where}: feature columns must be numeric ({_first_line(exc)})") from exc
+            if np.isnan(x).any():
+                bad = [c for c in columns.features if feats[c].isna().any()]
+                raise DataError(f"{where}: empty or NaN values in feature column(s): {', '.join(bad)}")
+            y = None
+            if columns.label is not None:
+                if df[columns.label].isna().any():
+                    raise DataError(f"{where}: empty values in the label column {columns.label!r}")
+                y = parse_labels(df[columns.label].to_numpy(), where)
+            meta = {m: df[m].to_numpy() for m in columns.metadata}
+            yield TableBatch(x, _probabilities(df, columns.proba, where), y, meta)
+            start += len(df)
+            bar.update(len(df))
+
+
+def default_classes(proba: Sequence[str]) -> list[str]:
+    """Class names from the probability columns: ``0``/``1`` for a single binary column, else the
+    column names without their common prefix (``y_pred_proba_upmarket_card`` → ``upmarket_card``)."""
+    if len(proba) == 1:
+        return ["0", "1"]
+    prefix = _common_prefix(proba)
+    names = [c[len(prefix) :] for c in proba]
+    return names if all(names) and len(set(names)) == len(names) else list(proba)
+
+
+def _common_prefix(names: Sequence[str]) -> str:
+    first, last = min(names), max(names)
+    i = 0
+    while i < min(len(first), len(last)) and first[i] == last[i]:
+        i += 1
+    return first[:i]

@@ -1,0 +1,285 @@
+"""``fit`` and ``check`` for any model, from tables of its predictions (no ONNX model needed).
+
+A reference table (features, predicted probabilities, labels) replaces the model and its training and
+validation files: its rows are split, stratified by label, into a training part (the TDIs) and a
+validation part, which :func:`invariants.fitting.fit_oracle` splits again into ADI training and the
+calibration split, exactly as for a model's bundle. Everything that needs only predictions is fitted:
+IDI (user rules), TDI, ADI, the oracle's TPR/FPR and the classic estimators (``icos``,
+``icos_corrected``, ``avg_conf``, ``atc``, ``doc``). ``shift_aware`` is not: it learns from corrupted
+copies of the calibration inputs passed through the model. The bundle's headline is then
+:data:`~agent.estimation.estimators.TABLE_HEADLINE`.
+
+``check`` streams the production table in bounded batches and adds up the window statistics
+(:class:`~agent.estimation.statistics.WindowStats` are additive), so a file of any length is judged
+in the memory of one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.data.files import label_indices
+from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
+from agent.errors import UserError
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import TABLE_HEADLINE, estimate_all
+from agent.estimation.statistics import WindowStats
+from agent.model.classifier import label_confidences, predicted_labels
+from agent.offline.fit import FitReport
+from invariants.bundle import Bundle, TableSource
+from invariants.compiled import CompiledOracle
+from invariants.fitting import fit_oracle, stratified_split
+from invariants.idi import IdiRuleSet
+from invariants.oracle import VERDICTS
+
+Progress = Callable[[str], None]
+
+
+def read_reference(path: str | Path, columns: TableColumns, batch_rows: int = DEFAULT_BATCH_ROWS) -> TableBatch:
+    """The whole reference table (fitting needs every row at once), read in batches."""
+    parts = list(iter_table(path, columns, batch_rows=batch_rows, desc="read reference"))
+    if not parts:
+        raise UserError(f"{path}: the reference table has no rows")
+    ys = [p.y for p in parts]
+    return TableBatch(
+        np.concatenate([p.x for p in parts]),
+        np.concatenate([p.probabilities for p in parts]),
+        None if any(y is None for y in ys) else np.concatenate([y for y in ys if y is not None]),
+        {m: np.concatenate([p.metadata[m] for p in parts]) for m in columns.metadata},
+    )
+
+
+def fit_table_bundle(
+    ref: TableBatch,
+    columns: TableColumns,
+    classes: Sequence[str],
+    *,
+    idi_path: str | Path | None = None,
+    decision_threshold: float | None = None,
+    train_fraction: float = 0.5,
+    confidence: float = 0.99,
+    support: int = 8,
+    calibration_fraction: float = 0.3,
+    n_estimators: int = 100,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> FitReport:
+    """Fit IDI/TDI/ADI and the estimators from a reference table (paper §4, §5.4)."""
+    say = progress or (lambda _m: None)
+    if ref.y is None:
+        raise UserError("fit needs labels: name the reference table's label column (--label-column)")
+    if decision_threshold is not None and len(classes) != 2:
+        raise UserError(f"--decision-threshold applies to binary models only; this one has {len(classes)} classes")
+    if ref.probabilities.shape[1] != len(classes):
+        raise UserError(f"{ref.probabilities.shape[1]} probability columns but {len(classes)} classes")
+    if not 0.0 < train_fraction < 1.0:
+        raise UserError("--train-fraction must be within (0, 1)")
+    y = label_indices(ref.y, classes)
+    predicted = predicted_labels(ref.probabilities, decision_threshold)
+    val_idx, train_idx = stratified_split(y, train_fraction, seed)
+    if len(train_idx) == 0 or len(val_idx) < 4:
+        raise UserError(f"{len(y)} reference rows are too few to split into training and validation parts")
+    say(f"reference: {len(y)} rows, {len(train_idx)} for the TDIs, {len(val_idx)} for the ADIs and calibration")
+    idi = IdiRuleSet.load(idi_path, list(classes)) if idi_path else None
+    val_meta = {k: v[val_idx] for k, v in ref.metadata.items()}
+    try:
+        fitted = fit_oracle(
+            ref.x[train_idx],
+            y[train_idx],
+            ref.x[val_idx],
+            y[val_idx],
+            ref.probabilities[val_idx],
+            idi=idi,
+            val_metadata=val_meta or None,
+            confidence=confidence,
+            support=support,
+            calibration_fraction=calibration_fraction,
+            n_estimators=n_estimators,
+            seed=seed,
+            feature_names=list(columns.features),
+            class_names=list(classes),
+            progress=say,
+            val_predicted=predicted[val_idx],
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
+    assert tdi is not None and adi is not None  # fit_oracle always builds both
+    cal = val_idx[fitted.calibration_index]
+    result = fitted.oracle.judge(
+        ref.x[cal],
+        ref.probabilities[cal],
+        predicted[cal],
+        metadata={k: v[fitted.calibration_index] for k, v in val_meta.items()} or None,
+        feature_names=list(columns.features),
+    )
+    est_cal = EstimatorCalibration.fit(
+        label_confidences(ref.probabilities[cal], predicted[cal]), predicted[cal] == y[cal], result.failed
+    )
+    say(f"shift_aware needs the model (it is fitted on corrupted inputs); the headline estimator is {TABLE_HEADLINE}")
+    bundle = Bundle(
+        model_sha256=None,
+        input_shape=[len(columns.features)],
+        classes=list(classes),
+        feature_names=list(columns.features),
+        fit_params={**fitted.fit_params, "train_fraction": float(train_fraction), "source": "table"},
+        idi=idi,
+        tdi=tdi,
+        adi=adi,
+        calibration=fitted.calibration,
+        estimator_calibration=est_cal.to_dict(),
+        table=TableSource(columns.proba, columns.features, columns.label),
+        decision_threshold=decision_threshold,
+        headline=TABLE_HEADLINE,
+    )
+    correct = predicted == y
+    return FitReport(
+        bundle=bundle,
+        calibration=est_cal,
+        train_accuracy=float(correct[train_idx].mean()),
+        val_accuracy=float(correct[val_idx].mean()),
+        n_rules=len(tdi.rules),
+        n_selected=len(tdi.selected_rules),
+        coverage=float(tdi.coverage(ref.x[val_idx])),
+    )
+
+
+@dataclass
+class _Tally:
+    """What ``check`` adds up over the batches of one span of rows (the file, or one chunk)."""
+
+    start: int = 0
+    stats: WindowStats | None = None
+    verdicts: np.ndarray = field(default_factory=lambda: np.zeros(len(VERDICTS), dtype=np.int64))
+    labeled: int = 0
+    correct: int = 0
+    #: oracle fail (positive) against model wrong: tp, fp, tn, fn
+    confusion: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
+
+    @property
+    def n(self) -> int:
+        return 0 if self.stats is None else self.stats.n
+
+    def add(self, stats: WindowStats, verdicts: np.ndarray, wrong: np.ndarray | None) -> None:
+        self.stats = stats if self.stats is None else self.stats + stats
+        self.verdicts += np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS))
+        if wrong is not None:
+            failed = verdicts != 0
+            self.labeled += len(wrong)
+            self.correct += int((~wrong).sum())
+            self.confusion += [
+                int((failed & wrong).sum()),
+                int((failed & ~wrong).sum()),
+                int((~failed & ~wrong).sum()),
+                int((~failed & wrong).sum()),
+            ]
+
+    def report(self, calibration: EstimatorCalibration, headline: str) -> dict[str, Any]:
+        estimates = estimate_all(self.stats, calibration) if self.stats is not None else {}
+        out: dict[str, Any] = {
+            "n": self.n,
+            "headline": headline,
+            "verdicts": {name: int(c) for name, c in zip(VERDICTS, self.verdicts, strict=True)},
+            "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
+        }
+        if self.labeled and self.labeled == self.n:
+            accuracy = self.correct / self.labeled
+            tp, fp, tn, fn = (int(v) for v in self.confusion)
+            out["truth"] = {"accuracy": accuracy}
+            out["oracle"] = {
+                "tpr": tp / (tp + fn) if tp + fn else 0.0,
+                "fpr": fp / (fp + tn) if fp + tn else 0.0,
+                "f1": 2 * tp / (2 * tp + fn + fp) if tp + fn + fp else 0.0,
+                "tp": tp,
+                "fp": fp,
+                "tn": tn,
+                "fn": fn,
+            }
+            out["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+        return out
+
+
+def _slices(batches: Iterator[TableBatch], chunk_rows: int | None) -> Iterator[tuple[bool, TableBatch]]:
+    """The batches cut at chunk boundaries: ``(starts_a_chunk, rows)``."""
+    filled = 0
+    for batch in batches:
+        i = 0
+        while i < len(batch):
+            take = len(batch) - i if chunk_rows is None else min(len(batch) - i, chunk_rows - filled)
+            part = batch if take == len(batch) else _take(batch, slice(i, i + take))
+            yield chunk_rows is not None and filled == 0, part
+            filled = 0 if chunk_rows is None else (filled + take) % chunk_rows
+            i += take
+
+
+def _take(batch: TableBatch, rows: slice) -> TableBatch:
+    return TableBatch(
+        batch.x[rows],
+        batch.probabilities[rows],
+        None if batch.y is None else batch.y[rows],
+        {k: v[rows] for k, v in batch.metadata.items()},
+    )
+
+
+def check_table_report(
+    bundle: Bundle,
+    path: str | Path,
+    columns: TableColumns,
+    *,
+    chunk_rows: int | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> dict[str, Any]:
+    """Verdicts and every estimate for a production table, read ``batch_rows`` at a time; the truth
+    and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per chunk of rows
+    (NannyML's size-based chunking): ``chunks`` in the report."""
+    if chunk_rows is not None and chunk_rows < 1:
+        raise UserError("--chunk-size must be at least 1 row")
+    cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
+    n_classes = len(bundle.classes)
+    oracle = CompiledOracle(bundle.oracle(), len(columns.features), n_classes)
+    headline = bundle.headline or TABLE_HEADLINE
+    total = _Tally()
+    chunks: list[_Tally] = []
+    for new_chunk, part in _slices(iter_table(path, columns, batch_rows=batch_rows, desc="check"), chunk_rows):
+        if part.probabilities.shape[1] != n_classes:
+            raise UserError(
+                f"{path}: {part.probabilities.shape[1]} classes of probabilities; the bundle has {n_classes}"
+            )
+        labels = predicted_labels(part.probabilities, bundle.decision_threshold)
+        result, rules = oracle.judge_with_rules(
+            part.x, part.probabilities, labels, metadata=part.metadata or None, feature_names=bundle.feature_names
+        )
+        verdicts = np.asarray(result.verdict, dtype=np.int8)
+        stats = WindowStats.from_batch(
+            verdicts,
+            label_confidences(part.probabilities, labels),
+            cal,
+            probabilities=part.probabilities,
+            labels=labels,
+            features=part.x,
+            tdi_rules=rules,
+        )
+        wrong = None if part.y is None else label_indices(part.y, bundle.classes) != labels
+        total.add(stats, verdicts, wrong)
+        if chunk_rows is not None:
+            if new_chunk:
+                chunks.append(_Tally(start=total.n - len(part)))
+            chunks[-1].add(stats, verdicts, wrong)
+    if total.stats is None:
+        raise UserError(f"{path}: the table has no rows")
+    report = {
+        "n": total.n,
+        "model": {"table": bundle.table.to_dict() if bundle.table else None, "sha256": bundle.model_sha256},
+        **{k: v for k, v in total.report(cal, headline).items() if k != "n"},
+    }
+    if bundle.decision_threshold is not None:
+        report["decision_threshold"] = bundle.decision_threshold
+    if chunk_rows is not None:
+        report["chunk_size"] = chunk_rows
+        report["chunks"] = [{"start": c.start, "end": c.start + c.n, **c.report(cal, headline)} for c in chunks]
+    return report
