@@ -66,10 +66,11 @@ class AgentService:
         self.limiter = anyio.CapacityLimiter(settings.server.threads)
         #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
         self._inline_cost = 0.0
-        #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`).
-        self.verdicts = VerdictBatcher(self.pipeline, self.run)
         #: Judges small requests' predictions on the loop (see :meth:`infer`).
         self.loop_judge = LoopJudge(self.pipeline, LOOP_JUDGE_MAX_SAMPLES)
+        #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`);
+        #: their recording lingers with the others' in the loop judge.
+        self.verdicts = VerdictBatcher(self.pipeline, self.run, self.loop_judge.add)
         self.admin_token = admin_token()
         self.ready = False
         self.store: StateStore | None = None
