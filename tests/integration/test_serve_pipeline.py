@@ -314,7 +314,6 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
     large requests queued meanwhile), the loop wakes the background thread instead of judging them."""
     import asyncio
 
-
     svc = service(mnist_bundle_dir)
     rt = svc.runtime
     assert rt.classifier is not None
