@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 
 from agent.core import logs
-from agent.judging.pipeline import Pipeline
+from agent.judging.pipeline import JudgeWork, Pipeline
 from agent.judging.request_io import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
@@ -197,7 +197,6 @@ def proxy_judge(
         raise UpstreamError(502, "bad_response", f"upstream returned {probs.shape[0]} predictions for {n} inputs")
     labels = probs.argmax(axis=1).astype(np.int64)
     rid = req.id or resp.id or new_request_id()
-    verdicts = pipeline.judge(rt, rt.features(x), probs, labels, split_meta, seconds, rid)
     upstream_outputs = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}
     computed = {
         OUTPUT_PROBABILITIES: lambda: v2.tensor(OUTPUT_PROBABILITIES, probs, "FP32"),
@@ -208,9 +207,19 @@ def proxy_judge(
         wanted = [(name, req.binary_output) for name in [*upstream_outputs, OUTPUT_VERDICT]]
     else:
         wanted = resolve_outputs(req.outputs, available, req.binary_output)
+    # only the oracle runs before the answer, and only when the client asked for the verdicts; the
+    # windows, metrics and prediction store are updated by the background judge, many requests at once
+    work = JudgeWork(rt, rt.features(x), probs, labels, split_meta, seconds, request_id=rid)
+    if any(name == OUTPUT_VERDICT for name, _ in wanted):
+        pipeline.verdicts_now([work])
+        if work.error is not None:
+            raise work.error
+    pipeline.defer(work)
+    verdicts = work.verdicts
     out = []
     for name, binary in wanted:
         if name == OUTPUT_VERDICT:
+            assert verdicts is not None
             out.append((v2.tensor(OUTPUT_VERDICT, VERDICT_BYTES[verdicts], "BYTES"), binary))
         elif name in upstream_outputs:
             t = upstream_outputs[name]

@@ -371,7 +371,7 @@ class AgentService:
             for _ in range(s.observe.workers):
                 self._tasks.append(asyncio.create_task(self._observe_worker()))
             self._tasks.append(asyncio.create_task(self._expiry_loop()))
-        if s.mode == "serve":
+        if s.mode in ("serve", "proxy"):
             self.pipeline.start_background()
         if s.state_dir is not None:
             self._tasks.append(asyncio.create_task(self._flush_loop()))
