@@ -1,4 +1,4 @@
-"""Train the two small CNNs shipped in ``agent/models/`` and export them to ONNX.
+"""Train the small CNNs shipped in ``agent/models/`` and export them to ONNX.
 
 Run from the repository root (needs the ``train`` extra, i.e. torch)::
 
@@ -9,6 +9,9 @@ Outputs (package data of :mod:`agent`):
 
 * ``agent/models/mnist_cnn.onnx``: LeNet-style CNN for MNIST-5k, input ``input`` float32
   ``[N, 1, 28, 28]`` in raw pixel scale 0..255, output ``logits`` float32 ``[N, 10]``.
+* ``agent/models/resnet32.onnx``: ResNet-style CNN for colour 32x32 digits
+  (:func:`agent.data.datasets.colour_mnist32_splits`), input ``input`` float32 ``[N, 3, 32, 32]`` in raw
+  pixel scale 0..255, output ``logits`` float32 ``[N, 10]``; the serving benchmark's heavier model.
 * ``agent/models/digits_cnn.onnx``: small CNN for scikit-learn digits, input ``input`` float32
   ``[N, 1, 8, 8]`` in raw pixel scale 0..16, output ``logits`` float32 ``[N, 10]``.
 * ``agent/models/models.json``: file name, sha256, input/output description, split, accuracies
