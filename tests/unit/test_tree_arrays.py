@@ -128,7 +128,13 @@ def test_lone_leaf_and_deep_trees() -> None:
         while true_c[node] >= 0:
             node = true_c[node] if x[r, feature[node]] <= threshold[node] else false_c[node]
         expect_leaf[r] = node
-    lone = (np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.float32), np.full(1, -1), np.full(1, -1), np.zeros(1, bool))
+    lone = (
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.float32),
+        np.full(1, -1),
+        np.full(1, -1),
+        np.zeros(1, bool),
+    )
     arrays = TreeArrays.from_trees([(feature, threshold, true_c, false_c, np.zeros(n, bool)), lone])
     assert arrays.words == 2
     leaves = arrays.leaves(x)
