@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.http_exchange import exchange  # noqa: E402 - run as a script too
+from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy  # noqa: E402
 
 # -- the bare server --------------------------------------------------------------------------------
 
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="measuring time per setting and server")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per setting (medians reported)")
-    ap.add_argument("--bundle", help="bundle directory (default: fit one for the shipped CNN)")
+    ap.add_argument("--bundle", help="bundle directory for the MNIST CNN (default: fit one)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
         "--server-cpus",
@@ -339,7 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--client-cpus", type=cpu_list, metavar="LIST", help="pin the load generator to these CPUs")
     ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--model", choices=(*MODELS, "all"), default="all", help="the model to serve (default: all, one after another)"
+    )
+    ap.add_argument("--resnet-bundle", help="bundle directory for the ResNet (default: fit one)")
+    ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-mode measurement")
+    ap.add_argument("--bare-model", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     from agent.model.classifier import default_model_path
 
@@ -351,33 +357,38 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, args.client_cpus)
     pin = None if args.server_cpus is None else (lambda: os.sched_setaffinity(0, args.server_cpus))
 
-    model = args.model or str(default_model_path())
     if args.bare_server:
-        run_bare(args.bare_server, model)
+        run_bare(args.bare_server, args.bare_model or str(default_model_path()))
         return 0
-    import yaml
-
-    from agent.data.datasets import mnist_splits
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
     env["ICOS_AGENT_ORT_THREADS"] = "1"
-    x_all = mnist_splits().test.x
-    results: dict[str, Any] = {"settings": []}
+    names = list(MODELS) if args.model == "all" else [args.model]
+    bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle}
+    everything = {name: run_model(args, MODELS[name], bundles[name], env, pin) for name in names}
+    if args.json:
+        print(json.dumps(everything, indent=2))
+        return 0
+    for name, results in everything.items():
+        print(f"== model {name} ({MODELS[name].file_name}) ==")
+        print_results(results)
+    return 0
+
+
+def run_model(
+    args: argparse.Namespace, bm: BenchModel, bundle_arg: str | None, env: dict[str, str], pin: Any
+) -> dict[str, Any]:
+    """Every setting for one model: the agent in serve mode (with and without verdicts) against the
+    bare server, then the agent in proxy mode in front of the bare server."""
+    import yaml
+
+    model = str(bm.path)
+    x_all = bm.data().test.x
+    results: dict[str, Any] = {"model": bm.name, "settings": [], "rounds": max(1, args.rounds), "seconds": args.seconds}
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = ensure_bundle(args.bundle, Path(tmp))
+        bundle = Path(bundle_arg) if bundle_arg else fit_model_bundle(bm, Path(tmp) / "bundle")
         agent_port, bare_port = free_port(), free_port()
         cfg = Path(tmp) / "agent.yaml"
-        cfg.write_text(
-            yaml.safe_dump(
-                {
-                    "mode": "serve",
-                    "model": {"name": "mnist", "path": model},
-                    "bundle": {"path": str(bundle)},
-                    "server": {"host": "127.0.0.1", "port": agent_port},
-                    "log_level": "warning",
-                }
-            )
-        )
+        cfg.write_text(yaml.safe_dump(agent_config("serve", bm, bundle, agent_port, None)))
         agent = subprocess.Popen(
             [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
             cwd=ROOT,
@@ -391,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             results["agent_rss_after_start_mb"] = rss_mb(agent.pid)
             bare = subprocess.Popen(
-                [sys.executable, str(Path(__file__)), "--bare-server", str(bare_port), "--model", model],
+                [sys.executable, str(Path(__file__)), "--bare-server", str(bare_port), "--bare-model", model],
                 cwd=ROOT,
                 env=env,
                 preexec_fn=pin,
@@ -403,9 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                 for concurrency in (1, 16):
                     for batch in (1, 32):
                         x = np.ascontiguousarray(x_all[:batch], dtype=np.float32)
-                        same = request_bytes(agent_port, "mnist", x, ("probabilities", "label"))
-                        every = request_bytes(agent_port, "mnist", x)
-                        plain = request_bytes(bare_port, "mnist", x)
+                        same = request_bytes(agent_port, bm.name, x, ("probabilities", "label"))
+                        every = request_bytes(agent_port, bm.name, x)
+                        plain = request_bytes(bare_port, bm.name, x)
                         runs: tuple[list[dict[str, float]], ...] = ([], [], [])
                         for _ in range(max(1, args.rounds)):
                             runs[0].append(measure(agent_port, same, concurrency, args.seconds, batch, agent.pid))
@@ -426,22 +437,39 @@ def main(argv: list[str] | None = None) -> int:
                                 / b["server_cpu_ms_per_request"],
                             }
                         )
+                results["agent_rss_after_load_mb"] = rss_mb(agent.pid)
+                agent.terminate()
+                results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
+                if not args.no_proxy:
+                    results["proxy"] = measure_proxy(
+                        lambda c: start_agent(c, Path(tmp) / "proxy.yaml", env, pin),
+                        stop_process,
+                        measure,
+                        request_bytes,
+                        bm,
+                        bundle,
+                        (free_port(), bare_port),
+                        bare.pid,
+                        x_all,
+                        args.seconds,
+                        args.rounds,
+                    )
             finally:
-                bare.terminate()
-                bare.wait(timeout=30)
-            results["agent_rss_after_load_mb"] = rss_mb(agent.pid)
+                stop_process(bare)
         finally:
-            agent.terminate()
-            results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
+            stop_process(agent)
     results["serve_path_imports"] = serve_path_modules()
     results["server_cpus"] = sorted(args.server_cpus) if args.server_cpus else None
     results["client_cpus"] = sorted(args.client_cpus) if args.client_cpus else None
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return 0
+    return results
+
+
+def print_results(results: dict[str, Any]) -> None:
+    """The tables, the headline ratios and the targets of one model."""
     print("agent: same outputs as bare (probabilities, label; judged off the request path);")
     print("agent+v: all outputs incl. icos_verdict (judged in the request path)")
-    print(f"medians of {max(1, args.rounds)} interleaved round(s) of {args.seconds:g} s; cpu = server CPU ms/request")
+    rounds, seconds = results["rounds"], results["seconds"]
+    print(f"medians of {rounds} interleaved round(s) of {seconds:g} s; cpu = server CPU ms/request")
     head = f"{'req/s':>7} {'p50 ms':>6} {'p99 ms':>6} {'cpu':>5}"
     print(f"{'conc':>4} {'batch':>5} | agent {head} | agent+v {head} | bare {head} | {'ratio':>5} {'ratio+v':>7}")
     for s in results["settings"]:
@@ -466,16 +494,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['concurrency']:>4} {s['batch']:>5} | agent {s['cpu_ratio']:.2f} (target <= 1.10) | "
             f"agent+v {s['cpu_ratio_with_verdict']:.2f} (target <= 1.30)"
         )
-    worst, worst_v = max(s["cpu_ratio"] for s in results["settings"]), max(
-        s["cpu_ratio_with_verdict"] for s in results["settings"]
+    worst, worst_v = (
+        max(s["cpu_ratio"] for s in results["settings"]),
+        max(s["cpu_ratio_with_verdict"] for s in results["settings"]),
     )
     print(
         f"CPU ratio, worst setting: agent {worst:.2f} {'met' if worst <= 1.10 else 'MISSED'}; "
         f"agent+v {worst_v:.2f} {'met' if worst_v <= 1.30 else 'MISSED'}"
     )
     pinned = results["server_cpus"] is not None and results["client_cpus"] is not None
-    print(f"pinned: servers on {results['server_cpus']}, load generator on {results['client_cpus']}" if pinned else
-          "not pinned (--server-cpus/--client-cpus): throughput ratios share cores with the load generator")
+    print(
+        f"pinned: servers on {results['server_cpus']}, load generator on {results['client_cpus']}"
+        if pinned
+        else "not pinned (--server-cpus/--client-cpus): throughput ratios share cores with the load generator"
+    )
     ratios = [s["throughput_ratio"] for s in results["settings"]]
     print(f"throughput ratio agent/bare: min {min(ratios):.2f}, median {statistics.median(ratios):.2f} (target >= 0.9)")
     print(
@@ -485,7 +517,63 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent start to ready: {results['agent_start_to_ready_s']:.2f} s (target <= 3 s)")
     print(f"imported on the serve path: {results['serve_path_imports']}")
     print(f"agent exit code after SIGTERM: {results['agent_exit_code_on_sigterm']}")
-    return 0
+    print_proxy_and_misses(results)
+
+
+def print_proxy_and_misses(results: dict[str, Any]) -> None:
+    """Proxy-mode figures, and for each CPU-ratio target missed, where the agent's extra CPU goes."""
+    for s in results["settings"]:
+        for key, label, target in (("cpu_ratio", "agent", 1.10), ("cpu_ratio_with_verdict", "agent+v", 1.30)):
+            if s[key] > target:
+                r = s["agent" if label == "agent" else "agent_with_verdict"]
+                b = s["bare"]
+                extra = {k: r.get(f"cpu_ms_per_request_{k}", 0.0) for k in THREAD_GROUPS}
+                extra["loop"] -= b.get("cpu_ms_per_request_loop", 0.0)
+                extra["model threads"] = -b.get("cpu_ms_per_request_other", 0.0) + extra.pop("icos-worker")
+                split = ", ".join(f"{k} {v:+.3f}" for k, v in extra.items())
+                print(
+                    f"  missed {label} {s[key]:.2f} > {target:.2f} at conc {s['concurrency']} batch {s['batch']}: "
+                    f"extra CPU ms/request vs bare by thread: {split}"
+                )
+    for p in results.get("proxy", []):
+        print(
+            f"proxy mode, conc 1 batch {p['batch']:>2}: p50 {p['proxy']['p50_ms']:.2f} ms "
+            f"vs bare {p['bare']['p50_ms']:.2f} ms "
+            f"(added {p['added_p50_ms']:+.2f} ms, target <= 1 ms: {'met' if p['added_p50_ms'] <= 1.0 else 'MISSED'}); "
+            f"p99 {p['proxy']['p99_ms']:.2f} vs {p['bare']['p99_ms']:.2f} ms; server CPU (agent + bare) / bare "
+            f"{p['cpu_ratio']:.2f} (agent {p['agent_cpu_ms_per_request']:.2f} ms/request)"
+        )
+
+
+def start_agent(cfg: dict[str, Any], path: Path, env: dict[str, str], pin: Any) -> subprocess.Popen[bytes]:
+    """Start ``icos-agent serve`` with ``cfg`` (written to ``path``) and wait until it is ready."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "serve", "--config", str(path)],
+        cwd=ROOT,
+        env=env,
+        preexec_fn=pin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_ready(int(cfg["server"]["port"]), proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

@@ -356,10 +356,11 @@ class AgentMetrics:
         class_counts: Sequence[int] | None,
         classes: Sequence[str],
         inference_seconds: float | Sequence[float] | None,
-        oracle_seconds: float | None,
+        oracle_seconds: float | Sequence[float] | None,
     ) -> None:
         """Record one judged batch: ``verdict_counts`` indexed like :data:`VERDICT_LABELS`;
-        ``inference_seconds`` is one duration or one per request judged in the batch."""
+        ``inference_seconds`` is one duration or one per request judged in the batch, ``oracle_seconds``
+        one duration or one per oracle call that judged the batch's predictions."""
         c = self._children(model, version, classes)
         c.predictions.inc(int(sum(verdict_counts)))
         for child, k in zip(c.verdicts, verdict_counts, strict=False):
@@ -373,7 +374,8 @@ class AgentMetrics:
             for sec in [inference_seconds] if isinstance(inference_seconds, int | float) else inference_seconds:
                 c.inference.observe(sec)
         if oracle_seconds is not None:
-            c.oracle.observe(oracle_seconds)
+            for sec in [oracle_seconds] if isinstance(oracle_seconds, int | float) else oracle_seconds:
+                c.oracle.observe(sec)
 
     def record_window_stats(self, model: str, version: str, bundle: str, items: Iterable[tuple[str, float]]) -> None:
         """Add one batch's window statistics (``(stat, value)`` pairs, zeros included: every series

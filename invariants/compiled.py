@@ -1,4 +1,4 @@
-"""The oracle compiled to one ONNX graph, for the request path.
+"""The oracle compiled for the request path: one ONNX graph, or numpy tree arrays.
 
 :class:`~invariants.oracle.Oracle` walks the TDI tree level by level in numpy and runs the ADI forest
 in its own session: exact and simple, but a dozen numpy calls per tree level cost more than a small
@@ -6,6 +6,11 @@ CNN's whole inference at batch 1. :class:`CompiledOracle` gives the same verdict
 with the TDI tree as an ONNX ``TreeEnsembleRegressor`` whose output is the leaf id, and the ADI forest
 beside it in the same graph, so TDI + ADI take one onnxruntime call. IDIs read request metadata and
 stay in numpy (they are a handful of vectorised comparisons).
+
+``engine="arrays"`` evaluates the same TDI tree and ADI forest as :mod:`invariants.tree_arrays`
+arrays instead (one QuickScorer pass over both, no onnxruntime call), with the same verdicts bit
+for bit (tests check it against the onnxruntime graph). Which is cheaper depends on the batch and
+the forest; ``python -m bench oracle`` prints both.
 
 Thresholds: scikit-learn compares float32 inputs with float64 thresholds; ONNX tree ensembles store
 float32 thresholds. Rounding each threshold *down* to the nearest float32 keeps ``x <= t`` identical
@@ -24,12 +29,15 @@ from invariants.adi import AlgorithmInvariants
 from invariants.onnx_session import OnnxSession
 from invariants.oracle import Oracle, OracleResult
 from invariants.tdi import TrainingInvariants
+from invariants.tree_arrays import ForestClassifier, TreeArrays, forest_from_onnx
 
 FEATURES = "features"
 PROBABILITIES = "probabilities"
 TDI_LEAF = "tdi_leaf"
 ADI_LABEL = "adi_label"
 _OPSET = {"": 17, "ai.onnx.ml": 3}
+#: The engines of :class:`CompiledOracle`.
+ENGINES = ("onnxruntime", "arrays")
 
 
 def float32_floor(values: np.ndarray) -> np.ndarray:
@@ -114,17 +122,25 @@ def build_graph(
 
 
 class CompiledOracle:
-    """Same verdicts as :class:`Oracle`, with TDI and ADI in one onnxruntime call."""
+    """Same verdicts as :class:`Oracle`, with TDI and ADI in one onnxruntime call (``engine=
+    "onnxruntime"``) or one pass over numpy tree arrays (``engine="arrays"``; an ADI model that is
+    not a plain binary tree ensemble then still runs in onnxruntime)."""
 
-    def __init__(self, oracle: Oracle, n_features: int, n_classes: int) -> None:
+    def __init__(self, oracle: Oracle, n_features: int, n_classes: int, engine: str = "onnxruntime") -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         self.oracle = oracle
         self.n_features = n_features
         self.n_classes = n_classes
+        self.engine = engine
         self._idi = oracle.idi
         self._tdi = oracle.tdi
         self._adi = oracle.adi
         self._session: OnnxSession | None = None
-        if self._tdi is not None or self._adi is not None:
+        self._arrays: _ArrayOracle | None = None
+        if engine == "arrays" and (self._tdi is not None or self._adi is not None):
+            self._arrays = _ArrayOracle(self._tdi, self._adi, n_features)
+        elif self._tdi is not None or self._adi is not None:
             self._session = OnnxSession(build_graph(self._tdi, self._adi, n_features, n_classes))
         if self._tdi is not None:
             self._rule_of_node = self._tdi.rule_of_node  # leaf node id -> rule index
@@ -165,19 +181,25 @@ class CompiledOracle:
             hit = fired >= 0
             verdict[hit] = 1
             rule[hit] = fired[hit]
-        if self._session is None:
+        if self._session is None and self._arrays is None:
             return OracleResult(verdict, rule), None
-        feeds: dict[str, np.ndarray] = {}
-        names: list[str] = []
-        if self._tdi is not None:
-            if flat is None:
-                raise ValueError("training-data-dependent invariants need the input features")
-            feeds[FEATURES] = np.ascontiguousarray(flat)
-            names.append(TDI_LEAF)
-        if self._adi is not None:
-            feeds[PROBABILITIES] = np.ascontiguousarray(probabilities, dtype=np.float32)
-            names.append(ADI_LABEL)
-        out = dict(zip(names, self._session.run(feeds, names), strict=True))
+        if self._tdi is not None and flat is None:
+            raise ValueError("training-data-dependent invariants need the input features")
+        probs = np.ascontiguousarray(probabilities, dtype=np.float32)
+        if self._arrays is not None:
+            out = self._arrays.run(flat, probs)
+        else:
+            assert self._session is not None
+            feeds: dict[str, np.ndarray] = {}
+            names: list[str] = []
+            if self._tdi is not None:
+                assert flat is not None
+                feeds[FEATURES] = np.ascontiguousarray(flat)
+                names.append(TDI_LEAF)
+            if self._adi is not None:
+                feeds[PROBABILITIES] = probs
+                names.append(ADI_LABEL)
+            out = dict(zip(names, self._session.run(feeds, names), strict=True))
         tdi_rules: np.ndarray | None = None
         if self._tdi is not None:
             r = self._rule_of_node[out[TDI_LEAF]]
@@ -200,3 +222,60 @@ class CompiledOracle:
 
     def describe(self, result: OracleResult, i: int) -> str:
         return self.oracle.describe(result, i)
+
+
+class _ArrayOracle:
+    """TDI tree and ADI forest as one :class:`TreeArrays` over ``[features | probabilities]``: one
+    pass gives the TDI leaf and every ADI tree's leaf; outputs as :func:`build_graph`'s."""
+
+    def __init__(self, tdi: TrainingInvariants | None, adi: AlgorithmInvariants | None, n_features: int) -> None:
+        self._has_tdi = tdi is not None
+        self._offset = n_features if tdi is not None else 0
+        trees = []
+        if tdi is not None:
+            leaf = tdi.children_left < 0
+            trees.append(
+                (
+                    np.where(leaf, 0, tdi.feature),
+                    np.where(leaf, np.float32(0), float32_floor(tdi.threshold)).astype(np.float32),
+                    np.where(leaf, -1, tdi.children_left),
+                    np.where(leaf, -1, tdi.children_right),
+                    tdi.missing_go_to_left,
+                )
+            )
+        self._forest: ForestClassifier | None = None
+        self._constant: bool | None = None
+        self._session: AlgorithmInvariants | None = None
+        if adi is not None:
+            self._constant = adi.constant
+            self._forest = forest_from_onnx(adi.onnx_bytes) if adi.constant is None else None
+            if adi.constant is None and self._forest is None:
+                self._session = adi  # another form of ADI model: onnxruntime after all
+        if self._forest is not None:
+            for t in range(self._forest.arrays.n_trees):
+                feature, threshold, true_c, false_c, nan_true = self._forest.tree(t)
+                trees.append((feature + self._offset, threshold, true_c, false_c, nan_true))
+        self._arrays = TreeArrays.from_trees(trees) if trees else None
+        self._first_adi = 1 if tdi is not None else 0
+
+    def run(self, flat: np.ndarray | None, probabilities: np.ndarray) -> dict[str, np.ndarray]:
+        n = probabilities.shape[0]
+        out: dict[str, np.ndarray] = {}
+        leaves = None
+        if self._arrays is not None:
+            x: np.ndarray | None = probabilities
+            if self._has_tdi:
+                x = np.concatenate([flat, probabilities], axis=1) if self._forest is not None else flat
+            assert x is not None
+            leaves = self._arrays.leaves(x)
+        if self._has_tdi:
+            assert leaves is not None
+            out[TDI_LEAF] = leaves[:, 0]
+        if self._forest is not None:
+            assert leaves is not None
+            out[ADI_LABEL] = self._forest.label_of_leaves(leaves[:, self._first_adi :])
+        elif self._session is not None:
+            out[ADI_LABEL] = self._session.evaluate(probabilities).astype(np.int64)
+        elif self._constant is not None:
+            out[ADI_LABEL] = np.full(n, int(self._constant), dtype=np.int64)
+        return out

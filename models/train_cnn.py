@@ -1,4 +1,4 @@
-"""Train the two small CNNs shipped in ``agent/models/`` and export them to ONNX.
+"""Train the small CNNs shipped in ``agent/models/`` and export them to ONNX.
 
 Run from the repository root (needs the ``train`` extra, i.e. torch)::
 
@@ -9,6 +9,9 @@ Outputs (package data of :mod:`agent`):
 
 * ``agent/models/mnist_cnn.onnx``: LeNet-style CNN for MNIST-5k, input ``input`` float32
   ``[N, 1, 28, 28]`` in raw pixel scale 0..255, output ``logits`` float32 ``[N, 10]``.
+* ``agent/models/resnet32.onnx``: ResNet-style CNN for colour 32x32 digits
+  (:func:`agent.data.datasets.colour_mnist32_splits`), input ``input`` float32 ``[N, 3, 32, 32]`` in raw
+  pixel scale 0..255, output ``logits`` float32 ``[N, 10]``; the serving benchmark's heavier model.
 * ``agent/models/digits_cnn.onnx``: small CNN for scikit-learn digits, input ``input`` float32
   ``[N, 1, 8, 8]`` in raw pixel scale 0..16, output ``logits`` float32 ``[N, 10]``.
 * ``agent/models/models.json``: file name, sha256, input/output description, split, accuracies
@@ -43,7 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from agent.data.datasets import Split, Splits, digits_splits, mnist_splits  # noqa: E402
+from agent.data.datasets import Split, Splits, colour_mnist32_splits, digits_splits, mnist_splits  # noqa: E402
 from invariants.onnx_session import OnnxSession  # noqa: E402
 
 OUT_DIR = REPO_ROOT / "agent" / "models"
@@ -88,6 +91,39 @@ class MnistCnn(nn.Module):
         return self.fc2(self.relu(self.fc1(x)))
 
 
+class ResidualBlock(nn.Module):
+    """conv3x3-relu-conv3x3, plus the input (a 1x1 strided conv where the shape changes), then relu."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, kernel_size=3, stride=stride, padding=1)
+        self.conv2 = nn.Conv2d(c_out, c_out, kernel_size=3, padding=1)
+        self.shortcut = nn.Conv2d(c_in, c_out, kernel_size=1, stride=stride) if stride != 1 or c_in != c_out else None
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv2(self.relu(self.conv1(x)))
+        return self.relu(out + (self.shortcut(x) if self.shortcut is not None else x))
+
+
+class ResNet32(nn.Module):
+    """ResNet-style CNN for 3x32x32 input: conv3x3(16)-relu, residual blocks 16 (32x32), 32 (16x16),
+    64 (8x8), global average pool, fc10. No batch norm (the graph stays plain Conv/Relu/Add)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = Scale(255.0)
+        self.stem = nn.Conv2d(3, 16, kernel_size=3, padding=1)
+        self.relu = nn.ReLU()
+        self.blocks = nn.Sequential(ResidualBlock(16, 16, 1), ResidualBlock(16, 32, 2), ResidualBlock(32, 64, 2))
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.stem(self.scale(x)))
+        x = self.blocks(x)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 class DigitsCnn(nn.Module):
     """conv3x3(pad 1)-relu-maxpool-conv3x3(pad 1)-relu-fc-relu-fc for 8x8 input (spatial 8 -> 4 -> 4)."""
 
@@ -126,6 +162,7 @@ class Recipe:
 RECIPES = (
     Recipe("mnist_cnn", "mnist_cnn.onnx", MnistCnn, "mnist_splits", 255.0, 15, 64, 1e-3, 1, 1234),
     Recipe("digits_cnn", "digits_cnn.onnx", DigitsCnn, "digits_splits", 16.0, 40, 16, 1e-3, 1, 1234),
+    Recipe("resnet32", "resnet32.onnx", ResNet32, "colour_mnist32_splits", 255.0, 12, 64, 1e-3, 1, 1234),
 )
 
 
@@ -211,8 +248,8 @@ def _check_graph(proto: onnx.ModelProto) -> None:
     for node in nodes:
         if node.op_type in {"Softmax", "LogSoftmax", "Dropout", "BatchNormalization"}:
             raise RuntimeError(f"unexpected op {node.op_type} in exported graph")
-        if node.op_type == "Conv" and consumers.get(node.output[0]) != ["Relu"]:
-            raise RuntimeError(f"Conv {node.name} is not followed by exactly one Relu")
+        if node.op_type == "Conv" and consumers.get(node.output[0]) not in (["Relu"], ["Add"]):
+            raise RuntimeError(f"Conv {node.name} is not followed by exactly one Relu (or a residual Add)")
     (inp,) = proto.graph.input
     (out,) = proto.graph.output
     if inp.name != "input" or out.name != "logits":
@@ -231,7 +268,11 @@ def _torch_logits(model: nn.Module, x: np.ndarray) -> np.ndarray:
 
 
 def build(recipe: Recipe) -> dict[str, object]:
-    splits: Splits = {"mnist_splits": mnist_splits, "digits_splits": digits_splits}[recipe.splits_fn]()
+    splits: Splits = {
+        "mnist_splits": mnist_splits,
+        "digits_splits": digits_splits,
+        "colour_mnist32_splits": colour_mnist32_splits,
+    }[recipe.splits_fn]()
     t0 = time.perf_counter()
     model = train(recipe, splits.train)
     seconds = time.perf_counter() - t0

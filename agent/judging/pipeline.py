@@ -53,6 +53,10 @@ class JudgeWork:
     done: bool = False
     #: The request id: its predictions are ``<request_id>:<index>`` (``None``: not recorded for labels).
     request_id: str | None = None
+    #: The TDI leaf (rule) index of each prediction, set with ``verdicts`` by the oracle.
+    tdi_rules: np.ndarray | None = None
+    #: Wall seconds of the oracle call that judged this work, on the first work of that call only.
+    oracle_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Pipeline:
         windows: WindowSet,
         metrics: AgentMetrics,
         deferred_limit: int = 256,
-        linger_seconds: float = 0.01,
+        linger_seconds: float = 0.05,
         linger_samples: int = 512,
     ) -> None:
         self.windows = windows
@@ -140,6 +144,22 @@ class Pipeline:
         with self._pending_lock:
             self._pending.extend(works)
         self._judge_pending_until_done(works)
+
+    def verdicts_now(self, works: Sequence[JudgeWork]) -> None:
+        """Give each work its ``verdicts`` (or its ``error``) now, in one oracle call per runtime,
+        *without* recording them: the caller queues them for recording afterwards (:meth:`defer`,
+        :meth:`judge_soon`), where the windows, metrics and taps of many requests are updated in one
+        batch. The oracle is stateless, so this takes no lock."""
+        groups: dict[int, list[JudgeWork]] = {}
+        for w in works:
+            groups.setdefault(id(w.rt) if w.metadata is None else id(w), []).append(w)
+        for group in groups.values():
+            try:
+                self._oracle(group)
+            except Exception as exc:  # delivered to the waiting requests; such works are not recorded
+                for w in group:
+                    w.error = exc
+                    w.done = True
 
     def judge_later(
         self,
@@ -277,7 +297,10 @@ class Pipeline:
                 for w in works:
                     w.done = True
 
-    def _judge_group(self, works: list[JudgeWork]) -> None:
+    @staticmethod
+    def _oracle(works: list[JudgeWork]) -> None:
+        """Judge works of one runtime (several only without per-request metadata) in one oracle call:
+        sets each work's ``verdicts`` and ``tdi_rules``."""
         rt = works[0].rt
         if len(works) == 1:
             w = works[0]
@@ -292,8 +315,34 @@ class Pipeline:
         result, tdi_rules = oracle.judge_with_rules(
             features, probabilities, labels, metadata=metadata, feature_names=rt.bundle.feature_names
         )
-        oracle_seconds = time.perf_counter() - t0
+        works[0].oracle_seconds = time.perf_counter() - t0
         verdicts = np.asarray(result.verdict, dtype=np.int8)
+        start = 0
+        for w in works:
+            n = len(w.labels)
+            w.verdicts = verdicts[start : start + n]
+            w.tdi_rules = tdi_rules[start : start + n] if tdi_rules is not None else None
+            start += n
+
+    def _judge_group(self, works: list[JudgeWork]) -> None:
+        """Judge the works still without verdicts (one oracle call), then record them all at once."""
+        rt = works[0].rt
+        todo = [w for w in works if w.verdicts is None]
+        if todo:
+            self._oracle(todo)
+        if len(works) == 1:
+            w = works[0]
+            features, probabilities, labels = w.features, w.probabilities, w.labels
+            verdicts = np.asarray(w.verdicts, dtype=np.int8)
+            tdi_rules = w.tdi_rules
+        else:
+            features = np.concatenate([w.features for w in works])
+            probabilities = np.concatenate([w.probabilities for w in works])
+            labels = np.concatenate([w.labels for w in works])
+            verdicts = np.concatenate([np.asarray(w.verdicts, dtype=np.int8) for w in works])
+            rules = [w.tdi_rules for w in works]
+            tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
+        oracle_seconds = [w.oracle_seconds for w in works if w.oracle_seconds is not None]
         for tap in self.taps:
             tap(features)
         conf = label_confidences(probabilities, labels)
@@ -329,11 +378,6 @@ class Pipeline:
             [w.inference_seconds for w in works if w.inference_seconds is not None],
             oracle_seconds,
         )
-        start = 0
-        for w in works:
-            n = len(w.labels)
-            w.verdicts = verdicts[start : start + n]
-            start += n
         if self.judged_taps:
             now = time.time()
             start = 0
@@ -351,7 +395,9 @@ class Pipeline:
     def serve_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         served = self.serve_predict(rt, body, header_length)
         if served.work is not None:
-            self.judge_works([served.work])
+            self.verdicts_now([served.work])
+            if served.work.error is None:
+                self.defer(served.work)  # recorded off the request path, with other requests' predictions
         return self.serve_respond(served)
 
     def serve_predict(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.judging.pipeline import Pipeline
+from agent.judging.pipeline import JudgeWork, Pipeline
 from agent.judging.request_io import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
@@ -133,11 +133,21 @@ def proxy_judge(
         raise UpstreamError(502, "bad_response", f"upstream returned {probs.shape[0]} predictions for {n} inputs")
     labels = rt.labels_of(probs)
     rid = req.id or resp.id or new_request_id()
-    verdicts = pipeline.judge(rt, rt.features(x), probs, labels, split_meta, seconds, rid)
     answered = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}
+    wanted = _wanted(req, up)
+    # only the oracle runs before the answer, and only when the client asked for the verdicts; the
+    # windows, metrics and prediction store are updated by the background judge, many requests at once
+    work = JudgeWork(rt, rt.features(x), probs, labels, split_meta, seconds, request_id=rid)
+    if any(name == OUTPUT_VERDICT for name, _ in wanted):
+        pipeline.verdicts_now([work])
+        if work.error is not None:
+            raise work.error
+    pipeline.defer(work)
+    verdicts = work.verdicts
     out = []
-    for name, binary in _wanted(req, up):
+    for name, binary in wanted:
         if name == OUTPUT_VERDICT:
+            assert verdicts is not None
             t = v2.tensor(OUTPUT_VERDICT, VERDICT_BYTES[verdicts], "BYTES")
         elif name in answered and (_from_upstream(name, up) or not up.read):
             t = answered[name]

@@ -37,7 +37,7 @@ from agent.server.observe import (
 )
 from agent.server.proxy import proxy_judge, proxy_metadata, proxy_prepare
 from agent.server.responses import json_response
-from agent.server.service import AgentService
+from agent.server.service import INLINE_MAX_BYTES, AgentService
 
 #: A version a reload may set: it becomes a metric label and a log field (what ``model.version`` allows, bounded).
 RELOAD_VERSION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -129,11 +129,17 @@ def build_router(svc: AgentService) -> APIRouter:
             return Response(content, headers=headers)
         assert svc.upstream is not None
         up = await svc.upstream_info()
-        req, meta, x, fwd_body, fwd_headers = await svc.run(proxy_prepare, rt, up, body, header_length)
+        # small binary requests are decoded and answered on the loop: a thread hop costs more than their
+        # work (JSON bodies cost milliseconds to parse: they stay in the threads, off the loop)
+        small = header_length is not None and len(body) <= INLINE_MAX_BYTES
+        prepare_args = (rt, up, body, header_length)
+        prepared = proxy_prepare(*prepare_args) if small else await svc.run(proxy_prepare, *prepare_args)
+        req, meta, x, fwd_body, fwd_headers = prepared
         t0 = time.perf_counter()
         up_body, up_len = await svc.upstream.infer(svc.settings.upstream_model_name, fwd_body, fwd_headers)
         seconds = time.perf_counter() - t0
-        content, headers = await svc.run(proxy_judge, svc.pipeline, up, rt, req, meta, x, up_body, up_len, seconds)
+        judge_args = (svc.pipeline, up, rt, req, meta, x, up_body, up_len, seconds)
+        content, headers = proxy_judge(*judge_args) if small else await svc.run(proxy_judge, *judge_args)
         return Response(content, headers=headers)
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

@@ -48,6 +48,10 @@ INLINE_BUDGET_SECONDS = 0.001
 #: model runs in a worker thread (decoding them is a few small Python steps and one pass over the
 #: values); larger ones, and JSON bodies over :data:`INLINE_MAX_BYTES`, run wholly in the threads.
 LOOP_DECODE_MAX_BYTES = 4 * 1024 * 1024
+#: One small request in this many has its CPU time measured for the inline moving average, which
+#: moves by :data:`COST_WEIGHT` of the difference per measurement.
+COST_SAMPLE_EVERY = 8
+COST_WEIGHT = 0.2
 
 
 class AgentService:
@@ -64,12 +68,15 @@ class AgentService:
         self.metrics.record_window_stats(runtime.name, runtime.version, runtime.bundle_label, stat_items(WindowStats()))
         registry.register(EstimatesCollector(self.snapshot))
         self.limiter = anyio.CapacityLimiter(settings.server.threads)
-        #: Moving average of the cost of small serve-mode requests (see :meth:`infer`).
+        #: Moving average of the cost of small serve-mode requests (see :meth:`infer`), measured on
+        #: one request in :data:`COST_SAMPLE_EVERY` (``_cost_tick`` counts them).
         self._inline_cost = 0.0
-        #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`).
-        self.verdicts = VerdictBatcher(self.pipeline, self.run)
+        self._cost_tick = 0
         #: Judges small requests' predictions on the loop (see :meth:`infer`).
         self.loop_judge = LoopJudge(self.pipeline, LOOP_JUDGE_MAX_SAMPLES)
+        #: Judges the verdict-requesting requests of one event-loop turn together (see :meth:`infer`);
+        #: their recording lingers with the others' (see :meth:`_answer`).
+        self.verdicts = VerdictBatcher(self.pipeline, self.run)
         self.admin_token = admin_token()
         self.ready = False
         self.store: StateStore | None = None
@@ -117,42 +124,58 @@ class AgentService:
         alone), and each request then answers with its own verdicts.
         """
         small = len(body) <= INLINE_MAX_BYTES
+        measure = small and self._measure_cost()
         if small and self._inline_cost < INLINE_BUDGET_SECONDS:
-            t0 = time.thread_time()
+            t0 = time.thread_time() if measure else 0.0
             served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
-            return await self._answer(served, time.thread_time() - t0, small)
+            return await self._answer(served, time.thread_time() - t0 if measure else None, inline=True)
         if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
-            return await self._infer_model_in_thread(rt, body, header_length, small)
+            return await self._infer_model_in_thread(rt, body, header_length, measure)
         return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
 
+    def _measure_cost(self) -> bool:
+        """Whether to measure this small request's CPU time for the moving average: one in
+        :data:`COST_SAMPLE_EVERY`, since reading a thread's CPU clock is a system call (several µs in
+        a virtual machine, a few times per request)."""
+        self._cost_tick = (self._cost_tick + 1) % COST_SAMPLE_EVERY
+        return self._cost_tick == 1 or COST_SAMPLE_EVERY == 1
+
     async def _infer_model_in_thread(
-        self, rt: Runtime, body: bytes, header_length: str | None, small: bool
+        self, rt: Runtime, body: bytes, header_length: str | None, measure: bool
     ) -> tuple[bytes, dict[str, str]]:
         """Decode on the loop, run the model in a worker thread, judge (when asked) and answer on the
         loop. The worker threads then hold the GIL only to enter and leave onnxruntime: with many
         requests in flight, threads that also decoded and encoded would queue for the GIL behind each
-        other and behind the loop. A small request's cost still feeds the inline moving average, so
-        small requests return to the loop once the model is cheap again."""
-        t0 = time.thread_time()
+        other and behind the loop. A small request's cost (when ``measure``) still feeds the inline
+        moving average, so small requests return to the loop once the model is cheap again."""
+        t0 = time.thread_time() if measure else 0.0
         decoded = self.pipeline.serve_decode(rt, body, header_length)
-        cost = time.thread_time() - t0
-        pred, seconds, model_cost = await self.run(model_with_cost, self.pipeline, decoded)
-        t1 = time.thread_time()
+        cost = time.thread_time() - t0 if measure else 0.0
+        pred, seconds, model_cost = await self.run(model_with_cost, self.pipeline, decoded, measure)
+        t1 = time.thread_time() if measure else 0.0
         served = self.pipeline.serve_accept(decoded, pred, seconds)
-        return await self._answer(served, cost + model_cost + time.thread_time() - t1, small)
+        return await self._answer(
+            served, cost + model_cost + time.thread_time() - t1 if measure else None, inline=False
+        )
 
-    async def _answer(self, served: ServedRequest, cost: float, small: bool) -> tuple[bytes, dict[str, str]]:
+    async def _answer(self, served: ServedRequest, cost: float | None, *, inline: bool) -> tuple[bytes, dict[str, str]]:
         """Judge the request (when it asked for verdicts, see :class:`VerdictBatcher`) and answer it.
-        A small request's CPU time (``cost``, its CPU seconds so far, plus this) feeds the inline
-        moving average; CPU times only, since other tasks run on the loop while it waits."""
+        Its predictions are recorded by the loop judge when the request ran on the loop (``inline``),
+        else by the background thread, like those of requests without verdicts. A measured small
+        request's CPU time (``cost``, its CPU seconds so far, plus this) feeds the inline moving
+        average; CPU times only, since other tasks run on the loop while it waits."""
         if served.work is not None:
-            cost += await self.verdicts.judge(served.work)
+            record = self.loop_judge.add if inline else self.pipeline.defer
+            share = await self.verdicts.judge(served.work, record)
+            if cost is not None:
+                cost += share
+        if cost is None:
+            return self.pipeline.serve_respond(served)
         t0 = time.thread_time()
         try:
             return self.pipeline.serve_respond(served)
         finally:
-            if small:
-                self._inline_cost += 0.05 * (cost + time.thread_time() - t0 - self._inline_cost)
+            self._inline_cost += COST_WEIGHT * (cost + time.thread_time() - t0 - self._inline_cost)
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
@@ -351,7 +374,7 @@ class AgentService:
             for _ in range(s.observe.workers):
                 self._tasks.append(asyncio.create_task(self._observe_worker()))
             self._tasks.append(asyncio.create_task(self._expiry_loop()))
-        if s.mode == "serve":
+        if s.mode in ("serve", "proxy"):
             self.pipeline.start_background()
         if s.state_dir is not None:
             self._tasks.append(asyncio.create_task(self._flush_loop()))

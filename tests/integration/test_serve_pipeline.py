@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
-from agent.judging.pipeline import JudgedBatch, Pipeline
+from agent.judging.pipeline import JudgedBatch, JudgeWork, Pipeline
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.windows import WindowSet
 from agent.model.classifier import default_model_path
@@ -133,7 +133,8 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
 
 def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     """Small requests asking for ``icos_verdict`` run on the event loop; those that arrive together are
-    judged in one oracle call and each still gets its own verdicts; a lone request is judged at once."""
+    judged in one oracle call and each still gets its own verdicts; a lone request is judged at once.
+    Their predictions are recorded afterwards, off the request path, in one lingering batch."""
     import asyncio
     import json
 
@@ -151,11 +152,21 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
         bodies = [json.dumps(infer_body(x)).encode() for x in xs]
         return list(await asyncio.gather(*(svc.infer(rt, b, None) for b in bodies)))
 
-    answers = asyncio.run(together())
+    async def together_then_recorded() -> list[tuple[bytes, dict[str, str]]]:
+        answers = await together()
+        assert svc.windows.total == 0  # answered before anything was recorded
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if svc.windows.total:
+                break
+        return answers
+
+    answers = asyncio.run(together_then_recorded())
     assert (svc.verdicts.calls, svc.verdicts.works) == (1, 12)
     for x, answer in zip(xs, answers, strict=True):
         assert verdicts_of(answer) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
     assert svc.windows.total == 36
+    assert svc.loop_judge.calls == 1  # the twelve requests recorded in one call
 
     alone = asyncio.run(svc.infer(rt, json.dumps(infer_body(mnist_splits.test.x[100:101])).encode(), None))
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 13)
@@ -228,7 +239,7 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
 
 def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     """Verdict requests of one loop turn holding more than ``max_samples`` predictions are judged in
-    one call in a worker thread, not on the loop; each request still gets its own verdicts."""
+    one oracle call in a worker thread, not on the loop; each request still gets its own verdicts."""
     import asyncio
     import json
 
@@ -237,7 +248,13 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
     svc = service(mnist_bundle_dir)
     rt = svc.runtime
     judging_threads: list[str] = []
-    svc.pipeline.judged_taps.append(lambda _b: judging_threads.append(threading.current_thread().name))
+    verdicts_now = svc.pipeline.verdicts_now
+
+    def spy(works: list[JudgeWork]) -> None:
+        judging_threads.append(threading.current_thread().name)
+        verdicts_now(works)
+
+    svc.pipeline.verdicts_now = spy  # type: ignore[method-assign]
     xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(4)]
 
     async def together(max_samples: int) -> list[tuple[bytes, dict[str, str]]]:
@@ -249,7 +266,7 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
         judging_threads.clear()
         answers = asyncio.run(together(max_samples))
         assert svc.verdicts.in_thread == in_thread
-        assert len(set(judging_threads)) == 1
+        assert len(judging_threads) == 1
         assert (judging_threads[0] == "MainThread") == (in_thread == 0)
         for x, answer in zip(xs, answers, strict=True):
             (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
@@ -257,9 +274,10 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 8)
 
 
-def test_verdicts_do_not_wait_on_the_loop_for_a_busy_judge(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
-    """While another judging call holds the judging lock, a verdict request is judged in a worker
-    thread: the event loop keeps serving instead of waiting for the lock."""
+def test_verdicts_do_not_wait_for_a_busy_judge(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
+    """While another judging call holds the judging lock (the background thread recording a batch), a
+    verdict request is still answered at once, on the loop: the oracle takes no lock. Its predictions
+    are recorded once the lock is free."""
     import asyncio
     import json
 
@@ -268,35 +286,25 @@ def test_verdicts_do_not_wait_on_the_loop_for_a_busy_judge(mnist_bundle_dir: Pat
     svc = service(mnist_bundle_dir)
     rt = svc.runtime
     x = mnist_splits.test.x[:3]
-
     lock = svc.pipeline._judge_lock  # what a judging call in the background thread holds
-    guard = threading.Lock()
-    held = [True]
-
-    def release() -> None:  # once, by the scenario or (should the loop itself block) by the timer
-        with guard:
-            if held[0]:
-                held[0] = False
-                lock.release()
 
     async def scenario() -> tuple[bytes, dict[str, str]]:
         lock.acquire()
-        timer = threading.Timer(3.0, release)
-        timer.start()
         try:
-            request = asyncio.create_task(svc.infer(rt, json.dumps(infer_body(x)).encode(), None))
-            for _ in range(100):
-                await asyncio.sleep(0.01)  # the loop keeps turning
-                if svc.verdicts.calls:
-                    break
-            assert svc.verdicts.in_thread == 1
-            assert not request.done()  # its thread waits for the lock, the loop does not
+            answer = await asyncio.wait_for(svc.infer(rt, json.dumps(infer_body(x)).encode(), None), timeout=10)
+            await asyncio.sleep(svc.pipeline.linger_seconds * 3)
+            assert svc.windows.total == 0  # recording waits for the lock
         finally:
-            release()
-            timer.cancel()
-        return await request
+            lock.release()
+        for _ in range(100):
+            await asyncio.sleep(svc.pipeline.linger_seconds)
+            if svc.windows.total:
+                break
+        assert svc.windows.total == 3
+        return answer
 
     answer = asyncio.run(scenario())
+    assert (svc.verdicts.calls, svc.verdicts.in_thread) == (1, 0)
     (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
     assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
 
@@ -305,8 +313,6 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
     """When the loop's judging call comes due and more than ``max_samples`` predictions wait (work of
     large requests queued meanwhile), the loop wakes the background thread instead of judging them."""
     import asyncio
-
-    from agent.judging.pipeline import JudgeWork
 
     svc = service(mnist_bundle_dir)
     rt = svc.runtime

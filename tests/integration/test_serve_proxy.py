@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import tritonclient.http as th
-from conftest import RunningServer
+from conftest import RunningServer, wait_until
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -88,7 +89,8 @@ def test_proxy_forwards_and_judges(
     names = [o["name"] for o in res.get_response()["outputs"]]
     assert sorted(names) == ["icos_verdict", "label", "probabilities"] and names[-1] == "icos_verdict"
     assert res.get_response()["model_name"] == "mnist" and res.get_response()["id"] == "abc"
-    assert counter(px.url, "icos_predictions_total", model="mnist") == 36
+    # recorded off the request path, by the background judge
+    assert wait_until(lambda: counter(px.url, "icos_predictions_total", model="mnist") == 36)
     # a client mistake is answered by the proxy itself and never reaches the upstream
     before = counter(up.url, "icos_invalid_requests_total")
     bad = httpx.post(
@@ -97,6 +99,40 @@ def test_proxy_forwards_and_judges(
     )
     assert bad.status_code == 400 and "shape" in bad.json()["error"]
     assert counter(up.url, "icos_invalid_requests_total") == before
+
+
+def test_proxy_runs_the_oracle_before_answering_only_for_verdicts(
+    run_server: Callable[..., RunningServer],
+    mnist_bundle_dir: Path,
+    mnist_splits: Splits,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxied request that does not ask for ``icos_verdict`` is answered without an oracle call on its
+    path; its predictions are still judged and recorded, by the background judge."""
+    from agent.judging.pipeline import Pipeline
+
+    calls: list[int] = []
+    verdicts_now = Pipeline.verdicts_now
+
+    def spy(self: Pipeline, works: Any) -> None:
+        if works[0].rt.name == "mnist":  # the proxy's, not its upstream's (an agent in serve mode)
+            calls.append(len(works))
+        verdicts_now(self, works)
+
+    monkeypatch.setattr(Pipeline, "verdicts_now", spy)
+    up = run_server(upstream_app(mnist_bundle_dir))
+    px = run_server(proxy_app(mnist_bundle_dir, up.url))
+    client = th.InferenceServerClient(px.hostport)
+    x = mnist_splits.test.x[:5]
+    inp = th.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    res = client.infer("mnist", [inp], outputs=[th.InferRequestedOutput("label", binary_data=True)])
+    assert [o["name"] for o in res.get_response()["outputs"]] == ["label"]
+    assert calls == []
+    assert wait_until(lambda: counter(px.url, "icos_predictions_total", model="mnist") == 5)
+    res = client.infer("mnist", [inp], outputs=[th.InferRequestedOutput("icos_verdict", binary_data=True)])
+    assert len(res.as_numpy("icos_verdict")) == 5 and calls == [1]
+    assert wait_until(lambda: counter(px.url, "icos_predictions_total", model="mnist") == 10)
 
 
 def test_upstream_down_is_502(
