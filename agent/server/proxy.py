@@ -181,9 +181,9 @@ def proxy_judge(
     body: bytes,
     header_length: str | None,
     seconds: float,
-) -> tuple[bytes, dict[str, str]]:
+) -> tuple[bytes, dict[str, str], str]:
     """Judge the upstream's answer to a forwarded request and answer the client: the outputs it asked
-    for (the upstream's and the agent's) with the verdicts."""
+    for (the upstream's and the agent's) with the verdicts; also the request id the answer carries."""
     try:
         resp = v2.decode_response(body, header_length)
     except ProtocolError as exc:
@@ -219,7 +219,8 @@ def proxy_judge(
             out.append((computed[name](), binary))
     params = {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float | bool)}
     params["icos_prediction_ids"] = prediction_ids(rid, n)
-    return v2.encode_response(rt.name, rt.version, rid, out, params)
+    content, headers = v2.encode_response(rt.name, rt.version, rid, out, params)
+    return content, headers, rid
 
 
 def proxy_prepare(rt: Runtime, body: bytes, header_length: str | None) -> tuple[Any, ...]:

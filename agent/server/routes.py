@@ -129,9 +129,10 @@ def build_router(svc: AgentService) -> APIRouter:
         t0 = time.perf_counter()
         up_body, up_len = await svc.upstream.infer(svc.settings.upstream_model_name, fwd_body, fwd_headers)
         seconds = time.perf_counter() - t0
-        content, headers = await svc.run(
+        content, headers, rid = await svc.run(
             proxy_judge, svc.pipeline, svc.settings.upstream.scores_output, rt, req, meta, x, up_body, up_len, seconds
         )
+        await svc.acknowledge(rid)
         return Response(content, headers=headers)
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
@@ -156,6 +157,7 @@ def build_router(svc: AgentService) -> APIRouter:
         if event is None:
             item = await svc.run(decode_observation, rt, body, scores_output, bounds)
             svc.enqueue(item)
+            await svc.acknowledge(item.id)
             n = int(item.x.shape[0])
             return json_response({"id": item.id, "accepted": n, "prediction_ids": _ids(item.id, n)}, 202)
         svc.metrics.observe_events.labels(event.kind).inc()
@@ -177,6 +179,7 @@ def build_router(svc: AgentService) -> APIRouter:
                 reason="shape_mismatch",
             )
         svc.enqueue(ObserveItem(event.id, x, probs, meta, time.time()))
+        await svc.acknowledge(event.id)
         n = int(x.shape[0])
         return json_response({"id": event.id, "paired": True, "accepted": n, "prediction_ids": _ids(event.id, n)}, 202)
 

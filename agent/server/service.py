@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -91,11 +91,19 @@ class AgentService:
         #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
         #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels.service`).
         self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
+        #: Awaited with a request's id before it is answered: ``labels.durability: commit`` answers
+        #: only once the request's predictions are committed (:meth:`acknowledge`).
+        self.ack_gates: list[Callable[[str], Awaitable[None]]] = []
 
     # -- threads ----------------------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
         return await anyio.to_thread.run_sync(in_worker, fn, *args, limiter=self.limiter)
+
+    async def acknowledge(self, request_id: str) -> None:
+        """Pass the request's id through every acknowledgement gate (each may raise a client error)."""
+        for gate in self.ack_gates:
+            await gate(request_id)
 
     async def infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """Serve-mode inference of one request body.
@@ -121,7 +129,10 @@ class AgentService:
             return await self._answer(served, time.thread_time() - t0, small)
         if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
             return await self._infer_model_in_thread(rt, body, header_length, small)
-        return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        if not self.ack_gates:
+            return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        served = await self.run(self.pipeline.serve_predict, rt, body, header_length)
+        return await self._answer(served, 0.0, False)
 
     async def _infer_model_in_thread(
         self, rt: Runtime, body: bytes, header_length: str | None, small: bool
@@ -147,10 +158,13 @@ class AgentService:
             cost += await self.verdicts.judge(served.work)
         t0 = time.thread_time()
         try:
-            return self.pipeline.serve_respond(served)
+            answer = self.pipeline.serve_respond(served)
         finally:
             if small:
                 self._inline_cost += 0.05 * (cost + time.thread_time() - t0 - self._inline_cost)
+        if self.ack_gates:
+            await self.acknowledge(served.request_id)
+        return answer
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
