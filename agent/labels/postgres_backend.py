@@ -150,6 +150,9 @@ class PostgresBackend:
                 "connect_timeout": CONNECT_TIMEOUT_S,
                 "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
                 "application_name": "icos-agent",
+                # plan every statement with its values and the tables as they are now: a generic plan made
+                # while a table was small (a sequential scan) would stay cached as it grows
+                "prepare_threshold": None,
             },
         )
         self._pool.open(wait=False)
@@ -200,19 +203,21 @@ class PostgresBackend:
         self._ensure_schema()
         rows = request_rows(batches)
         with self._tx() as conn:
-            rids = [b.request_id for b in batches]
-            labels_gone = _count_of(
-                conn,
-                "WITH g AS (DELETE FROM icos_labels WHERE seq IN (SELECT seq FROM icos_requests WHERE rid = ANY(%s))"
-                " RETURNING 1) SELECT COUNT(*) FROM g",
-                (rids,),
-            )
-            replaced = _count_of(
-                conn,
-                "WITH g AS (DELETE FROM icos_requests WHERE rid = ANY(%s) RETURNING hi - lo AS n)"
-                " SELECT COALESCE(SUM(n), 0) FROM g",
-                (rids,),
-            )
+            # request ids used again replace their earlier predictions: one index lookup, deletes only
+            # for ids that exist (rare)
+            found = conn.execute(
+                "SELECT seq, hi - lo FROM icos_requests WHERE rid = ANY(%s)", ([b.request_id for b in batches],)
+            ).fetchall()
+            labels_gone = replaced = 0
+            if found:
+                seqs = [int(seq) for seq, _ in found]
+                replaced = sum(int(n) for _, n in found)
+                labels_gone = _count_of(
+                    conn,
+                    "WITH g AS (DELETE FROM icos_labels WHERE seq = ANY(%s) RETURNING 1) SELECT COUNT(*) FROM g",
+                    (seqs,),
+                )
+                conn.execute("DELETE FROM icos_requests WHERE seq = ANY(%s)", (seqs,))
             with (
                 conn.cursor() as cur,
                 cur.copy(

@@ -58,15 +58,20 @@ def test_schema_from_an_empty_database_reopen_and_retention(postgres: PostgresSe
     out = s.apply_labels([("r29:0", 1), ("r29:4", 0), ("r0:0", 1)], now=300.0)
     assert (out.n_accepted, out.unknown) == (2, ["r0:0"])  # r0 was evicted by count
     assert s.apply_labels([("r29:0", 2)], now=301.0).duplicate == ["r29:0"]
+    s.enqueue(batch("r28", 2, 130.0))  # a request id used again replaces its predictions
+    s.enqueue(batch("r29", 3, 130.0))  # and their labels
+    assert s.flush(now=200.0) == 5
+    assert (s.rows, s.labeled) == (95, 0)
     s.put_calibration("m:b", '{"calibration": {}}')
     s.stop()
     again = pg_store(postgres.url, max_predictions=100, max_age_seconds=1000.0)  # re-open: data kept
-    assert (again.rows, again.labeled) == (100, 2)
+    assert (again.rows, again.labeled) == (95, 0)
     assert again.get_calibration("m:b") == '{"calibration": {}}'
+    assert again.apply_labels([("r27:1", 1), ("r29:2", 0), ("r28:2", 0)], now=400.0).unknown == ["r28:2"]
     assert again.labeled_rows("m:b").n == 2
     assert again.evict(now=1115.0) == 25  # by age: r10..r14 (t < 115) of the r10..r29 kept
-    assert again.rows == 75 and again.labeled == 2
-    assert again.evict(now=10_000.0) == 75 and (again.rows, again.labeled) == (0, 0)  # labels go with them
+    assert again.rows == 70 and again.labeled == 2
+    assert again.evict(now=10_000.0) == 70 and (again.rows, again.labeled) == (0, 0)  # labels go with them
     again.stop()
 
 
