@@ -311,11 +311,23 @@ class LabelService:
         """Refill the realized windows from the shared store: the labels every replica received."""
         self._fleet_read = time.monotonic()
         try:
-            rows = self.store.labeled_rows(self._identity, limit=self.config.max_predictions)
+            rows = self._window_rows(self._identity)
         except StoreUnavailable as exc:
             log.warning("re-reading the fleet's labels failed; realized windows wait", extra={"error": str(exc)})
             return
         self.realized.reset(rows)
+
+    def _window_rows(self, identity: str) -> LabeledRows:
+        """The labeled predictions the realized windows can hold, and no more: those of the longest time
+        window, or the newest ``windows.count`` when these are more (each at most ``max_predictions``)."""
+        cap = self.config.max_predictions
+        longest = max(self.realized.time.values(), default=None)
+        count = self.realized.count or 0
+        if longest is not None:
+            rows = self.store.labeled_rows(identity, since=time.time() - longest, limit=cap)
+            if rows.n >= min(count, cap):
+                return rows  # the newest `count` are among them
+        return self.store.labeled_rows(identity, limit=min(count, cap) if count else cap)
 
     def check_runtime(self) -> None:
         """Follow reloads: realized windows restart for a new model or bundle; a refitted calibration
