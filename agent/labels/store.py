@@ -40,9 +40,9 @@ decodes request rows. Evicting a request deletes its labels. ``calibration`` kee
 calibration refitted from labels, per model identity.
 
 Predictions not stored are reported to ``on_drop(n, reason)``: ``queue_full``, ``invalid`` (a request
-whose id or identity UTF-8 cannot encode, or whose arrays disagree: dropped alone) and
-``write_failed``. Failures are reported to ``on_error(operation)``. Inference never depends on the
-store in ``batched`` mode. The row and batch types are in :mod:`agent.labels.rows`.
+whose id or identity UTF-8 cannot encode or holds a NUL character, or whose arrays disagree: dropped
+alone) and ``write_failed``. Failures are reported to ``on_error(operation)``. Inference never depends
+on the store in ``batched`` mode. The row and batch types are in :mod:`agent.labels.rows`.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ def test_schema_from_an_empty_database_reopen_and_retention(postgres: PostgresSe
     assert (out.n_accepted, out.unknown) == (2, ["r0:0"])  # r0 was evicted by count
     assert s.apply_labels([("r29:0", 2)], now=301.0).duplicate == ["r29:0"]
     s.enqueue(batch("r28", 2, 130.0))  # a request id used again replaces its predictions
+    s.enqueue(batch("nul\x00id", 4, 130.0))  # text PostgreSQL cannot hold: dropped alone
     s.enqueue(batch("r29", 3, 130.0))  # and their labels
     assert s.flush(now=200.0) == 5
     assert (s.rows, s.labeled) == (95, 0)
