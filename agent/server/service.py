@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -30,7 +31,7 @@ from agent.judging.batching import (
     in_worker,
     model_with_cost,
 )
-from agent.judging.pipeline import Pipeline, ServedRequest
+from agent.judging.pipeline import JudgeWork, Pipeline, ServedRequest
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
@@ -125,14 +126,19 @@ class AgentService:
         small = len(body) <= INLINE_MAX_BYTES
         if small and self._inline_cost < INLINE_BUDGET_SECONDS:
             t0 = time.thread_time()
-            served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
+            if self.ack_gates:
+                kept: list[JudgeWork] = []
+                served = _with_work(self.pipeline.serve_predict(rt, body, header_length, kept.append), kept)
+            else:
+                served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
             return await self._answer(served, time.thread_time() - t0, small)
         if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
             return await self._infer_model_in_thread(rt, body, header_length, small)
         if not self.ack_gates:
             return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
-        served = await self.run(self.pipeline.serve_predict, rt, body, header_length)
-        return await self._answer(served, 0.0, False)
+        held: list[JudgeWork] = []
+        served = await self.run(self.pipeline.serve_predict, rt, body, header_length, held.append)
+        return await self._answer(_with_work(served, held), 0.0, False)
 
     async def _infer_model_in_thread(
         self, rt: Runtime, body: bytes, header_length: str | None, small: bool
@@ -147,10 +153,16 @@ class AgentService:
         cost = time.thread_time() - t0
         pred, seconds, model_cost = await self.run(model_with_cost, self.pipeline, decoded)
         t1 = time.thread_time()
-        served = self.pipeline.serve_accept(decoded, pred, seconds)
+        if self.ack_gates:
+            kept: list[JudgeWork] = []
+            served = _with_work(self.pipeline.serve_accept(decoded, pred, seconds, kept.append), kept)
+        else:
+            served = self.pipeline.serve_accept(decoded, pred, seconds)
         return await self._answer(served, cost + model_cost + time.thread_time() - t1, small)
 
     async def _answer(self, served: ServedRequest, cost: float, small: bool) -> tuple[bytes, dict[str, str]]:
+        # With acknowledgement gates (commit durability) every request's work is judged here, as for
+        # icos_verdict, rather than after a linger: its predictions must reach the store before the answer.
         """Judge the request (when it asked for verdicts, see :class:`VerdictBatcher`) and answer it.
         A small request's CPU time (``cost``, its CPU seconds so far, plus this) feeds the inline
         moving average; CPU times only, since other tasks run on the loop while it waits."""
@@ -440,3 +452,8 @@ class AgentService:
             self.windows.reset()
         self.runtime = new
         self.metrics.set_model(new.name, new.version, new.model_sha256, new.classes)
+
+
+def _with_work(served: ServedRequest, kept: list[JudgeWork]) -> ServedRequest:
+    """``served`` carrying the work its ``defer`` kept, to be judged before the answer (commit durability)."""
+    return replace(served, work=kept[0]) if kept and served.work is None else served
