@@ -165,7 +165,6 @@ class LabelMetrics:
             if n:
                 self.labels.labels(outcome).inc(n)
 
-    def set_store(self, rows: int, labeled: int, reachable: bool = True) -> None:
+    def set_store(self, rows: int, labeled: int) -> None:
         self.store_predictions.labels("all").set(rows)
         self.store_predictions.labels("labeled").set(labeled)
-        self.store_reachable.set(1 if reachable else 0)

@@ -192,6 +192,7 @@ class LabelService:
         self._fleet_read = 0.0  # monotonic time the realized windows last re-read a shared store
         # answered but not committed, at scrape time: judged and queued, or still waiting for the judge
         self.metrics.store_queued.set_function(lambda: self.store.queued + agent.pipeline.pending_samples())
+        self.metrics.store_reachable.set_function(lambda: 0.0 if self.store.unreachable else 1.0)
         s = agent.settings
         self.realized = RealizedWindows(s.window_seconds, s.windows.count, capacity=config.max_predictions)
         self._identity = agent.runtime.identity
@@ -234,7 +235,7 @@ class LabelService:
         self._set_store_metrics()
 
     def _set_store_metrics(self) -> None:
-        self.metrics.set_store(self.store.rows, self.store.labeled, not self.store.unreachable)
+        self.metrics.set_store(self.store.rows, self.store.labeled)
 
     def _labeled(self, identity: str) -> LabeledRows:
         try:
