@@ -7,6 +7,8 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 # chromium: headless rendering of the demo report (tests/e2e/test_demo_report_chromium.py).
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+# postgresql: a throwaway server for the shared prediction store's tests (tests/integration/postgres_server.py).
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
@@ -27,3 +29,5 @@ for attempt in 1 2; do
 done
 # The Debian package starts a server on :9090 where an init system runs; the tests start their own.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi
+# Likewise the postgresql package's cluster on :5432; the tests start their own in a temporary directory.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop postgresql >/dev/null 2>&1 || true; fi

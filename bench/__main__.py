@@ -9,6 +9,8 @@ BENCHMARKS = {
     "oracle": "bench.bench_oracle",
     "dscore": "bench.bench_dscore",
     "serving": "bench.bench_serving",
+    "durability": "bench.bench_durability",
+    "store": "bench.bench_store",
     "estimators": "bench.estimators.__main__",
     "soak": "bench.soak.__main__",
     "fleet": "bench.bench_fleet",

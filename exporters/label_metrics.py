@@ -13,7 +13,12 @@ Counters (:class:`LabelMetrics`):
   goes on.
 * ``icos_recalibrations_total{trigger,outcome}`` — ``trigger`` ``manual``/``auto``, ``outcome``
   ``applied``/``refused``.
-* ``icos_prediction_store_predictions{state}`` — stored predictions, ``all`` and ``labeled``.
+* ``icos_prediction_store_predictions{state}`` — stored predictions, ``all`` and ``labeled`` (the
+  whole fleet's with a shared PostgreSQL store).
+* ``icos_prediction_store_queued`` — predictions answered but not yet committed: what a SIGKILL loses
+  in ``batched`` durability.
+* ``icos_prediction_store_buffered_total`` — predictions kept in memory for a later write because the
+  database was unreachable; ``icos_prediction_store_reachable`` is 0 while that lasts.
 
 At scrape time (:class:`RealizedCollector`, from a snapshot function), per window:
 
@@ -137,6 +142,23 @@ class LabelMetrics:
             ["state"],
             registry=registry,
         )
+        self.store_queued = Gauge(
+            "icos_prediction_store_queued",
+            "Predictions answered but not yet committed to the prediction store (lost to a SIGKILL in "
+            "batched durability).",
+            registry=registry,
+        )
+        self.store_buffered = Counter(
+            "icos_prediction_store_buffered",
+            "Predictions kept in memory for a later write because the store's database was unreachable.",
+            registry=registry,
+        )
+        self.store_reachable = Gauge(
+            "icos_prediction_store_reachable",
+            "1 while the prediction store's last write reached its database, 0 while writes are buffered.",
+            registry=registry,
+        )
+        self.store_reachable.set(1)
 
     def count_labels(self, counts: Mapping[str, int]) -> None:
         for outcome, n in counts.items():

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
@@ -166,6 +166,60 @@ class LabelsConfig(_Section):
     max_batch: int = Field(10_000, ge=1, le=1_000_000)
     min_recalibration_samples: int = Field(200, ge=10)
     auto_recalibrate_every: int | None = Field(None, ge=10)
+    durability: Literal["batched", "commit"] = Field(
+        "batched",
+        description="`batched`: predictions are committed every flush interval, after the answer (a SIGKILL "
+        "loses at most that interval's, gauge `icos_prediction_store_queued`); `commit`: a request is "
+        "answered only after its predictions are committed (group commit across concurrent requests)",
+    )
+    commit_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="in `commit` mode, how long a request waits for its commit before it is answered 503 "
+        "(`prediction_store_unavailable`)",
+    )
+    store_url: SecretStr | None = Field(
+        None,
+        description="a `postgresql://` URL: keep predictions and labels in PostgreSQL shared by every replica "
+        "(null: SQLite in `state_dir`); prefer the environment variable `ICOS_AGENT_LABELS__STORE_URL` or "
+        "`labels.store_url_file` over the config file; its password is never shown",
+    )
+    store_url_file: Path | None = Field(
+        None,
+        description="a file holding the `postgresql://` URL (e.g. a mounted Kubernetes Secret), read at start "
+        "instead of `labels.store_url`",
+    )
+    pool_size: int = Field(4, ge=1, le=64, description="PostgreSQL connections per replica at most")
+    fleet_refresh_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="with a shared store, how often the realized windows re-read the labels every replica received",
+    )
+
+    @model_validator(mode="after")
+    def _store_url(self) -> LabelsConfig:
+        if self.store_url is not None and self.store_url_file is not None:
+            raise ValueError("set labels.store_url or labels.store_url_file, not both")
+        url = self.store_url.get_secret_value() if self.store_url is not None else None
+        if url is not None and not url.startswith(("postgresql://", "postgres://")):
+            raise ValueError("labels.store_url must be a postgresql:// URL")
+        return self
+
+    def database_url(self) -> str | None:
+        """The store's PostgreSQL URL (from ``store_url`` or read from ``store_url_file``), or None."""
+        if self.store_url is not None:
+            return self.store_url.get_secret_value().strip() or None
+        if self.store_url_file is None:
+            return None
+        try:
+            text = self.store_url_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UserError(f"labels.store_url_file: cannot read {self.store_url_file}: {exc.strerror}") from exc
+        if not text.startswith(("postgresql://", "postgres://")):
+            raise UserError(f"labels.store_url_file: {self.store_url_file} does not hold a postgresql:// URL")
+        return text
 
     @field_validator("max_age")
     @classmethod
@@ -320,6 +374,20 @@ def _reject_secret_keys(data: dict[str, Any], source: str) -> None:
     for key in ("admin_token", "token"):
         if key in data:
             raise UserError(f"{source}: {key}: secrets are read from the environment only ({ADMIN_TOKEN_ENV})")
+    labels = data.get("labels")
+    url = labels.get("store_url") if isinstance(labels, dict) else None
+    if isinstance(url, str) and _has_password(url):
+        raise UserError(
+            f"{source}: labels.store_url: a URL with a password is read from the environment "
+            f"({ENV_PREFIX}LABELS__STORE_URL) or a file (labels.store_url_file), not from the config file"
+        )
+
+
+def _has_password(url: str) -> bool:
+    """Whether a URL carries a password (``user:password@`` or a ``password=`` parameter)."""
+    _, sep, rest = url.partition("://")
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0] if sep else ""
+    return ":" in userinfo or "password=" in url.lower()
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> AgentSettings:
@@ -409,6 +477,7 @@ def _resolve_paths(s: AgentSettings, base: Path) -> AgentSettings:
     s.model.path = fix(s.model.path)
     s.bundle.path = fix(s.bundle.path)
     s.state_dir = fix(s.state_dir)
+    s.labels.store_url_file = fix(s.labels.store_url_file)
     s.security.allowed_roots = [r if r.is_absolute() else base / r for r in s.security.allowed_roots]
     s.audits.resolve_paths(base)
     return s

@@ -27,8 +27,11 @@ class CorruptRow(ValueError):
 
 
 def storable_text(text: str) -> bool:
-    """Whether SQLite can store ``text``: it must encode as UTF-8 (a lone surrogate such as
-    ``"\\ud800"`` cannot, and would make the whole transaction fail)."""
+    """Whether every backend can store ``text``: it must encode as UTF-8 (a lone surrogate such as
+    ``"\\ud800"`` cannot, and would make the whole transaction fail) and hold no NUL character
+    (PostgreSQL's text cannot)."""
+    if "\x00" in text:
+        return False
     if text.isascii():
         return True
     try:
@@ -42,7 +45,7 @@ def batch_problem(b: PendingBatch) -> str | None:
     """Why a queued batch cannot be written (``None`` when it can): text that UTF-8 cannot encode, or
     arrays whose lengths disagree. Checked per batch so that one bad request drops only itself."""
     if not (storable_text(b.request_id) and storable_text(b.identity)):
-        return "text that is not UTF-8 encodable"
+        return "text that is not UTF-8 encodable or holds a NUL character"
     n = b.n
     probs = np.size(b.probabilities)
     if n == 0 or np.size(b.verdicts) != n or probs == 0 or probs % n:

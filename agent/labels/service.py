@@ -23,6 +23,16 @@ request path). Later, true labels arrive by id:
 Labeled predictions feed :class:`~agent.labels.realized.RealizedWindows` by their prediction time; each
 window of ``GET /v1/estimates`` gains a ``realized`` section and Prometheus the realized metrics of
 :mod:`exporters.label_metrics`.
+
+With a shared store (PostgreSQL, ``labels.store_url``) a label posted to any replica joins the
+prediction whichever replica served it, recalibration reads every replica's labels, and each replica
+re-reads the labeled predictions every ``labels.fleet_refresh_seconds``: its realized windows, and so
+its ``icos_realized_*`` metrics, are the fleet's (any replica's value is the fleet's value).
+
+In ``labels.durability: commit`` the agent answers a request only once its predictions are committed
+(:meth:`LabelService.acknowledge`, a gate of the host); when they cannot be (the store failing, or
+PostgreSQL unreachable) within ``labels.commit_timeout_seconds`` the request is refused with 503
+:class:`PredictionNotStored` — its predictions were not acknowledged, the client retries.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,6 +75,14 @@ class RecalibrationRefused(ClientError):
     reason = "recalibration_refused"
 
 
+class PredictionNotStored(ClientError):
+    """``commit`` durability: the request's predictions could not be committed, so it is not acknowledged."""
+
+    status = 503
+    reason = "prediction_store_unavailable"
+    headers = {"Retry-After": "1"}
+
+
 class LabelHost(Protocol):
     """What the label service needs of the agent that hosts it (:class:`agent.server.service.AgentService`)."""
 
@@ -73,6 +91,8 @@ class LabelHost(Protocol):
     pipeline: Pipeline
     runtime: Runtime
     estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]]
+    #: awaited with a request's id before it is answered (``commit`` durability)
+    ack_gates: list[Callable[[str], Awaitable[None]]]
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the agent's worker threads."""
@@ -162,9 +182,17 @@ class LabelService:
             max_age_seconds=config.max_age_seconds,
             queue_limit=config.queue_limit,
             flush_interval=config.flush_interval_seconds,
+            durability=config.durability,
+            store_url=config.database_url() if config.enabled else None,
+            pool_size=config.pool_size,
             on_error=lambda op: self.metrics.store_errors.labels(op).inc(),
             on_drop=lambda n, reason: self.metrics.store_dropped.labels(reason).inc(n),
+            on_buffered=self.metrics.store_buffered.inc,
         )
+        self._fleet_read = 0.0  # monotonic time the realized windows last re-read a shared store
+        # answered but not committed, at scrape time: judged and queued, or still waiting for the judge
+        self.metrics.store_queued.set_function(lambda: self.store.queued + agent.pipeline.pending_samples())
+        self.metrics.store_reachable.set_function(lambda: 0.0 if self.store.unreachable else 1.0)
         s = agent.settings
         self.realized = RealizedWindows(s.window_seconds, s.windows.count, capacity=config.max_predictions)
         self._identity = agent.runtime.identity
@@ -203,6 +231,10 @@ class LabelService:
         if saved is not None:
             self._install(rt, saved)
             log.info("restored the calibration refitted from labels", extra={"identity": rt.identity})
+        self._fleet_read = time.monotonic()
+        self._set_store_metrics()
+
+    def _set_store_metrics(self) -> None:
         self.metrics.set_store(self.store.rows, self.store.labeled)
 
     def _labeled(self, identity: str) -> LabeledRows:
@@ -230,6 +262,8 @@ class LabelService:
         self.store.start()
         self.agent.pipeline.judged_taps.append(self.on_judged)
         self.agent.estimate_sections.append(self.estimate_section)
+        if self.config.durability == "commit":
+            self.agent.ack_gates.append(self.acknowledge)
         self._tasks.append(asyncio.create_task(self._watch_loop()))
         self._started = True
 
@@ -248,6 +282,8 @@ class LabelService:
             self.agent.pipeline.judged_taps.remove(self.on_judged)
         with contextlib.suppress(ValueError):
             self.agent.estimate_sections.remove(self.estimate_section)
+        with contextlib.suppress(ValueError):
+            self.agent.ack_gates.remove(self.acknowledge)
         await anyio.to_thread.run_sync(self.check_runtime)
         await anyio.to_thread.run_sync(self.store.stop)
 
@@ -256,9 +292,43 @@ class LabelService:
             await asyncio.sleep(1.0)
             try:
                 await self.agent.run(self.check_runtime)
-                self.metrics.set_store(self.store.rows, self.store.labeled)
+                if self.store.shared and time.monotonic() - self._fleet_read >= self.config.fleet_refresh_seconds:
+                    await self.agent.run(self.read_fleet_labels)
+                self._set_store_metrics()
             except Exception:
                 log.exception("label bookkeeping failed")
+
+    async def acknowledge(self, request_id: str) -> None:
+        """``commit`` durability: return once the predictions of ``request_id`` are committed; raise
+        :class:`PredictionNotStored` (503) when they cannot be within ``labels.commit_timeout_seconds``."""
+        if not await self.store.committed(request_id, self.config.commit_timeout_seconds):
+            why = "unreachable" if self.store.unreachable else "not committed in time or dropped"
+            raise PredictionNotStored(
+                f"the prediction store is {why}; in labels.durability: commit a request is answered only "
+                "after its predictions are stored: retry"
+            )
+
+    def read_fleet_labels(self) -> None:
+        """Refill the realized windows from the shared store: the labels every replica received."""
+        self._fleet_read = time.monotonic()
+        try:
+            rows = self._window_rows(self._identity)
+        except StoreUnavailable as exc:
+            log.warning("re-reading the fleet's labels failed; realized windows wait", extra={"error": str(exc)})
+            return
+        self.realized.reset(rows)
+
+    def _window_rows(self, identity: str) -> LabeledRows:
+        """The labeled predictions the realized windows can hold, and no more: those of the longest time
+        window, or the newest ``windows.count`` when these are more (each at most ``max_predictions``)."""
+        cap = self.config.max_predictions
+        longest = max(self.realized.time.values(), default=None)
+        count = self.realized.count or 0
+        if longest is not None:
+            rows = self.store.labeled_rows(identity, since=time.time() - longest, limit=cap)
+            if rows.n >= min(count, cap):
+                return rows  # the newest `count` are among them
+        return self.store.labeled_rows(identity, limit=min(count, cap) if count else cap)
 
     def check_runtime(self) -> None:
         """Follow reloads: realized windows restart for a new model or bundle; a refitted calibration
@@ -305,7 +375,7 @@ class LabelService:
             "invalid": parsed.invalid,
         }
         self.metrics.count_labels(counts)
-        self.metrics.set_store(self.store.rows, self.store.labeled)
+        self._set_store_metrics()
         problems = list(parsed.problems)
         for kind, ids in (("unknown", outcome.unknown), ("duplicate", outcome.duplicate)):
             for pid in ids[: max(0, MAX_PROBLEMS - len(problems))]:
@@ -435,8 +505,12 @@ class LabelService:
         return {
             "enabled": self.config.enabled,
             "store": {
+                "backend": "postgresql" if self.store.shared else "sqlite",
                 "persistent": self.store.persistent,
                 "path": str(self.store.path) if self.store.path else None,
+                "location": self.store.location,
+                "durability": self.config.durability,
+                "reachable": not self.store.unreachable,
                 "predictions": self.store.rows,
                 "labeled": self.store.labeled,
                 "queued": self.store.queued,
@@ -453,4 +527,12 @@ class LabelService:
         }
 
 
-__all__ = ["LABEL_OUTCOMES", "LabelHost", "LabelService", "RecalibrationRefused", "parse_labels", "resolve_label"]
+__all__ = [
+    "LABEL_OUTCOMES",
+    "LabelHost",
+    "LabelService",
+    "PredictionNotStored",
+    "RecalibrationRefused",
+    "parse_labels",
+    "resolve_label",
+]

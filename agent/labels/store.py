@@ -1,91 +1,74 @@
-"""A bounded store of judged predictions waiting for their true labels (SQLite, WAL).
+"""A bounded store of judged predictions waiting for their true labels: the queue, the writer thread
+and the durability modes, over a backend that holds the tables.
 
 The request pipeline hands every judged request to :meth:`PredictionStore.enqueue`, which only
 appends it to a memory-bounded queue (at most ``queue_limit`` predictions; beyond that a batch is
-dropped and counted). A background thread writes the queue every ``flush_interval`` seconds in one
-transaction and evicts what is over the bounds: predictions older than ``max_age_seconds`` and, past
-``max_predictions`` predictions, the oldest ones.
+dropped and counted). A background thread writes the queue in one transaction and evicts what is
+over the bounds: predictions older than ``max_age_seconds`` and, past ``max_predictions``
+predictions, the oldest ones. Two durability modes (``labels.durability``):
 
-One row per *request* (table ``requests``), so that a batch of 32 predictions costs one insert and,
-later, one delete: the request id, the prediction time, the identity of the model and bundle that
-judged it, the number of classes and, as little-endian arrays over the request's predictions, the
-predicted classes (int32), the oracle verdicts (int8, indices into
-:data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs of
-the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
-agreement, coverage and PCA error of :class:`agent.estimation.statistics.SampleExtras`, float64 ``[n, 5]``;
-NULL otherwise). Prediction ``i`` of a request has the id ``<request id>:<i>``. A row holds the
-predictions ``start ≤ i < hi`` of its request; those below ``lo`` were evicted (eviction by count
-keeps exactly the newest ``max_predictions`` predictions, also inside a request). A request id used
-twice replaces every earlier prediction with that id, and their labels.
+* ``batched`` — the writer commits every ``flush_interval`` seconds. A request is answered before its
+  predictions are committed, so an agent killed with SIGKILL loses what was queued: at most one flush
+  interval's predictions (plus, with PostgreSQL, what was buffered while it was unreachable). That
+  window is the gauge ``icos_prediction_store_queued``.
+* ``commit`` — acknowledge after commit: the request waits (:meth:`committed`) until a transaction
+  holding its predictions has committed. The writer commits as soon as something is queued and
+  everything that arrived during one commit goes into the next (group commit), so one commit serves
+  many concurrent requests. A request whose predictions cannot be committed within
+  ``commit_timeout`` (the store failing or unreachable) is refused with 503: it was not acknowledged.
 
-Labels live in their own table (``labels``, one row per labeled prediction, keyed by the request
-row and the index): the true class, the label's arrival time, the prediction's absolute and squared
-error sums over the classes against the one-hot truth, and a copy of what the realized windows and
-recalibration read (prediction time, verdict, confidence, correctness, K, predicted class, extras), so
-reading labeled predictions never decodes request rows. Evicting a request deletes its labels. The table
-``calibration`` keeps an estimator calibration refitted from labels, per model identity.
+Backends (:class:`agent.labels.backend.StoreBackend`): SQLite in the state directory
+(:mod:`agent.labels.sqlite_backend`, the default) or PostgreSQL shared by replicas
+(:mod:`agent.labels.postgres_backend`, ``labels.store_url``). A write the database could not take
+because it is unreachable (:class:`StoreUnreachable`) stays queued, counted in ``on_buffered``, and is
+retried every ``flush_interval``; past ``queue_limit`` the oldest buffered requests are dropped and
+counted (``queue_full``). Other failed writes drop their batch (``write_failed``).
 
-A file written by earlier versions (one row per prediction in a table ``predictions``, with or
-without its ``extras`` column) is converted when opened, labels included, in one transaction.
+The tables (the same in both backends): one row per *request* (``requests``), so that a batch of 32
+predictions costs one insert and, later, one delete: the request id, the prediction time, the
+identity of the model and bundle that judged it, the number of classes and, as little-endian arrays
+over the request's predictions, the predicted classes (int32), the oracle verdicts (int8, indices
+into :data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs
+of the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
+agreement, coverage and PCA error of :class:`agent.estimation.statistics.SampleExtras`, float64
+``[n, 5]``; NULL otherwise). Prediction ``i`` of a request has the id ``<request id>:<i>``. A row
+holds the predictions ``start ≤ i < hi`` of its request; those below ``lo`` were evicted. A request
+id used twice replaces every earlier prediction with that id, and their labels. Labels live in their
+own table (``labels``, one row per labeled prediction, keyed by the request row and the index) with a
+copy of what the realized windows and recalibration read, so reading labeled predictions never
+decodes request rows. Evicting a request deletes its labels. ``calibration`` keeps an estimator
+calibration refitted from labels, per model identity.
 
-The file is ``<state_dir>/predictions.sqlite3``. Without a state directory, or when the file cannot
-be opened, the store lives in memory (same bounds, lost at restart) and the failure is reported to
-``on_error("open")``; a damaged file (``PRAGMA quick_check`` at open) is moved aside and reported to
-``on_error("corrupt")``, as are stored rows whose arrays do not match their counts (their labels
-count as unknown). Predictions not stored are reported to ``on_drop(n, reason)``: ``queue_full``,
-``invalid`` (a request whose id or identity UTF-8 cannot encode, or whose arrays disagree: dropped
-alone, the rest of the flush is written) and ``write_failed`` (a failed write, e.g. a full disk, drops
-its batch and also reports ``on_error("write")``). Inference never depends on the store.
-
-The row and batch types are in :mod:`agent.labels.rows`; the schema, the conversion of older files
-and the SQL statements in :mod:`agent.labels.sqlite_schema`.
+Predictions not stored are reported to ``on_drop(n, reason)``: ``queue_full``, ``invalid`` (a request
+whose id or identity UTF-8 cannot encode or holds a NUL character, or whose arrays disagree: dropped
+alone) and ``write_failed``. Failures are reported to ``on_error(operation)``. Inference never depends
+on the store in ``batched`` mode. The row and batch types are in :mod:`agent.labels.rows`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import sqlite3
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Literal
 
 from agent.core.os_threads import name_os_thread
-from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
-from agent.labels.rows import (
-    CorruptRow,
-    LabeledRows,
-    LabelOutcome,
-    PendingBatch,
-    _extras_blob,
-    _extras_row,
-    batch_problem,
-    onehot_errors,
-    split_prediction_id,
-    storable_text,
-)
-from agent.labels.sqlite_schema import (
-    CHUNK,
-    INSERT_LABEL,
-    delete_requests,
-    init_schema,
-    labeled_indices,
-    last_per_request,
-    request_rows,
-    requests_by_id,
-)
+from agent.labels.backend import StoreBackend, StoreUnavailable, StoreUnreachable
+from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, batch_problem
+from agent.labels.sqlite_backend import STORE_FILE, SQLiteBackend
+from agent.labels.sqlite_schema import last_per_request
 
 log = logging.getLogger("icos_agent.labels")
 
-STORE_FILE = "predictions.sqlite3"
+Durability = Literal["batched", "commit"]
+SETTLED_MEMORY = 65_536  # outcomes of commits kept for requests that ask after the fact
 
-
-class StoreUnavailable(Exception):
-    """The store could not be read or written (the message says why)."""
+__all__ = ["STORE_FILE", "Durability", "PredictionStore", "StoreUnavailable", "StoreUnreachable"]
 
 
 class PredictionStore:
@@ -99,71 +82,94 @@ class PredictionStore:
         max_age_seconds: float,
         queue_limit: int = 100_000,
         flush_interval: float = 1.0,
+        durability: Durability = "batched",
+        store_url: str | None = None,
+        pool_size: int = 4,
         on_error: Callable[[str], None] = lambda _op: None,
         on_drop: Callable[[int, str], None] = lambda _n, _reason: None,
+        on_buffered: Callable[[int], None] = lambda _n: None,
     ) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.max_predictions = int(max_predictions)
         self.max_age_seconds = float(max_age_seconds)
         self.queue_limit = int(queue_limit)
         self.flush_interval = float(flush_interval)
+        self.durability: Durability = durability
         self.on_error = on_error
         self.on_drop = on_drop
-        self.persistent = False
-        self.path: Path | None = None
-        self._db: sqlite3.Connection | None = None
-        self._db_lock = threading.Lock()
+        self.on_buffered = on_buffered
+        self.backend: StoreBackend
+        if store_url:
+            from agent.labels.postgres_backend import PostgresBackend  # psycopg only when configured
+
+            self.backend = PostgresBackend(
+                store_url,
+                max_predictions=self.max_predictions,
+                max_age_seconds=self.max_age_seconds,
+                pool_size=pool_size,
+                on_error=on_error,
+            )
+        else:
+            self.backend = SQLiteBackend(
+                self.directory,
+                max_predictions=self.max_predictions,
+                max_age_seconds=self.max_age_seconds,
+                full_sync=durability == "commit",
+                on_error=on_error,
+            )
         self._queue: deque[PendingBatch] = deque()
         self._queued = 0
         self._queue_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: predictions stored (not evicted) and, of them, labeled ones
-        self.rows = 0
-        self.labeled = 0
-        self._oldest_ts = float("inf")  # the oldest stored request's time (age eviction skips until then)
+        self._last_evict = 0.0
+        #: the database could not be reached at the last write; retried after ``_retry_at``
+        self.unreachable = False
+        self._retry_at = 0.0
+        # commit mode: requests waiting for their commit, and outcomes nobody waited for yet
+        self._wait_lock = threading.Lock()
+        self._waiters: dict[str, deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]]] = {}
+        self._settled: OrderedDict[str, bool] = OrderedDict()
 
-    # -- opening ---------------------------------------------------------------------------------
+    # -- the backend ---------------------------------------------------------------------------
     def open(self) -> None:
-        """Open the file in the state directory, or fall back to memory (reported as an ``open`` error).
-        A damaged file (``PRAGMA quick_check`` fails, or it is no database) is moved aside, counted as a
-        ``corrupt`` error and replaced by an empty one: its rows would read back as garbage."""
-        if self.directory is not None:
-            path = self.directory / STORE_FILE
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                try:
-                    db = open_checked(path, init_schema)
-                except DamagedFile as exc:
-                    self._move_aside(path, str(exc))
-                    db = open_checked(path, init_schema)
-                self._db, self.path, self.persistent = db, path, True
-            except (sqlite3.Error, OSError, DamagedFile) as exc:
-                self.on_error("open")
-                log.warning(
-                    "prediction store not writable; keeping predictions in memory (lost at restart)",
-                    extra={"path": str(path), "error": str(exc)},
-                )
-        if self._db is None:
-            db = connect(":memory:")
-            init_schema(db)
-            self._db = db
-        self._refresh_counts()
+        """Open the backend (SQLite falls back to memory when its file cannot be opened; PostgreSQL
+        starts unreachable and connects in the background when it is down)."""
+        self.backend.open()
 
-    def _move_aside(self, path: Path, why: str) -> None:
-        """Rename a damaged store file (and its WAL) aside, kept for inspection; count and log it."""
-        moved = move_aside(path)
-        self.on_error("corrupt")
-        log.error(
-            "the prediction store file is damaged; moved aside, starting an empty store",
-            extra={"path": str(path), "moved_to": str(moved), "error": why},
-        )
+    @property
+    def persistent(self) -> bool:
+        return self.backend.persistent
 
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise StoreUnavailable("the prediction store is not open")
-        return self._db
+    @property
+    def shared(self) -> bool:
+        """Whether other replicas write the same store (PostgreSQL)."""
+        return self.backend.shared
+
+    @property
+    def location(self) -> str | None:
+        """A path, or the database URL without its password."""
+        return self.backend.location
+
+    @property
+    def path(self) -> Path | None:
+        return self.backend.path if isinstance(self.backend, SQLiteBackend) else None
+
+    def _conn(self) -> object:
+        """The SQLite connection (tests damage it on purpose)."""
+        assert isinstance(self.backend, SQLiteBackend)
+        return self.backend.conn()
+
+    @property
+    def rows(self) -> int:
+        """Predictions stored (the whole fleet's with a shared store, as last counted)."""
+        return self.backend.counts()[0]
+
+    @property
+    def labeled(self) -> int:
+        return self.backend.counts()[1]
 
     # -- writing ---------------------------------------------------------------------------------
     def enqueue(self, batch: PendingBatch) -> bool:
@@ -177,10 +183,14 @@ class PredictionStore:
                 dropped = False
         if dropped:
             self.on_drop(batch.n, "queue_full")
+            self._settle([batch.request_id], ok=False)
+        elif self.durability == "commit":
+            self._wake.set()
         return not dropped
 
     @property
     def queued(self) -> int:
+        """Predictions queued or buffered, not yet committed (what a SIGKILL loses in ``batched`` mode)."""
         return self._queued
 
     def _take(self) -> list[PendingBatch]:
@@ -190,25 +200,81 @@ class PredictionStore:
             self._queued = 0
         return batches
 
+    def _put_back(self, batches: list[PendingBatch]) -> None:
+        """Return unwritten batches to the front of the queue, dropping the oldest past ``queue_limit``."""
+        with self._queue_lock:
+            self._queue.extendleft(reversed(batches))
+            self._queued += sum(b.n for b in batches)
+            dropped: list[PendingBatch] = []
+            while self._queued > self.queue_limit and self._queue:
+                b = self._queue.popleft()
+                self._queued -= b.n
+                dropped.append(b)
+        if dropped:
+            self.on_drop(sum(b.n for b in dropped), "queue_full")
+
     def flush(self, now: float | None = None) -> int:
         """Write everything queued now, then evict; returns the predictions written. A batch that
-        cannot be stored (:func:`batch_problem`) is dropped alone; a failed write drops what it held.
-        Both are counted (``on_drop``), never raised: the other requests' predictions are written."""
-        batches = self._storable(last_per_request(self._take()))
-        written = 0
-        if batches:
-            try:
-                written = self._write(batches)
-            except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is counted, the writer lives
-                n = sum(b.n for b in batches)
-                self.on_error("write")
-                self.on_drop(n, "write_failed")
-                log.warning(
-                    "writing predictions failed; batch dropped",
-                    extra={"predictions": n, "error": f"{type(exc).__name__}: {exc}"},
-                )
-        self.evict(time.time() if now is None else now)
+        cannot be stored (:func:`batch_problem`) is dropped alone; a failed write drops what it held;
+        a write to an unreachable database is kept for the next try. All of it is counted, never raised."""
+        with self._flush_lock:
+            written = self._flush_locked()
+            t = time.time() if now is None else now
+            due = time.monotonic() - self._last_evict >= self.flush_interval
+            if now is not None or self.durability == "batched" or due:
+                self._last_evict = time.monotonic()
+                try:
+                    self.backend.evict(t)
+                except StoreUnavailable as exc:
+                    log.debug("eviction postponed", extra={"error": str(exc)})
+            return written
+
+    def _flush_locked(self) -> int:
+        if self.unreachable and time.monotonic() < self._retry_at:
+            return 0
+        taken = self._take()
+        if not taken:
+            return 0
+        batches = self._storable(last_per_request(taken))
+        if not batches:
+            self._settle([b.request_id for b in taken], ok=False)
+            return 0
+        try:
+            written = self.backend.write(batches)
+        except StoreUnreachable as exc:
+            self._unreachable(taken, exc)
+            return 0
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is counted, the writer lives
+            n = sum(b.n for b in batches)
+            self.on_error("write")
+            self.on_drop(n, "write_failed")
+            log.warning(
+                "writing predictions failed; batch dropped",
+                extra={"predictions": n, "error": f"{type(exc).__name__}: {exc}"},
+            )
+            self._settle([b.request_id for b in taken], ok=False)
+            return 0
+        if self.unreachable:
+            self.unreachable = False
+            log.warning("the prediction store is reachable again; buffered predictions written")
+        kept = {id(b) for b in batches}
+        self._settle([b.request_id for b in taken if id(b) in kept or batch_problem(b) is None], ok=True)
+        self._settle([b.request_id for b in taken if id(b) not in kept and batch_problem(b) is not None], ok=False)
         return written
+
+    def _unreachable(self, taken: list[PendingBatch], exc: Exception) -> None:
+        n = sum(b.n for b in taken)
+        if not self.unreachable:
+            log.warning(
+                "the prediction store is unreachable; buffering predictions in memory (labels.queue_limit)",
+                extra={"predictions": n, "error": f"{type(exc).__name__}: {exc}"},
+            )
+        self.unreachable = True
+        self._retry_at = time.monotonic() + self.flush_interval
+        self.on_error("write")
+        self.on_buffered(n)
+        self._put_back(taken)
+        self._fail_all_waiters()
 
     def _storable(self, batches: list[PendingBatch]) -> list[PendingBatch]:
         """The batches that can be written; the others are counted as ``invalid`` and logged (one line)."""
@@ -224,112 +290,59 @@ class PredictionStore:
         skip = {id(b) for b, _ in bad}
         return [b for b in batches if id(b) not in skip]
 
-    def _write(self, batches: list[PendingBatch]) -> int:
-        rows = request_rows(batches)
-        with self._db_lock:
-            db = self._conn()
-            db.execute("BEGIN")
-            try:
-                replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
-                db.executemany(
-                    "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
-                    " extras) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:  # SQLite may have rolled back already (e.g. a full disk)
-                    db.execute("ROLLBACK")
-                raise
-        written = sum(b.n for b in batches)
-        self.rows += written - replaced_rows
-        self.labeled -= replaced_labels
-        self._oldest_ts = min(self._oldest_ts, min(b.timestamp for b in batches))
-        return written
-
     def evict(self, now: float) -> int:
         """Delete predictions older than ``max_age_seconds`` and the oldest beyond ``max_predictions``."""
-        cutoff = now - self.max_age_seconds
-        if self._oldest_ts >= cutoff and self.rows <= self.max_predictions:
-            return 0  # nothing is over a bound: no statement at all
+        return self.backend.evict(now)
+
+    # -- acknowledge after commit ----------------------------------------------------------------
+    async def committed(self, request_id: str, timeout: float) -> bool:
+        """Wait until the predictions of ``request_id`` are committed (``commit`` mode): ``True`` once
+        they are, ``False`` when they were dropped, the database is unreachable, or ``timeout`` passed."""
+        loop = asyncio.get_running_loop()
+        with self._wait_lock:
+            if request_id in self._settled:
+                return self._settled.pop(request_id)
+            if self.unreachable:
+                return False
+            fut: asyncio.Future[bool] = loop.create_future()
+            entry = (loop, fut)
+            self._waiters.setdefault(request_id, deque()).append(entry)
         try:
-            with self._db_lock:
-                db = self._conn()
-                db.execute("BEGIN")
-                try:
-                    gone = self._evict_older(db, cutoff) + self._evict_beyond_count(db)
-                    db.execute("COMMIT")
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
-        except (sqlite3.Error, OSError, StoreUnavailable) as exc:
-            self.on_error("write")
-            log.warning("evicting predictions failed", extra={"error": str(exc)})
-            self._refresh_counts()
-            return 0
-        return gone
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            with self._wait_lock:
+                q = self._waiters.get(request_id)
+                if q is not None:
+                    with contextlib.suppress(ValueError):
+                        q.remove(entry)
+                    if not q:
+                        del self._waiters[request_id]
+            return False
 
-    def _evict_older(self, db: sqlite3.Connection, cutoff: float) -> int:
-        n, oldest = db.execute(
-            "SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests WHERE ts < ?", (cutoff,)
-        ).fetchone()
-        if int(n) == 0 and oldest is None:
-            row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
-            self._oldest_ts = float("inf") if row[0] is None else float(row[0])
-            return 0
-        self.labeled -= db.execute(
-            "DELETE FROM labels WHERE seq IN (SELECT seq FROM requests WHERE ts < ?)", (cutoff,)
-        ).rowcount
-        db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
-        self.rows -= int(n)
-        row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
-        self._oldest_ts = float("inf") if row[0] is None else float(row[0])
-        return int(n)
-
-    def _evict_beyond_count(self, db: sqlite3.Connection) -> int:
-        excess = self.rows - self.max_predictions
-        if excess <= 0:
-            return 0
-        whole_upto: int | None = None  # delete request rows with seq <= this
-        cut: tuple[int, int] | None = None  # (seq, new lo) of a request evicted in part
-        left = excess
-        after = -1
-        while left > 0:
-            page = db.execute(
-                "SELECT seq, lo, hi FROM requests WHERE seq > ? ORDER BY seq LIMIT 1000", (after,)
-            ).fetchall()
-            if not page:
-                break
-            for seq, lo, hi in page:
-                live = int(hi) - int(lo)
-                if live <= left:
-                    whole_upto, left = int(seq), left - live
+    def _settle(self, request_ids: Sequence[str], *, ok: bool) -> None:
+        """Tell the requests waiting for these ids whether their commit happened (``commit`` mode)."""
+        if self.durability != "commit" or not request_ids:
+            return
+        with self._wait_lock:
+            for rid in request_ids:
+                q = self._waiters.get(rid)
+                if q:
+                    loop, fut = q.popleft()
+                    if not q:
+                        del self._waiters[rid]
+                    _resolve_from_thread(loop, fut, ok)
                 else:
-                    cut, left = (int(seq), int(lo) + left), 0
-                if left == 0:
-                    break
-            after = int(page[-1][0])
-        if whole_upto is not None:
-            self.labeled -= db.execute("DELETE FROM labels WHERE seq <= ?", (whole_upto,)).rowcount
-            db.execute("DELETE FROM requests WHERE seq <= ?", (whole_upto,))
-        if cut is not None:
-            seq, lo = cut
-            self.labeled -= db.execute("DELETE FROM labels WHERE seq = ? AND idx < ?", (seq, lo)).rowcount
-            db.execute("UPDATE requests SET lo = ? WHERE seq = ?", (lo, seq))
-        gone = excess - left
-        self.rows -= gone
-        return gone
+                    self._settled[rid] = ok
+                    self._settled.move_to_end(rid)
+                    if len(self._settled) > SETTLED_MEMORY:
+                        self._settled.popitem(last=False)
 
-    def _refresh_counts(self) -> None:
-        try:
-            with self._db_lock:
-                db = self._conn()
-                n, oldest = db.execute("SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests").fetchone()
-                (labeled,) = db.execute("SELECT COUNT(*) FROM labels").fetchone()
-            self.rows, self.labeled = int(n), int(labeled)
-            self._oldest_ts = float("inf") if oldest is None else float(oldest)
-        except (sqlite3.Error, StoreUnavailable):
-            self.on_error("read")
+    def _fail_all_waiters(self) -> None:
+        with self._wait_lock:
+            waiting, self._waiters = self._waiters, {}
+        for q in waiting.values():
+            for loop, fut in q:
+                _resolve_from_thread(loop, fut, False)
 
     # -- background writer -----------------------------------------------------------------------
     def start(self) -> None:
@@ -349,132 +362,55 @@ class PredictionStore:
                 log.exception("prediction store writer failed")
 
     def stop(self) -> None:
-        """Stop the writer, write what is queued and close."""
+        """Stop the writer, write what is queued (one last try) and close."""
         if self._thread is not None:
             self._stop.set()
             self._wake.set()
             self._thread.join(timeout=30)
             self._thread = None
+        self._retry_at = 0.0
         self.flush()
-        with self._db_lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        if self._queued:
+            log.error(
+                "predictions still buffered at shutdown are lost (the store is unreachable)",
+                extra={"predictions": self._queued},
+            )
+            self.on_drop(self._queued, "write_failed")
+        self._fail_all_waiters()
+        self.backend.close()
 
     # -- labels ----------------------------------------------------------------------------------
     def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> LabelOutcome:
         """Record true classes for prediction ids (ids must be distinct). Unknown ids (never seen or
         evicted) and already labeled ones (``duplicate``; the first label stays) are listed."""
-        by_identity: dict[str, list[tuple[float, int, float, bool, float, float, int]]] = {}
-        extras_by_identity: dict[str, list[np.ndarray]] = {}
-        predicted_by_identity: dict[str, list[int | None]] = {}
-        unknown: list[str] = []
-        duplicate: list[str] = []
-        corrupt: list[str] = []
-        n_accepted = 0
-        try:
-            with self._db_lock:
-                db = self._conn()
-                db.execute("BEGIN")
-                try:
-                    for first in range(0, len(labels), CHUNK):
-                        chunk = []
-                        for pid, label in labels[first : first + CHUNK]:
-                            if storable_text(pid):
-                                chunk.append((pid, label, *split_prediction_id(pid)))
-                            else:  # no stored prediction has an id that SQLite cannot hold
-                                unknown.append(pid)
-                        requests = requests_by_id(db, {rid for _, _, rid, _ in chunk})
-                        done = labeled_indices(db, {r.seq for rows in requests.values() for r in rows})
-                        inserts = []
-                        for pid, label, rid, idx in chunk:
-                            row = next((r for r in requests.get(rid, ()) if r.holds(idx)), None)
-                            if row is None:
-                                unknown.append(pid)
-                                continue
-                            if (row.seq, idx) in done:
-                                duplicate.append(pid)
-                                continue
-                            try:
-                                predicted, verdict, probs, ext = row.prediction(idx)
-                            except CorruptRow as exc:
-                                corrupt.append(str(exc))
-                                unknown.append(pid)
-                                continue
-                            done.add((row.seq, idx))
-                            a, s = onehot_errors(probs, label)
-                            confidence = float(probs.max()) if len(probs) else 0.0
-                            correct = predicted == label
-                            inserts.append(
-                                (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs))
-                                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext), predicted)
-                            )
-                            by_identity.setdefault(row.identity, []).append(
-                                (row.ts, verdict, confidence, correct, a, s, len(probs))
-                            )
-                            extras_by_identity.setdefault(row.identity, []).append(ext)
-                            predicted_by_identity.setdefault(row.identity, []).append(predicted)
-                        db.executemany(
-                            INSERT_LABEL,
-                            inserts,
-                        )
-                        n_accepted += len(inserts)
-                    db.execute("COMMIT")
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
-        except (sqlite3.Error, OSError) as exc:
-            self.on_error("write")
-            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+        outcome, corrupt = self.backend.apply_labels(labels, now)
         if corrupt:
             self.on_error("corrupt")
             log.error(
                 "stored predictions are damaged; their labels count as unknown",
                 extra={"predictions": len(corrupt), "error": corrupt[0]},
             )
-        self.labeled += n_accepted
-        accepted = [
-            (k, LabeledRows.from_tuples(v, extras_by_identity[k], predicted_by_identity[k]))
-            for k, v in by_identity.items()
-        ]
-        return LabelOutcome(accepted, n_accepted, unknown, duplicate)
+        return outcome
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         """Labeled predictions of one model identity (prediction time ≥ ``since``; the newest ``limit``)."""
-        sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted "
-            "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
-        )
-        args: list[Any] = [identity, float("-inf") if since is None else since]
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(int(limit))
-        try:
-            with self._db_lock:
-                rows = self._conn().execute(sql, args).fetchall()
-        except (sqlite3.Error, OSError) as exc:
-            self.on_error("read")
-            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
-        rows.reverse()
-        return LabeledRows.from_tuples(
-            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
-            [_extras_row(r[7]) for r in rows],
-            [r[8] for r in rows],
-        )
+        return self.backend.labeled_rows(identity, since, limit)
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:
-        with self._db_lock:
-            self._conn().execute(
-                "INSERT OR REPLACE INTO calibration(identity, value, created) VALUES(?, ?, ?)",
-                (identity, value_json, time.time()),
-            )
+        self.backend.put_calibration(identity, value_json)
 
     def get_calibration(self, identity: str) -> str | None:
-        with self._db_lock:
-            row = self._conn().execute("SELECT value FROM calibration WHERE identity = ?", (identity,)).fetchone()
-        return str(row[0]) if row else None
+        return self.backend.get_calibration(identity)
 
     def delete_calibration(self, identity: str) -> None:
-        with self._db_lock:
-            self._conn().execute("DELETE FROM calibration WHERE identity = ?", (identity,))
+        self.backend.delete_calibration(identity)
+
+
+def _resolve_from_thread(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool], ok: bool) -> None:
+    def resolve() -> None:
+        if not fut.done():
+            fut.set_result(ok)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(resolve)

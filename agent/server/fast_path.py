@@ -71,6 +71,7 @@ class InferFastPath:
             answer = answer_of(exc)
             answer.count(svc.metrics)
             status, content = answer.status, v2.error_body(answer.message)
+            headers += [(k.encode(), v.encode()) for k, v in (answer.headers or {}).items()]  # e.g. Retry-After
         await send_body(send, status, headers, content)
 
     async def _reject(self, send: Send) -> None:

@@ -117,9 +117,13 @@ def proxy_judge(
     body: bytes,
     header_length: str | None,
     seconds: float,
-) -> tuple[bytes, dict[str, str]]:
+    *,
+    record_now: bool = False,
+) -> tuple[bytes, dict[str, str], str]:
     """Judge the upstream's answer to a forwarded request and answer the client with the outputs it
-    asked for (the upstream's and the agent's), each encoded as the client asked."""
+    asked for (the upstream's and the agent's), each encoded as the client asked; also the request id
+    the answer carries. ``record_now`` records the predictions before returning (commit durability)
+    rather than handing them to the background judge."""
     try:
         resp = v2.decode_response(body, header_length)
     except ProtocolError as exc:
@@ -138,11 +142,14 @@ def proxy_judge(
     # only the oracle runs before the answer, and only when the client asked for the verdicts; the
     # windows, metrics and prediction store are updated by the background judge, many requests at once
     work = JudgeWork(rt, rt.features(x), probs, labels, split_meta, seconds, request_id=rid)
-    if any(name == OUTPUT_VERDICT for name, _ in wanted):
+    if record_now:
+        pipeline.judge_works([work])
+    elif any(name == OUTPUT_VERDICT for name, _ in wanted):
         pipeline.verdicts_now([work])
-        if work.error is not None:
-            raise work.error
-    pipeline.defer(work)
+    if work.error is not None:
+        raise work.error
+    if not record_now:
+        pipeline.defer(work)
     verdicts = work.verdicts
     out = []
     for name, binary in wanted:
@@ -161,4 +168,5 @@ def proxy_judge(
         out.append((t, binary))
     params = {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float | bool)}
     params["icos_prediction_ids"] = prediction_ids(rid, n)
-    return v2.encode_response(rt.name, rt.version, rid, out, params)
+    content, headers = v2.encode_response(rt.name, rt.version, rid, out, params)
+    return content, headers, rid

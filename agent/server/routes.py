@@ -8,6 +8,7 @@ OpenTelemetry is on. Both call :meth:`AgentService.infer`, so the answers are th
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -139,7 +140,12 @@ def build_router(svc: AgentService) -> APIRouter:
         up_body, up_len = await svc.upstream.infer(svc.settings.upstream_model_name, fwd_body, fwd_headers)
         seconds = time.perf_counter() - t0
         judge_args = (svc.pipeline, up, rt, req, meta, x, up_body, up_len, seconds)
-        content, headers = proxy_judge(*judge_args) if small else await svc.run(proxy_judge, *judge_args)
+        record_now = bool(svc.ack_gates)
+        if small:
+            content, headers, rid = proxy_judge(*judge_args, record_now=record_now)
+        else:
+            content, headers, rid = await svc.run(functools.partial(proxy_judge, record_now=record_now), *judge_args)
+        await svc.acknowledge(rid)
         return Response(content, headers=headers)
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
@@ -164,6 +170,7 @@ def build_router(svc: AgentService) -> APIRouter:
         if event is None:
             item = await svc.run(decode_observation, rt, body, scores_output, bounds)
             svc.enqueue(item)
+            await svc.acknowledge(item.id)
             n = int(item.x.shape[0])
             return json_response({"id": item.id, "accepted": n, "prediction_ids": _ids(item.id, n)}, 202)
         svc.metrics.observe_events.labels(event.kind).inc()
@@ -185,6 +192,7 @@ def build_router(svc: AgentService) -> APIRouter:
                 reason="shape_mismatch",
             )
         svc.enqueue(ObserveItem(event.id, x, probs, meta, time.time()))
+        await svc.acknowledge(event.id)
         n = int(x.shape[0])
         return json_response({"id": event.id, "paired": True, "accepted": n, "prediction_ids": _ids(event.id, n)}, 202)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -29,7 +30,7 @@ from agent.judging.batching import (
     in_worker,
     model_with_cost,
 )
-from agent.judging.pipeline import Pipeline, ServedRequest
+from agent.judging.pipeline import JudgeWork, Pipeline, ServedRequest
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
@@ -100,11 +101,19 @@ class AgentService:
         #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
         #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels.service`).
         self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
+        #: Awaited with a request's id before it is answered: ``labels.durability: commit`` answers
+        #: only once the request's predictions are committed (:meth:`acknowledge`).
+        self.ack_gates: list[Callable[[str], Awaitable[None]]] = []
 
     # -- threads ----------------------------------------------------------------------------------
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
         return await anyio.to_thread.run_sync(in_worker, fn, *args, limiter=self.limiter)
+
+    async def acknowledge(self, request_id: str) -> None:
+        """Pass the request's id through every acknowledgement gate (each may raise a client error)."""
+        for gate in self.ack_gates:
+            await gate(request_id)
 
     async def infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
         """Serve-mode inference of one request body.
@@ -127,11 +136,23 @@ class AgentService:
         measure = small and self._measure_cost()
         if small and self._inline_cost < INLINE_BUDGET_SECONDS:
             t0 = time.thread_time() if measure else 0.0
-            served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
+            if self.ack_gates:
+                kept: list[JudgeWork] = []
+                served = _with_work(self.pipeline.serve_predict(rt, body, header_length, kept.append), kept)
+            else:
+                served = self.pipeline.serve_predict(rt, body, header_length, self.loop_judge.add)
             return await self._answer(served, time.thread_time() - t0 if measure else None, inline=True)
         if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
             return await self._infer_model_in_thread(rt, body, header_length, measure)
-        return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        if not self.ack_gates:
+            return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+        held: list[JudgeWork] = []
+        served = await self.run(self.pipeline.serve_predict, rt, body, header_length, held.append)
+        return await self._answer(_with_work(served, held), None, inline=False)
+
+    def _record_now(self, work: JudgeWork) -> None:
+        """Record ``work`` (already judged) in the windows, metrics and prediction store right away."""
+        self.pipeline.judge_works([work])
 
     def _measure_cost(self) -> bool:
         """Whether to measure this small request's CPU time for the moving average: one in
@@ -153,7 +174,11 @@ class AgentService:
         cost = time.thread_time() - t0 if measure else 0.0
         pred, seconds, model_cost = await self.run(model_with_cost, self.pipeline, decoded, measure)
         t1 = time.thread_time() if measure else 0.0
-        served = self.pipeline.serve_accept(decoded, pred, seconds)
+        if self.ack_gates:
+            kept: list[JudgeWork] = []
+            served = _with_work(self.pipeline.serve_accept(decoded, pred, seconds, kept.append), kept)
+        else:
+            served = self.pipeline.serve_accept(decoded, pred, seconds)
         return await self._answer(
             served, cost + model_cost + time.thread_time() - t1 if measure else None, inline=False
         )
@@ -165,17 +190,25 @@ class AgentService:
         request's CPU time (``cost``, its CPU seconds so far, plus this) feeds the inline moving
         average; CPU times only, since other tasks run on the loop while it waits."""
         if served.work is not None:
-            record = self.loop_judge.add if inline else self.pipeline.defer
+            # With acknowledgement gates (commit durability) every request's work is judged and
+            # recorded here, before the answer: its predictions must reach the store first.
+            record = self._record_now if self.ack_gates else self.loop_judge.add if inline else self.pipeline.defer
             share = await self.verdicts.judge(served.work, record)
             if cost is not None:
                 cost += share
         if cost is None:
-            return self.pipeline.serve_respond(served)
+            answer = self.pipeline.serve_respond(served)
+            if self.ack_gates:
+                await self.acknowledge(served.request_id)
+            return answer
         t0 = time.thread_time()
         try:
-            return self.pipeline.serve_respond(served)
+            answer = self.pipeline.serve_respond(served)
         finally:
             self._inline_cost += COST_WEIGHT * (cost + time.thread_time() - t0 - self._inline_cost)
+        if self.ack_gates:
+            await self.acknowledge(served.request_id)
+        return answer
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
@@ -488,3 +521,8 @@ class AgentService:
         self.runtime = new
         self.metrics.set_model(new.name, new.version, new.model_sha256, new.classes)
         self.metrics.record_window_stats(new.name, new.version, new.bundle_label, stat_items(WindowStats()))
+
+
+def _with_work(served: ServedRequest, kept: list[JudgeWork]) -> ServedRequest:
+    """``served`` carrying the work its ``defer`` kept, to be judged before the answer (commit durability)."""
+    return replace(served, work=kept[0]) if kept and served.work is None else served

@@ -319,3 +319,30 @@ def test_fleet_evaluator_is_one_pod_of_its_own_scraped_by_its_own_servicemonitor
     # job="<prometheusRule.job>-fleet", as IcosFleetEvaluatorStale reads it
     assert fleet_svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "icos-agent-fleet"
     assert sm["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_prediction_store_url_comes_from_an_existing_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``predictionStore.existingSecret`` points every replica at a shared PostgreSQL: the URL reaches the
+    agent as ``ICOS_AGENT_LABELS__STORE_URL`` from the Secret, never through the ConfigMap; by default
+    no such variable (SQLite per pod) and no database is bundled."""
+
+    def agent_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+        deploy = next(d for d in docs if d["kind"] == "Deployment")
+        agent = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
+        return {e["name"]: e for e in agent["env"]}
+
+    default = render({})
+    assert "ICOS_AGENT_LABELS__STORE_URL" not in agent_env(default)
+    assert not [d for d in default if d["kind"] in ("StatefulSet",) or "postgres" in json.dumps(d.get("spec", {}))]
+    docs = render({"replicaCount": 3, "persistence": {"enabled": False}, "predictionStore": {"existingSecret": "pg"}})
+    ref = agent_env(docs)["ICOS_AGENT_LABELS__STORE_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "pg", "key": "url"}
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))
+    assert "store_url" not in cm["data"]["agent.yaml"]
+    config = pytest.importorskip("agent.config.settings", reason="agent.config.settings not available")
+    f = tmp_path / "agent.yaml"
+    f.write_text(cm["data"]["agent.yaml"], encoding="utf-8")
+    monkeypatch.setenv("ICOS_AGENT_LABELS__STORE_URL", "postgresql://icos:pw@db:5432/icos")
+    assert config.load_settings(f).labels.database_url() == "postgresql://icos:pw@db:5432/icos"
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema({"predictionStore": {"existingSecret": "pg", "key": ""}})

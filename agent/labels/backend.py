@@ -1,0 +1,169 @@
+"""What a prediction-store backend does, and the join of labels to stored predictions they share.
+
+:class:`agent.labels.store.PredictionStore` owns the queue, the writer thread and the durability
+modes; a :class:`StoreBackend` owns the tables. Two exist: SQLite in the state directory
+(:mod:`agent.labels.sqlite_backend`, the embedded default) and PostgreSQL shared by a fleet of
+replicas (:mod:`agent.labels.postgres_backend`). Both hold the same tables (``requests``, ``labels``,
+``calibration``; see :mod:`agent.labels.store`), so the join of a label to its prediction
+(:func:`join_labels`) is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.labels.rows import (
+    CorruptRow,
+    LabeledRows,
+    LabelOutcome,
+    PendingBatch,
+    RequestRow,
+    _extras_blob,
+    onehot_errors,
+    split_prediction_id,
+    storable_text,
+)
+
+CHUNK = 500  # ids per SQL statement (well below SQLite's variable limit)
+
+
+class StoreUnavailable(Exception):
+    """The store could not be read or written (the message says why)."""
+
+
+class StoreUnreachable(StoreUnavailable):
+    """The store's database cannot be reached now (a network database down or slow): a write is kept
+    queued and tried again rather than dropped."""
+
+
+class StoreBackend(Protocol):
+    """The tables of the prediction store (one implementation per database)."""
+
+    #: whether predictions survive a restart of the agent
+    persistent: bool
+    #: whether other replicas write the same tables (their predictions and labels are visible here)
+    shared: bool
+
+    @property
+    def location(self) -> str | None:
+        """Where the store lives, safe to show (a path, or a URL with its password redacted)."""
+
+    def open(self) -> None:
+        """Open (and create or migrate) the tables."""
+
+    def close(self) -> None: ...
+
+    def write(self, batches: Sequence[PendingBatch]) -> int:
+        """Insert these requests (replacing earlier ones of the same id) in one transaction; returns
+        the predictions written. Raises :class:`StoreUnreachable` when it may succeed later."""
+
+    def evict(self, now: float) -> int:
+        """Delete predictions older than the age bound and the oldest beyond the count bound."""
+
+    def counts(self) -> tuple[int, int]:
+        """``(stored predictions, labeled predictions)`` as last known."""
+
+    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> tuple[LabelOutcome, list[str]]:
+        """Join true classes to stored predictions; the outcome and the problems of damaged rows."""
+
+    def labeled_rows(self, identity: str, since: float | None, limit: int | None) -> LabeledRows: ...
+
+    def put_calibration(self, identity: str, value_json: str) -> None: ...
+
+    def get_calibration(self, identity: str) -> str | None: ...
+
+    def delete_calibration(self, identity: str) -> None: ...
+
+
+LabelInsert = tuple[Any, ...]  # the values of INSERT_LABEL, in its column order
+
+
+@dataclass
+class JoinedLabels:
+    """What :func:`join_labels` found: rows to insert into ``labels`` and how each id fared."""
+
+    inserts: list[LabelInsert] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    duplicate: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    by_identity: dict[str, list[tuple[float, int, float, bool, float, float, int]]] = field(default_factory=dict)
+    extras_by_identity: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    predicted_by_identity: dict[str, list[int | None]] = field(default_factory=dict)
+
+    def outcome(self) -> LabelOutcome:
+        accepted = [
+            (k, LabeledRows.from_tuples(v, self.extras_by_identity[k], self.predicted_by_identity[k]))
+            for k, v in self.by_identity.items()
+        ]
+        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate)
+
+
+def join_labels(
+    labels: Sequence[tuple[str, int]],
+    now: float,
+    requests_by_id: Callable[[set[str]], dict[str, list[RequestRow]]],
+    labeled_indices: Callable[[set[int]], set[tuple[int, int]]],
+    insert: Callable[[list[LabelInsert]], None],
+) -> JoinedLabels:
+    """Join ``(prediction id, true class)`` pairs to the stored requests, :data:`CHUNK` ids at a time,
+    inside the caller's transaction: ``requests_by_id`` and ``labeled_indices`` read, ``insert``
+    writes the new ``labels`` rows. An id of a request not stored (or evicted) is unknown, one
+    already labeled a duplicate (the first label stays)."""
+    out = JoinedLabels()
+    for first in range(0, len(labels), CHUNK):
+        chunk = []
+        for pid, label in labels[first : first + CHUNK]:
+            if storable_text(pid):
+                chunk.append((pid, label, *split_prediction_id(pid)))
+            else:  # no stored prediction has an id that cannot be encoded
+                out.unknown.append(pid)
+        requests = requests_by_id({rid for _, _, rid, _ in chunk})
+        done = labeled_indices({r.seq for rows in requests.values() for r in rows})
+        inserts: list[LabelInsert] = []
+        for pid, label, rid, idx in chunk:
+            row = next((r for r in requests.get(rid, ()) if r.holds(idx)), None)
+            if row is None:
+                out.unknown.append(pid)
+                continue
+            if (row.seq, idx) in done:
+                out.duplicate.append(pid)
+                continue
+            try:
+                predicted, verdict, probs, ext = row.prediction(idx)
+            except CorruptRow as exc:
+                out.corrupt.append(str(exc))
+                out.unknown.append(pid)
+                continue
+            done.add((row.seq, idx))
+            a, s = onehot_errors(probs, label)
+            confidence = float(probs.max()) if len(probs) else 0.0
+            correct = predicted == label
+            inserts.append(
+                (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs))
+                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext), predicted)
+            )
+            out.by_identity.setdefault(row.identity, []).append(
+                (row.ts, verdict, confidence, correct, a, s, len(probs))
+            )
+            out.extras_by_identity.setdefault(row.identity, []).append(ext)
+            out.predicted_by_identity.setdefault(row.identity, []).append(predicted)
+        if inserts:
+            insert(inserts)
+        out.inserts += inserts
+    return out
+
+
+def chunks(values: Iterable[Any], size: int = CHUNK) -> Iterable[list[Any]]:
+    """``values`` in lists of at most ``size``."""
+    batch: list[Any] = []
+    for v in values:
+        batch.append(v)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,445 @@
+"""The prediction store in PostgreSQL, shared by every replica (``labels.store_url``): the one module
+that imports psycopg.
+
+Tables ``icos_requests``, ``icos_labels`` and ``icos_calibration`` hold what the SQLite backend's
+tables hold (see :mod:`agent.labels.store`); ``icos_store_schema`` records the schema version. The
+agent creates and migrates the schema at start under an advisory lock (:data:`MIGRATIONS`, applied in
+order, each once), so replicas starting together do it once. A prediction is found by its request id
+whichever replica wrote it, so a label posted to any replica joins it.
+
+Connections come from a psycopg_pool pool (``labels.pool_size`` per replica), checked before use.
+Any failure to reach the server — refused, dropped, or a statement slower than
+:data:`STATEMENT_TIMEOUT_MS` — raises :class:`StoreUnreachable`: the store keeps the write queued and
+tries again. Retention: every replica may evict, one at a time (``pg_try_advisory_xact_lock``), at most
+every ``evict_interval`` seconds: requests older than the age bound, then, past ``max_predictions``
+predictions in the whole table, the oldest ones (their labels with them). The counts behind
+``icos_prediction_store_predictions`` are the whole table's, as of the last eviction pass: every
+writer adds what it wrote to its own row of ``icos_store_counts`` in the same transaction, so no
+full-table count is ever needed. The URL's password is never logged: :attr:`location` is redacted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from agent.labels.backend import StoreUnavailable, StoreUnreachable, join_labels
+from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, RequestRow, _extras_row
+from agent.labels.sqlite_schema import request_rows
+from exporters.redaction import redact_text, redact_uri
+
+log = logging.getLogger("icos_agent.labels")
+
+STATEMENT_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_S = 5
+_LOCK_SCHEMA = 0x1C05_0001  # advisory lock keys of the agent
+_LOCK_EVICT = 0x1C05_0002
+
+#: (version, statements): applied in order to a database below that version, each in the same transaction
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            "CREATE TABLE icos_requests ("
+            " seq BIGSERIAL PRIMARY KEY, rid TEXT NOT NULL, start INTEGER NOT NULL, lo INTEGER NOT NULL,"
+            " hi INTEGER NOT NULL, ts DOUBLE PRECISION NOT NULL, identity TEXT NOT NULL, k INTEGER NOT NULL,"
+            " predicted BYTEA NOT NULL, verdict BYTEA NOT NULL, probs BYTEA NOT NULL, extras BYTEA)",
+            "CREATE INDEX icos_requests_rid ON icos_requests(rid)",
+            "CREATE INDEX icos_requests_ts ON icos_requests(ts)",
+            "CREATE TABLE icos_labels ("
+            " seq BIGINT NOT NULL REFERENCES icos_requests(seq) ON DELETE CASCADE, idx INTEGER NOT NULL,"
+            " identity TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL, verdict SMALLINT NOT NULL,"
+            " confidence DOUBLE PRECISION NOT NULL, correct SMALLINT NOT NULL, k INTEGER NOT NULL,"
+            " label INTEGER NOT NULL, labeled_at DOUBLE PRECISION NOT NULL, abs_err DOUBLE PRECISION NOT NULL,"
+            " sq_err DOUBLE PRECISION NOT NULL, extras BYTEA, predicted INTEGER, PRIMARY KEY(seq, idx))",
+            "CREATE INDEX icos_labels_identity_ts ON icos_labels(identity, ts)",
+            "CREATE TABLE icos_calibration ("
+            " identity TEXT PRIMARY KEY, value TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)",
+            # running counts of predictions and labels, one row per writing process (no hot row); the
+            # evicting replica folds the rows of others into its own
+            "CREATE TABLE icos_store_counts ("
+            " writer TEXT PRIMARY KEY, predictions BIGINT NOT NULL, labeled BIGINT NOT NULL)",
+        ),
+    ),
+)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras"
+_INSERT_LABEL = (
+    "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
+    " sq_err, extras, predicted) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (seq, idx) DO NOTHING"
+)
+
+
+def migrate(conn: psycopg.Connection[Any]) -> int:
+    """Bring the schema to :data:`SCHEMA_VERSION` inside the caller's transaction; returns the
+    version found before (0: an empty database). A newer schema than this agent knows is refused."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_SCHEMA,))
+    conn.execute("CREATE TABLE IF NOT EXISTS icos_store_schema (version INTEGER NOT NULL, applied DOUBLE PRECISION)")
+    row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM icos_store_schema").fetchone()
+    found = int(row[0]) if row else 0
+    if found > SCHEMA_VERSION:
+        raise StoreUnavailable(
+            f"the prediction store's schema is version {found}, newer than this agent's {SCHEMA_VERSION}"
+        )
+    for version, statements in MIGRATIONS:
+        if version > found:
+            for stmt in statements:
+                conn.execute(stmt)  # type: ignore[call-overload]  # fixed text
+            conn.execute("INSERT INTO icos_store_schema(version, applied) VALUES (%s, %s)", (version, time.time()))
+    return found
+
+
+class PostgresBackend:
+    """The tables in the PostgreSQL database at ``url`` (see the module docstring)."""
+
+    shared = True
+    persistent = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_predictions: int,
+        max_age_seconds: float,
+        pool_size: int = 4,
+        evict_interval: float = 10.0,
+        on_error: Callable[[str], None] = lambda _op: None,
+    ) -> None:
+        self._url = url
+        self.max_predictions = max_predictions
+        self.max_age_seconds = max_age_seconds
+        self.pool_size = pool_size
+        self.evict_interval = evict_interval
+        self.on_error = on_error
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+        self._last_evict = float("-inf")
+        self._writer = f"{uuid.uuid4().hex[:16]}"  # this process's row of icos_store_counts
+        self.rows = 0
+        self.labeled = 0
+
+    @property
+    def location(self) -> str | None:
+        return redact_uri(self._url)
+
+    # -- connections -----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Start the pool (it connects in the background) and create or migrate the schema. With the
+        server down the agent starts anyway: writes are buffered and the schema is made on the first
+        write that reaches it."""
+        self._pool = ConnectionPool(
+            self._url,
+            min_size=1,
+            max_size=self.pool_size,
+            open=False,
+            timeout=CONNECT_TIMEOUT_S,
+            check=ConnectionPool.check_connection,
+            name="icos-prediction-store",
+            kwargs={
+                "connect_timeout": CONNECT_TIMEOUT_S,
+                "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                "application_name": "icos-agent",
+                # plan every statement with its values and the tables as they are now: a generic plan made
+                # while a table was small (a sequential scan) would stay cached as it grows
+                "prepare_threshold": None,
+            },
+        )
+        self._pool.open(wait=False)
+        try:
+            found = self._ensure_schema()
+            self._count()
+            log.info(
+                "prediction store in PostgreSQL",
+                extra={"url": self.location, "schema_found": found, "schema": SCHEMA_VERSION},
+            )
+        except StoreUnreachable as exc:
+            self.on_error("open")
+            log.warning(
+                "the prediction store's PostgreSQL is unreachable; serving goes on, predictions are buffered",
+                extra={"url": self.location, "error": str(exc)},
+            )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close(timeout=5)
+            self._pool = None
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection in a transaction, committed at the end of the block; failures to reach the
+        server become :class:`StoreUnreachable`, other database errors :class:`StoreUnavailable`."""
+        if self._pool is None:
+            raise StoreUnavailable("the prediction store is not open")
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise StoreUnreachable(redact_text(f"{type(exc).__name__}: {exc}".strip())) from exc
+        except psycopg.Error as exc:
+            raise StoreUnavailable(redact_text(f"{type(exc).__name__}: {exc}".strip())) from exc
+
+    def _ensure_schema(self) -> int:
+        with self._schema_lock:
+            if self._schema_ready:
+                return SCHEMA_VERSION
+            with self._tx() as conn:
+                found = migrate(conn)
+            self._schema_ready = True
+            return found
+
+    # -- writing ---------------------------------------------------------------------------------
+    def write(self, batches: Sequence[PendingBatch]) -> int:
+        self._ensure_schema()
+        rows = request_rows(batches)
+        with self._tx() as conn:
+            # request ids used again replace their earlier predictions: one index lookup, deletes only
+            # for ids that exist (rare)
+            found = conn.execute(
+                "SELECT seq, hi - lo FROM icos_requests WHERE rid = ANY(%s)", ([b.request_id for b in batches],)
+            ).fetchall()
+            labels_gone = replaced = 0
+            if found:
+                seqs = [int(seq) for seq, _ in found]
+                replaced = sum(int(n) for _, n in found)
+                labels_gone = _count_of(
+                    conn,
+                    "WITH g AS (DELETE FROM icos_labels WHERE seq = ANY(%s) RETURNING 1) SELECT COUNT(*) FROM g",
+                    (seqs,),
+                )
+                conn.execute("DELETE FROM icos_requests WHERE seq = ANY(%s)", (seqs,))
+            with (
+                conn.cursor() as cur,
+                cur.copy(
+                    "COPY icos_requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras)"
+                    " FROM STDIN"
+                ) as copy,
+            ):
+                for rid, n, ts, identity, k, predicted, verdict, probs, extras in rows:
+                    copy.write_row((rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras))
+            written = sum(b.n for b in batches)
+            self._add_counts(conn, written - replaced, -labels_gone)
+        self.rows += written - replaced
+        self.labeled -= labels_gone
+        return written
+
+    def _add_counts(self, conn: psycopg.Connection[Any], predictions: int, labeled: int) -> None:
+        """Add to this writer's row of ``icos_store_counts`` (inside the caller's transaction)."""
+        if predictions or labeled:
+            conn.execute(
+                "INSERT INTO icos_store_counts(writer, predictions, labeled) VALUES (%s, %s, %s)"
+                " ON CONFLICT (writer) DO UPDATE SET predictions = icos_store_counts.predictions"
+                " + EXCLUDED.predictions, labeled = icos_store_counts.labeled + EXCLUDED.labeled",
+                (self._writer, predictions, labeled),
+            )
+
+    def evict(self, now: float) -> int:
+        """At most every ``evict_interval``, and by one replica at a time: see the module docstring."""
+        if time.monotonic() - self._last_evict < self.evict_interval:
+            return 0
+        self._last_evict = time.monotonic()
+        gone = 0
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                got = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_EVICT,)).fetchone()
+                if got and got[0]:
+                    gone = self._evict_locked(conn, now - self.max_age_seconds)
+            self._count()
+        except StoreUnavailable as exc:
+            log.debug("eviction postponed", extra={"error": str(exc)})
+        return gone
+
+    def _evict_locked(self, conn: psycopg.Connection[Any], cutoff: float) -> int:
+        """Evict by age, fold the other writers' count rows into ours, then evict by count."""
+        labels = _count_of(
+            conn,
+            "WITH g AS (DELETE FROM icos_labels WHERE seq IN (SELECT seq FROM icos_requests WHERE ts < %s)"
+            " RETURNING 1) SELECT COUNT(*) FROM g",
+            (cutoff,),
+        )
+        gone = _count_of(
+            conn,
+            "WITH g AS (DELETE FROM icos_requests WHERE ts < %s RETURNING hi - lo AS n)"
+            " SELECT COALESCE(SUM(n), 0) FROM g",
+            (cutoff,),
+        )
+        conn.execute(
+            "INSERT INTO icos_store_counts(writer, predictions, labeled) VALUES (%s, 0, 0) ON CONFLICT DO NOTHING",
+            (self._writer,),
+        )
+        conn.execute(
+            "WITH g AS (DELETE FROM icos_store_counts WHERE writer <> %s RETURNING predictions, labeled)"
+            " UPDATE icos_store_counts SET predictions = predictions + (SELECT COALESCE(SUM(predictions), 0) FROM g),"
+            " labeled = labeled + (SELECT COALESCE(SUM(labeled), 0) FROM g) WHERE writer = %s",
+            (self._writer, self._writer),
+        )
+        total = _count_of(
+            conn, "SELECT predictions - %s FROM icos_store_counts WHERE writer = %s", (gone, self._writer)
+        )
+        excess = total - self.max_predictions
+        cut_gone, cut_labels = _evict_oldest(conn, excess) if excess > 0 else (0, 0)
+        self._add_counts(conn, -(gone + cut_gone), -(labels + cut_labels))
+        return gone + cut_gone
+
+    def _count(self) -> None:
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(predictions), 0), COALESCE(SUM(labeled), 0) FROM icos_store_counts"
+            ).fetchone()
+        if row is not None:
+            self.rows, self.labeled = int(row[0]), int(row[1])
+
+    def counts(self) -> tuple[int, int]:
+        return self.rows, self.labeled
+
+    # -- labels ----------------------------------------------------------------------------------
+    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> tuple[LabelOutcome, list[str]]:
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                inserted: list[int] = []
+                joined = join_labels(
+                    labels,
+                    now,
+                    lambda rids: _requests_by_id(conn, rids),
+                    lambda seqs: _labeled_indices(conn, seqs),
+                    lambda rows: inserted.append(_insert_labels(conn, rows)),
+                )
+                self._add_counts(conn, 0, sum(inserted))
+        except StoreUnavailable:
+            self.on_error("write")
+            raise
+        self.labeled += len(joined.inserts)
+        return joined.outcome(), joined.corrupt
+
+    def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
+        sql = (
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted FROM icos_labels"
+            " WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
+        )
+        args: list[Any] = [identity, float("-inf") if since is None else since]
+        if limit is not None:
+            sql += " LIMIT %s"
+            args.append(int(limit))
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                rows = conn.execute(sql, args).fetchall()  # type: ignore[call-overload]
+        except StoreUnavailable:
+            self.on_error("read")
+            raise
+        rows.reverse()
+        return LabeledRows.from_tuples(
+            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
+            [_extras_row(_bytes(r[7])) for r in rows],
+            [r[8] for r in rows],
+        )
+
+    # -- refitted calibrations -------------------------------------------------------------------
+    def put_calibration(self, identity: str, value_json: str) -> None:
+        self._ensure_schema()
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO icos_calibration(identity, value, created) VALUES (%s, %s, %s)"
+                " ON CONFLICT (identity) DO UPDATE SET value = EXCLUDED.value, created = EXCLUDED.created",
+                (identity, value_json, time.time()),
+            )
+
+    def get_calibration(self, identity: str) -> str | None:
+        self._ensure_schema()
+        with self._tx() as conn:
+            row = conn.execute("SELECT value FROM icos_calibration WHERE identity = %s", (identity,)).fetchone()
+        return str(row[0]) if row else None
+
+    def delete_calibration(self, identity: str) -> None:
+        self._ensure_schema()
+        with self._tx() as conn:
+            conn.execute("DELETE FROM icos_calibration WHERE identity = %s", (identity,))
+
+
+def _bytes(v: object) -> object:
+    return bytes(v) if isinstance(v, memoryview) else v
+
+
+def _requests_by_id(conn: psycopg.Connection[Any], rids: set[str]) -> dict[str, list[RequestRow]]:
+    out: dict[str, list[RequestRow]] = {}
+    if not rids:
+        return out
+    cur = conn.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM icos_requests WHERE rid = ANY(%s)",  # type: ignore[call-overload]  # noqa: S608
+        (list(rids),),
+    )
+    for r in cur.fetchall():
+        row = RequestRow.of([*r[:8], *(_bytes(v) for v in r[8:])])
+        out.setdefault(row.rid, []).append(row)
+    return out
+
+
+def _labeled_indices(conn: psycopg.Connection[Any], seqs: set[int]) -> set[tuple[int, int]]:
+    if not seqs:
+        return set()
+    cur = conn.execute("SELECT seq, idx FROM icos_labels WHERE seq = ANY(%s)", (list(seqs),))
+    return {(int(s), int(i)) for s, i in cur.fetchall()}
+
+
+def _insert_labels(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
+    """Insert label rows; returns how many were new (a concurrent replica may have labeled one first)."""
+    with conn.cursor() as cur:
+        cur.executemany(_INSERT_LABEL, rows)
+        return max(cur.rowcount, 0)
+
+
+def _count_of(conn: psycopg.Connection[Any], sql: str, args: tuple[Any, ...]) -> int:
+    row = conn.execute(sql, args).fetchone()  # type: ignore[call-overload]  # fixed text
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def _evict_oldest(conn: psycopg.Connection[Any], excess: int) -> tuple[int, int]:
+    """Evict the oldest ``excess`` predictions, walking the requests by ``seq`` (cutting into one
+    request if need be, as the SQLite backend does); returns ``(predictions, labels)`` deleted."""
+    whole_upto: int | None = None
+    cut: tuple[int, int] | None = None
+    left, after = excess, -1
+    while left > 0:
+        page = conn.execute(
+            "SELECT seq, lo, hi FROM icos_requests WHERE seq > %s ORDER BY seq LIMIT 1000", (after,)
+        ).fetchall()
+        if not page:
+            break
+        for seq, lo, hi in page:
+            live = int(hi) - int(lo)
+            if live <= left:
+                whole_upto, left = int(seq), left - live
+            else:
+                cut, left = (int(seq), int(lo) + left), 0
+            if left == 0:
+                break
+        after = int(page[-1][0])
+    labels = 0
+    if whole_upto is not None:
+        labels += _count_of(
+            conn,
+            "WITH g AS (DELETE FROM icos_labels WHERE seq <= %s RETURNING 1) SELECT COUNT(*) FROM g",
+            (whole_upto,),
+        )
+        conn.execute("DELETE FROM icos_requests WHERE seq <= %s", (whole_upto,))
+    if cut is not None:
+        seq, lo = cut
+        labels += _count_of(
+            conn,
+            "WITH g AS (DELETE FROM icos_labels WHERE seq = %s AND idx < %s RETURNING 1) SELECT COUNT(*) FROM g",
+            (seq, lo),
+        )
+        conn.execute("UPDATE icos_requests SET lo = %s WHERE seq = %s", (lo, seq))
+    return excess - left, labels

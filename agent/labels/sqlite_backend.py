@@ -1,0 +1,294 @@
+"""The prediction store's embedded backend: one SQLite file in the state directory (WAL).
+
+The file is ``<state_dir>/predictions.sqlite3``. Without a state directory, or when the file cannot
+be opened, the tables live in memory (same bounds, lost at restart) and the failure is reported to
+``on_error("open")``; a damaged file (``PRAGMA quick_check`` at open) is moved aside and reported to
+``on_error("corrupt")``. The schema, the conversion of older files and the statements shared with
+the conversion are in :mod:`agent.labels.sqlite_schema`.
+
+Durability: ``synchronous=NORMAL`` (a commit survives the agent being killed, not a power cut) in
+``batched`` mode; ``synchronous=FULL`` in ``commit`` mode, where a request is acknowledged only
+after its commit, so that an acknowledged prediction also survives a power cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
+from agent.labels.backend import StoreUnavailable, join_labels
+from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
+from agent.labels.sqlite_schema import (
+    INSERT_LABEL,
+    delete_requests,
+    init_schema,
+    labeled_indices,
+    request_rows,
+    requests_by_id,
+)
+
+log = logging.getLogger("icos_agent.labels")
+
+STORE_FILE = "predictions.sqlite3"
+
+
+class SQLiteBackend:
+    """The tables in ``<directory>/predictions.sqlite3`` (or in memory). Thread-safe (one lock)."""
+
+    shared = False
+
+    def __init__(
+        self,
+        directory: Path | None,
+        *,
+        max_predictions: int,
+        max_age_seconds: float,
+        full_sync: bool = False,
+        on_error: Callable[[str], None] = lambda _op: None,
+    ) -> None:
+        self.directory = directory
+        self.max_predictions = max_predictions
+        self.max_age_seconds = max_age_seconds
+        self.full_sync = full_sync
+        self.on_error = on_error
+        self.persistent = False
+        self.path: Path | None = None
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self.rows = 0
+        self.labeled = 0
+        self._oldest_ts = float("inf")  # the oldest stored request's time (age eviction skips until then)
+
+    @property
+    def location(self) -> str | None:
+        return str(self.path) if self.path else None
+
+    def open(self) -> None:
+        """Open the file, or fall back to memory (reported as an ``open`` error). A damaged file is
+        moved aside, counted as ``corrupt`` and replaced by an empty one: its rows would read back as garbage."""
+        if self.directory is not None:
+            path = self.directory / STORE_FILE
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                try:
+                    db = open_checked(path, init_schema)
+                except DamagedFile as exc:
+                    self._move_aside(path, str(exc))
+                    db = open_checked(path, init_schema)
+                if self.full_sync:
+                    db.execute("PRAGMA synchronous=FULL")
+                self._db, self.path, self.persistent = db, path, True
+            except (sqlite3.Error, OSError, DamagedFile) as exc:
+                self.on_error("open")
+                log.warning(
+                    "prediction store not writable; keeping predictions in memory (lost at restart)",
+                    extra={"path": str(path), "error": str(exc)},
+                )
+        if self._db is None:
+            db = connect(":memory:")
+            init_schema(db)
+            self._db = db
+        self._refresh_counts()
+
+    def _move_aside(self, path: Path, why: str) -> None:
+        moved = move_aside(path)
+        self.on_error("corrupt")
+        log.error(
+            "the prediction store file is damaged; moved aside, starting an empty store",
+            extra={"path": str(path), "moved_to": str(moved), "error": why},
+        )
+
+    def conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StoreUnavailable("the prediction store is not open")
+        return self._db
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def counts(self) -> tuple[int, int]:
+        return self.rows, self.labeled
+
+    # -- writing ---------------------------------------------------------------------------------
+    def write(self, batches: Sequence[PendingBatch]) -> int:
+        rows = request_rows(batches)
+        with self._lock:
+            db = self.conn()
+            db.execute("BEGIN")
+            try:
+                replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
+                db.executemany(
+                    "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
+                    " extras) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled back already (e.g. a full disk)
+                    db.execute("ROLLBACK")
+                raise
+        written = sum(b.n for b in batches)
+        self.rows += written - replaced_rows
+        self.labeled -= replaced_labels
+        self._oldest_ts = min(self._oldest_ts, min(b.timestamp for b in batches))
+        return written
+
+    def evict(self, now: float) -> int:
+        cutoff = now - self.max_age_seconds
+        if self._oldest_ts >= cutoff and self.rows <= self.max_predictions:
+            return 0  # nothing is over a bound: no statement at all
+        try:
+            with self._lock:
+                db = self.conn()
+                db.execute("BEGIN")
+                try:
+                    gone = self._evict_older(db, cutoff) + self._evict_beyond_count(db)
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+        except (sqlite3.Error, OSError, StoreUnavailable) as exc:
+            self.on_error("write")
+            log.warning("evicting predictions failed", extra={"error": str(exc)})
+            self._refresh_counts()
+            return 0
+        return gone
+
+    def _evict_older(self, db: sqlite3.Connection, cutoff: float) -> int:
+        n, oldest = db.execute(
+            "SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests WHERE ts < ?", (cutoff,)
+        ).fetchone()
+        if int(n) == 0 and oldest is None:
+            row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
+            self._oldest_ts = float("inf") if row[0] is None else float(row[0])
+            return 0
+        self.labeled -= db.execute(
+            "DELETE FROM labels WHERE seq IN (SELECT seq FROM requests WHERE ts < ?)", (cutoff,)
+        ).rowcount
+        db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
+        self.rows -= int(n)
+        row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
+        self._oldest_ts = float("inf") if row[0] is None else float(row[0])
+        return int(n)
+
+    def _evict_beyond_count(self, db: sqlite3.Connection) -> int:
+        """Keep exactly the newest ``max_predictions`` predictions, cutting into a request if need be."""
+        excess = self.rows - self.max_predictions
+        if excess <= 0:
+            return 0
+        whole_upto: int | None = None  # delete request rows with seq <= this
+        cut: tuple[int, int] | None = None  # (seq, new lo) of a request evicted in part
+        left = excess
+        after = -1
+        while left > 0:
+            page = db.execute(
+                "SELECT seq, lo, hi FROM requests WHERE seq > ? ORDER BY seq LIMIT 1000", (after,)
+            ).fetchall()
+            if not page:
+                break
+            for seq, lo, hi in page:
+                live = int(hi) - int(lo)
+                if live <= left:
+                    whole_upto, left = int(seq), left - live
+                else:
+                    cut, left = (int(seq), int(lo) + left), 0
+                if left == 0:
+                    break
+            after = int(page[-1][0])
+        if whole_upto is not None:
+            self.labeled -= db.execute("DELETE FROM labels WHERE seq <= ?", (whole_upto,)).rowcount
+            db.execute("DELETE FROM requests WHERE seq <= ?", (whole_upto,))
+        if cut is not None:
+            seq, lo = cut
+            self.labeled -= db.execute("DELETE FROM labels WHERE seq = ? AND idx < ?", (seq, lo)).rowcount
+            db.execute("UPDATE requests SET lo = ? WHERE seq = ?", (lo, seq))
+        gone = excess - left
+        self.rows -= gone
+        return gone
+
+    def _refresh_counts(self) -> None:
+        try:
+            with self._lock:
+                db = self.conn()
+                n, oldest = db.execute("SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests").fetchone()
+                (labeled,) = db.execute("SELECT COUNT(*) FROM labels").fetchone()
+            self.rows, self.labeled = int(n), int(labeled)
+            self._oldest_ts = float("inf") if oldest is None else float(oldest)
+        except (sqlite3.Error, StoreUnavailable):
+            self.on_error("read")
+
+    # -- labels ----------------------------------------------------------------------------------
+    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> tuple[LabelOutcome, list[str]]:
+        try:
+            with self._lock:
+                db = self.conn()
+                db.execute("BEGIN")
+                try:
+                    joined = join_labels(
+                        labels,
+                        now,
+                        lambda rids: requests_by_id(db, rids),
+                        lambda seqs: labeled_indices(db, seqs),
+                        lambda rows: _insert_labels(db, rows),
+                    )
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+        except (sqlite3.Error, OSError) as exc:
+            self.on_error("write")
+            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+        self.labeled += len(joined.inserts)
+        return joined.outcome(), joined.corrupt
+
+    def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
+        sql = (
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted "
+            "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
+        )
+        args: list[Any] = [identity, float("-inf") if since is None else since]
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        try:
+            with self._lock:
+                rows = self.conn().execute(sql, args).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            self.on_error("read")
+            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+        rows.reverse()
+        return LabeledRows.from_tuples(
+            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
+            [_extras_row(r[7]) for r in rows],
+            [r[8] for r in rows],
+        )
+
+    # -- refitted calibrations -------------------------------------------------------------------
+    def put_calibration(self, identity: str, value_json: str) -> None:
+        with self._lock:
+            self.conn().execute(
+                "INSERT OR REPLACE INTO calibration(identity, value, created) VALUES(?, ?, ?)",
+                (identity, value_json, time.time()),
+            )
+
+    def get_calibration(self, identity: str) -> str | None:
+        with self._lock:
+            row = self.conn().execute("SELECT value FROM calibration WHERE identity = ?", (identity,)).fetchone()
+        return str(row[0]) if row else None
+
+    def delete_calibration(self, identity: str) -> None:
+        with self._lock:
+            self.conn().execute("DELETE FROM calibration WHERE identity = ?", (identity,))
+
+
+def _insert_labels(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    db.executemany(INSERT_LABEL, rows)
