@@ -165,8 +165,14 @@ def test_metrics_and_estimates_move(
     x = mnist_splits.test.x[:64]
     res = infer(client, x, True, ("icos_verdict",))
     verdicts = [v.decode() for v in res.as_numpy("icos_verdict")]
-    after = metrics(agent.url)
     labels = {"model": "mnist", "version": "3"}
+    # the answer carries the verdicts; windows and metrics are recorded right after, many requests at once
+    assert wait_until(
+        lambda: sample(metrics(agent.url), "icos_predictions_total", **labels)
+        - sample(before, "icos_predictions_total", **labels)
+        >= 64
+    )
+    after = metrics(agent.url)
     assert sample(after, "icos_predictions_total", **labels) - sample(before, "icos_predictions_total", **labels) == 64
     passes = sample(after, "icos_verdicts_total", verdict="pass") - sample(
         before, "icos_verdicts_total", verdict="pass"
