@@ -157,10 +157,23 @@ def test_binary_bytes_metadata_input(client: th.InferenceServerClient, mnist_spl
     assert got[1] != b"fail:idi"
 
 
+def settled_metrics(url: str) -> Any:
+    """The metrics once predictions answered earlier are all recorded: the count of predictions is
+    the same over three reads 0.1 s apart (recording lingers 50 ms at most); bounded by 10 s."""
+    reads: list[float] = []
+
+    def settled() -> bool:
+        reads.append(sample(metrics(url), "icos_predictions_total", model="mnist", version="3"))
+        return len(reads) >= 3 and reads[-1] == reads[-2] == reads[-3]
+
+    assert wait_until(settled, timeout=10.0, interval=0.1)
+    return metrics(url)
+
+
 def test_metrics_and_estimates_move(
     client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits
 ) -> None:
-    before = metrics(agent.url)
+    before = settled_metrics(agent.url)  # earlier tests' predictions recorded
     est0 = httpx.get(f"{agent.url}/v1/estimates").json()
     x = mnist_splits.test.x[:64]
     res = infer(client, x, True, ("icos_verdict",))
@@ -172,7 +185,7 @@ def test_metrics_and_estimates_move(
         - sample(before, "icos_predictions_total", **labels)
         >= 64
     )
-    after = metrics(agent.url)
+    after = settled_metrics(agent.url)
     assert sample(after, "icos_predictions_total", **labels) - sample(before, "icos_predictions_total", **labels) == 64
     passes = sample(after, "icos_verdicts_total", verdict="pass") - sample(
         before, "icos_verdicts_total", verdict="pass"
@@ -216,6 +229,7 @@ def test_separate_metrics_port(mnist_bundle_dir: Path, mnist_splits: Splits) -> 
     srv = start_server(create_app(settings, CollectorRegistry()))
     try:
         infer(th.InferenceServerClient(srv.hostport), mnist_splits.test.x[:2], True)
+        settled_metrics(srv.url)
         on_main = httpx.get(f"{srv.url}/metrics").text
         on_side = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert 'icos_predictions_total{model="mnist",version="3"} 2.0' in on_main
