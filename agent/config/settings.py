@@ -51,6 +51,14 @@ class ServerConfig(_Section):
     host: str = "0.0.0.0"  # noqa: S104 - a sidecar listens on the pod network
     port: int = Field(8080, ge=1, le=65535)
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="port of the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`, "
+        "serve and proxy modes; 8081 is the usual choice beside Triton's and KServe's); null: HTTP only. "
+        "Request messages are bounded by `server.max_body_bytes`",
+    )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1024, ge=1)
     max_tensor_elements: int = Field(1 << 24, ge=1)
@@ -199,6 +207,8 @@ class AgentSettings(BaseSettings):
             raise ValueError("upstream.url is required in proxy mode")
         if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:
             raise ValueError("server.metrics_port must differ from server.port")
+        if self.server.grpc_port is not None and self.server.grpc_port in (self.server.port, self.server.metrics_port):
+            raise ValueError("server.grpc_port must differ from server.port and server.metrics_port")
         return self
 
     @classmethod

@@ -35,10 +35,12 @@ from agent.server.observe import (
     parse_cloudevent,
     size_of,
 )
-from agent.server.proxy import proxy_judge, proxy_prepare
 from agent.server.responses import json_response
 from agent.server.service import AgentService
 
+#: The server's name and protocol extensions in V2 server metadata (HTTP and gRPC).
+SERVER_NAME = "icos-agent"
+SERVER_EXTENSIONS = ("binary_tensor_data", "icos_verdict")
 #: A version a reload may set: it becomes a metric label and a log field (what ``model.version`` allows, bounded).
 RELOAD_VERSION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 #: The longest model or bundle path a reload accepts (Linux's PATH_MAX).
@@ -92,9 +94,7 @@ def build_router(svc: AgentService) -> APIRouter:
 
     @r.get("/v2", summary="V2 server metadata")
     async def server_metadata() -> Response:
-        return json_response(
-            {"name": "icos-agent", "version": __version__, "extensions": ["binary_tensor_data", "icos_verdict"]}
-        )
+        return json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(SERVER_EXTENSIONS)})
 
     @r.get("/v2/health/live", summary="V2 liveness")
     async def live() -> Response:
@@ -113,25 +113,8 @@ def build_router(svc: AgentService) -> APIRouter:
 
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
         rt = check_model(svc, name, version)
-        if svc.settings.mode == "observe":
-            raise ClientError(
-                "inference is not served in observe mode; send predictions to POST /v1/observe",
-                status=404,
-                reason="mode",
-            )
         body = await request.body()
-        header_length = request.headers.get(v2.HEADER_LENGTH)
-        if svc.settings.mode == "serve":
-            content, headers = await svc.infer(rt, body, header_length)
-            return Response(content, headers=headers)
-        assert svc.upstream is not None
-        req, meta, x, fwd_body, fwd_headers = await svc.run(proxy_prepare, rt, body, header_length)
-        t0 = time.perf_counter()
-        up_body, up_len = await svc.upstream.infer(svc.settings.upstream_model_name, fwd_body, fwd_headers)
-        seconds = time.perf_counter() - t0
-        content, headers = await svc.run(
-            proxy_judge, svc.pipeline, svc.settings.upstream.scores_output, rt, req, meta, x, up_body, up_len, seconds
-        )
+        content, headers = await svc.answer_infer(rt, body, request.headers.get(v2.HEADER_LENGTH))
         return Response(content, headers=headers)
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

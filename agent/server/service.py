@@ -2,7 +2,9 @@
 worker threads, observe queue, state store) and its lifecycle.
 
 :meth:`AgentService.infer` is the one serve-mode path from a request body to its answer (decode, run,
-judge, encode); both the fast ASGI path and the FastAPI route call it. :meth:`AgentService.swap_runtime`
+judge, encode); both the fast ASGI path and the FastAPI route call it. :meth:`AgentService.answer_infer`
+answers an inference request in the agent's mode (serve, or proxy: forward and judge); the FastAPI route
+and the gRPC service call it. :meth:`AgentService.swap_runtime`
 is the one place the runtime is replaced (reload, recalibration from labels).
 """
 
@@ -36,7 +38,7 @@ from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.observe import EventPairer, ObserveItem
-from agent.server.proxy import UpstreamClient
+from agent.server.proxy import UpstreamClient, proxy_judge, proxy_prepare
 from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
 
 log = logs.get("app")
@@ -122,6 +124,31 @@ class AgentService:
         if small or (header_length is not None and len(body) <= LOOP_DECODE_MAX_BYTES):
             return await self._infer_model_in_thread(rt, body, header_length, small)
         return await self.run(self.pipeline.serve_infer, rt, body, header_length)  # type: ignore[no-any-return]
+
+    async def answer_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """The V2 answer to an inference request body in this agent's mode: serve mode infers
+        (:meth:`infer`), proxy mode forwards to the upstream and judges its answer (:meth:`proxy_infer`),
+        observe mode refuses (predictions come to ``/v1/observe`` there)."""
+        mode = self.settings.mode
+        if mode == "serve":
+            return await self.infer(rt, body, header_length)
+        if mode == "proxy":
+            return await self.proxy_infer(rt, body, header_length)
+        raise ClientError(
+            "inference is not served in observe mode; send predictions to POST /v1/observe", status=404, reason="mode"
+        )
+
+    async def proxy_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """Proxy mode: forward the request's model input to the upstream and judge its answer."""
+        assert self.upstream is not None
+        req, meta, x, fwd_body, fwd_headers = await self.run(proxy_prepare, rt, body, header_length)
+        t0 = time.perf_counter()
+        up_body, up_len = await self.upstream.infer(self.settings.upstream_model_name, fwd_body, fwd_headers)
+        seconds = time.perf_counter() - t0
+        scores_output = self.settings.upstream.scores_output
+        return await self.run(  # type: ignore[no-any-return]
+            proxy_judge, self.pipeline, scores_output, rt, req, meta, x, up_body, up_len, seconds
+        )
 
     async def _infer_model_in_thread(
         self, rt: Runtime, body: bytes, header_length: str | None, small: bool
