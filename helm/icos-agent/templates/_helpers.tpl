@@ -67,6 +67,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.metrics.port }}
 {{- $_ := set $server "metrics_port" (int .Values.metrics.port) }}
 {{- end }}
+{{- if .Values.service.grpcPort }}
+{{- $_ := set $server "grpc_port" (int .Values.service.grpcPort) }}
+{{- end }}
 {{- $_ := set $cfg "server" $server }}
 {{- if eq .Values.mode "proxy" }}
 {{- $_ := set $cfg "upstream" (dict "url" .Values.upstream.url) }}
