@@ -60,6 +60,14 @@ class ServerConfig(_Section):
         "when set, those endpoints answer only there (404 on server.port) and that port answers only "
         "them and the health checks, so a NetworkPolicy can admit its callers alone; null keeps them on server.port",
     )
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="port of the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`, "
+        "serve and proxy modes; 8081 is the usual choice beside Triton's and KServe's); null: HTTP only. "
+        "Request messages are bounded by `server.max_body_bytes`",
+    )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1024, ge=1)
     max_tensor_elements: int = Field(1 << 24, ge=1)
@@ -318,8 +326,11 @@ class AgentSettings(BaseSettings):
         if self.server.admin_port is not None and self.server.admin_port in (
             self.server.port,
             self.server.metrics_port,
+            self.server.grpc_port,
         ):
-            raise ValueError("server.admin_port must differ from server.port and server.metrics_port")
+            raise ValueError("server.admin_port must differ from server.port, metrics_port and grpc_port")
+        if self.server.grpc_port is not None and self.server.grpc_port in (self.server.port, self.server.metrics_port):
+            raise ValueError("server.grpc_port must differ from server.port and server.metrics_port")
         return self
 
     @classmethod

@@ -277,6 +277,14 @@ def _check_elements(name: str, shape: list[int], max_elements: int | None) -> No
         )
 
 
+def check_shape(name: str, raw: object, max_elements: int | None = DEFAULT_MAX_ELEMENTS) -> list[int]:
+    """A tensor's declared shape, checked as :func:`decode_tensors` checks it (for other encodings of V2
+    tensors, such as gRPC messages, to refuse a shape before they size anything by it)."""
+    shape = _shape(name, raw)
+    _check_elements(name, shape, max_elements)
+    return shape
+
+
 def decode_tensors(
     items: object, payload: memoryview, what: str, *, max_elements: int | None = DEFAULT_MAX_ELEMENTS
 ) -> tuple[list[Tensor], int]:

@@ -2,7 +2,8 @@
 
 ``create_app(settings, registry)`` loads the model and bundle (raising :class:`agent.errors.UserError`
 on a bad file), and returns the app; background work (observe workers, state flushes, the optional
-metrics port) starts in the lifespan. Other parts of the agent extend it: pass ``routers`` (e.g. the
+metrics port, the optional gRPC service of :mod:`agent.server.grpc_server`) starts in the lifespan.
+Other parts of the agent extend it: pass ``routers`` (e.g. the
 audit endpoints under ``/v1/audits``) and register collectors on ``app.state.registry``; the admin
 check is :func:`agent.server.admin.require_admin`, usable as a FastAPI dependency. ``app.state.agent`` is the
 :class:`~agent.server.service.AgentService`.
@@ -93,6 +94,22 @@ def create_app(
     routers = [*routers, audit_router(audits), labels_router(labels)]
     on_startup = [*on_startup, audits.start, labels.start]
     on_shutdown = [labels.stop, audits.stop, *on_shutdown]
+    grpc_port = settings.server.grpc_port
+    if grpc_port is not None:
+        # lazy: grpc and the protocol's messages load only when the gRPC service is on
+        from agent.server.grpc_server import GrpcService
+
+        grpc_service = GrpcService(svc)
+
+        async def start_grpc(app: FastAPI) -> None:
+            await grpc_service.start(settings.server.host, grpc_port)
+
+        async def stop_grpc(app: FastAPI) -> None:  # first: calls in flight finish while the agent judges
+            svc.ready = False  # ServerReady answers false from now on
+            await grpc_service.stop(settings.server.graceful_timeout_seconds)
+
+        on_startup = [*on_startup, start_grpc]
+        on_shutdown = [stop_grpc, *on_shutdown]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -8,7 +8,6 @@ OpenTelemetry is on. Both call :meth:`AgentService.infer`, so the answers are th
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import time
@@ -36,10 +35,13 @@ from agent.server.observe import (
     parse_cloudevent,
     size_of,
 )
-from agent.server.proxy import proxy_judge, proxy_metadata, proxy_prepare
+from agent.server.proxy import proxy_metadata
 from agent.server.responses import json_response
-from agent.server.service import INLINE_MAX_BYTES, AgentService
+from agent.server.service import AgentService
 
+#: The server's name and protocol extensions in V2 server metadata (HTTP and gRPC).
+SERVER_NAME = "icos-agent"
+SERVER_EXTENSIONS = ("binary_tensor_data", "icos_verdict")
 #: A version a reload may set: it becomes a metric label and a log field (what ``model.version`` allows, bounded).
 RELOAD_VERSION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 #: The longest model or bundle path a reload accepts (Linux's PATH_MAX).
@@ -93,9 +95,7 @@ def build_router(svc: AgentService) -> APIRouter:
 
     @r.get("/v2", summary="V2 server metadata")
     async def server_metadata() -> Response:
-        return json_response(
-            {"name": "icos-agent", "version": __version__, "extensions": ["binary_tensor_data", "icos_verdict"]}
-        )
+        return json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(SERVER_EXTENSIONS)})
 
     @r.get("/v2/health/live", summary="V2 liveness")
     async def live() -> Response:
@@ -117,35 +117,8 @@ def build_router(svc: AgentService) -> APIRouter:
 
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
         rt = check_model(svc, name, version)
-        if svc.settings.mode == "observe":
-            raise ClientError(
-                "inference is not served in observe mode; send predictions to POST /v1/observe",
-                status=404,
-                reason="mode",
-            )
         body = await request.body()
-        header_length = request.headers.get(v2.HEADER_LENGTH)
-        if svc.settings.mode == "serve":
-            content, headers = await svc.infer(rt, body, header_length)
-            return Response(content, headers=headers)
-        assert svc.upstream is not None
-        up = await svc.upstream_info()
-        # small binary requests are decoded and answered on the loop: a thread hop costs more than their
-        # work (JSON bodies cost milliseconds to parse: they stay in the threads, off the loop)
-        small = header_length is not None and len(body) <= INLINE_MAX_BYTES
-        prepare_args = (rt, up, body, header_length)
-        prepared = proxy_prepare(*prepare_args) if small else await svc.run(proxy_prepare, *prepare_args)
-        req, meta, x, fwd_body, fwd_headers = prepared
-        t0 = time.perf_counter()
-        up_body, up_len = await svc.upstream.infer(svc.settings.upstream_model_name, fwd_body, fwd_headers)
-        seconds = time.perf_counter() - t0
-        judge_args = (svc.pipeline, up, rt, req, meta, x, up_body, up_len, seconds)
-        record_now = bool(svc.ack_gates)
-        if small:
-            content, headers, rid = proxy_judge(*judge_args, record_now=record_now)
-        else:
-            content, headers, rid = await svc.run(functools.partial(proxy_judge, record_now=record_now), *judge_args)
-        await svc.acknowledge(rid)
+        content, headers = await svc.answer_infer(rt, body, request.headers.get(v2.HEADER_LENGTH))
         return Response(content, headers=headers)
 
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

@@ -2,7 +2,9 @@
 worker threads, observe queue, state store) and its lifecycle.
 
 :meth:`AgentService.infer` is the one serve-mode path from a request body to its answer (decode, run,
-judge, encode); both the fast ASGI path and the FastAPI route call it. :meth:`AgentService.swap_runtime`
+judge, encode); both the fast ASGI path and the FastAPI route call it. :meth:`AgentService.answer_infer`
+answers an inference request in the agent's mode (serve, or proxy: forward and judge); the FastAPI route
+and the gRPC service call it. :meth:`AgentService.swap_runtime`
 is the one place the runtime is replaced (reload, recalibration from labels).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -36,6 +39,7 @@ from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.observe import EventPairer, ObserveItem
+from agent.server.proxy import proxy_judge, proxy_prepare
 from agent.server.upstream import UpstreamClient, UpstreamError, UpstreamModel
 from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
 
@@ -160,6 +164,42 @@ class AgentService:
         a virtual machine, a few times per request)."""
         self._cost_tick = (self._cost_tick + 1) % COST_SAMPLE_EVERY
         return self._cost_tick == 1 or COST_SAMPLE_EVERY == 1
+
+    async def answer_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """The V2 answer to an inference request body in this agent's mode: serve mode infers
+        (:meth:`infer`), proxy mode forwards to the upstream and judges its answer (:meth:`proxy_infer`),
+        observe mode refuses (predictions come to ``/v1/observe`` there)."""
+        mode = self.settings.mode
+        if mode == "serve":
+            return await self.infer(rt, body, header_length)
+        if mode == "proxy":
+            return await self.proxy_infer(rt, body, header_length)
+        raise ClientError(
+            "inference is not served in observe mode; send predictions to POST /v1/observe", status=404, reason="mode"
+        )
+
+    async def proxy_infer(self, rt: Runtime, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+        """Proxy mode: forward the request's model input to the upstream and judge its answer. Small
+        binary requests are decoded and answered on the loop: a thread hop costs more than their work
+        (JSON bodies cost milliseconds to parse: they stay in the threads, off the loop)."""
+        assert self.upstream is not None
+        up = await self.upstream_info()
+        small = header_length is not None and len(body) <= INLINE_MAX_BYTES
+        prepare_args = (rt, up, body, header_length)
+        prepared = proxy_prepare(*prepare_args) if small else await self.run(proxy_prepare, *prepare_args)
+        req, meta, x, fwd_body, fwd_headers = prepared
+        t0 = time.perf_counter()
+        up_body, up_len = await self.upstream.infer(self.settings.upstream_model_name, fwd_body, fwd_headers)
+        seconds = time.perf_counter() - t0
+        judge_args = (self.pipeline, up, rt, req, meta, x, up_body, up_len, seconds)
+        record_now = bool(self.ack_gates)
+        if small:
+            content, headers, rid = proxy_judge(*judge_args, record_now=record_now)
+        else:
+            judged = functools.partial(proxy_judge, record_now=record_now)
+            content, headers, rid = await self.run(judged, *judge_args)
+        await self.acknowledge(rid)
+        return content, headers
 
     async def _infer_model_in_thread(
         self, rt: Runtime, body: bytes, header_length: str | None, measure: bool

@@ -139,6 +139,7 @@ def test_agent_container_wiring(values_file: Path | None) -> None:
     assert cfg["server"]["port"] == ports["http"]
     if "metrics" in ports:
         assert cfg["server"]["metrics_port"] == ports["metrics"]
+    assert cfg["server"].get("grpc_port") == ports.get("grpc") == values.get("service", {}).get("grpcPort")
     mounted = {m["mountPath"] for m in agent["volumeMounts"]}
     assert any(cfg["bundle"]["path"].startswith(m) for m in mounted)
     if mode == "serve":

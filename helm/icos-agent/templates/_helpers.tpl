@@ -70,6 +70,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.admin.port }}
 {{- $_ := set $server "admin_port" (int .Values.admin.port) }}
 {{- end }}
+{{- if .Values.service.grpcPort }}
+{{- $_ := set $server "grpc_port" (int .Values.service.grpcPort) }}
+{{- end }}
 {{- $_ := set $cfg "server" $server }}
 {{- if eq .Values.mode "proxy" }}
 {{- $_ := set $cfg "upstream" (dict "url" .Values.upstream.url) }}

@@ -1,0 +1,1 @@
+"""Generated protobuf messages of the Open Inference Protocol's gRPC service (see README.md here)."""

@@ -1,0 +1,144 @@
+"""The Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``) on ``server.grpc_port``:
+the one module that imports ``grpc``.
+
+It is a ``grpc.aio`` server in the agent's own event loop, beside uvicorn: handlers are coroutines, so
+a connection or a call costs no thread; the model runs in the agent's bounded worker threads
+(``server.threads``) exactly as for HTTP, and at most ``server.limit_concurrency`` calls run at once
+(beyond that gRPC answers ``RESOURCE_EXHAUSTED``). Inference goes through
+:meth:`AgentService.answer_infer`, the HTTP path (see :mod:`agent.protocol.v2_grpc`): validation,
+limits, verdicts (``icos_verdict``), metrics and judging are the HTTP ones, and errors are answered
+from :data:`agent.server.errors.ERROR_TABLE` (its ``grpc_code``) and counted there.
+
+Message size: a request message larger than ``server.max_body_bytes`` is refused with
+``RESOURCE_EXHAUSTED`` and counted under ``icos_invalid_requests_total{reason="too_large"}``. To count
+it, the handler receives the serialised message and checks its size before parsing it; gRPC's own
+receive limit is set to twice the bound, so no message over that is ever buffered (those are refused
+by gRPC's transport with the same status, before the agent sees them, and are not counted).
+
+The service is registered by hand (no generated ``_pb2_grpc`` module, which would import ``grpc`` too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from agent import __version__
+from agent.core import logs
+from agent.errors import ClientError
+from agent.protocol import v2_grpc
+from agent.protocol.grpc_stubs import open_inference_grpc_pb2 as pb
+from agent.server.errors import answer_of
+from agent.server.routes import SERVER_EXTENSIONS, SERVER_NAME, check_model, model_metadata_of
+from agent.server.service import AgentService
+
+log = logs.get("grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+class GrpcService:
+    """The V2 gRPC service of an :class:`AgentService`; :meth:`start` and :meth:`stop` follow the agent's
+    lifecycle (the app's lifespan)."""
+
+    def __init__(self, svc: AgentService) -> None:
+        self.svc = svc
+        self.limit = svc.settings.server.max_body_bytes
+        self.server: aio.Server | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        limit = self.limit
+        server = aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 2 * limit),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=self.svc.settings.server.limit_concurrency,
+        )
+        server.add_generic_rpc_handlers((self._handlers(),))
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.port = server.add_insecure_port(address)
+        await server.start()
+        self.server = server
+        log.info("gRPC V2 service listening", extra={"address": address})
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new calls and let the ones in flight finish for up to ``grace`` seconds."""
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None
+
+    def _handlers(self) -> grpc.GenericRpcHandler:
+        def unary(fn: Callable[[Any, aio.ServicerContext], Awaitable[Any]], request: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=request.FromString if request is not None else None,
+                response_serializer=lambda m: m.SerializeToString(),
+            )
+
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "ServerLive": unary(self.server_live, pb.ServerLiveRequest),
+                "ServerReady": unary(self.server_ready, pb.ServerReadyRequest),
+                "ModelReady": unary(self.model_ready, pb.ModelReadyRequest),
+                "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest),
+                "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest),
+                # the serialised message: its size is checked before it is parsed (see the module docstring)
+                "ModelInfer": unary(self.model_infer, None),
+            },
+        )
+
+    async def _abort(self, context: aio.ServicerContext, exc: Exception) -> None:
+        """End the call with the table's answer to ``exc`` (counted as HTTP counts it); raises."""
+        answer = answer_of(exc)
+        answer.count(self.svc.metrics)
+        await context.abort(grpc.StatusCode[answer.grpc_code], answer.message)
+
+    async def server_live(self, _request: pb.ServerLiveRequest, _context: aio.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, _request: pb.ServerReadyRequest, _context: aio.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self.svc.ready)
+
+    async def server_metadata(self, _request: pb.ServerMetadataRequest, _context: aio.ServicerContext) -> Any:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=SERVER_EXTENSIONS)
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
+        try:
+            check_model(self.svc, request.name, request.version or None)
+            return pb.ModelReadyResponse(ready=self.svc.ready)
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
+        try:
+            rt = check_model(self.svc, request.name, request.version or None)
+            return v2_grpc.metadata_message(model_metadata_of(rt))
+        except Exception as exc:
+            await self._abort(context, exc)
+
+    async def model_infer(self, data: bytes, context: aio.ServicerContext) -> Any:
+        svc = self.svc
+        try:
+            if len(data) > self.limit:
+                raise ClientError(
+                    f"request message is {len(data)} bytes; the limit is {self.limit} (server.max_body_bytes)",
+                    status=413,
+                    reason="too_large",
+                )
+            msg = v2_grpc.parse_infer_request(data)
+            del data
+            rt = check_model(svc, msg.model_name, msg.model_version or None)
+            body, header_length = v2_grpc.request_body(msg, rt.max_elements)
+            raw = bool(msg.raw_input_contents)
+            del msg
+            content, headers = await svc.answer_infer(rt, body, header_length)
+            return v2_grpc.response_message(content, headers, raw)
+        except Exception as exc:
+            await self._abort(context, exc)
