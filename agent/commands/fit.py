@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps numpy out of CLI start-up
     from agent.data.files import load_data
-    from agent.offline.fit import fit_bundle
+    from agent.offline.fit import fit_bundle, fit_warnings
 
     if not 0.0 <= args.confidence <= 1.0:
         raise UserError("--confidence must be within [0, 1]")
@@ -82,10 +82,13 @@ def run(args: argparse.Namespace) -> int:
         "tdi_coverage_val": report.coverage,
         "idi_rules": len(report.bundle.idi.rules) if report.bundle.idi else 0,
         "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
+        "warnings": fit_warnings(report.calibration),
         "seconds": round(time.perf_counter() - started, 2),
     }
     if args.mlflow:
         summary["mlflow"] = log_fit(args, model, summary, started)
+    for warning in summary["warnings"]:  # type: ignore[attr-defined]
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:
