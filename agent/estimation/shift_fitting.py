@@ -202,7 +202,7 @@ def _fit_trust(
     clean_rows = [_plan_features([clean], p, reference) for p in plans]
     clean_y = np.array([float(np.asarray(clean.correct, bool)[p[0][1]].mean()) for p in plans])
     kinds = {
-        k: KindSupport.fit(x, np.asarray([r[j] for r in clean_rows]), sizes.astype(np.float64), rng)
+        k: KindSupport.fit(x, np.asarray([r[j] for r in clean_rows]), sizes.astype(np.float64), rng, len(clean.correct))
         for j, (k, x) in enumerate(designs.items())
     }
     base = _bases(designs["reduced"], offsets)

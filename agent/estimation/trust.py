@@ -113,6 +113,8 @@ class KindSupport:
     clean_mean: tuple[float, ...]
     clean_spread: tuple[float, ...]
     drift_q90: float
+    #: samples in the clean calibration split: its own mean is off the population's by ~spread/√n_clean
+    n_clean: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_scale", np.asarray(self.scale, dtype=np.float64))
@@ -128,10 +130,13 @@ class KindSupport:
         k = min(NEIGHBOURS, len(d))
         return float(np.partition(d, k - 1)[:k].mean() / self.radius) if k else math.inf
 
-    def drift(self, x: np.ndarray, n: int) -> float:
-        """Root-mean-square z-score against the clean calibration windows (spread scaled by √n)."""
+    def drift(self, x: np.ndarray, n: int, *, resample: bool = False) -> float:
+        """Root-mean-square z-score against the clean calibration windows. A feature's standard error
+        is its per-sample spread times √(1/n + 1/n_clean): the window's sampling noise plus that of the
+        clean split's own mean (``resample``: without the latter, for windows drawn from the split)."""
         xx = np.asarray(x, dtype=np.float64)[: len(self.scale)]
-        z = (xx - self._mean) * math.sqrt(max(n, 1)) / self._spread  # type: ignore[attr-defined]
+        var = 1.0 / max(n, 1) + (1.0 / self.n_clean if self.n_clean > 0 and not resample else 0.0)
+        z = (xx - self._mean) / (self._spread * math.sqrt(var))  # type: ignore[attr-defined]
         return float(np.sqrt(np.mean(z * z)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +147,7 @@ class KindSupport:
             "clean_mean": list(self.clean_mean),
             "clean_spread": list(self.clean_spread),
             "drift_q90": self.drift_q90,
+            "n_clean": self.n_clean,
         }
 
     @classmethod
@@ -153,12 +159,15 @@ class KindSupport:
             clean_mean=tuple(float(v) for v in d["clean_mean"]),
             clean_spread=tuple(float(v) for v in d["clean_spread"]),
             drift_q90=float(d["drift_q90"]),
+            n_clean=int(d.get("n_clean", 0)),
         )
 
     @classmethod
-    def fit(cls, windows: np.ndarray, clean: np.ndarray, clean_n: np.ndarray, rng: np.random.Generator) -> KindSupport:
-        """From the feature vectors of the calibration windows and of windows of the clean split
-        (``clean_n``: their sizes)."""
+    def fit(
+        cls, windows: np.ndarray, clean: np.ndarray, clean_n: np.ndarray, rng: np.random.Generator, n_clean: int = 0
+    ) -> KindSupport:
+        """From the feature vectors of the calibration windows and of windows resampled from the clean
+        split (``clean_n``: their sizes; ``n_clean``: the split's size)."""
         x = np.asarray(windows, dtype=np.float64)
         scale = np.maximum(x.std(axis=0), 1e-6)
         keep = rng.permutation(len(x))[:MAX_POINTS]
@@ -171,9 +180,10 @@ class KindSupport:
         c = np.asarray(clean, dtype=np.float64)
         mean = c.mean(axis=0)
         spread = np.maximum(((c - mean) * np.sqrt(clean_n)[:, None]).std(axis=0), MIN_SPREAD)
-        out = cls(tuple(scale), tuple(tuple(p) for p in pts), radius, tuple(mean), tuple(spread), 1.0)
-        drifts = np.array([out.drift(row, int(m)) for row, m in zip(c, clean_n, strict=True)])
-        return cls(out.scale, out.points, radius, out.clean_mean, out.clean_spread, float(np.quantile(drifts, 0.9)))
+        out = cls(tuple(scale), tuple(tuple(p) for p in pts), radius, tuple(mean), tuple(spread), 1.0, n_clean)
+        drifts = np.array([out.drift(row, int(m), resample=True) for row, m in zip(c, clean_n, strict=True)])
+        q90 = float(np.quantile(drifts, 0.9))
+        return cls(out.scale, out.points, radius, out.clean_mean, out.clean_spread, q90, n_clean)
 
 
 @dataclass(frozen=True)
@@ -219,9 +229,11 @@ class TrustModel:
 def blend(learnt: float, base: float, q_learnt: float, trust: Trust, model: TrustModel) -> tuple[float, float]:
     """The estimate ``base + w (learnt − base)`` and its model-error half-width: the learnt model's
     where ``w`` = 1, the confidence estimate's on clean windows where the window looks clean, and its
-    error on all calibration windows where the window leaves their support."""
+    error on all calibration windows where the window leaves their support, growing in proportion to
+    the distance beyond :data:`NO_TRUST` (nothing was calibrated there)."""
     w = trust.weight
     value = base + w * (learnt - base)
     sup = 1.0 - ramp(trust.distance, FULL_TRUST, NO_TRUST)
-    fallback = sup * model.q_clean + (1.0 - sup) * model.q_base
+    beyond = max(trust.distance, NO_TRUST) / NO_TRUST if math.isfinite(trust.distance) else 1.0 / model.q_base
+    fallback = sup * model.q_clean + (1.0 - sup) * model.q_base * beyond
     return value, w * q_learnt + (1.0 - w) * max(fallback, model.q_clean)

@@ -99,9 +99,22 @@ def test_blend_widens_the_interval_where_the_correction_is_dropped() -> None:
     value, half = blend(0.7, 0.9, 0.05, Trust(0.5, True, 0.1, 0.0), m)
     assert (value, half) == (pytest.approx(0.9), pytest.approx(0.02))  # clean: the confidence's own error
     value, half = blend(0.7, 0.9, 0.05, Trust(3.0, False, 50.0, 0.0), m)
-    assert (value, half) == (pytest.approx(0.9), pytest.approx(0.2))  # outside: its error under shift
+    # outside: its error under shift, widened in proportion to the distance beyond 2
+    assert (value, half) == (pytest.approx(0.9), pytest.approx(0.2 * 3.0 / 2.0))
+    assert blend(0.7, 0.9, 0.05, Trust(2.0, False, 50.0, 0.0), m)[1] == pytest.approx(0.2)
     value, half = blend(0.7, 0.9, 0.05, Trust(1.5, False, 50.0, 0.5), m)
     assert value == pytest.approx(0.8) and 0.05 < half < 0.2
+
+
+def test_drift_counts_the_clean_split_own_sampling_error() -> None:
+    rng = np.random.default_rng(3)
+    clean = rng.normal(0.0, 0.02, (80, 4))
+    small = KindSupport.fit(rng.normal(0.0, 1.0, (100, 4)), clean, np.full(80, 1000.0), rng, n_clean=150)
+    x = np.array(small.clean_mean) + 0.01
+    # a 150-sample split's mean is itself uncertain: a live window of 1000 is judged against both errors
+    assert small.drift(x, 1000) == pytest.approx(
+        small.drift(x, 1000, resample=True) * math.sqrt(1 / 1000 / (1 / 1000 + 1 / 150))
+    )
 
 
 def test_trust_model_round_trips_through_json() -> None:
