@@ -13,6 +13,9 @@ Metric names (labels):
 * ``icos_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
   ``icos_estimated_accuracy_ratio_lower`` / ``icos_estimated_accuracy_ratio_upper``;
   ``icos_estimated_accuracy_samples{model,version,window}`` — predictions behind the estimates.
+* ``icos_estimate_trust_distance{model,version,window}`` — how far the window lies from the windows
+  the headline estimator was calibrated on (≤ 1: inside the calibrated range; absent for bundles
+  without a trust model).
 * ``icos_window_fail_ratio{model,version,window,invariant}`` — share of failed predictions per family.
 * ``icos_oracle_tpr_ratio`` / ``icos_oracle_fpr_ratio{model,version}`` and
   ``icos_oracle_calibration_samples{model,version,truth}`` (``wrong``/``right``), so that the
@@ -73,6 +76,8 @@ class WindowPoint:
     window: str
     n: int
     fails_by_family: dict[str, int] = field(default_factory=dict)
+    #: the headline estimate's trust distance (None: no trust model in the bundle or empty window)
+    trust_distance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,8 +186,15 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
             "Share of predictions in the window failed by an invariant family.",
             labels=["model", "version", "window", "invariant"],
         )
+        trust = GaugeMetricFamily(
+            "icos_estimate_trust_distance",
+            "Distance of the window from the headline estimator's calibration windows (<= 1: calibrated range).",
+            labels=["model", "version", "window"],
+        )
         for w in snap.windows:
             samples.add_metric([*mv, w.window], w.n)
+            if w.trust_distance is not None:
+                trust.add_metric([*mv, w.window], w.trust_distance)
             if w.n > 0:
                 for fam in FAMILIES:
                     fail.add_metric([*mv, w.window, fam], w.fails_by_family.get(fam, 0) / w.n)
@@ -191,6 +203,7 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield upper
         yield samples
         yield fail
+        yield trust
         if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
             tpr = GaugeMetricFamily(
                 "icos_oracle_tpr_ratio",

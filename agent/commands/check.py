@@ -71,6 +71,19 @@ def format_report(report: dict[str, object]) -> str:
     oracle = report.get("oracle")
     if isinstance(oracle, dict):
         lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")
+    trust = report.get("trust")
+    if isinstance(trust, dict):
+        where = "inside" if trust["calibrated"] else "OUTSIDE"
+        lines.append(
+            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
+            f"{trust['weight']:.0%} of the learnt correction used)"
+        )
+    calibration = report.get("calibration")
+    if isinstance(calibration, dict) and calibration.get("too_few_errors"):
+        lines.append(
+            f"warning: the bundle's calibration split held only {calibration['n_wrong']} wrong predictions; "
+            "estimates near clean data rest on raw confidence"
+        )
     lines.append("* headline estimator")
     lines.extend(format_chunks(report))
     return "\n".join(lines)

@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, report: Any, model: Any, started: float) -> int:
     """Write the bundle, log the run when asked, print the summary."""
     from agent.estimation.estimators import headline_estimator
+    from agent.offline.fit import fit_warnings
 
     report.bundle.save(args.out)
     cal = report.bundle.calibration
@@ -189,10 +190,13 @@ def _finish(args: argparse.Namespace, report: Any, model: Any, started: float) -
         "tdi_coverage_val": report.coverage,
         "idi_rules": len(report.bundle.idi.rules) if report.bundle.idi else 0,
         "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
+        "warnings": fit_warnings(report.calibration),
         "seconds": round(time.perf_counter() - started, 2),
     }
     if args.mlflow:
         summary["mlflow"] = log_fit(args, model, summary, started)
+    for warning in summary["warnings"]:  # type: ignore[attr-defined]
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:

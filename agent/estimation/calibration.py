@@ -16,6 +16,7 @@ import numpy as np
 from agent.estimation.layout import MEAN_CONFIDENCE
 from agent.estimation.reference import InputReference
 from agent.estimation.tree_ensemble import TreeEnsemble
+from agent.estimation.trust import MIN_CALIBRATION_ERRORS, TrustModel, confidence_offsets
 
 #: What the ``shift_aware`` regressions may predict (see :class:`ShiftCalibration`).
 SHIFT_TARGETS = ("residual", "accuracy")
@@ -36,7 +37,9 @@ class ShiftCalibration:
     corruption families used; ``lofo_mae``: the full model's mean absolute error out of family;
     ``target``: what the regressions predict, ``"residual"`` (accuracy minus the window's mean
     confidence, see :func:`fit_shift_calibration`) or ``"accuracy"`` (bundles fitted before the
-    residual target).
+    residual target); ``trust``: where the calibration windows lie, for the trust distance and the
+    shrinkage toward the confidence estimate (:mod:`agent.estimation.trust`; None in bundles fitted
+    before it: the learnt estimate is then used as it is).
     """
 
     full: TreeEnsemble
@@ -50,6 +53,7 @@ class ShiftCalibration:
     families: tuple[str, ...] = ()
     lofo_mae: float = 0.0
     target: str = "residual"
+    trust: TrustModel | None = None
 
     def predict(self, kind: str, x: np.ndarray) -> np.ndarray:
         """The predicted accuracy (unclipped) of windows with features ``x`` (``[F]`` or ``[N, F]``)
@@ -73,6 +77,7 @@ class ShiftCalibration:
             "families": list(self.families),
             "lofo_mae": self.lofo_mae,
             "target": self.target,
+            **({"trust": self.trust.to_dict()} if self.trust is not None else {}),
         }
 
     @classmethod
@@ -91,6 +96,7 @@ class ShiftCalibration:
             families=tuple(str(v) for v in d.get("families", ())),
             lofo_mae=float(d.get("lofo_mae", 0.0)),
             target=str(d.get("target", "accuracy")),
+            trust=TrustModel.from_dict(d["trust"]) if d.get("trust") else None,
         )
         if out.target not in SHIFT_TARGETS:
             raise ValueError(f"unknown shift calibration target {out.target!r}; expected one of {SHIFT_TARGETS}")
@@ -101,7 +107,11 @@ class ShiftCalibration:
 
 @dataclass(frozen=True)
 class EstimatorCalibration:
-    """What the estimators learn from the labeled calibration split (stored in the bundle)."""
+    """What the estimators learn from the labeled calibration split (stored in the bundle).
+
+    ``conf_offsets``: per confidence bin, the split's accuracy minus its mean confidence (the
+    ``cbpe`` estimator, :func:`~agent.estimation.trust.confidence_offsets`; empty in older bundles).
+    """
 
     tpr: float
     fpr: float
@@ -111,13 +121,22 @@ class EstimatorCalibration:
     avg_conf: float
     atc_threshold: float
     shift: ShiftCalibration | None = None
+    conf_offsets: tuple[float, ...] = ()
 
     @property
     def n(self) -> int:
         return self.n_wrong + self.n_right
 
+    @property
+    def too_few_errors(self) -> bool:
+        """The split holds too few wrong predictions to calibrate a correction on (the estimators then
+        keep raw confidence near clean data, see :data:`~agent.estimation.trust.MIN_CALIBRATION_ERRORS`)."""
+        return self.n_wrong < MIN_CALIBRATION_ERRORS
+
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {k: getattr(self, k) for k in _BASE_FIELDS}
+        if self.conf_offsets:
+            d["conf_offsets"] = list(self.conf_offsets)
         if self.shift is not None:
             d["shift"] = self.shift.to_dict()
         return d
@@ -137,6 +156,7 @@ class EstimatorCalibration:
             avg_conf=float(d["avg_conf"]),  # type: ignore[arg-type]
             atc_threshold=float(d["atc_threshold"]),  # type: ignore[arg-type]
             shift=_shift_or_none(d.get("shift")),
+            conf_offsets=tuple(float(v) for v in d.get("conf_offsets") or ()),  # type: ignore[attr-defined]
         )
 
     @classmethod
@@ -159,6 +179,7 @@ class EstimatorCalibration:
             accuracy=float(ok.mean()),
             avg_conf=float(conf.mean()),
             atc_threshold=atc_threshold(conf, float(ok.mean())),
+            conf_offsets=confidence_offsets(conf, ok),
         )
 
 

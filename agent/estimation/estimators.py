@@ -16,6 +16,11 @@ Estimators:
     to [0, 1]. 95% interval by the delta method with the binomial variances of ``r``, TPR and FPR.
 ``avg_conf``
     Mean top-class probability. Normal interval on the mean.
+``cbpe``
+    Confidence-based performance estimation (CBPE-style, as NannyML's): the mean top-class
+    probability plus, per confidence bin, the calibration split's accuracy minus its mean confidence
+    (:func:`~agent.estimation.trust.confidence_offsets`; none when the split holds too few errors).
+    Interval of ``avg_conf`` shifted.
 ``atc``
     Average Thresholded Confidence (Garg et al., ICLR 2022): a threshold ``t`` on the top-class
     probability is chosen on the calibration split so that the share of samples above ``t`` equals
@@ -37,6 +42,9 @@ Estimators:
     holding corruption families out) with the sampling noise. Everything comes from additive counts
     (:class:`~agent.estimation.statistics.WindowStats`), so it works on streaming windows. Without a
     shift calibration of the current format in the bundle (old bundles) the estimator is absent.
+    The learnt estimate is shrunk toward ``cbpe`` where the window looks like the clean calibration
+    split or lies outside the calibration windows' support, with a wider interval there
+    (:mod:`agent.estimation.trust`; :func:`window_trust` gives the trust signal).
 
 Every estimator is one :func:`register_estimator` entry below, in the order reports list them;
 :data:`ESTIMATORS` and :func:`estimate_all` read the registry.
@@ -49,8 +57,10 @@ from collections.abc import Callable
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01, wilson
+from agent.estimation.layout import N_VERDICTS
 from agent.estimation.shift_aware import shift_aware
 from agent.estimation.statistics import WindowStats
+from agent.estimation.trust import Trust, confidence_base
 
 #: An estimator: the estimate of a non-empty window, or None when it cannot estimate it (e.g. no
 #: ``shift_aware`` calibration in the bundle).
@@ -123,6 +133,19 @@ def _avg_conf(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate
     return Estimate(clip01(mean), clip01(mlo), clip01(mhi), stats.n)
 
 
+def _bin_shares(stats: WindowStats) -> list[float]:
+    """The window's share of samples per confidence bin (all verdicts together)."""
+    k = len(stats.cells) // N_VERDICTS
+    return [sum(stats.cells[v * k + b] for v in range(N_VERDICTS)) / stats.n for b in range(k)]
+
+
+@register_estimator("cbpe")
+def _cbpe(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
+    mean, mlo, mhi = _mean_interval(stats)
+    shift = confidence_base(_bin_shares(stats), mean, calibration.conf_offsets) - mean
+    return Estimate(clip01(mean + shift), clip01(mlo + shift), clip01(mhi + shift), stats.n)
+
+
 @register_estimator("atc")
 def _atc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     n = stats.n
@@ -141,7 +164,15 @@ def _doc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
 def _shift_aware(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
     if calibration.shift is None or sum(stats.cells) != stats.n:
         return None
-    return shift_aware(stats, calibration.shift).estimate
+    return shift_aware(stats, calibration.shift, calibration.conf_offsets).estimate
+
+
+def window_trust(stats: WindowStats, calibration: EstimatorCalibration) -> Trust | None:
+    """The trust signal of a window (:class:`~agent.estimation.trust.Trust`), or None when the bundle
+    has no trust model or the window is empty."""
+    if stats.n <= 0 or calibration.shift is None or sum(stats.cells) != stats.n:
+        return None
+    return shift_aware(stats, calibration.shift, calibration.conf_offsets).trust
 
 
 #: The built-in estimators (:func:`estimator_names` also lists any registered later).

@@ -14,9 +14,17 @@ import numpy as np
 
 from agent.estimation.calibration import ShiftCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01
-from agent.estimation.layout import FULL_FEATURES, INPUTS_FEATURES, N_CONF_BINS, N_VERDICTS, REDUCED_FEATURES
+from agent.estimation.layout import (
+    FULL_FEATURES,
+    INPUTS_FEATURES,
+    MEAN_CONFIDENCE,
+    N_CONF_BINS,
+    N_VERDICTS,
+    REDUCED_FEATURES,
+)
 from agent.estimation.reference import InputReference
 from agent.estimation.statistics import WindowStats
+from agent.estimation.trust import Trust, blend, confidence_base
 from invariants.oracle import FAMILIES
 
 
@@ -27,6 +35,8 @@ class ShiftAwareParts:
     estimate: Estimate
     model: str  # "full", "inputs" or "reduced"
     features: dict[str, float]
+    #: where the window lies relative to the calibration windows (None: a bundle without a trust model)
+    trust: Trust | None = None
 
 
 def class_features(stats: WindowStats, reference: InputReference) -> np.ndarray:
@@ -83,8 +93,13 @@ def _half_width(q_edges: Sequence[float], q: Sequence[float], value: float) -> f
     return float(q[int(np.searchsorted(np.asarray(q_edges), value, side="right"))])
 
 
-def shift_aware(stats: WindowStats, cal: ShiftCalibration) -> ShiftAwareParts:
-    """The ``shift_aware`` estimate of a window (see the module docstring)."""
+def shift_aware(stats: WindowStats, cal: ShiftCalibration, offsets: Sequence[float] = ()) -> ShiftAwareParts:
+    """The ``shift_aware`` estimate of a window (see the module docstring).
+
+    With a trust model in the calibration, the learnt estimate is shrunk toward the confidence
+    estimate (mean confidence plus the calibration split's per-bin ``offsets``) where the window
+    looks like the clean split or leaves the calibration windows' support, and the interval widens
+    there (:func:`agent.estimation.trust.blend`)."""
     n = stats.n
     if n <= 0:
         return ShiftAwareParts(Estimate(0.0, 0.0, 1.0, 0), "reduced", {})
@@ -96,7 +111,13 @@ def shift_aware(stats: WindowStats, cal: ShiftCalibration) -> ShiftAwareParts:
     }[kind]
     value = clip01(float(cal.predict(kind, x)[0]))
     model_err = _half_width(cal.q_edges, q, value)
+    trust = None
+    if cal.trust is not None and kind in cal.trust.kinds:
+        trust = cal.trust.trust(kind, x, n)
+        base = clip01(confidence_base(x[:N_CONF_BINS].tolist(), float(x[MEAN_CONFIDENCE]), offsets))
+        blended, model_err = blend(value, base, model_err, trust, cal.trust)
+        value = clip01(blended)
     sampling = Z95 * math.sqrt(value * (1 - value) / n)
     half = math.hypot(model_err, sampling)
     est = Estimate(value, clip01(value - half), clip01(value + half), n)
-    return ShiftAwareParts(est, kind, dict(zip(names, (float(v) for v in x), strict=True)))
+    return ShiftAwareParts(est, kind, dict(zip(names, (float(v) for v in x), strict=True)), trust)

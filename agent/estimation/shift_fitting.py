@@ -7,11 +7,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from agent.estimation.calibration import ShiftCalibration
-from agent.estimation.layout import FULL_FEATURES, INPUTS_FEATURES, MEAN_CONFIDENCE
+from agent.estimation.layout import FULL_FEATURES, INPUTS_FEATURES, MEAN_CONFIDENCE, N_CONF_BINS
 from agent.estimation.reference import InputReference
 from agent.estimation.shift_aware import window_features
 from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.estimation.tree_ensemble import TreeEnsemble
+from agent.estimation.trust import KindSupport, TrustModel, confidence_base, confidence_offsets
+
+#: Windows of the clean calibration split the trust model's clean statistics come from.
+CLEAN_WINDOWS = 200
 
 
 @dataclass(frozen=True)
@@ -111,25 +115,14 @@ def fit_shift_calibration(
     sets = [clean, *shifted]
     rng = np.random.default_rng(seed)
     plans = _window_plan(sets, n_windows, rng, window_size)
-    xf, xi, xr, truth, fams = [], [], [], [], []
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    truth, fams = [], []
     for plan in plans:
-        v = np.concatenate([sets[k].verdicts[i] for k, i in plan])
-        c = np.concatenate([sets[k].confidences[i] for k, i in plan])
-        ok = np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in plan])
-        ex = None
-        if all(sets[k].extras is not None for k, _ in plan):
-            ex = SampleExtras.concatenate([sets[k].extras.take(i) for k, i in plan])  # type: ignore[union-attr]
-        stats = WindowStats.of_samples(v, c, 0.5, ex, reference)
-        full_x, _ = window_features(stats, reference)
-        in_x, _ = window_features(replace(stats, n_cls=0), reference)
-        red_x, _ = window_features(replace(stats, n_ext=0), reference)
-        xf.append(np.r_[full_x, np.zeros(len(FULL_FEATURES) - len(full_x))])
-        xi.append(np.r_[in_x, np.zeros(len(INPUTS_FEATURES) - len(in_x))])
-        xr.append(red_x)
-        truth.append(float(ok.mean()))
+        rows.append(_plan_features(sets, plan, reference))
+        truth.append(float(np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in plan]).mean()))
         fams.append({sets[k].name for k, _ in plan})
     y = np.asarray(truth)
-    designs = {"full": np.asarray(xf), "inputs": np.asarray(xi), "reduced": np.asarray(xr)}
+    designs = {k: np.asarray([r[j] for r in rows]) for j, k in enumerate(("full", "inputs", "reduced"))}
     # residual target: what the trees learn is how far accuracy falls below (or rises above) the
     # mean confidence, so a window unlike any calibration window keeps the confidence's estimate
     # plus the correction of its nearest calibration windows instead of their absolute accuracy
@@ -151,6 +144,7 @@ def fit_shift_calibration(
             resid[k].append(np.clip(m, 0, 1) - y[test])
     cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
     q = {k: _interval_table(cat(preds[k]), cat(resid[k])) for k in designs}
+    trust = _fit_trust(clean, reference, designs, y, window_size, rng)
     return ShiftCalibration(
         full=models["full"],
         inputs=models["inputs"],
@@ -163,4 +157,59 @@ def fit_shift_calibration(
         families=tuple(families),
         lofo_mae=float(np.mean(np.abs(cat(resid["full"])))) if resid["full"] else 0.0,
         target="residual",
+        trust=trust,
+    )
+
+
+def _plan_features(
+    sets: list[JudgedSet], plan: list[tuple[int, np.ndarray]], reference: InputReference
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``full``, ``inputs`` and ``reduced`` feature vectors of one planned window (zero-padded)."""
+    v = np.concatenate([sets[k].verdicts[i] for k, i in plan])
+    c = np.concatenate([sets[k].confidences[i] for k, i in plan])
+    ex = None
+    if all(sets[k].extras is not None for k, _ in plan):
+        ex = SampleExtras.concatenate([sets[k].extras.take(i) for k, i in plan])  # type: ignore[union-attr]
+    stats = WindowStats.of_samples(v, c, 0.5, ex, reference)
+    full_x, _ = window_features(stats, reference)
+    in_x, _ = window_features(replace(stats, n_cls=0), reference)
+    red_x, _ = window_features(replace(stats, n_ext=0), reference)
+    return (
+        np.r_[full_x, np.zeros(len(FULL_FEATURES) - len(full_x))],
+        np.r_[in_x, np.zeros(len(INPUTS_FEATURES) - len(in_x))],
+        red_x,
+    )
+
+
+def _bases(x: np.ndarray, offsets: tuple[float, ...]) -> np.ndarray:
+    """The confidence estimate of every window of a design (its first columns are the bin shares)."""
+    return np.array([confidence_base(row[:N_CONF_BINS], row[MEAN_CONFIDENCE], offsets) for row in x])
+
+
+def _fit_trust(
+    clean: JudgedSet,
+    reference: InputReference,
+    designs: dict[str, np.ndarray],
+    y: np.ndarray,
+    window_size: tuple[int, int],
+    rng: np.random.Generator,
+) -> TrustModel:
+    """The trust model (:mod:`agent.estimation.trust`): the calibration windows' support per model
+    kind, the clean split's window statistics and the confidence estimate's errors."""
+    offsets = confidence_offsets(clean.confidences, clean.correct)
+    sizes = rng.integers(window_size[0], window_size[1] + 1, CLEAN_WINDOWS)
+    plans = [[(0, rng.integers(0, len(clean.correct), int(m)))] for m in sizes]
+    clean_rows = [_plan_features([clean], p, reference) for p in plans]
+    clean_y = np.array([float(np.asarray(clean.correct, bool)[p[0][1]].mean()) for p in plans])
+    kinds = {
+        k: KindSupport.fit(x, np.asarray([r[j] for r in clean_rows]), sizes.astype(np.float64), rng, len(clean.correct))
+        for j, (k, x) in enumerate(designs.items())
+    }
+    base = _bases(designs["reduced"], offsets)
+    clean_base = _bases(np.asarray([r[2] for r in clean_rows]), offsets)
+    return TrustModel(
+        kinds=kinds,
+        q_clean=float(np.quantile(np.abs(np.clip(clean_base, 0, 1) - clean_y), 0.95)),
+        q_base=float(np.quantile(np.abs(np.clip(base, 0, 1) - y), 0.95)),
+        calibration_errors=int(len(clean.correct) - np.asarray(clean.correct, bool).sum()),
     )

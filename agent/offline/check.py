@@ -12,7 +12,7 @@ import numpy as np
 
 from agent.data.files import Dataset, label_indices
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import estimate_all, headline_estimator
+from agent.estimation.estimators import estimate_all, headline_estimator, window_trust
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import OnnxClassifier, Prediction
 from agent.offline.fit import predict_with_progress
@@ -54,6 +54,13 @@ def judge(
     return Judged(pred, result, rules, feats)
 
 
+def calibration_summary(cal: EstimatorCalibration) -> dict[str, Any]:
+    """What the bundle's estimator calibration rests on: the calibration split's wrong and right
+    predictions and whether they are too few errors to calibrate a correction on (the estimators then
+    fall back to raw confidence near clean data, see :mod:`agent.estimation.trust`)."""
+    return {"n_wrong": cal.n_wrong, "n_right": cal.n_right, "too_few_errors": cal.too_few_errors}
+
+
 def check_report(
     model: OnnxClassifier, bundle: Bundle, data: Dataset, metadata_fields: Sequence[str] = ()
 ) -> dict[str, Any]:
@@ -77,7 +84,11 @@ def check_report(
         "headline": headline_estimator(bundle.headline),
         "verdicts": judged.result.counts(),
         "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
+        "calibration": calibration_summary(cal),
     }
+    trust = window_trust(stats, cal)
+    if trust is not None:
+        report["trust"] = trust.to_dict()
     if data.y is not None:
         y = label_indices(data.y, model.classes)
         correct = judged.prediction.labels == y

@@ -12,6 +12,7 @@ from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.shifts import fit_shift_aware
+from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
 from invariants.fitting import fit_oracle
@@ -47,6 +48,23 @@ class FitReport:
     n_rules: int
     n_selected: int
     coverage: float
+
+
+def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
+    """What the user should know about the fitted estimator calibration (printed by ``fit``, listed in
+    ``fit --json``): a calibration split with too few wrong predictions gives TPR/FPR and per-bin
+    confidence offsets that are noise, so the estimators keep raw confidence near clean data."""
+    out: list[str] = []
+    if calibration.too_few_errors:
+        out.append(
+            f"the calibration split holds {calibration.n_wrong} wrong prediction(s) of {calibration.n} "
+            f"(fewer than {MIN_CALIBRATION_ERRORS}): its TPR/FPR and confidence offsets are unreliable, so "
+            "icos_corrected is noise and cbpe/shift_aware keep the model's raw confidence near clean data; "
+            "give fit more validation data (or a larger --calibration-fraction) for a calibrated correction"
+        )
+    if calibration.shift is not None and calibration.shift.trust is None:
+        out.append("the shift-aware calibration has no trust model (no trust signal will be reported)")
+    return out
 
 
 def fit_bundle(

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import AgentSettings, admin_token
 from agent.core import logs
 from agent.errors import ClientError
+from agent.estimation.estimators import window_trust
 from agent.estimation.statistics import WindowStats, stat_items
 from agent.judging.batching import (
     LOOP_JUDGE_MAX_SAMPLES,
@@ -262,6 +263,9 @@ class AgentService:
                 "fails_by_family": dict(stats.fails_by_family),
                 "estimates": {k: e.to_dict() for k, e in ests.items()},
             }
+            trust = window_trust(stats, rt.calibration)
+            if trust is not None:
+                windows[name]["trust"] = trust.to_dict()
         for section in self.estimate_sections:
             for name, extra in section(rt, now).items():
                 if name in windows:
@@ -280,7 +284,9 @@ class AgentService:
         points: list[EstimatePoint] = []
         wpoints: list[WindowPoint] = []
         for name, (stats, ests) in self.windows.estimates(rt.calibration, time.time()).items():
-            wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family)))
+            trust = window_trust(stats, rt.calibration)
+            distance = trust.distance if trust is not None else None
+            wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family), distance))
             for est, e in ests.items():
                 points.append(EstimatePoint(est, name, e.value, e.lower, e.upper, e.n))
         cal = rt.calibration

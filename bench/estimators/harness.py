@@ -36,10 +36,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, window_trust
 from agent.estimation.shifts import fit_shift_aware
 from agent.estimation.statistics import WindowStats
-from bench.estimators.scenarios import ImageSpec, Scenario, TabularSpec, image_scenarios, tabular_scenarios
+from agent.estimation.trust import Trust
+from bench.estimators.scenarios import (
+    ImageSpec,
+    Scenario,
+    TabularSpec,
+    image_scenarios,
+    resample_images,
+    tabular_scenarios,
+)
 from bench.estimators.subjects import Subject, form_metadata, idi_yaml
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
@@ -111,6 +119,10 @@ class Record:
     lower: float
     upper: float
     truth: float
+    #: the window's trust distance and whether it is inside the calibrated range (``shift_aware`` and
+    #: its held-out pseudo-estimator only; NaN / None elsewhere)
+    trust: float = float("nan")
+    calibrated: bool | None = None
 
     @property
     def error(self) -> float:
@@ -152,25 +164,57 @@ class _Pool:
         )
 
 
+def _tr(t: Trust | None) -> tuple[float, bool | None]:
+    return (float("nan"), None) if t is None else (t.distance, t.calibrated)
+
+
 def _seed(*parts: object) -> int:
     return zlib.crc32("/".join(str(p) for p in parts).encode())
 
 
-def _draw(rng: np.random.Generator, sc: Scenario, size: int, n_pool: int, class_index: list[np.ndarray]) -> np.ndarray:
+def _draw(rng: np.random.Generator, sc: Scenario, size: int, n_seg: int, class_index: list[np.ndarray]) -> np.ndarray:
     """Indices of one operational set of ``size`` from the pool (with replacement; under label shift
-    with a class prior drawn from ``Dirichlet(sc.prior_alpha)``)."""
+    with a class prior drawn from ``Dirichlet(sc.prior_alpha)``). A pool of :attr:`Scenario.segments`
+    (each ``n_seg`` samples) gives every set from one segment picked at random."""
+    if sc.segments:
+        start = int(rng.integers(0, len(sc.segments))) * n_seg
+        return start + rng.integers(0, n_seg, size)
     if sc.prior_alpha is None:
-        return rng.integers(0, n_pool, size)
+        return rng.integers(0, n_seg, size)
     prior = rng.dirichlet(np.full(len(class_index), sc.prior_alpha))
     per_class = rng.multinomial(size, prior)
     return np.concatenate([rng.choice(class_index[k], c, replace=True) for k, c in enumerate(per_class) if c > 0])
 
 
+def _other_images(subject: Subject) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """The natural shift of an image subject: the other shipped digit data set (MNIST-5k for 8×8
+    digits, scikit-learn digits for 28×28 MNIST), resampled to the subject's size and pixel scale."""
+
+    def load() -> tuple[np.ndarray, np.ndarray]:
+        from agent.data.datasets import digits_splits, mnist_splits
+
+        size = int(subject.test_x.shape[-1])
+        other = (mnist_splits() if size <= 8 else digits_splits()).test
+        assert other.y is not None
+        x = np.asarray(other.x, dtype=np.float32).reshape(len(other.x), 1, *other.x.shape[-2:])
+        return resample_images(x, size, subject.max_value), np.asarray(other.y, dtype=np.int64)
+
+    return load
+
+
+def _most_informative(x: np.ndarray, y: np.ndarray) -> int:
+    """The feature whose class means differ most relative to its spread (ANOVA F, up to a constant)."""
+    flat = x.reshape(len(x), -1).astype(np.float64)
+    means = np.array([flat[y == k].mean(axis=0) for k in np.unique(y)])
+    return int(np.argmax(means.var(axis=0) / (flat.var(axis=0) + 1e-12)))
+
+
 def scenarios_for(subject: Subject) -> list[Scenario]:
     if subject.kind == "image":
-        return image_scenarios(ImageSpec(subject.max_value))
+        return image_scenarios(ImageSpec(subject.max_value), _other_images(subject))
     flat = subject.train_x.reshape(len(subject.train_x), -1)
-    return tabular_scenarios(TabularSpec(flat.mean(axis=0), flat.std(axis=0) + 1e-12))
+    spec = TabularSpec(flat.mean(axis=0), flat.std(axis=0) + 1e-12)
+    return tabular_scenarios(spec, _most_informative(subject.train_x, subject.train_y))
 
 
 def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
@@ -228,17 +272,26 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         f"calibration split {len(cal_idx)} with {int((cal_pred.labels != cal_y).sum())} errors)"
     )
     records: list[Record] = []
-    copies = max(1, -(-cfg.pool_min // len(test_x)))
-    pool_y = np.tile(subject.test_y, copies)
     n_classes = m.n_classes
-    class_index = [np.flatnonzero(pool_y == k) for k in range(n_classes)]
     extra_sizes = [n for n in dict.fromkeys(cfg.window_sizes) if n != cfg.size]
     assert variants[0].name == "none"  # the label-free variant comes first
     for sc in scenarios_for(subject):
         t1 = time.perf_counter()
         rng = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, "pool"))
-        copies_x = [test_x if sc.transform is None else sc.transform(test_x, rng) for _ in range(copies)]
-        pool_x = np.ascontiguousarray(np.concatenate(copies_x).astype(test_x.dtype))
+        base_x, base_y = test_x, subject.test_y
+        if sc.pool is not None:
+            other_x, base_y = sc.pool()
+            base_x = m.prepare(other_x)
+        if sc.select is not None:
+            keep = sc.select(subject.test_x)
+            base_x, base_y = base_x[keep], base_y[keep]
+        copies = max(1, -(-cfg.pool_min // len(base_x)))
+        transforms = sc.segments or (sc.transform,)
+        parts_x = [base_x if t is None else t(base_x, rng) for t in transforms for _ in range(copies)]
+        pool_y = np.tile(base_y, copies * len(transforms))
+        seg_len = copies * len(base_x)
+        class_index = [np.flatnonzero(pool_y == k) for k in range(n_classes)]
+        pool_x = np.ascontiguousarray(np.concatenate(parts_x).astype(test_x.dtype))
         pred = m.predict_batched(pool_x)
         correct = pred.labels == pool_y
         pool_f = m.features(pool_x)
@@ -250,25 +303,41 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         pool = _Pool(pred.confidences, pred.probabilities, pred.labels, pool_f, rules)
         for rep in range(cfg.reps):
             rr = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep))
-            idx = _draw(rr, sc, cfg.size, len(pool_y), class_index)
+            idx = _draw(rr, sc, cfg.size, seg_len, class_index)
             truth = float(correct[idx].mean())
             for v, verdicts in zip(variants, judged, strict=True):
                 stats = pool.window(verdicts, v.calibration, idx)
+                tr = window_trust(stats, v.calibration)
                 for name, e in estimate_all(stats, v.calibration).items():
-                    records.append(Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth))
+                    t = tr if name == RECOMMENDED_ESTIMATOR else None
+                    records.append(
+                        Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth, *_tr(t))
+                    )
                 if v.name == "none":  # shift_aware again under the label-free pseudo-estimators
                     others = {seeded_name(s): scal for s, scal in seeded.items()}
                     if cfg.held_out:
                         others[HELD_OUT] = held.get(sc.calibration_kin, v.calibration)
                     for pseudo, ocal in others.items():
                         g = estimate_all(stats, ocal).get(RECOMMENDED_ESTIMATOR)
+                        t = window_trust(stats, ocal) if pseudo == HELD_OUT else None
                         if g is not None:
                             records.append(
-                                Record(subject.name, "none", sc.name, rep, pseudo, g.value, g.lower, g.upper, truth)
+                                Record(
+                                    subject.name,
+                                    "none",
+                                    sc.name,
+                                    rep,
+                                    pseudo,
+                                    g.value,
+                                    g.lower,
+                                    g.upper,
+                                    truth,
+                                    *_tr(t),
+                                )
                             )
             for size in extra_sizes:  # shift_aware on windows of other sizes (label-free, shipped seed)
                 rs = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep, "size", size))
-                idx_s = _draw(rs, sc, size, len(pool_y), class_index)
+                idx_s = _draw(rs, sc, size, seg_len, class_index)
                 free = variants[0].calibration
                 g = estimate_all(pool.window(judged[0], free, idx_s), free).get(RECOMMENDED_ESTIMATOR)
                 if g is not None:

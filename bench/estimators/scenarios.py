@@ -32,6 +32,31 @@ Tabular models get the analogous covariate shifts on standardised features: Gaus
 (0.3 / 0.8 feature std), an offset of a random third of the features (0.5 / 1.5 std), a rescaling
 of a random third of the features (×1.5 / ×3), and missing values imputed by the training mean
 (20% / 50% of the features), each at two strengths, plus label shift and a mixture.
+
+Families of no kind in the calibration (added to widen the suite; strengths fixed a priori):
+
+=======================  ==============================  ==============================
+images                   mild                            strong
+=======================  ==============================  ==============================
+stroke (dilation)        grey dilation, 2-px footprint   erosion, 2-px footprint
+speckle (photometric)    x·(1 + N(0, 0.3))               x·(1 + N(0, 0.8))
+flip (geometry)          horizontal flip of 25%          horizontal flip of every image
+other data set           MNIST-5k ↔ scikit-learn digits resampled to the model's size (natural)
+=======================  ==============================  ==============================
+
+=======================  ==============================  ==============================
+tables                   mild                            strong
+=======================  ==============================  ==============================
+unit change              one feature ×10                 three features ×1000
+saturation               clip at the 10/90% quantiles    clip at the 25/75% quantiles
+outlier rows             5% of rows +6 std on 3 features 20% of rows
+subpopulation (natural)  the upper half of the most      the upper fifth of it
+                         class-informative feature
+=======================  ==============================  ==============================
+
+``clean_or_shifted``: every window is, at random, all clean or all from one strong scenario of
+the new families (a stream switching between clean and shifted traffic; what the trust signal
+must tell apart).
 """
 
 from __future__ import annotations
@@ -72,6 +97,12 @@ class Scenario:
     prior_alpha: float | None = None
     #: Calibration sets of the same kind of shift (``agent.estimation.shifts`` set names).
     calibration_kin: tuple[str, ...] = ()
+    #: Keep only the pool samples this selects (a subpopulation: a natural covariate shift).
+    select: Callable[[np.ndarray], np.ndarray] | None = None
+    #: Replace the pool by another labeled data set in the model's raw input format (natural shift).
+    pool: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
+    #: Whole windows come from one of these pool transforms (None: the clean pool), picked per window.
+    segments: tuple[Transform | None, ...] = ()
 
 
 # -- image transformations -----------------------------------------------------------------------
@@ -133,6 +164,46 @@ def blur(spec: ImageSpec, fraction: float) -> Transform:
     return f
 
 
+def stroke(spec: ImageSpec, dilate: bool) -> Transform:
+    """Thicker (grey dilation) or thinner (erosion) strokes with a 2-pixel footprint (scaled to 28 px)."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        size = max(2, int(round(2 * x.shape[-1] / 28)))
+        op = ndimage.grey_dilation if dilate else ndimage.grey_erosion
+        return _clip(op(x, size=(1, 1, size, size)), spec)
+
+    return f
+
+
+def speckle(spec: ImageSpec, sigma: float) -> Transform:
+    """Multiplicative noise ``x · (1 + N(0, σ))`` (sensor gain noise; only inked pixels change)."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return _clip(x * (1.0 + rng.normal(0.0, sigma, x.shape)), spec)
+
+    return f
+
+
+def flip(spec: ImageSpec, share: float) -> Transform:
+    """Mirror ``share`` of the images left to right."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        out = x.astype(np.float32, copy=True)
+        idx = rng.uniform(size=len(x)) < share
+        out[idx] = out[idx][..., ::-1]
+        return out
+
+    return f
+
+
+def resample_images(x: np.ndarray, size: int, max_value: float) -> np.ndarray:
+    """Images ``[N, 1, h, w]`` in ``[0, max(x)]`` resampled to ``size × size`` in ``[0, max_value]``."""
+    top = max(float(x.max()), 1e-9)
+    zoom = (1, 1, size / x.shape[-2], size / x.shape[-1])
+    out = ndimage.zoom(x.astype(np.float64) / top, zoom, order=1)
+    return np.clip(out * max_value, 0.0, max_value).astype(np.float32)
+
+
 # -- tabular transformations ---------------------------------------------------------------------
 
 
@@ -182,6 +253,51 @@ def tab_missing(spec: TabularSpec, share: float) -> Transform:
     return f
 
 
+def tab_units(spec: TabularSpec, k: int, factor: float) -> Transform:
+    """Multiply ``k`` random features by ``factor`` (a unit change upstream, e.g. kg → g)."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        cols = rng.choice(x.shape[1], min(k, x.shape[1]), replace=False)
+        out = x.copy()
+        out[:, cols] *= factor
+        return out.astype(np.float32)
+
+    return f
+
+
+def tab_saturate(spec: TabularSpec, q: float) -> Transform:
+    """Clip every feature at its ``q`` and ``1 − q`` quantiles of the pool (a saturating sensor)."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        lo, hi = np.quantile(x, q, axis=0), np.quantile(x, 1 - q, axis=0)
+        return np.clip(x, lo, hi).astype(np.float32)
+
+    return f
+
+
+def tab_outliers(spec: TabularSpec, share: float) -> Transform:
+    """``share`` of the rows get +6 standard deviations on 3 random features (corrupted records)."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        out = x.copy()
+        for i in np.flatnonzero(rng.uniform(size=len(x)) < share):
+            cols = rng.choice(x.shape[1], min(3, x.shape[1]), replace=False)
+            out[i, cols] += 6.0 * spec.std[cols]
+        return out.astype(np.float32)
+
+    return f
+
+
+def upper_share(column: int, share: float) -> Callable[[np.ndarray], np.ndarray]:
+    """Select the samples whose feature ``column`` lies in its top ``share`` (a subpopulation)."""
+
+    def select(x: np.ndarray) -> np.ndarray:
+        v = x.reshape(len(x), -1)[:, column]
+        return np.asarray(v >= np.quantile(v, 1 - share))
+
+    return select
+
+
 # -- scenario lists --------------------------------------------------------------------------------
 
 
@@ -203,8 +319,11 @@ def _mixture(parts: list[Transform]) -> Transform:
 Shift = tuple[str, Transform, Transform, tuple[str, ...]]
 
 
-def image_scenarios(spec: ImageSpec) -> list[Scenario]:
-    """The image suite (see the module docstring for the strengths)."""
+def image_scenarios(
+    spec: ImageSpec, other: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
+) -> list[Scenario]:
+    """The image suite (see the module docstring for the strengths); ``other`` loads the other data
+    set of the natural shift (raw images of the model's size and scale, labels)."""
     shifts: list[Shift] = [
         ("gaussian_noise", gaussian_noise(spec, 0.10), gaussian_noise(spec, 0.30), ("audit:gaussian_noise",)),
         ("translation", translation(spec, 0.07), translation(spec, 0.14), ("audit:shift",)),
@@ -217,21 +336,39 @@ def image_scenarios(spec: ImageSpec) -> list[Scenario]:
         ("rotation", rotation(spec, 15.0), rotation(spec, 35.0), ("audit:rotation",)),
         ("blur", blur(spec, 0.035), blur(spec, 0.07), ("audit:blur",)),
     ]
-    return _assemble(shifts)
+    new: list[Shift] = [
+        ("stroke", stroke(spec, True), stroke(spec, False), ()),
+        ("speckle", speckle(spec, 0.3), speckle(spec, 0.8), ()),
+        ("flip", flip(spec, 0.25), flip(spec, 1.0), ()),
+    ]
+    out = _assemble(shifts, new)
+    if other is not None:
+        out.insert(-1, Scenario("other_dataset", "other_dataset", "natural", pool=other))
+    return out
 
 
-def tabular_scenarios(spec: TabularSpec) -> list[Scenario]:
-    """The tabular suite (see the module docstring for the strengths)."""
+def tabular_scenarios(spec: TabularSpec, informative: int = 0) -> list[Scenario]:
+    """The tabular suite (see the module docstring for the strengths); ``informative``: the feature
+    whose upper part forms the subpopulation."""
     shifts: list[Shift] = [
         ("gaussian_noise", tab_noise(spec, 0.3), tab_noise(spec, 0.8), ("audit:noise",)),
         ("feature_offset", tab_offset(spec, 0.5), tab_offset(spec, 1.5), ()),
         ("feature_scale", tab_scale(spec, 1.5), tab_scale(spec, 3.0), ("audit:scale",)),
         ("missing_values", tab_missing(spec, 0.2), tab_missing(spec, 0.5), ()),
     ]
-    return _assemble(shifts)
+    new: list[Shift] = [
+        ("unit_change", tab_units(spec, 1, 10.0), tab_units(spec, 3, 1000.0), ()),
+        ("saturation", tab_saturate(spec, 0.10), tab_saturate(spec, 0.25), ()),
+        ("outlier_rows", tab_outliers(spec, 0.05), tab_outliers(spec, 0.20), ()),
+    ]
+    out = _assemble(shifts, new)
+    for strength, share in (("mild", 0.5), ("strong", 0.2)):
+        sub = Scenario(f"subpopulation_{strength}", "subpopulation", strength, select=upper_share(informative, share))
+        out.insert(-1, sub)
+    return out
 
 
-def _assemble(shifts: list[Shift]) -> list[Scenario]:
+def _assemble(shifts: list[Shift], new: list[Shift]) -> list[Scenario]:
     out = [
         Scenario("in_distribution", "in_distribution", "-"),
         Scenario("label_shift_mild", "label_shift", "mild", prior_alpha=5.0),
@@ -242,5 +379,10 @@ def _assemble(shifts: list[Shift]) -> list[Scenario]:
         out.append(Scenario(f"{name}_strong", name, "strong", transform=strong, calibration_kin=kin))
     parts = [t for _, mild, strong, _ in shifts for t in (mild, strong)]
     all_kin = tuple(k for *_, kin in shifts for k in kin)
+    for name, mild, strong, kin in new:
+        out.append(Scenario(f"{name}_mild", name, "mild", transform=mild, calibration_kin=kin))
+        out.append(Scenario(f"{name}_strong", name, "strong", transform=strong, calibration_kin=kin))
     out.append(Scenario("mixture", "mixture", "mixed", transform=_mixture(parts), calibration_kin=all_kin))
+    segs = (None, *(strong for _, _, strong, _ in new))
+    out.append(Scenario("clean_or_shifted", "clean_or_shifted", "mixed", segments=segs))
     return out

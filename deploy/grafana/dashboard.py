@@ -200,11 +200,23 @@ def panels() -> list[dict[str, Any]]:
             unit="percentunit",
             minmax=(0, 1),
             overrides=_band_overrides(),
-            description="Each replica's windowed estimates (icos, icos_corrected, avg_conf, atc, doc); the band is "
+            description="Each replica's windowed estimates (icos, icos_corrected, avg_conf, cbpe, atc, doc, shift_aware); the band is "
             "the widest 95% interval over replicas.",
         )
     )
     y += 9
+    p.append(
+        _timeseries(
+            "Estimate trust distance (> 1: outside the calibrated range)",
+            [(f"max by (window) (icos_estimate_trust_distance{{{SEL}, {w}}})", "{{window}}")],
+            (0, y, 24, 7),
+            description="How far each window lies from the windows the headline estimator was calibrated on, "
+            "relative to their own spread (the farthest replica). Up to 1 the learnt correction is used whole; "
+            "from 1 to 2 it is shrunk toward the confidence estimate (cbpe) and the interval widens; alert "
+            "IcosEstimateOutsideCalibratedRange fires after 30 minutes above 1.",
+        )
+    )
+    y += 7
     p.append(_row("Verdicts", y))
     y += 1
     p.append(

@@ -85,12 +85,17 @@ def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -
         assert 0.0 <= e["lower"] <= e["value"] <= e["upper"] <= 1.0
     assert 0.9 < report["truth"]["accuracy"] < 1.0
     assert set(report["oracle"]) >= {"tpr", "fpr", "f1"}
+    # the test split looks like the calibration data: inside the calibrated range
+    assert set(report["trust"]) == {"distance", "calibrated", "drift", "weight"}
+    assert report["trust"]["calibrated"] is True and 0.0 <= report["trust"]["distance"] <= 1.0
+    assert report["calibration"]["too_few_errors"] is False and report["calibration"]["n_wrong"] >= 10
 
 
 def test_check_text_output(bundle_dir: Path, data_dir: Path) -> None:
     r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(data_dir / "test.npz"))
     assert r.returncode == 0, r.stderr
     assert "true accuracy" in r.stdout and "icos_corrected" in r.stdout
+    assert "trust: distance" in r.stdout and "inside the calibrated range" in r.stdout
 
 
 def test_idi_rules_from_metadata(data_dir: Path) -> None:

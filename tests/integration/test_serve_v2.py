@@ -201,6 +201,9 @@ def test_metrics_and_estimates_move(
     assert est1["headline"] in est1["windows"]["5m"]["estimates"]
     n5 = sample(after, "icos_estimated_accuracy_samples", window="5m")
     assert n5 == est1["windows"]["5m"]["n"]
+    trust = est1["windows"]["5m"]["trust"]  # the headline's trust signal, beside the estimates
+    assert set(trust) == {"distance", "calibrated", "drift", "weight"} and trust["distance"] >= 0.0
+    assert sample(after, "icos_estimate_trust_distance", window="5m") == pytest.approx(trust["distance"])
     value = sample(after, "icos_estimated_accuracy_ratio", estimator="icos", window="last1000")
     assert 0.0 < value <= 1.0
     assert sample(after, "icos_inference_duration_seconds_count", **labels) > sample(

@@ -14,7 +14,13 @@ if str(ROOT) not in sys.path:
 
 from bench.estimators.__main__ import main  # noqa: E402
 from bench.estimators.report import BEGIN, END  # noqa: E402
-from bench.estimators.scenarios import ImageSpec, TabularSpec, image_scenarios, tabular_scenarios  # noqa: E402
+from bench.estimators.scenarios import (  # noqa: E402
+    ImageSpec,
+    TabularSpec,
+    image_scenarios,
+    resample_images,
+    tabular_scenarios,
+)
 
 
 def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
@@ -28,7 +34,9 @@ def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
         b = sc.transform(x, np.random.default_rng(1))
         assert a.shape == x.shape and a.min() >= 0 and a.max() <= 16
         np.testing.assert_array_equal(a, b)
-    assert len(names) == 14 and "mixture" in names and "label_shift_strong" in names
+    assert len(names) == 21 and "mixture" in names and "label_shift_strong" in names
+    for family in ("stroke", "speckle", "flip"):  # families of no kind in the calibration
+        assert {f"{family}_mild", f"{family}_strong"} <= set(names)
     kin = {sc.name: sc.calibration_kin for sc in image_scenarios(ImageSpec(16.0))}
     assert kin["blur_strong"] == ("audit:blur",) and kin["label_shift_mild"] == ()
     assert set(kin["mixture"]) == {k for v in kin.values() for k in v if v is not kin["mixture"]}
@@ -36,6 +44,21 @@ def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
     for sc in tabular_scenarios(TabularSpec(t.mean(axis=0), t.std(axis=0))):
         if sc.transform is not None:
             assert sc.transform(t, np.random.default_rng(2)).shape == t.shape
+
+
+def test_new_scenario_kinds_natural_subpopulation_and_clean_or_shifted_windows() -> None:
+    other = (np.zeros((3, 1, 28, 28), np.float32), np.arange(3))
+    image = {sc.name: sc for sc in image_scenarios(ImageSpec(16.0), lambda: other)}
+    assert image["other_dataset"].pool is not None and image["other_dataset"].pool()[1].tolist() == [0, 1, 2]
+    mixed = image["clean_or_shifted"]
+    assert mixed.segments[0] is None and len(mixed.segments) == 4 and mixed.transform is None
+    up = resample_images(np.full((2, 1, 8, 8), 16.0, np.float32), 28, 255.0)
+    assert up.shape == (2, 1, 28, 28) and float(up.max()) == pytest.approx(255.0)
+    t = np.arange(40, dtype=np.float32).reshape(20, 2)
+    table = {sc.name: sc for sc in tabular_scenarios(TabularSpec(t.mean(axis=0), t.std(axis=0)), informative=1)}
+    keep = table["subpopulation_strong"].select(t)  # type: ignore[misc]
+    assert keep.sum() == 4 and keep[-4:].all()
+    assert {"unit_change_strong", "saturation_mild", "outlier_rows_strong", "clean_or_shifted"} <= set(table)
 
 
 def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: object) -> None:
@@ -122,3 +145,27 @@ def test_bad_window_sizes_are_refused(spec: str, capsys: object) -> None:
 def test_bad_calibration_seeds_are_refused(spec: str, capsys: object) -> None:
     assert main(["--quick", "--calibration-seeds", spec, "--out", "-"]) == 2
     assert "--calibration-seeds" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_targets_compare_with_the_baselines_of_the_run_and_rate_the_trust_signal() -> None:
+    from bench.estimators.harness import HELD_OUT, Record
+    from bench.estimators.report import all_targets, summarise, trust_rates
+
+    recs = []
+    for rep in range(10):
+        for sc, truth in (("in_distribution", 0.95), ("flip_strong", 0.4)):
+            recs.append(Record("digits", "none", sc, rep, "avg_conf", 0.95, 0.94, 0.96, truth))
+            recs.append(Record("digits", "none", sc, rep, "cbpe", 0.95, 0.94, 0.96, truth))
+            far = sc != "in_distribution"
+            for est in ("shift_aware", HELD_OUT):
+                value = 0.95 if not far else 0.6  # off by 0.2 on the shifted scenario
+                recs.append(
+                    Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, 2.0 if far else 0.3, not far)
+                )
+    bad, n_bad, ind, n_ind = trust_rates(recs, "digits", "shift_aware")
+    assert (bad, n_bad, ind, n_ind) == (1.0, 10, 0.0, 10)
+    got = {(m, t.text): t for m, t in all_targets(summarise(recs), recs)}
+    assert got[("digits (shipped)", "trust signal raised on ≥ 90% of windows with error > 0.1")].ok
+    assert got[("digits (kind held out)", "trust signal raised on ≤ 10% of in-distribution windows")].ok
+    assert not got[("digits (shipped)", "mean MAE ≤ 0.03")].ok  # (0 + 0.2) / 2
+    assert got[("digits (shipped)", "no scenario worse than avg_conf by > 0.02")].ok  # 0.2 < avg_conf's 0.55

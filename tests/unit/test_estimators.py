@@ -140,5 +140,5 @@ def test_one_registry_entry_adds_an_estimator_everywhere(constant_estimator: str
 
 
 def test_registry_lists_the_builtin_estimators_in_report_order() -> None:
-    assert ESTIMATORS == ("icos", "icos_corrected", "avg_conf", "atc", "doc", "shift_aware")
+    assert ESTIMATORS == ("icos", "icos_corrected", "avg_conf", "cbpe", "atc", "doc", "shift_aware")
     assert tuple(REGISTRY)[: len(ESTIMATORS)] == ESTIMATORS

@@ -107,7 +107,7 @@ def test_check_reads_features_and_probabilities_from_the_table(
     assert report["headline"] == "doc"
     estimates = report["estimates"]
     assert isinstance(estimates, dict)
-    assert set(estimates) == {"icos", "icos_corrected", "avg_conf", "atc", "doc"}  # shift_aware needs the model
+    assert set(estimates) == {"icos", "icos_corrected", "avg_conf", "atc", "doc", "cbpe"}  # shift_aware needs the model
     truth = float(((ana["y_pred_proba"] >= 0.5).astype(int) == ana["repaid"]).mean())
     assert report["truth"] == {"accuracy": pytest.approx(truth)}
     verdicts = report["verdicts"]

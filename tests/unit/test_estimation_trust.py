@@ -1,0 +1,162 @@
+"""The trust distance, the shrinkage toward the confidence estimate and the ``cbpe`` estimator."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import estimate_all
+from agent.estimation.layout import N_CONF_BINS
+from agent.estimation.statistics import WindowStats
+from agent.estimation.trust import (
+    MIN_CALIBRATION_ERRORS,
+    KindSupport,
+    Trust,
+    TrustModel,
+    blend,
+    confidence_base,
+    confidence_offsets,
+    ramp,
+)
+from agent.offline.fit import fit_warnings
+from exporters.prometheus import EstimatesCollector, Snapshot, WindowPoint
+
+
+def _support(seed: int = 0) -> KindSupport:
+    rng = np.random.default_rng(seed)
+    windows = rng.normal(0.0, 1.0, (300, 4))
+    clean = rng.normal(0.0, 0.02, (80, 4))  # clean windows of 1,000 samples: spread 0.02 ≈ 0.63/√1000
+    return KindSupport.fit(windows, clean, np.full(80, 1000.0), rng)
+
+
+def test_offsets_vanish_when_the_calibration_split_holds_too_few_errors() -> None:
+    conf = np.full(500, 0.95)
+    correct = np.ones(500, dtype=bool)
+    correct[: MIN_CALIBRATION_ERRORS - 1] = False
+    assert confidence_offsets(conf, correct) == (0.0,) * N_CONF_BINS
+
+
+def test_offsets_measure_overconfidence_per_bin() -> None:
+    conf = np.full(1000, 0.95)  # the 0.9–0.97 bin
+    correct = np.arange(1000) % 5 != 0  # 80% right: 15 points overconfident
+    off = confidence_offsets(conf, correct)
+    assert off[3] == pytest.approx(1000 * (0.8 - 0.95) / (1000 + 20))
+    assert all(v == 0.0 for i, v in enumerate(off) if i != 3)
+    assert confidence_base([0, 0, 0, 0.5, 0.5, 0], 0.9, off) == pytest.approx(0.9 + 0.5 * off[3])
+    assert confidence_base([1.0], 0.7, ()) == 0.7
+
+
+def test_ramp() -> None:
+    assert ramp(0.5, 1.0, 2.0) == 0.0
+    assert ramp(1.5, 1.0, 2.0) == pytest.approx(0.5)
+    assert ramp(3.0, 1.0, 2.0) == 1.0
+    assert ramp(1.0, 1.0, 1.0) == 0.0 and ramp(1.1, 1.0, 1.0) == 1.0
+
+
+def test_support_distance_is_small_inside_and_large_outside() -> None:
+    sup = _support()
+    inside = [sup.distance(np.array(p) * np.array(sup.scale)) for p in sup.points[:50]]
+    assert np.median(inside) < 1.0
+    assert sup.distance(np.full(4, 8.0)) > 2.0
+
+
+def test_drift_is_scaled_by_the_window_size() -> None:
+    sup = _support()
+    assert sup.drift(np.zeros(4), 1000) < sup.drift_q90 * 1.5
+    shifted = np.array(sup.clean_mean) + 3 * sup.drift_q90 * np.array(sup.clean_spread) / math.sqrt(1000)
+    assert sup.drift(shifted, 1000) == pytest.approx(3 * sup.drift_q90)
+    assert sup.drift(shifted, 4000) == pytest.approx(2 * sup.drift(shifted, 1000))
+    assert sup.drift(shifted, 1000) > 2 * sup.drift_q90
+
+
+def _model(errors: int = 50) -> TrustModel:
+    return TrustModel({"reduced": _support()}, q_clean=0.02, q_base=0.2, calibration_errors=errors)
+
+
+def test_trust_keeps_the_learnt_correction_only_for_drifted_windows_inside_the_support() -> None:
+    m = _model()
+    clean = m.trust("reduced", np.zeros(4), 1000)
+    assert clean.calibrated and clean.weight == 0.0  # looks like the calibration split: confidence
+    drifted = m.trust("reduced", np.full(4, 0.3), 1000)
+    assert drifted.calibrated and drifted.weight == 1.0  # shifted, inside the support: learnt
+    far = m.trust("reduced", np.full(4, 8.0), 1000)
+    assert not far.calibrated and far.weight == 0.0 and far.distance > 2.0
+    # a calibration split with too few errors needs stronger evidence of drift before correcting
+    sup = m.kinds["reduced"]
+    mild = np.array(sup.clean_mean) + 1.5 * sup.drift_q90 * np.array(sup.clean_spread) / math.sqrt(1000)
+    assert m.trust("reduced", mild, 1000).weight == pytest.approx(0.5)
+    assert _model(errors=2).trust("reduced", mild, 1000).weight == 0.0
+
+
+def test_blend_widens_the_interval_where_the_correction_is_dropped() -> None:
+    m = _model()
+    value, half = blend(0.7, 0.9, 0.05, Trust(0.5, True, 9.0, 1.0), m)
+    assert (value, half) == (pytest.approx(0.7), pytest.approx(0.05))
+    value, half = blend(0.7, 0.9, 0.05, Trust(0.5, True, 0.1, 0.0), m)
+    assert (value, half) == (pytest.approx(0.9), pytest.approx(0.02))  # clean: the confidence's own error
+    value, half = blend(0.7, 0.9, 0.05, Trust(3.0, False, 50.0, 0.0), m)
+    # outside: its error under shift, widened in proportion to the distance beyond 2
+    assert (value, half) == (pytest.approx(0.9), pytest.approx(0.2 * 3.0 / 2.0))
+    assert blend(0.7, 0.9, 0.05, Trust(2.0, False, 50.0, 0.0), m)[1] == pytest.approx(0.2)
+    value, half = blend(0.7, 0.9, 0.05, Trust(1.5, False, 50.0, 0.5), m)
+    assert value == pytest.approx(0.8) and 0.05 < half < 0.2
+
+
+def test_drift_counts_the_clean_split_own_sampling_error() -> None:
+    rng = np.random.default_rng(3)
+    clean = rng.normal(0.0, 0.02, (80, 4))
+    small = KindSupport.fit(rng.normal(0.0, 1.0, (100, 4)), clean, np.full(80, 1000.0), rng, n_clean=150)
+    x = np.array(small.clean_mean) + 0.01
+    # a 150-sample split's mean is itself uncertain: a live window of 1000 is judged against both errors
+    assert small.drift(x, 1000) == pytest.approx(
+        small.drift(x, 1000, resample=True) * math.sqrt(1 / 1000 / (1 / 1000 + 1 / 150))
+    )
+
+
+def test_trust_model_round_trips_through_json() -> None:
+    m = _model()
+    back = TrustModel.from_dict(m.to_dict())
+    x = np.array([0.3, -0.2, 0.1, 0.0])
+    assert back.trust("reduced", x, 500) == m.trust("reduced", x, 500)
+
+
+def test_cbpe_adds_the_calibration_offsets_and_old_bundles_read_without_them() -> None:
+    rng = np.random.default_rng(1)
+    conf = rng.uniform(0.5, 1.0, 2000)
+    correct = rng.uniform(size=2000) < conf - 0.1  # overconfident by 0.1
+    cal = EstimatorCalibration.fit(conf, correct, np.zeros(2000, dtype=bool))
+    assert len(cal.conf_offsets) == N_CONF_BINS and max(cal.conf_offsets) < 0
+    stats = WindowStats.of_samples(np.zeros(1000, dtype=np.int64), conf[:1000], cal.atc_threshold)
+    est = estimate_all(stats, cal)
+    assert est["cbpe"].value < est["avg_conf"].value - 0.05
+    assert abs(est["cbpe"].value - correct[:1000].mean()) < abs(est["avg_conf"].value - correct[:1000].mean())
+    old = {k: v for k, v in cal.to_dict().items() if k != "conf_offsets"}
+    legacy = EstimatorCalibration.from_dict(old)
+    assert legacy.conf_offsets == ()
+    assert estimate_all(stats, legacy)["cbpe"].value == pytest.approx(est["avg_conf"].value)
+    assert EstimatorCalibration.from_dict(cal.to_dict()) == cal
+
+
+def test_fit_warns_when_the_calibration_split_holds_too_few_errors() -> None:
+    conf = np.full(450, 0.99)
+    correct = np.ones(450, dtype=bool)
+    correct[:2] = False
+    cal = EstimatorCalibration.fit(conf, correct, np.zeros(450, dtype=bool))
+    assert cal.too_few_errors
+    (warning,) = fit_warnings(cal)
+    assert "2 wrong prediction(s) of 450" in warning
+    correct[:40] = False
+    assert fit_warnings(EstimatorCalibration.fit(conf, correct, np.zeros(450, dtype=bool))) == []
+
+
+def test_trust_distance_is_exported_per_window() -> None:
+    reg = CollectorRegistry()
+    snap = Snapshot("m", "1", [], [WindowPoint("1h", 500, {}, 1.25), WindowPoint("count", 0, {}, None)])
+    reg.register(EstimatesCollector(lambda: snap))
+    text = generate_latest(reg).decode()
+    assert 'icos_estimate_trust_distance{model="m",version="1",window="1h"} 1.25' in text
+    assert 'window="count"} ' not in text.split("icos_estimate_trust_distance")[-1]
