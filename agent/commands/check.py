@@ -16,6 +16,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--data", required=True, help="data (.npz x[/y], .csv, .parquet)")
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays the IDIs read")
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
+    p.add_argument(
+        "--labels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="reveal the true labels of N randomly drawn samples (the data must be labeled) and report the "
+        "label-assisted estimate `with_labels` (prediction-powered inference) from them",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the --labels draw (default 0)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument(
         "--chunk-size",
@@ -65,9 +74,19 @@ def format_report(report: dict[str, object]) -> str:
     for name, e in sorted(estimates.items(), key=lambda kv: kv[0] != headline):  # headline first
         mark = " *" if name == report.get("headline") else ""
         row = f"{name + mark:<16}{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]"
+        if "n_labels" in e:
+            row += f"  ({e['n_labels']} labels)"
         if truth:
             row += f"{errors[name]:>11.4f}"
         lines.append(row)
+    classes = report.get("classes")
+    if isinstance(classes, dict):
+        for kind in ("estimated", "realized", "with_labels"):
+            block = classes.get(kind)
+            if isinstance(block, dict):
+                macro, weighted = block["macro"], block["weighted"]
+                auc = f"  ROC AUC {block['roc_auc']:.4f}" if block.get("roc_auc") is not None else ""
+                lines.append(f"F1 {kind}: macro {macro['f1']:.4f}  weighted {weighted['f1']:.4f}{auc}")
     oracle = report.get("oracle")
     if isinstance(oracle, dict):
         lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")
@@ -119,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         if Bundle.table_source(args.bundle) is None:
             raise UserError(f"--model is required: bundle {args.bundle} was fitted from an ONNX model")
+        if args.labels:
+            raise UserError("--labels applies to model bundles; a table-based bundle's check reads files in batches")
         report = check_table(args)
         print(json.dumps(report) if args.json else format_report(report))
         return 0
@@ -128,6 +149,6 @@ def run(args: argparse.Namespace) -> int:
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
     model.decision_threshold = bundle.decision_threshold
     data = load_data(args.data, label_column=args.label_column, metadata=args.metadata)
-    report = check_report(model, bundle, data, args.metadata)
+    report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

@@ -1,5 +1,11 @@
 """Offline work behind ``icos-agent check``: judge a batch with a bundle and report verdicts and every
 estimate (and, when the data has labels, the truth and the oracle's TPR/FPR/F1 as in the ICOS paper §5.3).
+
+Per-class precision, recall and F1 (and ROC AUC for two classes) are reported label-free (CBPE,
+:mod:`agent.estimation.class_metrics`) and, with labels, realized. ``labels=N`` reveals the true labels
+of ``N`` predictions drawn uniformly at random (``seed``), as a labeling sample would in production:
+``estimates.with_labels`` is the prediction-powered accuracy from them
+(:mod:`agent.estimation.prediction_powered`) and ``classes.with_labels`` their realized per-class metrics.
 """
 
 from __future__ import annotations
@@ -11,8 +17,12 @@ from typing import Any
 import numpy as np
 
 from agent.data.files import Dataset, label_indices
+from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
+from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import estimate_all, headline_estimator, window_trust
+from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import OnnxClassifier, Prediction
 from agent.offline.fit import predict_with_progress
@@ -61,10 +71,41 @@ def calibration_summary(cal: EstimatorCalibration) -> dict[str, Any]:
     return {"n_wrong": cal.n_wrong, "n_right": cal.n_right, "too_few_errors": cal.too_few_errors}
 
 
-def check_report(
-    model: OnnxClassifier, bundle: Bundle, data: Dataset, metadata_fields: Sequence[str] = ()
+def class_report(
+    probabilities: np.ndarray, predicted: np.ndarray, classes: Sequence[str], y: np.ndarray | None
 ) -> dict[str, Any]:
-    """Verdicts and estimates for a batch; truth and oracle quality when labels are present."""
+    """``classes`` of the report: CBPE's expected per-class metrics, and realized ones when ``y`` is
+    given; ``roc_auc`` (of the second class's probability) for two classes."""
+    p = np.asarray(probabilities, dtype=np.float64).reshape(len(predicted), -1)
+    out: dict[str, Any] = {
+        "names": list(classes),
+        "estimated": metrics_of_confusion(expected_confusion(p, predicted), classes),
+    }
+    binary = p.shape[1] == 2
+    if binary:
+        out["estimated"]["roc_auc"] = expected_roc_auc(p[:, 1])
+    if y is not None:
+        out["realized"] = realized_classes(y, predicted, p.shape[1], classes)
+        if binary:
+            out["realized"]["roc_auc"] = roc_auc(p[:, 1], y == 1)
+    return out
+
+
+def check_report(
+    model: OnnxClassifier,
+    bundle: Bundle,
+    data: Dataset,
+    metadata_fields: Sequence[str] = (),
+    *,
+    labels: int = 0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Verdicts and estimates for a batch; truth and oracle quality when labels are present; with
+    ``labels`` > 0 also the label-assisted estimate from that many randomly revealed labels."""
+    if labels and data.y is None:
+        raise UserError("--labels reveals true labels of the data: the data has none (give y or --label-column)")
+    if labels < 0 or labels > len(data):
+        raise UserError(f"--labels must be between 1 and the {len(data)} samples of the data; got {labels}")
     meta = {k: data.metadata[k] for k in metadata_fields} if metadata_fields else dict(data.metadata)
     judged = judge(model, bundle, data.x, meta)
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
@@ -89,9 +130,22 @@ def check_report(
     trust = window_trust(stats, cal)
     if trust is not None:
         report["trust"] = trust.to_dict()
-    if data.y is not None:
-        y = label_indices(data.y, model.classes)
-        correct = judged.prediction.labels == y
+    pred = judged.prediction
+    y = label_indices(data.y, model.classes) if data.y is not None else None
+    report["classes"] = class_report(pred.probabilities, pred.labels, model.classes, y)
+    if y is not None:
+        correct = pred.labels == y
+        if labels:
+            idx = np.random.default_rng(seed).choice(len(y), size=labels, replace=False)
+            conf = np.asarray(pred.confidences, dtype=np.float64)
+            est = prediction_powered_accuracy(
+                len(y), float(conf.sum()), float((conf * conf).sum()), conf[idx], correct[idx]
+            )
+            if est is not None:
+                estimates[WITH_LABELS] = est
+                report["estimates"][WITH_LABELS] = {**est.to_dict(), "seed": seed}
+            sampled = class_report(pred.probabilities[idx], pred.labels[idx], model.classes, y[idx])
+            report["classes"]["with_labels"] = sampled["realized"]
         accuracy = float(correct.mean())
         oc = calibrate(judged.result, ~correct)
         report["truth"] = {"accuracy": accuracy}

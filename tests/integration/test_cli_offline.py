@@ -91,6 +91,31 @@ def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -
     assert report["calibration"]["too_few_errors"] is False and report["calibration"]["n_wrong"] >= 10
 
 
+def test_check_with_a_few_labels_and_per_class_metrics(bundle_dir: Path, data_dir: Path) -> None:
+    from sklearn.metrics import f1_score
+
+    args = ("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(data_dir / "test.npz"))
+    r = cli(*args, "--labels", "200", "--seed", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    e = report["estimates"]["with_labels"]
+    assert e["n_labels"] == 200 and e["n"] == 1000 and e["seed"] == 3
+    assert e["lower"] <= report["truth"]["accuracy"] <= e["upper"]
+    assert report["abs_error"]["with_labels"] < 0.05
+    classes = report["classes"]
+    assert classes["names"] == [str(i) for i in range(10)]
+    assert set(classes) == {"names", "estimated", "realized", "with_labels"}
+    assert set(classes["estimated"]["per_class"]) == set(classes["names"])
+    assert abs(classes["estimated"]["macro"]["f1"] - classes["realized"]["macro"]["f1"]) < 0.1
+    # realized macro F1 equals scikit-learn's on the same predictions
+    model = OnnxClassifier.load(default_model_path())
+    test = np.load(data_dir / "test.npz")
+    pred = model.predict(model.prepare_file(test["x"])).labels
+    assert classes["realized"]["macro"]["f1"] == pytest.approx(f1_score(test["y"], pred, average="macro"))
+    text = cli(*args, "--labels", "200", "--seed", "3")
+    assert text.returncode == 0 and "(200 labels)" in text.stdout and "F1 with_labels" in text.stdout
+
+
 def test_check_text_output(bundle_dir: Path, data_dir: Path) -> None:
     r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(data_dir / "test.npz"))
     assert r.returncode == 0, r.stderr
@@ -166,6 +191,10 @@ def test_idi_rules_from_metadata(data_dir: Path) -> None:
             "labels",
         ),
         (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "{data}/rules.yaml"], "unsupported data format"),
+        (
+            ["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "{data}/test.npz", "--labels", "5000"],
+            "--labels",
+        ),
     ],
 )
 def test_user_mistakes_end_with_one_clear_line(args: list[str], message: str, bundle_dir: Path, data_dir: Path) -> None:

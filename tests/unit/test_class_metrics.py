@@ -1,0 +1,87 @@
+"""Per-class precision/recall/F1 and ROC AUC: realized ones pinned against scikit-learn, CBPE's expected
+ones close to the truth when the probabilities are calibrated (labels drawn from them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import precision_recall_fscore_support, roc_auc_score
+
+from agent.estimation.class_metrics import (
+    confusion_matrix,
+    expected_class_metrics,
+    expected_confusion,
+    expected_roc_auc,
+    metrics_of_confusion,
+    realized_class_metrics,
+    roc_auc,
+)
+
+
+def _calibrated(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Probabilities, argmax predictions and true labels drawn from the probabilities (calibrated)."""
+    p = rng.dirichlet(np.full(k, 0.6), n)
+    y = (p.cumsum(axis=1) > rng.random((n, 1))).argmax(axis=1)
+    return p, p.argmax(axis=1), y
+
+
+@pytest.mark.parametrize("k", [2, 4, 7])
+def test_realized_metrics_equal_scikit_learn(k: int) -> None:
+    rng = np.random.default_rng(k)
+    y_true = rng.integers(0, k, 500)
+    y_pred = np.where(rng.random(500) < 0.6, y_true, rng.integers(0, k, 500))
+    y_pred[y_pred == k - 1] = 0  # one class never predicted: zero division
+    got = realized_class_metrics(y_true, y_pred, k)
+    p, r, f, s = precision_recall_fscore_support(y_true, y_pred, labels=range(k), zero_division=0)
+    for c in range(k):
+        row = got["per_class"][str(c)]
+        assert (row["precision"], row["recall"], row["f1"], row["support"]) == pytest.approx((p[c], r[c], f[c], s[c]))
+    for avg in ("macro", "weighted"):
+        p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=range(k), average=avg, zero_division=0)
+        assert (got[avg]["precision"], got[avg]["recall"], got[avg]["f1"]) == pytest.approx((p, r, f))
+
+
+def test_realized_roc_auc_equals_scikit_learn_with_ties() -> None:
+    rng = np.random.default_rng(1)
+    scores = np.round(rng.random(400), 1)  # many ties
+    y = rng.random(400) < scores
+    assert roc_auc(scores, y) == pytest.approx(roc_auc_score(y, scores))
+    assert roc_auc(scores, np.ones(400, bool)) is None
+
+
+@pytest.mark.parametrize("k", [2, 3, 6])
+def test_cbpe_expected_metrics_match_the_truth_on_calibrated_data(k: int) -> None:
+    rng = np.random.default_rng(10 + k)
+    p, pred, y = _calibrated(rng, 40_000, k)
+    expected = metrics_of_confusion(expected_confusion(p, pred))
+    true = realized_class_metrics(y, pred, k)
+    for c in map(str, range(k)):
+        for m in ("precision", "recall", "f1"):
+            assert expected["per_class"][c][m] == pytest.approx(true["per_class"][c][m], abs=0.02), (c, m)
+    for avg in ("macro", "weighted"):
+        assert expected[avg]["f1"] == pytest.approx(true[avg]["f1"], abs=0.015)
+    # the same from the window's additive sums
+    counts = np.bincount(pred, minlength=k)
+    top = np.bincount(pred, weights=p.max(axis=1), minlength=k)
+    sums = p.sum(axis=0)
+    from_sums = expected_class_metrics(counts, top, sums)
+    for key in ("macro", "weighted"):
+        for m in ("precision", "recall", "f1"):
+            assert from_sums[key][m] == pytest.approx(expected[key][m])
+
+
+def test_cbpe_expected_roc_auc_matches_the_truth_on_calibrated_data() -> None:
+    rng = np.random.default_rng(3)
+    s = rng.beta(2, 3, 50_000)
+    y = rng.random(50_000) < s
+    assert expected_roc_auc(s) == pytest.approx(roc_auc_score(y, s), abs=0.01)
+    assert expected_roc_auc(np.zeros(10)) is None
+
+
+def test_expected_confusion_cells() -> None:
+    p = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.5, 0.4, 0.1]])
+    c = expected_confusion(p, p.argmax(axis=1))
+    assert c[:, 0] == pytest.approx([1.2, 0.6, 0.2])  # two samples predicted 0
+    assert c[:, 1] == pytest.approx([0.1, 0.6, 0.3])
+    assert c[:, 2] == pytest.approx([0, 0, 0])
+    assert confusion_matrix(np.array([0, 1, 1]), np.array([0, 0, 1]), 3)[1] == pytest.approx([1, 1, 0])
