@@ -22,8 +22,7 @@ from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR, estimate_all
-from agent.estimation.statistics import WindowStats
+from agent.estimation.estimators import ESTIMATORS
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.offline.check import check_report
 from agent.server.app import create_app
@@ -158,13 +157,9 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
     served = traffic["verdicts"][idx].tolist()
     assert verdict_counts == {v: served.count(v) for v in VERDICTS}
     assert set(offline) == set(ESTIMATORS)
-    reduced_cal = bundle_calibration(mnist_bundle_dir)
-    conf = traffic["probabilities"][idx].max(axis=1).astype(np.float64)
-    verdicts = np.array([VERDICTS.index(v) for v in served], dtype=np.int8)
-    reduced = estimate_all(WindowStats.from_batch(verdicts, conf, reduced_cal), reduced_cal)
-    assert realized["estimates"][RECOMMENDED_ESTIMATOR]["value"] != pytest.approx(
-        reduced[RECOMMENDED_ESTIMATOR].value, abs=1e-9
-    )  # not the reduced model
+    # The stored inputs of the full model reach the realized windows: every estimate equals the offline
+    # check's, which runs shift_aware's full model (near clean data both the full and the reduced model
+    # now give the confidence estimate, so comparing them with each other no longer tells them apart).
     for name, e in realized["estimates"].items():
         assert e["n"] == 601
         assert e["value"] == pytest.approx(offline[name], abs=1e-9), name
