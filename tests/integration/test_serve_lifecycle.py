@@ -55,6 +55,8 @@ def test_restart_restores_windows(
     for i in range(5):
         x = mnist_splits.test.x[i * 20 : (i + 1) * 20]
         assert httpx.post(f"{srv.url}/v2/models/mnist/infer", json=infer_body(x)).status_code == 200
+    # predictions are recorded right after their answer (a short linger): wait for the last ones
+    assert wait_until(lambda: estimates(srv.url)["total_judged"] == 100)
     before = estimates(srv.url)
     srv.stop()
     srv2 = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
