@@ -1,14 +1,17 @@
 """Benchmark: the sidecar in ``serve`` mode against a bare onnxruntime + uvicorn V2 endpoint.
 
-Both servers run the same model (the shipped MNIST CNN) as subprocesses with the same uvicorn
-defaults (one worker, uvloop + httptools, no access log) and one onnxruntime thread per session
-(``ICOS_AGENT_ORT_THREADS=1`` for both); requests use binary tensors, and the agent is asked for the
-same outputs as the bare server returns (probabilities and label), plus a second agent measurement
-with every output including ``icos_verdict``. The bare server decodes the binary request, runs the
-model in Starlette's thread pool, applies softmax and answers: no validation, no judging.
+Both servers run the same model (the shipped MNIST CNN, and a ResNet-style CNN: ``--model``) as
+subprocesses with the same uvicorn defaults (one worker, uvloop + httptools, no access log) and one
+onnxruntime thread per session (``ICOS_AGENT_ORT_THREADS=1`` for both); requests use binary tensors
+over HTTP and raw contents over gRPC (``--protocol``: both by default, each against the bare server
+over the same protocol), and the agent is asked for the same outputs as the bare server returns
+(probabilities and label), plus a second agent measurement with every output including
+``icos_verdict``. The bare server (:mod:`bench.bare_server`) decodes the request, runs the model in a
+worker thread, applies softmax and answers: no validation, no judging.
 
 Load: this process (separate from both servers) runs a small asyncio HTTP client (keep-alive
-connections, pre-encoded requests) at concurrency 1 and 16 with batches of 1 and 32; the servers
+connections, pre-encoded requests) or a ``grpc.aio`` client (:mod:`bench.grpc_load`) at concurrency
+1 and 16 with batches of 1 and 32; the servers
 are measured one after the other, interleaved, ``--rounds`` times, and the medians are reported.
 On a 2-core machine the client needs about as much CPU as a server, so throughput is bounded by
 the client too; the server's own CPU time per request (from ``/proc``, every thread of the server
@@ -22,6 +25,7 @@ event loop, the agent's named threads ``icos-worker``/``icos-judge``/``icos-stor
 imported on the serve path (it must not be).
 
     .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json]
+        [--model mnist|resnet|all] [--protocol http|grpc|both] [--no-proxy]
         [--server-cpus 0-7 --client-cpus 8-15]
     .venv/bin/python -m bench serving
 """
@@ -46,100 +50,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.http_exchange import exchange  # noqa: E402 - run as a script too
+from bench.grpc_load import drive_grpc, grpc_request  # noqa: E402 - run as a script too
+from bench.http_exchange import exchange  # noqa: E402
 from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy  # noqa: E402
-
-# -- the bare server --------------------------------------------------------------------------------
-
-
-def bare_app(model_path: str) -> Any:
-    """A minimal V2 endpoint: binary-tensor infer + readiness, no validation beyond the essentials."""
-    from starlette.concurrency import run_in_threadpool
-
-    from invariants.onnx_session import OnnxSession
-
-    session = OnnxSession(model_path)
-    in_name = session.inputs[0].name
-    out_name = session.outputs[0].name
-
-    def predict(x: np.ndarray) -> tuple[bytes, bytes]:
-        (scores,) = session.run({in_name: x}, [out_name])
-        z = scores - scores.max(axis=1, keepdims=True)
-        e = np.exp(z)
-        probs = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
-        return probs.tobytes(), probs.argmax(axis=1).astype(np.int64).tobytes()
-
-    async def read_body(receive: Any) -> bytes:
-        chunks = []
-        while True:
-            m = await receive()
-            chunks.append(m.get("body", b""))
-            if not m.get("more_body"):
-                return b"".join(chunks)
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                m = await receive()
-                if m["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif m["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        path = scope["path"]
-        if path.endswith("/infer"):
-            body = await read_body(receive)
-            headers = dict(scope["headers"])
-            n = int(headers[b"inference-header-content-length"])
-            head = json.loads(body[:n])
-            inp = head["inputs"][0]
-            x = np.frombuffer(body[n:], dtype=np.float32).reshape(inp["shape"])
-            p, label = await run_in_threadpool(predict, x)
-            k = len(p) // 4 // x.shape[0]
-            out = {
-                "model_name": "mnist",
-                "outputs": [
-                    {
-                        "name": "probabilities",
-                        "datatype": "FP32",
-                        "shape": [x.shape[0], k],
-                        "parameters": {"binary_data_size": len(p)},
-                    },
-                    {
-                        "name": "label",
-                        "datatype": "INT64",
-                        "shape": [x.shape[0]],
-                        "parameters": {"binary_data_size": len(label)},
-                    },
-                ],
-            }
-            text = json.dumps(out).encode()
-            payload = text + p + label
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"application/octet-stream"),
-                        (b"inference-header-content-length", str(len(text)).encode()),
-                        (b"content-length", str(len(payload)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": payload})
-            return
-        await read_body(receive)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": b'{"ready": true}'})
-
-    return app
-
-
-def run_bare(port: int, model_path: str) -> None:
-    import uvicorn
-
-    uvicorn.run(bare_app(model_path), host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
+from bench.serving_report import THREAD_GROUPS, print_results  # noqa: E402
 
 # -- load generation --------------------------------------------------------------------------------
 
@@ -190,10 +104,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-#: Thread groups of :func:`thread_cpu_seconds`, in report order.
-THREAD_GROUPS: tuple[str, ...] = ("loop", "icos-worker", "icos-judge", "icos-store", "other")
-
-
 def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
     """Every live thread of ``pid``: its group (:data:`THREAD_GROUPS`: the main thread is the event
     loop, the agent's named threads (:mod:`agent.core.os_threads`) by name, the rest ``other``, e.g. the
@@ -221,12 +131,13 @@ def thread_cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tupl
 
 
 def measure(
-    port: int, req: bytes, concurrency: int, seconds: float, batch: int, pid: int | None = None
+    port: int, req: Any, concurrency: int, seconds: float, batch: int, pid: int | None = None
 ) -> dict[str, float]:
-    asyncio.run(_drive(port, req, concurrency, min(1.0, seconds / 4)))  # warm-up
+    drive = _drive if isinstance(req, bytes) else drive_grpc  # a gRPC request is a ModelInferRequest
+    asyncio.run(drive(port, req, concurrency, min(1.0, seconds / 4)))  # warm-up
     cpu0 = cpu_seconds(pid) if pid is not None else 0.0
     threads0 = thread_cpu_seconds(pid) if pid is not None else {}
-    lat, errors, elapsed = asyncio.run(_drive(port, req, concurrency, seconds))
+    lat, errors, elapsed = asyncio.run(drive(port, req, concurrency, seconds))
     cpu = cpu_seconds(pid) - cpu0 if pid is not None else float("nan")
     threads = thread_cpu_delta(threads0, thread_cpu_seconds(pid)) if pid is not None else {}
     if errors:
@@ -339,16 +250,19 @@ def main(argv: list[str] | None = None) -> int:
         "generator and the servers no longer share cores and throughput compares fairly too",
     )
     ap.add_argument("--client-cpus", type=cpu_list, metavar="LIST", help="pin the load generator to these CPUs")
-    ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--protocol",
+        choices=("http", "grpc", "both"),
+        default="both",
+        help="the Open Inference Protocol's transport to measure (default: both, HTTP binary tensors and gRPC raw "
+        "contents, each agent against the bare server over the same transport)",
+    )
     ap.add_argument(
         "--model", choices=(*MODELS, "all"), default="all", help="the model to serve (default: all, one after another)"
     )
     ap.add_argument("--resnet-bundle", help="bundle directory for the ResNet (default: fit one)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-mode measurement")
-    ap.add_argument("--bare-model", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from agent.model.classifier import default_model_path
-
     available = os.sched_getaffinity(0)
     for flag, cpus in (("--server-cpus", args.server_cpus), ("--client-cpus", args.client_cpus)):
         if cpus is not None and not cpus <= available:
@@ -357,9 +271,6 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, args.client_cpus)
     pin = None if args.server_cpus is None else (lambda: os.sched_setaffinity(0, args.server_cpus))
 
-    if args.bare_server:
-        run_bare(args.bare_server, args.bare_model or str(default_model_path()))
-        return 0
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
     env["ICOS_AGENT_ORT_THREADS"] = "1"
     names = list(MODELS) if args.model == "all" else [args.model]
@@ -387,8 +298,12 @@ def run_model(
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(bundle_arg) if bundle_arg else fit_model_bundle(bm, Path(tmp) / "bundle")
         agent_port, bare_port = free_port(), free_port()
+        protocols = ("http", "grpc") if args.protocol == "both" else (args.protocol,)
+        grpc_ports = (free_port(), free_port()) if "grpc" in protocols else (None, None)
         cfg = Path(tmp) / "agent.yaml"
-        cfg.write_text(yaml.safe_dump(agent_config("serve", bm, bundle, agent_port, None)))
+        agent_cfg = agent_config("serve", bm, bundle, agent_port, None)
+        agent_cfg["server"]["grpc_port"] = grpc_ports[0]
+        cfg.write_text(yaml.safe_dump(agent_cfg))
         agent = subprocess.Popen(
             [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
             cwd=ROOT,
@@ -401,42 +316,23 @@ def run_model(
             results["agent_start_to_ready_s"] = wait_ready(agent_port, agent)
             time.sleep(0.2)
             results["agent_rss_after_start_mb"] = rss_mb(agent.pid)
+            bare_cmd = [sys.executable, "-m", "bench.bare_server", "--port", str(bare_port), "--model", model]
+            if grpc_ports[1] is not None:
+                bare_cmd += ["--grpc-port", str(grpc_ports[1])]
             bare = subprocess.Popen(
-                [sys.executable, str(Path(__file__)), "--bare-server", str(bare_port), "--bare-model", model],
-                cwd=ROOT,
-                env=env,
-                preexec_fn=pin,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                bare_cmd, cwd=ROOT, env=env, preexec_fn=pin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )
             try:
                 wait_ready(bare_port, bare)
-                for concurrency in (1, 16):
-                    for batch in (1, 32):
-                        x = np.ascontiguousarray(x_all[:batch], dtype=np.float32)
-                        same = request_bytes(agent_port, bm.name, x, ("probabilities", "label"))
-                        every = request_bytes(agent_port, bm.name, x)
-                        plain = request_bytes(bare_port, bm.name, x)
-                        runs: tuple[list[dict[str, float]], ...] = ([], [], [])
-                        for _ in range(max(1, args.rounds)):
-                            runs[0].append(measure(agent_port, same, concurrency, args.seconds, batch, agent.pid))
-                            runs[1].append(measure(agent_port, every, concurrency, args.seconds, batch, agent.pid))
-                            runs[2].append(measure(bare_port, plain, concurrency, args.seconds, batch, bare.pid))
-                        a, v, b = (median_of(r) for r in runs)
-                        results["settings"].append(
-                            {
-                                "concurrency": concurrency,
-                                "batch": batch,
-                                "agent": a,
-                                "agent_with_verdict": v,
-                                "bare": b,
-                                "throughput_ratio": a["requests_per_s"] / b["requests_per_s"],
-                                "throughput_ratio_with_verdict": v["requests_per_s"] / b["requests_per_s"],
-                                "cpu_ratio": a["server_cpu_ms_per_request"] / b["server_cpu_ms_per_request"],
-                                "cpu_ratio_with_verdict": v["server_cpu_ms_per_request"]
-                                / b["server_cpu_ms_per_request"],
-                            }
-                        )
+                for protocol in protocols:
+                    results["settings"] += serve_settings(
+                        args,
+                        bm.name,
+                        x_all,
+                        protocol,
+                        (agent_port, bare_port) if protocol == "http" else grpc_ports,
+                        (agent.pid, bare.pid),
+                    )
                 results["agent_rss_after_load_mb"] = rss_mb(agent.pid)
                 agent.terminate()
                 results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
@@ -464,85 +360,49 @@ def run_model(
     return results
 
 
-def print_results(results: dict[str, Any]) -> None:
-    """The tables, the headline ratios and the targets of one model."""
-    print("agent: same outputs as bare (probabilities, label; judged off the request path);")
-    print("agent+v: all outputs incl. icos_verdict (judged in the request path)")
-    rounds, seconds = results["rounds"], results["seconds"]
-    print(f"medians of {rounds} interleaved round(s) of {seconds:g} s; cpu = server CPU ms/request")
-    head = f"{'req/s':>7} {'p50 ms':>6} {'p99 ms':>6} {'cpu':>5}"
-    print(f"{'conc':>4} {'batch':>5} | agent {head} | agent+v {head} | bare {head} | {'ratio':>5} {'ratio+v':>7}")
-    for s in results["settings"]:
-        a, v, b = s["agent"], s["agent_with_verdict"], s["bare"]
-        cells = [
-            f"{r['requests_per_s']:>7.0f} {r['p50_ms']:>6.2f} {r['p99_ms']:>6.2f} "
-            f"{r['server_cpu_ms_per_request']:>5.2f}"
-            for r in (a, v, b)
-        ]
-        print(
-            f"{s['concurrency']:>4} {s['batch']:>5} | agent {cells[0]} | agent+v {cells[1]} | bare {cells[2]} | "
-            f"{s['throughput_ratio']:>5.2f} {s['throughput_ratio_with_verdict']:>7.2f}"
-        )
-    print("server CPU ms/request by thread (loop = event loop; other = unnamed threads, e.g. bare's workers):")
-    for s in results["settings"]:
-        for label, r in (("agent", s["agent"]), ("agent+v", s["agent_with_verdict"]), ("bare", s["bare"])):
-            split = " ".join(f"{k} {r.get(f'cpu_ms_per_request_{k}', float('nan')):.3f}" for k in THREAD_GROUPS)
-            print(f"{s['concurrency']:>4} {s['batch']:>5} | {label:<7} | {split}")
-    print("server CPU per request, agent / bare (the headline: it does not depend on the load generator):")
-    for s in results["settings"]:
-        print(
-            f"{s['concurrency']:>4} {s['batch']:>5} | agent {s['cpu_ratio']:.2f} (target <= 1.10) | "
-            f"agent+v {s['cpu_ratio_with_verdict']:.2f} (target <= 1.30)"
-        )
-    worst, worst_v = (
-        max(s["cpu_ratio"] for s in results["settings"]),
-        max(s["cpu_ratio_with_verdict"] for s in results["settings"]),
-    )
-    print(
-        f"CPU ratio, worst setting: agent {worst:.2f} {'met' if worst <= 1.10 else 'MISSED'}; "
-        f"agent+v {worst_v:.2f} {'met' if worst_v <= 1.30 else 'MISSED'}"
-    )
-    pinned = results["server_cpus"] is not None and results["client_cpus"] is not None
-    print(
-        f"pinned: servers on {results['server_cpus']}, load generator on {results['client_cpus']}"
-        if pinned
-        else "not pinned (--server-cpus/--client-cpus): throughput ratios share cores with the load generator"
-    )
-    ratios = [s["throughput_ratio"] for s in results["settings"]]
-    print(f"throughput ratio agent/bare: min {min(ratios):.2f}, median {statistics.median(ratios):.2f} (target >= 0.9)")
-    print(
-        f"agent RSS after start: {results['agent_rss_after_start_mb']:.0f} MB (target <= 300 MB); "
-        f"after load: {results['agent_rss_after_load_mb']:.0f} MB"
-    )
-    print(f"agent start to ready: {results['agent_start_to_ready_s']:.2f} s (target <= 3 s)")
-    print(f"imported on the serve path: {results['serve_path_imports']}")
-    print(f"agent exit code after SIGTERM: {results['agent_exit_code_on_sigterm']}")
-    print_proxy_and_misses(results)
-
-
-def print_proxy_and_misses(results: dict[str, Any]) -> None:
-    """Proxy-mode figures, and for each CPU-ratio target missed, where the agent's extra CPU goes."""
-    for s in results["settings"]:
-        for key, label, target in (("cpu_ratio", "agent", 1.10), ("cpu_ratio_with_verdict", "agent+v", 1.30)):
-            if s[key] > target:
-                r = s["agent" if label == "agent" else "agent_with_verdict"]
-                b = s["bare"]
-                extra = {k: r.get(f"cpu_ms_per_request_{k}", 0.0) for k in THREAD_GROUPS}
-                extra["loop"] -= b.get("cpu_ms_per_request_loop", 0.0)
-                extra["model threads"] = -b.get("cpu_ms_per_request_other", 0.0) + extra.pop("icos-worker")
-                split = ", ".join(f"{k} {v:+.3f}" for k, v in extra.items())
-                print(
-                    f"  missed {label} {s[key]:.2f} > {target:.2f} at conc {s['concurrency']} batch {s['batch']}: "
-                    f"extra CPU ms/request vs bare by thread: {split}"
-                )
-    for p in results.get("proxy", []):
-        print(
-            f"proxy mode, conc 1 batch {p['batch']:>2}: p50 {p['proxy']['p50_ms']:.2f} ms "
-            f"vs bare {p['bare']['p50_ms']:.2f} ms "
-            f"(added {p['added_p50_ms']:+.2f} ms, target <= 1 ms: {'met' if p['added_p50_ms'] <= 1.0 else 'MISSED'}); "
-            f"p99 {p['proxy']['p99_ms']:.2f} vs {p['bare']['p99_ms']:.2f} ms; server CPU (agent + bare) / bare "
-            f"{p['cpu_ratio']:.2f} (agent {p['agent_cpu_ms_per_request']:.2f} ms/request)"
-        )
+def serve_settings(
+    args: argparse.Namespace,
+    model: str,
+    x_all: np.ndarray,
+    protocol: str,
+    ports: tuple[int | None, int | None],
+    pids: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """Concurrency 1 and 16, batches 1 and 32, over one protocol: the agent asked for the bare server's
+    outputs, the agent asked for every output (verdicts too), and the bare server, interleaved."""
+    agent_port, bare_port = ports
+    assert agent_port is not None and bare_port is not None
+    out = []
+    for concurrency in (1, 16):
+        for batch in (1, 32):
+            x = np.ascontiguousarray(x_all[:batch], dtype=np.float32)
+            if protocol == "http":
+                same = request_bytes(agent_port, model, x, ("probabilities", "label"))
+                every, plain = request_bytes(agent_port, model, x), request_bytes(bare_port, model, x)
+            else:
+                same = grpc_request(x, model, ("probabilities", "label"))
+                every, plain = grpc_request(x, model), grpc_request(x, model)
+            runs: tuple[list[dict[str, float]], ...] = ([], [], [])
+            for _ in range(max(1, args.rounds)):
+                runs[0].append(measure(agent_port, same, concurrency, args.seconds, batch, pids[0]))
+                runs[1].append(measure(agent_port, every, concurrency, args.seconds, batch, pids[0]))
+                runs[2].append(measure(bare_port, plain, concurrency, args.seconds, batch, pids[1]))
+            a, v, b = (median_of(r) for r in runs)
+            out.append(
+                {
+                    "protocol": protocol,
+                    "concurrency": concurrency,
+                    "batch": batch,
+                    "agent": a,
+                    "agent_with_verdict": v,
+                    "bare": b,
+                    "throughput_ratio": a["requests_per_s"] / b["requests_per_s"],
+                    "throughput_ratio_with_verdict": v["requests_per_s"] / b["requests_per_s"],
+                    "cpu_ratio": a["server_cpu_ms_per_request"] / b["server_cpu_ms_per_request"],
+                    "cpu_ratio_with_verdict": v["server_cpu_ms_per_request"] / b["server_cpu_ms_per_request"],
+                }
+            )
+    return out
 
 
 def start_agent(cfg: dict[str, Any], path: Path, env: dict[str, str], pin: Any) -> subprocess.Popen[bytes]:

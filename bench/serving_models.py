@@ -85,8 +85,13 @@ def measure_proxy(
     rounds: int,
 ) -> list[dict[str, Any]]:
     """Concurrency 1, batches 1 and 32: the bare server alone, and the agent in proxy mode in front of
-    it. Added p50 latency, and server CPU per request (agent + bare) ÷ bare."""
+    it, asked for the bare server's outputs (probabilities, label: the verdicts are judged off the
+    request path) and for every output (``icos_verdict`` too: judged before the answer). Added p50
+    latency, and server CPU per request (agent + bare) ÷ bare."""
     import statistics
+
+    def median(runs: list[dict[str, float]]) -> dict[str, float]:
+        return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
     proxy_port, bare_port = ports
     agent = start_agent(agent_config("proxy", model, bundle, proxy_port, bare_port))
@@ -94,25 +99,29 @@ def measure_proxy(
     try:
         for batch in (1, 32):
             x = np.ascontiguousarray(x_all[:batch], dtype=np.float32)
-            via, direct = request_bytes(proxy_port, model.name, x), request_bytes(bare_port, model.name, x)
-            runs: tuple[list[dict[str, float]], list[dict[str, float]], list[float]] = ([], [], [])
+            same = request_bytes(proxy_port, model.name, x, ("probabilities", "label"))
+            every = request_bytes(proxy_port, model.name, x)
+            direct = request_bytes(bare_port, model.name, x)
+            runs: dict[str, list[dict[str, float]]] = {"proxy": [], "proxy_with_verdict": [], "bare": []}
+            upstream_cpu: list[float] = []
             for _ in range(max(1, rounds)):
-                bare_in_proxy = measure(proxy_port, via, 1, seconds, batch, bare_pid)
-                proxied = measure(proxy_port, via, 1, seconds, batch, agent.pid)
-                runs[0].append(proxied)
-                runs[1].append(measure(bare_port, direct, 1, seconds, batch, bare_pid))
-                runs[2].append(bare_in_proxy["server_cpu_ms_per_request"])
-            p = {k: statistics.median(r[k] for r in runs[0]) for k in runs[0][0]}
-            b = {k: statistics.median(r[k] for r in runs[1]) for k in runs[1][0]}
-            upstream_cpu = statistics.median(runs[2])
+                upstream_cpu.append(measure(proxy_port, same, 1, seconds, batch, bare_pid)["server_cpu_ms_per_request"])
+                runs["proxy"].append(measure(proxy_port, same, 1, seconds, batch, agent.pid))
+                runs["proxy_with_verdict"].append(measure(proxy_port, every, 1, seconds, batch, agent.pid))
+                runs["bare"].append(measure(bare_port, direct, 1, seconds, batch, bare_pid))
+            p, v, b = (median(runs[k]) for k in ("proxy", "proxy_with_verdict", "bare"))
+            up = statistics.median(upstream_cpu)
             out.append(
                 {
                     "batch": batch,
                     "proxy": p,
+                    "proxy_with_verdict": v,
                     "bare": b,
                     "added_p50_ms": p["p50_ms"] - b["p50_ms"],
-                    "cpu_ratio": (p["server_cpu_ms_per_request"] + upstream_cpu) / b["server_cpu_ms_per_request"],
+                    "added_p50_ms_with_verdict": v["p50_ms"] - b["p50_ms"],
+                    "cpu_ratio": (p["server_cpu_ms_per_request"] + up) / b["server_cpu_ms_per_request"],
                     "agent_cpu_ms_per_request": p["server_cpu_ms_per_request"],
+                    "agent_cpu_ms_per_request_with_verdict": v["server_cpu_ms_per_request"],
                 }
             )
     finally:

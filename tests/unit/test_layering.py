@@ -54,6 +54,10 @@ def test_layering(package: str, forbidden: set[str]) -> None:
         ("onnxruntime", "invariants/onnx_session.py"),
         ("mlflow", "exporters/mlflow_logger.py"),
         ("apscheduler", "agent/core/scheduler.py"),
+        ("psycopg", "agent/labels/postgres_backend.py"),
+        ("psycopg_pool", "agent/labels/postgres_backend.py"),
+        ("grpc", "agent/server/grpc_server.py"),
+        ("aiohttp", "agent/server/upstream.py"),
     ],
 )
 def test_third_party_clients_behind_one_adapter(library: str, adapter: str) -> None:

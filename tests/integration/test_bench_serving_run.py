@@ -1,0 +1,36 @@
+"""The serving benchmark runs end to end (short): the agent against the bare server over HTTP and gRPC,
+and in proxy mode in front of the bare server, every request answered 200 / OK. Figures are not
+asserted (timings never are in tests); the benchmark raises on any failed request, which is what this
+catches (e.g. a proxy that cannot speak to the bare server)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serving_benchmark_measures_http_grpc_and_proxy(mnist_bundle_dir: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_serving", "--model", "mnist", "--bundle", str(mnist_bundle_dir)]
+        + ["--seconds", "0.2", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout)["mnist"]
+    settings = {(s["protocol"], s["concurrency"], s["batch"]) for s in results["settings"]}
+    assert settings == {(p, c, b) for p in ("http", "grpc") for c in (1, 16) for b in (1, 32)}
+    for s in results["settings"]:
+        for run in ("agent", "agent_with_verdict", "bare"):
+            assert s[run]["requests_per_s"] > 0 and s[run]["server_cpu_ms_per_request"] > 0
+    assert [p["batch"] for p in results["proxy"]] == [1, 32]
+    for p in results["proxy"]:
+        assert p["proxy"]["requests_per_s"] > 0 and p["proxy_with_verdict"]["requests_per_s"] > 0
+    assert results["agent_exit_code_on_sigterm"] == 0
+    assert not results["serve_path_imports"]["mlflow"]
