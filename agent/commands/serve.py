@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import UserError
 
@@ -30,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn  # lazy: keeps uvicorn out of CLI start-up
 
     # lazy: keeps fastapi, pydantic and numpy (and logging, ~40 ms) out of CLI start-up
     from agent.config.settings import load_settings
@@ -51,6 +50,38 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         print(f"config OK: {settings.mode} mode, model {settings.model.name} version {settings.model.version}")
         return 0
+    http = bounded_protocol(
+        settings.server.header_timeout_seconds,
+        settings.server.max_head_bytes,
+        on_refused=app.state.agent.metrics.connection_refused,
+        body_timeout=settings.server.body_timeout_seconds,
+    )
+    sockets = None
+    if settings.server.admin_port is not None:
+        if settings.server.admin_port in (settings.server.port, settings.server.metrics_port):
+            raise UserError("server.admin_port must differ from server.port and server.metrics_port")
+        # One server, two listening sockets: requests carry the port they arrived on (scope["server"]),
+        # which is how the app keeps the admin API on its own port.
+        sockets = [listen(settings.server.host, port) for port in (settings.server.port, settings.server.admin_port)]
+    return run_uvicorn(
+        app,
+        settings,
+        sockets,
+        http=http,
+        limit_concurrency=settings.server.limit_concurrency,
+        timeout_keep_alive=settings.server.timeout_keep_alive_seconds,
+        backlog=2048,
+    )
+
+
+def run_uvicorn(app: Any, settings: AgentSettings, sockets: list[socket.socket] | None = None, **extra: Any) -> int:
+    """Serve ``app`` with uvicorn on ``server.host:server.port`` (or ``sockets``) until SIGTERM/SIGINT;
+    0 once it has served and shut down gracefully, 1 when it never started. ``extra`` goes to
+    ``uvicorn.Config``."""
+    import uvicorn
+
+    from agent.core import logs
+
     config = uvicorn.Config(
         app,
         host=settings.server.host,
@@ -59,24 +90,9 @@ def run(args: argparse.Namespace) -> int:
         access_log=settings.server.access_log,
         timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
         lifespan="on",
-        http=bounded_protocol(
-            settings.server.header_timeout_seconds,
-            settings.server.max_head_bytes,
-            on_refused=app.state.agent.metrics.connection_refused,
-            body_timeout=settings.server.body_timeout_seconds,
-        ),
-        limit_concurrency=settings.server.limit_concurrency,
-        timeout_keep_alive=settings.server.timeout_keep_alive_seconds,
-        backlog=2048,
+        **extra,
     )
     server = uvicorn.Server(config)
-    sockets = None
-    if settings.server.admin_port is not None:
-        if settings.server.admin_port in (settings.server.port, settings.server.metrics_port):
-            raise UserError("server.admin_port must differ from server.port and server.metrics_port")
-        # One server, two listening sockets: requests carry the port they arrived on (scope["server"]),
-        # which is how the app keeps the admin API on its own port.
-        sockets = [listen(settings.server.host, port) for port in (settings.server.port, settings.server.admin_port)]
     # uvicorn re-raises the signal it handled after a graceful shutdown; a no-op handler turns that
     # into a normal return, so SIGTERM ends with exit status 0 once state is flushed.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,29 +114,14 @@ def listen(host: str, port: int) -> socket.socket:
 
 def _serve_fleet(settings: AgentSettings, *, check: bool) -> int:
     """``mode: fleet``: the fleet evaluator (:mod:`agent.fleet`) on ``server.host:server.port``."""
-    import uvicorn
 
-    from agent.core import logs
     from agent.fleet.app import create_fleet_app
 
     app = create_fleet_app(settings)
     if check:
         print(f"config OK: fleet mode, model {settings.model.name}, Prometheus API {settings.fleet.prometheus_url}")
         return 0
-    config = uvicorn.Config(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_config=logs.uvicorn_log_config(settings.log_level),
-        access_log=settings.server.access_log,
-        timeout_graceful_shutdown=int(max(1, settings.server.graceful_timeout_seconds)),
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run()
-    return 0 if server.started else 1
+    return run_uvicorn(app, settings)
 
 
 def limit_blas_threads(n: int) -> list[dict[str, object]]:
