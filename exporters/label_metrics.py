@@ -159,6 +159,12 @@ class LabelMetrics:
             registry=registry,
         )
         self.store_reachable.set(1)
+        self.label_sample = Counter(
+            "icos_label_sample",
+            "Predictions drawn into the labeling sample (labels.sample_rate); GET /v1/labels/requests lists "
+            "those still without a label.",
+            registry=registry,
+        )
 
     def count_labels(self, counts: Mapping[str, int]) -> None:
         for outcome, n in counts.items():

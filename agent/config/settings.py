@@ -84,7 +84,7 @@ class ServerConfig(_Section):
         gt=0,
         le=3600,
         description="a request body not complete this many seconds after its head closes the connection "
-        "(icos_connections_refused_total{reason=\"body_timeout\"}); bounds how long a client that dribbles "
+        '(icos_connections_refused_total{reason="body_timeout"}); bounds how long a client that dribbles '
         "its body holds a request slot",
     )
     max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
@@ -199,6 +199,14 @@ class LabelsConfig(_Section):
         "instead of `labels.store_url`",
     )
     pool_size: int = Field(4, ge=1, le=64, description="PostgreSQL connections per replica at most")
+    sample_rate: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="share of predictions drawn uniformly at random into the labeling sample (listed by "
+        "`GET /v1/labels/requests`); their labels give the estimator `with_labels`, valid whatever the shift "
+        "(0: no sample)",
+    )
     fleet_refresh_seconds: float = Field(
         10.0,
         gt=0,

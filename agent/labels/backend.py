@@ -22,13 +22,17 @@ from agent.labels.rows import (
     LabelOutcome,
     PendingBatch,
     RequestRow,
+    SampleRow,
     _extras_blob,
     onehot_errors,
+    sample_indices,
     split_prediction_id,
     storable_text,
 )
 
 CHUNK = 500  # ids per SQL statement (well below SQLite's variable limit)
+SAMPLE_PAGE = 500  # sampled request rows read per statement by unlabeled_sample
+SAMPLE_PAGES = 20  # at most this many pages: a listing reads at most 10,000 request rows
 
 
 class StoreUnavailable(Exception):
@@ -72,6 +76,10 @@ class StoreBackend(Protocol):
 
     def labeled_rows(self, identity: str, since: float | None, limit: int | None) -> LabeledRows: ...
 
+    def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
+        """``(prediction id, prediction time)`` of the newest predictions of the labeling sample that
+        have no label yet, newest first (see :func:`unlabeled_sample`)."""
+
     def put_calibration(self, identity: str, value_json: str) -> None: ...
 
     def get_calibration(self, identity: str) -> str | None: ...
@@ -93,10 +101,16 @@ class JoinedLabels:
     by_identity: dict[str, list[tuple[float, int, float, bool, float, float, int]]] = field(default_factory=dict)
     extras_by_identity: dict[str, list[np.ndarray]] = field(default_factory=dict)
     predicted_by_identity: dict[str, list[int | None]] = field(default_factory=dict)
+    sampled_by_identity: dict[str, list[bool]] = field(default_factory=dict)
 
     def outcome(self) -> LabelOutcome:
         accepted = [
-            (k, LabeledRows.from_tuples(v, self.extras_by_identity[k], self.predicted_by_identity[k]))
+            (
+                k,
+                LabeledRows.from_tuples(
+                    v, self.extras_by_identity[k], self.predicted_by_identity[k], self.sampled_by_identity[k]
+                ),
+            )
             for k, v in self.by_identity.items()
         ]
         return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate)
@@ -112,7 +126,8 @@ def join_labels(
     """Join ``(prediction id, true class)`` pairs to the stored requests, :data:`CHUNK` ids at a time,
     inside the caller's transaction: ``requests_by_id`` and ``labeled_indices`` read, ``insert``
     writes the new ``labels`` rows. An id of a request not stored (or evicted) is unknown, one
-    already labeled a duplicate (the first label stays)."""
+    already labeled a duplicate (the first label stays). A label keeps whether its prediction was
+    drawn into the labeling sample when it was judged."""
     out = JoinedLabels()
     for first in range(0, len(labels), CHUNK):
         chunk = []
@@ -123,6 +138,7 @@ def join_labels(
                 out.unknown.append(pid)
         requests = requests_by_id({rid for _, _, rid, _ in chunk})
         done = labeled_indices({r.seq for rows in requests.values() for r in rows})
+        in_sample = {(r.seq, int(i)) for rows in requests.values() for r in rows for i in r.sampled()}
         inserts: list[LabelInsert] = []
         for pid, label, rid, idx in chunk:
             row = next((r for r in requests.get(rid, ()) if r.holds(idx)), None)
@@ -142,15 +158,17 @@ def join_labels(
             a, s = onehot_errors(probs, label)
             confidence = float(probs.max()) if len(probs) else 0.0
             correct = predicted == label
+            sampled = (row.seq, idx) in in_sample
             inserts.append(
                 (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs))
-                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext), predicted)
+                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext), predicted, int(sampled))
             )
             out.by_identity.setdefault(row.identity, []).append(
                 (row.ts, verdict, confidence, correct, a, s, len(probs))
             )
             out.extras_by_identity.setdefault(row.identity, []).append(ext)
             out.predicted_by_identity.setdefault(row.identity, []).append(predicted)
+            out.sampled_by_identity.setdefault(row.identity, []).append(sampled)
         if inserts:
             insert(inserts)
         out.inserts += inserts
@@ -167,3 +185,32 @@ def chunks(values: Iterable[Any], size: int = CHUNK) -> Iterable[list[Any]]:
             batch = []
     if batch:
         yield batch
+
+
+def unlabeled_sample(
+    page: Callable[[float, int], Sequence[SampleRow]],
+    labeled_indices: Callable[[set[int]], set[tuple[int, int]]],
+    limit: int,
+) -> list[tuple[str, float]]:
+    """The ids and times of at most ``limit`` sampled predictions without a label, newest first.
+
+    ``page(ts, seq)`` returns up to :data:`SAMPLE_PAGE` request rows with sampled predictions that come
+    before ``(ts, seq)`` in ``(ts, seq)`` order, newest first; at most :data:`SAMPLE_PAGES` pages are
+    read, so a listing costs a bounded number of statements however many predictions wait."""
+    out: list[tuple[str, float]] = []
+    before: tuple[float, int] = (float("inf"), 2**62)
+    for _ in range(SAMPLE_PAGES):
+        rows = page(*before)
+        if not rows:
+            break
+        done = labeled_indices({int(r[0]) for r in rows})
+        for seq, rid, lo, hi, ts, blob in rows:
+            for i in sample_indices(blob, int(lo), int(hi)).tolist():
+                if (int(seq), i) not in done:
+                    out.append((f"{rid}:{i}", float(ts)))
+                    if len(out) >= limit:
+                        return out
+        before = (float(rows[-1][4]), int(rows[-1][0]))
+        if len(rows) < SAMPLE_PAGE:
+            break
+    return out

@@ -31,8 +31,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from agent.labels.backend import StoreUnavailable, StoreUnreachable, join_labels
-from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, RequestRow, _extras_row
+from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, StoreUnreachable, join_labels, unlabeled_sample
+from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, RequestRow, SampleRow, _extras_row
 from agent.labels.sqlite_schema import request_rows
 from exporters.redaction import redact_text, redact_uri
 
@@ -69,13 +69,21 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             " writer TEXT PRIMARY KEY, predictions BIGINT NOT NULL, labeled BIGINT NOT NULL)",
         ),
     ),
+    (
+        2,
+        (  # the labeling sample: the sampled indices of a request, and whether a label's prediction was one
+            "ALTER TABLE icos_requests ADD COLUMN sampled BYTEA",
+            "ALTER TABLE icos_labels ADD COLUMN sampled SMALLINT NOT NULL DEFAULT 0",
+            "CREATE INDEX icos_requests_sampled ON icos_requests(identity, ts) WHERE sampled IS NOT NULL",
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras"
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " sq_err, extras, predicted, sampled) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (seq, idx) DO NOTHING"
 )
 
@@ -221,12 +229,12 @@ class PostgresBackend:
             with (
                 conn.cursor() as cur,
                 cur.copy(
-                    "COPY icos_requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras)"
-                    " FROM STDIN"
+                    "COPY icos_requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras,"
+                    " sampled) FROM STDIN"
                 ) as copy,
             ):
-                for rid, n, ts, identity, k, predicted, verdict, probs, extras in rows:
-                    copy.write_row((rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras))
+                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled in rows:
+                    copy.write_row((rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled))
             written = sum(b.n for b in batches)
             self._add_counts(conn, written - replaced, -labels_gone)
         self.rows += written - replaced
@@ -325,7 +333,7 @@ class PostgresBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted FROM icos_labels"
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled FROM icos_labels"
             " WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -344,7 +352,21 @@ class PostgresBackend:
             [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
             [_extras_row(_bytes(r[7])) for r in rows],
             [r[8] for r in rows],
+            [bool(r[9]) for r in rows],
         )
+
+    def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                return unlabeled_sample(
+                    lambda ts, seq: _sample_page(conn, identity, ts, seq),
+                    lambda seqs: _labeled_indices(conn, seqs),
+                    limit,
+                )
+        except StoreUnavailable:
+            self.on_error("read")
+            raise
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:
@@ -384,6 +406,16 @@ def _requests_by_id(conn: psycopg.Connection[Any], rids: set[str]) -> dict[str, 
         row = RequestRow.of([*r[:8], *(_bytes(v) for v in r[8:])])
         out.setdefault(row.rid, []).append(row)
     return out
+
+
+def _sample_page(conn: psycopg.Connection[Any], identity: str, ts: float, seq: int) -> list[SampleRow]:
+    """Request rows of ``identity`` with sampled predictions before ``(ts, seq)``, newest first."""
+    cur = conn.execute(
+        "SELECT seq, rid, lo, hi, ts, sampled FROM icos_requests WHERE identity = %s AND sampled IS NOT NULL"
+        " AND (ts < %s OR (ts = %s AND seq < %s)) ORDER BY ts DESC, seq DESC LIMIT %s",
+        (identity, ts, ts, seq, SAMPLE_PAGE),
+    )
+    return [(*r[:5], _bytes(r[5])) for r in cur.fetchall()]
 
 
 def _labeled_indices(conn: psycopg.Connection[Any], seqs: set[int]) -> set[tuple[int, int]]:

@@ -22,6 +22,10 @@ For every window, :class:`RealizedWindows` reports on the labeled predictions in
   geometric-mean summaries) are deliberately absent. This is the definition of
   ``agent.audits.mutation.robustness.probability_errors`` too.
 
+Labels of the labeling sample (``labels.sample_rate``) also give every time window the estimator
+``with_labels`` (:func:`with_labels_estimates`), the prediction-powered accuracy of *all* the window's
+predictions, exact up to its interval whatever the shift.
+
 The labeled samples are kept in memory (at most ``capacity``, the newest by prediction time, and
 only those a window can still hold); statistics are recomputed when read (cached for a second).
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +43,7 @@ import numpy as np
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import estimate_all
 from agent.estimation.intervals import Estimate, wilson
+from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.estimation.statistics import WindowStats
 from agent.judging.windows import count_window_name
 from agent.labels.rows import LabeledRows
@@ -75,10 +80,14 @@ class RealizedWindow:
     estimates: dict[str, Estimate] = field(default_factory=dict)
     abs_errors: dict[str, float] = field(default_factory=dict)
     probability_errors: ProbabilityErrors = ProbabilityErrors(0.0, 0.0, 0.0)
+    #: the top-class probabilities and correctness of the labeled predictions of the labeling sample
+    sample_confidence: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sample_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "n": self.n,
+            "n_sampled": len(self.sample_correct),
             "correct": self.correct,
             "accuracy": self.accuracy.to_dict(),
             "estimates": {k: e.to_dict() for k, e in self.estimates.items()},
@@ -108,7 +117,29 @@ def realized_window(rows: LabeledRows, calibration: EstimatorCalibration) -> Rea
         estimates=ests,
         abs_errors={k: abs(e.value - acc) for k, e in ests.items()},
         probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
+        sample_confidence=rows.confidence[rows.sampled],
+        sample_correct=rows.correct[rows.sampled],
     )
+
+
+def with_labels_estimates(
+    realized: Mapping[str, RealizedWindow | None], stats: Mapping[str, WindowStats], time_windows: Iterable[str]
+) -> dict[str, dict[str, Estimate]]:
+    """Per time window, the estimator ``with_labels``: the prediction-powered accuracy
+    (:func:`~agent.estimation.prediction_powered.prediction_powered_accuracy`) of the window's
+    predictions (``stats``: their count and top-class probability sums) from the labeled predictions
+    of the labeling sample among them. Labels of predictions outside the sample count for the
+    realized accuracy but not here: the interval is valid because the sample is uniform. Count
+    windows have none (their labeled predictions are not the window's latest predictions)."""
+    out: dict[str, dict[str, Estimate]] = {}
+    for name in time_windows:
+        w, s = realized.get(name), stats.get(name)
+        if w is None or s is None or s.n == 0 or not len(w.sample_correct):
+            continue
+        e = prediction_powered_accuracy(s.n, s.conf_sum, s.conf_sq_sum, w.sample_confidence, w.sample_correct)
+        if e is not None:
+            out[name] = {WITH_LABELS: e}
+    return out
 
 
 def _take(rows: LabeledRows, idx: np.ndarray) -> LabeledRows:

@@ -20,6 +20,11 @@ from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_from
 
 #: dtype of the ``predicted`` BLOB of a ``requests`` row (one little-endian int32 per prediction)
 PREDICTED_DTYPE = "<i4"
+#: dtype of the ``sampled`` BLOB of a ``requests`` row (the indices in the labeling sample)
+SAMPLED_DTYPE = "<i4"
+
+#: ``(seq, rid, lo, hi, ts, sampled)`` of a request row with predictions in the labeling sample
+SampleRow = tuple[int, str, int, int, float, Any]
 
 
 class CorruptRow(ValueError):
@@ -50,7 +55,17 @@ def batch_problem(b: PendingBatch) -> str | None:
     probs = np.size(b.probabilities)
     if n == 0 or np.size(b.verdicts) != n or probs == 0 or probs % n:
         return "arrays of inconsistent lengths"
+    if b.sampled is not None and np.size(b.sampled) and not bool(((b.sampled >= 0) & (b.sampled < n)).all()):
+        return "labeling sample indices outside the request"
     return None
+
+
+def sample_indices(blob: object, lo: int, hi: int) -> np.ndarray:
+    """The labeling-sample indices a ``sampled`` BLOB holds, those in ``[lo, hi)`` (not evicted) only."""
+    if not isinstance(blob, bytes) or len(blob) % 4:
+        return np.zeros(0, dtype=np.int64)
+    idx = np.frombuffer(blob, dtype=SAMPLED_DTYPE).astype(np.int64)
+    return idx[(idx >= lo) & (idx < hi)]
 
 
 def _extras_blob(row: np.ndarray | None) -> bytes | None:
@@ -76,6 +91,8 @@ class PendingBatch:
     #: The inputs of the full ``shift_aware`` model, when the runtime computed them: as
     #: :class:`SampleExtras` or as their float64 ``[n, 5]`` columns (:func:`extras_columns`).
     extras: SampleExtras | np.ndarray | None = None
+    #: the indices of the request's predictions drawn into the labeling sample (None: none drawn)
+    sampled: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -98,12 +115,16 @@ class LabeledRows:
     extras: np.ndarray | None = None
     #: int64 [N]: the predicted class, -1 where unknown (``None`` given: all unknown)
     predicted: np.ndarray | None = None
+    #: bool [N]: whether the prediction was drawn into the labeling sample (``None`` given: none was)
+    sampled: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
             object.__setattr__(self, "extras", np.full((len(self.timestamp), len(EXTRAS_FIELDS)), np.nan))
         if self.predicted is None:
             object.__setattr__(self, "predicted", np.full(len(self.timestamp), -1, dtype=np.int64))
+        if self.sampled is None:
+            object.__setattr__(self, "sampled", np.zeros(len(self.timestamp), dtype=bool))
 
     @property
     def n(self) -> int:
@@ -132,9 +153,11 @@ class LabeledRows:
         rows: Sequence[tuple[float, int, float, bool, float, float, int]],
         extras: Sequence[np.ndarray] | None = None,
         predicted: Sequence[int | None] | None = None,
+        sampled: Sequence[bool] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
-        one extras row (5 floats, NaN when absent) and one predicted class (None when unknown) per row."""
+        one extras row (5 floats, NaN when absent), one predicted class (None when unknown) and whether
+        it is in the labeling sample per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -148,6 +171,7 @@ class LabeledRows:
             np.asarray(k, np.int64),
             np.asarray(extras, np.float64).reshape(len(rows), len(EXTRAS_FIELDS)) if extras is not None else None,
             np.asarray([-1 if v is None else v for v in predicted], np.int64) if predicted is not None else None,
+            np.asarray(sampled, bool).reshape(len(rows)) if sampled is not None else None,
         )
 
 
@@ -196,6 +220,8 @@ class RequestRow:
     verdict_blob: bytes
     probs_blob: bytes
     extras_blob: bytes | None
+    #: little-endian int32 indices of the request's predictions in the labeling sample (None: none)
+    sampled_blob: bytes | None = None
 
     @classmethod
     def of(cls, r: Sequence[Any]) -> RequestRow:
@@ -203,6 +229,10 @@ class RequestRow:
 
     def holds(self, idx: int) -> bool:
         return self.lo <= idx < self.hi
+
+    def sampled(self) -> np.ndarray:
+        """The indices of this row's live predictions that are in the labeling sample."""
+        return sample_indices(self.sampled_blob, self.lo, self.hi)
 
     def prediction(self, idx: int) -> tuple[int, int, np.ndarray, np.ndarray]:
         """``(predicted class, verdict, probabilities [K], extras row [5] (NaN when none))`` of index ``idx``."""

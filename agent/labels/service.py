@@ -12,6 +12,14 @@ request path). Later, true labels arrive by id:
   ``labels.max_batch`` labels per request.
 * ``GET /v1/labels`` — the store (size, labeled, queued), the calibration in use, the last
   recalibration.
+* ``GET /v1/labels/requests?limit=N`` — the labeling sample: every judged prediction is drawn into it
+  independently with probability ``labels.sample_rate`` (from the agent's own random source, so no
+  client can choose what is sampled); this lists the newest sampled predictions still without a label
+  (``{"sample_rate", "n", "requests": [{"id", "timestamp"}]}``). Their labels, posted as any other,
+  give every time window the estimator ``with_labels`` (prediction-powered inference,
+  :func:`~agent.labels.realized.with_labels_estimates`): valid whatever the shift because the sample is
+  uniform. Labels of predictions outside the sample count for the realized accuracy and
+  recalibration, not for ``with_labels``.
 * ``POST /v1/recalibrate`` (admin bearer token) — refits the estimator calibration (oracle TPR/FPR,
   calibration accuracy and mean confidence, ATC threshold; the ``shift_aware`` part stays the
   bundle's) from every stored labeled prediction of the current model and bundle, at least
@@ -48,14 +56,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio.to_thread
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from agent.config.settings import AgentSettings, LabelsConfig
 from agent.errors import ClientError
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.intervals import Estimate
+from agent.estimation.statistics import WindowStats
 from agent.judging.pipeline import JudgedBatch, Pipeline
-from agent.judging.runtime import Runtime
-from agent.labels.realized import RealizedWindows, realized_window
+from agent.judging.runtime import EstimatorExtension, Runtime
+from agent.labels.realized import RealizedWindows, realized_window, with_labels_estimates
 from agent.labels.rows import LabeledRows, PendingBatch
 from agent.labels.store import PredictionStore, StoreUnavailable
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
@@ -91,6 +102,7 @@ class LabelHost(Protocol):
     pipeline: Pipeline
     runtime: Runtime
     estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]]
+    estimator_extensions: list[EstimatorExtension]
     #: awaited with a request's id before it is answered (``commit`` durability)
     ack_gates: list[Callable[[str], Awaitable[None]]]
 
@@ -202,10 +214,19 @@ class LabelService:
         self.last_recalibration: dict[str, Any] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self._rng = np.random.default_rng()  # the labeling sample: drawn from OS entropy, never from the request
 
     # -- wiring -------------------------------------------------------------------------------------
     def on_judged(self, batch: JudgedBatch) -> None:
-        """Pipeline tap (under the judging lock): queue the predictions for the writer."""
+        """Pipeline tap (under the judging lock): draw the batch's predictions into the labeling sample,
+        each independently with probability ``labels.sample_rate``, and queue them for the writer."""
+        sampled = None
+        rate = self.config.sample_rate
+        if rate > 0:
+            drawn = np.flatnonzero(self._rng.random(len(batch.labels)) < rate)
+            if len(drawn):
+                sampled = drawn
+                self.metrics.label_sample.inc(len(drawn))
         self.store.enqueue(
             PendingBatch(
                 batch.request_id,
@@ -215,6 +236,7 @@ class LabelService:
                 batch.labels,
                 batch.verdicts,
                 batch.extras,
+                sampled,
             )
         )
 
@@ -262,6 +284,7 @@ class LabelService:
         self.store.start()
         self.agent.pipeline.judged_taps.append(self.on_judged)
         self.agent.estimate_sections.append(self.estimate_section)
+        self.agent.estimator_extensions.append(self.labeled_estimates)
         if self.config.durability == "commit":
             self.agent.ack_gates.append(self.acknowledge)
         self._tasks.append(asyncio.create_task(self._watch_loop()))
@@ -282,6 +305,8 @@ class LabelService:
             self.agent.pipeline.judged_taps.remove(self.on_judged)
         with contextlib.suppress(ValueError):
             self.agent.estimate_sections.remove(self.estimate_section)
+        with contextlib.suppress(ValueError):
+            self.agent.estimator_extensions.remove(self.labeled_estimates)
         with contextlib.suppress(ValueError):
             self.agent.ack_gates.remove(self.acknowledge)
         await anyio.to_thread.run_sync(self.check_runtime)
@@ -488,6 +513,24 @@ class LabelService:
             out[name] = {"realized": w.to_dict() if w is not None else {"n": 0}}
         return out
 
+    def labeled_estimates(
+        self, rt: Runtime, now: float, stats: Mapping[str, WindowStats]
+    ) -> dict[str, dict[str, Estimate]]:
+        """The estimator ``with_labels`` of every time window (:func:`with_labels_estimates`)."""
+        return with_labels_estimates(self.realized.compute(rt.calibration, now), stats, self.realized.time)
+
+    def label_requests(self, limit: int) -> dict[str, Any]:
+        """``GET /v1/labels/requests``: the newest predictions of the labeling sample without a label."""
+        self.check_runtime()
+        self.agent.pipeline.flush()
+        self.store.flush()  # a prediction answered a moment ago is listed
+        rows = self.store.label_requests(self._identity, limit)
+        return {
+            "sample_rate": self.config.sample_rate,
+            "n": len(rows),
+            "requests": [{"id": pid, "timestamp": ts} for pid, ts in rows],
+        }
+
     def snapshot(self) -> RealizedSnapshot | None:
         if not self._started:
             return None
@@ -521,6 +564,7 @@ class LabelService:
                 "source": "labels" if self._recalibrated is not None and rt is self._recalibrated else "bundle",
                 **_base(rt.calibration),
             },
+            "sample_rate": self.config.sample_rate,
             "min_recalibration_samples": self.config.min_recalibration_samples,
             "auto_recalibrate_every": self.config.auto_recalibrate_every,
             "last_recalibration": self.last_recalibration,

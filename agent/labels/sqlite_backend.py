@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
-from agent.labels.backend import StoreUnavailable, join_labels
+from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, unlabeled_sample
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
 from agent.labels.sqlite_schema import (
     INSERT_LABEL,
@@ -31,6 +31,7 @@ from agent.labels.sqlite_schema import (
     labeled_indices,
     request_rows,
     requests_by_id,
+    sample_page,
 )
 
 log = logging.getLogger("icos_agent.labels")
@@ -128,7 +129,7 @@ class SQLiteBackend:
                 replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
                 db.executemany(
                     "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
-                    " extras) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " extras, sampled) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 db.execute("COMMIT")
@@ -252,7 +253,7 @@ class SQLiteBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted "
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled "
             "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -270,7 +271,21 @@ class SQLiteBackend:
             [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
             [_extras_row(r[7]) for r in rows],
             [r[8] for r in rows],
+            [bool(r[9]) for r in rows],
         )
+
+    def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
+        try:
+            with self._lock:
+                db = self.conn()
+                return unlabeled_sample(
+                    lambda ts, seq: sample_page(db, identity, ts, seq, SAMPLE_PAGE),
+                    lambda seqs: labeled_indices(db, seqs),
+                    limit,
+                )
+        except (sqlite3.Error, OSError) as exc:
+            self.on_error("read")
+            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agent.estimation.statistics import EXTRAS_DTYPE, EXTRAS_FIELDS, extras_columns
-from agent.labels.rows import PREDICTED_DTYPE, PendingBatch, RequestRow, split_prediction_id
+from agent.labels.rows import PREDICTED_DTYPE, SAMPLED_DTYPE, PendingBatch, RequestRow, SampleRow, split_prediction_id
 
 log = logging.getLogger("icos_agent.labels")
 
@@ -28,21 +28,30 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS requests ("
     " seq INTEGER PRIMARY KEY AUTOINCREMENT, rid TEXT NOT NULL, start INTEGER NOT NULL, lo INTEGER NOT NULL,"
     " hi INTEGER NOT NULL, ts REAL NOT NULL, identity TEXT NOT NULL, k INTEGER NOT NULL,"
-    " predicted BLOB NOT NULL, verdict BLOB NOT NULL, probs BLOB NOT NULL, extras BLOB, UNIQUE(rid, start))",
+    " predicted BLOB NOT NULL, verdict BLOB NOT NULL, probs BLOB NOT NULL, extras BLOB, sampled BLOB,"
+    " UNIQUE(rid, start))",
     "CREATE INDEX IF NOT EXISTS requests_ts ON requests(ts)",
     "CREATE TABLE IF NOT EXISTS labels ("
     " seq INTEGER NOT NULL, idx INTEGER NOT NULL, identity TEXT NOT NULL, ts REAL NOT NULL,"
     " verdict INTEGER NOT NULL, confidence REAL NOT NULL, correct INTEGER NOT NULL, k INTEGER NOT NULL,"
     " label INTEGER NOT NULL, labeled_at REAL NOT NULL, abs_err REAL NOT NULL, sq_err REAL NOT NULL, extras BLOB,"
-    " predicted INTEGER, PRIMARY KEY(seq, idx))",
+    " predicted INTEGER, sampled INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(seq, idx))",
     "CREATE INDEX IF NOT EXISTS labels_identity_ts ON labels(identity, ts)",
     "CREATE TABLE IF NOT EXISTS calibration (identity TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)",
 )
+#: columns later versions added to tables of an existing file: (table, column, definition)
+_ADDED_COLUMNS = (
+    ("labels", "predicted", "INTEGER"),  # labels of unknown class
+    ("requests", "sampled", "BLOB"),  # the labeling sample
+    ("labels", "sampled", "INTEGER NOT NULL DEFAULT 0"),
+)
+#: indexes on added columns, created after the columns exist
+_INDEXES = ("CREATE INDEX IF NOT EXISTS requests_sampled ON requests(identity, ts) WHERE sampled IS NOT NULL",)
 INSERT_LABEL = (
     "INSERT INTO labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " sq_err, extras, predicted, sampled) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras"
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
 
 
 def init_schema(db: sqlite3.Connection) -> None:
@@ -53,8 +62,11 @@ def init_schema(db: sqlite3.Connection) -> None:
         for stmt in _SCHEMA:
             db.execute(stmt)
         tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "predicted" not in {str(r[1]) for r in db.execute("PRAGMA table_info(labels)")}:
-            db.execute("ALTER TABLE labels ADD COLUMN predicted INTEGER")  # labels of unknown class
+        for table, column, definition in _ADDED_COLUMNS:
+            if column not in {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        for stmt in _INDEXES:
+            db.execute(stmt)
         if "predictions" in tables:
             n = _convert_per_prediction_rows(db)
             log.info("converted the prediction store to one row per request", extra={"predictions": n})
@@ -74,7 +86,7 @@ def last_per_request(batches: list[PendingBatch]) -> list[PendingBatch]:
 
 def request_rows(
     batches: Sequence[PendingBatch],
-) -> list[tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None]]:
+) -> list[tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None, bytes | None]]:
     """The ``requests`` values (after ``rid, start=0, lo=0``) of queued batches. The arrays of all
     batches are converted and serialised together and cut into one BLOB per request, so a request
     costs a few bytes slices, not a dozen small numpy calls."""
@@ -98,8 +110,16 @@ def request_rows(
             extras[i] = blob
     return [
         (b.request_id, b.n, float(b.timestamp), b.identity, k, predicted[i], verdicts[i], probs[i], extras[i])
+        + (_sampled_blob(b),)
         for i, (b, k) in enumerate(zip(batches, ks, strict=True))
     ]
+
+
+def _sampled_blob(b: PendingBatch) -> bytes | None:
+    """The indices of the batch's predictions in the labeling sample, NULL when there are none."""
+    if b.sampled is None or not np.size(b.sampled):
+        return None
+    return np.asarray(b.sampled, dtype=SAMPLED_DTYPE).reshape(-1).tobytes()
 
 
 def _extras_of(b: PendingBatch) -> np.ndarray | None:
@@ -151,6 +171,15 @@ def requests_by_id(db: sqlite3.Connection, rids: set[str]) -> dict[str, list[Req
         row = RequestRow.of(r)
         out.setdefault(row.rid, []).append(row)
     return out
+
+
+def sample_page(db: sqlite3.Connection, identity: str, ts: float, seq: int, size: int) -> list[SampleRow]:
+    """Up to ``size`` request rows of ``identity`` with sampled predictions before ``(ts, seq)``, newest first."""
+    return db.execute(
+        "SELECT seq, rid, lo, hi, ts, sampled FROM requests WHERE identity = ? AND sampled IS NOT NULL"
+        " AND (ts < ? OR (ts = ? AND seq < ?)) ORDER BY ts DESC, seq DESC LIMIT ?",
+        (identity, ts, ts, seq, size),
+    ).fetchall()
 
 
 def labeled_indices(db: sqlite3.Connection, seqs: set[int]) -> set[tuple[int, int]]:
@@ -208,7 +237,7 @@ def _convert_per_prediction_rows(db: sqlite3.Connection) -> int:
                 db.execute(
                     INSERT_LABEL.replace("INSERT", "INSERT OR REPLACE", 1),
                     (seq, idx, identity, ts, verdict, confidence, int(predicted == label), k)
-                    + (label, labeled_at, a, s, ext, predicted),
+                    + (label, labeled_at, a, s, ext, predicted, 0),
                 )
             moved += 1
     db.execute("DROP TABLE predictions")

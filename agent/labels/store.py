@@ -31,13 +31,15 @@ over the request's predictions, the predicted classes (int32), the oracle verdic
 into :data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs
 of the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
 agreement, coverage and PCA error of :class:`agent.estimation.statistics.SampleExtras`, float64
-``[n, 5]``; NULL otherwise). Prediction ``i`` of a request has the id ``<request id>:<i>``. A row
-holds the predictions ``start ≤ i < hi`` of its request; those below ``lo`` were evicted. A request
-id used twice replaces every earlier prediction with that id, and their labels. Labels live in their
-own table (``labels``, one row per labeled prediction, keyed by the request row and the index) with a
-copy of what the realized windows and recalibration read, so reading labeled predictions never
-decodes request rows. Evicting a request deletes its labels. ``calibration`` keeps an estimator
-calibration refitted from labels, per model identity.
+``[n, 5]``; NULL otherwise) and the indices of the predictions drawn into the labeling sample
+(``sampled``, int32; NULL when none was). Prediction ``i`` of a request has the id
+``<request id>:<i>``. A row holds the predictions ``start ≤ i < hi`` of its request; those below
+``lo`` were evicted. A request id used twice replaces every earlier prediction with that id, and
+their labels. Labels live in their own table (``labels``, one row per labeled prediction, keyed by
+the request row and the index) with a copy of what the realized windows and recalibration read (and
+whether the prediction was in the labeling sample), so reading labeled predictions never decodes
+request rows. Evicting a request deletes its labels. ``calibration`` keeps an estimator calibration
+refitted from labels, per model identity.
 
 Predictions not stored are reported to ``on_drop(n, reason)``: ``queue_full``, ``invalid`` (a request
 whose id or identity UTF-8 cannot encode or holds a NUL character, or whose arrays disagree: dropped
@@ -395,6 +397,10 @@ class PredictionStore:
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         """Labeled predictions of one model identity (prediction time ≥ ``since``; the newest ``limit``)."""
         return self.backend.labeled_rows(identity, since, limit)
+
+    def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
+        """``(prediction id, time)`` of the newest sampled predictions of ``identity`` still without a label."""
+        return self.backend.label_requests(identity, limit)
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:

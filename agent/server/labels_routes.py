@@ -1,5 +1,6 @@
 """The delayed-label endpoints of :class:`agent.labels.service.LabelService`: ``POST /v1/labels``,
-``GET /v1/labels`` and ``POST /v1/recalibrate`` (admin). What they do is described there."""
+``GET /v1/labels``, ``GET /v1/labels/requests`` and ``POST /v1/recalibrate`` (admin). What they do is
+described there."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from agent.errors import ClientError
 from agent.labels.service import LabelService
 from agent.server.admin import require_admin
 from agent.server.responses import json_response
+
+MAX_LABEL_REQUESTS = 1000  # ids per GET /v1/labels/requests
 
 
 def labels_router(labels: LabelService) -> APIRouter:
@@ -34,6 +37,16 @@ def labels_router(labels: LabelService) -> APIRouter:
         enabled()
         await labels.agent.run(labels.check_runtime)
         return json_response(labels.describe())
+
+    @r.get("/v1/labels/requests", summary="The labeling sample: predictions whose true label is wanted, newest first")
+    async def label_requests(limit: str = "100") -> Response:
+        enabled()
+        n = int(limit) if limit.isdigit() and len(limit) <= 6 else 0
+        if not 1 <= n <= MAX_LABEL_REQUESTS:
+            raise ClientError(
+                f"'limit' must be an integer from 1 to {MAX_LABEL_REQUESTS}", status=400, reason="invalid_parameter"
+            )
+        return json_response(await labels.agent.run(labels.label_requests, n))
 
     @r.post("/v1/recalibrate", summary="Admin: refit the estimator calibration from delayed labels (bearer token)")
     async def recalibrate(request: Request) -> Response:

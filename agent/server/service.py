@@ -26,6 +26,7 @@ from agent.config.settings import AgentSettings, admin_token
 from agent.core import logs
 from agent.errors import ClientError
 from agent.estimation.estimators import window_trust
+from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats, stat_items
 from agent.judging.batching import (
     LOOP_JUDGE_MAX_SAMPLES,
@@ -35,7 +36,7 @@ from agent.judging.batching import (
     model_with_cost,
 )
 from agent.judging.pipeline import JudgeWork, Pipeline, ServedRequest
-from agent.judging.runtime import Runtime, load_runtime
+from agent.judging.runtime import EstimatorExtension, Runtime, load_runtime
 from agent.judging.state import StateStore
 from agent.judging.windows import WindowSet
 from agent.server.metrics_port import MetricsPortServer
@@ -106,6 +107,8 @@ class AgentService:
         #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
         #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels.service`).
         self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
+        #: estimators computed beside the label-free ones, per window (e.g. ``with_labels``)
+        self.estimator_extensions: list[EstimatorExtension] = []
         #: Awaited with a request's id before it is answered: ``labels.durability: commit`` answers
         #: only once the request's predictions are committed (:meth:`acknowledge`).
         self.ack_gates: list[Callable[[str], Awaitable[None]]] = []
@@ -256,7 +259,7 @@ class AgentService:
         rt = self.runtime
         now = time.time()
         windows = {}
-        for name, (stats, ests) in self.windows.estimates(rt.calibration, now).items():
+        for name, (stats, ests) in self.window_estimates(rt, now).items():
             windows[name] = {
                 "n": stats.n,
                 "fails": stats.fails,
@@ -279,11 +282,21 @@ class AgentService:
             "timestamp": now,
         }
 
+    def window_estimates(self, rt: Runtime, now: float) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:
+        """Every window's statistics and estimates, the extensions' estimators included."""
+        out = self.windows.estimates(rt.calibration, now)
+        stats = {name: s for name, (s, _) in out.items()}
+        for extend in self.estimator_extensions:
+            for name, extra in extend(rt, now, stats).items():
+                if name in out:
+                    out[name][1].update(extra)
+        return out
+
     def snapshot(self) -> Snapshot | None:
         rt = self.runtime
         points: list[EstimatePoint] = []
         wpoints: list[WindowPoint] = []
-        for name, (stats, ests) in self.windows.estimates(rt.calibration, time.time()).items():
+        for name, (stats, ests) in self.window_estimates(rt, time.time()).items():
             trust = window_trust(stats, rt.calibration)
             distance = trust.distance if trust is not None else None
             wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family), distance))
