@@ -14,6 +14,7 @@ BENCHMARKS = {
     "estimators": "bench.estimators.__main__",
     "soak": "bench.soak.__main__",
     "fleet": "bench.bench_fleet",
+    "labels": "bench.bench_labels",
 }
 DEFAULT = ("oracle", "dscore")
 

@@ -1,9 +1,11 @@
-"""``icos-agent labels``: send delayed true labels from a CSV or JSON-lines file to a running agent.
+"""``icos-agent labels``: send delayed true labels from a CSV or JSON-lines file to a running agent,
+or ask it which predictions its labeling sample wants labeled.
 
 Each row names a prediction id (``<request id>:<index>``, as returned in ``icos_prediction_ids`` or
 ``prediction_ids``) and its true class (an index or a class name). Rows are posted to
 ``POST /v1/labels`` in chunks; the summary adds up the agent's answers (accepted, unknown,
-duplicate, invalid).
+duplicate, invalid). ``--requests N`` prints the newest ``N`` sampled predictions still without a
+label (``GET /v1/labels/requests``) as CSV (``id,timestamp``), ready for a labeling job.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("labels", help="send delayed true labels (CSV or JSON lines) to a running agent")
     p.add_argument("--url", required=True, help="the agent's base URL, e.g. http://127.0.0.1:8080")
-    p.add_argument("--file", required=True, help="labels: .csv (with a header) or .jsonl (one object per line)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--file", help="labels to send: .csv (with a header) or .jsonl (one object per line)")
+    what.add_argument(
+        "--requests",
+        type=int,
+        metavar="N",
+        help="print the newest N (1-1000) predictions of the labeling sample still without a label, as CSV",
+    )
     p.add_argument("--id-column", default="id", help="column / key of the prediction id (default: id)")
     p.add_argument("--label-column", default="label", help="column / key of the true class (default: label)")
     p.add_argument("--chunk-size", type=int, default=1000, help="labels per request (default: 1000)")
@@ -111,7 +120,36 @@ def send_labels(
     return {**totals, "sent": sum(totals.values()), "problems": problems}
 
 
+def label_requests(url: str, limit: int, timeout: float) -> list[dict[str, Any]]:
+    """The agent's ``GET /v1/labels/requests?limit=...`` entries (``id``, ``timestamp``)."""
+    import httpx
+
+    endpoint = url.rstrip("/") + "/v1/labels/requests"
+    try:
+        r = httpx.get(endpoint, params={"limit": limit}, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach the agent at {endpoint}: {exc}") from None
+    if r.status_code != 200:
+        try:
+            message = r.json().get("error", r.text)
+        except ValueError:
+            message = r.text
+        raise UserError(f"{endpoint} answered {r.status_code}: {message}")
+    return list(r.json()["requests"])
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.requests is not None:
+        if not 1 <= args.requests <= 1000:
+            raise UserError("--requests must be from 1 to 1000")
+        wanted = label_requests(args.url, args.requests, args.timeout)
+        if args.json:
+            print(json.dumps({"requests": wanted}))
+        else:
+            w = csv.writer(sys.stdout, lineterminator="\n")
+            w.writerow(["id", "timestamp"])
+            w.writerows([r["id"], r["timestamp"]] for r in wanted)
+        return 0
     if args.chunk_size < 1:
         raise UserError("--chunk-size must be at least 1")
     path = Path(args.file)

@@ -168,11 +168,13 @@ def _tr(t: Trust | None) -> tuple[float, bool | None]:
     return (float("nan"), None) if t is None else (t.distance, t.calibrated)
 
 
-def _seed(*parts: object) -> int:
+def stable_seed(*parts: object) -> int:
     return zlib.crc32("/".join(str(p) for p in parts).encode())
 
 
-def _draw(rng: np.random.Generator, sc: Scenario, size: int, n_seg: int, class_index: list[np.ndarray]) -> np.ndarray:
+def draw_window(
+    rng: np.random.Generator, sc: Scenario, size: int, n_seg: int, class_index: list[np.ndarray]
+) -> np.ndarray:
     """Indices of one operational set of ``size`` from the pool (with replacement; under label shift
     with a class prior drawn from ``Dirichlet(sc.prior_alpha)``). A pool of :attr:`Scenario.segments`
     (each ``n_seg`` samples) gives every set from one segment picked at random."""
@@ -215,6 +217,29 @@ def scenarios_for(subject: Subject) -> list[Scenario]:
     flat = subject.train_x.reshape(len(subject.train_x), -1)
     spec = TabularSpec(flat.mean(axis=0), flat.std(axis=0) + 1e-12)
     return tabular_scenarios(spec, _most_informative(subject.train_x, subject.train_y))
+
+
+def scenario_pool(
+    subject: Subject, sc: Scenario, cfg: Config, test_x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int, list[np.ndarray]]:
+    """A scenario's pool from the subject's (prepared) test split ``test_x``: its inputs and true
+    classes, the length of one segment and the pool indices of every class (for :func:`draw_window`)."""
+    m = subject.model
+    rng = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, "pool"))
+    base_x, base_y = test_x, subject.test_y
+    if sc.pool is not None:
+        other_x, base_y = sc.pool()
+        base_x = m.prepare(other_x)
+    if sc.select is not None:
+        keep = sc.select(subject.test_x)
+        base_x, base_y = base_x[keep], base_y[keep]
+    copies = max(1, -(-cfg.pool_min // len(base_x)))
+    transforms = sc.segments or (sc.transform,)
+    parts_x = [base_x if t is None else t(base_x, rng) for t in transforms for _ in range(copies)]
+    pool_y = np.tile(base_y, copies * len(transforms))
+    class_index = [np.flatnonzero(pool_y == k) for k in range(m.n_classes)]
+    pool_x = np.ascontiguousarray(np.concatenate(parts_x).astype(test_x.dtype))
+    return pool_x, pool_y, copies * len(base_x), class_index
 
 
 def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
@@ -272,26 +297,11 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         f"calibration split {len(cal_idx)} with {int((cal_pred.labels != cal_y).sum())} errors)"
     )
     records: list[Record] = []
-    n_classes = m.n_classes
     extra_sizes = [n for n in dict.fromkeys(cfg.window_sizes) if n != cfg.size]
     assert variants[0].name == "none"  # the label-free variant comes first
     for sc in scenarios_for(subject):
         t1 = time.perf_counter()
-        rng = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, "pool"))
-        base_x, base_y = test_x, subject.test_y
-        if sc.pool is not None:
-            other_x, base_y = sc.pool()
-            base_x = m.prepare(other_x)
-        if sc.select is not None:
-            keep = sc.select(subject.test_x)
-            base_x, base_y = base_x[keep], base_y[keep]
-        copies = max(1, -(-cfg.pool_min // len(base_x)))
-        transforms = sc.segments or (sc.transform,)
-        parts_x = [base_x if t is None else t(base_x, rng) for t in transforms for _ in range(copies)]
-        pool_y = np.tile(base_y, copies * len(transforms))
-        seg_len = copies * len(base_x)
-        class_index = [np.flatnonzero(pool_y == k) for k in range(n_classes)]
-        pool_x = np.ascontiguousarray(np.concatenate(parts_x).astype(test_x.dtype))
+        pool_x, pool_y, seg_len, class_index = scenario_pool(subject, sc, cfg, test_x)
         pred = m.predict_batched(pool_x)
         correct = pred.labels == pool_y
         pool_f = m.features(pool_x)
@@ -302,8 +312,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
             judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.labels, metadata=meta).verdict)
         pool = _Pool(pred.confidences, pred.probabilities, pred.labels, pool_f, rules)
         for rep in range(cfg.reps):
-            rr = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep))
-            idx = _draw(rr, sc, cfg.size, seg_len, class_index)
+            rr = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep))
+            idx = draw_window(rr, sc, cfg.size, seg_len, class_index)
             truth = float(correct[idx].mean())
             for v, verdicts in zip(variants, judged, strict=True):
                 stats = pool.window(verdicts, v.calibration, idx)
@@ -336,8 +346,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                                 )
                             )
             for size in extra_sizes:  # shift_aware on windows of other sizes (label-free, shipped seed)
-                rs = np.random.default_rng(_seed(cfg.seed, subject.name, sc.name, rep, "size", size))
-                idx_s = _draw(rs, sc, size, seg_len, class_index)
+                rs = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep, "size", size))
+                idx_s = draw_window(rs, sc, size, seg_len, class_index)
                 free = variants[0].calibration
                 g = estimate_all(pool.window(judged[0], free, idx_s), free).get(RECOMMENDED_ESTIMATOR)
                 if g is not None:

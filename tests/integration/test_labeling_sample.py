@@ -20,6 +20,7 @@ from postgres_server import PostgresServer, postgres  # noqa: F401 - the fixture
 from prometheus_client import CollectorRegistry
 from test_labels import metric_values, post_labels, send_traffic, settings_for
 
+from agent.cli import main as cli_main
 from agent.data.datasets import Splits
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.labels.postgres_backend import MIGRATIONS, SCHEMA_VERSION
@@ -133,7 +134,11 @@ def test_a_postgres_store_of_the_first_schema_is_migrated(postgres: PostgresServ
 
 
 def test_served_agent_lists_its_sample_and_estimates_with_labels(
-    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
+    run_server: Callable[..., RunningServer],
+    mnist_bundle_dir: Path,
+    mnist_splits: Splits,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = settings_for(mnist_bundle_dir, tmp_path, labels={"sample_rate": 0.3})
     srv = run_server(create_app(settings, CollectorRegistry()))
@@ -151,6 +156,11 @@ def test_served_agent_lists_its_sample_and_estimates_with_labels(
     assert times == sorted(times, reverse=True)  # newest first
     drawn = metric_values(srv.url, "icos_label_sample_total")
     assert list(drawn.values()) == [float(len(ids))]
+    # the command line gives the same list as CSV, for a labeling job
+    assert cli_main(["labels", "--url", srv.url, "--requests", "1000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "id,timestamp" and [line.split(",")[0] for line in lines[1:]] == ids
+    assert cli_main(["labels", "--url", srv.url, "--requests", "0"]) == 2
 
     # labels for the sample and for 100 predictions outside it: only the sample's enter with_labels
     outside = [pid for pid in traffic["ids"].tolist() if pid not in set(ids)][:100]

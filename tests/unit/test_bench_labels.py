@@ -1,0 +1,35 @@
+"""The label benchmark (``python -m bench.bench_labels``): with every prediction of a window labeled,
+the prediction-powered estimate is the window's true accuracy exactly; with fewer labels the summary
+has one row per model, label count and estimate, and the command line refuses bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.bench_labels import METHODS, main, run_model, summary, table
+from bench.estimators.harness import Config
+
+
+def test_all_labels_give_the_truth_and_the_summary_has_every_row() -> None:
+    results = run_model("digits", Config(reps=2, size=60, pool_min=400), (10, 60), say=lambda _s: None)
+    full = [r for r in results if r.labels == 60]
+    assert full and all(r.value == pytest.approx(r.truth, abs=1e-12) for r in full)
+    rows = summary(results)
+    assert {(r[1], r[2]) for r in rows} == {(0, "avg_conf"), (10, "with_labels"), (10, "labels_only")} | {
+        (60, "with_labels"),
+        (60, "labels_only"),
+    }
+    assert {r[2] for r in rows} == set(METHODS)
+    for _model, n, method, mae, worst, cover, half in rows:
+        assert 0 <= mae <= worst <= 1
+        if method != "avg_conf":
+            assert 0 <= cover <= 1 and half >= 0
+        if n == 60:
+            assert mae == pytest.approx(0, abs=1e-12) and cover == 1
+    assert table(rows).count("\n") == len(rows) + 1
+
+
+def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--models", "nope"]) == 2
+    assert main(["--labels", "0"]) == 2
+    assert "error:" in capsys.readouterr().err
