@@ -27,18 +27,23 @@ At scrape time (:class:`RealizedCollector`, from a snapshot function), per windo
 * ``icos_estimator_abs_error_ratio{model,version,estimator,window}`` — |estimate − realized
   accuracy|, the estimate computed on the same labeled predictions;
 * ``icos_probability_error_ratio{model,version,window,metric}`` — ``mae``/``mse``/``rmse`` of the
-  model's probabilities against the one-hot truth (dimensionless, in [0, 1]).
+  model's probabilities against the one-hot truth (dimensionless, in [0, 1]);
+* ``icos_realized_class_metric{model,version,window,class,metric}`` — precision, recall and F1 per
+  class of the labeled predictions (per class only up to the class cap; ``_macro``/``_weighted`` always).
+
+Beside them, ``icos_label_sample_total`` counts the predictions drawn into the labeling sample.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporters.prometheus import SnapshotCollector
+from exporters.prometheus import SnapshotCollector, class_metric_rows
 
 LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
 PROBABILITY_METRICS = ("mae", "mse", "rmse")
@@ -57,6 +62,8 @@ class RealizedPoint:
     accuracy: float
     abs_errors: Mapping[str, float] = field(default_factory=dict)
     probability_errors: Mapping[str, float] = field(default_factory=dict)
+    #: realized per-class figures (``per_class``, absent above the class cap, ``macro``, ``weighted``)
+    classes: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,10 +98,18 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
             "MAE, MSE and RMSE of the model's probabilities against the one-hot truth (labeled predictions).",
             labels=["model", "version", "window", "metric"],
         )
+        per_class = GaugeMetricFamily(
+            "icos_realized_class_metric",
+            "Precision, recall and F1 per class of the labeled predictions of the window; class _macro and "
+            "_weighted: their means.",
+            labels=["model", "version", "window", "class", "metric"],
+        )
         for w in snap.windows:
             samples.add_metric([*mv, w.window], w.n)
             if w.n <= 0:
                 continue
+            for cls, metric, v in class_metric_rows(w.classes):
+                per_class.add_metric([*mv, w.window, cls, metric], v)
             acc.add_metric([*mv, w.window], w.accuracy)
             for est, value in w.abs_errors.items():
                 err.add_metric([*mv, est, w.window], value)
@@ -105,6 +120,7 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
         yield samples
         yield err
         yield prob
+        yield per_class
 
 
 class LabelMetrics:

@@ -10,13 +10,17 @@ Metric names (labels):
 * ``icos_predicted_class_total{model,version,class}`` — only when the class count is at most the cap.
 * ``icos_verdicts_total{model,version,verdict,invariant}`` — ``verdict`` is ``pass``/``fail``,
   ``invariant`` the failing family (``idi``/``tdi``/``adi``) or ``none``.
-* ``icos_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
+* ``icos_estimated_accuracy_ratio{model,version,estimator,window}`` (``with_labels`` too, in time
+  windows whose labeling sample has labels) and its 95% bounds
   ``icos_estimated_accuracy_ratio_lower`` / ``icos_estimated_accuracy_ratio_upper``;
   ``icos_estimated_accuracy_samples{model,version,window}`` — predictions behind the estimates.
 * ``icos_estimate_trust_distance{model,version,window}`` — how far the window lies from the windows
   the headline estimator was calibrated on (≤ 1: inside the calibrated range; absent for bundles
   without a trust model).
 * ``icos_window_fail_ratio{model,version,window,invariant}`` — share of failed predictions per family.
+* ``icos_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE) precision,
+  recall and F1 per class of the time windows (per class only up to the class cap; ``_macro`` and
+  ``_weighted`` always).
 * ``icos_oracle_tpr_ratio`` / ``icos_oracle_fpr_ratio{model,version}`` and
   ``icos_oracle_calibration_samples{model,version,truth}`` (``wrong``/``right``), so that the
   corrected estimate can be recomputed across replicas.
@@ -39,7 +43,7 @@ Metric names (labels):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -54,6 +58,8 @@ VERDICT_LABELS: tuple[tuple[str, str], ...] = tuple((v.outcome, v.family) for v 
 
 #: Why the HTTP server refused or closed a connection (labels of ``icos_connections_refused_total``).
 CONNECTION_REFUSAL_REASONS = ("limit_concurrency", "header_timeout", "max_head_bytes")
+#: the per-class figures of ``icos_estimated_class_metric``
+CLASS_METRICS = ("precision", "recall", "f1")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -78,6 +84,9 @@ class WindowPoint:
     fails_by_family: dict[str, int] = field(default_factory=dict)
     #: the headline estimate's trust distance (None: no trust model in the bundle or empty window)
     trust_distance: float | None = None
+    #: label-free per-class figures (:func:`agent.estimation.class_metrics.window_class_metrics`: a
+    #: ``per_class`` mapping, absent above the class cap, and ``macro`` / ``weighted`` means)
+    classes: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,19 @@ class Snapshot:
 
 
 S = TypeVar("S")
+
+
+def class_metric_rows(classes: Mapping[str, Any] | None) -> Iterator[tuple[str, str, float]]:
+    """``(class, metric, value)`` of a per-class figures mapping (``per_class``, ``macro``,
+    ``weighted``, as :mod:`agent.estimation.class_metrics` gives them); the means under the class
+    names ``_macro`` and ``_weighted``."""
+    if not classes:
+        return
+    rows = [*classes.get("per_class", {}).items()]
+    rows += [(f"_{mean}", classes[mean]) for mean in ("macro", "weighted") if mean in classes]
+    for cls, figures in rows:
+        for metric in CLASS_METRICS:
+            yield cls, metric, float(figures[metric])
 
 
 class SnapshotCollector(Collector, Generic[S]):
@@ -163,7 +185,9 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         mv = [snap.model, snap.version]
         labels = ["model", "version", "estimator", "window"]
         value = GaugeMetricFamily(
-            "icos_estimated_accuracy_ratio", "Estimated operational accuracy (label-free).", labels=labels
+            "icos_estimated_accuracy_ratio",
+            "Estimated operational accuracy (label-free estimators; with_labels: from the labeling sample).",
+            labels=labels,
         )
         lower = GaugeMetricFamily(
             "icos_estimated_accuracy_ratio_lower", "Lower bound of the 95% interval of the estimate.", labels=labels
@@ -191,7 +215,15 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
             "Distance of the window from the headline estimator's calibration windows (<= 1: calibrated range).",
             labels=["model", "version", "window"],
         )
+        per_class = GaugeMetricFamily(
+            "icos_estimated_class_metric",
+            "Label-free (CBPE) precision, recall and F1 of the window per predicted class; class _macro and "
+            "_weighted: their means.",
+            labels=["model", "version", "window", "class", "metric"],
+        )
         for w in snap.windows:
+            for cls, metric, v in class_metric_rows(w.classes):
+                per_class.add_metric([*mv, w.window, cls, metric], v)
             samples.add_metric([*mv, w.window], w.n)
             if w.trust_distance is not None:
                 trust.add_metric([*mv, w.window], w.trust_distance)
@@ -204,6 +236,7 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield samples
         yield fail
         yield trust
+        yield per_class
         if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
             tpr = GaugeMetricFamily(
                 "icos_oracle_tpr_ratio",

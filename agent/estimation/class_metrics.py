@@ -143,3 +143,23 @@ def realized_class_metrics(
     """Per-class metrics of labeled predictions (as scikit-learn's ``precision_recall_fscore_support``
     with ``zero_division=0``)."""
     return metrics_of_confusion(confusion_matrix(y_true, y_pred, k), classes)
+
+
+def window_class_metrics(
+    predicted: Sequence[float],
+    true_positive: Sequence[float],
+    support: Sequence[float],
+    classes: Sequence[str],
+    *,
+    per_class: bool = True,
+) -> dict[str, Any] | None:
+    """A live window's CBPE figures from its additive per-class sums (``WindowStats.cbpe_*``): None
+    when the window has none or they do not match the model's classes; ``per_class=False`` keeps only
+    the macro and weighted means (models with more classes than the metrics' cap)."""
+    k = len(classes)
+    if not k or not (len(predicted) == len(true_positive) == len(support) == k) or sum(predicted) <= 0:
+        return None
+    out = expected_class_metrics(predicted, true_positive, support, classes)
+    if not per_class:
+        del out["per_class"]
+    return out

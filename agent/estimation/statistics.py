@@ -128,6 +128,11 @@ def _required() -> dict[str, bool]:
     return {"required": True}
 
 
+def _agent_only() -> dict[str, bool]:
+    """Field metadata of a statistic the agent keeps but does not export (:func:`stat_items`)."""
+    return {"agent_only": True}
+
+
 def _families() -> dict[str, int]:
     return dict.fromkeys(FAMILIES, 0)
 
@@ -172,6 +177,14 @@ class WindowStats:
     n_cls: int = 0
     class_counts: list[int] = field(default_factory=list)
     class_conf: list[float] = field(default_factory=list)
+    #: CBPE's per-class sums (:mod:`agent.estimation.class_metrics`) over the samples whose probability
+    #: vectors were passed: their count, predictions per predicted class, the predicted class's
+    #: probability per predicted class (expected true positives) and every class's probability
+    #: (expected support). Agent-only: not exported for the fleet evaluator (:func:`stat_items`).
+    cbpe_n: int = field(default=0, metadata=_agent_only())
+    cbpe_predicted: list[int] = field(default_factory=list, metadata=_agent_only())
+    cbpe_true_positive: list[float] = field(default_factory=list, metadata=_agent_only())
+    cbpe_support: list[float] = field(default_factory=list, metadata=_agent_only())
 
     @classmethod
     def from_batch(
@@ -195,9 +208,29 @@ class WindowStats:
         """
         extras = sample_extras(calibration, probabilities, labels, features, tdi_rules)
         shift = calibration.shift
-        return cls.of_samples(
+        out = cls.of_samples(
             verdicts, confidences, calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
+        if probabilities is not None:
+            out.add_class_sums(probabilities, labels)
+        return out
+
+    def add_class_sums(self, probabilities: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """Fill the ``cbpe_*`` sums from the samples' probability vectors ``[N, K]`` and predicted
+        classes (``labels``; the most probable class when not given)."""
+        p = np.asarray(probabilities, dtype=np.float64)
+        n = len(p)
+        p = p.reshape(n, -1)
+        k = p.shape[1]
+        if n == 0 or k == 0:
+            return
+        pred = np.argmax(p, axis=1) if labels is None else clip_index(np.asarray(labels, dtype=np.int64).reshape(-1), k)
+        if len(pred) != n:
+            return
+        self.cbpe_n = n
+        self.cbpe_predicted = np.bincount(pred, minlength=k)[:k].tolist()
+        self.cbpe_true_positive = np.bincount(pred, weights=p[np.arange(n), pred], minlength=k)[:k].tolist()
+        self.cbpe_support = p.sum(axis=0).tolist()
 
     @classmethod
     def of_samples(
@@ -334,10 +367,11 @@ if _unknown:
     raise TypeError(f"WindowStats fields of a kind without arithmetic: {sorted(map(str, _unknown))}")
 
 
-#: (field, "vector" | "family" | "scalar") of every field, in declaration order (:func:`stat_items`).
+#: (field, "vector" | "family" | "scalar") of every exported field, in declaration order (:func:`stat_items`).
 _PLAN: tuple[tuple[str, str], ...] = tuple(
     (f.name, "vector" if str(f.type) in _VECTOR_ZERO else "family" if str(f.type) == _FAMILY_KIND else "scalar")
     for f in _FIELDS
+    if not f.metadata.get("agent_only")
 )
 _FAMILY_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
     name: tuple((fam, f"{name}:{fam}") for fam in FAMILIES) for name, kind in _PLAN if kind == "family"
@@ -362,7 +396,8 @@ def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True)
     reports ``n_cls`` as 0, so that a reader falls back to the model without class features);
     ``inputs=False`` leaves out the vectors of the per-sample inputs (:data:`INPUT_STATS`) and reports
     ``n_ext`` and ``n_cls`` as 0 (a reader then uses the reduced model): for bundles fitted before the
-    leaves were binned, whose leaf counts would be one series per leaf.
+    leaves were binned, whose leaf counts would be one series per leaf. Agent-only statistics (the
+    ``cbpe_*`` per-class sums) are never exported.
 
     These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
     rebuilds the statistic of all replicas (:func:`stats_from_items`)."""

@@ -352,6 +352,7 @@ class Pipeline:
         stats = WindowStats.of_samples(
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
+        stats.add_class_sums(probabilities, labels)  # per-class CBPE figures of the time windows
         self.windows.record(verdicts, conf, rt.calibration, time.time(), stats=stats, extras=extras)
         counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
         class_counts = (

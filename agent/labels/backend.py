@@ -102,13 +102,18 @@ class JoinedLabels:
     extras_by_identity: dict[str, list[np.ndarray]] = field(default_factory=dict)
     predicted_by_identity: dict[str, list[int | None]] = field(default_factory=dict)
     sampled_by_identity: dict[str, list[bool]] = field(default_factory=dict)
+    label_by_identity: dict[str, list[int]] = field(default_factory=dict)
 
     def outcome(self) -> LabelOutcome:
         accepted = [
             (
                 k,
                 LabeledRows.from_tuples(
-                    v, self.extras_by_identity[k], self.predicted_by_identity[k], self.sampled_by_identity[k]
+                    v,
+                    self.extras_by_identity[k],
+                    self.predicted_by_identity[k],
+                    self.sampled_by_identity[k],
+                    self.label_by_identity[k],
                 ),
             )
             for k, v in self.by_identity.items()
@@ -169,6 +174,7 @@ def join_labels(
             out.extras_by_identity.setdefault(row.identity, []).append(ext)
             out.predicted_by_identity.setdefault(row.identity, []).append(predicted)
             out.sampled_by_identity.setdefault(row.identity, []).append(sampled)
+            out.label_by_identity.setdefault(row.identity, []).append(label)
         if inserts:
             insert(inserts)
         out.inserts += inserts

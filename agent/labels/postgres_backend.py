@@ -333,8 +333,8 @@ class PostgresBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled FROM icos_labels"
-            " WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label"
+            " FROM icos_labels WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
@@ -353,6 +353,7 @@ class PostgresBackend:
             [_extras_row(_bytes(r[7])) for r in rows],
             [r[8] for r in rows],
             [bool(r[9]) for r in rows],
+            [int(r[10]) for r in rows],
         )
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:

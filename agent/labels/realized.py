@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.class_metrics import realized_class_metrics
 from agent.estimation.estimators import estimate_all
 from agent.estimation.intervals import Estimate, wilson
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
@@ -83,6 +84,8 @@ class RealizedWindow:
     #: the top-class probabilities and correctness of the labeled predictions of the labeling sample
     sample_confidence: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sample_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: precision, recall and F1 per class of the labeled predictions (None: class names not given)
+    classes: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,11 +96,19 @@ class RealizedWindow:
             "estimates": {k: e.to_dict() for k, e in self.estimates.items()},
             "abs_error": dict(self.abs_errors),
             "probability_error": self.probability_errors.to_dict(),
+            **({"classes": self.classes} if self.classes is not None else {}),
         }
 
 
-def realized_window(rows: LabeledRows, calibration: EstimatorCalibration) -> RealizedWindow | None:
-    """The realized statistics of a set of labeled predictions (``None`` when empty)."""
+def realized_window(
+    rows: LabeledRows,
+    calibration: EstimatorCalibration,
+    classes: Sequence[str] | None = None,
+    *,
+    per_class: bool = True,
+) -> RealizedWindow | None:
+    """The realized statistics of a set of labeled predictions (``None`` when empty); with the model's
+    ``classes``, their per-class precision, recall and F1 too (``per_class=False``: only the means)."""
     n = rows.n
     if n == 0:
         return None
@@ -119,7 +130,17 @@ def realized_window(rows: LabeledRows, calibration: EstimatorCalibration) -> Rea
         probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
         sample_confidence=rows.confidence[rows.sampled],
         sample_correct=rows.correct[rows.sampled],
+        classes=_class_figures(rows, classes, per_class),
     )
+
+
+def _class_figures(rows: LabeledRows, classes: Sequence[str] | None, per_class: bool) -> dict[str, Any] | None:
+    if not classes or rows.label is None or rows.predicted is None:
+        return None
+    out = realized_class_metrics(rows.label, rows.predicted, len(classes), classes)
+    if not per_class:
+        del out["per_class"]
+    return out
 
 
 def with_labels_estimates(
@@ -204,8 +225,16 @@ class RealizedWindows:
         with self._lock:
             return sum(p.n for p in self._parts)
 
-    def compute(self, calibration: EstimatorCalibration, now: float) -> dict[str, RealizedWindow | None]:
-        """Per window name, its :class:`RealizedWindow` (``None`` when it holds no labeled prediction)."""
+    def compute(
+        self,
+        calibration: EstimatorCalibration,
+        now: float,
+        classes: Sequence[str] | None = None,
+        *,
+        per_class: bool = True,
+    ) -> dict[str, RealizedWindow | None]:
+        """Per window name, its :class:`RealizedWindow` (``None`` when it holds no labeled prediction);
+        ``classes`` (the model's class names) adds the per-class figures."""
         key = (self._version, calibration, int(now))
         cached = self._cache
         if cached is not None and cached[0][0] == key[0] and cached[0][1] is calibration and cached[0][2] == key[2]:
@@ -214,10 +243,10 @@ class RealizedWindows:
             rows = self._compact(now)
         out: dict[str, RealizedWindow | None] = {}
         for name, seconds in self.time.items():
-            out[name] = realized_window(_take(rows, np.flatnonzero(rows.timestamp >= now - seconds)), calibration)
+            in_window = _take(rows, np.flatnonzero(rows.timestamp >= now - seconds))
+            out[name] = realized_window(in_window, calibration, classes, per_class=per_class)
         if self.count and self.count_name:
-            out[self.count_name] = realized_window(
-                _take(rows, np.arange(max(rows.n - self.count, 0), rows.n)), calibration
-            )
+            last = _take(rows, np.arange(max(rows.n - self.count, 0), rows.n))
+            out[self.count_name] = realized_window(last, calibration, classes, per_class=per_class)
         self._cache = (key, out)
         return out

@@ -117,6 +117,8 @@ class LabeledRows:
     predicted: np.ndarray | None = None
     #: bool [N]: whether the prediction was drawn into the labeling sample (``None`` given: none was)
     sampled: np.ndarray | None = None
+    #: int64 [N]: the true class (``None`` given: all unknown, -1)
+    label: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
@@ -125,6 +127,8 @@ class LabeledRows:
             object.__setattr__(self, "predicted", np.full(len(self.timestamp), -1, dtype=np.int64))
         if self.sampled is None:
             object.__setattr__(self, "sampled", np.zeros(len(self.timestamp), dtype=bool))
+        if self.label is None:
+            object.__setattr__(self, "label", np.full(len(self.timestamp), -1, dtype=np.int64))
 
     @property
     def n(self) -> int:
@@ -154,10 +158,11 @@ class LabeledRows:
         extras: Sequence[np.ndarray] | None = None,
         predicted: Sequence[int | None] | None = None,
         sampled: Sequence[bool] | None = None,
+        label: Sequence[int] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
-        one extras row (5 floats, NaN when absent), one predicted class (None when unknown) and whether
-        it is in the labeling sample per row."""
+        one extras row (5 floats, NaN when absent), one predicted class (None when unknown), whether it
+        is in the labeling sample and its true class per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -172,6 +177,7 @@ class LabeledRows:
             np.asarray(extras, np.float64).reshape(len(rows), len(EXTRAS_FIELDS)) if extras is not None else None,
             np.asarray([-1 if v is None else v for v in predicted], np.int64) if predicted is not None else None,
             np.asarray(sampled, bool).reshape(len(rows)) if sampled is not None else None,
+            np.asarray(label, np.int64).reshape(len(rows)) if label is not None else None,
         )
 
 

@@ -66,7 +66,7 @@ from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
 from agent.judging.pipeline import JudgedBatch, Pipeline
 from agent.judging.runtime import EstimatorExtension, Runtime
-from agent.labels.realized import RealizedWindows, realized_window, with_labels_estimates
+from agent.labels.realized import RealizedWindow, RealizedWindows, realized_window, with_labels_estimates
 from agent.labels.rows import LabeledRows, PendingBatch
 from agent.labels.store import PredictionStore, StoreUnavailable
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
@@ -506,10 +506,15 @@ class LabelService:
         return result
 
     # -- read side ----------------------------------------------------------------------------------
+    def _realized(self, rt: Runtime, now: float) -> dict[str, RealizedWindow | None]:
+        """The realized windows of ``rt``, per-class figures included (per class up to the class cap)."""
+        cap = self.agent.settings.metrics.per_class_label_cap
+        return self.realized.compute(rt.calibration, now, rt.classes, per_class=len(rt.classes) <= cap)
+
     def estimate_section(self, rt: Runtime, now: float) -> dict[str, dict[str, Any]]:
         """``/v1/estimates``: the ``realized`` section of every window."""
         out: dict[str, dict[str, Any]] = {}
-        for name, w in self.realized.compute(rt.calibration, now).items():
+        for name, w in self._realized(rt, now).items():
             out[name] = {"realized": w.to_dict() if w is not None else {"n": 0}}
         return out
 
@@ -517,7 +522,7 @@ class LabelService:
         self, rt: Runtime, now: float, stats: Mapping[str, WindowStats]
     ) -> dict[str, dict[str, Estimate]]:
         """The estimator ``with_labels`` of every time window (:func:`with_labels_estimates`)."""
-        return with_labels_estimates(self.realized.compute(rt.calibration, now), stats, self.realized.time)
+        return with_labels_estimates(self._realized(rt, now), stats, self.realized.time)
 
     def label_requests(self, limit: int) -> dict[str, Any]:
         """``GET /v1/labels/requests``: the newest predictions of the labeling sample without a label."""
@@ -536,11 +541,13 @@ class LabelService:
             return None
         rt = self.agent.runtime
         points = []
-        for name, w in self.realized.compute(rt.calibration, time.time()).items():
+        for name, w in self._realized(rt, time.time()).items():
             if w is None:
                 points.append(RealizedPoint(name, 0, 0.0))
             else:
-                points.append(RealizedPoint(name, w.n, w.accuracy.value, w.abs_errors, w.probability_errors.to_dict()))
+                points.append(
+                    RealizedPoint(name, w.n, w.accuracy.value, w.abs_errors, w.probability_errors.to_dict(), w.classes)
+                )
         return RealizedSnapshot(rt.name, rt.version, points)
 
     def describe(self) -> dict[str, Any]:

@@ -253,7 +253,7 @@ class SQLiteBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled "
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label "
             "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -272,6 +272,7 @@ class SQLiteBackend:
             [_extras_row(r[7]) for r in rows],
             [r[8] for r in rows],
             [bool(r[9]) for r in rows],
+            [int(r[10]) for r in rows],
         )
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:

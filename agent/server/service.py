@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,8 +25,6 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import AgentSettings, admin_token
 from agent.core import logs
 from agent.errors import ClientError
-from agent.estimation.estimators import window_trust
-from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats, stat_items
 from agent.judging.batching import (
     LOOP_JUDGE_MAX_SAMPLES,
@@ -43,7 +41,8 @@ from agent.server.metrics_port import MetricsPortServer
 from agent.server.observe import EventPairer, ObserveItem
 from agent.server.proxy import proxy_judge, proxy_prepare
 from agent.server.upstream import UpstreamClient, UpstreamError, UpstreamModel
-from exporters.prometheus import AgentMetrics, EstimatePoint, EstimatesCollector, Snapshot, WindowPoint
+from agent.server.window_report import EstimateSection, WindowReport
+from exporters.prometheus import AgentMetrics, EstimatesCollector, Snapshot
 
 log = logs.get("app")
 
@@ -106,9 +105,12 @@ class AgentService:
         self._state_ok = True
         #: Extra per-window sections of ``/v1/estimates``: each returns ``{window: {section: value}}``
         #: (e.g. the realized accuracy from delayed labels, :mod:`agent.labels.service`).
-        self.estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]] = []
+        self.estimate_sections: list[EstimateSection] = []
         #: estimators computed beside the label-free ones, per window (e.g. ``with_labels``)
         self.estimator_extensions: list[EstimatorExtension] = []
+        self.report = WindowReport(
+            self.windows, self.estimator_extensions, self.estimate_sections, self.metrics.per_class_label_cap
+        )
         #: Awaited with a request's id before it is answered: ``labels.durability: commit`` answers
         #: only once the request's predictions are committed (:meth:`acknowledge`).
         self.ack_gates: list[Callable[[str], Awaitable[None]]] = []
@@ -256,54 +258,10 @@ class AgentService:
 
     # -- estimates --------------------------------------------------------------------------------
     def estimates(self) -> dict[str, Any]:
-        rt = self.runtime
-        now = time.time()
-        windows = {}
-        for name, (stats, ests) in self.window_estimates(rt, now).items():
-            windows[name] = {
-                "n": stats.n,
-                "fails": stats.fails,
-                "fails_by_family": dict(stats.fails_by_family),
-                "estimates": {k: e.to_dict() for k, e in ests.items()},
-            }
-            trust = window_trust(stats, rt.calibration)
-            if trust is not None:
-                windows[name]["trust"] = trust.to_dict()
-        for section in self.estimate_sections:
-            for name, extra in section(rt, now).items():
-                if name in windows:
-                    windows[name].update(extra)
-        return {
-            "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
-            "headline": rt.headline,
-            "total_judged": self.windows.total,
-            "windows": windows,
-            "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},
-            "timestamp": now,
-        }
-
-    def window_estimates(self, rt: Runtime, now: float) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:
-        """Every window's statistics and estimates, the extensions' estimators included."""
-        out = self.windows.estimates(rt.calibration, now)
-        stats = {name: s for name, (s, _) in out.items()}
-        for extend in self.estimator_extensions:
-            for name, extra in extend(rt, now, stats).items():
-                if name in out:
-                    out[name][1].update(extra)
-        return out
+        return self.report.document(self.runtime, time.time())
 
     def snapshot(self) -> Snapshot | None:
-        rt = self.runtime
-        points: list[EstimatePoint] = []
-        wpoints: list[WindowPoint] = []
-        for name, (stats, ests) in self.window_estimates(rt, time.time()).items():
-            trust = window_trust(stats, rt.calibration)
-            distance = trust.distance if trust is not None else None
-            wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family), distance))
-            for est, e in ests.items():
-                points.append(EstimatePoint(est, name, e.value, e.lower, e.upper, e.n))
-        cal = rt.calibration
-        return Snapshot(rt.name, rt.version, points, wpoints, cal.tpr, cal.fpr, cal.n_wrong, cal.n_right)
+        return self.report.snapshot(self.runtime, time.time())
 
     # -- state ------------------------------------------------------------------------------------
     def _state_key(self) -> str:

@@ -200,8 +200,9 @@ def panels() -> list[dict[str, Any]]:
             unit="percentunit",
             minmax=(0, 1),
             overrides=_band_overrides(),
-            description="Each replica's windowed estimates (icos, icos_corrected, avg_conf, cbpe, atc, doc, shift_aware); the band is "
-            "the widest 95% interval over replicas.",
+            description="Each replica's windowed estimates (icos, icos_corrected, avg_conf, cbpe, atc, doc, "
+            "shift_aware, and with_labels in time windows whose labeling sample has labels); the band is the "
+            "widest 95% interval over replicas.",
         )
     )
     y += 9
@@ -217,6 +218,32 @@ def panels() -> list[dict[str, Any]]:
         )
     )
     y += 7
+    p.append(
+        _timeseries(
+            "F1 per class: label-free (CBPE) and from delayed labels",
+            [
+                (
+                    f'avg by (window) (icos_estimated_class_metric{{{SEL}, {w}, class="_macro", metric="f1"}})',
+                    "estimated macro F1 {{window}}",
+                ),
+                (
+                    f'avg by (window) (icos_realized_class_metric{{{SEL}, {w}, class="_macro", metric="f1"}})',
+                    "realized macro F1 {{window}}",
+                ),
+                (
+                    f'avg by (class) (icos_estimated_class_metric{{{SEL}, window="1h", class!~"_.*", metric="f1"}})',
+                    "estimated F1 class {{class}} 1h",
+                ),
+            ],
+            (0, y, 24, 8),
+            unit="percentunit",
+            minmax=(0, 1),
+            description="Label-free F1 per predicted class (CBPE: the expected confusion matrix from the "
+            "probabilities, as calibrated as the model is), its macro mean per window, and the macro F1 of the "
+            "delayed labels where they exist. Per-class series exist for models with few classes only.",
+        )
+    )
+    y += 8
     p.append(_row("Verdicts", y))
     y += 1
     p.append(

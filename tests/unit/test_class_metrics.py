@@ -85,3 +85,41 @@ def test_expected_confusion_cells() -> None:
     assert c[:, 1] == pytest.approx([0.1, 0.6, 0.3])
     assert c[:, 2] == pytest.approx([0, 0, 0])
     assert confusion_matrix(np.array([0, 1, 1]), np.array([0, 0, 1]), 3)[1] == pytest.approx([1, 1, 0])
+
+
+def test_window_sums_give_the_expected_metrics_of_the_whole_window_whatever_the_split() -> None:
+    """A live window's CBPE figures come from additive sums: summed over batches (and bucket
+    differences) they equal the figures of the expected confusion matrix of all its samples."""
+    from agent.estimation.class_metrics import window_class_metrics
+    from agent.estimation.statistics import WindowStats, stat_items
+
+    rng = np.random.default_rng(3)
+    p, pred, _ = _calibrated(rng, 900, 4)
+    pred[:50] = (pred[:50] + 1) % 4  # thresholded predictions need not be the most probable class
+    parts = []
+    for lo, hi in ((0, 1), (1, 300), (300, 900)):
+        s = WindowStats()
+        s.add_class_sums(p[lo:hi], pred[lo:hi])
+        parts.append(s)
+    total = parts[0] + parts[1] + parts[2]
+    assert total.cbpe_n == 900 and sum(total.cbpe_predicted) == 900
+    names = ["a", "b", "c", "d"]
+    got = window_class_metrics(total.cbpe_predicted, total.cbpe_true_positive, total.cbpe_support, names)
+    want = metrics_of_confusion(expected_confusion(p, pred), names)
+    assert got is not None
+    for c in names:
+        assert got["per_class"][c] == pytest.approx(want["per_class"][c])
+    for mean in ("macro", "weighted"):
+        assert got[mean] == pytest.approx(want[mean])
+    less = total - parts[2]
+    assert less.cbpe_predicted == (parts[0] + parts[1]).cbpe_predicted
+    # above the class cap only the means; the class names must match the sums; nothing when empty
+    means = window_class_metrics(
+        total.cbpe_predicted, total.cbpe_true_positive, total.cbpe_support, names, per_class=False
+    )
+    assert means is not None and set(means) == {"macro", "weighted"}
+    assert window_class_metrics(total.cbpe_predicted, total.cbpe_true_positive, total.cbpe_support, names[:3]) is None
+    assert window_class_metrics([], [], [], names) is None
+    # the per-class sums stay in the agent: the fleet's exported statistics do not carry them
+    assert not any(name.startswith("cbpe") for name, _ in stat_items(total))
+    assert WindowStats.from_dict(total.to_dict()) == total
