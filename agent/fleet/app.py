@@ -59,7 +59,7 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
         raise UserError("fleet.prometheus_url is required in fleet mode")
     rt = load_runtime(fetch_model(settings))
     api = PrometheusAPI(settings.fleet.prometheus_url, settings.fleet.query_timeout_seconds)
-    evaluator = FleetEvaluator(settings, rt.calibration, rt.bundle_label, api)
+    evaluator = FleetEvaluator(settings, rt.calibration, rt.bundle_label, api, headline=rt.headline)
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(FleetCollector(evaluator.snapshot))
     loop = RefreshLoop(evaluator, settings.fleet.refresh_seconds)

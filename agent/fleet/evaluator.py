@@ -60,8 +60,10 @@ class FleetEvaluator:
         bundle_label: str,
         api: PrometheusAPI,
         clock: Callable[[], float] = time.time,
+        headline: str = RECOMMENDED_ESTIMATOR,
     ) -> None:
         self.settings = settings
+        self.headline = headline  # the bundle's headline estimator, as the replicas report it
         self.model = settings.model.name
         self.calibration = calibration
         self.bundle_label = bundle_label
@@ -158,7 +160,7 @@ class FleetEvaluator:
         windows = _windows_json(r.versions[v]) if r is not None and v is not None else {}
         return {
             "model": {"name": self.model, "version": v or version or self.settings.model.version},
-            "headline": RECOMMENDED_ESTIMATOR,
+            "headline": self.headline,
             "windows": windows,
             "oracle": {"tpr": self.calibration.tpr, "fpr": self.calibration.fpr},
             "timestamp": r.at if r is not None else None,
