@@ -17,10 +17,12 @@ On a 2-core machine the client needs about as much CPU as a server, so throughpu
 the client too; the server's own CPU time per request (from ``/proc``, every thread of the server
 process) is reported as well: it does not depend on the client or on other load on the machine.
 
-Prints, per setting: throughput (requests/s), p50/p99 latency, server CPU ms per request, and the
-ratio agent / bare (target ≥ 0.9 on throughput); the server CPU per request split by thread (the
-event loop, the agent's named threads ``icos-worker``/``icos-judge``/``icos-store``, see
-:mod:`agent.core.os_threads`, and the others); then the agent's resident memory after start
+Prints, per setting: throughput (requests/s), p50/p99 latency, server CPU ms per request and the
+throughput ratio agent / bare; the server CPU per request split by thread (the event loop, the
+agent's named threads ``icos-worker``/``icos-judge``/``icos-store``, see :mod:`agent.core.os_threads`,
+and the others); the headline, server CPU per request agent ÷ bare against its targets (≤ 1.10, and
+≤ 1.30 with verdicts), with the extra CPU by thread for every target missed; the gRPC ÷ HTTP CPU
+ratios; proxy mode's added p50 (target ≤ 1 ms); then the agent's resident memory after start
 (target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
 imported on the serve path (it must not be).
 
