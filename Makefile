@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test lint venv system-tools mlserver-venv bench clean audit-deps lock
+.PHONY: demo test lint venv system-tools mlserver-venv kserve-venv bench clean audit-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,21 +32,16 @@ venv: $(STAMP)
 system-tools:
 	@bash .ci/system-tools.sh
 
-# MLServer for the proxy-mode integration test, in its own virtual environment: it pins an older
-# FastAPI/Starlette than the agent's. Rebuilt only when tests/mlserver/requirements.lock changes; when it
-# cannot be installed (no package index), `make test` goes on and those tests skip naming this target.
-MLSERVER_VENV  := build/mlserver-venv
-MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-$(shell sha256sum tests/mlserver/requirements.lock | cut -c1-12)
+# Tools some tests drive, each in its own virtual environment because it pins other versions than
+# the agent's (.ci/side-venv.sh: build/NAME-venv from tests/NAME/requirements.lock, rebuilt only when
+# the lock changes): MLServer for the proxy-mode tests (an older FastAPI/Starlette) and KServe's gRPC
+# client. When one cannot be installed (no package index), `make test` goes on and its tests skip
+# naming the target.
+mlserver-venv:
+	@PYTHON=$(PYTHON) bash .ci/side-venv.sh mlserver "for the proxy tests" 3
 
-$(MLSERVER_STAMP): tests/mlserver/requirements.lock
-	@echo "==> installing MLServer (for the proxy tests) into $(MLSERVER_VENV) (the first time takes about 3 minutes)"
-	@test -x $(MLSERVER_VENV)/bin/python || $(PYTHON) -m venv $(MLSERVER_VENV)
-	$(MLSERVER_VENV)/bin/python -m pip install -r tests/mlserver/requirements.lock \
-	  | { grep --line-buffered -E '^(Collecting|Installing collected|Successfully installed)' || true; } | cut -c1-110
-	rm -f $(MLSERVER_VENV)/.installed-*
-	touch $(MLSERVER_STAMP)
-
-mlserver-venv: $(MLSERVER_STAMP)
+kserve-venv:
+	@PYTHON=$(PYTHON) bash .ci/side-venv.sh kserve "its gRPC client, for the gRPC tests" 2
 
 demo: venv
 	$(BIN)/icos-agent demo $(DEMO_ARGS)
@@ -59,6 +54,8 @@ lint: venv
 test: venv system-tools lint
 	@$(MAKE) --no-print-directory mlserver-venv \
 	  || echo "note: MLServer could not be installed; its proxy tests skip (retry with: make mlserver-venv)" >&2
+	@$(MAKE) --no-print-directory kserve-venv \
+	  || echo "note: KServe's client could not be installed; its gRPC test skips (retry with: make kserve-venv)" >&2
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Known vulnerabilities of the installed dependencies (pip-audit); reports UNAVAILABLE without the service.
