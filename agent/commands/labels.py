@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +101,7 @@ def send_labels(
     try:
         with httpx.Client(timeout=timeout) as client:
             for chunk in _chunks(rows, chunk_size):
-                try:
-                    r = client.post(endpoint, json={"labels": chunk})
-                except httpx.HTTPError as exc:
-                    raise UserError(f"cannot reach the agent at {endpoint}: {exc}") from None
-                if r.status_code != 200:
-                    try:
-                        message = r.json().get("error", r.text)
-                    except ValueError:
-                        message = r.text
-                    raise UserError(f"{endpoint} answered {r.status_code}: {message}")
-                body = r.json()
+                body = _answer(endpoint, functools.partial(client.post, endpoint, json={"labels": chunk}))
                 for k in OUTCOMES:
                     totals[k] += int(body.get(k, 0))
                 problems.extend(body.get("problems", [])[: max(0, 20 - len(problems))])
@@ -125,8 +116,16 @@ def label_requests(url: str, limit: int, timeout: float) -> list[dict[str, Any]]
     import httpx
 
     endpoint = url.rstrip("/") + "/v1/labels/requests"
+    return list(_answer(endpoint, lambda: httpx.get(endpoint, params={"limit": limit}, timeout=timeout))["requests"])
+
+
+def _answer(endpoint: str, call: Callable[[], Any]) -> Any:
+    """The JSON body of ``call()``'s 200 answer from ``endpoint``; a :class:`UserError` naming the
+    endpoint when it cannot be reached or answers anything else (with the agent's ``error``)."""
+    import httpx
+
     try:
-        r = httpx.get(endpoint, params={"limit": limit}, timeout=timeout)
+        r = call()
     except httpx.HTTPError as exc:
         raise UserError(f"cannot reach the agent at {endpoint}: {exc}") from None
     if r.status_code != 200:
@@ -135,7 +134,7 @@ def label_requests(url: str, limit: int, timeout: float) -> list[dict[str, Any]]
         except ValueError:
             message = r.text
         raise UserError(f"{endpoint} answered {r.status_code}: {message}")
-    return list(r.json()["requests"])
+    return r.json()
 
 
 def run(args: argparse.Namespace) -> int:
