@@ -141,16 +141,11 @@ class CountWindow:
             self.has_classes[:] = False
         return [p, lab, np.ones(n, dtype=bool)]
 
+    def _sample_buffers(self) -> list[np.ndarray]:
+        return [self.verdicts, self.confidences, *(self.extras[f] for f in self._EXTRA_FIELDS), self.has_extras]
+
     def _buffers(self) -> list[np.ndarray]:
-        return [
-            self.verdicts,
-            self.confidences,
-            *(self.extras[f] for f in self._EXTRA_FIELDS),
-            self.has_extras,
-            self.class_probs,
-            self.class_labels,
-            self.has_classes,
-        ]
+        return [*self._sample_buffers(), self.class_probs, self.class_labels, self.has_classes]
 
     def add(
         self,
@@ -186,16 +181,17 @@ class CountWindow:
         """Verdicts and confidences of the filled slots (ring order)."""
         return self.verdicts[: self.count], self.confidences[: self.count]
 
-    def _ordered(self) -> list[np.ndarray]:
-        """Every buffer, oldest first, filled slots only."""
+    def _ordered(self, buffers: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Every buffer (or ``buffers``), oldest first, filled slots only."""
+        bufs = self._buffers() if buffers is None else buffers
         if self.count < self.size:
-            return [b[: self.count] for b in self._buffers()]
-        return [np.concatenate([b[self.pos :], b[: self.pos]]) for b in self._buffers()]
+            return [b[: self.count] for b in bufs]
+        return [np.concatenate([b[self.pos :], b[: self.pos]]) for b in bufs]
 
     def stats(self, calibration: EstimatorCalibration) -> WindowStats:
         if self.count == 0:
             return WindowStats()
-        v, c, *ext, has, _, _, _ = self._ordered()
+        v, c, *ext, has = self._ordered(self._sample_buffers())  # the per-class sums need no ordering
         shift = calibration.shift
         if shift is not None and has.all():
             extras = _extras_of_columns(ext)
