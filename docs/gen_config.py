@@ -75,7 +75,8 @@ MEANINGS: dict[str, str] = {
     "connecting, sending, reading the whole answer); a slower call answers 504",
     "UpstreamConfig.scores_output": "the upstream output (or observed tensor) holding the class scores",
     "WindowsConfig.time": "time windows of the live estimates (durations such as `30s`, `5m`, `1h`, `1d`)",
-    "WindowsConfig.count": "the count window: the last N predictions (null: none)",
+    "WindowsConfig.count": "the count window: the last N predictions (null: none); for models with at most "
+    "metrics.per_class_label_cap classes it keeps their probability vectors too (4 bytes per class each)",
     "MetricsConfig.per_class_label_cap": "per-class metric labels only for models with at most this many classes",
     "ObserveConfig.queue_size": "observe batches waiting to be judged; when full the agent answers 429",
     "ObserveConfig.event_ttl_seconds": "how long a CloudEvent waits for its request/response pair",

@@ -19,8 +19,8 @@ Metric names (labels):
   without a trust model).
 * ``icos_window_fail_ratio{model,version,window,invariant}`` — share of failed predictions per family.
 * ``icos_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE) precision,
-  recall and F1 per class of the time windows (per class only up to the class cap; ``_macro`` and
-  ``_weighted`` always).
+  recall and F1 per class of every window (per class only up to the class cap; ``_macro`` and
+  ``_weighted`` always, except in the count window, which has none above the cap).
 * ``icos_oracle_tpr_ratio`` / ``icos_oracle_fpr_ratio{model,version}`` and
   ``icos_oracle_calibration_samples{model,version,truth}`` (``wrong``/``right``), so that the
   corrected estimate can be recomputed across replicas.

@@ -353,20 +353,27 @@ class Pipeline:
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
         stats.add_class_sums(probabilities, labels)  # per-class CBPE figures of the time windows
-        self.windows.record(verdicts, conf, rt.calibration, time.time(), stats=stats, extras=extras)
-        counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
-        class_counts = (
-            np.bincount(labels.astype(np.int64), minlength=len(rt.classes)).tolist()
-            if len(rt.classes) <= self.metrics.per_class_label_cap
-            else None
+        # the count window keeps the vectors themselves (size × K floats): only within the class cap
+        per_class = len(rt.classes) <= self.metrics.per_class_label_cap
+        self.windows.record(
+            verdicts,
+            conf,
+            rt.calibration,
+            time.time(),
+            stats=stats,
+            extras=extras,
+            probabilities=probabilities if per_class else None,
+            labels=labels,
         )
+        counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
+        class_counts = np.bincount(labels.astype(np.int64), minlength=len(rt.classes)).tolist() if per_class else None
         self.metrics.record_window_stats(
             rt.name,
             rt.version,
             rt.bundle_label,
             stat_items(
                 stats,
-                classes=len(rt.classes) <= self.metrics.per_class_label_cap,
+                classes=per_class,
                 inputs=shift is None or shift.reference.leaf_bins > 0,
             ),
         )

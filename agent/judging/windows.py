@@ -5,7 +5,9 @@
   are dropped when new ones arrive or when the window is read. Its statistics cover the last ``W``
   seconds to within one bucket.
 * :class:`CountWindow` keeps the verdicts and confidences of the last ``N`` predictions in a ring
-  buffer, so it is exact; its statistics are recomputed when read (``N`` is small).
+  buffer, so it is exact; its statistics are recomputed when read (``N`` is small). When the caller
+  passes them (models within the per-class cap), it also keeps their probability vectors and predicted
+  classes, from which the label-free per-class sums (``WindowStats.cbpe_*``) are recomputed.
 * :class:`WindowSet` holds all windows of one model, is thread-safe, and (de)serialises itself for
   the state store.
 """
@@ -93,7 +95,9 @@ def _extras_of_columns(cols: Sequence[np.ndarray]) -> SampleExtras:
 
 class CountWindow:
     """The last ``size`` predictions (ring buffer, exact): verdicts, confidences and, when the serve
-    path computed them, the per-sample inputs of the full ``shift_aware`` model."""
+    path computed them, the per-sample inputs of the full ``shift_aware`` model and the probability
+    vectors with the predicted classes (the per-class sums; ``size × K`` float32, so only passed for
+    models within the per-class cap)."""
 
     #: ``label`` is the predicted class, -1 where the caller did not pass it
     _EXTRA_FIELDS = ("margin", "rules", "agree", "covered", "pca_error", "label")
@@ -107,6 +111,10 @@ class CountWindow:
             f: np.zeros(self.size, dtype=d) for f, d in zip(self._EXTRA_FIELDS, self._EXTRA_DTYPES, strict=True)
         }
         self.has_extras = np.zeros(self.size, dtype=bool)
+        #: probability vectors ``[size, K]`` (K = 0 until a batch passes them) and predicted classes
+        self.class_probs = np.zeros((self.size, 0), dtype=np.float32)
+        self.class_labels = np.zeros(self.size, dtype=np.int64)
+        self.has_classes = np.zeros(self.size, dtype=bool)
         self.pos = 0  # next write position
         self.count = 0  # filled slots
 
@@ -119,13 +127,39 @@ class CountWindow:
             cols += [np.zeros(n, dtype=d) for d in self._EXTRA_DTYPES] + [np.zeros(n, dtype=bool)]
         return cols
 
-    def _buffers(self) -> list[np.ndarray]:
+    def _class_columns(self, n: int, probabilities: np.ndarray | None, labels: np.ndarray | None) -> list[np.ndarray]:
+        """The per-class columns of a batch; a batch of another class count restarts them (a window
+        never mixes vectors of two widths)."""
+        p = None if probabilities is None or labels is None else np.asarray(probabilities, dtype=np.float32)
+        lab = None if labels is None else np.asarray(labels, dtype=np.int64).reshape(-1)
+        if p is None or lab is None or n == 0 or len(p) != n or len(lab) != n:
+            k = self.class_probs.shape[1]
+            return [np.zeros((n, k), dtype=np.float32), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)]
+        p = p.reshape(n, -1)
+        if p.shape[1] != self.class_probs.shape[1]:
+            self.class_probs = np.zeros((self.size, p.shape[1]), dtype=np.float32)
+            self.has_classes[:] = False
+        return [p, lab, np.ones(n, dtype=bool)]
+
+    def _sample_buffers(self) -> list[np.ndarray]:
         return [self.verdicts, self.confidences, *(self.extras[f] for f in self._EXTRA_FIELDS), self.has_extras]
 
-    def add(self, verdicts: np.ndarray, confidences: np.ndarray, extras: SampleExtras | None = None) -> None:
+    def _buffers(self) -> list[np.ndarray]:
+        return [*self._sample_buffers(), self.class_probs, self.class_labels, self.has_classes]
+
+    def add(
+        self,
+        verdicts: np.ndarray,
+        confidences: np.ndarray,
+        extras: SampleExtras | None = None,
+        probabilities: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+    ) -> None:
+        """Keep a batch; ``probabilities`` ``[N, K]`` and ``labels`` (predicted classes) together give
+        the window its per-class sums."""
         v = np.asarray(verdicts, dtype=np.int8).reshape(-1)
         c = np.asarray(confidences, dtype=np.float64).reshape(-1)
-        cols = self._columns(v, c, extras)
+        cols = self._columns(v, c, extras) + self._class_columns(len(v), probabilities, labels)
         bufs = self._buffers()
         if len(v) >= self.size:
             for buf, col in zip(bufs, cols, strict=True):
@@ -147,28 +181,36 @@ class CountWindow:
         """Verdicts and confidences of the filled slots (ring order)."""
         return self.verdicts[: self.count], self.confidences[: self.count]
 
-    def _ordered(self) -> list[np.ndarray]:
-        """Every buffer, oldest first, filled slots only."""
+    def _ordered(self, buffers: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Every buffer (or ``buffers``), oldest first, filled slots only."""
+        bufs = self._buffers() if buffers is None else buffers
         if self.count < self.size:
-            return [b[: self.count] for b in self._buffers()]
-        return [np.concatenate([b[self.pos :], b[: self.pos]]) for b in self._buffers()]
+            return [b[: self.count] for b in bufs]
+        return [np.concatenate([b[self.pos :], b[: self.pos]]) for b in bufs]
 
     def stats(self, calibration: EstimatorCalibration) -> WindowStats:
         if self.count == 0:
             return WindowStats()
-        v, c, *ext, has = self._ordered()
+        v, c, *ext, has = self._ordered(self._sample_buffers())  # the per-class sums need no ordering
         shift = calibration.shift
         if shift is not None and has.all():
             extras = _extras_of_columns(ext)
-            return WindowStats.of_samples(v, c, calibration.atc_threshold, extras, shift.reference)
-        return WindowStats.from_batch(v, c, calibration)
+            out = WindowStats.of_samples(v, c, calibration.atc_threshold, extras, shift.reference)
+        else:
+            out = WindowStats.from_batch(v, c, calibration)
+        n = self.count  # the sums do not depend on the order: the filled slots as they lie
+        if self.class_probs.shape[1] and self.has_classes[:n].all():
+            out.add_class_sums(self.class_probs[:n], self.class_labels[:n])
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        v, c, *ext, has = self._ordered()
+        v, c, *ext, has, probs, labels, has_classes = self._ordered()
         d: dict[str, Any] = {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
         if has.any():
             d["extras"] = {f: col.tolist() for f, col in zip(self._EXTRA_FIELDS, ext, strict=True)}
             d["has_extras"] = has.tolist()
+        if probs.shape[1] and has_classes.all():
+            d["classes"] = {"probabilities": probs.tolist(), "labels": labels.tolist()}
         return d
 
     @classmethod
@@ -180,14 +222,19 @@ class CountWindow:
         c = np.asarray(d["confidences"], dtype=np.float64)
         raw = d.get("extras")
         has = np.asarray(d.get("has_extras") or [], dtype=bool)
+        extras = None
         if isinstance(raw, Mapping) and len(has) == len(v) and has.all():
             cols: list[np.ndarray] = [
                 np.asarray(raw[f] if f in raw else np.full(len(v), -1), dtype=t)  # state of an older layout
                 for f, t in zip(cls._EXTRA_FIELDS, cls._EXTRA_DTYPES, strict=True)
             ]
-            w.add(v, c, _extras_of_columns(cols))
-        else:
-            w.add(v, c)
+            extras = _extras_of_columns(cols)
+        probs = labels = None
+        saved = d.get("classes")  # absent from states of an older layout
+        if isinstance(saved, Mapping) and len(saved.get("labels") or ()) == len(v):
+            probs = np.asarray(saved["probabilities"], dtype=np.float32).reshape(len(v), -1)
+            labels = np.asarray(saved["labels"], dtype=np.int64)
+        w.add(v, c, extras, probs, labels)
         return w
 
 
@@ -217,15 +264,19 @@ class WindowSet:
         now: float,
         stats: WindowStats | None = None,
         extras: SampleExtras | None = None,
+        probabilities: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
     ) -> WindowStats:
         """Add a judged batch (verdict indices and top-class probabilities; ``stats`` and ``extras``
-        when the caller computed them, see :func:`agent.estimation.statistics.sample_extras`)."""
+        when the caller computed them, see :func:`agent.estimation.statistics.sample_extras`;
+        ``probabilities`` and predicted ``labels`` when the count window is to report per-class
+        figures: ``windows.count × K`` float32 more)."""
         s = stats if stats is not None else WindowStats.from_batch(verdicts, confidences, calibration)
         with self._lock:
             for w in self.time.values():
                 w.add(s, now)
             if self.count is not None:
-                self.count.add(verdicts, confidences, extras)
+                self.count.add(verdicts, confidences, extras, probabilities, labels)
             self.total += s.n
         return s
 

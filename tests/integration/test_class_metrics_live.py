@@ -1,8 +1,8 @@
-"""Per-class precision, recall and F1 of a served agent: label-free (CBPE) in every time window of
-``/v1/estimates`` and ``icos_estimated_class_metric``, equal to the expected confusion matrix of the
-probabilities the agent answered; realized from delayed labels in the ``realized`` section and
-``icos_realized_class_metric``, equal to scikit-learn's on the same predictions; only the means above
-the class cap."""
+"""Per-class precision, recall and F1 of a served agent: label-free (CBPE) in every window of
+``/v1/estimates`` and ``icos_estimated_class_metric`` (the count window only within the class cap),
+equal to the expected confusion matrix of the probabilities the agent answered; realized from delayed
+labels in the ``realized`` section and ``icos_realized_class_metric``, equal to scikit-learn's on the
+same predictions; only the means above the class cap."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_label_free_and_realized_per_class_figures(
     assert wait_until(lambda: _windows(srv.url)["5m"]["n"] == 600)
     want = metrics_of_confusion(expected_confusion(traffic["probabilities"], traffic["labels"]), CLASSES)
     windows = _windows(srv.url)
-    for w in ("5m", "1h"):
+    for w in ("5m", "1h", "last100000"):
         got = windows[w]["classes"]["estimated"]
         assert set(got["per_class"]) == set(CLASSES)
         for c in CLASSES:
@@ -46,14 +46,14 @@ def test_label_free_and_realized_per_class_figures(
                 assert got["per_class"][c][m] == pytest.approx(want["per_class"][c][m], rel=1e-4, abs=1e-6), (c, m)
         for mean in ("macro", "weighted"):
             assert got[mean] == pytest.approx(want[mean], rel=1e-4)
-    assert "classes" not in windows["last100000"]  # the count window keeps no probability vectors
 
     gauge = metric_values(srv.url, "icos_estimated_class_metric")
     mv = (("model", "mnist"), ("version", "1"))
     key = tuple(sorted((*mv, ("window", "1h"), ("class", "_macro"), ("metric", "f1"))))
     assert gauge[key] == pytest.approx(want["macro"]["f1"], rel=1e-4)
-    key = tuple(sorted((*mv, ("window", "5m"), ("class", "7"), ("metric", "recall"))))
-    assert gauge[key] == pytest.approx(want["per_class"]["7"]["recall"], rel=1e-4)
+    for w in ("5m", "last100000"):
+        key = tuple(sorted((*mv, ("window", w), ("class", "7"), ("metric", "recall"))))
+        assert gauge[key] == pytest.approx(want["per_class"]["7"]["recall"], rel=1e-4)
 
     # delayed labels for 400 predictions: realized per-class figures equal scikit-learn's
     idx = np.arange(400)
@@ -84,6 +84,8 @@ def test_above_the_class_cap_only_the_means(
     post_labels(srv.url, [{"id": str(i), "label": 1} for i in traffic["ids"][:50]])
     w = _windows(srv.url)["5m"]
     assert set(w["classes"]["estimated"]) == {"macro", "weighted"}
+    # the count window would keep K probabilities per prediction: only within the cap
+    assert "classes" not in _windows(srv.url)["last100000"]
     assert set(w["realized"]["classes"]) == {"macro", "weighted"}
     classes = {dict(k)["class"] for k in metric_values(srv.url, "icos_estimated_class_metric")}
     assert classes == {"_macro", "_weighted"}

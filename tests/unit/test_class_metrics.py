@@ -123,3 +123,42 @@ def test_window_sums_give_the_expected_metrics_of_the_whole_window_whatever_the_
     # the per-class sums stay in the agent: the fleet's exported statistics do not carry them
     assert not any(name.startswith("cbpe") for name, _ in stat_items(total))
     assert WindowStats.from_dict(total.to_dict()) == total
+
+
+def test_from_batch_gives_the_offline_expected_figures_of_the_same_samples() -> None:
+    """A live batch's statistics (:meth:`WindowStats.from_batch`) give the figures ``check --json``
+    reports for the same samples (expected confusion matrix), and those of
+    :func:`expected_class_metrics` on the per-class sums computed by hand."""
+    from agent.estimation.calibration import EstimatorCalibration
+    from agent.estimation.class_metrics import window_class_metrics
+    from agent.estimation.statistics import WindowStats
+
+    cal = EstimatorCalibration(
+        tpr=0.6, fpr=0.05, n_wrong=50, n_right=950, accuracy=0.95, avg_conf=0.93, atc_threshold=0.7
+    )
+    rng = np.random.default_rng(11)
+    p, pred, _ = _calibrated(rng, 700, 5)
+    pred[::9] = (pred[::9] + 2) % 5
+    conf = p[np.arange(700), pred]
+    names = list("abcde")
+    halves = [
+        WindowStats.from_batch(np.zeros(n, np.int8), conf[sl], cal, probabilities=p[sl], labels=pred[sl])
+        for sl, n in ((slice(0, 300), 300), (slice(300, 700), 400))
+    ]
+    s = halves[0] + halves[1]
+    got = window_class_metrics(s.cbpe_predicted, s.cbpe_true_positive, s.cbpe_support, names)
+    offline = metrics_of_confusion(expected_confusion(p, pred), names)
+    by_hand = expected_class_metrics(
+        np.bincount(pred, minlength=5), np.bincount(pred, weights=conf, minlength=5), p.sum(axis=0), names
+    )
+    assert got is not None
+    for want in (offline, by_hand):
+        for c in names:
+            assert got["per_class"][c] == pytest.approx(want["per_class"][c], rel=1e-12)
+        for mean in ("macro", "weighted"):
+            assert got[mean] == pytest.approx(want[mean], rel=1e-12)
+    # subtracting a batch gives the other one's sums back
+    back = s - halves[0]
+    assert back.cbpe_predicted == halves[1].cbpe_predicted
+    assert back.cbpe_support == pytest.approx(halves[1].cbpe_support, rel=1e-12)
+    assert back.cbpe_true_positive == pytest.approx(halves[1].cbpe_true_positive, rel=1e-12)

@@ -121,3 +121,74 @@ def test_buckets_summed_in_place_equal_the_sum_of_batches() -> None:
         assert s.to_dict() == snapshot  # the added batch itself is left alone
         expected[i % 3] = expected[i % 3] + s if i % 3 in expected else s
     assert [b.to_dict() for b in w.buckets.values()] == [b.to_dict() for b in expected.values()]
+
+
+def _probabilities(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 probability vectors (as models answer) and predictions, some not the most probable class."""
+    p = rng.dirichlet(np.full(k, 0.7), n).astype(np.float32)
+    pred = p.argmax(axis=1)
+    pred[::7] = (pred[::7] + 1) % k
+    return p, pred
+
+
+@pytest.mark.parametrize("chunks", [[5, 5, 5], [3, 9, 2, 7, 11], [30], [1] * 25])
+def test_count_window_per_class_sums_are_those_of_its_last_predictions(chunks: list[int]) -> None:
+    """The count window keeps the probability vectors: its CBPE sums are exactly those of the last
+    ``size`` predictions (after wrapping and after a round trip through its state)."""
+    from agent.estimation.class_metrics import expected_confusion, metrics_of_confusion, window_class_metrics
+
+    rng = np.random.default_rng(len(chunks))
+    w = CountWindow(10)
+    ps, preds = [], []
+    for n in chunks:
+        v, c = batch(rng, n)
+        p, pred = _probabilities(rng, n, 3)
+        w.add(v, c, None, p, pred)
+        ps.append(p)
+        preds.append(pred)
+    p_all, pred_all = np.concatenate(ps)[-10:], np.concatenate(preds)[-10:]
+    want = WindowStats()
+    want.add_class_sums(p_all, pred_all)
+    for window in (w, CountWindow.from_dict(json.loads(json.dumps(w.to_dict())))):
+        got = window.stats(CAL)
+        assert got.cbpe_n == len(p_all) and got.cbpe_predicted == want.cbpe_predicted
+        assert got.cbpe_true_positive == pytest.approx(want.cbpe_true_positive, rel=1e-12)
+        assert got.cbpe_support == pytest.approx(want.cbpe_support, rel=1e-12)
+        figures = window_class_metrics(got.cbpe_predicted, got.cbpe_true_positive, got.cbpe_support, ["a", "b", "c"])
+        offline = metrics_of_confusion(expected_confusion(p_all, pred_all), ["a", "b", "c"])
+        assert figures is not None and figures["macro"] == pytest.approx(offline["macro"])
+
+
+def test_count_window_reports_per_class_sums_only_when_every_kept_prediction_has_them() -> None:
+    rng = np.random.default_rng(5)
+    w = CountWindow(8)
+    v, c = batch(rng, 4)
+    p, pred = _probabilities(rng, 4, 3)
+    w.add(v, c, None, p, pred)
+    w.add(v, c)  # a batch without probability vectors (e.g. a model above the class cap)
+    assert w.stats(CAL).cbpe_n == 0 and "classes" not in w.to_dict()
+    w.add(*batch(rng, 8), None, *_probabilities(rng, 8, 3))  # pushes the incomplete ones out
+    assert w.stats(CAL).cbpe_n == 8
+    # vectors of another width (another model) restart the per-class columns
+    w.add(*batch(rng, 2), None, *_probabilities(rng, 2, 5))
+    assert w.stats(CAL).cbpe_n == 0
+    w.add(*batch(rng, 6), None, *_probabilities(rng, 6, 5))
+    s = w.stats(CAL)
+    assert s.cbpe_n == 8 and len(s.cbpe_support) == 5
+    # a state of an older layout (no per-class columns) restores without them
+    saved = w.to_dict()
+    del saved["classes"]
+    assert CountWindow.from_dict(saved).stats(CAL).cbpe_n == 0
+
+
+def test_window_set_passes_probability_vectors_to_the_count_window_only() -> None:
+    rng = np.random.default_rng(9)
+    ws = WindowSet({"1m": 60}, 20)
+    v, c = batch(rng, 30)
+    p, pred = _probabilities(rng, 30, 4)
+    stats = WindowStats.from_batch(v, c, CAL, probabilities=p, labels=pred)
+    ws.record(v, c, CAL, now=100.0, stats=stats, probabilities=p, labels=pred)
+    got = ws.stats(CAL, now=100.0)
+    assert got["1m"].cbpe_n == 30 and got["last20"].cbpe_n == 20
+    tail = WindowStats.from_batch(v[-20:], c[-20:], CAL, probabilities=p[-20:], labels=pred[-20:])
+    assert got["last20"].cbpe_support == pytest.approx(tail.cbpe_support)
