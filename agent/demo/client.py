@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 
 from agent.errors import UserError
+from agent.judging.request_io import PREDICTION_COUNT, prediction_ids
 from agent.protocol import v2
 
 VERDICT_NAMES = ("pass", "fail:idi", "fail:tdi", "fail:adi")
@@ -55,7 +56,7 @@ class AgentClient:
         if label_t is None or verdict_t is None:
             raise UserError("the agent's response lacks the label or icos_verdict output")
         verdicts = [v.decode() if isinstance(v, bytes) else str(v) for v in verdict_t.data.reshape(-1).tolist()]
-        ids = str(resp.parameters.get("icos_prediction_ids", "")).split(",")
+        ids = prediction_ids(resp.id or request_id, int(resp.parameters.get(PREDICTION_COUNT, 0)))
         return InferResult(np.asarray(label_t.data, dtype=np.int64).reshape(-1), verdicts, ids)
 
     def post_labels(self, ids: list[str], labels: np.ndarray) -> dict[str, Any]:

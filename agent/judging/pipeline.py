@@ -25,8 +25,8 @@ from agent.judging.request_io import (
     SERVE_OUTPUTS,
     VERDICT_BYTES,
     attach_metadata,
+    PREDICTION_COUNT,
     new_request_id,
-    prediction_ids,
     resolve_outputs,
     split_inputs,
 )
@@ -475,8 +475,7 @@ class Pipeline:
         }
         outputs = [(produced[name](), binary) for name, binary in served.wanted]
         rt, rid = served.rt, served.request_id
-        ids = prediction_ids(rid, len(served.labels))
-        return v2.encode_response(rt.name, rt.version, rid, outputs, {"icos_prediction_ids": ids})
+        return v2.encode_response(rt.name, rt.version, rid, outputs, {PREDICTION_COUNT: len(served.labels)})
 
 
 @dataclass

@@ -2,7 +2,9 @@
 the model input and IDI metadata, and the outputs a client can ask for.
 
 Every judged prediction has an id ``<request id>:<index>`` so that delayed true labels can later be
-joined to it.
+joined to it. An answer carries the request id once (its ``id``) and the number of its predictions
+(the parameter :data:`PREDICTION_COUNT`), never the ids themselves: a request id repeated per sample
+would let a small request ask for an answer many times its size.
 """
 
 from __future__ import annotations
@@ -32,9 +34,18 @@ def new_request_id() -> str:
     return os.urandom(16).hex()
 
 
-def prediction_ids(request_id: str, n: int) -> str:
-    """Per-sample prediction ids ``<request id>:<index>``, comma-separated (a V2 parameter is a scalar)."""
-    return ",".join(f"{request_id}:{i}" for i in range(n))
+#: The answer parameter holding the number of predictions; prediction ``i`` has the id ``<answer id>:<i>``.
+PREDICTION_COUNT = "icos_prediction_count"
+
+
+def prediction_id(request_id: str, index: int) -> str:
+    """The id of a request's ``index``-th prediction: what delayed labels name."""
+    return f"{request_id}:{index}"
+
+
+def prediction_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's ``n`` predictions (for clients: the answer names only the request id)."""
+    return [prediction_id(request_id, i) for i in range(n)]
 
 
 class MetadataTooLarge(ClientError):

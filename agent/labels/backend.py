@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 from agent.labels.rows import (
     CorruptRow,
     LabeledRows,
@@ -193,6 +194,10 @@ def chunks(values: Iterable[Any], size: int = CHUNK) -> Iterable[list[Any]]:
         yield batch
 
 
+#: At most this many bytes of ids in one listing of the labeling sample, whatever its ``limit``.
+MAX_LISTING_BYTES = 1 << 20
+
+
 def unlabeled_sample(
     page: Callable[[float, int], Sequence[SampleRow]],
     labeled_indices: Callable[[set[int]], set[tuple[int, int]]],
@@ -204,6 +209,7 @@ def unlabeled_sample(
     before ``(ts, seq)`` in ``(ts, seq)`` order, newest first; at most :data:`SAMPLE_PAGES` pages are
     read, so a listing costs a bounded number of statements however many predictions wait."""
     out: list[tuple[str, float]] = []
+    size = 0  # bytes of the ids listed: a listing is bounded in bytes as well as in rows
     before: tuple[float, int] = (float("inf"), 2**62)
     for _ in range(SAMPLE_PAGES):
         rows = page(*before)
@@ -211,10 +217,13 @@ def unlabeled_sample(
             break
         done = labeled_indices({int(r[0]) for r in rows})
         for seq, rid, lo, hi, ts, blob in rows:
+            if len(rid) > MAX_REQUEST_ID_BYTES:  # stored before ids were bounded: never listed
+                continue
             for i in sample_indices(blob, int(lo), int(hi)).tolist():
                 if (int(seq), i) not in done:
                     out.append((f"{rid}:{i}", float(ts)))
-                    if len(out) >= limit:
+                    size += len(rid) + 32
+                    if len(out) >= limit or size > MAX_LISTING_BYTES:
                         return out
         before = (float(rows[-1][4]), int(rows[-1][0]))
         if len(rows) < SAMPLE_PAGE:

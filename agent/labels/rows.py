@@ -17,6 +17,7 @@ import numpy as np
 
 from agent.estimation.statistics import EXTRAS_DTYPE as _EXTRAS_DTYPE
 from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_from_columns
+from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 
 #: dtype of the ``predicted`` BLOB of a ``requests`` row (one little-endian int32 per prediction)
 PREDICTED_DTYPE = "<i4"
@@ -51,6 +52,8 @@ def batch_problem(b: PendingBatch) -> str | None:
     arrays whose lengths disagree. Checked per batch so that one bad request drops only itself."""
     if not (storable_text(b.request_id) and storable_text(b.identity)):
         return "text that is not UTF-8 encodable or holds a NUL character"
+    if len(b.request_id) > MAX_REQUEST_ID_BYTES:  # characters ≤ bytes: the decoders bound the bytes
+        return f"a request id longer than {MAX_REQUEST_ID_BYTES} characters"
     n = b.n
     probs = np.size(b.probabilities)
     if n == 0 or np.size(b.verdicts) != n or probs == 0 or probs % n:

@@ -1,7 +1,8 @@
 """Delayed labels: true classes for earlier predictions, realized accuracy, estimator errors, recalibration.
 
-Every judged prediction has an id ``<request id>:<index>`` (V2 responses carry them in the parameter
-``icos_prediction_ids``, ``/v1/observe`` answers list them in ``prediction_ids``). The pipeline hands
+Every judged prediction has an id ``<request id>:<index>`` (V2 answers carry the request id and, in
+the parameter ``icos_prediction_count``, the number of predictions; ``/v1/observe`` answers the
+``id`` and the ``accepted`` count). The pipeline hands
 judged requests to a :class:`~agent.labels.store.PredictionStore` (bounded, written off the
 request path). Later, true labels arrive by id:
 
@@ -69,11 +70,13 @@ from agent.judging.runtime import EstimatorExtension, Runtime
 from agent.labels.realized import RealizedWindow, RealizedWindows, realized_window, with_labels_estimates
 from agent.labels.rows import LabeledRows, PendingBatch
 from agent.labels.store import PredictionStore, StoreUnavailable
+from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
 
 log = logging.getLogger("icos_agent.labels")
 
-MAX_ID_LENGTH = 512
+#: The longest prediction id a label may name: a request id (bounded by the decoders) and an index.
+MAX_ID_LENGTH = MAX_REQUEST_ID_BYTES + 21
 MAX_PROBLEMS = 20
 #: Fields of :class:`EstimatorCalibration` refitted from labels (``shift`` stays the bundle's).
 REFITTED_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
@@ -157,7 +160,9 @@ def parse_labels(obj: object, classes: list[str], max_batch: int) -> ParsedLabel
         pid = e.get("id") if isinstance(e, dict) else None
         if not isinstance(e, dict) or not isinstance(pid, str) or not pid or len(pid) > MAX_ID_LENGTH:
             out.invalid += 1
-            problem(i, pid, f"needs an 'id': a prediction id string of 1 to {MAX_ID_LENGTH} characters")
+            # the id is echoed in the answer's problems only when it has a prediction id's size
+            problem(i, pid if isinstance(pid, str) and len(pid) <= MAX_ID_LENGTH else None,
+                    f"needs an 'id': a prediction id string of 1 to {MAX_ID_LENGTH} characters")
             continue
         label = resolve_label(e.get("label"), classes)
         if label is None:

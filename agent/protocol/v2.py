@@ -57,6 +57,16 @@ MAX_RANK = 32
 #: A ``\uD800``–``\uDFFF`` escape in JSON text: only then can the parsed body hold a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
+#: Longest request id, in UTF-8 bytes. The id is stored with every prediction of the request (its
+#: predictions are ``<id>:<index>``) and echoed in the answer, so it is bounded before anything else;
+#: a longer one is refused with 400 ``id_too_long``. A UUID takes 36 bytes.
+MAX_REQUEST_ID_BYTES = 256
+#: Bounds on a request's (and each tensor's) ``parameters``: at most this many entries, their keys and
+#: string values together at most :data:`MAX_PARAMETER_BYTES` bytes (413 ``parameters_too_large``).
+#: Parameters are forwarded upstream and IDI metadata is read from them; real clients send a handful.
+MAX_PARAMETERS = 64
+MAX_PARAMETER_BYTES = 16 * 1024
+
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 
 
@@ -181,6 +191,55 @@ def _refuse_lone_surrogates(obj: object) -> None:
                 raise ProtocolError(
                     "malformed_json", "body holds a string that is not valid Unicode (a lone surrogate such as \\ud800)"
                 ) from None
+
+
+def check_request_id(rid: object, what: str = "'id'") -> str | None:
+    """A request id (``None`` when absent), refused unless a string of at most :data:`MAX_REQUEST_ID_BYTES`."""
+    if rid is None:
+        return None
+    if not isinstance(rid, str):
+        raise ProtocolError("malformed_json", f"{what} must be a string")
+    size = len(rid.encode("utf-8", "surrogatepass"))
+    if size > MAX_REQUEST_ID_BYTES:
+        raise ProtocolError(
+            "id_too_long", f"{what} has {size} bytes; the limit is {MAX_REQUEST_ID_BYTES} (UTF-8 bytes)"
+        )
+    return rid
+
+
+def check_parameters(params: object, what: str = "'parameters'") -> dict[str, Any]:
+    """Request or tensor ``parameters`` (``{}`` when absent), refused (413 ``parameters_too_large``) past
+    :data:`MAX_PARAMETERS` entries or :data:`MAX_PARAMETER_BYTES` bytes of keys and strings, nested
+    values included (walked with a bounded stack)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ProtocolError("malformed_json", f"{what} must be an object")
+    if len(params) > MAX_PARAMETERS:
+        raise ProtocolError(
+            "parameters_too_large", f"{what} has {len(params)} entries; the limit is {MAX_PARAMETERS}", status=413
+        )
+    size, items = 0, 0
+    stack: list[object] = [params]
+    while stack:
+        item = stack.pop()
+        items += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            size += len(item)
+        else:
+            size += 8
+        if size > MAX_PARAMETER_BYTES or items > 4 * MAX_PARAMETERS:
+            raise ProtocolError(
+                "parameters_too_large",
+                f"{what} holds more than {MAX_PARAMETER_BYTES} bytes or {4 * MAX_PARAMETERS} values",
+                status=413,
+            )
+    return params
 
 
 def _shape(name: str, raw: object) -> list[int]:
@@ -314,9 +373,7 @@ def decode_tensors(
             raise ProtocolError("datatype", f"tensor {name!r}: datatype {datatype!r} is not supported")
         shape = _shape(name, item.get("shape"))
         _check_elements(name, shape, max_elements)
-        params = item.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise ProtocolError("malformed_json", f"tensor {name!r}: 'parameters' must be an object")
+        params = check_parameters(item.get("parameters"), f"tensor {name[:100]!r}: 'parameters'")
         size = params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -359,12 +416,8 @@ def decode_request(
     ``max_elements`` bounds the element count of every tensor (413 ``too_large`` beyond it).
     """
     obj, payload = split_body(body, header_length)
-    params = obj.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise ProtocolError("malformed_json", "'parameters' must be an object")
-    rid = obj.get("id")
-    if rid is not None and not isinstance(rid, str):
-        raise ProtocolError("malformed_json", "'id' must be a string")
+    rid = check_request_id(obj.get("id"))
+    params = check_parameters(obj.get("parameters"))
     if "inputs" not in obj:
         raise ProtocolError("malformed_json", "request has no 'inputs'")
     inputs, used = decode_tensors(obj["inputs"], payload, "inputs", max_elements=max_elements)
@@ -406,7 +459,7 @@ def decode_response(body: bytes, header_length: str | None = None) -> InferRespo
     return InferResponse(
         model_name=str(obj.get("model_name", "")),
         model_version=obj.get("model_version"),
-        id=obj.get("id"),
+        id=check_request_id(obj.get("id"), "the response's 'id'"),
         parameters=params if isinstance(params, dict) else {},
         outputs=outputs,
     )

@@ -164,9 +164,7 @@ def decode_observation(
     """A direct ``/v1/observe`` JSON body → a batch to judge (raises ProtocolError/InvalidInput)."""
     bounds = bounds or MetadataBounds()
     obj, _ = v2.split_body(body, None)
-    rid = obj.get("id")
-    if rid is not None and not isinstance(rid, str):
-        raise ProtocolError("malformed_json", "'id' must be a string")
+    rid = v2.check_request_id(obj.get("id"))
     if "inputs" not in obj:
         raise ProtocolError("malformed_json", "observation has no 'inputs'")
     raw_inputs = obj["inputs"]
@@ -238,6 +236,7 @@ def parse_cloudevent(headers: Mapping[str, str], body: bytes) -> CloudEvent | No
         return None
     if not ce_id or not isinstance(ce_id, str):
         raise ProtocolError("cloudevent", "CloudEvent has no id (ce-id)")
+    v2.check_request_id(ce_id, "the CloudEvent's id (ce-id)")
     t = ce_type.lower()
     if t.endswith("response") or ".response" in t:
         kind = RESPONSE

@@ -23,8 +23,8 @@ from agent.judging.request_io import (
     SERVE_OUTPUTS,
     VERDICT_BYTES,
     attach_metadata,
+    PREDICTION_COUNT,
     new_request_id,
-    prediction_ids,
     split_inputs,
 )
 from agent.judging.runtime import Runtime
@@ -167,6 +167,6 @@ def proxy_judge(
             raise UpstreamError(502, "bad_response", f"upstream response has no output {name!r}")
         out.append((t, binary))
     params = {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float | bool)}
-    params["icos_prediction_ids"] = prediction_ids(rid, n)
+    params[PREDICTION_COUNT] = n
     content, headers = v2.encode_response(rt.name, rt.version, rid, out, params)
     return content, headers, rid

@@ -85,11 +85,6 @@ def model_metadata_of(rt: Runtime) -> dict[str, Any]:
     }
 
 
-def _ids(request_id: str, n: int) -> list[str]:
-    """Prediction ids of an observed batch (as in ``icos_prediction_ids``), for delayed labels."""
-    return [f"{request_id}:{i}" for i in range(n)]
-
-
 def build_router(svc: AgentService) -> APIRouter:
     r = APIRouter()
 
@@ -145,7 +140,7 @@ def build_router(svc: AgentService) -> APIRouter:
             svc.enqueue(item)
             await svc.acknowledge(item.id)
             n = int(item.x.shape[0])
-            return json_response({"id": item.id, "accepted": n, "prediction_ids": _ids(item.id, n)}, 202)
+            return json_response({"id": item.id, "accepted": n}, 202)
         svc.metrics.observe_events.labels(event.kind).inc()
         if event.kind == REQUEST:
             value = await svc.run(decode_request_event, rt, event.data, bounds)
@@ -167,7 +162,7 @@ def build_router(svc: AgentService) -> APIRouter:
         svc.enqueue(ObserveItem(event.id, x, probs, meta, time.time()))
         await svc.acknowledge(event.id)
         n = int(x.shape[0])
-        return json_response({"id": event.id, "paired": True, "accepted": n, "prediction_ids": _ids(event.id, n)}, 202)
+        return json_response({"id": event.id, "paired": True, "accepted": n}, 202)
 
     @r.get("/v1/estimates", summary="Live accuracy estimates per window with 95% intervals")
     async def estimates() -> Response:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from agent.judging.request_io import prediction_ids
+
 
 @dataclass
 class Acknowledged:
@@ -56,8 +58,8 @@ class Clients:
 
     def _ids(self, answer: dict[str, object]) -> list[str]:
         if self.mode == "observe":
-            return [str(i) for i in answer["prediction_ids"]]  # type: ignore[attr-defined]
-        return str(answer["parameters"]["icos_prediction_ids"]).split(",")  # type: ignore[index]
+            return prediction_ids(str(answer["id"]), int(answer["accepted"]))  # type: ignore[call-overload]
+        return prediction_ids(str(answer["id"]), int(answer["parameters"]["icos_prediction_count"]))  # type: ignore[index]
 
     def _run(self, c: int) -> None:
         deadline = time.monotonic() + self.max_seconds

@@ -113,8 +113,7 @@ def test_infer_raw_contents_answers_as_http(
     assert res.as_numpy("icos_verdict").tolist() == ref.as_numpy("icos_verdict").tolist()
     response = res.get_response()
     assert response.id == "g-1" and response.model_name == "mnist" and response.model_version == "3"
-    ids = response.parameters["icos_prediction_ids"].string_param.split(",")
-    assert ids == [f"g-1:{i}" for i in range(12)]
+    assert response.parameters["icos_prediction_count"].int64_param == 12
     key = "icos_predictions_total{model=mnist,version=3}"
     # 12 over gRPC, 12 over HTTP, recorded right after the answers
     assert wait_until(lambda: proc.metrics()[key] - before.get(key, 0) == 24)
@@ -165,6 +164,11 @@ def test_bad_requests_are_refused_named_and_counted(
     req.inputs.add(name="input", datatype="FP32", shape=[1, 1, 28, 28]).contents.fp32_contents.extend([1.0] * 5)
     err = _refused(stub, req)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "fp32_contents holds 5" in err.details()
+    # a request id over 256 bytes
+    req = _raw_request(x)
+    req.id = "i" * 257
+    err = _refused(stub, req)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "257 bytes" in err.details()
     # unknown model
     with pytest.raises(InferenceServerException) as info:
         _grpc_infer(client, x, model="cifar")
@@ -185,6 +189,7 @@ def test_bad_requests_are_refused_named_and_counted(
     assert grew("datatype") == 2
     assert grew("unknown_model") == 1
     assert grew("too_large") == 1
+    assert grew("id_too_long") == 1
     assert client.is_server_ready()  # nothing of this hurt the service
 
 

@@ -23,6 +23,7 @@ from agent.data.datasets import Splits
 from agent.data.files import Dataset
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import ESTIMATORS
+from agent.judging.request_io import prediction_ids
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.offline.check import check_report
 from agent.server.app import create_app
@@ -54,7 +55,7 @@ def infer(url: str, x: np.ndarray, rid: str, outputs: tuple[str, ...]) -> dict[s
     r = httpx.post(f"{url}/v2/models/mnist/infer", json=body, timeout=30)
     assert r.status_code == 200, r.text
     out = r.json()
-    res: dict[str, Any] = {"ids": out["parameters"]["icos_prediction_ids"].split(",")}
+    res: dict[str, Any] = {"ids": prediction_ids(out["id"], out["parameters"]["icos_prediction_count"])}
     for t in out["outputs"]:
         res[t["name"]] = np.asarray(t["data"]).reshape(t["shape"])
     return res
@@ -301,8 +302,8 @@ def test_observe_mode_returns_ids_that_take_labels(
     p = mnist_model.predict(x).probabilities
     r = httpx.post(f"{srv.url}/v1/observe", json={"id": "obs-1", "inputs": x.tolist(), "probabilities": p.tolist()})
     assert r.status_code == 202
-    ids = r.json()["prediction_ids"]
-    assert ids == [f"obs-1:{i}" for i in range(50)]
+    assert r.json() == {"id": "obs-1", "accepted": 50}
+    ids = prediction_ids("obs-1", 50)
     assert wait_until(lambda: httpx.get(f"{srv.url}/v1/estimates").json()["total_judged"] == 50)
     res = post_labels(srv.url, [{"id": i, "label": int(t)} for i, t in zip(ids, y, strict=True)])
     assert res["accepted"] == 50

@@ -137,6 +137,28 @@ CASES: list[Case] = [
     Case("outputs-not-list", "malformed_json", obj={**inp(), "outputs": "label"}),
     Case("id-not-string", "malformed_json", obj={**inp(), "id": 7}),
     Case("parameters-not-object", "malformed_json", obj={**inp(), "parameters": [1]}),
+    Case("id-too-long", "id_too_long", obj={**inp(), "id": "x" * 257}, mention="256"),
+    # the bound is in UTF-8 bytes: 129 two-byte characters are 258 bytes
+    Case("id-too-long-in-bytes", "id_too_long", obj={**inp(), "id": "é" * 129}, mention="258 bytes"),
+    Case(
+        "parameters-too-many",
+        "parameters_too_large",
+        status=413,
+        obj={**inp(), "parameters": {f"p{i}": i for i in range(65)}},
+        mention="64",
+    ),
+    Case(
+        "parameters-too-large",
+        "parameters_too_large",
+        status=413,
+        obj={**inp(), "parameters": {"form": "x" * 20_000}},
+    ),
+    Case(
+        "tensor-parameters-too-large",
+        "parameters_too_large",
+        status=413,
+        obj=inp(parameters={"note": "x" * 20_000}),
+    ),
     Case(
         "metadata-length",
         "metadata",

@@ -92,7 +92,7 @@ def test_direct_observation(
         json={"id": "obs-1", "inputs": x.tolist(), "probabilities": probs.tolist(), "metadata": {"form": "lines"}},
     )
     assert r.status_code == 202, r.text
-    assert r.json() == {"id": "obs-1", "accepted": 20, "prediction_ids": [f"obs-1:{i}" for i in range(20)]}
+    assert r.json() == {"id": "obs-1", "accepted": 20}
     # V2-shaped observation with per-sample metadata
     body = {
         "inputs": [{"name": "pixels", "shape": [5, 784], "datatype": "FP32", "data": x[:5].ravel().tolist()}],
