@@ -153,7 +153,8 @@ def test_cloudevents_pairs(
 def test_unmatched_events_counted(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, mnist_model: OnnxClassifier
 ) -> None:
-    srv = run_server(observe_app(mnist_bundle_dir, event_ttl_seconds=1.0, event_buffer=2))
+    # a TTL long enough that three posts finish before it on a loaded machine (the eviction is what is counted)
+    srv = run_server(observe_app(mnist_bundle_dir, event_ttl_seconds=5.0, event_buffer=2))
     url = f"{srv.url}/v1/observe"
     x = mnist_splits.test.x[:2]
     req = v2_request(x)
@@ -165,7 +166,7 @@ def test_unmatched_events_counted(
     assert httpx.post(url, content=req, headers=ce_headers("lone-2", REQUEST_TYPE)).status_code == 202
     assert counter(srv.url, "icos_observe_events_unmatched_total", reason="duplicate") == 1
     # the two left expire after the TTL
-    assert wait_until(lambda: counter(srv.url, "icos_observe_events_unmatched_total", reason="expired") == 2, 10)
+    assert wait_until(lambda: counter(srv.url, "icos_observe_events_unmatched_total", reason="expired") == 2, 30)
     # a response arriving after its request expired stays unmatched (and later expires too)
     resp = v2_response(np.log(mnist_model.predict(x).probabilities))
     r = httpx.post(url, content=resp, headers=ce_headers("lone-1", RESPONSE_TYPE))
