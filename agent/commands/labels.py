@@ -2,9 +2,9 @@
 or ask it which predictions its labeling sample wants labeled.
 
 Each row names a prediction id (``<request id>:<index>``: the answer's ``id`` and the index of the
-prediction in the batch, below ``icos_prediction_count``) and its true class (an index or a class name). Rows are posted to
-``POST /v1/labels`` in chunks; the summary adds up the agent's answers (accepted, unknown,
-duplicate, invalid). ``--requests N`` prints the newest ``N`` sampled predictions still without a
+prediction in the batch, below ``icos_prediction_count``) and its true class (an index or a class
+name). Rows are posted to ``POST /v1/labels`` in chunks; the summary adds up the agent's answers
+(accepted, unknown, duplicate, invalid). ``--requests N`` prints the newest ``N`` sampled predictions still without a
 label (``GET /v1/labels/requests``) as CSV (``id,timestamp``), ready for a labeling job.
 """
 

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 from agent.labels.rows import (
     CorruptRow,
     LabeledRows,
@@ -30,6 +29,7 @@ from agent.labels.rows import (
     split_prediction_id,
     storable_text,
 )
+from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 
 CHUNK = 500  # ids per SQL statement (well below SQLite's variable limit)
 SAMPLE_PAGE = 500  # sampled request rows read per statement by unlabeled_sample

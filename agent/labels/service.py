@@ -161,8 +161,11 @@ def parse_labels(obj: object, classes: list[str], max_batch: int) -> ParsedLabel
         if not isinstance(e, dict) or not isinstance(pid, str) or not pid or len(pid) > MAX_ID_LENGTH:
             out.invalid += 1
             # the id is echoed in the answer's problems only when it has a prediction id's size
-            problem(i, pid if isinstance(pid, str) and len(pid) <= MAX_ID_LENGTH else None,
-                    f"needs an 'id': a prediction id string of 1 to {MAX_ID_LENGTH} characters")
+            problem(
+                i,
+                pid if isinstance(pid, str) and len(pid) <= MAX_ID_LENGTH else None,
+                f"needs an 'id': a prediction id string of 1 to {MAX_ID_LENGTH} characters",
+            )
             continue
         label = resolve_label(e.get("label"), classes)
         if label is None:

@@ -20,10 +20,10 @@ from agent.judging.request_io import (
     OUTPUT_LABEL,
     OUTPUT_PROBABILITIES,
     OUTPUT_VERDICT,
+    PREDICTION_COUNT,
     SERVE_OUTPUTS,
     VERDICT_BYTES,
     attach_metadata,
-    PREDICTION_COUNT,
     new_request_id,
     split_inputs,
 )

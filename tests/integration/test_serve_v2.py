@@ -180,9 +180,11 @@ def test_metrics_and_estimates_move(
     labels = {"model": "mnist", "version": "3"}
     # the answer carries the verdicts; windows and metrics are recorded right after, many requests at once
     assert wait_until(
-        lambda: sample(metrics(agent.url), "icos_predictions_total", **labels)
-        - sample(before, "icos_predictions_total", **labels)
-        >= 64
+        lambda: (
+            sample(metrics(agent.url), "icos_predictions_total", **labels)
+            - sample(before, "icos_predictions_total", **labels)
+            >= 64
+        )
     )
     after = settled_metrics(agent.url)
     assert sample(after, "icos_predictions_total", **labels) - sample(before, "icos_predictions_total", **labels) == 64
