@@ -284,6 +284,10 @@ class _Column:
                 f"metadata field {bounded_repr(field)} has shape {arr.shape}, expected one value or {n} values"
             )
         kind = arr.dtype.kind
+        if kind == "U" and isinstance(raw, (list, tuple)):
+            # a list mixing text with None or NaN becomes text ('None', 'nan') in a str array:
+            # read it value by value, so those stay missing
+            arr, kind = np.asarray(raw, dtype=object), "O"
         if kind in "iub":
             self._num = arr.astype(np.float64)
             self.present = np.ones(n, dtype=bool)

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from agent.dataplane.admission import PREDICTION_COUNT, prediction_ids
 from agent.errors import UserError
-from agent.judging.request_io import PREDICTION_COUNT, prediction_ids
 from agent.protocol import v2
 
 VERDICT_NAMES = ("pass", "fail:idi", "fail:tdi", "fail:adi")

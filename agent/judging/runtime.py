@@ -8,7 +8,6 @@ bundle with its compiled oracle, and the estimator calibration.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from agent.config.settings import AgentSettings
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import headline_estimator
-from agent.estimation.intervals import Estimate
-from agent.estimation.statistics import WindowStats
 from agent.model.classifier import (
     ModelLoadError,
     OnnxClassifier,
@@ -221,8 +218,3 @@ def _refuse_table_bundle(bpath: Path, mode: str) -> None:
             f"bundle {bpath} was fitted from a table of predictions (no model); mode {mode!r} needs a bundle "
             "fitted from the ONNX model: use mode 'observe' with this bundle, or refit it with `icos-agent fit --model`"
         )
-
-
-#: Estimators computed beside the label-free ones (e.g. ``with_labels`` from the labeling sample):
-#: ``(runtime, now, statistics per window)`` → per window, the extra estimates.
-EstimatorExtension = Callable[[Runtime, float, Mapping[str, WindowStats]], Mapping[str, Mapping[str, Estimate]]]

@@ -53,22 +53,19 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 import anyio.to_thread
-import numpy as np
 from prometheus_client import CollectorRegistry
 
-from agent.config.settings import AgentSettings, LabelsConfig
+from agent.config.settings import AgentSettings
 from agent.errors import ClientError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
-from agent.judging.pipeline import JudgedBatch, Pipeline
-from agent.judging.runtime import EstimatorExtension, Runtime
+from agent.judging.runtime import Runtime
 from agent.labels.realized import RealizedWindow, RealizedWindows, realized_window, with_labels_estimates
-from agent.labels.rows import LabeledRows, PendingBatch
+from agent.labels.rows import LabeledRows
 from agent.labels.store import PredictionStore, StoreUnavailable
 from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 from exporters.label_metrics import LABEL_OUTCOMES, LabelMetrics, RealizedCollector, RealizedPoint, RealizedSnapshot
@@ -97,22 +94,12 @@ class PredictionNotStored(ClientError):
     headers = {"Retry-After": "1"}
 
 
-class LabelHost(Protocol):
-    """What the label service needs of the agent that hosts it (:class:`agent.server.service.AgentService`)."""
+class RuntimeSwap(Protocol):
+    """The agent's runtime holder as the label service sees it (:class:`agent.dataplane.runtimes.RuntimeHolder`)."""
 
-    settings: AgentSettings
-    registry: CollectorRegistry
-    pipeline: Pipeline
-    runtime: Runtime
-    estimate_sections: list[Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]]
-    estimator_extensions: list[EstimatorExtension]
-    #: awaited with a request's id before it is answered (``commit`` durability)
-    ack_gates: list[Callable[[str], Awaitable[None]]]
+    current: Runtime
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in one of the agent's worker threads."""
-
-    def swap_runtime(self, new: Runtime) -> None:
+    def swap(self, new: Runtime) -> None:
         """Serve ``new`` from now on (atomically)."""
 
 
@@ -191,62 +178,37 @@ class LabelService:
     """The prediction store, the realized windows and the recalibration of one agent (served on
     ``/v1/labels`` and ``/v1/recalibrate`` by :mod:`agent.server.labels_routes`)."""
 
-    def __init__(self, config: LabelsConfig, agent: LabelHost, state_dir: Path | None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        registry: CollectorRegistry,
+        metrics: LabelMetrics,
+        store: PredictionStore,
+        runtimes: RuntimeSwap,
+        run_in_thread: Callable[..., Awaitable[Any]],
+        flush_judged: Callable[[], None],
+    ) -> None:
+        config = settings.labels
         self.config = config
-        self.agent = agent
-        self.metrics = LabelMetrics(agent.registry)
-        agent.registry.register(RealizedCollector(self.snapshot))
-        self.store = PredictionStore(
-            state_dir,
-            max_predictions=config.max_predictions,
-            max_age_seconds=config.max_age_seconds,
-            queue_limit=config.queue_limit,
-            flush_interval=config.flush_interval_seconds,
-            durability=config.durability,
-            store_url=config.database_url() if config.enabled else None,
-            pool_size=config.pool_size,
-            on_error=lambda op: self.metrics.store_errors.labels(op).inc(),
-            on_drop=lambda n, reason: self.metrics.store_dropped.labels(reason).inc(n),
-            on_buffered=self.metrics.store_buffered.inc,
-        )
+        self.settings = settings
+        self.runtimes = runtimes
+        self.run = run_in_thread
+        #: Records what waits in the judge queue, so that a label finds a prediction answered a moment ago.
+        self.flush_judged = flush_judged
+        self.metrics = metrics
+        registry.register(RealizedCollector(self.snapshot))
+        self.store = store
         self._fleet_read = 0.0  # monotonic time the realized windows last re-read a shared store
-        # answered but not committed, at scrape time: judged and queued, or still waiting for the judge
-        self.metrics.store_queued.set_function(lambda: self.store.queued + agent.pipeline.pending_samples())
         self.metrics.store_reachable.set_function(lambda: 0.0 if self.store.unreachable else 1.0)
-        s = agent.settings
+        s = settings
         self.realized = RealizedWindows(s.window_seconds, s.windows.count, capacity=config.max_predictions)
-        self._identity = agent.runtime.identity
+        self._identity = runtimes.current.identity
         self._recalibrated: Runtime | None = None
         self._recal_lock = asyncio.Lock()
         self._since_recalibration = 0
         self.last_recalibration: dict[str, Any] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
-        self._rng = np.random.default_rng()  # the labeling sample: drawn from OS entropy, never from the request
-
-    # -- wiring -------------------------------------------------------------------------------------
-    def on_judged(self, batch: JudgedBatch) -> None:
-        """Pipeline tap (under the judging lock): draw the batch's predictions into the labeling sample,
-        each independently with probability ``labels.sample_rate``, and queue them for the writer."""
-        sampled = None
-        rate = self.config.sample_rate
-        if rate > 0:
-            drawn = np.flatnonzero(self._rng.random(len(batch.labels)) < rate)
-            if len(drawn):
-                sampled = drawn
-                self.metrics.label_sample.inc(len(drawn))
-        self.store.enqueue(
-            PendingBatch(
-                batch.request_id,
-                batch.timestamp,
-                batch.rt.identity,
-                batch.probabilities,
-                batch.labels,
-                batch.verdicts,
-                batch.extras,
-                sampled,
-            )
-        )
 
     @property
     def started(self) -> bool:
@@ -255,7 +217,7 @@ class LabelService:
 
     def _open(self) -> None:
         self.store.open()
-        rt = self.agent.runtime
+        rt = self.runtimes.current
         self.realized.reset(self._labeled(rt.identity))
         saved = self._saved_calibration(rt)
         if saved is not None:
@@ -288,13 +250,8 @@ class LabelService:
     async def start(self, _app: object = None) -> None:
         if not self.config.enabled:
             return
-        await self.agent.run(self._open)
+        await self.run(self._open)
         self.store.start()
-        self.agent.pipeline.judged_taps.append(self.on_judged)
-        self.agent.estimate_sections.append(self.estimate_section)
-        self.agent.estimator_extensions.append(self.labeled_estimates)
-        if self.config.durability == "commit":
-            self.agent.ack_gates.append(self.acknowledge)
         self._tasks.append(asyncio.create_task(self._watch_loop()))
         self._started = True
 
@@ -308,15 +265,6 @@ class LabelService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
-        await anyio.to_thread.run_sync(self.agent.pipeline.flush)  # judge (and so store) deferred work
-        with contextlib.suppress(ValueError):
-            self.agent.pipeline.judged_taps.remove(self.on_judged)
-        with contextlib.suppress(ValueError):
-            self.agent.estimate_sections.remove(self.estimate_section)
-        with contextlib.suppress(ValueError):
-            self.agent.estimator_extensions.remove(self.labeled_estimates)
-        with contextlib.suppress(ValueError):
-            self.agent.ack_gates.remove(self.acknowledge)
         await anyio.to_thread.run_sync(self.check_runtime)
         await anyio.to_thread.run_sync(self.store.stop)
 
@@ -324,9 +272,9 @@ class LabelService:
         while True:
             await asyncio.sleep(1.0)
             try:
-                await self.agent.run(self.check_runtime)
+                await self.run(self.check_runtime)
                 if self.store.shared and time.monotonic() - self._fleet_read >= self.config.fleet_refresh_seconds:
-                    await self.agent.run(self.read_fleet_labels)
+                    await self.run(self.read_fleet_labels)
                 self._set_store_metrics()
             except Exception:
                 log.exception("label bookkeeping failed")
@@ -366,7 +314,7 @@ class LabelService:
     def check_runtime(self) -> None:
         """Follow reloads: realized windows restart for a new model or bundle; a refitted calibration
         is discarded (and forgotten) once a reload has replaced the runtime carrying it."""
-        rt = self.agent.runtime
+        rt = self.runtimes.current
         if rt.identity != self._identity:
             self._identity = rt.identity
             self.realized.reset(self._labeled(rt.identity))
@@ -387,7 +335,7 @@ class LabelService:
             raise ClientError("labels body is not valid JSON", status=400, reason="malformed_json") from None
         except RecursionError:
             raise ClientError("labels body is nested too deeply", status=400, reason="malformed_json") from None
-        rt = self.agent.runtime
+        rt = self.runtimes.current
         try:
             parsed = parse_labels(obj, rt.classes, self.config.max_batch)
         except OverflowError as exc:
@@ -395,7 +343,7 @@ class LabelService:
         except ValueError as exc:
             raise ClientError(str(exc), status=400, reason="malformed_json") from None
         self.check_runtime()
-        self.agent.pipeline.flush()  # predictions judged off the request path are judged now
+        self.flush_judged()  # predictions judged off the request path are judged now
         self.store.flush()  # and written, so that a label right after its prediction finds it
         outcome = self.store.apply_labels(parsed.labels, time.time())
         for identity, rows in outcome.accepted:
@@ -454,7 +402,7 @@ class LabelService:
 
     def _install(self, rt: Runtime, calibration: EstimatorCalibration) -> Runtime:
         new = replace(rt, calibration=calibration)
-        self.agent.swap_runtime(new)  # requests in flight keep the runtime they started with
+        self.runtimes.swap(new)  # requests in flight keep the runtime they started with
         self._recalibrated = new
         return new
 
@@ -471,19 +419,19 @@ class LabelService:
     async def recalibrate(self, trigger: str) -> dict[str, Any]:
         """Refit, swap and persist; raises :class:`RecalibrationRefused`."""
         async with self._recal_lock:
-            await self.agent.run(self.check_runtime)
-            rt = self.agent.runtime
+            await self.run(self.check_runtime)
+            rt = self.runtimes.current
             try:
-                new_cal, report = await self.agent.run(self.refit, rt)
+                new_cal, report = await self.run(self.refit, rt)
             except RecalibrationRefused:
                 self.metrics.recalibrations.labels(trigger, "refused").inc()
                 raise
-            if self.agent.runtime is not rt:
+            if self.runtimes.current is not rt:
                 self.metrics.recalibrations.labels(trigger, "refused").inc()
                 raise RecalibrationRefused("the model was reloaded during recalibration; try again")
             self._install(rt, new_cal)
             self._since_recalibration = 0
-            report["persisted"] = await self.agent.run(self._persist, rt.identity, new_cal, report)
+            report["persisted"] = await self.run(self._persist, rt.identity, new_cal, report)
             report.update({"recalibrated": True, "trigger": trigger, "timestamp": time.time()})
             self.last_recalibration = report
             self.metrics.recalibrations.labels(trigger, "applied").inc()
@@ -504,7 +452,7 @@ class LabelService:
     async def accept(self, body: bytes) -> dict[str, Any]:
         """``POST /v1/labels``: apply ``body`` in a worker thread (see :meth:`post_labels`); every
         ``labels.auto_recalibrate_every`` accepted labels start a recalibration in the background."""
-        result: dict[str, Any] = await self.agent.run(self.post_labels, body)
+        result: dict[str, Any] = await self.run(self.post_labels, body)
         every = self.config.auto_recalibrate_every
         self._since_recalibration += int(result["accepted"])
         if every and self._since_recalibration >= every and not self._recal_lock.locked():
@@ -516,7 +464,7 @@ class LabelService:
     # -- read side ----------------------------------------------------------------------------------
     def _realized(self, rt: Runtime, now: float) -> dict[str, RealizedWindow | None]:
         """The realized windows of ``rt``, per-class figures included (per class up to the class cap)."""
-        cap = self.agent.settings.metrics.per_class_label_cap
+        cap = self.settings.metrics.per_class_label_cap
         return self.realized.compute(rt.calibration, now, rt.classes, per_class=len(rt.classes) <= cap)
 
     def estimate_section(self, rt: Runtime, now: float) -> dict[str, dict[str, Any]]:
@@ -535,7 +483,7 @@ class LabelService:
     def label_requests(self, limit: int) -> dict[str, Any]:
         """``GET /v1/labels/requests``: the newest predictions of the labeling sample without a label."""
         self.check_runtime()
-        self.agent.pipeline.flush()
+        self.flush_judged()
         self.store.flush()  # a prediction answered a moment ago is listed
         rows = self.store.label_requests(self._identity, limit)
         return {
@@ -547,7 +495,7 @@ class LabelService:
     def snapshot(self) -> RealizedSnapshot | None:
         if not self._started:
             return None
-        rt = self.agent.runtime
+        rt = self.runtimes.current
         points = []
         for name, w in self._realized(rt, time.time()).items():
             if w is None:
@@ -559,7 +507,7 @@ class LabelService:
         return RealizedSnapshot(rt.name, rt.version, points)
 
     def describe(self) -> dict[str, Any]:
-        rt = self.agent.runtime
+        rt = self.runtimes.current
         return {
             "enabled": self.config.enabled,
             "store": {
@@ -588,7 +536,7 @@ class LabelService:
 
 __all__ = [
     "LABEL_OUTCOMES",
-    "LabelHost",
+    "RuntimeSwap",
     "LabelService",
     "PredictionNotStored",
     "RecalibrationRefused",

@@ -1,14 +1,13 @@
 """The V2 protocol's gRPC messages (``inference.ModelInferRequest`` / ``ModelInferResponse``) to and
-from the binary-tensor form of its HTTP bodies.
+from the agent's :class:`~agent.protocol.inference.InferRequest` and ``InferResponse``.
 
-The agent answers gRPC inference with the same path as HTTP (:meth:`AgentService.answer_infer`): a
-request message becomes the JSON header plus raw tensor bytes that an HTTP client would have sent,
-and the answer comes back as a message. Every check, limit, verdict and metric is thus the HTTP one;
-what this module checks itself is what only the message can get wrong (raw contents that do not
-match the inputs, typed contents of the wrong length or field), with messages naming the tensor.
+A request message is decoded straight into named tensors (raw contents without a copy, typed contents
+element by element into their numpy dtype, never through Python lists, their count checked against
+the declared shape first) and the answer is encoded straight into a message: nothing passes through
+an HTTP body. The checks are those of the HTTP codec (:mod:`agent.protocol.inference` holds them),
+plus what only a message can get wrong (raw contents that do not match the inputs, typed contents of
+the wrong length or field), with messages naming the tensor.
 
-Raw contents are copied once into the body; typed contents are converted element by element into
-their numpy dtype (never through Python lists), their count checked against the declared shape first.
 A request that sent raw contents is answered with ``raw_output_contents`` (what Triton answers and
 ``tritonclient`` reads); one that sent typed contents gets typed contents, unless an output is FP16
 (which the protocol carries only raw).
@@ -16,7 +15,6 @@ A request that sent raw contents is answered with ``raw_output_contents`` (what 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -24,9 +22,20 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from agent.protocol import v2
 from agent.protocol.grpc_stubs import open_inference_grpc_pb2 as pb
-from agent.protocol.v2 import DATATYPES, ProtocolError
+from agent.protocol.inference import (
+    DATATYPES,
+    InferRequest,
+    InferResponse,
+    ProtocolError,
+    RequestedOutput,
+    Tensor,
+    check_parameters,
+    check_request_id,
+    check_shape,
+    decode_bytes_elements,
+    encode_bytes_elements,
+)
 
 #: The typed-contents field of each datatype (FP16 travels only as raw contents).
 CONTENTS_FIELD: Mapping[str, str] = {
@@ -43,8 +52,6 @@ CONTENTS_FIELD: Mapping[str, str] = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def parse_infer_request(data: bytes) -> pb.ModelInferRequest:
@@ -81,84 +88,94 @@ def _set_parameters(target: Any, params: Mapping[str, Any]) -> None:
             p.string_param = str(value)
 
 
-def _typed_bytes(name: str, datatype: str, count: int, contents: pb.InferTensorContents) -> bytes:
-    """The raw little-endian bytes of typed contents, their count checked against the shape first."""
+def _typed_values(name: str, datatype: str, shape: list[int], contents: pb.InferTensorContents) -> np.ndarray:
+    """Typed contents as an array of the datatype, their count checked against the shape first."""
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
         raise ProtocolError(
             "datatype", f"tensor {name!r}: {datatype} has no typed contents; send it in raw_input_contents"
         )
     values = getattr(contents, field)
+    count = math.prod(shape)
     if len(values) != count:
         raise ProtocolError(
             "shape_mismatch",
             f"tensor {name!r}: its shape needs {count} {datatype} values, contents.{field} holds {len(values)}",
         )
     if datatype == "BYTES":
-        return b"".join(len(b).to_bytes(4, "little") + b for b in values)
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out.reshape(shape)
     try:
-        return np.fromiter(values, dtype=DATATYPES[datatype], count=count).tobytes()
+        return np.fromiter(values, dtype=DATATYPES[datatype], count=count).reshape(shape)
     except (OverflowError, ValueError) as exc:
         raise ProtocolError(
             "data", f"tensor {name!r}: contents.{field} holds a value outside {datatype}: {exc}"
         ) from None
 
 
-def request_body(msg: pb.ModelInferRequest, max_elements: int | None) -> tuple[bytes, str]:
-    """The binary-tensor V2 body of a request message and its ``Inference-Header-Content-Length``.
+def _raw_values(name: str, datatype: str, shape: list[int], data: bytes, i: int) -> np.ndarray:
+    """Raw contents as an array of the datatype (no copy for numbers), their size checked first."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return decode_bytes_elements(name, memoryview(data), count).reshape(shape)
+    size = count * DATATYPES[datatype].itemsize
+    if len(data) != size:
+        raise ProtocolError(
+            "shape_mismatch",
+            f"tensor {name!r}: shape {shape} of {datatype} needs {size} bytes, "
+            f"raw_input_contents[{i}] holds {len(data)}",
+        )
+    return np.frombuffer(data, dtype=DATATYPES[datatype]).reshape(shape)
 
-    Every output is asked for in binary form (:func:`response_message` reads it back without JSON
-    numbers). ``max_elements`` bounds each tensor's declared shape before its contents are read."""
+
+def decode_infer_request(msg: pb.ModelInferRequest, max_elements: int | None) -> InferRequest:
+    """The :class:`InferRequest` of a request message, checked as the HTTP codec checks a body: the id,
+    the parameters, every tensor's declared shape (before its contents are read), duplicate names, and
+    what only a message can get wrong (raw contents that do not match the inputs, typed contents of the
+    wrong length or field). A request with raw contents is answered with raw contents."""
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise ProtocolError("raw_contents", f"raw_input_contents holds {len(raw)} entries for {len(msg.inputs)} inputs")
-    inputs: list[dict[str, Any]] = []
-    payloads: list[bytes] = []
+    rid = check_request_id(msg.id or None)
+    params = check_parameters(parameters_of(msg.parameters))
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
     for i, t in enumerate(msg.inputs):
         name = t.name
         if not name:
             raise ProtocolError("malformed_message", f"inputs[{i}] has no name")
+        if name in seen:
+            raise ProtocolError("duplicate_tensor", f"tensor {name!r} appears twice in 'inputs'")
+        seen.add(name)
         if t.datatype not in DATATYPES:
             raise ProtocolError("datatype", f"tensor {name!r}: datatype {t.datatype!r} is not supported")
-        shape = v2.check_shape(name, list(t.shape), max_elements)
-        count = math.prod(shape)
+        shape = check_shape(name, list(t.shape), max_elements)
+        tensor_params = check_parameters(parameters_of(t.parameters), f"tensor {name[:100]!r}: 'parameters'")
         if raw:
             if t.HasField("contents"):
                 raise ProtocolError(
                     "raw_contents", f"tensor {name!r} has typed contents although the request uses raw_input_contents"
                 )
-            data = raw[i]
-            size = count * DATATYPES[t.datatype].itemsize
-            if t.datatype != "BYTES" and len(data) != size:
-                raise ProtocolError(
-                    "shape_mismatch",
-                    f"tensor {name!r}: shape {shape} of {t.datatype} needs {size} bytes, "
-                    f"raw_input_contents[{i}] holds {len(data)}",
-                )
+            data = _raw_values(name, t.datatype, shape, raw[i], i)
         else:
-            data = _typed_bytes(name, t.datatype, count, t.contents)
-        params = parameters_of(t.parameters)
-        params["binary_data_size"] = len(data)
-        inputs.append({"name": name, "datatype": t.datatype, "shape": shape, "parameters": params})
-        payloads.append(data)
-    head: dict[str, Any] = {"inputs": inputs}
-    if msg.id:
-        head["id"] = msg.id
-    params = parameters_of(msg.parameters)
-    params["binary_data_output"] = True
-    head["parameters"] = params
+            data = _typed_values(name, t.datatype, shape, t.contents)
+        inputs.append(Tensor(name, t.datatype, shape, data, tensor_params, binary=bool(raw)))
+    if not inputs:
+        raise ProtocolError("malformed_message", "request has no inputs")
+    outputs: list[RequestedOutput] | None = None
     if msg.outputs:
-        head["outputs"] = [
-            {"name": o.name, "parameters": {**parameters_of(o.parameters), "binary_data": True}} for o in msg.outputs
-        ]
-    text = _COMPACT_JSON.encode(head).encode()
-    return b"".join([text, *payloads]), str(len(text))
+        outputs = []
+        for o in msg.outputs:
+            if any(r.name == o.name for r in outputs):
+                raise ProtocolError("duplicate_tensor", f"output {o.name[:100]!r} is requested twice")
+            outputs.append(RequestedOutput(o.name, True))
+    return InferRequest(rid, params, inputs, outputs, True, bool(raw), msg.model_name, msg.model_version or None)
 
 
-def response_message(body: bytes, headers: Mapping[str, str], raw: bool) -> pb.ModelInferResponse:
-    """The ``ModelInferResponse`` of a V2 answer body: raw contents when ``raw`` (or when an output is
-    FP16, which only travels raw), else typed contents."""
-    resp = v2.decode_response(body, headers.get(v2.HEADER_LENGTH.lower()))
+def encode_infer_response(resp: InferResponse, raw: bool) -> pb.ModelInferResponse:
+    """The ``ModelInferResponse`` of an answer: raw contents when ``raw`` (or when an output is FP16,
+    which only travels raw), else typed contents."""
     msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version or "", id=resp.id or "")
     _set_parameters(msg.parameters, {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float)})
     raw = raw or any(t.datatype not in CONTENTS_FIELD for t in resp.outputs)
@@ -167,7 +184,7 @@ def response_message(body: bytes, headers: Mapping[str, str], raw: bool) -> pb.M
         _set_parameters(out.parameters, {k: v for k, v in t.parameters.items() if k != "binary_data_size"})
         if t.datatype == "BYTES":
             if raw:
-                msg.raw_output_contents.append(v2.encode_bytes_elements(t.data))
+                msg.raw_output_contents.append(encode_bytes_elements(t.data))
             else:
                 out.contents.bytes_contents.extend(
                     v if isinstance(v, bytes) else str(v).encode() for v in t.data.reshape(-1).tolist()

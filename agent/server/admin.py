@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 from agent.errors import ClientError
-from agent.server.service import AgentService
+
+if TYPE_CHECKING:
+    from agent.server.composition import Agent
 
 #: Paths the admin port answers besides the admin API: the probes, so a kubelet can check it too.
 HEALTH_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
@@ -49,7 +51,7 @@ def admin_port_refusal(scope: Mapping[str, Any], admin_port: int | None) -> str 
 def require_admin(request: Request) -> None:
     """FastAPI dependency: a valid ``Authorization: Bearer <ICOS_AGENT_ADMIN_TOKEN>`` header, on the
     admin port when ``server.admin_port`` is set."""
-    svc: AgentService = request.app.state.agent
+    svc: Agent = request.app.state.agent
     admin_port = svc.settings.server.admin_port
     if admin_port is not None and arrival_port(request.scope) != admin_port:
         raise ClientError(

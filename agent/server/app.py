@@ -6,7 +6,7 @@ metrics port, the optional gRPC service of :mod:`agent.server.grpc_server`) star
 Other parts of the agent extend it: pass ``routers`` (e.g. the
 audit endpoints under ``/v1/audits``) and register collectors on ``app.state.registry``; the admin
 check is :func:`agent.server.admin.require_admin`, usable as a FastAPI dependency. ``app.state.agent`` is the
-:class:`~agent.server.service.AgentService`.
+:class:`~agent.server.composition.Agent` (every part, and its lifecycle).
 
 Errors are always JSON ``{"error": "..."}`` (as V2 specifies); a client mistake is a 4xx and counts in
 ``icos_invalid_requests_total{reason}``, never a 5xx.
@@ -26,10 +26,9 @@ from agent import __version__
 from agent.config.model_source import fetch_model
 from agent.config.settings import AgentSettings
 from agent.judging.runtime import Runtime, load_runtime
-from agent.labels.service import LabelService
 from agent.server.admin import admin_port_refusal
 from agent.server.audit_routes import audit_router
-from agent.server.audits import AuditService
+from agent.server.composition import Agent
 from agent.server.errors import install_error_handlers
 from agent.server.fast_path import InferFastPath
 from agent.server.labels_routes import labels_router
@@ -37,7 +36,6 @@ from agent.server.middleware import BodyLimitMiddleware
 from agent.server.openapi_bodies import declare_request_bodies
 from agent.server.responses import send_error
 from agent.server.routes import build_router
-from agent.server.service import AgentService
 from agent.server.triton_routes import triton_router
 
 
@@ -88,32 +86,29 @@ def create_app(
     """Build the sidecar app; loads the model and bundle now (raises :class:`UserError`)."""
     registry = registry if registry is not None else CollectorRegistry()
     rt = runtime or load_runtime(fetch_model(settings))
-    svc = AgentService(settings, registry, rt)
-    audits = AuditService(settings.audits, svc, settings.state_dir)
-    labels = LabelService(settings.labels, svc, settings.state_dir)
-    routers = [*routers, audit_router(audits), labels_router(labels)]
-    on_startup = [*on_startup, audits.start, labels.start]
-    on_shutdown = [labels.stop, audits.stop, *on_shutdown]
+    agent = Agent(settings, registry, rt)
     grpc_port = settings.server.grpc_port
     if grpc_port is not None:
         # lazy: grpc and the protocol's messages load only when the gRPC service is on
         from agent.server.grpc_server import GrpcService
 
-        grpc_service = GrpcService(svc)
+        s = settings.server
+        grpc_service = GrpcService(
+            agent.plane, agent.metrics, lambda: agent.ready, s.max_body_bytes, s.limit_concurrency
+        )
 
-        async def start_grpc(app: FastAPI) -> None:
+        async def start_grpc() -> None:
             await grpc_service.start(settings.server.host, grpc_port)
 
-        async def stop_grpc(app: FastAPI) -> None:  # first: calls in flight finish while the agent judges
-            svc.ready = False  # ServerReady answers false from now on
+        async def stop_grpc() -> None:  # first: calls in flight finish while the agent judges
+            agent.ready = False  # ServerReady answers false from now on
             await grpc_service.stop(settings.server.graceful_timeout_seconds)
 
-        on_startup = [*on_startup, start_grpc]
-        on_shutdown = [stop_grpc, *on_shutdown]
+        agent.services.append((start_grpc, stop_grpc))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await svc.start()
+        await agent.start()
         for hook in on_startup:
             await hook(app)
         try:
@@ -121,7 +116,7 @@ def create_app(
         finally:
             for hook in on_shutdown:
                 await hook(app)
-            await svc.stop()
+            await agent.stop()
 
     app = AgentApp(
         title="icos-agent",
@@ -129,20 +124,26 @@ def create_app(
         description="Judges live predictions with ICOS likely invariants; Open Inference Protocol V2.",
         lifespan=lifespan,
     )
-    app.state.agent = svc
-    app.state.audits = audits
-    app.state.labels = labels
+    app.state.agent = agent
+    app.state.audits = agent.audits
+    app.state.labels = agent.labels
     app.state.registry = registry
     app.state.settings = settings
-    install_error_handlers(app, svc.metrics)
+    install_error_handlers(app, agent.metrics)
     # triton first: /v2/models/stats is no model named 'stats'
-    for router in (triton_router(svc), build_router(svc), *routers):
+    for router in (
+        triton_router(agent.runtimes),
+        build_router(agent),
+        audit_router(agent.audits),
+        labels_router(agent.labels),
+        *routers,
+    ):
         declare_request_bodies(router.routes)
         app.include_router(router)
-    app.infer_fast_path = InferFastPath(svc, settings.server.max_body_bytes)
+    app.infer_fast_path = InferFastPath(agent.plane, agent.metrics, settings.server.max_body_bytes)
     app.admin_port = settings.server.admin_port
-    app.on_admin_port_refusal = lambda: svc.metrics.invalid("admin_port")
+    app.on_admin_port_refusal = lambda: agent.metrics.invalid("admin_port")
     app.add_middleware(
-        BodyLimitMiddleware, limit=settings.server.max_body_bytes, on_reject=lambda: svc.metrics.invalid("too_large")
+        BodyLimitMiddleware, limit=settings.server.max_body_bytes, on_reject=lambda: agent.metrics.invalid("too_large")
     )
     return app

@@ -1,4 +1,4 @@
-"""The audit endpoints of :class:`agent.server.audits.AuditService`: ``GET /v1/audits`` and
+"""The audit endpoints of :class:`agent.server.audit_jobs.AuditJobs`: ``GET /v1/audits`` and
 ``POST /v1/audits/{kind}`` (admin; ``?wait=true`` answers with the finished result)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from fastapi.responses import Response
 from agent.audits.config import AUDIT_KINDS
 from agent.errors import ClientError
 from agent.server.admin import require_admin
-from agent.server.audits import AuditService
+from agent.server.audit_jobs import AuditJobs
 from agent.server.responses import json_response
 
 
-def audit_router(audits: AuditService) -> APIRouter:
+def audit_router(audits: AuditJobs) -> APIRouter:
     """The routes of ``audits``."""
     r = APIRouter()
 

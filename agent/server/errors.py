@@ -22,10 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from agent.core import logs
+from agent.dataplane.upstream import UpstreamError
 from agent.errors import ClientError
 from agent.labels.store import StoreUnavailable
 from agent.server.responses import error_response
-from agent.server.upstream import UpstreamError
 from exporters.prometheus import AgentMetrics
 
 log = logs.get("app")

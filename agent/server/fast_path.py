@@ -2,11 +2,12 @@
 
 :class:`~agent.server.app.AgentApp` calls :class:`InferFastPath` ahead of FastAPI's middleware stack:
 routing, dependency, exception and telemetry layers cost more than a small model's inference. The
-work itself is :meth:`AgentService.infer`, which the FastAPI route (kept for the OpenAPI document,
-the other modes, and serve mode under FastAPI's native OpenTelemetry, so that traced requests keep
-their spans) calls too. What this path does itself is what FastAPI would otherwise do around it: the
-body limit (as :class:`~agent.server.middleware.BodyLimitMiddleware`), reading the body, and the error
-answers (from :func:`agent.server.errors.answer_of`, the table the exception handlers read).
+work itself is :func:`agent.server.http_infer.answer_http` (the dataplane), which the FastAPI route
+(kept for the OpenAPI document, the other modes, and serve mode under FastAPI's native OpenTelemetry,
+so that traced requests keep their spans) calls too. What this path does itself is what FastAPI would
+otherwise do around it: the body limit (as :class:`~agent.server.middleware.BodyLimitMiddleware`),
+reading the body, and the error answers (from :func:`agent.server.errors.answer_of`, the table the
+exception handlers read).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import re
 
 from starlette.types import Receive, Scope, Send
 
+from agent.dataplane.plane import DataPlane
 from agent.protocol import v2
 from agent.server.errors import answer_of
+from agent.server.http_infer import answer_http
 from agent.server.middleware import declared_length, send_too_large
 from agent.server.responses import JSON, send_body
-from agent.server.routes import check_model
-from agent.server.service import AgentService
+from exporters.prometheus import AgentMetrics
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
@@ -28,17 +30,18 @@ _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 class InferFastPath:
     """Serve-mode inference without FastAPI (see the module docstring)."""
 
-    def __init__(self, service: AgentService, limit: int) -> None:
-        self.svc = service
+    def __init__(self, plane: DataPlane, metrics: AgentMetrics, limit: int) -> None:
+        self.plane = plane
+        self.metrics = metrics
         self.limit = limit
+        self.serving = plane.mode.name == "serve"
 
     def match(self, scope: Scope) -> re.Match[str] | None:
-        if scope["type"] == "http" and scope["method"] == "POST" and self.svc.settings.mode == "serve":
+        if self.serving and scope["type"] == "http" and scope["method"] == "POST":
             return _INFER_PATH.match(scope["path"])
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, m: re.Match[str]) -> None:
-        svc = self.svc
         headers = [(b"content-type", JSON.encode())]
         header_length = None
         for k, v in scope["headers"]:
@@ -48,7 +51,6 @@ class InferFastPath:
                 await self._reject(send)
                 return
         try:
-            rt = check_model(svc, m.group(1), m.group(2))
             chunks = []
             received = 0
             more = True
@@ -64,16 +66,16 @@ class InferFastPath:
                 chunks.append(chunk)
                 more = message.get("more_body", False)
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            content, out_headers = await svc.infer(rt, body, header_length)
+            content, out_headers = await answer_http(self.plane, body, header_length, m.group(1), m.group(2))
             status = 200
             headers = [(k.encode(), v.encode()) for k, v in out_headers.items()]
         except Exception as exc:
             answer = answer_of(exc)
-            answer.count(svc.metrics)
+            answer.count(self.metrics)
             status, content = answer.status, v2.error_body(answer.message)
             headers += [(k.encode(), v.encode()) for k, v in (answer.headers or {}).items()]  # e.g. Retry-After
         await send_body(send, status, headers, content)
 
     async def _reject(self, send: Send) -> None:
-        self.svc.metrics.invalid("too_large")
+        self.metrics.invalid("too_large")
         await send_too_large(send, self.limit)

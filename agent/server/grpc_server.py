@@ -4,10 +4,11 @@ the one module that imports ``grpc``.
 It is a ``grpc.aio`` server in the agent's own event loop, beside uvicorn: handlers are coroutines, so
 a connection or a call costs no thread; the model runs in the agent's bounded worker threads
 (``server.threads``) exactly as for HTTP, and at most ``server.limit_concurrency`` calls run at once
-(beyond that gRPC answers ``RESOURCE_EXHAUSTED``). Inference goes through
-:meth:`AgentService.answer_infer`, the HTTP path (see :mod:`agent.protocol.v2_grpc`): validation,
-limits, verdicts (``icos_verdict``), metrics and judging are the HTTP ones, and errors are answered
-from :data:`agent.server.errors.ERROR_TABLE` (its ``grpc_code``) and counted there.
+(beyond that gRPC answers ``RESOURCE_EXHAUSTED``). A request message is decoded straight into an
+:class:`~agent.protocol.inference.InferRequest` (:mod:`agent.protocol.v2_grpc`) and answered by the
+dataplane, as HTTP requests are: validation, limits, verdicts (``icos_verdict``), metrics and judging
+are the same, and errors are answered from :data:`agent.server.errors.ERROR_TABLE` (its
+``grpc_code``) and counted there.
 
 Message size: a request message larger than ``server.max_body_bytes`` is refused with
 ``RESOURCE_EXHAUSTED`` and counted under ``icos_invalid_requests_total{reason="too_large"}``. To count
@@ -28,12 +29,13 @@ from grpc import aio
 
 from agent import __version__
 from agent.core import logs
+from agent.dataplane.metadata import SERVER_EXTENSIONS, SERVER_NAME
+from agent.dataplane.plane import DataPlane
 from agent.errors import ClientError
 from agent.protocol import v2_grpc
 from agent.protocol.grpc_stubs import open_inference_grpc_pb2 as pb
 from agent.server.errors import answer_of
-from agent.server.routes import SERVER_EXTENSIONS, SERVER_NAME, check_model, model_metadata_of
-from agent.server.service import AgentService
+from exporters.prometheus import AgentMetrics
 
 log = logs.get("grpc")
 
@@ -41,12 +43,22 @@ SERVICE = "inference.GRPCInferenceService"
 
 
 class GrpcService:
-    """The V2 gRPC service of an :class:`AgentService`; :meth:`start` and :meth:`stop` follow the agent's
-    lifecycle (the app's lifespan)."""
+    """The V2 gRPC service of a dataplane; :meth:`start` and :meth:`stop` follow the agent's lifecycle.
+    ``ready`` says whether the agent is ready (``ServerReady``, ``ModelReady``)."""
 
-    def __init__(self, svc: AgentService) -> None:
-        self.svc = svc
-        self.limit = svc.settings.server.max_body_bytes
+    def __init__(
+        self,
+        plane: DataPlane,
+        metrics: AgentMetrics,
+        ready: Callable[[], bool],
+        max_body_bytes: int,
+        limit_concurrency: int,
+    ) -> None:
+        self.plane = plane
+        self.metrics = metrics
+        self.ready = ready
+        self.limit = max_body_bytes
+        self.limit_concurrency = limit_concurrency
         self.server: aio.Server | None = None
         self.port: int | None = None
 
@@ -58,7 +70,7 @@ class GrpcService:
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
             ],
-            maximum_concurrent_rpcs=self.svc.settings.server.limit_concurrency,
+            maximum_concurrent_rpcs=self.limit_concurrency,
         )
         server.add_generic_rpc_handlers((self._handlers(),))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -97,34 +109,32 @@ class GrpcService:
     async def _abort(self, context: aio.ServicerContext, exc: Exception) -> None:
         """End the call with the table's answer to ``exc`` (counted as HTTP counts it); raises."""
         answer = answer_of(exc)
-        answer.count(self.svc.metrics)
+        answer.count(self.metrics)
         await context.abort(grpc.StatusCode[answer.grpc_code], answer.message)
 
     async def server_live(self, _request: pb.ServerLiveRequest, _context: aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
 
     async def server_ready(self, _request: pb.ServerReadyRequest, _context: aio.ServicerContext) -> Any:
-        return pb.ServerReadyResponse(ready=self.svc.ready)
+        return pb.ServerReadyResponse(ready=self.ready())
 
     async def server_metadata(self, _request: pb.ServerMetadataRequest, _context: aio.ServicerContext) -> Any:
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=SERVER_EXTENSIONS)
 
     async def model_ready(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
         try:
-            check_model(self.svc, request.name, request.version or None)
-            return pb.ModelReadyResponse(ready=self.svc.ready)
+            self.plane.runtimes.resolve(request.name, request.version or None)
+            return pb.ModelReadyResponse(ready=self.ready())
         except Exception as exc:
             await self._abort(context, exc)
 
     async def model_metadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
         try:
-            rt = check_model(self.svc, request.name, request.version or None)
-            return v2_grpc.metadata_message(model_metadata_of(rt))
+            return v2_grpc.metadata_message(await self.plane.model_metadata(request.name, request.version or None))
         except Exception as exc:
             await self._abort(context, exc)
 
     async def model_infer(self, data: bytes, context: aio.ServicerContext) -> Any:
-        svc = self.svc
         try:
             if len(data) > self.limit:
                 raise ClientError(
@@ -132,13 +142,12 @@ class GrpcService:
                     status=413,
                     reason="too_large",
                 )
-            msg = v2_grpc.parse_infer_request(data)
-            del data
-            rt = check_model(svc, msg.model_name, msg.model_version or None)
-            body, header_length = v2_grpc.request_body(msg, rt.max_elements)
-            raw = bool(msg.raw_input_contents)
-            del msg
-            content, headers = await svc.answer_infer(rt, body, header_length)
-            return v2_grpc.response_message(content, headers, raw)
+            async with self.plane.place(len(data), True) as place:
+                msg = await place.run(v2_grpc.parse_infer_request, data)
+                del data
+                request = await place.run(v2_grpc.decode_infer_request, msg, self.plane.max_elements)
+                del msg
+                response = await self.plane.infer(request, place)
+                return await place.run(v2_grpc.encode_infer_response, response, request.used_binary)
         except Exception as exc:
             await self._abort(context, exc)

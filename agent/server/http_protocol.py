@@ -210,4 +210,3 @@ def bounded_protocol(
                 self.transport.close()
 
     return BoundedHttpToolsProtocol
-

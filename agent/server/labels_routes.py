@@ -35,7 +35,7 @@ def labels_router(labels: LabelService) -> APIRouter:
     @r.get("/v1/labels", summary="Delayed labels: prediction store, calibration in use, last recalibration")
     async def get_labels() -> Response:
         enabled()
-        await labels.agent.run(labels.check_runtime)
+        await labels.run(labels.check_runtime)
         return json_response(labels.describe())
 
     @r.get("/v1/labels/requests", summary="The labeling sample: predictions whose true label is wanted, newest first")
@@ -46,7 +46,7 @@ def labels_router(labels: LabelService) -> APIRouter:
             raise ClientError(
                 f"'limit' must be an integer from 1 to {MAX_LABEL_REQUESTS}", status=400, reason="invalid_parameter"
             )
-        return json_response(await labels.agent.run(labels.label_requests, n))
+        return json_response(await labels.run(labels.label_requests, n))
 
     @r.post("/v1/recalibrate", summary="Admin: refit the estimator calibration from delayed labels (bearer token)")
     async def recalibrate(request: Request) -> Response:

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from agent.dataplane.runtimes import RuntimeHolder
 from agent.server.responses import error_response, json_response
-from agent.server.service import AgentService
 
 #: What a client learns when it asks for a Triton-only extension.
 NOT_SERVED = "the Triton {what} extension is not served by icos-agent (it speaks the core Open Inference Protocol V2)"
 
 
-def triton_router(svc: AgentService) -> APIRouter:
+def triton_router(runtimes: RuntimeHolder) -> APIRouter:
     """Routes for the repository index (served) and the configuration and statistics (404, uncounted)."""
     r = APIRouter(tags=["triton extensions"])
 
     @r.post("/v2/repository/index", summary="Triton repository extension: the one model this agent serves")
     async def repository_index() -> Response:
-        rt = svc.runtime
+        rt = runtimes.current
         return json_response([{"name": rt.name, "version": rt.version, "state": "READY", "reason": ""}])
 
     async def config() -> Response:

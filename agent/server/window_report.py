@@ -10,35 +10,38 @@ the JSON only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import window_trust
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
-from agent.judging.runtime import EstimatorExtension, Runtime
+from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
 from exporters.prometheus import EstimatePoint, Snapshot, WindowPoint
 
 #: An extra per-window section of ``/v1/estimates``: ``(runtime, now)`` → ``{window: {section: value}}``.
 EstimateSection = Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]
+#: Estimators computed beside the label-free ones (e.g. ``with_labels`` from the labeling sample):
+#: ``(runtime, now, statistics per window)`` → per window, the extra estimates.
+EstimatorExtension = Callable[[Runtime, float, Mapping[str, WindowStats]], Mapping[str, Mapping[str, Estimate]]]
 
 
 class WindowReport:
-    """Reports on ``windows``; ``extensions`` and ``sections`` are the host's lists (added to at start
-    by the services that provide them)."""
+    """Reports on ``windows``, with the ``extensions``' estimators and the ``sections`` of the JSON."""
 
     def __init__(
         self,
         windows: WindowSet,
-        extensions: list[EstimatorExtension],
-        sections: list[EstimateSection],
+        *,
+        extensions: Sequence[EstimatorExtension] = (),
+        sections: Sequence[EstimateSection] = (),
         per_class_cap: int,
     ) -> None:
         self.windows = windows
-        self.extensions = extensions
-        self.sections = sections
+        self.extensions = tuple(extensions)
+        self.sections = tuple(sections)
         self.per_class_cap = per_class_cap
 
     def window_estimates(self, rt: Runtime, now: float) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:

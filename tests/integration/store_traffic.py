@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from agent.judging.request_io import prediction_ids
+from agent.dataplane.admission import prediction_ids
 
 
 @dataclass

@@ -25,9 +25,9 @@ from agent_process import AgentProcess, infer_body
 from conftest import wait_until
 
 from agent.data.datasets import Splits
+from agent.dataplane.observe import ObserveItem
 from agent.judging.state import STATE_FILE, StateStore
 from agent.model.classifier import default_model_path
-from agent.server.observe import ObserveItem
 
 
 def _mount(*args: str) -> None:

@@ -21,9 +21,9 @@ from agent.cli import main as cli_main
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
+from agent.dataplane.admission import prediction_ids
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import ESTIMATORS
-from agent.judging.request_io import prediction_ids
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.offline.check import check_report
 from agent.server.app import create_app

@@ -22,8 +22,8 @@ from conftest import RunningServer, wait_until
 from test_serve_observe import REQUEST_TYPE, RESPONSE_TYPE, ce_headers, counter, observe_app, v2_request
 
 from agent.data.datasets import Splits
+from agent.dataplane.observe import REQUEST, RESPONSE, EventPairer, PendingFull
 from agent.model.classifier import OnnxClassifier
-from agent.server.observe import REQUEST, RESPONSE, EventPairer, PendingFull
 
 #: Address space the agent may take beyond what it holds once started (the 1 GiB pod, less the
 #: interpreter, numpy, onnxruntime and the fitted bundle that the measured baseline already counts).
@@ -132,8 +132,7 @@ def test_metadata_bounds_per_value_and_per_batch(
 ) -> None:
     """Values over ``max_metadata_value_bytes``, or a batch whose values take more than
     ``max_metadata_bytes`` as a fixed-width array, are refused with 413 naming the setting."""
-    app = observe_app(mnist_bundle_dir, max_metadata_bytes=2048)
-    app.state.settings.server.max_metadata_value_bytes = 64
+    app = observe_app(mnist_bundle_dir, server={"max_metadata_value_bytes": 64}, max_metadata_bytes=2048)
     srv = run_server(app)
     x = mnist_splits.test.x[:40]
     probs = mnist_model.predict(x).probabilities.tolist()

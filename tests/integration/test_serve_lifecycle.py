@@ -23,7 +23,7 @@ from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.server.app import create_app
-from agent.server.service import AgentService
+from agent.server.composition import Agent
 
 
 def settings_for(bundle: Path, state: Path | None, mode: str = "serve", **extra: Any) -> Any:
@@ -81,9 +81,9 @@ def test_pending_observations_survive_restart(
         return create_app(s, CollectorRegistry())
 
     srv = run_server(app())
-    svc: AgentService = srv.app.state.agent
-    assert svc.loop is not None
-    svc.loop.call_soon_threadsafe(svc.judging.clear)
+    svc: Agent = srv.app.state.agent
+    assert svc.loop is not None and svc.observe is not None
+    svc.loop.call_soon_threadsafe(svc.observe.judging.clear)
     time.sleep(0.05)
     x = mnist_splits.test.x[:8]
     body = {

@@ -19,7 +19,7 @@ import json, resource, sys
 
 from agent.config.settings import load_settings
 from agent.errors import ClientError
-from agent.judging.request_io import attach_metadata, split_inputs
+from agent.dataplane.admission import attach_metadata, split_inputs
 from agent.judging.runtime import load_runtime
 from agent.protocol import v2
 

@@ -18,16 +18,17 @@ from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier
 from agent.server.app import create_app
-from agent.server.service import AgentService
+from agent.server.composition import Agent
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
 
 
-def observe_app(bundle: Path, **observe: Any) -> Any:
+def observe_app(bundle: Path, server: dict[str, Any] | None = None, **observe: Any) -> Any:
     settings = load_settings(
         None,
         mode="observe",
+        server=server or {},
         model={"name": "mnist"},
         bundle={"path": str(bundle)},
         observe={"event_ttl_seconds": 30, **observe},
@@ -179,9 +180,9 @@ def test_queue_full_rejects_with_429(
 ) -> None:
     app = observe_app(mnist_bundle_dir, queue_size=3)
     srv = run_server(app)
-    svc: AgentService = app.state.agent
-    assert svc.loop is not None
-    svc.loop.call_soon_threadsafe(svc.judging.clear)  # hold the workers: the queue fills up
+    svc: Agent = app.state.agent
+    assert svc.loop is not None and svc.observe is not None
+    svc.loop.call_soon_threadsafe(svc.observe.judging.clear)  # hold the workers: the queue fills up
     time.sleep(0.05)
     x = mnist_splits.test.x[:2]
     body = {"inputs": x.tolist(), "probabilities": mnist_model.predict(x).probabilities.tolist()}
@@ -192,6 +193,6 @@ def test_queue_full_rejects_with_429(
     assert r.status_code == 429 and "queue is full" in r.json()["error"] and r.headers["Retry-After"] == "1"
     rejected = codes.count(429) + 1
     assert counter(srv.url, "icos_observe_rejected_total") == rejected
-    svc.loop.call_soon_threadsafe(svc.judging.set)
+    svc.loop.call_soon_threadsafe(svc.observe.judging.set)
     accepted = codes.count(202)
     assert wait_until(lambda: judged(srv.url) == 2 * accepted)

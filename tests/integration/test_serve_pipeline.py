@@ -1,5 +1,6 @@
-"""The serve pipeline's judging: deferred (lingering background thread) and combined judging give the
-same verdicts as the reference oracle, and every prediction reaches the windows exactly once."""
+"""The serve path's judging and recording: deferred (the judge queue's lingering background thread),
+on the event loop and combined, they give the same verdicts as the reference oracle, and every
+prediction reaches the windows exactly once."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
-from agent.judging.pipeline import JudgedBatch, JudgeWork, Pipeline
+from agent.judging.queue import JudgeQueue
+from agent.judging.recorder import JudgedBatch, JudgedSink, Recorder
 from agent.judging.runtime import Runtime, load_runtime
+from agent.judging.verdicts import JudgeWork
 from agent.judging.windows import WindowSet
 from agent.model.classifier import default_model_path
 from agent.server.app import create_app
-from agent.server.service import AgentService
+from agent.server.composition import Agent
+from agent.server.http_infer import answer_http
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS as VERDICT_NAMES
 
@@ -30,8 +34,8 @@ def runtime(bundle: Path) -> Runtime:
     return load_runtime(settings)
 
 
-def service(bundle: Path) -> AgentService:
-    """The serve-mode service of an app that is not started (no lifespan: no background judge)."""
+def service(bundle: Path) -> Agent:
+    """The serve-mode agent of an app that is not started (no lifespan: no background judge)."""
     settings = load_settings(
         None,
         mode="serve",
@@ -39,8 +43,23 @@ def service(bundle: Path) -> AgentService:
         bundle={"path": str(bundle)},
         audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
     )
-    svc: AgentService = create_app(settings, CollectorRegistry()).state.agent
+    svc: Agent = create_app(settings, CollectorRegistry()).state.agent
     return svc
+
+
+def queue_with(windows: WindowSet, sink: JudgedSink | None = None, linger_seconds: float = 0.05) -> JudgeQueue:
+    recorder = Recorder(windows, AgentMetrics(CollectorRegistry()), [sink] if sink is not None else [])
+    return JudgeQueue(recorder, linger_seconds=linger_seconds)
+
+
+def add_sink(svc: Agent, sink: JudgedSink) -> None:
+    """Give the agent's recorder one more judged-batch sink (a spy)."""
+    rec = svc.judge_queue.recorder
+    svc.judge_queue.recorder = Recorder(rec.windows, rec.metrics, [*rec.judged_sinks, sink], rec.feature_sinks)
+
+
+async def infer(svc: Agent, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:
+    return await answer_http(svc.plane, body, header_length, "mnist", None)
 
 
 def reference_verdicts(rt: Runtime, x: np.ndarray) -> np.ndarray:
@@ -53,24 +72,25 @@ def reference_verdicts(rt: Runtime, x: np.ndarray) -> np.ndarray:
 def test_deferred_judging_matches_the_oracle(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     rt = runtime(mnist_bundle_dir)
     assert rt.classifier is not None
-    pipe = Pipeline(WindowSet({"1m": 60.0}, 500), AgentMetrics(CollectorRegistry()), linger_seconds=0.05)
     judged: dict[str, np.ndarray] = {}
-    pipe.judged_taps.append(lambda b: judged.__setitem__(b.request_id, b.verdicts))
+    windows = WindowSet({"1m": 60.0}, 500)
+    pipe = queue_with(windows, lambda b: judged.__setitem__(b.request_id, b.verdicts))
     x = mnist_splits.test.x[:500]
     sizes = [1] * 40 + [7, 32, 1, 64, 3] * 4
-    pipe.start_background()
+    pipe.start()
     try:
         start = 0
         for i, n in enumerate(sizes):
             xb = rt.classifier.prepare(x[start : start + n])
             pred = rt.classifier.predict_prepared(xb)
-            pipe.judge_later(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, 0.001, f"r{i}")
+            feats = rt.classifier.features(xb)
+            pipe.submit(JudgeWork(rt, feats, pred.probabilities, pred.labels, None, 0.001, f"r{i}"))
             start += n
-        # judged by the lingering thread on its own, without a flush
-        assert wait_until(lambda: pipe.windows.total == start, timeout=20)
+        # recorded by the lingering thread on its own, without a flush
+        assert wait_until(lambda: windows.total == start, timeout=20)
     finally:
-        pipe.stop_background()
-    assert pipe.windows.total == start
+        pipe.stop()
+    assert windows.total == start
     got = np.concatenate([judged[f"r{i}"] for i in range(len(sizes))])
     np.testing.assert_array_equal(got, reference_verdicts(rt, x[:start]))
 
@@ -78,24 +98,25 @@ def test_deferred_judging_matches_the_oracle(mnist_bundle_dir: Path, mnist_split
 def test_inline_judging_takes_the_deferred_work_along(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     rt = runtime(mnist_bundle_dir)
     assert rt.classifier is not None
-    pipe = Pipeline(WindowSet({"1m": 60.0}, None), AgentMetrics(CollectorRegistry()), linger_seconds=60.0)
     batches: list[JudgedBatch] = []
-    pipe.judged_taps.append(batches.append)
+    windows = WindowSet({"1m": 60.0}, None)
+    pipe = queue_with(windows, batches.append, linger_seconds=60.0)
     x = rt.classifier.prepare(mnist_splits.test.x[:20])
     pred = rt.classifier.predict_prepared(x)
     feats = rt.classifier.features(x)
-    pipe.start_background()
+    pipe.start()
     try:
-        pipe.judge_later(rt, feats[:5], pred.probabilities[:5], pred.labels[:5], None, None, "later")
-        verdicts = pipe.judge(rt, feats[5:], pred.probabilities[5:], pred.labels[5:], None, None, "now")
-        # the background thread still lingers; the inline call judged both requests
-        assert pipe.windows.total == 20
+        pipe.submit(JudgeWork(rt, feats[:5], pred.probabilities[:5], pred.labels[:5], None, None, "later"))
+        now = JudgeWork(rt, feats[5:], pred.probabilities[5:], pred.labels[5:], None, None, "now")
+        pipe.record_now([now])
+        # the background thread still lingers; the call that recorded now took both requests along
+        assert windows.total == 20
         assert sorted(b.request_id for b in batches) == ["later", "now"]
     finally:
-        pipe.stop_background()
+        pipe.stop()
     ref = reference_verdicts(rt, mnist_splits.test.x[:20])
-    np.testing.assert_array_equal(verdicts, ref[5:])
-    assert pipe.windows.total == 20
+    np.testing.assert_array_equal(now.verdicts_or_raise(), ref[5:])
+    assert windows.total == 20
 
 
 def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
@@ -108,16 +129,18 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
     rt = runtime(mnist_bundle_dir)
     assert rt.classifier is not None and rt.calibration.shift is not None
     x = mnist_splits.test.x[:300]
-    pipe = Pipeline(WindowSet({"1h": 3600.0}, 300), AgentMetrics(CollectorRegistry()), linger_seconds=60.0)
+    windows = WindowSet({"1h": 3600.0}, 300)
+    pipe = queue_with(windows, linger_seconds=60.0)
     for start in range(0, 300, 37):
         xb = rt.classifier.prepare(x[start : start + 37])
         pred = rt.classifier.predict_prepared(xb)
-        pipe.judge(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, None, f"r{start}")
+        feats = rt.classifier.features(xb)
+        pipe.record_now([JudgeWork(rt, feats, pred.probabilities, pred.labels, None, None, f"r{start}")])
     offline = check_report(rt.classifier, rt.bundle, Dataset(x, mnist_splits.test.y[:300]))
     expected = offline["estimates"][RECOMMENDED_ESTIMATOR]["value"]
     import time
 
-    estimates = pipe.windows.estimates(rt.calibration, time.time())
+    estimates = windows.estimates(rt.calibration, time.time())
     for window in ("1h", "last300"):
         stats, est = estimates[window]
         assert stats.n_ext == 300, window  # every sample carried the full model's inputs
@@ -125,7 +148,7 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
     # restoring the count window from state keeps the extras
     from agent.judging.windows import CountWindow
 
-    count = pipe.windows.count
+    count = windows.count
     assert count is not None
     restored = CountWindow.from_dict(count.to_dict()).stats(rt.calibration)
     assert restored.n_ext == 300
@@ -141,7 +164,7 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
     from agent_process import infer_body
 
     svc = service(mnist_bundle_dir)
-    rt = svc.runtime
+    rt = svc.runtimes.current
     xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(12)]
 
     def verdicts_of(answer: tuple[bytes, dict[str, str]]) -> list[str]:
@@ -150,7 +173,7 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
 
     async def together() -> list[tuple[bytes, dict[str, str]]]:
         bodies = [json.dumps(infer_body(x)).encode() for x in xs]
-        return list(await asyncio.gather(*(svc.infer(rt, b, None) for b in bodies)))
+        return list(await asyncio.gather(*(infer(svc, b, None) for b in bodies)))
 
     async def together_then_recorded() -> list[tuple[bytes, dict[str, str]]]:
         answers = await together()
@@ -166,9 +189,9 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
     for x, answer in zip(xs, answers, strict=True):
         assert verdicts_of(answer) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
     assert svc.windows.total == 36
-    assert svc.loop_judge.calls == 1  # the twelve requests recorded in one call
+    assert svc.loop_recorder.calls == 1  # the twelve requests recorded in one call
 
-    alone = asyncio.run(svc.infer(rt, json.dumps(infer_body(mnist_splits.test.x[100:101])).encode(), None))
+    alone = asyncio.run(infer(svc, json.dumps(infer_body(mnist_splits.test.x[100:101])).encode(), None))
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 13)
     assert verdicts_of(alone) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, mnist_splits.test.x[100:101])]
 
@@ -185,9 +208,9 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
     from agent.protocol import v2
 
     svc = service(mnist_bundle_dir)
-    rt = svc.runtime
+    rt = svc.runtimes.current
     judged: dict[str, np.ndarray] = {}
-    svc.pipeline.judged_taps.append(lambda b: judged.__setitem__(b.request_id, b.verdicts))
+    add_sink(svc, lambda b: judged.__setitem__(b.request_id, b.verdicts))
     xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(40)]
 
     no_verdicts = [v2.RequestedOutput("probabilities", True), v2.RequestedOutput("label", True)]
@@ -201,27 +224,27 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
 
     assert rt.classifier is not None
     rt.classifier.predict(xs[0])  # onnxruntime's first run is slow; it would count as a costly request
-    svc.pipeline.linger_seconds = 0.5  # far longer than a burst takes
+    svc.judge_queue.linger_seconds = 0.5  # far longer than a burst takes
 
     async def burst(ids: range) -> None:
         before = svc.windows.total
-        await asyncio.gather(*(svc.infer(rt, *request(i)) for i in ids))
+        await asyncio.gather(*(infer(svc, *request(i)) for i in ids))
         assert svc.windows.total == before  # nothing judged in the requests' own turns
         for _ in range(100):
             await asyncio.sleep(0.05)
-            if svc.loop_judge.calls and svc.windows.total == 3 * ids.stop:
+            if svc.loop_recorder.calls and svc.windows.total == 3 * ids.stop:
                 break
 
     asyncio.run(burst(range(10)))
-    assert (svc.loop_judge.calls, svc.loop_judge.handed_over) == (1, 0)
+    assert (svc.loop_recorder.calls, svc.loop_recorder.handed_over) == (1, 0)
     assert svc.windows.total == 30
 
-    svc.loop_judge.max_samples = 12  # the 5th request of the next burst goes to the background thread
-    svc.pipeline.start_background()
+    svc.loop_recorder.max_samples = 12  # the 5th request of the next burst goes to the background thread
+    svc.judge_queue.start()
     try:
         asyncio.run(burst(range(10, 40)))
         assert wait_until(lambda: svc.windows.total == 120, timeout=20)
-        assert svc.loop_judge.handed_over >= 1
+        assert svc.loop_recorder.handed_over >= 1
 
         big = np.ascontiguousarray(mnist_splits.test.x[200:232], dtype=np.float32)  # 100 KB
         raw, headers = v2.encode_request(
@@ -229,10 +252,10 @@ def test_small_requests_are_judged_on_the_loop_and_large_ones_in_the_thread(
         )
         header_length = headers[v2.HEADER_LENGTH.lower()]
         assert len(raw) > 64 * 1024
-        asyncio.run(svc.infer(rt, raw, header_length))
+        asyncio.run(infer(svc, raw, header_length))
         assert wait_until(lambda: svc.windows.total == 152, timeout=20)
     finally:
-        svc.pipeline.stop_background()
+        svc.judge_queue.stop()
     got = np.concatenate([judged[f"r{i}"] for i in range(40)] + [judged["big"]])
     np.testing.assert_array_equal(got, reference_verdicts(rt, np.concatenate([*xs, big])))
 
@@ -246,21 +269,23 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
     from agent_process import infer_body
 
     svc = service(mnist_bundle_dir)
-    rt = svc.runtime
+    rt = svc.runtimes.current
     judging_threads: list[str] = []
-    verdicts_now = svc.pipeline.verdicts_now
+    import agent.judging.loop as loop_module
 
-    def spy(works: list[JudgeWork]) -> None:
+    judge_with_cost = loop_module.judge_with_cost
+
+    def spy(works: list[JudgeWork]) -> float:
         judging_threads.append(threading.current_thread().name)
-        verdicts_now(works)
+        return judge_with_cost(works)
 
-    svc.pipeline.verdicts_now = spy  # type: ignore[method-assign]
+    loop_module.judge_with_cost = spy  # type: ignore[assignment]
     xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(4)]
 
     async def together(max_samples: int) -> list[tuple[bytes, dict[str, str]]]:
         svc.verdicts.max_samples = max_samples
         bodies = [json.dumps(infer_body(x)).encode() for x in xs]
-        return list(await asyncio.gather(*(svc.infer(rt, b, None) for b in bodies)))
+        return list(await asyncio.gather(*(infer(svc, b, None) for b in bodies)))
 
     for max_samples, in_thread in ((12, 0), (11, 1)):
         judging_threads.clear()
@@ -271,6 +296,7 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
         for x, answer in zip(xs, answers, strict=True):
             (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
             assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
+    loop_module.judge_with_cost = judge_with_cost  # type: ignore[assignment]
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 8)
 
 
@@ -284,20 +310,20 @@ def test_verdicts_do_not_wait_for_a_busy_judge(mnist_bundle_dir: Path, mnist_spl
     from agent_process import infer_body
 
     svc = service(mnist_bundle_dir)
-    rt = svc.runtime
+    rt = svc.runtimes.current
     x = mnist_splits.test.x[:3]
-    lock = svc.pipeline._judge_lock  # what a judging call in the background thread holds
+    lock = svc.judge_queue._judge_lock  # what a recording call in the background thread holds
 
     async def scenario() -> tuple[bytes, dict[str, str]]:
         lock.acquire()
         try:
-            answer = await asyncio.wait_for(svc.infer(rt, json.dumps(infer_body(x)).encode(), None), timeout=10)
-            await asyncio.sleep(svc.pipeline.linger_seconds * 3)
+            answer = await asyncio.wait_for(infer(svc, json.dumps(infer_body(x)).encode(), None), timeout=10)
+            await asyncio.sleep(svc.judge_queue.linger_seconds * 3)
             assert svc.windows.total == 0  # recording waits for the lock
         finally:
             lock.release()
         for _ in range(100):
-            await asyncio.sleep(svc.pipeline.linger_seconds)
+            await asyncio.sleep(svc.judge_queue.linger_seconds)
             if svc.windows.total:
                 break
         assert svc.windows.total == 3
@@ -315,30 +341,30 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
     import asyncio
 
     svc = service(mnist_bundle_dir)
-    rt = svc.runtime
+    rt = svc.runtimes.current
     assert rt.classifier is not None
 
     def work(x: np.ndarray, rid: str) -> JudgeWork:
         xb = rt.classifier.prepare(x)
         pred = rt.classifier.predict_prepared(xb)
-        return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, 0.001, request_id=rid)
+        return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, 0.001, rid)
 
     judging_threads: list[str] = []
-    svc.pipeline.judged_taps.append(lambda _b: judging_threads.append(threading.current_thread().name))
+    add_sink(svc, lambda _b: judging_threads.append(threading.current_thread().name))
     small, large = work(mnist_splits.test.x[:2], "small"), work(mnist_splits.test.x[2:202], "large")
 
     async def scenario() -> None:
-        svc.loop_judge.add(small)  # schedules the loop's call
-        svc.pipeline.judge_soon(large)  # 200 more predictions arrive before it comes due
-        await asyncio.sleep(svc.pipeline.linger_seconds * 3)
+        svc.loop_recorder.add(small)  # schedules the loop's call
+        svc.judge_queue.hold(large)  # 200 more predictions arrive before it comes due
+        await asyncio.sleep(svc.judge_queue.linger_seconds * 3)
 
-    svc.pipeline.start_background()
+    svc.judge_queue.start()
     # a thread still starting would take the pending work itself (it checks before it first waits)
-    assert wait_until(lambda: svc.pipeline._idle, timeout=10)
+    assert wait_until(lambda: svc.judge_queue.idle, timeout=10)
     try:
         asyncio.run(scenario())
         assert wait_until(lambda: svc.windows.total == 202, timeout=20)
     finally:
-        svc.pipeline.stop_background()
-    assert (svc.loop_judge.calls, svc.loop_judge.handed_over) == (0, 1)
+        svc.judge_queue.stop()
+    assert (svc.loop_recorder.calls, svc.loop_recorder.handed_over) == (0, 1)
     assert judging_threads == ["icos-judge", "icos-judge"]

@@ -109,17 +109,17 @@ def test_proxy_runs_the_oracle_before_answering_only_for_verdicts(
 ) -> None:
     """A proxied request that does not ask for ``icos_verdict`` is answered without an oracle call on its
     path; its predictions are still judged and recorded, by the background judge."""
-    from agent.judging.pipeline import Pipeline
+    import agent.judging.loop as loop_module
 
     calls: list[int] = []
-    verdicts_now = Pipeline.verdicts_now
+    judge_with_cost = loop_module.judge_with_cost
 
-    def spy(self: Pipeline, works: Any) -> None:
+    def spy(works: Any) -> float:
         if works[0].rt.name == "mnist":  # the proxy's, not its upstream's (an agent in serve mode)
             calls.append(len(works))
-        verdicts_now(self, works)
+        return judge_with_cost(works)
 
-    monkeypatch.setattr(Pipeline, "verdicts_now", spy)
+    monkeypatch.setattr(loop_module, "judge_with_cost", spy)
     up = run_server(upstream_app(mnist_bundle_dir))
     px = run_server(proxy_app(mnist_bundle_dir, up.url))
     client = th.InferenceServerClient(px.hostport)

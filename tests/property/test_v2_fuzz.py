@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import load_settings
 from agent.model.classifier import default_model_path
 from agent.server.app import create_app
-from agent.server.service import AgentService
+from agent.server.composition import Agent
 
 FUZZ = settings(
     max_examples=int(os.environ.get("ICOS_FUZZ_EXAMPLES", "120")),
@@ -220,7 +220,7 @@ def observe_http(observe_agent: RunningServer) -> Iterator[httpx.Client]:
 
 
 def invalid_total(srv: RunningServer) -> dict[str, float]:
-    svc: AgentService = srv.app.state.agent
+    svc: Agent = srv.app.state.agent
     out: dict[str, float] = {}
     for fam in svc.registry.collect():
         for s in fam.samples:
@@ -230,8 +230,8 @@ def invalid_total(srv: RunningServer) -> dict[str, float]:
 
 
 def judged(srv: RunningServer) -> int:
-    svc: AgentService = srv.app.state.agent
-    svc.pipeline.flush()
+    svc: Agent = srv.app.state.agent
+    svc.judge_queue.flush()
     return int(svc.windows.total)
 
 
@@ -334,10 +334,11 @@ def test_observe_bodies(
 
 def test_observe_judged_only_what_was_accepted(observe_agent: RunningServer) -> None:
     """Runs after the fuzzing above: the windows hold exactly the accepted predictions."""
-    svc: AgentService = observe_agent.app.state.agent
-    assert svc.queue is not None
+    svc: Agent = observe_agent.app.state.agent
+    assert svc.observe is not None
     expected = sum(accepted_by_observe)
-    assert wait_until(lambda: svc.queue is not None and svc.queue.qsize() == 0 and svc.windows.total == expected, 30)
+    observe = svc.observe
+    assert wait_until(lambda: observe.queue.qsize() == 0 and svc.windows.total == expected, 30)
     time.sleep(0.2)
     assert svc.windows.total == expected
 

@@ -57,7 +57,7 @@ def test_layering(package: str, forbidden: set[str]) -> None:
         ("psycopg", "agent/labels/postgres_backend.py"),
         ("psycopg_pool", "agent/labels/postgres_backend.py"),
         ("grpc", "agent/server/grpc_server.py"),
-        ("aiohttp", "agent/server/upstream.py"),
+        ("aiohttp", "agent/dataplane/upstream.py"),
     ],
 )
 def test_third_party_clients_behind_one_adapter(library: str, adapter: str) -> None:

@@ -1,6 +1,6 @@
 """Audits inside the running agent: scheduled jobs, ``GET /v1/audits``, ``POST /v1/audits/{kind}``.
 
-:class:`AuditService` owns the reservoir of live inputs (fed by the request pipeline), the
+:class:`AuditJobs` owns the reservoir of live inputs (fed by the request pipeline), the
 scheduler (:mod:`agent.core.scheduler`), the audit metrics (:mod:`exporters.audit_metrics`) on the app's
 registry, the MLflow logger (runs spooled in ``<state_dir>/mlflow-spool`` while MLflow is down) and
 the last results. An audit always runs in a scheduler thread, never on the request path, with a time
@@ -15,7 +15,6 @@ budget checked between its steps (status ``timeout`` past it); one run per audit
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 import threading
@@ -24,7 +23,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import numpy as np
@@ -37,7 +36,6 @@ from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_a
 from agent.core.durations import parse_duration
 from agent.core.scheduler import JobScheduler
 from agent.data.reservoir import Reservoir
-from agent.judging.pipeline import Pipeline
 from agent.judging.runtime import Runtime
 from agent.model.classifier import OnnxClassifier
 from exporters.redaction import redact_uri
@@ -55,23 +53,22 @@ class AgentStopping(AuditTimeout):
     """The agent is shutting down; the audit in progress stops at its next step."""
 
 
-class AuditHost(Protocol):
-    """What the audit service needs of the agent that hosts it (:class:`agent.server.service.AgentService`)."""
-
-    registry: CollectorRegistry
-    pipeline: Pipeline
-    runtime: Runtime
-
-
-class AuditService:
+class AuditJobs:
     """Scheduled and on-demand audits of the agent's model (see the module docstring; the routes are
     in :mod:`agent.server.audit_routes`)."""
 
-    def __init__(self, config: AuditsConfig, agent: AuditHost, state_dir: Path | None) -> None:
+    def __init__(
+        self,
+        config: AuditsConfig,
+        registry: CollectorRegistry,
+        current_runtime: Callable[[], Runtime],
+        state_dir: Path | None,
+    ) -> None:
         self.config = config
-        self.agent = agent
+        #: The runtime an audit runs on: the one served when it starts.
+        self.current_runtime = current_runtime
         self.state_dir = state_dir
-        self.metrics = audit_metrics(agent.registry)
+        self.metrics = audit_metrics(registry)
         r = config.reservoir
         self.reservoir: Reservoir | None = (
             Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
@@ -90,13 +87,11 @@ class AuditService:
 
     # -- wiring -------------------------------------------------------------------------------------
     def observe_inputs(self, features: np.ndarray) -> None:
-        """Pipeline tap: offer judged live inputs to the reservoir (cheap, thread-safe)."""
+        """Feature sink of the recorder: offer judged live inputs to the reservoir (cheap, thread-safe)."""
         if self.reservoir is not None:
             self.reservoir.add(features)
 
     async def start(self, _app: object = None) -> None:
-        if self.reservoir is not None:
-            self.agent.pipeline.taps.append(self.observe_inputs)
         self._stopping.clear()
         self._scheduler = JobScheduler(max_workers=len(AUDIT_KINDS) + 1)
         cfg = self.config
@@ -117,8 +112,6 @@ class AuditService:
 
     async def stop(self, _app: object = None) -> None:
         self._stopping.set()
-        with contextlib.suppress(ValueError):
-            self.agent.pipeline.taps.remove(self.observe_inputs)
         if self._scheduler is not None:
             await anyio.to_thread.run_sync(lambda: self._scheduler.shutdown(wait=True))
             self._scheduler = None
@@ -176,7 +169,7 @@ class AuditService:
         return job
 
     def _model(self) -> OnnxClassifier:
-        rt = self.agent.runtime
+        rt = self.current_runtime()
         if rt.classifier is not None:
             return rt.classifier
         if rt.model_path is None:
@@ -297,7 +290,7 @@ class AuditService:
         logger = self._mlflow()
         if logger is None:
             return
-        rt = self.agent.runtime
+        rt = self.current_runtime()
         try:
             record = audit_record(
                 outcome,

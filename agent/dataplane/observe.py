@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from agent.config.settings import AgentSettings
+from agent.dataplane.admission import MetadataTooLarge, SplitInputs, attach_metadata, new_request_id, split_inputs
 from agent.errors import ClientError
-from agent.judging.request_io import MetadataTooLarge, SplitInputs, attach_metadata, new_request_id, split_inputs
 from agent.judging.runtime import Runtime
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError, Tensor

@@ -1,5 +1,5 @@
-"""The V2 request around the model: request and prediction ids, the split of the inputs into
-the model input and IDI metadata, and the outputs a client can ask for.
+"""Admitting a request: its inputs split into the model input and IDI metadata and validated, the
+outputs it asks for, its request id; and what comes out of the model or the upstream for it.
 
 Every judged prediction has an id ``<request id>:<index>`` so that delayed true labels can later be
 joined to it. An answer carries the request id once (its ``id``) and the number of its predictions
@@ -18,8 +18,8 @@ import numpy as np
 
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
-from agent.protocol import v2
-from agent.protocol.v2 import ProtocolError, Tensor
+from agent.judging.verdicts import JudgeWork
+from agent.protocol.inference import InferRequest, ProtocolError, RequestedOutput, Tensor
 from invariants.oracle import VERDICTS
 
 VERDICT_BYTES = np.array([v.encode() for v in VERDICTS], dtype=object)
@@ -139,7 +139,7 @@ def attach_metadata(split: SplitInputs, n: int) -> dict[str, Any] | None:
 
 
 def resolve_outputs(
-    requested: Sequence[v2.RequestedOutput] | None, available: Sequence[str], default_binary: bool
+    requested: Sequence[RequestedOutput] | None, available: Sequence[str], default_binary: bool
 ) -> list[tuple[str, bool]]:
     if requested is None:
         return [(name, default_binary) for name in available]
@@ -149,3 +149,43 @@ def resolve_outputs(
             raise ProtocolError("unknown_output", f"unknown output {r.name!r}; available: {', '.join(available)}")
         out.append((r.name, r.binary))
     return out
+
+
+@dataclass
+class Admitted:
+    """A request admitted to the model: validated, its outputs chosen, its predictions named."""
+
+    rt: Runtime
+    request: InferRequest
+    request_id: str
+    #: The outputs to answer, each with its HTTP encoding (binary or JSON).
+    wanted: list[tuple[str, bool]]
+    #: The model input, validated and in the model's shape and dtype.
+    x: np.ndarray
+    metadata: dict[str, Any] | None
+    #: What proxy mode forwards: the body and its headers (``None`` in serve mode).
+    forward: tuple[bytes, dict[str, str]] | None = None
+
+    @property
+    def wants_verdicts(self) -> bool:
+        return any(name == OUTPUT_VERDICT for name, _ in self.wanted)
+
+
+@dataclass
+class Predicted:
+    """The model's (or the upstream's) answer to an admitted request, as a work for the judge."""
+
+    work: JudgeWork
+    #: Outputs the upstream answered (proxy mode), by name, and the parameters of its answer.
+    upstream_outputs: dict[str, Tensor] = field(default_factory=dict)
+    upstream_parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def admit(rt: Runtime, request: InferRequest, available: Sequence[str]) -> Admitted:
+    """Validate a request against the model (raises the client's errors): its inputs split and
+    prepared, the outputs it asks for among ``available``, its id (generated when it has none)."""
+    split = split_inputs(rt, request.inputs, request.parameters)
+    wanted = resolve_outputs(request.outputs, available, request.binary_output)
+    x = rt.prepare(split.data.data)
+    meta = attach_metadata(split, x.shape[0])
+    return Admitted(rt, request, request.id or new_request_id(), wanted, x, meta)

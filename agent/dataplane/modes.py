@@ -1,0 +1,136 @@
+"""The agent's modes behind the dataplane: who produces the predictions a request is answered with.
+
+* :class:`ServeMode`: the agent runs the ONNX model itself;
+* :class:`~agent.dataplane.proxy.ProxyMode`: it forwards the request to an upstream V2 server;
+* :class:`ObserveMode`: predictions are made elsewhere and come to ``POST /v1/observe``
+  (:mod:`agent.dataplane.observe_intake`); inference requests are refused.
+
+Each mode admits a request (validates it against the model), predicts (or has the upstream predict),
+and answers; judging and recording between the last two are the dataplane's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.dataplane.admission import (
+    OUTPUT_LABEL,
+    OUTPUT_PROBABILITIES,
+    OUTPUT_VERDICT,
+    PREDICTION_COUNT,
+    SERVE_OUTPUTS,
+    VERDICT_BYTES,
+    Admitted,
+    Predicted,
+    admit,
+)
+from agent.dataplane.metadata import model_metadata_of
+from agent.dataplane.policy import Placement
+from agent.errors import ClientError
+from agent.judging.runtime import Runtime
+from agent.judging.verdicts import JudgeWork
+from agent.model.classifier import Prediction
+from agent.protocol.inference import InferRequest, InferResponse, Tensor, tensor
+
+
+class Mode(Protocol):
+    """What the dataplane asks of a mode."""
+
+    name: str
+
+    async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
+        """Validate the request against the model (raises the client's errors)."""
+
+    async def predict(self, admitted: Admitted, place: Placement) -> Predicted:
+        """The predictions for an admitted request, as a work for the judge."""
+
+    def answer(self, admitted: Admitted, predicted: Predicted) -> InferResponse:
+        """The answer, once the work is judged when verdicts were asked for."""
+
+    async def metadata(self, rt: Runtime) -> dict[str, Any]:
+        """The V2 model metadata this mode advertises."""
+
+    def ready(self) -> bool:
+        """Whether the mode can answer now (proxy mode: whether its upstream can)."""
+
+
+def _run_model(admitted: Admitted) -> tuple[Prediction, float]:
+    classifier = admitted.rt.classifier
+    assert classifier is not None
+    t0 = time.perf_counter()
+    pred = classifier.predict_prepared(admitted.x)
+    return pred, time.perf_counter() - t0
+
+
+def agent_outputs(admitted: Admitted, work: JudgeWork) -> dict[str, Tensor]:
+    """The agent's own outputs a request asked for, from its judged work."""
+    out: dict[str, Tensor] = {}
+    for name, binary in admitted.wanted:
+        if name == OUTPUT_PROBABILITIES:
+            out[name] = tensor(OUTPUT_PROBABILITIES, work.probabilities, "FP32")
+        elif name == OUTPUT_LABEL:
+            out[name] = tensor(OUTPUT_LABEL, work.predicted.astype(np.int64, copy=False), "INT64")
+        elif name == OUTPUT_VERDICT:
+            out[name] = tensor(OUTPUT_VERDICT, VERDICT_BYTES[work.verdicts_or_raise()], "BYTES")
+        else:
+            continue
+        out[name].binary = binary
+    return out
+
+
+class ServeMode:
+    """The agent runs the model: the outputs are its probabilities, predicted class and verdicts."""
+
+    name = "serve"
+
+    async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
+        assert rt.classifier is not None
+        admitted: Admitted = await place.run(admit, rt, request, SERVE_OUTPUTS)
+        return admitted
+
+    async def predict(self, admitted: Admitted, place: Placement) -> Predicted:
+        pred, seconds = await place.run_model(_run_model, admitted)
+        rt = admitted.rt
+        assert rt.classifier is not None
+        features = rt.classifier.features(admitted.x)
+        work = JudgeWork(rt, features, pred.probabilities, pred.labels, admitted.metadata, seconds, admitted.request_id)
+        return Predicted(work)
+
+    def answer(self, admitted: Admitted, predicted: Predicted) -> InferResponse:
+        rt, work = admitted.rt, predicted.work
+        outputs = agent_outputs(admitted, work)
+        return InferResponse(
+            rt.name, rt.version, work.request_id, {PREDICTION_COUNT: work.n}, [outputs[n] for n, _ in admitted.wanted]
+        )
+
+    async def metadata(self, rt: Runtime) -> dict[str, Any]:
+        return model_metadata_of(rt)
+
+    def ready(self) -> bool:
+        return True
+
+
+class ObserveMode:
+    """Predictions come to ``POST /v1/observe``; inference requests are refused (404)."""
+
+    name = "observe"
+
+    async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
+        raise ClientError(
+            "inference is not served in observe mode; send predictions to POST /v1/observe", status=404, reason="mode"
+        )
+
+    async def predict(self, admitted: Admitted, place: Placement) -> Predicted:
+        raise AssertionError("observe mode admits no inference request")
+
+    def answer(self, admitted: Admitted, predicted: Predicted) -> InferResponse:
+        raise AssertionError("observe mode admits no inference request")
+
+    async def metadata(self, rt: Runtime) -> dict[str, Any]:
+        return model_metadata_of(rt)
+
+    def ready(self) -> bool:
+        return True

@@ -1,0 +1,173 @@
+"""The judge queue: predictions waiting to be judged and recorded, and the background thread that
+does it for many requests at once.
+
+Judging and recording cost mostly per call, not per prediction, so works are *combined*: whoever takes
+the judging lock next (the background thread, the event loop's
+:class:`~agent.judging.loop.LoopRecorder`, a request that must be recorded before its answer) judges
+and records everything pending in one :meth:`Recorder.record` call.
+
+The background thread *lingers*: once work arrives it waits up to ``linger_seconds`` (or until
+``linger_samples`` predictions wait) and records everything in one call, so that a stream of small
+requests costs one oracle call, one window update and one wake-up per linger period instead of one per
+request (each wake-up also contends with the request threads for the GIL). Predictions are recorded at
+most ``linger_seconds`` late; windows have buckets of a second or more. At most ``deferred_limit``
+works wait; beyond that, the submitting thread records them itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from agent.core.os_threads import name_os_thread
+from agent.judging.recorder import Recorder
+from agent.judging.verdicts import JudgeWork
+
+
+class JudgeQueue:
+    """Works waiting to be judged and recorded (thread-safe); see the module docstring."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        deferred_limit: int = 256,
+        linger_seconds: float = 0.05,
+        linger_samples: int = 512,
+    ) -> None:
+        self.recorder = recorder
+        self.deferred_limit = deferred_limit
+        self.linger_seconds = linger_seconds
+        self.linger_samples = linger_samples
+        self._pending: list[JudgeWork] = []
+        self._pending_samples = 0  # predictions queued since the last take
+        self._idle = False  # the background thread waits for work (submit must wake it)
+        self._pending_lock = threading.Lock()
+        self._wakeup = threading.Condition(self._pending_lock)
+        self._judge_lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._stopping = False
+
+    # -- adding work ----------------------------------------------------------------------------
+    def record_now(self, works: Sequence[JudgeWork]) -> None:
+        """Judge and record ``works`` now, together with whatever else is pending; returns once they
+        are recorded (each with its ``verdicts`` or its ``error``; nothing is raised)."""
+        with self._pending_lock:
+            self._pending.extend(works)
+            self._pending_samples += sum(w.n for w in works)
+        self._record_until_done(works)
+
+    def submit(self, work: JudgeWork) -> None:
+        """Queue a work for the background thread (recorded here when the queue is full or no thread runs)."""
+        with self._wakeup:
+            self._pending.append(work)
+            self._pending_samples += work.n
+            if self._worker is not None and len(self._pending) <= self.deferred_limit:
+                if self._idle or self._enough_pending():
+                    self._idle = False
+                    self._wakeup.notify()
+                return
+        self._record_until_done([work])
+
+    def hold(self, work: JudgeWork) -> int:
+        """Queue a work *without* waking the background thread: the caller records it soon
+        (:meth:`try_record_pending`) or wakes the thread (:meth:`wake`). Returns the predictions now
+        pending. :meth:`flush` records it like any pending work."""
+        with self._pending_lock:
+            self._pending.append(work)
+            self._pending_samples += work.n
+            return self._pending_samples
+
+    # -- state ----------------------------------------------------------------------------------
+    def pending_samples(self) -> int:
+        """Predictions queued and not yet taken by a recording call."""
+        with self._pending_lock:
+            return self._pending_samples
+
+    def busy(self) -> bool:
+        """Whether a recording call is running now (a caller that must not wait can go elsewhere)."""
+        return self._judge_lock.locked()
+
+    @property
+    def idle(self) -> bool:
+        """Whether the background thread waits for work."""
+        return self._idle
+
+    # -- recording ------------------------------------------------------------------------------
+    def try_record_pending(self) -> bool:
+        """Record everything pending now, unless a recording call is running (then False, at once)."""
+        if not self._judge_lock.acquire(blocking=False):
+            return False
+        try:
+            self.recorder.record(self._take())
+        finally:
+            self._judge_lock.release()
+        return True
+
+    def wake(self) -> None:
+        """Have the background thread record what is pending (recorded here without that thread)."""
+        with self._wakeup:
+            if self._worker is not None:
+                self._idle = False
+                self._wakeup.notify()
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        """Record everything pending now."""
+        with self._judge_lock:
+            self.recorder.record(self._take())
+
+    def start(self) -> None:
+        """Start the background thread."""
+        if self._worker is None:
+            self._stopping = False
+            self._worker = threading.Thread(target=self._background, name="icos-judge", daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        """Stop the background thread and record what is still pending."""
+        worker = self._worker
+        if worker is not None:
+            with self._wakeup:
+                self._stopping = True
+                self._wakeup.notify_all()
+            worker.join(timeout=60)
+            self._worker = None
+        self.flush()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _take(self) -> list[JudgeWork]:
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+            self._pending_samples = 0
+        return batch
+
+    def _record_until_done(self, works: Sequence[JudgeWork]) -> None:
+        """Record everything pending, unless another thread already recorded these works meanwhile."""
+        with self._judge_lock:
+            if not all(w.done for w in works):
+                self.recorder.record(self._take())
+
+    def _enough_pending(self) -> bool:
+        """Whether the background thread should stop lingering (called holding the pending lock)."""
+        return self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
+
+    def _background(self) -> None:
+        name_os_thread("icos-judge")
+        while True:
+            with self._wakeup:
+                while not self._pending and not self._stopping:
+                    self._idle = True
+                    self._wakeup.wait()
+                self._idle = False
+                if self._stopping and not self._pending:
+                    return
+                deadline = time.monotonic() + self.linger_seconds
+                while not self._stopping and not self._enough_pending():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wakeup.wait(left)
+            with self._judge_lock:
+                self.recorder.record(self._take())

@@ -1,0 +1,148 @@
+"""Recording judged predictions: the estimator windows, the metrics and the sinks (the prediction store
+for delayed labels, the audits' reservoir of live inputs), for many requests at once.
+
+:class:`Recorder` is given its sinks at construction, by the composition root
+(:func:`agent.server.app.create_app`): which collaborators see a judged batch is read in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.estimation.statistics import WindowStats, extras_columns, sample_extras, stat_items
+from agent.judging.runtime import Runtime
+from agent.judging.verdicts import JudgeWork, judge
+from agent.judging.windows import WindowSet
+from agent.model.classifier import label_confidences
+from exporters.prometheus import AgentMetrics
+from invariants.oracle import VERDICTS
+
+
+@dataclass(frozen=True)
+class JudgedBatch:
+    """One request's judged predictions, as the judged-batch sinks receive them."""
+
+    rt: Runtime
+    request_id: str
+    timestamp: float
+    probabilities: np.ndarray
+    #: The predicted classes (indices into ``rt.classes``).
+    predicted: np.ndarray
+    verdicts: np.ndarray
+    #: The inputs of the full ``shift_aware`` model for these predictions as float64 ``[n, 5]``
+    #: columns (:func:`agent.estimation.statistics.extras_columns`; None without a shift calibration).
+    extras: np.ndarray | None = None
+
+
+#: Receives every judged request that has an id (the prediction store); called while recording, so
+#: it must only enqueue.
+JudgedSink = Callable[[JudgedBatch], None]
+#: Receives the features of every recorded batch (the audits' reservoir).
+FeatureSink = Callable[[np.ndarray], None]
+
+
+class Recorder:
+    """Records judged works in the windows, the metrics and the sinks; not thread-safe on its own (the
+    :class:`~agent.judging.queue.JudgeQueue` calls it under its judging lock)."""
+
+    def __init__(
+        self,
+        windows: WindowSet,
+        metrics: AgentMetrics,
+        judged_sinks: Sequence[JudgedSink] = (),
+        feature_sinks: Sequence[FeatureSink] = (),
+    ) -> None:
+        self.windows = windows
+        self.metrics = metrics
+        self.judged_sinks = tuple(judged_sinks)
+        self.feature_sinks = tuple(feature_sinks)
+
+    def record(self, works: Sequence[JudgeWork]) -> None:
+        """Judge the works still without verdicts, then record them, one group per runtime and
+        metadata (see :func:`agent.judging.verdicts.judge`). Every work ends ``done``, with its
+        ``verdicts`` or its ``error``; nothing is raised."""
+        judge(works)
+        groups: dict[int, list[JudgeWork]] = {}
+        for w in works:
+            if w.error is None:
+                groups.setdefault(id(w.rt), []).append(w)
+        for group in groups.values():
+            try:
+                self._record_group(group)
+            except BaseException as exc:  # delivered to the waiting requests
+                for w in group:
+                    w.error = exc
+        for w in works:
+            w.done = True
+
+    def _record_group(self, works: list[JudgeWork]) -> None:
+        rt = works[0].rt
+        if len(works) == 1:
+            w = works[0]
+            features, probabilities, predicted = w.features, w.probabilities, w.predicted
+            verdicts = np.asarray(w.verdicts, dtype=np.int8)
+            tdi_rules = w.tdi_rules
+        else:
+            features = np.concatenate([w.features for w in works])
+            probabilities = np.concatenate([w.probabilities for w in works])
+            predicted = np.concatenate([w.predicted for w in works])
+            verdicts = np.concatenate([np.asarray(w.verdicts, dtype=np.int8) for w in works])
+            rules = [w.tdi_rules for w in works]
+            tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
+        for sink in self.feature_sinks:
+            sink(features)
+        conf = label_confidences(probabilities, predicted)
+        # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
+        extras = sample_extras(rt.calibration, probabilities, predicted, features, tdi_rules)
+        shift = rt.calibration.shift
+        stats = WindowStats.of_samples(
+            verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
+        )
+        stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
+        # the count window keeps the vectors themselves (size × K floats): only within the class cap
+        per_class = len(rt.classes) <= self.metrics.per_class_label_cap
+        self.windows.record(
+            verdicts,
+            conf,
+            rt.calibration,
+            time.time(),
+            stats=stats,
+            extras=extras,
+            probabilities=probabilities if per_class else None,
+            labels=predicted,
+        )
+        counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
+        class_counts = (
+            np.bincount(predicted.astype(np.int64), minlength=len(rt.classes)).tolist() if per_class else None
+        )
+        self.metrics.record_window_stats(
+            rt.name,
+            rt.version,
+            rt.bundle_label,
+            stat_items(stats, classes=per_class, inputs=shift is None or shift.reference.leaf_bins > 0),
+        )
+        self.metrics.record_batch(
+            rt.name,
+            rt.version,
+            counts,
+            class_counts,
+            rt.classes,
+            [w.inference_seconds for w in works if w.inference_seconds is not None],
+            [w.oracle_seconds for w in works if w.oracle_seconds is not None],
+        )
+        if self.judged_sinks:
+            now = time.time()
+            start = 0
+            cols = extras_columns(extras) if extras is not None else None  # [N, 5], sliced per request
+            for w in works:
+                n = w.n
+                part = cols[start : start + n] if cols is not None else None
+                start += n
+                if w.request_id is not None and w.verdicts is not None:
+                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part)
+                    for judged_sink in self.judged_sinks:
+                        judged_sink(batch)

@@ -1,0 +1,103 @@
+"""Judging: the oracle's verdicts for the predictions of one or many requests, in as few oracle calls
+as possible.
+
+A :class:`JudgeWork` is one request's predictions on their way through judging; :func:`judge` gives
+works their verdicts and TDI leaves (one oracle call per runtime for works without per-request
+metadata, whose IDI rules differ per request). The oracle is stateless, so this takes no lock and
+records nothing: recording (windows, metrics, the prediction store) is
+:class:`~agent.judging.recorder.Recorder`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agent.judging.runtime import Runtime
+
+
+@dataclass(eq=False)
+class JudgeWork:
+    """One request's predictions waiting for the oracle, then for recording."""
+
+    rt: Runtime
+    features: np.ndarray
+    probabilities: np.ndarray
+    #: The predicted classes (indices into ``rt.classes``).
+    predicted: np.ndarray
+    metadata: Mapping[str, Any] | None
+    inference_seconds: float | None
+    #: The request id: its predictions are ``<request_id>:<index>`` (``None``: not recorded for labels).
+    request_id: str | None = None
+    verdicts: np.ndarray | None = None
+    #: The TDI leaf (rule) index of each prediction, set with ``verdicts`` by the oracle.
+    tdi_rules: np.ndarray | None = None
+    #: Wall seconds of the oracle call that judged this work, on the first work of that call only.
+    oracle_seconds: float | None = None
+    error: BaseException | None = None
+    #: Recorded (or failed): set by the recorder, read by whoever waits for the work.
+    done: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.predicted)
+
+    def verdicts_or_raise(self) -> np.ndarray:
+        """The work's verdicts; its judging error raised when it failed."""
+        if self.error is not None:
+            raise self.error
+        assert self.verdicts is not None
+        return self.verdicts
+
+
+def _oracle_call(works: Sequence[JudgeWork]) -> None:
+    """One oracle call for works of one runtime (several only without per-request metadata)."""
+    rt = works[0].rt
+    if len(works) == 1:
+        w = works[0]
+        features, probabilities, predicted, metadata = w.features, w.probabilities, w.predicted, w.metadata
+    else:
+        features = np.concatenate([w.features for w in works])
+        probabilities = np.concatenate([w.probabilities for w in works])
+        predicted = np.concatenate([w.predicted for w in works])
+        metadata = None
+    t0 = time.perf_counter()
+    oracle = rt.oracle if metadata is not None or rt.oracle_no_metadata is None else rt.oracle_no_metadata
+    result, tdi_rules = oracle.judge_with_rules(
+        features, probabilities, predicted, metadata=metadata, feature_names=rt.bundle.feature_names
+    )
+    works[0].oracle_seconds = time.perf_counter() - t0
+    verdicts = np.asarray(result.verdict, dtype=np.int8)
+    start = 0
+    for w in works:
+        n = w.n
+        w.verdicts = verdicts[start : start + n]
+        w.tdi_rules = tdi_rules[start : start + n] if tdi_rules is not None else None
+        start += n
+
+
+def judge(works: Sequence[JudgeWork]) -> None:
+    """Give every work without verdicts its ``verdicts`` (or its ``error``), in one oracle call per
+    runtime for works without per-request metadata. Nothing is raised and nothing recorded."""
+    groups: dict[int, list[JudgeWork]] = {}
+    for w in works:
+        if w.verdicts is None and w.error is None:
+            groups.setdefault(id(w.rt) if w.metadata is None else id(w), []).append(w)
+    for group in groups.values():
+        try:
+            _oracle_call(group)
+        except Exception as exc:  # delivered to the waiting requests; such works are not recorded
+            for w in group:
+                w.error = exc
+
+
+def judge_with_cost(works: Sequence[JudgeWork]) -> float:
+    """:func:`judge`, and each work's share of the seconds it took (wall time on one thread that holds
+    the GIL throughout: close to its CPU time, without a clock system call)."""
+    t0 = time.perf_counter()
+    judge(works)
+    return (time.perf_counter() - t0) / max(1, len(works))

@@ -1,0 +1,180 @@
+"""The composition root of a serving agent: every part built once, its collaborators passed at
+construction, and the order in which the parts start and stop.
+
+Read top to bottom, :class:`Agent` says who sees what: the recorder hands judged predictions to the
+prediction store's sampler and live inputs to the audits' reservoir; the dataplane runs the mode
+(serve, proxy, observe) under the serving policy (placement, and recording batched or committed);
+observe mode's intake records through the same judge queue; the report reads the windows and the
+realized windows of delayed labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from prometheus_client import CollectorRegistry
+
+from agent.config.settings import AgentSettings, admin_token
+from agent.core import logs
+from agent.core.os_threads import name_os_thread_once
+from agent.dataplane.modes import Mode, ObserveMode, ServeMode
+from agent.dataplane.observe_intake import ObserveIntake
+from agent.dataplane.plane import DataPlane
+from agent.dataplane.policy import BatchedRecording, CommitRecording, Recording, ServingPolicy
+from agent.dataplane.proxy import ProxyMode
+from agent.dataplane.runtimes import RuntimeHolder
+from agent.judging.loop import LoopRecorder, VerdictBatcher
+from agent.judging.queue import JudgeQueue
+from agent.judging.recorder import Recorder
+from agent.judging.runtime import Runtime
+from agent.judging.window_state import WindowState
+from agent.judging.windows import WindowSet
+from agent.labels.sample import LabelingSample, open_prediction_store
+from agent.labels.service import LabelService
+from agent.server.audit_jobs import AuditJobs
+from agent.server.metrics_port import MetricsPortServer
+from agent.server.window_report import WindowReport
+from exporters.label_metrics import LabelMetrics
+from exporters.prometheus import AgentMetrics, EstimatesCollector
+
+log = logs.get("app")
+
+
+class Agent:
+    """Every part of one serving agent, and its lifecycle (:meth:`start`, :meth:`stop`)."""
+
+    def __init__(self, settings: AgentSettings, registry: CollectorRegistry, runtime: Runtime) -> None:
+        s = settings
+        self.settings = settings
+        self.registry = registry
+        self.admin_token = admin_token()
+        self.limiter = anyio.CapacityLimiter(s.server.threads)
+        self.metrics = AgentMetrics(registry, per_class_label_cap=s.metrics.per_class_label_cap)
+        self.windows = WindowSet(s.window_seconds, s.windows.count)
+        self.mode: Mode = ProxyMode(s) if s.mode == "proxy" else ObserveMode() if s.mode == "observe" else ServeMode()
+        after_reload = self.mode.refresh if isinstance(self.mode, ProxyMode) else None
+        self.runtimes = RuntimeHolder(runtime, s, self.windows, self.metrics, after_reload)
+        self.audits = AuditJobs(s.audits, registry, lambda: self.runtimes.current, s.state_dir)
+        self.label_metrics = LabelMetrics(registry)
+        self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
+        self.sample = LabelingSample(self.store, s.labels.sample_rate, self.label_metrics)
+        recorder = Recorder(
+            self.windows,
+            self.metrics,
+            judged_sinks=[self.sample.on_judged] if s.labels.enabled else [],
+            feature_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
+        )
+        self.judge_queue = JudgeQueue(recorder)
+        # answered but not committed, at scrape time: queued for the store, or still in the judge queue
+        self.label_metrics.store_queued.set_function(lambda: self.store.queued + self.judge_queue.pending_samples())
+        self.labels = LabelService(
+            s, registry, self.label_metrics, self.store, self.runtimes, self.run, self.judge_queue.flush
+        )
+        self.loop_recorder = LoopRecorder(self.judge_queue)
+        self.verdicts = VerdictBatcher(self.run)
+        recording: Recording = (
+            CommitRecording(self.judge_queue, self.labels.acknowledge)
+            if s.labels.enabled and s.labels.durability == "commit"
+            else BatchedRecording(self.verdicts, self.loop_recorder, self.judge_queue)
+        )
+        self.policy = ServingPolicy(self.run, recording, has_model=s.mode == "serve")
+        self.plane = DataPlane(self.runtimes, self.mode, self.policy)
+        self.observe = (
+            ObserveIntake(s, self.runtimes, self.judge_queue, self.metrics, self.run, recording)
+            if s.mode == "observe"
+            else None
+        )
+        self.window_state = WindowState(
+            s.state_dir,
+            self.windows,
+            self.metrics,
+            s.model.name,
+            lambda: self.runtimes.current.identity,
+            lambda: WindowSet(s.window_seconds, s.windows.count),
+        )
+        self.report = WindowReport(
+            self.windows,
+            extensions=[self.labels.labeled_estimates],
+            sections=[self.labels.estimate_section],
+            per_class_cap=self.metrics.per_class_label_cap,
+        )
+        registry.register(EstimatesCollector(lambda: self.report.snapshot(self.runtimes.current, time.time())))
+        self.ready = False
+        #: The event loop the agent runs in (set at start).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._metrics_server: MetricsPortServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Started after the agent's own parts and stopped before them (e.g. the gRPC service).
+        self.services: list[tuple[Callable[[], Any], Callable[[], Any]]] = []
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
+        return await anyio.to_thread.run_sync(_in_worker, fn, *args, limiter=self.limiter)
+
+    def estimates(self) -> dict[str, Any]:
+        """The ``GET /v1/estimates`` document."""
+        return self.report.document(self.runtimes.current, time.time())
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.loop = asyncio.get_running_loop()
+        store = await self.run(self.window_state.open)
+        if isinstance(self.mode, ProxyMode):
+            await self.mode.start()
+        if self.observe is not None:
+            await self.observe.start(store)
+        else:
+            self.judge_queue.start()
+        if s.state_dir is not None:
+            self._tasks.append(
+                asyncio.create_task(self.window_state.flush_loop(s.state.flush_interval_seconds, self.run))
+            )
+        if s.server.metrics_port is not None:
+            self._metrics_server = MetricsPortServer(self.registry, self.run)
+            await self._metrics_server.start(s.server.host, s.server.metrics_port)
+        await self.audits.start()
+        await self.labels.start()
+        for start, _stop in self.services:
+            await start()
+        self.ready = True
+        rt = self.runtimes.current
+        log.info(
+            "agent ready", extra={"mode": s.mode, "model": rt.name, "version": rt.version, "sha256": rt.model_sha256}
+        )
+
+    async def stop(self) -> None:
+        self.ready = False
+        for _start, stop in reversed(self.services):
+            await stop()
+        if self.observe is not None:
+            await self.observe.stop(self.window_state.store)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self.loop_recorder.close()
+        await anyio.to_thread.run_sync(self.judge_queue.stop)  # record what is still pending
+        await self.labels.stop()
+        await self.audits.stop()
+        if isinstance(self.mode, ProxyMode):
+            await self.mode.stop()
+        await anyio.to_thread.run_sync(self.window_state.close)
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
+            self._metrics_server = None
+        log.info("agent stopped; state flushed")
+
+
+def _in_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` in a worker thread named ``icos-worker`` for the OS (see :mod:`agent.core.os_threads`)."""
+    name_os_thread_once("icos-worker")
+    return fn(*args)
