@@ -46,18 +46,26 @@ Estimators:
     split or lies outside the calibration windows' support, with a wider interval there
     (:mod:`agent.estimation.trust`; :func:`window_trust` gives the trust signal).
 
+``with_labels``
+    The prediction-powered accuracy (PPI++, :mod:`agent.estimation.prediction_powered`) of the window
+    from the labels of the labeling sample among its predictions (the ``lab_*`` sums a report adds to
+    the window's statistics); absent without labels.
+
 Every estimator is one :func:`register_estimator` entry below, in the order reports list them;
-:data:`ESTIMATORS` and :func:`estimate_all` read the registry.
+:data:`ESTIMATORS` and :func:`estimate_all` read the registry. :func:`estimate_window` gives a
+window's estimates and its trust signal from one computation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01, wilson
 from agent.estimation.layout import N_VERDICTS
+from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_of_sums
 from agent.estimation.shift_aware import shift_aware
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust, confidence_base
@@ -68,23 +76,39 @@ Estimator = Callable[[WindowStats, EstimatorCalibration], Estimate | None]
 
 #: Every estimator by name, in registration order (the one place an estimator is added).
 REGISTRY: dict[str, Estimator] = {}
+#: The registered estimators that need true labels (they answer nothing for a window without).
+NEEDS_LABELS: set[str] = set()
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator adding an estimator to :data:`REGISTRY` under ``name`` (a name is taken once)."""
+def register_estimator(name: str, *, needs_labels: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator to :data:`REGISTRY` under ``name`` (a name is taken once).
+    ``needs_labels``: it estimates only windows holding labeled predictions (``with_labels``)."""
 
     def add(fn: Estimator) -> Estimator:
         if name in REGISTRY:
             raise ValueError(f"estimator {name!r} is already registered")
         REGISTRY[name] = fn
+        if needs_labels:
+            NEEDS_LABELS.add(name)
         return fn
 
     return add
 
 
-def estimator_names() -> tuple[str, ...]:
-    """The registered estimators' names, in registration order."""
-    return tuple(REGISTRY)
+def estimator_names(*, label_free: bool = False) -> tuple[str, ...]:
+    """The registered estimators' names, in registration order (``label_free``: those that need no
+    labels)."""
+    return tuple(n for n in REGISTRY if not (label_free and n in NEEDS_LABELS))
+
+
+@dataclass(frozen=True)
+class ShiftAwareEstimate(Estimate):
+    """A ``shift_aware`` estimate and, from the same computation, the window's trust signal."""
+
+    trust: Trust | None = None
+
+    def to_dict(self) -> dict[str, float | int]:
+        return Estimate.to_dict(self)
 
 
 def _mean_interval(stats: WindowStats) -> tuple[float, float, float]:
@@ -164,19 +188,42 @@ def _doc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
 def _shift_aware(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
     if calibration.shift is None or sum(stats.cells) != stats.n:
         return None
-    return shift_aware(stats, calibration.shift, calibration.conf_offsets).estimate
+    parts = shift_aware(stats, calibration.shift, calibration.conf_offsets)
+    e = parts.estimate
+    return ShiftAwareEstimate(e.value, e.lower, e.upper, e.n, parts.trust)
+
+
+@register_estimator(WITH_LABELS, needs_labels=True)
+def _with_labels(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
+    return prediction_powered_of_sums(
+        stats.n,
+        stats.conf_sum,
+        stats.conf_sq_sum,
+        stats.lab_n,
+        stats.lab_f_sum,
+        stats.lab_f_sq_sum,
+        stats.lab_y_sum,
+        stats.lab_yf_sum,
+    )
 
 
 def window_trust(stats: WindowStats, calibration: EstimatorCalibration) -> Trust | None:
     """The trust signal of a window (:class:`~agent.estimation.trust.Trust`), or None when the bundle
-    has no trust model or the window is empty."""
-    if stats.n <= 0 or calibration.shift is None or sum(stats.cells) != stats.n:
+    has no trust model or the window is empty. Where the estimates are computed too, take it from
+    :func:`estimate_window` instead (one ``shift_aware`` computation)."""
+    if stats.n <= 0:
         return None
-    return shift_aware(stats, calibration.shift, calibration.conf_offsets).trust
+    return trust_of(_shift_aware(stats, calibration))
 
 
-#: The built-in estimators (:func:`estimator_names` also lists any registered later).
-ESTIMATORS: tuple[str, ...] = estimator_names()
+def trust_of(shift_aware_estimate: Estimate | None) -> Trust | None:
+    """The trust signal carried by a ``shift_aware`` estimate (None for another or none)."""
+    return shift_aware_estimate.trust if isinstance(shift_aware_estimate, ShiftAwareEstimate) else None
+
+
+#: The built-in label-free estimators (:func:`estimator_names` also lists ``with_labels`` and any
+#: registered later).
+ESTIMATORS: tuple[str, ...] = estimator_names(label_free=True)
 #: The recommended estimator (shown first in reports and dashboards).
 RECOMMENDED_ESTIMATOR = "shift_aware"
 #: The headline of a bundle fitted from tables (``icos-agent fit --reference``): ``shift_aware`` learns
@@ -197,7 +244,25 @@ def estimate_all(stats: WindowStats, calibration: EstimatorCalibration) -> dict[
         return {}
     out: dict[str, Estimate] = {}
     for name, estimator in REGISTRY.items():
+        if name in NEEDS_LABELS and stats.lab_n <= 0:
+            continue
         est = estimator(stats, calibration)
         if est is not None:
             out[name] = est
     return out
+
+
+@dataclass(frozen=True)
+class WindowEstimates:
+    """Everything estimated about one window: every estimator's estimate and the trust signal
+    (from the same ``shift_aware`` computation; None without a trust model)."""
+
+    stats: WindowStats
+    estimates: dict[str, Estimate]
+    trust: Trust | None
+
+
+def estimate_window(stats: WindowStats, calibration: EstimatorCalibration) -> WindowEstimates:
+    """A window's estimates and trust signal, each estimator computed once."""
+    estimates = estimate_all(stats, calibration)
+    return WindowEstimates(stats, estimates, trust_of(estimates.get("shift_aware")))

@@ -31,8 +31,11 @@ The labeled predictions are part of the window's ``N`` here (PPI takes them apar
 the difference is a covariance term of order 1/N, and counting the ``f`` variance at all is
 conservative for the window's own accuracy (its ``N`` values of ``f`` are known exactly).
 
-Everything the window side needs is additive (``N``, Σf, Σf²: :class:`~agent.estimation.statistics.WindowStats`
-keeps them as ``n``, ``conf_sum``, ``conf_sq_sum``), so the estimate works on streaming windows.
+Everything both sides need is additive (:func:`prediction_powered_of_sums`): the window's ``N``, Σf,
+Σf² (:class:`~agent.estimation.statistics.WindowStats` keeps them as ``n``, ``conf_sum``,
+``conf_sq_sum``) and the labeled sample's size, Σf, Σf², ΣY and ΣYf (its ``lab_*`` fields), so the
+estimate is one more registered estimator on a window's statistics (``with_labels``, absent without
+labels).
 """
 
 from __future__ import annotations
@@ -72,11 +75,17 @@ def rectifier_variance(residuals: np.ndarray, shift: float, z: float = Z95) -> f
     without spread would give a zero-width interval. The point estimate is not changed, and the
     correction vanishes as the sample grows (variance scaled to the sample size ``m``)."""
     r = np.asarray(residuals, dtype=np.float64)
-    m = len(r)
+    return rectifier_variance_of_sums(len(r), float(r.sum()), float((r * r).sum()), shift, z)
+
+
+def rectifier_variance_of_sums(m: int, r_sum: float, r_sq_sum: float, shift: float, z: float = Z95) -> float:
+    """:func:`rectifier_variance` from the sample's size and the sums of its residuals and their
+    squares (what additive window statistics keep)."""
     w = z * z / 2.0
-    pseudo = np.array([1.0 - shift, -shift])
-    mean = (float(r.sum()) + w * float(pseudo.sum())) / (m + 2 * w)
-    ss = float(((r - mean) ** 2).sum()) + w * float(((pseudo - mean) ** 2).sum())
+    p_right, p_wrong = 1.0 - shift, -shift
+    mean = (r_sum + w * (p_right + p_wrong)) / (m + 2 * w)
+    ss = max(r_sq_sum - 2 * mean * r_sum + m * mean * mean, 0.0)
+    ss += w * ((p_right - mean) ** 2 + (p_wrong - mean) ** 2)
     return ss / (m + 2 * w - 1)
 
 
@@ -97,21 +106,56 @@ def prediction_powered_accuracy(
     ``tuned=False`` gives plain PPI (λ = 1). The interval is clipped to [0, 1]."""
     f_lab = np.asarray(f_labeled, dtype=np.float64).reshape(-1)
     y = np.asarray(correct, dtype=np.float64).reshape(-1)
-    m = len(y)
-    if m == 0 or n <= 0 or len(f_lab) != m:
+    if len(f_lab) != len(y):
+        return None
+    return prediction_powered_of_sums(
+        n,
+        f_sum,
+        f_sq_sum,
+        len(y),
+        float(f_lab.sum()),
+        float((f_lab * f_lab).sum()),
+        float(y.sum()),
+        float((y * f_lab).sum()),
+        tuned=tuned,
+        z=z,
+    )
+
+
+def prediction_powered_of_sums(
+    n: int,
+    f_sum: float,
+    f_sq_sum: float,
+    m: int,
+    lab_f_sum: float,
+    lab_f_sq_sum: float,
+    lab_y_sum: float,
+    lab_yf_sum: float,
+    *,
+    tuned: bool = True,
+    z: float = Z95,
+) -> LabeledEstimate | None:
+    """:func:`prediction_powered_accuracy` from additive sums: the window's ``n``, Σf, Σf², and the
+    labeled sample's size ``m``, Σf, Σf², ΣY and ΣYf (``Y`` is 0 or 1, so ΣY² = ΣY). Every
+    variance and covariance of the estimator is a function of these sums."""
+    if m <= 0 or n <= 0:
         return None
     big_n = max(int(n), m)
     f_mean = f_sum / n
     var_f = max(f_sq_sum / n - f_mean * f_mean, 0.0) * n / max(n - 1, 1)
+    y_mean, lf_mean = lab_y_sum / m, lab_f_sum / m
     lam = 1.0
     if tuned:
-        cov = float(np.cov(y, f_lab, ddof=1)[0, 1]) if m > 1 else 0.0
+        cov = (lab_yf_sum - m * y_mean * lf_mean) / (m - 1) if m > 1 else 0.0
         denom = (1.0 + m / big_n) * var_f
         lam = min(max(cov / denom, 0.0), 1.0) if denom > 1e-12 else 0.0
-    value = float(y.mean()) + lam * (f_mean - float(f_lab.mean()))
+    value = clip01(y_mean + lam * (f_mean - lf_mean))
     if m < 2:
-        lo, hi = wilson(float(y.sum()), m, z)  # one label: the Wilson interval of the labels alone
-        return LabeledEstimate(clip01(value), min(lo, clip01(value)), max(hi, clip01(value)), int(n), m, lam)
-    var = lam * lam * var_f / big_n + rectifier_variance(y - lam * f_lab, lam * float(f_lab.mean()), z) / m
+        lo, hi = wilson(lab_y_sum, m, z)  # one label: the Wilson interval of the labels alone
+        return LabeledEstimate(value, min(lo, value), max(hi, value), int(n), m, lam)
+    r_sum = lab_y_sum - lam * lab_f_sum
+    r_sq_sum = lab_y_sum - 2 * lam * lab_yf_sum + lam * lam * lab_f_sq_sum
+    var = lam * lam * var_f / big_n + rectifier_variance_of_sums(m, r_sum, r_sq_sum, lam * lf_mean, z) / m
     half = z * math.sqrt(var)
-    return LabeledEstimate(clip01(value), clip01(value - half), clip01(value + half), int(n), m, lam)
+    raw = y_mean + lam * (f_mean - lf_mean)
+    return LabeledEstimate(value, clip01(raw - half), clip01(raw + half), int(n), m, lam)

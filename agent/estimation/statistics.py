@@ -185,6 +185,15 @@ class WindowStats:
     cbpe_predicted: list[int] = field(default_factory=list, metadata=_agent_only())
     cbpe_true_positive: list[float] = field(default_factory=list, metadata=_agent_only())
     cbpe_support: list[float] = field(default_factory=list, metadata=_agent_only())
+    #: The labeled side of PPI++ (:mod:`agent.estimation.prediction_powered`): the predictions of the
+    #: labeling sample in the window whose true label arrived, their count, and the sums of their
+    #: top-class probability ``f``, of ``f²``, of ``Y = 1{correct}`` and of ``Y·f``. Never filled by
+    #: judging: a report adds them from the delayed labels (:meth:`of_labeled_sample`). Agent-only.
+    lab_n: int = field(default=0, metadata=_agent_only())
+    lab_f_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_f_sq_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_y_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_yf_sum: float = field(default=0.0, metadata=_agent_only())
 
     @classmethod
     def from_batch(
@@ -214,6 +223,22 @@ class WindowStats:
         if probabilities is not None:
             out.add_class_sums(probabilities, labels)
         return out
+
+    @classmethod
+    def of_labeled_sample(cls, confidence: np.ndarray, correct: np.ndarray) -> WindowStats:
+        """The ``lab_*`` sums of labeled predictions of the labeling sample: their top-class
+        probabilities and whether each was right (everything else empty)."""
+        f = np.asarray(confidence, dtype=np.float64).reshape(-1)
+        y = np.asarray(correct, dtype=np.float64).reshape(-1)
+        if len(f) != len(y):
+            raise ValueError(f"{len(f)} confidences for {len(y)} labels")
+        return cls(
+            lab_n=int(len(y)),
+            lab_f_sum=float(f.sum()),
+            lab_f_sq_sum=float((f * f).sum()),
+            lab_y_sum=float(y.sum()),
+            lab_yf_sum=float((y * f).sum()),
+        )
 
     def add_class_sums(self, probabilities: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Fill the ``cbpe_*`` sums from the samples' probability vectors ``[N, K]`` and predicted

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from agent.core.os_threads import name_os_thread
@@ -41,7 +42,10 @@ class JudgeQueue:
         self.linger_samples = linger_samples
         self._pending: list[JudgeWork] = []
         self._pending_samples = 0  # predictions queued since the last take
+        #: request ids of the works queued or being recorded (a label may wait for them: :meth:`holds`)
+        self._unrecorded: Counter[str] = Counter()
         self._idle = False  # the background thread waits for work (submit must wake it)
+        self._hurry = False  # somebody waits: record without lingering
         self._pending_lock = threading.Lock()
         self._wakeup = threading.Condition(self._pending_lock)
         self._judge_lock = threading.Lock()
@@ -55,6 +59,7 @@ class JudgeQueue:
         with self._pending_lock:
             self._pending.extend(works)
             self._pending_samples += sum(w.n for w in works)
+            self._count(works)
         self._record_until_done(works)
 
     def submit(self, work: JudgeWork) -> None:
@@ -62,6 +67,7 @@ class JudgeQueue:
         with self._wakeup:
             self._pending.append(work)
             self._pending_samples += work.n
+            self._count((work,))
             if self._worker is not None and len(self._pending) <= self.deferred_limit:
                 if self._idle or self._enough_pending():
                     self._idle = False
@@ -76,6 +82,7 @@ class JudgeQueue:
         with self._pending_lock:
             self._pending.append(work)
             self._pending_samples += work.n
+            self._count((work,))
             return self._pending_samples
 
     # -- state ----------------------------------------------------------------------------------
@@ -83,6 +90,16 @@ class JudgeQueue:
         """Predictions queued and not yet taken by a recording call."""
         with self._pending_lock:
             return self._pending_samples
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a work of ``request_id`` is queued or being recorded (not yet handed to the sinks)."""
+        with self._pending_lock:
+            return self._unrecorded.get(request_id, 0) > 0
+
+    def held_ids(self) -> list[str]:
+        """The request ids of every work queued or being recorded now."""
+        with self._pending_lock:
+            return list(self._unrecorded)
 
     def busy(self) -> bool:
         """Whether a recording call is running now (a caller that must not wait can go elsewhere)."""
@@ -99,16 +116,18 @@ class JudgeQueue:
         if not self._judge_lock.acquire(blocking=False):
             return False
         try:
-            self.recorder.record(self._take())
+            self._record(self._take())
         finally:
             self._judge_lock.release()
         return True
 
     def wake(self) -> None:
-        """Have the background thread record what is pending (recorded here without that thread)."""
+        """Have the background thread record what is pending now, without lingering (recorded here
+        without that thread)."""
         with self._wakeup:
             if self._worker is not None:
                 self._idle = False
+                self._hurry = True
                 self._wakeup.notify()
                 return
         self.flush()
@@ -116,7 +135,7 @@ class JudgeQueue:
     def flush(self) -> None:
         """Record everything pending now."""
         with self._judge_lock:
-            self.recorder.record(self._take())
+            self._record(self._take())
 
     def start(self) -> None:
         """Start the background thread."""
@@ -141,17 +160,43 @@ class JudgeQueue:
         with self._pending_lock:
             batch, self._pending = self._pending, []
             self._pending_samples = 0
+            self._hurry = False
         return batch
+
+    def _count(self, works: Sequence[JudgeWork]) -> None:
+        """Count the works' request ids as unrecorded (called holding the pending lock)."""
+        for w in works:
+            if w.request_id is not None:
+                self._unrecorded[w.request_id] += 1
+
+    def _record(self, batch: list[JudgeWork]) -> None:
+        """Record ``batch`` (called holding the judging lock); its request ids are then no longer held."""
+        try:
+            self.recorder.record(batch)
+        finally:
+            with self._pending_lock:
+                for w in batch:
+                    rid = w.request_id
+                    if rid is not None:
+                        left = self._unrecorded[rid] - 1
+                        if left > 0:
+                            self._unrecorded[rid] = left
+                        else:
+                            self._unrecorded.pop(rid, None)
 
     def _record_until_done(self, works: Sequence[JudgeWork]) -> None:
         """Record everything pending, unless another thread already recorded these works meanwhile."""
         with self._judge_lock:
             if not all(w.done for w in works):
-                self.recorder.record(self._take())
+                self._record(self._take())
 
     def _enough_pending(self) -> bool:
         """Whether the background thread should stop lingering (called holding the pending lock)."""
-        return self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
+        return (
+            self._hurry
+            or self._pending_samples >= self.linger_samples
+            or 2 * len(self._pending) >= self.deferred_limit
+        )
 
     def _background(self) -> None:
         name_os_thread("icos-judge")
@@ -170,4 +215,4 @@ class JudgeQueue:
                         break
                     self._wakeup.wait(left)
             with self._judge_lock:
-                self.recorder.record(self._take())
+                self._record(self._take())

@@ -23,8 +23,6 @@ import numpy as np
 
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import estimate_all
-from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import SampleExtras, WindowStats
 
 BUCKETS_PER_WINDOW = 60
@@ -286,11 +284,6 @@ class WindowSet:
             if self.count is not None and self.count_name is not None:
                 out[self.count_name] = self.count.stats(calibration)
         return out
-
-    def estimates(
-        self, calibration: EstimatorCalibration, now: float
-    ) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:
-        return {name: (s, estimate_all(s, calibration)) for name, s in self.stats(calibration, now).items()}
 
     def reset(self) -> None:
         with self._lock:

@@ -23,8 +23,11 @@ For every window, :class:`RealizedWindows` reports on the labeled predictions in
   ``agent.audits.mutation.robustness.probability_errors`` too.
 
 Labels of the labeling sample (``labels.sample_rate``) also give every time window the estimator
-``with_labels`` (:func:`with_labels_estimates`), the prediction-powered accuracy of *all* the window's
-predictions, exact up to its interval whatever the shift.
+``with_labels``, the prediction-powered accuracy of *all* the window's predictions, exact up to its
+interval whatever the shift: :meth:`RealizedWindows.labeled_sums` gives the sample's additive sums
+(:meth:`~agent.estimation.statistics.WindowStats.of_labeled_sample`), which a report adds to the
+window's statistics before estimating it. Count windows have none (their labeled predictions are not
+the window's latest predictions).
 
 The labeled samples are kept in memory (at most ``capacity``, the newest by prediction time, and
 only those a window can still hold); statistics are recomputed when read (cached for a second).
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +47,6 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import realized_class_metrics
 from agent.estimation.estimators import estimate_all
 from agent.estimation.intervals import Estimate, wilson
-from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.estimation.statistics import WindowStats
 from agent.judging.windows import count_window_name
 from agent.labels.rows import LabeledRows
@@ -81,16 +83,15 @@ class RealizedWindow:
     estimates: dict[str, Estimate] = field(default_factory=dict)
     abs_errors: dict[str, float] = field(default_factory=dict)
     probability_errors: ProbabilityErrors = ProbabilityErrors(0.0, 0.0, 0.0)
-    #: the top-class probabilities and correctness of the labeled predictions of the labeling sample
-    sample_confidence: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    sample_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: the ``lab_*`` sums of the labeled predictions of the labeling sample (``with_labels``'s side)
+    sample: WindowStats = field(default_factory=WindowStats)
     #: precision, recall and F1 per class of the labeled predictions (None: class names not given)
     classes: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "n": self.n,
-            "n_sampled": len(self.sample_correct),
+            "n_sampled": self.sample.lab_n,
             "correct": self.correct,
             "accuracy": self.accuracy.to_dict(),
             "estimates": {k: e.to_dict() for k, e in self.estimates.items()},
@@ -128,8 +129,7 @@ def realized_window(
         estimates=ests,
         abs_errors={k: abs(e.value - acc) for k, e in ests.items()},
         probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
-        sample_confidence=rows.confidence[rows.sampled],
-        sample_correct=rows.correct[rows.sampled],
+        sample=WindowStats.of_labeled_sample(rows.confidence[rows.sampled], rows.correct[rows.sampled]),
         classes=_class_figures(rows, classes, per_class),
     )
 
@@ -140,26 +140,6 @@ def _class_figures(rows: LabeledRows, classes: Sequence[str] | None, per_class: 
     out = realized_class_metrics(rows.label, rows.predicted, len(classes), classes)
     if not per_class:
         del out["per_class"]
-    return out
-
-
-def with_labels_estimates(
-    realized: Mapping[str, RealizedWindow | None], stats: Mapping[str, WindowStats], time_windows: Iterable[str]
-) -> dict[str, dict[str, Estimate]]:
-    """Per time window, the estimator ``with_labels``: the prediction-powered accuracy
-    (:func:`~agent.estimation.prediction_powered.prediction_powered_accuracy`) of the window's
-    predictions (``stats``: their count and top-class probability sums) from the labeled predictions
-    of the labeling sample among them. Labels of predictions outside the sample count for the
-    realized accuracy but not here: the interval is valid because the sample is uniform. Count
-    windows have none (their labeled predictions are not the window's latest predictions)."""
-    out: dict[str, dict[str, Estimate]] = {}
-    for name in time_windows:
-        w, s = realized.get(name), stats.get(name)
-        if w is None or s is None or s.n == 0 or not len(w.sample_correct):
-            continue
-        e = prediction_powered_accuracy(s.n, s.conf_sum, s.conf_sq_sum, w.sample_confidence, w.sample_correct)
-        if e is not None:
-            out[name] = {WITH_LABELS: e}
     return out
 
 
@@ -249,4 +229,21 @@ class RealizedWindows:
             last = _take(rows, np.arange(max(rows.n - self.count, 0), rows.n))
             out[self.count_name] = realized_window(last, calibration, classes, per_class=per_class)
         self._cache = (key, out)
+        return out
+
+    def labeled_sums(
+        self,
+        calibration: EstimatorCalibration,
+        now: float,
+        classes: Sequence[str] | None = None,
+        *,
+        per_class: bool = True,
+    ) -> dict[str, WindowStats]:
+        """Per time window holding labeled predictions of the labeling sample, their ``lab_*`` sums."""
+        realized = self.compute(calibration, now, classes, per_class=per_class)
+        out: dict[str, WindowStats] = {}
+        for name in self.time:
+            w = realized.get(name)
+            if w is not None and w.sample.lab_n:
+                out[name] = w.sample
         return out

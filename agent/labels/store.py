@@ -41,6 +41,11 @@ whether the prediction was in the labeling sample), so reading labeled predictio
 request rows. Evicting a request deletes its labels. ``calibration`` keeps an estimator calibration
 refitted from labels, per model identity.
 
+A label may arrive for a prediction that is still on its way to the store (answered a moment ago):
+:meth:`wait_written` waits, bounded, until the requests it names have left the queue, written or
+dropped (:mod:`agent.labels.in_flight`), so that the label finds its prediction without anyone
+draining the queue.
+
 Predictions not stored are reported to ``on_drop(n, reason)``: ``queue_full``, ``invalid`` (a request
 whose id or identity UTF-8 cannot encode or holds a NUL character, or whose arrays disagree: dropped
 alone) and ``write_failed``. Failures are reported to ``on_error(operation)``. Inference never depends
@@ -55,12 +60,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
 from agent.core.os_threads import name_os_thread
 from agent.labels.backend import StoreBackend, StoreUnavailable, StoreUnreachable
+from agent.labels.in_flight import InFlight
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, batch_problem
 from agent.labels.sqlite_backend import STORE_FILE, SQLiteBackend
 from agent.labels.sqlite_schema import last_per_request
@@ -134,6 +140,8 @@ class PredictionStore:
         self._wait_lock = threading.Lock()
         self._waiters: dict[str, deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]]] = {}
         self._settled: OrderedDict[str, bool] = OrderedDict()
+        #: every mode: batches per request id queued or being written, and who waits for them
+        self.in_flight = InFlight()
 
     # -- the backend ---------------------------------------------------------------------------
     def open(self) -> None:
@@ -176,6 +184,7 @@ class PredictionStore:
     # -- writing ---------------------------------------------------------------------------------
     def enqueue(self, batch: PendingBatch) -> bool:
         """Queue a judged request for the writer (cheap). ``False`` when the queue is full (dropped)."""
+        self.in_flight.arrived(batch.request_id)
         with self._queue_lock:
             if self._queued + batch.n > self.queue_limit:
                 dropped = True
@@ -184,10 +193,11 @@ class PredictionStore:
                 self._queued += batch.n
                 dropped = False
         if dropped:
+            self.in_flight.left([batch.request_id])
             self.on_drop(batch.n, "queue_full")
             self._settle([batch.request_id], ok=False)
-        elif self.durability == "commit":
-            self._wake.set()
+        elif self.durability == "commit" or self.in_flight.awaited(batch.request_id):
+            self._wake.set()  # somebody waits for this commit, or for this request to be written
         return not dropped
 
     @property
@@ -214,6 +224,7 @@ class PredictionStore:
                 dropped.append(b)
         if dropped:
             self.on_drop(sum(b.n for b in dropped), "queue_full")
+            self.in_flight.left([b.request_id for b in dropped])
 
     def flush(self, now: float | None = None) -> int:
         """Write everything queued now, then evict; returns the predictions written. A batch that
@@ -237,6 +248,13 @@ class PredictionStore:
         taken = self._take()
         if not taken:
             return 0
+        try:
+            return self._write(taken)
+        finally:
+            if not self.unreachable:  # put back when unreachable: still on its way
+                self.in_flight.left([b.request_id for b in taken])
+
+    def _write(self, taken: list[PendingBatch]) -> int:
         batches = self._storable(last_per_request(taken))
         if not batches:
             self._settle([b.request_id for b in taken], ok=False)
@@ -345,6 +363,26 @@ class PredictionStore:
         for q in waiting.values():
             for loop, fut in q:
                 _resolve_from_thread(loop, fut, False)
+
+    # -- labels for predictions on their way ------------------------------------------------------
+    def holds(self, request_id: str) -> bool:
+        """Whether predictions of ``request_id`` are queued or being written now."""
+        return self.in_flight.holds(request_id)
+
+    def unwritten_ids(self) -> list[str]:
+        """The request ids of every batch queued or being written now."""
+        return self.in_flight.ids()
+
+    def write_soon(self) -> None:
+        """Have the writer write the queue now rather than at its next flush interval."""
+        self._wake.set()
+
+    async def wait_written(
+        self, request_ids: Iterable[str], pending_before: Callable[[str], bool], timeout: float
+    ) -> None:
+        """Return once none of ``request_ids`` is on its way to the store any more (written or dropped),
+        or after ``timeout`` (:meth:`InFlight.wait`; ``pending_before``: still before the store)."""
+        await self.in_flight.wait(request_ids, pending_before, timeout, self.write_soon)
 
     # -- background writer -----------------------------------------------------------------------
     def start(self) -> None:

@@ -21,8 +21,8 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
-from agent.estimation.estimators import estimate_all, headline_estimator, window_trust
-from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
+from agent.estimation.estimators import estimate_window, headline_estimator
+from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import OnnxClassifier, Prediction
 from agent.offline.fit import predict_with_progress
@@ -118,7 +118,17 @@ def check_report(
         features=judged.features,
         tdi_rules=judged.tdi_rules,
     )
-    estimates = estimate_all(stats, cal)
+    pred = judged.prediction
+    y = label_indices(data.y, model.classes) if data.y is not None else None
+    idx: np.ndarray | None = None
+    if y is not None and labels:
+        # the revealed labels join the statistics as a labeling sample would: with_labels is then one
+        # estimator among the others
+        idx = np.random.default_rng(seed).choice(len(y), size=labels, replace=False)
+        conf = np.asarray(pred.confidences, dtype=np.float64)
+        stats = stats + WindowStats.of_labeled_sample(conf[idx], (pred.labels == y)[idx])
+    window = estimate_window(stats, cal)
+    estimates = window.estimates
     report: dict[str, Any] = {
         "n": int(len(data)),
         "model": {"name": model.name, "sha256": model.sha256},
@@ -127,23 +137,14 @@ def check_report(
         "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
         "calibration": calibration_summary(cal),
     }
-    trust = window_trust(stats, cal)
-    if trust is not None:
-        report["trust"] = trust.to_dict()
-    pred = judged.prediction
-    y = label_indices(data.y, model.classes) if data.y is not None else None
+    if WITH_LABELS in estimates:
+        report["estimates"][WITH_LABELS] = {**estimates[WITH_LABELS].to_dict(), "seed": seed}
+    if window.trust is not None:
+        report["trust"] = window.trust.to_dict()
     report["classes"] = class_report(pred.probabilities, pred.labels, model.classes, y)
     if y is not None:
         correct = pred.labels == y
-        if labels:
-            idx = np.random.default_rng(seed).choice(len(y), size=labels, replace=False)
-            conf = np.asarray(pred.confidences, dtype=np.float64)
-            est = prediction_powered_accuracy(
-                len(y), float(conf.sum()), float((conf * conf).sum()), conf[idx], correct[idx]
-            )
-            if est is not None:
-                estimates[WITH_LABELS] = est
-                report["estimates"][WITH_LABELS] = {**est.to_dict(), "seed": seed}
+        if idx is not None:
             sampled = class_report(pred.probabilities[idx], pred.labels[idx], model.classes, y[idx])
             report["classes"]["with_labels"] = sampled["realized"]
         accuracy = float(correct.mean())

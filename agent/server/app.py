@@ -2,7 +2,8 @@
 
 ``create_app(settings, registry)`` loads the model and bundle (raising :class:`agent.errors.UserError`
 on a bad file), and returns the app; background work (observe workers, state flushes, the optional
-metrics port, the optional gRPC service of :mod:`agent.server.grpc_server`) starts in the lifespan.
+metrics port, the optional gRPC service of :mod:`agent.server.grpc_server`) starts in the lifespan
+(:meth:`agent.server.composition.Agent.start`).
 Other parts of the agent extend it: pass ``routers`` (e.g. the
 audit endpoints under ``/v1/audits``) and register collectors on ``app.state.registry``; the admin
 check is :func:`agent.server.admin.require_admin`, usable as a FastAPI dependency. ``app.state.agent`` is the
@@ -87,25 +88,6 @@ def create_app(
     registry = registry if registry is not None else CollectorRegistry()
     rt = runtime or load_runtime(fetch_model(settings))
     agent = Agent(settings, registry, rt)
-    grpc_port = settings.server.grpc_port
-    if grpc_port is not None:
-        # lazy: grpc and the protocol's messages load only when the gRPC service is on
-        from agent.server.grpc_server import GrpcService
-
-        s = settings.server
-        grpc_service = GrpcService(
-            agent.plane, agent.metrics, lambda: agent.ready, s.max_body_bytes, s.limit_concurrency
-        )
-
-        async def start_grpc() -> None:
-            await grpc_service.start(settings.server.host, grpc_port)
-
-        async def stop_grpc() -> None:  # first: calls in flight finish while the agent judges
-            agent.ready = False  # ServerReady answers false from now on
-            await grpc_service.stop(settings.server.graceful_timeout_seconds)
-
-        agent.services.append((start_grpc, stop_grpc))
-
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await agent.start()

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -35,13 +35,19 @@ from agent.judging.recorder import Recorder
 from agent.judging.runtime import Runtime
 from agent.judging.window_state import WindowState
 from agent.judging.windows import WindowSet
+from agent.labels.intake import LabelIntake
+from agent.labels.recalibration import Recalibrator
 from agent.labels.sample import LabelingSample, open_prediction_store
 from agent.labels.service import LabelService
+from agent.labels.tracker import RealizedTracker
 from agent.server.audit_jobs import AuditJobs
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
-from exporters.label_metrics import LabelMetrics
+from exporters.label_metrics import LabelMetrics, RealizedCollector
 from exporters.prometheus import AgentMetrics, EstimatesCollector
+
+if TYPE_CHECKING:
+    from agent.server.grpc_server import GrpcService
 
 log = logs.get("app")
 
@@ -73,8 +79,22 @@ class Agent:
         self.judge_queue = JudgeQueue(recorder)
         # answered but not committed, at scrape time: queued for the store, or still in the judge queue
         self.label_metrics.store_queued.set_function(lambda: self.store.queued + self.judge_queue.pending_samples())
+        # delayed labels: in through the intake (which waits for predictions still on their way instead
+        # of draining the judge queue), into the realized windows; recalibration refits from the store
+        self.realized = RealizedTracker(s, self.store, self.runtimes)
+        registry.register(RealizedCollector(self.realized.snapshot))
+        recalibrator = Recalibrator(s.labels, self.store, self.runtimes, self.label_metrics, self.run)
+        intake = LabelIntake(
+            s.labels,
+            self.store,
+            self.runtimes,
+            self.judge_queue,
+            self.label_metrics,
+            self.run,
+            on_accepted=self.realized.add_accepted,
+        )
         self.labels = LabelService(
-            s, registry, self.label_metrics, self.store, self.runtimes, self.run, self.judge_queue.flush
+            s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
         )
         self.loop_recorder = LoopRecorder(self.judge_queue)
         self.verdicts = VerdictBatcher(self.run)
@@ -100,8 +120,8 @@ class Agent:
         )
         self.report = WindowReport(
             self.windows,
-            extensions=[self.labels.labeled_estimates],
-            sections=[self.labels.estimate_section],
+            labeled=self.realized.labeled_sums,
+            section=self.realized.section,
             per_class_cap=self.metrics.per_class_label_cap,
         )
         registry.register(EstimatesCollector(lambda: self.report.snapshot(self.runtimes.current, time.time())))
@@ -110,8 +130,16 @@ class Agent:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._metrics_server: MetricsPortServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        #: Started after the agent's own parts and stopped before them (e.g. the gRPC service).
-        self.services: list[tuple[Callable[[], Any], Callable[[], Any]]] = []
+        #: The V2 gRPC service on ``server.grpc_port`` (grpc is imported only when the port is set);
+        #: started after the agent's own parts and stopped before them.
+        self.grpc: GrpcService | None = None
+        if s.server.grpc_port is not None:
+            from agent.server.grpc_server import GrpcService
+
+            srv = s.server
+            self.grpc = GrpcService(
+                self.plane, self.metrics, lambda: self.ready, srv.max_body_bytes, srv.limit_concurrency
+            )
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
@@ -141,8 +169,9 @@ class Agent:
             await self._metrics_server.start(s.server.host, s.server.metrics_port)
         await self.audits.start()
         await self.labels.start()
-        for start, _stop in self.services:
-            await start()
+        if self.grpc is not None:
+            assert s.server.grpc_port is not None
+            await self.grpc.start(s.server.host, s.server.grpc_port)
         self.ready = True
         rt = self.runtimes.current
         log.info(
@@ -150,9 +179,9 @@ class Agent:
         )
 
     async def stop(self) -> None:
-        self.ready = False
-        for _start, stop in reversed(self.services):
-            await stop()
+        self.ready = False  # ServerReady answers false from now on
+        if self.grpc is not None:  # first: calls in flight finish while the agent still judges
+            await self.grpc.stop(self.settings.server.graceful_timeout_seconds)
         if self.observe is not None:
             await self.observe.stop(self.window_state.store)
         for t in self._tasks:

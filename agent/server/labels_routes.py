@@ -35,8 +35,7 @@ def labels_router(labels: LabelService) -> APIRouter:
     @r.get("/v1/labels", summary="Delayed labels: prediction store, calibration in use, last recalibration")
     async def get_labels() -> Response:
         enabled()
-        await labels.run(labels.check_runtime)
-        return json_response(labels.describe())
+        return json_response(await labels.describe())
 
     @r.get("/v1/labels/requests", summary="The labeling sample: predictions whose true label is wanted, newest first")
     async def label_requests(limit: str = "100") -> Response:
@@ -46,12 +45,12 @@ def labels_router(labels: LabelService) -> APIRouter:
             raise ClientError(
                 f"'limit' must be an integer from 1 to {MAX_LABEL_REQUESTS}", status=400, reason="invalid_parameter"
             )
-        return json_response(await labels.run(labels.label_requests, n))
+        return json_response(await labels.intake.requests(n))
 
     @r.post("/v1/recalibrate", summary="Admin: refit the estimator calibration from delayed labels (bearer token)")
     async def recalibrate(request: Request) -> Response:
         require_admin(request)
         enabled()
-        return json_response(await labels.recalibrate("manual"))
+        return json_response(await labels.recalibrator.recalibrate("manual"))
 
     return r

@@ -1,21 +1,24 @@
-"""What an agent reports about its windows: the ``GET /v1/estimates`` document and the scrape-time
-snapshot behind ``icos_estimated_*`` (:class:`exporters.prometheus.EstimatesCollector`).
+"""What an agent reports about its windows: one report per read (:meth:`WindowReport.windows`),
+rendered twice — as the ``GET /v1/estimates`` document and as the scrape-time snapshot behind
+``icos_estimated_*`` (:class:`exporters.prometheus.EstimatesCollector`) — so that the JSON and the
+metrics never disagree.
 
-Both read the same thing: every window's statistics and estimates, the estimators that extensions
-compute beside the label-free ones (``with_labels`` from the labeling sample,
-:mod:`agent.labels.service`), the trust signal and the label-free per-class figures (CBPE), so that
-the JSON and the metrics never disagree. Sections (e.g. ``realized`` from delayed labels) are added to
-the JSON only.
+Each window's estimates come from one call into :mod:`agent.estimation`
+(:func:`~agent.estimation.estimators.estimate_window`): the window's statistics, plus, for time
+windows, the labeled-sample sums of the delayed labels (so ``with_labels`` is one registered
+estimator among the others), give every estimator's estimate and the trust signal; the label-free
+per-class figures (CBPE) come from the same statistics. Sections (e.g. ``realized`` from delayed
+labels) are added to the JSON only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agent.estimation.class_metrics import window_class_metrics
-from agent.estimation.estimators import window_trust
-from agent.estimation.intervals import Estimate
+from agent.estimation.estimators import WindowEstimates, estimate_window
 from agent.estimation.statistics import WindowStats
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
@@ -23,35 +26,52 @@ from exporters.prometheus import EstimatePoint, Snapshot, WindowPoint
 
 #: An extra per-window section of ``/v1/estimates``: ``(runtime, now)`` → ``{window: {section: value}}``.
 EstimateSection = Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]
-#: Estimators computed beside the label-free ones (e.g. ``with_labels`` from the labeling sample):
-#: ``(runtime, now, statistics per window)`` → per window, the extra estimates.
-EstimatorExtension = Callable[[Runtime, float, Mapping[str, WindowStats]], Mapping[str, Mapping[str, Estimate]]]
+#: Per window, statistics a report adds before estimating (the labeled-sample sums of ``with_labels``).
+AddedStats = Callable[[Runtime, float], Mapping[str, WindowStats]]
+
+
+@dataclass(frozen=True)
+class WindowEntry:
+    """One window of a report: its estimates and trust signal, and its label-free per-class figures."""
+
+    name: str
+    window: WindowEstimates
+    classes: dict[str, Any] | None
+
+
+def _no_stats(_rt: Runtime, _now: float) -> Mapping[str, WindowStats]:
+    return {}
+
+
+def _no_section(_rt: Runtime, _now: float) -> Mapping[str, Mapping[str, Any]]:
+    return {}
 
 
 class WindowReport:
-    """Reports on ``windows``, with the ``extensions``' estimators and the ``sections`` of the JSON."""
+    """Reports on ``windows``, with the ``labeled`` sums added to their statistics and the ``section``
+    of the JSON."""
 
     def __init__(
         self,
         windows: WindowSet,
         *,
-        extensions: Sequence[EstimatorExtension] = (),
-        sections: Sequence[EstimateSection] = (),
+        labeled: AddedStats = _no_stats,
+        section: EstimateSection = _no_section,
         per_class_cap: int,
     ) -> None:
         self.windows = windows
-        self.extensions = tuple(extensions)
-        self.sections = tuple(sections)
+        self.labeled = labeled
+        self.section = section
         self.per_class_cap = per_class_cap
 
-    def window_estimates(self, rt: Runtime, now: float) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:
-        """Every window's statistics and estimates, the extensions' estimators included."""
-        out = self.windows.estimates(rt.calibration, now)
-        stats = {name: s for name, (s, _) in out.items()}
-        for extend in self.extensions:
-            for name, extra in extend(rt, now, stats).items():
-                if name in out:
-                    out[name][1].update(extra)
+    def windows_of(self, rt: Runtime, now: float) -> list[WindowEntry]:
+        """Every window's statistics estimated once (see the module docstring)."""
+        added = self.labeled(rt, now)
+        out = []
+        for name, stats in self.windows.stats(rt.calibration, now).items():
+            extra = added.get(name)
+            window = estimate_window(stats + extra if extra is not None else stats, rt.calibration)
+            out.append(WindowEntry(name, window, self.class_figures(stats, rt)))
         return out
 
     def class_figures(self, stats: WindowStats, rt: Runtime) -> dict[str, Any] | None:
@@ -68,24 +88,22 @@ class WindowReport:
     def document(self, rt: Runtime, now: float) -> dict[str, Any]:
         """The ``GET /v1/estimates`` body."""
         windows: dict[str, dict[str, Any]] = {}
-        for name, (stats, ests) in self.window_estimates(rt, now).items():
+        for entry in self.windows_of(rt, now):
+            stats, ests = entry.window.stats, entry.window.estimates
             w: dict[str, Any] = {
                 "n": stats.n,
                 "fails": stats.fails,
                 "fails_by_family": dict(stats.fails_by_family),
                 "estimates": {k: e.to_dict() for k, e in ests.items()},
             }
-            trust = window_trust(stats, rt.calibration)
-            if trust is not None:
-                w["trust"] = trust.to_dict()
-            classes = self.class_figures(stats, rt)
-            if classes is not None:
-                w["classes"] = {"estimated": classes}
-            windows[name] = w
-        for section in self.sections:
-            for name, extra in section(rt, now).items():
-                if name in windows:
-                    windows[name].update(extra)
+            if entry.window.trust is not None:
+                w["trust"] = entry.window.trust.to_dict()
+            if entry.classes is not None:
+                w["classes"] = {"estimated": entry.classes}
+            windows[entry.name] = w
+        for name, extra in self.section(rt, now).items():
+            if name in windows:
+                windows[name].update(extra)
         return {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
             "headline": rt.headline,
@@ -99,12 +117,11 @@ class WindowReport:
         """What the estimates collector exports at a scrape."""
         points: list[EstimatePoint] = []
         wpoints: list[WindowPoint] = []
-        for name, (stats, ests) in self.window_estimates(rt, now).items():
-            trust = window_trust(stats, rt.calibration)
+        for entry in self.windows_of(rt, now):
+            stats, trust = entry.window.stats, entry.window.trust
             distance = trust.distance if trust is not None else None
-            classes = self.class_figures(stats, rt)
-            wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family), distance, classes))
-            for est, e in ests.items():
-                points.append(EstimatePoint(est, name, e.value, e.lower, e.upper, e.n))
+            wpoints.append(WindowPoint(entry.name, stats.n, dict(stats.fails_by_family), distance, entry.classes))
+            for est, e in entry.window.estimates.items():
+                points.append(EstimatePoint(est, entry.name, e.value, e.lower, e.upper, e.n))
         cal = rt.calibration
         return Snapshot(rt.name, rt.version, points, wpoints, cal.tpr, cal.fpr, cal.n_wrong, cal.n_right)

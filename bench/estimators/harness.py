@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, window_trust
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimate_window
 from agent.estimation.shifts import fit_shift_aware
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
@@ -317,8 +317,9 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
             truth = float(correct[idx].mean())
             for v, verdicts in zip(variants, judged, strict=True):
                 stats = pool.window(verdicts, v.calibration, idx)
-                tr = window_trust(stats, v.calibration)
-                for name, e in estimate_all(stats, v.calibration).items():
+                window = estimate_window(stats, v.calibration)
+                tr = window.trust
+                for name, e in window.estimates.items():
                     t = tr if name == RECOMMENDED_ESTIMATOR else None
                     records.append(
                         Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth, *_tr(t))
@@ -328,8 +329,9 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                     if cfg.held_out:
                         others[HELD_OUT] = held.get(sc.calibration_kin, v.calibration)
                     for pseudo, ocal in others.items():
-                        g = estimate_all(stats, ocal).get(RECOMMENDED_ESTIMATOR)
-                        t = window_trust(stats, ocal) if pseudo == HELD_OUT else None
+                        ow = estimate_window(stats, ocal)
+                        g = ow.estimates.get(RECOMMENDED_ESTIMATOR)
+                        t = ow.trust if pseudo == HELD_OUT else None
                         if g is not None:
                             records.append(
                                 Record(

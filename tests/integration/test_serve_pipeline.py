@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
+from agent.estimation.estimators import estimate_all
 from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import JudgedBatch, JudgedSink, Recorder
 from agent.judging.runtime import Runtime, load_runtime
@@ -140,9 +141,9 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
     expected = offline["estimates"][RECOMMENDED_ESTIMATOR]["value"]
     import time
 
-    estimates = windows.estimates(rt.calibration, time.time())
-    for window in ("1h", "last300"):
-        stats, est = estimates[window]
+    now = time.time()
+    for window, stats in windows.stats(rt.calibration, now).items():
+        est = estimate_all(stats, rt.calibration)
         assert stats.n_ext == 300, window  # every sample carried the full model's inputs
         assert est[RECOMMENDED_ESTIMATOR].value == pytest.approx(expected, abs=1e-9), window
     # restoring the count window from state keeps the extras

@@ -133,12 +133,13 @@ def test_one_registry_entry_adds_an_estimator_everywhere(constant_estimator: str
     assert constant_estimator in estimator_names()
     windows = WindowSet({"5m": 300.0}, 20)
     windows.record(v, c, _cal(), now=100.0)
-    for _stats, estimates in windows.estimates(_cal(), now=100.0).values():
-        assert estimates[constant_estimator].value == 0.5
+    for stats in windows.stats(_cal(), now=100.0).values():
+        assert estimate_all(stats, _cal())[constant_estimator].value == 0.5
     with pytest.raises(ValueError, match="already registered"):
         register_estimator(constant_estimator)(lambda s, cal: None)
 
 
 def test_registry_lists_the_builtin_estimators_in_report_order() -> None:
     assert ESTIMATORS == ("icos", "icos_corrected", "avg_conf", "cbpe", "atc", "doc", "shift_aware")
-    assert tuple(REGISTRY)[: len(ESTIMATORS)] == ESTIMATORS
+    assert tuple(REGISTRY)[: len(ESTIMATORS) + 1] == (*ESTIMATORS, "with_labels")
+    assert estimator_names(label_free=True)[: len(ESTIMATORS)] == ESTIMATORS

@@ -91,3 +91,30 @@ def test_power_tuning_narrows_an_informative_predictor_and_ignores_a_useless_one
     useless = _ppi(noise, correct, idx)
     assert useless.power < 0.5
     assert useless.upper - useless.lower < 1.15 * classical_width
+
+
+def test_with_labels_is_a_registered_estimator_on_the_window_statistics() -> None:
+    """The labeled sample's additive sums in a window's statistics give, through the one estimator
+    registry, exactly the estimate of the arrays; they add across parts of the window; without labels
+    the estimator is absent."""
+    from agent.estimation.calibration import EstimatorCalibration
+    from agent.estimation.estimators import estimate_all, estimator_names
+    from agent.estimation.statistics import WindowStats
+
+    rng = np.random.default_rng(11)
+    f, correct = _window(rng, 2_000, bias=0.1)
+    verdicts = np.zeros(len(f), dtype=np.int8)
+    cal = EstimatorCalibration(
+        tpr=0.6, fpr=0.1, n_wrong=100, n_right=900, accuracy=0.8, avg_conf=0.75, atc_threshold=0.6
+    )
+    window = WindowStats.of_samples(verdicts, f, cal.atc_threshold)
+    assert "with_labels" not in estimate_all(window, cal)
+    idx = rng.choice(len(f), size=150, replace=False)
+    halves = [WindowStats.of_labeled_sample(f[part], correct[part]) for part in (idx[:70], idx[70:])]
+    est = estimate_all(window + halves[0] + halves[1], cal)["with_labels"]
+    expected = _ppi(f, correct, idx)
+    assert isinstance(est, LabeledEstimate)
+    assert (est.value, est.lower, est.upper, est.n_labels) == pytest.approx(
+        (expected.value, expected.lower, expected.upper, expected.n_labels), abs=1e-12
+    )
+    assert "with_labels" in estimator_names() and "with_labels" not in estimator_names(label_free=True)

@@ -10,9 +10,9 @@ from agent.audits.mutation.robustness import probability_errors as mutation_prob
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import estimate_all
 from agent.estimation.statistics import WindowStats
+from agent.labels.intake import parse_labels, resolve_label
 from agent.labels.realized import RealizedWindows, probability_errors, realized_window
 from agent.labels.rows import LabeledRows, onehot_errors
-from agent.labels.service import parse_labels, resolve_label
 
 CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=100, n_right=900, accuracy=0.9, avg_conf=0.92, atc_threshold=0.7)
 

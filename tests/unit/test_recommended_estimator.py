@@ -314,3 +314,20 @@ def test_residual_target_adds_the_mean_confidence_and_older_bundles_predict_accu
     assert ShiftCalibration.from_dict(json.loads(json.dumps(fitted.to_dict()))).target == "residual"
     with pytest.raises(ValueError, match="unknown shift calibration target"):
         ShiftCalibration.from_dict({**fitted.to_dict(), "target": "logit"})
+
+
+def test_a_window_s_trust_comes_from_its_shift_aware_estimate(fitted: ShiftCalibration) -> None:
+    """``estimate_window`` gives the trust signal of the same ``shift_aware`` computation as its
+    estimate, equal to what ``window_trust`` computes on its own."""
+    from agent.estimation.estimators import ShiftAwareEstimate, estimate_window, window_trust
+
+    assert fitted.trust is not None
+    cal = _cal(fitted)
+    stats = _stats(_batch(400, 0.7, 1.5, np.random.default_rng(9)), cal)
+    window = estimate_window(stats, cal)
+    sa = window.estimates["shift_aware"]
+    assert isinstance(sa, ShiftAwareEstimate) and sa.trust is window.trust
+    alone = window_trust(stats, cal)
+    assert window.trust is not None and alone is not None
+    assert window.trust.to_dict() == alone.to_dict()
+    assert set(sa.to_dict()) == {"value", "lower", "upper", "n"}

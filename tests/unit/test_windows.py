@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import estimate_all
+from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
 from agent.judging.windows import CountWindow, TimeWindow, WindowSet, bucket_seconds_for
 
@@ -85,7 +87,7 @@ def test_window_set_estimates_and_roundtrip() -> None:
     for t in range(10):
         v, c = batch(rng, 20)
         ws.record(v, c, CAL, now=5_000.0 + 10 * t)
-    est = ws.estimates(CAL, now=5_095.0)
+    est = estimates_of(ws, now=5_095.0)
     assert set(est) == {"1m", "1h", "last50"}
     assert est["1h"][0].n == 200 and est["last50"][0].n == 50
     assert est["1m"][0].n < 200  # the first ones have left the minute window
@@ -95,16 +97,20 @@ def test_window_set_estimates_and_roundtrip() -> None:
     saved = json.loads(json.dumps(ws.to_dict()))
     other = WindowSet({"1m": 60, "1h": 3600, "5m": 300}, 50)
     other.restore(saved)
-    again = other.estimates(CAL, now=5_095.0)
+    again = estimates_of(other, now=5_095.0)
     assert again["1h"][0].n == 200 and again["last50"][0].n == 50 and again["5m"][0].n == 0
     assert other.total == 200
     other.reset()
-    assert all(s.n == 0 for s, _ in other.estimates(CAL, now=5_095.0).values())
+    assert all(s.n == 0 for s, _ in estimates_of(other, now=5_095.0).values())
+
+
+def estimates_of(ws: WindowSet, now: float) -> dict[str, tuple[WindowStats, dict[str, Estimate]]]:
+    return {name: (s, estimate_all(s, CAL)) for name, s in ws.stats(CAL, now).items()}
 
 
 def test_empty_windows_have_no_estimates() -> None:
     ws = WindowSet({"5m": 300}, 10)
-    assert all(values == {} for _s, values in ws.estimates(CAL, now=1.0).values())
+    assert all(values == {} for _s, values in estimates_of(ws, now=1.0).values())
 
 
 def test_buckets_summed_in_place_equal_the_sum_of_batches() -> None:

@@ -1,0 +1,226 @@
+"""Delayed labels coming in: a ``POST /v1/labels`` body parsed, its labels joined to their stored
+predictions, and the labeling sample listed for whoever labels (``GET /v1/labels/requests``). Nothing
+here knows HTTP: a body is bytes, a mistake a :class:`~agent.errors.ClientError`.
+
+* ``{"labels": [{"id": "<request id>:<i>", "label": 3 | "cat"}, ...]}`` →
+  ``{"accepted": n, "unknown": n, "duplicate": n, "invalid": n, "problems": [...]}``. A label is a
+  class index or a class name. Unknown ids (never seen, evicted), ids already labeled (the first label
+  stays) and invalid entries are counted, never fatal; at most ``labels.max_batch`` labels per body.
+* A label whose prediction was answered a moment ago may find it still on its way to the store (in
+  the judge queue or the store's write queue). The judge queue and the store say which requests they
+  still hold, and the label waits for those, bounded by ``labels.commit_timeout_seconds``
+  (:meth:`~agent.labels.store.PredictionStore.wait_written`), instead of draining them itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.config.settings import LabelsConfig
+from agent.errors import ClientError
+from agent.judging.runtime import Runtime
+from agent.labels.rows import LabelOutcome, split_prediction_id
+from agent.labels.store import PredictionStore
+from agent.protocol.inference import MAX_REQUEST_ID_BYTES
+from exporters.label_metrics import LabelMetrics
+
+#: The longest prediction id a label may name: a request id (bounded by the decoders) and an index.
+MAX_ID_LENGTH = MAX_REQUEST_ID_BYTES + 21
+MAX_PROBLEMS = 20
+
+
+class CurrentRuntime(Protocol):
+    """What reads the runtime being served (:class:`agent.dataplane.runtimes.RuntimeHolder`)."""
+
+    @property
+    def current(self) -> Runtime:
+        """The runtime requests are served with now."""
+
+
+class PendingJudgement(Protocol):
+    """Where judged predictions wait before they reach the store (:class:`agent.judging.queue.JudgeQueue`)."""
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a work of ``request_id`` is queued or being recorded."""
+
+    def held_ids(self) -> list[str]:
+        """The request ids of every work queued or being recorded now."""
+
+    def wake(self) -> None:
+        """Record what is pending soon rather than after lingering."""
+
+
+def resolve_label(value: object, classes: list[str]) -> int | None:
+    """A class index from a label given as an index (``3``) or a class name (``"cat"``, ``"3"``)."""
+    k = len(classes)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return value if 0 <= value < k else None
+    if isinstance(value, str):
+        if value in classes:
+            return classes.index(value)
+        text = value.strip()
+        if text.isdigit() and int(text) < k:
+            return int(text)
+    return None
+
+
+@dataclass
+class ParsedLabels:
+    labels: list[tuple[str, int]]
+    invalid: int
+    duplicate_in_request: list[str]
+    problems: list[dict[str, Any]]
+
+
+def parse_labels(obj: object, classes: list[str], max_batch: int) -> ParsedLabels:
+    """Validate a ``POST /v1/labels`` body; raises ``ValueError`` for a body that is not a label list."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("labels"), list):
+        raise ValueError('the body must be a JSON object {"labels": [{"id": "...", "label": ...}, ...]}')
+    entries = obj["labels"]
+    if len(entries) > max_batch:
+        raise OverflowError(f"{len(entries)} labels in one request; the limit is {max_batch} (labels.max_batch)")
+    seen: set[str] = set()
+    out = ParsedLabels([], 0, [], [])
+
+    def problem(i: int, pid: object, error: str) -> None:
+        if len(out.problems) < MAX_PROBLEMS:
+            out.problems.append({"index": i, "id": pid if isinstance(pid, str) else None, "error": error})
+
+    for i, e in enumerate(entries):
+        pid = e.get("id") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or not isinstance(pid, str) or not pid or len(pid) > MAX_ID_LENGTH:
+            out.invalid += 1
+            # the id is echoed in the answer's problems only when it has a prediction id's size
+            problem(
+                i,
+                pid if isinstance(pid, str) and len(pid) <= MAX_ID_LENGTH else None,
+                f"needs an 'id': a prediction id string of 1 to {MAX_ID_LENGTH} characters",
+            )
+            continue
+        label = resolve_label(e.get("label"), classes)
+        if label is None:
+            out.invalid += 1
+            problem(
+                i, pid, f"'label' {e.get('label')!r} is neither a class index 0..{len(classes) - 1} nor a class name"
+            )
+            continue
+        if pid in seen:
+            out.duplicate_in_request.append(pid)
+            problem(i, pid, "duplicate: this id appears earlier in the request")
+            continue
+        seen.add(pid)
+        out.labels.append((pid, label))
+    return out
+
+
+def decode_labels_body(body: bytes, classes: list[str], max_batch: int) -> ParsedLabels:
+    """A ``POST /v1/labels`` body parsed, or the :class:`ClientError` naming what is wrong with it."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ClientError("labels body is not valid JSON", status=400, reason="malformed_json") from None
+    except RecursionError:
+        raise ClientError("labels body is nested too deeply", status=400, reason="malformed_json") from None
+    try:
+        return parse_labels(obj, classes, max_batch)
+    except OverflowError as exc:
+        raise ClientError(str(exc), status=413, reason="too_large") from None
+    except ValueError as exc:
+        raise ClientError(str(exc), status=400, reason="malformed_json") from None
+
+
+class LabelIntake:
+    """Labels into the prediction store; accepted ones go on to ``on_accepted`` (the realized windows,
+    the recalibration trigger)."""
+
+    def __init__(
+        self,
+        config: LabelsConfig,
+        store: PredictionStore,
+        runtimes: CurrentRuntime,
+        pending: PendingJudgement,
+        metrics: LabelMetrics,
+        run_in_thread: Callable[..., Awaitable[Any]],
+        on_accepted: Callable[[LabelOutcome], None],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.runtimes = runtimes
+        self.pending = pending
+        self.metrics = metrics
+        self.run = run_in_thread
+        self.on_accepted = on_accepted
+
+    async def accept(self, body: bytes) -> dict[str, Any]:
+        """Apply a ``POST /v1/labels`` body; raises :class:`ClientError` for a body that is not a label
+        list, :class:`~agent.labels.store.StoreUnavailable` when the store cannot be written."""
+        parsed: ParsedLabels = await self.run(
+            decode_labels_body, body, self.runtimes.current.classes, self.config.max_batch
+        )
+        outcome: LabelOutcome = await self.run(self._apply, parsed.labels)
+        if outcome.unknown:
+            outcome = await self._retry_on_their_way(parsed.labels, outcome)
+        counts = {
+            "accepted": outcome.n_accepted,
+            "unknown": len(outcome.unknown),
+            "duplicate": len(outcome.duplicate) + len(parsed.duplicate_in_request),
+            "invalid": parsed.invalid,
+        }
+        self.metrics.count_labels(counts)
+        problems = list(parsed.problems)
+        for kind, ids in (("unknown", outcome.unknown), ("duplicate", outcome.duplicate)):
+            for pid in ids[: max(0, MAX_PROBLEMS - len(problems))]:
+                text = "no stored prediction has this id" if kind == "unknown" else "already labeled"
+                problems.append({"id": pid, "error": f"{kind}: {text}"})
+        return {**counts, "problems": problems}
+
+    def _apply(self, labels: list[tuple[str, int]]) -> LabelOutcome:
+        outcome = self.store.apply_labels(labels, time.time())
+        if outcome.n_accepted:
+            self.on_accepted(outcome)
+        return outcome
+
+    async def _retry_on_their_way(self, labels: list[tuple[str, int]], first: LabelOutcome) -> LabelOutcome:
+        """Labels of predictions still on their way to the store, applied once they are there."""
+        unknown = set(first.unknown)
+        by_request = {pid: split_prediction_id(pid)[0] for pid in unknown}
+        on_their_way = {rid for rid in set(by_request.values()) if self._on_their_way(rid)}
+        if not on_their_way:
+            return first
+        await self._wait(on_their_way)
+        again = [(pid, lab) for pid, lab in labels if pid in unknown and by_request[pid] in on_their_way]
+        second: LabelOutcome = await self.run(self._apply, again)
+        retried = {pid for pid, _ in again}
+        return LabelOutcome(
+            accepted=[*first.accepted, *second.accepted],
+            n_accepted=first.n_accepted + second.n_accepted,
+            unknown=[pid for pid in first.unknown if pid not in retried] + second.unknown,
+            duplicate=[*first.duplicate, *second.duplicate],
+        )
+
+    def _on_their_way(self, request_id: str) -> bool:
+        return self.pending.holds(request_id) or self.store.holds(request_id)
+
+    async def _wait(self, request_ids: Iterable[str]) -> None:
+        self.pending.wake()
+        await self.store.wait_written(request_ids, self.pending.holds, self.config.commit_timeout_seconds)
+
+    async def requests(self, limit: int) -> dict[str, Any]:
+        """``GET /v1/labels/requests``: the newest predictions of the labeling sample without a label
+        (those answered a moment ago included: what is on its way to the store is waited for)."""
+        await self._wait({*self.pending.held_ids(), *self.store.unwritten_ids()})
+        identity = self.runtimes.current.identity
+        rows: list[tuple[str, float]] = await self.run(self.store.label_requests, identity, limit)
+        return {
+            "sample_rate": self.config.sample_rate,
+            "n": len(rows),
+            "requests": [{"id": pid, "timestamp": ts} for pid, ts in rows],
+        }
