@@ -23,7 +23,9 @@ from agent.model.classifier import (
     OnnxClassifier,
     predicted_labels,
     prepare_batch,
+    read_model_file,
     scores_as_probabilities,
+    sha256_bytes,
 )
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError
@@ -145,23 +147,30 @@ def load_runtime(
     try:
         if settings.mode != "observe":
             _refuse_table_bundle(bpath, settings.mode)
+        model_bytes: bytes | None = None
         if settings.mode == "serve":
             if mpath is None:
                 raise UserError("model.path is required in serve mode")
-            classifier = OnnxClassifier.load(
-                mpath, name=m.name, scores_output=m.scores_output, scores_kind=m.scores_kind, classes=m.classes
-            )
-            classifier.max_batch = settings.server.max_batch
-            sha = classifier.sha256
+            model_bytes = read_model_file(mpath)
+            sha = sha256_bytes(model_bytes)
         elif mpath is not None:
             if not mpath.is_file():
                 raise UserError(f"model.path: file not found: {mpath}")
             sha = _file_sha256(mpath)
         bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
+        if model_bytes is not None:  # built whole: the runtime never changes its classifier
+            classifier = OnnxClassifier(
+                model_bytes,
+                path=str(mpath),
+                name=m.name,
+                scores_output=m.scores_output,
+                scores_kind=m.scores_kind,
+                classes=m.classes,
+                max_batch=settings.server.max_batch,
+                decision_threshold=bundle.decision_threshold,
+            )
     except (ModelLoadError, BundleError) as exc:
         raise UserError(str(exc)) from exc
-    if classifier is not None:
-        classifier.decision_threshold = bundle.decision_threshold
     cal_dict = bundle.estimator_calibration
     if not cal_dict:
         raise UserError(f"bundle {bpath} has no estimator calibration; refit it with `icos-agent fit`")

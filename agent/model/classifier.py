@@ -147,6 +147,14 @@ def prepare_batch(
     return np.ascontiguousarray(out)
 
 
+def read_model_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of an ONNX file (:class:`ModelLoadError` when it is missing)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(f"model file not found: {p}")
+    return p.read_bytes()
+
+
 class OnnxClassifier:
     """A classifier loaded from an ONNX file, ready for batch prediction.
 
@@ -163,6 +171,7 @@ class OnnxClassifier:
         scores_kind: ScoresKind = "auto",
         classes: list[str] | None = None,
         max_batch: int = 4096,
+        decision_threshold: float | None = None,
     ) -> None:
         self.model_bytes = model_bytes
         self.path = path
@@ -170,7 +179,7 @@ class OnnxClassifier:
         self.name = name or (Path(path).stem if path else "model")
         self.max_batch = max_batch
         #: Binary models: probability of class 1 from which it is predicted (None: argmax), from the bundle.
-        self.decision_threshold: float | None = None
+        self.decision_threshold: float | None = decision_threshold
         try:
             self.session = OnnxSession(model_bytes)
         except OnnxLoadError as exc:
@@ -216,17 +225,18 @@ class OnnxClassifier:
         scores_output: str | None = None,
         scores_kind: ScoresKind = "auto",
         classes: list[str] | None = None,
+        max_batch: int = 4096,
+        decision_threshold: float | None = None,
     ) -> OnnxClassifier:
-        p = Path(path)
-        if not p.is_file():
-            raise ModelLoadError(f"model file not found: {p}")
         return cls(
-            p.read_bytes(),
-            path=str(p),
+            read_model_file(path),
+            path=str(path),
             name=name,
             scores_output=scores_output,
             scores_kind=scores_kind,
             classes=classes,
+            max_batch=max_batch,
+            decision_threshold=decision_threshold,
         )
 
     def _pick_scores(self, scores_output: str | None, scores_kind: ScoresKind) -> tuple[str, ScoresKind]:
