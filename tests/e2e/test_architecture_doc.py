@@ -51,3 +51,36 @@ def test_every_agent_subpackage_sits_in_a_layer() -> None:
     text = DOC.read_text(encoding="utf-8")
     for name in packages:
         assert f"`{name}/`" in text, f"docs/architecture.md does not place agent/{name}/"
+
+
+def _lines(path: Path) -> int:
+    files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
+
+
+def test_the_line_counts_of_the_layers_table_hold() -> None:
+    """Each package's stated line count is within 15% of its Python files' lines (rounded counts drift
+    a little with every change; a package that doubled does not pass)."""
+    text = DOC.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| `") and "|" in line[3:]]
+    checked = 0
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        if len(cells) < 3 or not re.fullmatch(r"[\d,]+( \\\| [\d,]+)*", cells[1]):
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        counts = [int(c.replace(",", "")) for c in cells[1].split(" \\| ")]
+        assert len(names) == len(counts), row
+        for name, stated in zip(names, counts, strict=True):
+            actual = _lines(ROOT / "agent" / name.rstrip("/"))
+            assert abs(actual - stated) <= 0.15 * actual + 10, f"{name}: the map says {stated} lines, it holds {actual}"
+            checked += 1
+    assert checked >= 15
+
+
+def test_each_walk_takes_at_most_five_steps() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    for heading in ("## One V2 request", "## One label"):
+        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        steps = re.findall(r"^(\d+)\. ", section, re.M)
+        assert steps and len(steps) <= 5, f"{heading}: {len(steps)} steps"
