@@ -116,6 +116,13 @@ def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str,
         raise ProtocolError("unknown_input", f"unknown input {x.name!r}; the model's input is {rt.input_name!r}")
     if x.datatype == "BYTES":
         raise ProtocolError("datatype", f"input {x.name!r} has datatype BYTES; the model takes numbers")
+    expected = rt.input_datatype
+    if expected is not None and x.datatype != expected:
+        # as Triton answers: a client converts, so that no value is silently rounded or reinterpreted
+        raise ProtocolError(
+            "datatype",
+            f"input {x.name!r} has datatype {x.datatype}; the model's input is {expected}: send {expected}",
+        )
     out = SplitInputs(x)
     for f in rt.metadata_fields:
         if f in parameters:

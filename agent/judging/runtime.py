@@ -74,6 +74,13 @@ class Runtime:
     headline: str = "shift_aware"
 
     @property
+    def input_datatype(self) -> str | None:
+        """The V2 datatype of the model's input (serve mode; None when the agent runs no model)."""
+        if self.classifier is None:
+            return None
+        return v2.datatype_of(np.zeros(0, dtype=self.classifier.input.dtype))
+
+    @property
     def identity(self) -> str:
         """What the estimator windows belong to: the model and the bundle judging it."""
         return f"{self.model_sha256[:16]}:{self.bundle_digest[:16]}"

@@ -159,6 +159,10 @@ def test_bad_requests_are_refused_named_and_counted(
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "BYTES" in err.details()
     err = _refused(stub, _raw_request(x, datatype="FP128"))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "'FP128' is not supported" in err.details()
+    # another numeric datatype than the model's FP32 is refused as over HTTP, never converted silently
+    for datatype, dtype in (("FP64", np.float64), ("INT64", np.int64), ("FP16", np.float16)):
+        err = _refused(stub, _raw_request(x.astype(dtype), datatype=datatype))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "the model's input is FP32" in err.details()
     # typed contents of the wrong length
     req = service_pb2.ModelInferRequest(model_name="mnist")
     req.inputs.add(name="input", datatype="FP32", shape=[1, 1, 28, 28]).contents.fp32_contents.extend([1.0] * 5)
@@ -186,7 +190,7 @@ def test_bad_requests_are_refused_named_and_counted(
         return after.get(key, 0) - before.get(key, 0)
 
     assert grew("shape") + grew("shape_mismatch") == 3  # wrong shape (model check), raw and typed lengths
-    assert grew("datatype") == 2
+    assert grew("datatype") == 5
     assert grew("unknown_model") == 1
     assert grew("too_large") == 1
     assert grew("id_too_long") == 1

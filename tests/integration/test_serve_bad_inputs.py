@@ -101,6 +101,9 @@ def _binary_cases() -> list[Case]:
     }
     b, h = binary(head, BIN + (20).to_bytes(4, "little") + b"lines")
     cases.append(Case("binary-bytes-element-overrun", "binary_data", body=b, headers=h))
+    f64 = X1.astype(np.float64).tobytes()
+    b, h = binary(bin_input(len(f64), datatype="FP64"), f64)
+    cases.append(Case("binary-fp64-for-fp32", "datatype", body=b, headers=h, mention="send FP32"))
     return cases
 
 
@@ -118,6 +121,10 @@ CASES: list[Case] = [
     Case("datatype-bf16", "datatype", obj=inp(datatype="BF16"), mention="BF16"),
     Case("datatype-unknown", "datatype", obj=inp(datatype="FLOAT")),
     Case("datatype-bytes-model-input", "datatype", obj=inp(datatype="BYTES", shape=[1], data=["a"])),
+    # another numeric datatype than the model's is refused, never converted silently (as Triton does)
+    Case("datatype-fp64-for-fp32", "datatype", obj=inp(datatype="FP64"), mention="the model's input is FP32"),
+    Case("datatype-int64-for-fp32", "datatype", obj=inp(datatype="INT64", data=[0] * 784), mention="FP32"),
+    Case("datatype-fp16-for-fp32", "datatype", obj=inp(datatype="FP16"), mention="FP32"),
     Case("shape-not-list", "shape", obj=inp(shape="1x784")),
     Case("shape-negative", "shape", obj=inp(shape=[-1, 784])),
     Case("shape-data-mismatch", "shape_mismatch", obj=inp(shape=[1, 784], data=[0.0] * 10), mention="784 elements"),
