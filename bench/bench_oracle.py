@@ -57,7 +57,6 @@ def main(argv: list[str]) -> int:
         splits.val.y,
         model.predict_batched(splits.val.x).probabilities,
         idi=None,
-        seed=0,
     )
     reference = fitted.oracle
     compiled = CompiledOracle(reference, model.n_features, model.n_classes)
@@ -101,7 +100,7 @@ def main(argv: list[str]) -> int:
     model.predict_batched(x_aug)
     t_infer = time.perf_counter() - t0
     t0 = time.perf_counter()
-    fitted = fit_oracle(feats, y_aug, vfeats, yv_aug, vprob, idi=None, seed=0)
+    fitted = fit_oracle(feats, y_aug, vfeats, yv_aug, vprob, idi=None)
     t_fit = time.perf_counter() - t0
     tdi = fitted.oracle.tdi
     assert tdi is not None

@@ -197,9 +197,10 @@ def credit_card(n_reference: int = 5000, n_analysis: int = 6000, *, hard: float 
     return Table(df, "y_true", CARD_PROBA, CARD_NUMERIC)
 
 
-def agent_chunks(table: Table, workdir: Path, *, trees: int = 100) -> dict[str, Any]:
+def agent_chunks(table: Table, workdir: Path, *, trees: int | None = None) -> dict[str, Any]:
     """Fit a bundle from the reference period and check the analysis period in chunks of :data:`CHUNK`
-    with the ``icos-agent`` CLI (in this Python); the check report."""
+    with the ``icos-agent`` CLI (in this Python); the check report. ``trees``: the ADI forest's size
+    (``icos-agent fit``'s default when ``None``)."""
     ref, ana = workdir / "reference.parquet", workdir / "analysis.parquet"
     table.period("reference").to_parquet(ref)
     table.period("analysis").to_parquet(ana)
@@ -207,7 +208,8 @@ def agent_chunks(table: Table, workdir: Path, *, trees: int = 100) -> dict[str, 
     cli = [sys.executable, "-m", "agent"]
     cols = ["--proba-columns", ",".join(table.proba), "--feature-columns", ",".join(table.features)]
     fit = [*cli, "fit", "--reference", str(ref), "--label-column", table.label, *cols, "--out", str(bundle)]
-    subprocess.run([*fit, "--trees", str(trees), "--json"], check=True, capture_output=True, text=True)
+    forest = [] if trees is None else ["--trees", str(trees)]
+    subprocess.run([*fit, *forest, "--json"], check=True, capture_output=True, text=True)
     check = [*cli, "check", "--bundle", str(bundle), "--data", str(ana), "--chunk-size", str(CHUNK), "--json"]
     out = subprocess.run(check, check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout))

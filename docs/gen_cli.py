@@ -1,4 +1,5 @@
-"""Generate ``docs/cli.md`` from the argparse parsers of ``icos-agent`` (every command and flag).
+"""Generate ``docs/cli.md`` from the argparse parsers of ``icos-agent`` (every command and flag) and
+the fields of :class:`invariants.fit_params.FitParams` (the fit parameters, with their docstrings).
 
 python docs/gen_cli.py           # rewrite docs/cli.md
 python docs/gen_cli.py --check   # exit 1 when docs/cli.md is not what the parsers say
@@ -7,6 +8,7 @@ python docs/gen_cli.py --check   # exit 1 when docs/cli.md is not what the parse
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 import generated_page  # noqa: E402
 
 from agent.cli import build_parser  # noqa: E402
+from invariants.fit_params import SOURCES, FitParams, field_docs, flag_name  # noqa: E402
 
 OUT = ROOT / "docs" / "cli.md"
 WIDTH = 100
@@ -99,6 +102,29 @@ def _section(path: list[str], parser: argparse.ArgumentParser, help_text: str, l
         _section([*path, name], sub, sub_help, lines)
 
 
+def _fit_params(lines: list[str]) -> None:
+    """The fit parameters: flag, field (the name the bundle's manifest records it under), default,
+    and the field's docstring (what it does and why that default)."""
+    docs = field_docs()
+    lines.append("### Fit parameters")
+    lines.append("")
+    lines.append(
+        "Every knob of `icos-agent fit` is a field of `FitParams` (`invariants/fit_params.py`), the one place "
+        "its default is stated. A bundle's `manifest.json` records, under `fit_params`, every field that "
+        "applies to its source; the MLflow run of a fit logs them under the flags' names."
+    )
+    lines.append("")
+    lines.append("| flag | recorded as | default | applies to | what it does, and why this default |")
+    lines.append("|---|---|---|---|---|")
+    for f in dataclasses.fields(FitParams):
+        flag = f"`--{flag_name(f).replace('_', '-')}`"
+        default = f"none ({f.metadata['when_none']})" if f.default is None else f"`{f.default}`"
+        applies = "all" if set(f.metadata["applies"]) == set(SOURCES) else ", ".join(f.metadata["applies"])
+        why = docs[f.name].replace("|", "\\|")
+        lines.append(f"| {flag} | `{f.name}` | {default} | {applies} | {why} |")
+    lines.append("")
+
+
 def render() -> str:
     parser = build_parser()
     lines = [INTRO]
@@ -109,6 +135,8 @@ def render() -> str:
     lines.append("")
     for name, (sub, help_text) in _subparsers(parser).items():
         _section(["icos-agent", name], sub, help_text, lines)
+        if name == "fit":
+            _fit_params(lines)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -17,9 +17,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from invariants.fit_params import FitParams
 from invariants.onnx_session import OnnxSession
 
-__all__ = ["DEFAULT_TARGET_OPSET", "AlgorithmInvariants"]
+__all__ = ["CRITERION", "DEFAULT_TARGET_OPSET", "AlgorithmInvariants"]
+
+#: The forest's split criterion, the closest scikit-learn has to Table 5's (see above).
+CRITERION = "entropy"
+_DEFAULT = FitParams()
 
 DEFAULT_TARGET_OPSET: Mapping[str, int] = {"": 17, "ai.onnx.ml": 3}
 _INPUT = "x"
@@ -75,8 +80,8 @@ class AlgorithmInvariants:
         probabilities: np.ndarray,
         wrong: np.ndarray,
         *,
-        n_estimators: int = 100,
-        seed: int = 0,
+        n_estimators: int = _DEFAULT.n_estimators,
+        seed: int = _DEFAULT.seed,
         target_opset: Mapping[str, int] | None = None,
         n_jobs: int = 1,
     ) -> AlgorithmInvariants:
@@ -105,7 +110,7 @@ class AlgorithmInvariants:
         from sklearn.ensemble import RandomForestClassifier
 
         forest = RandomForestClassifier(
-            n_estimators=n_estimators, criterion="entropy", random_state=seed, n_jobs=n_jobs
+            n_estimators=n_estimators, criterion=CRITERION, random_state=seed, n_jobs=n_jobs
         )
         forest.fit(probs, target.astype(np.int64))
         onnx_model = convert_sklearn(

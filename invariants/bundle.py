@@ -3,10 +3,13 @@
 Files (DESIGN.md, "Invariant bundle"):
 
 * ``manifest.json`` — ``format_version``, ``model_sha256``, ``input_shape`` (without the batch
-  axis), ``classes``, ``feature_names``, ``fit_params``, ``calibration`` (the oracle's TPR/FPR
-  with counts), ``estimator_calibration`` (free numbers from the caller), ``files`` (sha256 of
-  every other file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own
-  canonical JSON without that key, so an edited manifest is refused as well);
+  axis), ``classes``, ``feature_names``, ``fit_params`` (the fields of
+  :class:`~invariants.fit_params.FitParams` that apply to the bundle's source, by name, and the
+  fit's counts; read back as a plain mapping, so a bundle that records fewer fields, as older ones
+  do, loads the same), ``calibration`` (the oracle's TPR/FPR with counts),
+  ``estimator_calibration`` (free numbers from the caller), ``files`` (sha256 of every other
+  file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own canonical JSON
+  without that key, so an edited manifest is refused as well);
   Optional keys, written only when set (older bundles stay byte-identical): ``table`` (a bundle
   fitted from a table of features and predicted probabilities rather than an ONNX model:
   ``proba_columns``, ``feature_columns``, ``label_column``; ``model_sha256`` is then null),

@@ -8,6 +8,8 @@
 4. The whole ordered oracle (IDI → TDI → ADI) is judged on the held-out calibration part to
    measure its TPR/FPR (§5.3); the corrected accuracy estimator needs rates measured on data
    the forest has not seen.
+
+Every knob of the fit is a field of :class:`~invariants.fit_params.FitParams`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from invariants.adi import CRITERION as ADI_CRITERION
 from invariants.adi import AlgorithmInvariants
+from invariants.fit_params import FitParams
 from invariants.idi import IdiRuleSet
 from invariants.oracle import Oracle, OracleCalibration, calibrate
+from invariants.tdi import CRITERION as TDI_CRITERION
 from invariants.tdi import TrainingInvariants
 
 __all__ = ["FittedOracle", "fit_oracle", "stratified_split"]
@@ -28,11 +33,13 @@ __all__ = ["FittedOracle", "fit_oracle", "stratified_split"]
 
 @dataclass
 class FittedOracle:
-    """The oracle, its calibration on the held-out part of val, and how it was fitted."""
+    """The oracle, its calibration on the held-out part of val, and how it was fitted: ``params``,
+    and ``fit_params``, what a bundle records (the parameters that apply to every fit and counts)."""
 
     oracle: Oracle
     calibration: OracleCalibration
     calibration_index: np.ndarray
+    params: FitParams
     fit_params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,20 +77,17 @@ def fit_oracle(
     val_probabilities: np.ndarray,
     *,
     idi: IdiRuleSet | None,
-    confidence: float = 0.99,
-    support: int = 8,
-    calibration_fraction: float = 0.3,
-    n_estimators: int = 100,
-    seed: int = 0,
+    params: FitParams = FitParams(),
     feature_names: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
     val_metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
-    min_samples_leaf: int = 5,
     progress: Callable[[str], None] | None = None,
     val_predicted: np.ndarray | None = None,
 ) -> FittedOracle:
     """Fit TDIs on train, ADIs on part of val, and calibrate the oracle on the rest of val.
 
+    ``params`` gives C, S, the tree's leaf size, the forest's size, the calibration share and the seed
+    (a :class:`~invariants.fit_params.FitParams` validates them when it is built).
     ``class_names`` only makes the TDI rule texts readable (defaults to the IDI classes).
     ``val_predicted``: the model's predicted labels on val when they are not the argmax of
     ``val_probabilities`` (a binary model with a decision threshold).
@@ -93,8 +97,6 @@ def fit_oracle(
         if progress is not None:
             progress(message)
 
-    if not 0.0 < calibration_fraction < 1.0:
-        raise ValueError(f"calibration_fraction must lie strictly between 0 and 1, got {calibration_fraction}")
     val_y = np.asarray(val_y).reshape(-1).astype(np.int64)
     probs = np.asarray(val_probabilities, dtype=np.float32)
     if probs.ndim != 2 or probs.shape[0] != val_y.shape[0]:
@@ -111,29 +113,32 @@ def fit_oracle(
     tdi = TrainingInvariants.fit(
         train_x,
         train_y,
-        confidence=confidence,
-        support=support,
-        min_samples_leaf=min_samples_leaf,
+        confidence=params.confidence,
+        support=params.support,
+        min_samples_leaf=params.min_samples_leaf,
         feature_names=feature_names,
         class_names=class_names,
-        seed=seed,
+        seed=params.seed,
     )
     say(
-        f"{len(tdi.rules)} leaves, {len(tdi.selected_rules)} selected (confidence >= {confidence}, support > {support})"
+        f"{len(tdi.rules)} leaves, {len(tdi.selected_rules)} selected "
+        f"(confidence >= {params.confidence}, support > {params.support})"
     )
 
     predicted = np.argmax(probs, axis=1) if val_predicted is None else np.asarray(val_predicted, dtype=np.int64)
     if predicted.shape != val_y.shape:
         raise ValueError(f"{predicted.shape[0]} val predicted labels but {val_y.shape[0]} val labels")
     wrong = predicted != val_y
-    adi_index, calibration_index = stratified_split(wrong, calibration_fraction, seed)
+    adi_index, calibration_index = stratified_split(wrong, params.calibration_fraction, params.seed)
     if adi_index.size == 0 or calibration_index.size == 0:
         raise ValueError(f"{val_y.shape[0]} validation records are too few to split for calibration")
     say(
-        f"fitting algorithm-dependent invariants (random forest, {n_estimators} trees, "
+        f"fitting algorithm-dependent invariants (random forest, {params.n_estimators} trees, "
         f"{adi_index.size} validation records, {int(wrong[adi_index].sum())} wrong)"
     )
-    adi = AlgorithmInvariants.fit(probs[adi_index], wrong[adi_index], n_estimators=n_estimators, seed=seed)
+    adi = AlgorithmInvariants.fit(
+        probs[adi_index], wrong[adi_index], n_estimators=params.n_estimators, seed=params.seed
+    )
 
     oracle = Oracle(idi, tdi, adi)
     say(f"calibrating the oracle on {calibration_index.size} held-out validation records")
@@ -147,14 +152,9 @@ def fit_oracle(
     calibration = calibrate(result, wrong[calibration_index])
     say(f"oracle on calibration: TPR {calibration.tpr:.3f}, FPR {calibration.fpr:.3f}, F1 {calibration.f1:.3f}")
     fit_params: dict[str, Any] = {
-        "confidence": float(confidence),
-        "support": int(support),
-        "min_samples_leaf": int(min_samples_leaf),
-        "tdi_criterion": "gini",
-        "adi_criterion": "entropy",
-        "n_estimators": int(n_estimators),
-        "calibration_fraction": float(calibration_fraction),
-        "seed": int(seed),
+        **params.recorded(),
+        "tdi_criterion": TDI_CRITERION,
+        "adi_criterion": ADI_CRITERION,
         "n_train": train_n,
         "n_val": int(val_y.shape[0]),
         "n_adi_train": int(adi_index.size),
@@ -165,5 +165,9 @@ def fit_oracle(
         "val_accuracy": float(1.0 - wrong.mean()) if wrong.size else 0.0,
     }
     return FittedOracle(
-        oracle=oracle, calibration=calibration, calibration_index=calibration_index, fit_params=fit_params
+        oracle=oracle,
+        calibration=calibration,
+        calibration_index=calibration_index,
+        params=params,
+        fit_params=fit_params,
     )

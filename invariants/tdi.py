@@ -1,14 +1,15 @@
 """Training-data-dependent invariants (TDIs), ICOS paper §4.3, §5.4 and Table 4.
 
 A decision tree is grown on the training inputs (flattened to [N, D]) against their true
-labels, with the setting of Table 4: Gini index, no pruning, at least 5 records per leaf.
+labels, with the setting of Table 4: Gini index, no pruning, a minimum number of records per leaf.
 Every leaf is a rule ``fail :- <path from the root>, output != <leaf class>`` with
 
 * ``support`` — the number of training records in the leaf (an absolute count), and
 * ``confidence`` — the share of those records that carry the leaf's majority class.
 
 A rule is *selected* when ``confidence >= C`` and ``support > S`` (strict on support, as in
-the public ICOS workflow; defaults C = 0.99, S = 8). A sample violates the TDIs when its leaf
+the public ICOS workflow; the defaults of C, S and the leaf size are those of
+:class:`~invariants.fit_params.FitParams`). A sample violates the TDIs when its leaf
 is selected and the model's label differs from the leaf class (§4.3: "the class assigned by
 the CNN is different from the class corresponding to the first invariant ... which matches
 the image"; the leaves of a tree partition the input space, so exactly one rule matches).
@@ -27,8 +28,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TdiRule", "TrainingInvariants", "format_threshold"]
+from invariants.fit_params import FitParams
 
+__all__ = ["CRITERION", "TdiRule", "TrainingInvariants", "format_threshold"]
+
+#: The tree's split criterion (Table 4: Gini index).
+CRITERION = "gini"
+_DEFAULT = FitParams()
 _FORMAT = "icos-tdi"
 _VERSION = 1
 
@@ -96,10 +102,10 @@ class TrainingInvariants:
         leaf_support: Mapping[int, int],
         leaf_confidence: Mapping[int, float],
         leaf_selected: Mapping[int, bool] | None = None,
-        confidence: float = 0.99,
-        support: int = 8,
-        min_samples_leaf: int = 5,
-        seed: int = 0,
+        confidence: float = _DEFAULT.confidence,
+        support: int = _DEFAULT.support,
+        min_samples_leaf: int = _DEFAULT.min_samples_leaf,
+        seed: int = _DEFAULT.seed,
         feature_names: Sequence[str] | None = None,
         class_names: Sequence[str] | None = None,
     ) -> None:
@@ -158,12 +164,12 @@ class TrainingInvariants:
         x: np.ndarray,
         y: np.ndarray,
         *,
-        confidence: float = 0.99,
-        support: int = 8,
-        min_samples_leaf: int = 5,
+        confidence: float = _DEFAULT.confidence,
+        support: int = _DEFAULT.support,
+        min_samples_leaf: int = _DEFAULT.min_samples_leaf,
         feature_names: Sequence[str] | None = None,
         class_names: Sequence[str] | None = None,
-        seed: int = 0,
+        seed: int = _DEFAULT.seed,
     ) -> TrainingInvariants:
         """Grow the tree of Table 4 (Gini, no pruning, ``min_samples_leaf`` records per leaf).
 
@@ -182,7 +188,7 @@ class TrainingInvariants:
             raise ValueError("training inputs contain NaN or infinite values")
         if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
             raise ValueError("training labels must be non-negative class indices")
-        tree = DecisionTreeClassifier(criterion="gini", min_samples_leaf=min_samples_leaf, random_state=seed)
+        tree = DecisionTreeClassifier(criterion=CRITERION, min_samples_leaf=min_samples_leaf, random_state=seed)
         tree.fit(flat, labels)
         structure = tree.tree_
         leaf_of = structure.apply(flat)
@@ -311,7 +317,7 @@ class TrainingInvariants:
             "format": _FORMAT,
             "format_version": _VERSION,
             "params": {
-                "criterion": "gini",
+                "criterion": CRITERION,
                 "confidence": self.confidence,
                 "support": self.support,
                 "min_samples_leaf": self.min_samples_leaf,
@@ -381,8 +387,8 @@ class TrainingInvariants:
                 leaf_selected={k: e["selected"] for k, e in table.items()},
                 confidence=float(params["confidence"]),
                 support=int(params["support"]),
-                min_samples_leaf=int(params.get("min_samples_leaf", 5)),
-                seed=int(params.get("seed", 0)),
+                min_samples_leaf=int(params.get("min_samples_leaf", _DEFAULT.min_samples_leaf)),
+                seed=int(params.get("seed", _DEFAULT.seed)),
                 feature_names=data.get("feature_names"),
                 class_names=data.get("class_names"),
             )

@@ -56,6 +56,7 @@ def mnist_bundle_dir(
     """A bundle fitted once per session for the shipped CNN (ADI with 30 trees; IDI on ``form``)."""
     from agent.data.files import Dataset
     from agent.offline.fit import fit_bundle
+    from invariants.fit_params import FitParams
 
     root = tmp_path_factory.mktemp("mnist-bundle")
     idi = root / "idi.yaml"
@@ -65,7 +66,7 @@ def mnist_bundle_dir(
         Dataset(mnist_splits.train.x, mnist_splits.train.y),
         Dataset(mnist_splits.val.x, mnist_splits.val.y),
         idi_path=idi,
-        n_estimators=30,
+        params=FitParams(n_estimators=30),
     )
     out = root / "bundle"
     report.bundle.save(out)

@@ -41,6 +41,7 @@ from agent.audits.runner import (
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
 from exporters.redaction import redact_uri
+from invariants.fit_params import MODEL, TABLE, FitParams
 
 
 def _common(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -189,25 +190,16 @@ def _run_on_model(
     return result, int(result.params.get("n_samples", len(x))), str(args.data), model_info
 
 
-def log_fit(args: argparse.Namespace, model: Any, summary: dict[str, Any], started: float) -> dict[str, Any]:
-    """Log ``icos-agent fit`` as one MLflow run (see :func:`agent.audits.runner.fit_record`)."""
-    params = {
-        k: getattr(args, k)
-        for k in (
-            "model",
-            "train",
-            "val",
-            "reference",
-            "decision_threshold",
-            "idi",
-            "confidence",
-            "support",
-            "calibration_fraction",
-            "trees",
-            "seed",
-        )
-        if getattr(args, k, None) is not None
-    }
+def log_fit(
+    args: argparse.Namespace, fit_params: FitParams, model: Any, summary: dict[str, Any], started: float
+) -> dict[str, Any]:
+    """Log ``icos-agent fit`` as one MLflow run (see :func:`agent.audits.runner.fit_record`): its input
+    files and the fit parameters that apply to its source, each under its flag's name (``trees``)."""
+    inputs = ("model", "train", "val", "reference", "idi")
+    source = TABLE if args.reference else MODEL
+    params = {k: getattr(args, k) for k in inputs if getattr(args, k, None) is not None}
+    params.update(fit_params.named(source))
+    params = {k: v for k, v in params.items() if v is not None}
     try:
         logger = open_logger(
             args.mlflow, args.experiment, Path(args.state_dir) if args.state_dir else default_state_dir()

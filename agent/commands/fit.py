@@ -6,13 +6,15 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from agent.commands.audit import log_fit
 from agent.commands.model_args import add_model_arguments, add_table_arguments, load_model, split_columns
 from agent.errors import UserError
+from invariants.fit_params import MODEL, TABLE, FitParams, FitParamsError, flag_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,28 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="comma-separated class names, in the order of --proba-columns (default: the column names without "
         "their common prefix; 0,1 for a single column)",
     )
-    p.add_argument(
-        "--train-fraction",
-        type=float,
-        default=0.5,
-        help="share of the reference table's rows that fit the TDIs; the rest is validation (default 0.5)",
-    )
-    p.add_argument(
-        "--decision-threshold",
-        type=float,
-        help="binary models: class 1 is predicted when its probability is at least this (default: argmax, i.e. 0.5)",
-    )
     p.add_argument("--idi", help="YAML file of input-data-dependent invariants")
-    p.add_argument("--confidence", type=float, default=0.99, help="minimum TDI rule confidence C (default 0.99)")
-    p.add_argument("--support", type=int, default=8, help="TDI rules need support > S records (default 8)")
-    p.add_argument(
-        "--calibration-fraction",
-        type=float,
-        default=0.3,
-        help="share of the validation data held out of ADI training to measure TPR/FPR (default 0.3)",
-    )
-    p.add_argument("--trees", type=int, default=100, help="random-forest size of the ADI (default 100, paper Table 5)")
-    p.add_argument("--seed", type=int, default=0)
+    add_fit_params(p)
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays for IDIs")
     p.add_argument("--out", required=True, help="bundle directory to write")
@@ -71,13 +53,39 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+#: What a flag of a field that means something for one source only says about it.
+_ONLY = {MODEL: "with --model only", TABLE: "with --reference only"}
+
+
+def add_fit_params(p: argparse.ArgumentParser) -> None:
+    """One flag per field of :class:`FitParams`: its name (or its ``flag``), type, default and help."""
+    group = p.add_argument_group("fit parameters")
+    hints = get_type_hints(FitParams)
+    for f in fields(FitParams):
+        kind = next(t for t in (get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None))
+        meta = f.metadata
+        default = f"default: {meta['when_none']}" if f.default is None else f"default {f.default}"
+        notes = [default, meta["cite"], None if len(meta["applies"]) > 1 else _ONLY[meta["applies"][0]]]
+        group.add_argument(
+            f"--{flag_name(f).replace('_', '-')}",
+            dest=f.name,
+            type=kind,
+            default=f.default,
+            metavar=flag_name(f).upper(),
+            help=f"{meta['help']} ({', '.join(n for n in notes if n)})",
+        )
+
+
+def fit_params_of(args: argparse.Namespace) -> FitParams:
+    """The fit parameters of parsed arguments; a value out of range names its flag."""
+    try:
+        return FitParams(**{f.name: getattr(args, f.name) for f in fields(FitParams)})
+    except FitParamsError as exc:
+        flag = flag_name(next(f for f in fields(FitParams) if f.name == exc.name)).replace("_", "-")
+        raise UserError(f"--{flag} {exc.problem}") from None
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    if not 0.0 <= args.confidence <= 1.0:
-        raise UserError("--confidence must be within [0, 1]")
-    if not 0.0 < args.calibration_fraction < 1.0:
-        raise UserError("--calibration-fraction must be within (0, 1)")
-    if args.decision_threshold is not None and not 0.0 < args.decision_threshold < 1.0:
-        raise UserError("--decision-threshold must be within (0, 1)")
     if args.reference:
         given = [f for f in ("model", "train", "val") if getattr(args, f)]
         if given:
@@ -95,7 +103,7 @@ def _check_args(args: argparse.Namespace) -> None:
             )
 
 
-def _fit_table(args: argparse.Namespace, say: Any) -> tuple[Any, Any]:
+def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[Any, Any]:
     """The reference table path: (report, a stand-in for the model in the summary and run record)."""
     from agent.data.tables import default_classes, resolve_columns
     from agent.offline.tables import fit_table_bundle, read_reference
@@ -118,13 +126,7 @@ def _fit_table(args: argparse.Namespace, say: Any) -> tuple[Any, Any]:
         columns,
         classes,
         idi_path=args.idi,
-        decision_threshold=args.decision_threshold,
-        train_fraction=args.train_fraction,
-        confidence=args.confidence,
-        support=args.support,
-        calibration_fraction=args.calibration_fraction,
-        n_estimators=args.trees,
-        seed=args.seed,
+        params=params,
         progress=say,
     )
     return report, SimpleNamespace(name=Path(args.reference).stem, sha256="")
@@ -136,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.offline.fit import fit_bundle
 
     _check_args(args)
+    params = fit_params_of(args)
     started = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -143,15 +146,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {msg}", file=sys.stderr)
 
     if args.reference:
-        report, model = _fit_table(args, say)
-        return _finish(args, report, model, started)
+        report, model = _fit_table(args, params, say)
+        return _finish(args, params, report, model, started)
     model = load_model(args)
-    if args.decision_threshold is not None:
-        if model.n_classes != 2:
-            raise UserError(
-                f"--decision-threshold applies to binary models only; this one has {model.n_classes} classes"
-            )
-        model.decision_threshold = args.decision_threshold
     train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
     val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
     report = fit_bundle(
@@ -159,17 +156,13 @@ def run(args: argparse.Namespace) -> int:
         train,
         val,
         idi_path=args.idi,
-        confidence=args.confidence,
-        support=args.support,
-        calibration_fraction=args.calibration_fraction,
-        n_estimators=args.trees,
-        seed=args.seed,
+        params=params,
         progress=say,
     )
-    return _finish(args, report, model, started)
+    return _finish(args, params, report, model, started)
 
 
-def _finish(args: argparse.Namespace, report: Any, model: Any, started: float) -> int:
+def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any, started: float) -> int:
     """Write the bundle, log the run when asked, print the summary."""
     from agent.estimation.estimators import headline_estimator
     from agent.offline.fit import fit_warnings
@@ -194,7 +187,7 @@ def _finish(args: argparse.Namespace, report: Any, model: Any, started: float) -
         "seconds": round(time.perf_counter() - started, 2),
     }
     if args.mlflow:
-        summary["mlflow"] = log_fit(args, model, summary, started)
+        summary["mlflow"] = log_fit(args, params, model, summary, started)
     for warning in summary["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -203,8 +196,8 @@ def _finish(args: argparse.Namespace, report: Any, model: Any, started: float) -
         print(f"bundle written to {args.out}" + (" (from a table of predictions: no model)" if table else ""))
         print(f"  model accuracy: train {report.train_accuracy:.4f}, validation {report.val_accuracy:.4f}")
         print(
-            f"  TDI: {report.n_selected} of {report.n_rules} rules selected (C >= {args.confidence}, "
-            f"S > {args.support}); they cover {report.coverage:.1%} of validation inputs"
+            f"  TDI: {report.n_selected} of {report.n_rules} rules selected (C >= {params.confidence}, "
+            f"S > {params.support}); they cover {report.coverage:.1%} of validation inputs"
         )
         print(
             f"  oracle on the calibration split ({cal.n} samples, {cal.tp + cal.fn} model errors): "

@@ -16,11 +16,10 @@ from agent.data.files import Dataset
 from agent.model.classifier import OnnxClassifier
 from agent.offline.fit import fit_bundle
 from invariants.bundle import Bundle, BundleError
+from invariants.fit_params import MODEL, FitParams
 
 BUNDLE_DIR = "bundle"
 FIT_SUMMARY = "fit-summary.json"
-#: Fit parameters of the demo (those of ``icos-agent fit``'s defaults).
-FIT_PARAMS: dict[str, Any] = {"confidence": 0.99, "support": 8, "calibration_fraction": 0.3, "trees": 100}
 
 
 @dataclass
@@ -69,15 +68,12 @@ def load_or_fit(
             )
     say("fitting the invariants: TDI on 2,500 training images, ADI + calibration on 1,500 validation images")
     started = time.time()
+    fit_params = FitParams(seed=seed)  # icos-agent fit's defaults
     report = fit_bundle(
         model,
         Dataset(splits.train.x, splits.train.y),
         Dataset(splits.val.x, splits.val.y),
-        confidence=FIT_PARAMS["confidence"],
-        support=FIT_PARAMS["support"],
-        calibration_fraction=FIT_PARAMS["calibration_fraction"],
-        n_estimators=FIT_PARAMS["trees"],
-        seed=seed,
+        params=fit_params,
         progress=lambda m: say(f"  {m}"),
     )
     report.bundle.save(bundle_dir)
@@ -95,7 +91,8 @@ def load_or_fit(
         "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
         "seconds": round(finished - started, 2),
     }
-    params = {"model": model.name, "train": "mnist-5k train", "val": "mnist-5k validation", **FIT_PARAMS, "seed": seed}
+    params: dict[str, Any] = {"model": model.name, "train": "mnist-5k train", "val": "mnist-5k validation"}
+    params.update({k: v for k, v in fit_params.named(MODEL).items() if v is not None})
     summary_path.write_text(
         json.dumps({"summary": summary, "params": params, "started_at": started, "finished_at": finished}, indent=2),
         encoding="utf-8",

@@ -475,12 +475,14 @@ def fit_shift_aware(
     train_x: np.ndarray,
     metadata: Mapping[str, np.ndarray] | None = None,
     feature_names: Sequence[str] | None = None,
-    n_sets: int | None = None,
-    seed: int = 0,
+    n_sets: int | None,
+    seed: int,
     families: Sequence[str] = FAMILIES,
     exclude: Collection[str] = (),
 ) -> ShiftCalibration:
-    """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`)."""
+    """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`);
+    ``n_sets`` and ``seed`` are the fit's (:attr:`~invariants.fit_params.FitParams.shift_sets`,
+    :attr:`~invariants.fit_params.FitParams.seed`)."""
     reference = input_reference(model, oracle, train_x, x_cal)
     clean, shifted = judge_shifted_sets(
         model,

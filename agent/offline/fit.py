@@ -15,6 +15,7 @@ from agent.estimation.shifts import fit_shift_aware
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier, Prediction
 from invariants.bundle import Bundle
+from invariants.fit_params import MODEL, FitParams
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
 
@@ -73,17 +74,19 @@ def fit_bundle(
     val: Dataset,
     *,
     idi_path: str | Path | None = None,
-    confidence: float = 0.99,
-    support: int = 8,
-    calibration_fraction: float = 0.3,
-    n_estimators: int = 100,
-    seed: int = 0,
+    params: FitParams = FitParams(),
     progress: Progress | None = None,
 ) -> FitReport:
-    """Fit IDI/TDI/ADI for ``model`` and calibrate the oracle and estimators (paper §4, §5.4)."""
+    """Fit IDI/TDI/ADI for ``model`` and calibrate the oracle and estimators (paper §4, §5.4).
+
+    ``params.decision_threshold`` becomes the model's (its labels are what the invariants judge).
+    """
     say = progress or (lambda _m: None)
     if train.y is None or val.y is None:
         raise UserError("fit needs labels (y) in both the training and the validation data")
+    if params.decision_threshold is not None and model.n_classes != 2:
+        raise UserError(f"--decision-threshold applies to binary models only; this one has {model.n_classes} classes")
+    model.decision_threshold = params.decision_threshold
     idi = IdiRuleSet.load(idi_path, model.classes) if idi_path else None
     train_x = model.prepare_file(train.x)
     val_x = model.prepare_file(val.x)
@@ -99,11 +102,7 @@ def fit_bundle(
         val_pred.probabilities,
         idi=idi,
         val_metadata=val.metadata or None,
-        confidence=confidence,
-        support=support,
-        calibration_fraction=calibration_fraction,
-        n_estimators=n_estimators,
-        seed=seed,
+        params=params,
         feature_names=train.feature_names,
         class_names=model.classes,
         progress=say,
@@ -131,7 +130,8 @@ def fit_bundle(
         train_x=train_x,
         metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
         feature_names=train.feature_names,
-        seed=seed,
+        n_sets=params.shift_sets,
+        seed=params.seed,
     )
     est_cal = est_cal.with_shift(shift)
     bundle = Bundle(
@@ -139,7 +139,7 @@ def fit_bundle(
         input_shape=list(model.input_shape),
         classes=model.classes,
         feature_names=train.feature_names,
-        fit_params=fitted.fit_params,
+        fit_params={**fitted.fit_params, **params.recorded(MODEL)},
         idi=idi,
         tdi=tdi,
         adi=adi,

@@ -33,6 +33,7 @@ from agent.model.classifier import label_confidences, predicted_labels
 from agent.offline.fit import FitReport
 from invariants.bundle import Bundle, TableSource
 from invariants.compiled import CompiledOracle
+from invariants.fit_params import TABLE, FitParams
 from invariants.fitting import fit_oracle, stratified_split
 from invariants.idi import IdiRuleSet
 from invariants.oracle import VERDICTS
@@ -60,28 +61,21 @@ def fit_table_bundle(
     classes: Sequence[str],
     *,
     idi_path: str | Path | None = None,
-    decision_threshold: float | None = None,
-    train_fraction: float = 0.5,
-    confidence: float = 0.99,
-    support: int = 8,
-    calibration_fraction: float = 0.3,
-    n_estimators: int = 100,
-    seed: int = 0,
+    params: FitParams = FitParams(),
     progress: Progress | None = None,
 ) -> FitReport:
     """Fit IDI/TDI/ADI and the estimators from a reference table (paper §4, §5.4)."""
     say = progress or (lambda _m: None)
     if ref.y is None:
         raise UserError("fit needs labels: name the reference table's label column (--label-column)")
-    if decision_threshold is not None and len(classes) != 2:
+    threshold = params.decision_threshold
+    if threshold is not None and len(classes) != 2:
         raise UserError(f"--decision-threshold applies to binary models only; this one has {len(classes)} classes")
     if ref.probabilities.shape[1] != len(classes):
         raise UserError(f"{ref.probabilities.shape[1]} probability columns but {len(classes)} classes")
-    if not 0.0 < train_fraction < 1.0:
-        raise UserError("--train-fraction must be within (0, 1)")
     y = label_indices(ref.y, classes)
-    predicted = predicted_labels(ref.probabilities, decision_threshold)
-    val_idx, train_idx = stratified_split(y, train_fraction, seed)
+    predicted = predicted_labels(ref.probabilities, threshold)
+    val_idx, train_idx = stratified_split(y, params.train_fraction, params.seed)
     if len(train_idx) == 0 or len(val_idx) < 4:
         raise UserError(f"{len(y)} reference rows are too few to split into training and validation parts")
     say(f"reference: {len(y)} rows, {len(train_idx)} for the TDIs, {len(val_idx)} for the ADIs and calibration")
@@ -96,11 +90,7 @@ def fit_table_bundle(
             ref.probabilities[val_idx],
             idi=idi,
             val_metadata=val_meta or None,
-            confidence=confidence,
-            support=support,
-            calibration_fraction=calibration_fraction,
-            n_estimators=n_estimators,
-            seed=seed,
+            params=params,
             feature_names=list(columns.features),
             class_names=list(classes),
             progress=say,
@@ -127,14 +117,14 @@ def fit_table_bundle(
         input_shape=[len(columns.features)],
         classes=list(classes),
         feature_names=list(columns.features),
-        fit_params={**fitted.fit_params, "train_fraction": float(train_fraction), "source": "table"},
+        fit_params={**fitted.fit_params, **params.recorded(TABLE), "source": TABLE},
         idi=idi,
         tdi=tdi,
         adi=adi,
         calibration=fitted.calibration,
         estimator_calibration=est_cal.to_dict(),
         table=TableSource(columns.proba, columns.features, columns.label),
-        decision_threshold=decision_threshold,
+        decision_threshold=threshold,
         headline=TABLE_HEADLINE,
     )
     correct = predicted == y

@@ -15,6 +15,7 @@ from pathlib import Path
 from bench.estimators.harness import Config, Record, run_subject
 from bench.estimators.report import console, markdown, plot, write_doc
 from bench.estimators.subjects import LOADERS
+from invariants.fit_params import FitParams
 
 
 def _integers(flag: str, given: str | None, default: str, *, minimum: int) -> tuple[int, ...] | None:
@@ -70,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             size=args.size or 300,
             pool_min=600,
             seed=args.seed,
-            shift_sets=34,
-            n_estimators=30,
+            fit=FitParams(n_estimators=30, shift_sets=34),
             calibration_seeds=cal_seeds,
             window_sizes=sizes,
         )

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from bench.estimators.scenarios import (
     tabular_scenarios,
 )
 from bench.estimators.subjects import Subject, form_metadata, idi_yaml
+from invariants.fit_params import FitParams
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
 from invariants.oracle import Oracle
@@ -59,9 +60,10 @@ class Config:
     reps: int = 30
     size: int = 1000
     pool_min: int = 3000
+    #: Seeds the draws of the benchmark and, as ``icos-agent fit --seed``, the fit.
     seed: int = 0
-    shift_sets: int | None = None  # None: the default of fit_shift_aware (8 per transformation)
-    n_estimators: int = 100
+    #: The fit's other parameters (``icos-agent fit``'s defaults unless quick mode lowers them).
+    fit: FitParams = FitParams()
     #: Also estimate every scenario with ``shift_aware`` calibrated without the scenario's kin
     #: (:attr:`Scenario.calibration_kin`), recorded as :data:`HELD_OUT` (label-free only).
     held_out: bool = True
@@ -247,6 +249,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
     m = subject.model
     train_x, val_x, test_x = m.prepare(subject.train_x), m.prepare(subject.val_x), m.prepare(subject.test_x)
     val_pred = m.predict_batched(val_x)
+    params = replace(cfg.fit, seed=cfg.seed)
     fitted = fit_oracle(
         m.features(train_x),
         subject.train_y,
@@ -254,8 +257,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         subject.val_y,
         val_pred.probabilities,
         idi=None,
-        n_estimators=cfg.n_estimators,
-        seed=cfg.seed,
+        params=params,
     )
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
     assert tdi is not None  # fit_oracle always builds the TDI tree
@@ -272,7 +274,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.labels, metadata=meta)
         cal = EstimatorCalibration.fit(cal_pred.confidences, cal_pred.labels == cal_y, res.failed)
         shift = fit_shift_aware(
-            m, oracle, cal_x, cal_y, train_x=train_x, metadata=meta, n_sets=cfg.shift_sets, seed=cfg.seed
+            m, oracle, cal_x, cal_y, train_x=train_x, metadata=meta, n_sets=params.shift_sets, seed=params.seed
         )
         variants.append(_Variant(idi_name, oracle, cal.with_shift(shift), parts))
         if idi_name == "none" and cfg.held_out:
@@ -281,7 +283,14 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                 say(f"[{subject.name}] calibrating without {', '.join(kin)} ({k}/{len(kin_sets)})")
                 held[kin] = cal.with_shift(
                     fit_shift_aware(
-                        m, oracle, cal_x, cal_y, train_x=train_x, n_sets=cfg.shift_sets, seed=cfg.seed, exclude=kin
+                        m,
+                        oracle,
+                        cal_x,
+                        cal_y,
+                        train_x=train_x,
+                        n_sets=params.shift_sets,
+                        seed=params.seed,
+                        exclude=kin,
                     )
                 )
         if idi_name == "none":
@@ -289,7 +298,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
             for k, s in enumerate(extra, 1):
                 say(f"[{subject.name}] calibrating with seed {s} ({k}/{len(extra)})")
                 seeded[s] = cal.with_shift(
-                    fit_shift_aware(m, oracle, cal_x, cal_y, train_x=train_x, n_sets=cfg.shift_sets, seed=s)
+                    fit_shift_aware(m, oracle, cal_x, cal_y, train_x=train_x, n_sets=params.shift_sets, seed=s)
                 )
     say(
         f"[{subject.name}] oracle fitted and calibrated in {time.perf_counter() - t0:.1f}s "

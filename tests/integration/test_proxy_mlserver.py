@@ -121,6 +121,7 @@ def digits_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from agent.data.files import Dataset
     from agent.model.classifier import OnnxClassifier
     from agent.offline.fit import fit_bundle
+    from invariants.fit_params import FitParams
 
     root = tmp_path_factory.mktemp("digits-bundle")
     x, y = load_digits(return_X_y=True)
@@ -129,7 +130,8 @@ def digits_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     onnx_model = to_onnx(clf, x[:1], options={id(clf): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
     (root / "digits.onnx").write_bytes(onnx_model.SerializeToString())
     model = OnnxClassifier.load(root / "digits.onnx", name=MODEL)
-    report = fit_bundle(model, Dataset(x[:900], y[:900]), Dataset(x[900:1400], y[900:1400]), n_estimators=20)
+    train, val = Dataset(x[:900], y[:900]), Dataset(x[900:1400], y[900:1400])
+    report = fit_bundle(model, train, val, params=FitParams(n_estimators=20))
     report.bundle.save(root / "bundle")
     return root / "bundle"
 

@@ -8,6 +8,7 @@ import pytest
 from sklearn.ensemble import RandomForestClassifier
 
 from invariants.adi import AlgorithmInvariants
+from invariants.fit_params import FitParams
 from invariants.onnx_session import OnnxLoadError
 
 
@@ -22,8 +23,9 @@ def synthetic(n: int, k: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 @pytest.fixture(scope="module")
 def fitted() -> tuple[AlgorithmInvariants, RandomForestClassifier, np.ndarray, np.ndarray]:
     probs, wrong = synthetic(1200)
-    adi = AlgorithmInvariants.fit(probs, wrong, n_estimators=100, seed=7)
-    reference = RandomForestClassifier(n_estimators=100, criterion="entropy", random_state=7, n_jobs=1)
+    adi = AlgorithmInvariants.fit(probs, wrong, seed=7)  # the fit's forest size
+    trees = FitParams().n_estimators
+    reference = RandomForestClassifier(n_estimators=trees, criterion="entropy", random_state=7, n_jobs=1)
     reference.fit(probs, wrong.astype(np.int64))
     return adi, reference, probs, wrong
 

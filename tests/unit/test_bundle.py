@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 from sklearn.naive_bayes import GaussianNB
 
 from invariants.bundle import Bundle, BundleError, _canonical, _manifest_digest, sha256_file
+from invariants.fit_params import FitParams
 from invariants.fitting import fit_oracle
 from invariants.idi import IdiRuleSet
 
@@ -61,8 +62,7 @@ def make_bundle(data: dict[str, np.ndarray], with_idi: bool = True) -> Bundle:
         data["val_p"],
         idi=IdiRuleSet.from_yaml(RULES, DIGITS) if with_idi else None,
         val_metadata={"group": groups(data["val_y"])},
-        n_estimators=20,
-        seed=0,
+        params=FitParams(n_estimators=20),
     )
     return Bundle.from_fitted(
         fitted,

@@ -8,6 +8,7 @@ from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
 
 from invariants.adi import AlgorithmInvariants
+from invariants.fit_params import FitParams
 from invariants.fitting import FittedOracle, fit_oracle, stratified_split
 from invariants.idi import IdiRuleSet
 from invariants.oracle import FAMILIES, VERDICTS, Oracle, OracleCalibration, OracleResult, Verdict, calibrate
@@ -158,7 +159,7 @@ def fitted(digits: dict[str, np.ndarray]) -> FittedOracle:
         digits["val_p"],
         idi=IdiRuleSet.from_yaml(GROUP_RULES, DIGITS),
         val_metadata={"group": groups(digits["val_y"])},
-        seed=1,
+        params=FitParams(seed=1),
     )
 
 
@@ -220,11 +221,12 @@ def test_fit_oracle_splits_val_stratified_and_calibrates_on_the_held_out_part(
     wrong = val_p.argmax(axis=1) != val_y
     index = fitted.calibration_index
     assert np.array_equal(index, np.unique(index))
-    assert index.size == round(0.3 * wrong.sum()) + round(0.3 * (~wrong).sum())
-    assert wrong[index].sum() == round(0.3 * wrong.sum())
+    share = FitParams().calibration_fraction
+    assert index.size == round(share * wrong.sum()) + round(share * (~wrong).sum())
+    assert wrong[index].sum() == round(share * wrong.sum())
     params = fitted.fit_params
     assert params["n_calibration"] == index.size and params["n_adi_train"] == 600 - index.size
-    assert (params["confidence"], params["support"], params["seed"]) == (0.99, 8, 1)
+    assert {k: params[k] for k in FitParams().recorded()} == FitParams(seed=1).recorded()
     assert params["n_tdi_selected"] == len(fitted.oracle.tdi.selected_rules)  # type: ignore[union-attr]
     result = fitted.oracle.judge(
         digits["val_x"][index], val_p[index], val_p[index].argmax(axis=1), {"group": groups(val_y[index])}
@@ -244,7 +246,7 @@ def test_fit_oracle_is_seeded_and_reports_progress(digits: dict[str, np.ndarray]
         digits["val_p"],
         idi=IdiRuleSet.from_yaml(GROUP_RULES, DIGITS),
         val_metadata={"group": groups(digits["val_y"])},
-        seed=1,
+        params=FitParams(seed=1),
         progress=messages.append,
     )
     assert np.array_equal(again.calibration_index, fitted.calibration_index)
@@ -257,17 +259,13 @@ def test_fit_oracle_is_seeded_and_reports_progress(digits: dict[str, np.ndarray]
         digits["val_y"],
         digits["val_p"],
         idi=None,
-        seed=2,
-        n_estimators=10,
+        params=FitParams(seed=2, n_estimators=10),
         class_names=DIGITS,
     )
     assert not np.array_equal(other.calibration_index, fitted.calibration_index)
     assert other.oracle.idi is None and other.calibration.per_family["idi"] == {"tp": 0, "fp": 0}
     with pytest.raises(ValueError, match="calibration_fraction"):
-        fit_oracle(
-            digits["train_x"], digits["train_y"], digits["val_x"], digits["val_y"], digits["val_p"], idi=None,
-            calibration_fraction=1.0,
-        )  # fmt: skip
+        FitParams(calibration_fraction=1.0)
 
 
 def test_stratified_split() -> None:

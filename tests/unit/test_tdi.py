@@ -9,7 +9,11 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.tree import DecisionTreeClassifier
 
+from invariants.fit_params import FitParams
 from invariants.tdi import TdiRule, TrainingInvariants, format_threshold
+
+#: The fit's defaults, which the TDIs take when given no C, S or leaf size.
+DEFAULT = FitParams()
 
 
 def tiny() -> tuple[np.ndarray, np.ndarray]:
@@ -27,7 +31,7 @@ def tiny() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_tiny_tree_rules_are_the_expected_leaves() -> None:
-    tdi = TrainingInvariants.fit(*tiny())
+    tdi = TrainingInvariants.fit(*tiny(), confidence=0.99, support=8)  # the tree is built around S = 8
     assert tdi.node_count == 5
     assert tdi.rules == [
         TdiRule(1, 0, 20, 0.95, False, ((0, "<=", 5.0),), "fail :- x[0] <= 5.0, output != 0"),
@@ -56,7 +60,7 @@ def test_confidence_exactly_at_the_threshold_is_selected() -> None:
     # 99 of 100 identical inputs share a class: confidence 0.99 >= C = 0.99
     x = np.zeros((100, 3))
     y = np.array([4] * 99 + [2])
-    tdi = TrainingInvariants.fit(x, y)
+    tdi = TrainingInvariants.fit(x, y, confidence=0.99)
     (rule,) = tdi.rules
     assert (rule.label, rule.support, rule.confidence, rule.selected) == (4, 100, 0.99, True)
     assert rule.text == "fail :- output != 4"
@@ -115,7 +119,7 @@ def test_inputs_are_flattened_and_checked() -> None:
 def digits_tree() -> tuple[TrainingInvariants, DecisionTreeClassifier, np.ndarray]:
     x, y = load_digits(return_X_y=True)
     tdi = TrainingInvariants.fit(x, y, seed=3)
-    reference = DecisionTreeClassifier(criterion="gini", min_samples_leaf=5, random_state=3)
+    reference = DecisionTreeClassifier(criterion="gini", min_samples_leaf=DEFAULT.min_samples_leaf, random_state=3)
     reference.fit(x.astype(np.float32), y)
     return tdi, reference, x
 
@@ -130,7 +134,7 @@ def test_tree_arrays_are_sklearns(digits_tree: tuple[TrainingInvariants, Decisio
     assert len(tdi.rules) == tree.n_leaves
     support = {r.leaf: r.support for r in tdi.rules}
     assert all(support[leaf] == tree.n_node_samples[leaf] for leaf in support)
-    assert all(r.support >= 5 for r in tdi.rules)
+    assert all(r.support >= DEFAULT.min_samples_leaf for r in tdi.rules)
     predicted = reference.predict(x.astype(np.float32))
     by_leaf = {r.leaf: r.label for r in tdi.rules}
     assert [by_leaf[leaf] for leaf in tdi.leaves(x).tolist()] == predicted.tolist()
@@ -168,8 +172,9 @@ def test_reselect_keeps_the_tree_and_the_original(
     assert relaxed is not tdi
     assert relaxed.children_left is tdi.children_left
     assert all(r.selected for r in relaxed.rules)
-    assert (tdi.confidence, tdi.support) == (0.99, 8)
-    assert [r.selected for r in tdi.rules] == [r.confidence >= 0.99 and r.support > 8 for r in tdi.rules]
+    c, s = DEFAULT.confidence, DEFAULT.support  # fit's defaults
+    assert (tdi.confidence, tdi.support) == (c, s)
+    assert [r.selected for r in tdi.rules] == [r.confidence >= c and r.support > s for r in tdi.rules]
     assert [r.text for r in relaxed.rules] == [r.text for r in tdi.rules]
     assert relaxed.coverage(x) == 1.0
     assert tdi.coverage(x) < 1.0
@@ -179,7 +184,13 @@ def test_dict_round_trip_is_exact(digits_tree: tuple[TrainingInvariants, Decisio
     tdi, _, x = digits_tree
     data = json.loads(json.dumps(tdi.to_dict()))
     assert set(data["leaves"][0]) == {"leaf", "class", "support", "confidence", "selected", "text"}
-    assert data["params"] == {"criterion": "gini", "confidence": 0.99, "support": 8, "min_samples_leaf": 5, "seed": 3}
+    assert data["params"] == {
+        "criterion": "gini",
+        "confidence": DEFAULT.confidence,
+        "support": DEFAULT.support,
+        "min_samples_leaf": DEFAULT.min_samples_leaf,
+        "seed": 3,
+    }
     again = TrainingInvariants.from_dict(data)
     assert again.rules == tdi.rules
     noisy = x + np.random.default_rng(1).normal(0, 2, x.shape)

@@ -1,0 +1,216 @@
+"""The parameters of one fit, each default stated once (ICOS paper §5.4, Tables 4 and 5).
+
+:class:`FitParams` is read by :func:`invariants.fitting.fit_oracle`, the model and table fits of the
+agent, the ``icos-agent fit`` flags (generated from the fields: name, type, default and help), the
+bundle manifest (``fit_params`` records every field that applies to the bundle's source, under the
+field's name) and the generated CLI reference (every field with its docstring). A new knob is one
+field here, with its docstring, plus the code that reads it.
+
+Field metadata (set with :func:`knob`): ``help``, one line for the command line; ``flag``, the
+flag's name where it is not the field's (also the name of the parameter in MLflow runs);
+``when_none``, what a ``None`` default means; ``cite``, where the default comes from; ``applies``,
+the sources (:data:`MODEL`, :data:`TABLE`) a field means something for.
+
+This module imports nothing outside the standard library, so the command line can build its flags
+without loading numpy.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import operator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["MODEL", "SOURCES", "TABLE", "FitParams", "FitParamsError", "field_docs", "flag_name", "knob", "knobs"]
+
+#: A bundle fitted from an ONNX model and its training and validation data.
+MODEL = "model"
+#: A bundle fitted from a reference table of predictions (no model); recorded as ``source``.
+TABLE = "table"
+SOURCES = (MODEL, TABLE)
+
+_T = TypeVar("_T")
+
+
+def knob(
+    default: _T,
+    help: str,
+    *,
+    flag: str | None = None,
+    when_none: str | None = None,
+    cite: str | None = None,
+    applies: tuple[str, ...] = SOURCES,
+) -> _T:
+    """A field of :class:`FitParams` with its command-line metadata (see the module docstring)."""
+    unknown = set(applies) - set(SOURCES)
+    if unknown or not applies:
+        raise ValueError(f"applies must name some of {SOURCES}, got {applies}")
+    metadata = {"help": help, "flag": flag, "when_none": when_none, "cite": cite, "applies": tuple(applies)}
+    return dataclasses.field(default=default, metadata=metadata)  # type: ignore[no-any-return]
+
+
+class FitParamsError(ValueError):
+    """A fit parameter out of its range: ``name`` is the field, ``problem`` what is wrong with it."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name} {problem}")
+        self.name = name
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class FitParams:
+    """How invariants, oracle and estimators are fitted; every default is stated here only."""
+
+    # -- TDIs: the decision tree on the training data (paper §4.3, §5.4, Table 4) ---------------
+    confidence: float = knob(0.99, "minimum confidence C of a selected TDI rule", cite="ICOS §5.4")
+    """A TDI rule (a leaf of the tree) is selected when the share of its training records that carry its
+    class is at least C. 0.99 is the paper's value for every model and dataset (§5.4, RQ1): a rule that
+    is wrong on more than 1% of its own training records raises false alarms on right predictions.
+    A lower C selects more rules, which find more errors and raise more false alarms (§6.2, RQ2)."""
+
+    support: int = knob(8, "a selected TDI rule needs more than S training records", cite="ICOS §5.4")
+    """A TDI rule is selected only when its leaf holds more than S training records (strict, as in the
+    public ICOS workflow). The paper tunes S per dataset (§5.4: 140 for MNIST, 14 for CIFAR10, 11 for
+    ImageNet, 8 for CIFAR100, the median support of the rules with C >= 0.99). The agent fits models
+    it knows nothing about, on training sets often far smaller than MNIST's, so it takes the smallest,
+    which still leaves rules on a small set. Low-support rules find rare errors and cost false alarms
+    (§6.2): raise S when the oracle's FPR is high."""
+
+    min_samples_leaf: int = knob(
+        5, "at least this many training records in every leaf of the TDI tree", cite="ICOS Table 4"
+    )
+    """The tree's "min number records per node" of Table 4 (C4.5 with the Gini index, no pruning). It
+    bounds the tree's size and keeps every leaf's confidence a share of several records."""
+
+    # -- ADIs: the random forest on the validation data's probabilities (§4.4, Table 5) --------
+    n_estimators: int = knob(100, "trees of the ADI random forest", flag="trees", cite="ICOS Table 5")
+    """Table 5's "number of models" (KNIME's default). The forest is evaluated through ONNX on every
+    judged prediction, so its size is the ADIs' share of the judging cost; fewer trees fit and judge
+    faster with a noisier "model wrong" vote."""
+
+    # -- the calibration split --------------------------------------------------------------------
+    calibration_fraction: float = knob(
+        0.3, "share of the validation data held out of ADI training to measure the oracle's TPR/FPR"
+    )
+    """The validation data is split, stratified by "model wrong / right", into ADI training and this
+    held-out share, on which the whole oracle's TPR/FPR is measured and the estimators are calibrated.
+    The paper trains the forest on the whole validation set and measures on labelled operational data
+    (§5.4, §5.3); the agent has no such data at fit time, so it measures on records the forest has not
+    seen. 0.3 is the agent's own choice, not the paper's: most of the data trains the forest, and the
+    held-out part still holds enough errors for the rates (``fit`` warns when it holds too few)."""
+
+    seed: int = knob(0, "seed of every random draw of the fit")
+    """Seeds the TDI tree's tie-breaks, the ADI forest, the calibration split, the reference table's
+    split and the shift-aware calibration (its corruptions and windows), so the same data and
+    parameters give the same bundle. Any fixed value does; another seed shows how much a figure owes
+    to the draw (docs/estimation.md, "Dependence on the calibration draw")."""
+
+    # -- the model's decision --------------------------------------------------------------------
+    decision_threshold: float | None = knob(
+        None,
+        "binary models: class 1 is predicted when its probability is at least this",
+        when_none="argmax, i.e. 0.5",
+    )
+    """The labels the invariants judge are the model's decisions, so a binary model deployed with a
+    threshold other than 0.5 is fitted with it. The bundle stores it, and ``check`` and the agent
+    predict with it. ``None``: the argmax of the probabilities, as most classifiers decide."""
+
+    # -- fits from a reference table -----------------------------------------------------------
+    train_fraction: float = knob(
+        0.5,
+        "share of the reference table's rows that fit the TDIs; the rest is validation",
+        applies=(TABLE,),
+    )
+    """A reference table replaces the training and validation data: this share of its rows (stratified
+    by label) grows the TDI tree and the rest is split again by ``calibration_fraction``. The paper uses
+    separate training and validation sets (§5.2); a half gives the tree and the forest with its
+    calibration the same amount of data, as neither is known to need more."""
+
+    # -- the shift-aware estimator (model fits only: it perturbs the model's inputs) -------------
+    shift_sets: int | None = knob(
+        None,
+        "corrupted copies of the calibration split that the shift_aware estimator learns from",
+        when_none="a few per corruption, as the calibration chooses",
+        applies=(MODEL,),
+    )
+    """The shift-aware estimator learns how accuracy falls under drift from copies of the calibration
+    split, each corrupted with one transformation at one strength (docs/estimation.md). ``None`` leaves
+    the count to the calibration (agent/estimation/shifts.py), which spreads the strengths of every
+    kind of corruption evenly. Fewer copies fit faster and teach the estimator fewer drifts."""
+
+    def __post_init__(self) -> None:
+        self._check("confidence", float, 0.0, 1.0, closed=True)
+        self._check("support", int, 0)
+        self._check("min_samples_leaf", int, 1)
+        self._check("n_estimators", int, 1)
+        self._check("calibration_fraction", float, 0.0, 1.0)
+        self._check("seed", int, 0)
+        self._check("decision_threshold", float, 0.0, 1.0, optional=True)
+        self._check("train_fraction", float, 0.0, 1.0)
+        self._check("shift_sets", int, 1, optional=True)
+
+    def _check(
+        self, name: str, kind: type, low: float, high: float = 0.0, *, closed: bool = False, optional: bool = False
+    ) -> None:
+        """Check that ``name`` lies within its range (integers: ``low`` or more; numbers: within
+        ``[low, high]`` when ``closed``, else ``(low, high)``) and store it as a plain ``int`` or
+        ``float``, so the manifest's JSON holds what the fit used."""
+        value = getattr(self, name)
+        if value is None and optional:
+            return
+        try:
+            number = operator.index(value) if kind is int else float(value)
+        except (TypeError, ValueError):
+            wanted = "an integer" if kind is int else "a number"
+            raise FitParamsError(name, f"must be {wanted}, got {value!r}") from None
+        if kind is int and number < low:
+            raise FitParamsError(name, f"must be at least {low:g}, got {number}")
+        if kind is float and not (low <= number <= high if closed else low < number < high):
+            span = f"[{low:g}, {high:g}]" if closed else f"({low:g}, {high:g})"
+            raise FitParamsError(name, f"must be within {span}, got {number:g}")
+        object.__setattr__(self, name, number)
+
+    def recorded(self, source: str | None = None) -> dict[str, Any]:
+        """The fields that apply to ``source`` (every source when ``None``) by name: what a bundle's
+        manifest records under ``fit_params``."""
+        return {f.name: getattr(self, f.name) for f in knobs(source)}
+
+    def named(self, source: str | None = None) -> dict[str, Any]:
+        """:meth:`recorded` under the names users give the fields (:func:`flag_name`, e.g. ``trees``):
+        the parameters of a fit's MLflow run."""
+        return {flag_name(f): getattr(self, f.name) for f in knobs(source)}
+
+
+def knobs(source: str | None = None) -> tuple[dataclasses.Field[Any], ...]:
+    """The fields of :class:`FitParams` that apply to ``source`` (to every source when ``None``)."""
+    wanted = SOURCES if source is None else (source,)
+    if not set(wanted) <= set(SOURCES):
+        raise ValueError(f"unknown fit source {source!r}; one of {SOURCES}")
+    return tuple(f for f in dataclasses.fields(FitParams) if set(wanted) <= set(f.metadata["applies"]))
+
+
+def flag_name(field: dataclasses.Field[Any]) -> str:
+    """The name users give a field: its command-line flag without ``--`` and with ``_`` (``trees``)."""
+    return str(field.metadata.get("flag") or field.name)
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring (the string after it in the class body), whitespace folded: read from
+    this module's source, since Python keeps no attribute docstrings at run time."""
+    tree = ast.parse(inspect.getsource(FitParams))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
