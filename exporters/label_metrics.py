@@ -45,7 +45,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporters.prometheus import SnapshotCollector, class_metric_rows
 
-LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
+LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "corrected", "invalid")
 PROBABILITY_METRICS = ("mae", "mse", "rmse")
 #: why predictions were not stored (``icos_prediction_store_dropped_total{reason}``)
 STORE_DROP_REASONS = ("queue_full", "write_failed", "invalid")

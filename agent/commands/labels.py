@@ -4,8 +4,11 @@ or ask it which predictions its labeling sample wants labeled.
 Each row names a prediction id (``<request id>:<index>``: the answer's ``id`` and the index of the
 prediction in the batch, below ``icos_prediction_count``) and its true class (an index or a class
 name). Rows are posted to ``POST /v1/labels`` in chunks; the summary adds up the agent's answers
-(accepted, unknown, duplicate, invalid). ``--requests N`` prints the newest ``N`` sampled predictions still without a
-label (``GET /v1/labels/requests``) as CSV (``id,timestamp``), ready for a labeling job.
+(accepted, unknown, duplicate, corrected, invalid). ``--requests N`` prints the newest ``N`` sampled predictions
+still without a label (``GET /v1/labels/requests``) as CSV (``id,timestamp``), ready for a labeling job.
+
+Where the agent requires the labelers' token (``ICOS_AGENT_LABELS_TOKEN`` set on the agent), the command
+sends it from the same environment variable, or from ``--token-file`` (e.g. a mounted Secret).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agent.config.settings import LABELS_TOKEN_ENV, labels_token
 from agent.errors import UserError
 
-OUTCOMES = ("accepted", "unknown", "duplicate", "invalid")
+OUTCOMES = ("accepted", "unknown", "duplicate", "corrected", "invalid")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -39,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--label-column", default="label", help="column / key of the true class (default: label)")
     p.add_argument("--chunk-size", type=int, default=1000, help="labels per request (default: 1000)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default: 30)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"a file holding the labelers' bearer token (default: the environment variable {LABELS_TOKEN_ENV})",
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -86,8 +95,28 @@ def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str
         yield chunk
 
 
+def auth_headers(token_file: Path | None) -> dict[str, str]:
+    """The ``Authorization`` header of the labelers' token (none when no token is given)."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UserError(f"--token-file: cannot read {token_file}: {exc.strerror}") from None
+        if not token:
+            raise UserError(f"--token-file: {token_file} is empty")
+    else:
+        token = labels_token() or ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def send_labels(
-    url: str, rows: Iterator[dict[str, Any]], *, chunk_size: int, timeout: float, progress: bool
+    url: str,
+    rows: Iterator[dict[str, Any]],
+    *,
+    chunk_size: int,
+    timeout: float,
+    progress: bool,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Post the rows in chunks; the summed counts and the first problems the agent reported."""
     # lazy: keeps httpx and tqdm out of CLI start-up
@@ -99,7 +128,7 @@ def send_labels(
     endpoint = url.rstrip("/") + "/v1/labels"
     bar = tqdm(desc="labels", unit="label", disable=not progress, leave=False, file=sys.stderr)
     try:
-        with httpx.Client(timeout=timeout) as client:
+        with httpx.Client(timeout=timeout, headers=headers or {}) as client:
             for chunk in _chunks(rows, chunk_size):
                 body = _answer(endpoint, functools.partial(client.post, endpoint, json={"labels": chunk}))
                 for k in OUTCOMES:
@@ -111,12 +140,17 @@ def send_labels(
     return {**totals, "sent": sum(totals.values()), "problems": problems}
 
 
-def label_requests(url: str, limit: int, timeout: float) -> list[dict[str, Any]]:
+def label_requests(
+    url: str, limit: int, timeout: float, headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The agent's ``GET /v1/labels/requests?limit=...`` entries (``id``, ``timestamp``)."""
     import httpx
 
     endpoint = url.rstrip("/") + "/v1/labels/requests"
-    return list(_answer(endpoint, lambda: httpx.get(endpoint, params={"limit": limit}, timeout=timeout))["requests"])
+    answer = _answer(
+        endpoint, lambda: httpx.get(endpoint, params={"limit": limit}, timeout=timeout, headers=headers or {})
+    )
+    return list(answer["requests"])
 
 
 def _answer(endpoint: str, call: Callable[[], Any]) -> Any:
@@ -133,7 +167,10 @@ def _answer(endpoint: str, call: Callable[[], Any]) -> Any:
             message = r.json().get("error", r.text)
         except ValueError:
             message = r.text
-        raise UserError(f"{endpoint} answered {r.status_code}: {message}")
+        hint = ""
+        if r.status_code in (401, 403):
+            hint = f" (the agent wants the labelers' token: set {LABELS_TOKEN_ENV} or pass --token-file)"
+        raise UserError(f"{endpoint} answered {r.status_code}: {message}{hint}")
     return r.json()
 
 
@@ -141,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.requests is not None:
         if not 1 <= args.requests <= 1000:
             raise UserError("--requests must be from 1 to 1000")
-        wanted = label_requests(args.url, args.requests, args.timeout)
+        wanted = label_requests(args.url, args.requests, args.timeout, auth_headers(args.token_file))
         if args.json:
             print(json.dumps({"requests": wanted}))
         else:
@@ -156,7 +193,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"labels file not found: {path}")
     rows = read_labels(path, args.id_column, args.label_column)
     summary = send_labels(
-        args.url, rows, chunk_size=args.chunk_size, timeout=args.timeout, progress=not (args.no_progress or args.json)
+        args.url,
+        rows,
+        chunk_size=args.chunk_size,
+        timeout=args.timeout,
+        progress=not (args.no_progress or args.json),
+        headers=auth_headers(args.token_file),
     )
     if args.json:
         print(json.dumps(summary))

@@ -27,6 +27,10 @@ from invariants.untrusted import safe_load_yaml
 
 ENV_PREFIX = "ICOS_AGENT_"
 ADMIN_TOKEN_ENV = "ICOS_AGENT_ADMIN_TOKEN"
+#: The labelers' bearer token: when set, reading the labeling sample and posting labels need it.
+LABELS_TOKEN_ENV = "ICOS_AGENT_LABELS_TOKEN"
+#: Secrets read from the environment only, never settings fields.
+SECRET_ENVS = (ADMIN_TOKEN_ENV, LABELS_TOKEN_ENV)
 
 
 class _Section(BaseModel):
@@ -367,7 +371,17 @@ def admin_token() -> str | None:
 
     Surrounding white space is dropped: a Secret made from a file (``echo token > f``) ends in a newline
     that no ``Authorization`` header can carry, and such a token could never match."""
-    token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    return _env_token(ADMIN_TOKEN_ENV)
+
+
+def labels_token() -> str | None:
+    """The labelers' bearer token from the environment (``ICOS_AGENT_LABELS_TOKEN``); ``None``: labels
+    and the labeling sample are open to every client of the port (see SECURITY.md)."""
+    return _env_token(LABELS_TOKEN_ENV)
+
+
+def _env_token(name: str) -> str | None:
+    token = os.environ.get(name, "").strip()
     return token or None
 
 
@@ -390,9 +404,11 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 
 def _reject_secret_keys(data: dict[str, Any], source: str) -> None:
-    for key in ("admin_token", "token"):
+    for key in ("admin_token", "labels_token", "token"):
         if key in data:
-            raise UserError(f"{source}: {key}: secrets are read from the environment only ({ADMIN_TOKEN_ENV})")
+            raise UserError(
+                f"{source}: {key}: secrets are read from the environment only ({' or '.join(SECRET_ENVS)})"
+            )
     labels = data.get("labels")
     url = labels.get("store_url") if isinstance(labels, dict) else None
     if isinstance(url, str) and _has_password(url):
@@ -444,15 +460,14 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         base = p.resolve().parent
     _reject_secret_keys(data, source)
     data.update(overrides)
-    env_keys = ", ".join(k for k in os.environ if k.startswith(ENV_PREFIX) and k != ADMIN_TOKEN_ENV)
+    env_keys = ", ".join(k for k in os.environ if k.startswith(ENV_PREFIX) and k not in SECRET_ENVS)
     try:
-        # The admin token is deliberately not a field: hide it from the settings source.
-        saved = os.environ.pop(ADMIN_TOKEN_ENV, None)
+        # The tokens are deliberately not fields: hide them from the settings source.
+        saved = {k: os.environ.pop(k) for k in SECRET_ENVS if k in os.environ}
         try:
             settings = AgentSettings(**data)
         finally:
-            if saved is not None:
-                os.environ[ADMIN_TOKEN_ENV] = saved
+            os.environ.update(saved)
     except ValidationError as exc:
         src = source + (f" (with environment {env_keys})" if env_keys else "")
         raise UserError(format_validation_error(exc, src)) from exc

@@ -72,8 +72,16 @@ class StoreBackend(Protocol):
     def counts(self) -> tuple[int, int]:
         """``(stored predictions, labeled predictions)`` as last known."""
 
-    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> tuple[LabelOutcome, list[str]]:
-        """Join true classes to stored predictions; the outcome and the problems of damaged rows."""
+    def apply_labels(
+        self, labels: Sequence[tuple[str, int]], now: float, source: str, replace: bool
+    ) -> tuple[LabelOutcome, list[str]]:
+        """Join true classes to stored predictions, recording ``source`` and ``now`` with each (``replace``:
+        a label replaces an earlier one of the same prediction); the outcome and the problems of
+        damaged rows."""
+
+    def drop_labels(self, source: str | None, since: float | None, until: float | None) -> int:
+        """Delete the labels of ``source`` (any when None) given in ``[since, until)`` (label time);
+        returns how many."""
 
     def labeled_rows(self, identity: str, since: float | None, limit: int | None) -> LabeledRows: ...
 
@@ -98,6 +106,7 @@ class JoinedLabels:
     inserts: list[LabelInsert] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     duplicate: list[str] = field(default_factory=list)
+    corrected: list[str] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
     by_identity: dict[str, list[tuple[float, int, float, bool, float, float, int]]] = field(default_factory=dict)
     extras_by_identity: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -119,7 +128,12 @@ class JoinedLabels:
             )
             for k, v in self.by_identity.items()
         ]
-        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate)
+        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected)
+
+    @property
+    def new(self) -> int:
+        """Labels of predictions that had none (corrections replace a label: the count stays)."""
+        return len(self.inserts) - len(self.corrected)
 
 
 def join_labels(
@@ -127,13 +141,17 @@ def join_labels(
     now: float,
     requests_by_id: Callable[[set[str]], dict[str, list[RequestRow]]],
     labeled_indices: Callable[[set[int]], set[tuple[int, int]]],
-    insert: Callable[[list[LabelInsert]], None],
+    insert: Callable[[list[LabelInsert], bool], None],
+    *,
+    source: str,
+    replace: bool = False,
 ) -> JoinedLabels:
     """Join ``(prediction id, true class)`` pairs to the stored requests, :data:`CHUNK` ids at a time,
-    inside the caller's transaction: ``requests_by_id`` and ``labeled_indices`` read, ``insert``
-    writes the new ``labels`` rows. An id of a request not stored (or evicted) is unknown, one
-    already labeled a duplicate (the first label stays). A label keeps whether its prediction was
-    drawn into the labeling sample when it was judged."""
+    inside the caller's transaction: ``requests_by_id`` and ``labeled_indices`` read, ``insert(rows,
+    replacing)`` writes ``labels`` rows (``replacing``: over existing ones). An id of a request not
+    stored (or evicted) is unknown; one already labeled is a duplicate (the first label stays), or with
+    ``replace`` corrected (the newer label replaces it). A label keeps whether its prediction was drawn
+    into the labeling sample when it was judged, its ``source`` and its time ``now``."""
     out = JoinedLabels()
     for first in range(0, len(labels), CHUNK):
         chunk = []
@@ -146,12 +164,14 @@ def join_labels(
         done = labeled_indices({r.seq for rows in requests.values() for r in rows})
         in_sample = {(r.seq, int(i)) for rows in requests.values() for r in rows for i in r.sampled()}
         inserts: list[LabelInsert] = []
+        replacing: list[LabelInsert] = []
         for pid, label, rid, idx in chunk:
             row = next((r for r in requests.get(rid, ()) if r.holds(idx)), None)
             if row is None:
                 out.unknown.append(pid)
                 continue
-            if (row.seq, idx) in done:
+            corrects = (row.seq, idx) in done
+            if corrects and not replace:
                 out.duplicate.append(pid)
                 continue
             try:
@@ -165,10 +185,19 @@ def join_labels(
             confidence = float(probs.max()) if len(probs) else 0.0
             correct = predicted == label
             sampled = (row.seq, idx) in in_sample
-            inserts.append(
-                (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs))
-                + (label, now, a, s, _extras_blob(None if np.isnan(ext).any() else ext), predicted, int(sampled))
+            values = (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs)) + (
+                label,
+                now,
+                a,
+                s,
+                _extras_blob(None if np.isnan(ext).any() else ext),
+                predicted,
+                int(sampled),
+                source,
             )
+            (replacing if corrects else inserts).append(values)
+            if corrects:
+                out.corrected.append(pid)
             out.by_identity.setdefault(row.identity, []).append(
                 (row.ts, verdict, confidence, correct, a, s, len(probs))
             )
@@ -177,9 +206,25 @@ def join_labels(
             out.sampled_by_identity.setdefault(row.identity, []).append(sampled)
             out.label_by_identity.setdefault(row.identity, []).append(label)
         if inserts:
-            insert(inserts)
-        out.inserts += inserts
+            insert(inserts, False)
+        if replacing:
+            insert(replacing, True)
+        out.inserts += inserts + replacing
     return out
+
+
+def label_filter(source: str | None, since: float | None, until: float | None) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (``?`` placeholders) of the labels of ``source`` (any when None) given in
+    ``[since, until)``, and its arguments."""
+    clauses = ["labeled_at >= ?", "labeled_at < ?"]
+    args: list[Any] = [
+        float("-inf") if since is None else float(since),
+        float("inf") if until is None else float(until),
+    ]
+    if source is not None:
+        clauses.append("source = ?")
+        args.append(source)
+    return " AND ".join(clauses), args
 
 
 def chunks(values: Iterable[Any], size: int = CHUNK) -> Iterable[list[Any]]:

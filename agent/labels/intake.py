@@ -3,9 +3,12 @@ predictions, and the labeling sample listed for whoever labels (``GET /v1/labels
 here knows HTTP: a body is bytes, a mistake a :class:`~agent.errors.ClientError`.
 
 * ``{"labels": [{"id": "<request id>:<i>", "label": 3 | "cat"}, ...]}`` →
-  ``{"accepted": n, "unknown": n, "duplicate": n, "invalid": n, "problems": [...]}``. A label is a
-  class index or a class name. Unknown ids (never seen, evicted), ids already labeled (the first label
-  stays) and invalid entries are counted, never fatal; at most ``labels.max_batch`` labels per body.
+  ``{"accepted": n, "unknown": n, "duplicate": n, "corrected": n, "invalid": n, "problems": [...]}``. A
+  label is a class index or a class name. Unknown ids (never seen, evicted) and invalid entries are
+  counted, never fatal; at most ``labels.max_batch`` labels per body. A label of an already labeled
+  prediction is a ``duplicate`` (the first label stays) unless its sender may correct labels (an
+  authorized labeler, with ``ICOS_AGENT_LABELS_TOKEN`` set): then the newer label replaces the older
+  (``corrected``) and the estimates follow. Every label is stored with its source and time.
 * A label whose prediction was answered a moment ago may find it still on its way to the store (in
   the judge queue or the store's write queue). The judge queue and the store say which requests they
   still hold, and the label waits for those, bounded by ``labels.commit_timeout_seconds``
@@ -159,19 +162,21 @@ class LabelIntake:
         self.run = run_in_thread
         self.on_accepted = on_accepted
 
-    async def accept(self, body: bytes) -> dict[str, Any]:
-        """Apply a ``POST /v1/labels`` body; raises :class:`ClientError` for a body that is not a label
-        list, :class:`~agent.labels.store.StoreUnavailable` when the store cannot be written."""
+    async def accept(self, body: bytes, source: str, correct: bool = False) -> dict[str, Any]:
+        """Apply a ``POST /v1/labels`` body from ``source`` (``correct``: its labels replace earlier ones);
+        raises :class:`ClientError` for a body that is not a label list,
+        :class:`~agent.labels.store.StoreUnavailable` when the store cannot be written."""
         parsed: ParsedLabels = await self.run(
             decode_labels_body, body, self.runtimes.current.classes, self.config.max_batch
         )
-        outcome: LabelOutcome = await self.run(self._apply, parsed.labels)
+        outcome: LabelOutcome = await self.run(self._apply, parsed.labels, source, correct)
         if outcome.unknown:
-            outcome = await self._retry_on_their_way(parsed.labels, outcome)
+            outcome = await self._retry_on_their_way(parsed.labels, outcome, source, correct)
         counts = {
-            "accepted": outcome.n_accepted,
+            "accepted": outcome.n_accepted - len(outcome.corrected),
             "unknown": len(outcome.unknown),
             "duplicate": len(outcome.duplicate) + len(parsed.duplicate_in_request),
+            "corrected": len(outcome.corrected),
             "invalid": parsed.invalid,
         }
         self.metrics.count_labels(counts)
@@ -182,13 +187,15 @@ class LabelIntake:
                 problems.append({"id": pid, "error": f"{kind}: {text}"})
         return {**counts, "problems": problems}
 
-    def _apply(self, labels: list[tuple[str, int]]) -> LabelOutcome:
-        outcome = self.store.apply_labels(labels, time.time())
+    def _apply(self, labels: list[tuple[str, int]], source: str, correct: bool) -> LabelOutcome:
+        outcome = self.store.apply_labels(labels, time.time(), source, correct)
         if outcome.n_accepted:
             self.on_accepted(outcome)
         return outcome
 
-    async def _retry_on_their_way(self, labels: list[tuple[str, int]], first: LabelOutcome) -> LabelOutcome:
+    async def _retry_on_their_way(
+        self, labels: list[tuple[str, int]], first: LabelOutcome, source: str, correct: bool
+    ) -> LabelOutcome:
         """Labels of predictions still on their way to the store, applied once they are there."""
         unknown = set(first.unknown)
         by_request = {pid: split_prediction_id(pid)[0] for pid in unknown}
@@ -197,13 +204,14 @@ class LabelIntake:
             return first
         await self._wait(on_their_way)
         again = [(pid, lab) for pid, lab in labels if pid in unknown and by_request[pid] in on_their_way]
-        second: LabelOutcome = await self.run(self._apply, again)
+        second: LabelOutcome = await self.run(self._apply, again, source, correct)
         retried = {pid for pid, _ in again}
         return LabelOutcome(
             accepted=[*first.accepted, *second.accepted],
             n_accepted=first.n_accepted + second.n_accepted,
             unknown=[pid for pid in first.unknown if pid not in retried] + second.unknown,
             duplicate=[*first.duplicate, *second.duplicate],
+            corrected=[*first.corrected, *second.corrected],
         )
 
     def _on_their_way(self, request_id: str) -> bool:

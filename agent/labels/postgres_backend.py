@@ -31,7 +31,14 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, StoreUnreachable, join_labels, unlabeled_sample
+from agent.labels.backend import (
+    SAMPLE_PAGE,
+    StoreUnavailable,
+    StoreUnreachable,
+    join_labels,
+    label_filter,
+    unlabeled_sample,
+)
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, RequestRow, SampleRow, _extras_row
 from agent.labels.sqlite_schema import request_rows
 from exporters.redaction import redact_text, redact_uri
@@ -77,14 +84,28 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX icos_requests_sampled ON icos_requests(identity, ts) WHERE sampled IS NOT NULL",
         ),
     ),
+    (
+        3,
+        (  # who gave each label (NULL: before sources were kept), so an admin can drop one source's labels
+            "ALTER TABLE icos_labels ADD COLUMN source TEXT",
+            "CREATE INDEX icos_labels_labeled_at ON icos_labels(labeled_at)",
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 _REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled) VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " sq_err, extras, predicted, sampled, source)"
+    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (seq, idx) DO NOTHING"
+)
+#: A correction: the newer label replaces the row of the same prediction.
+_REPLACE_LABEL = _INSERT_LABEL.replace(
+    "DO NOTHING",
+    "DO UPDATE SET correct = EXCLUDED.correct, label = EXCLUDED.label, labeled_at = EXCLUDED.labeled_at,"
+    " abs_err = EXCLUDED.abs_err, sq_err = EXCLUDED.sq_err, source = EXCLUDED.source",
 )
 
 
@@ -312,24 +333,48 @@ class PostgresBackend:
         return self.rows, self.labeled
 
     # -- labels ----------------------------------------------------------------------------------
-    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> tuple[LabelOutcome, list[str]]:
+    def apply_labels(
+        self, labels: Sequence[tuple[str, int]], now: float, source: str, replace: bool
+    ) -> tuple[LabelOutcome, list[str]]:
         try:
             self._ensure_schema()
             with self._tx() as conn:
                 inserted: list[int] = []
+
+                def insert(rows: list[tuple[Any, ...]], replacing: bool) -> None:
+                    n = _insert_labels(conn, rows, replacing)
+                    if not replacing:  # a correction replaces a label: the count stays
+                        inserted.append(n)
+
                 joined = join_labels(
                     labels,
                     now,
                     lambda rids: _requests_by_id(conn, rids),
                     lambda seqs: _labeled_indices(conn, seqs),
-                    lambda rows: inserted.append(_insert_labels(conn, rows)),
+                    insert,
+                    source=source,
+                    replace=replace,
                 )
                 self._add_counts(conn, 0, sum(inserted))
         except StoreUnavailable:
             self.on_error("write")
             raise
-        self.labeled += len(joined.inserts)
+        self.labeled += joined.new
         return joined.outcome(), joined.corrupt
+
+    def drop_labels(self, source: str | None, since: float | None, until: float | None) -> int:
+        where, args = label_filter(source, since, until)
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                cur = conn.execute(f"DELETE FROM icos_labels WHERE {where.replace('?', '%s')}", args)  # type: ignore[call-overload]  # fixed text
+                n = max(cur.rowcount, 0)
+                self._add_counts(conn, 0, -n)
+        except StoreUnavailable:
+            self.on_error("write")
+            raise
+        self.labeled -= n
+        return n
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
@@ -426,10 +471,11 @@ def _labeled_indices(conn: psycopg.Connection[Any], seqs: set[int]) -> set[tuple
     return {(int(s), int(i)) for s, i in cur.fetchall()}
 
 
-def _insert_labels(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> int:
-    """Insert label rows; returns how many were new (a concurrent replica may have labeled one first)."""
+def _insert_labels(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], replacing: bool) -> int:
+    """Insert label rows (``replacing``: over existing ones); returns how many were new or replaced (a
+    concurrent replica may have labeled one first)."""
     with conn.cursor() as cur:
-        cur.executemany(_INSERT_LABEL, rows)
+        cur.executemany(_REPLACE_LABEL if replacing else _INSERT_LABEL, rows)
         return max(cur.rowcount, 0)
 
 

@@ -10,7 +10,7 @@ on demand. The per-sample extras codec (:data:`agent.estimation.statistics.EXTRA
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -202,6 +202,8 @@ class LabelOutcome:
     n_accepted: int
     unknown: list[str]
     duplicate: list[str]
+    #: ids whose earlier label this one replaced (``replace``: an authorized labeler's correction)
+    corrected: list[str] = field(default_factory=list)
 
 
 def split_prediction_id(pid: str) -> tuple[str, int]:

@@ -164,13 +164,27 @@ class LabelService:
                 "after its predictions are stored: retry"
             )
 
-    async def accept(self, body: bytes) -> dict[str, Any]:
-        """``POST /v1/labels`` (:meth:`LabelIntake.accept`), after following a reload."""
+    async def accept(self, body: bytes, source: str, correct: bool = False) -> dict[str, Any]:
+        """``POST /v1/labels`` from ``source`` (:meth:`LabelIntake.accept`), after following a reload."""
         await self.run(self.follow_runtime)
-        result = await self.intake.accept(body)
-        self.recalibrator.labels_accepted(int(result["accepted"]))
+        result = await self.intake.accept(body, source, correct)
+        self.recalibrator.labels_accepted(int(result["accepted"]) + int(result["corrected"]))
         self._set_store_metrics()
         return result
+
+    async def drop(self, source: str | None, since: float | None, until: float | None) -> dict[str, Any]:
+        """Admin: delete the labels of ``source`` (any when None) given in ``[since, until)``; the realized
+        windows and ``with_labels`` follow."""
+
+        def drop() -> int:
+            n = self.store.drop_labels(source, since, until)
+            self.tracker.reload()
+            return n
+
+        n: int = await self.run(drop)
+        self._set_store_metrics()
+        log.info("labels dropped", extra={"labels": n, "source": source, "since": since, "until": until})
+        return {"dropped": n, "source": source, "since": since, "until": until}
 
     async def describe(self) -> dict[str, Any]:
         """``GET /v1/labels``: the store, the calibration in use and the last recalibration."""

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
-from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, unlabeled_sample
+from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, label_filter, unlabeled_sample
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
 from agent.labels.sqlite_schema import (
     INSERT_LABEL,
+    REPLACE_LABEL,
     delete_requests,
     init_schema,
     labeled_indices,
@@ -228,7 +229,9 @@ class SQLiteBackend:
             self.on_error("read")
 
     # -- labels ----------------------------------------------------------------------------------
-    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> tuple[LabelOutcome, list[str]]:
+    def apply_labels(
+        self, labels: Sequence[tuple[str, int]], now: float, source: str, replace: bool
+    ) -> tuple[LabelOutcome, list[str]]:
         try:
             with self._lock:
                 db = self.conn()
@@ -239,7 +242,9 @@ class SQLiteBackend:
                         now,
                         lambda rids: requests_by_id(db, rids),
                         lambda seqs: labeled_indices(db, seqs),
-                        lambda rows: _insert_labels(db, rows),
+                        lambda rows, replacing: _insert_labels(db, rows, replacing),
+                        source=source,
+                        replace=replace,
                     )
                     db.execute("COMMIT")
                 except BaseException:
@@ -248,8 +253,19 @@ class SQLiteBackend:
         except (sqlite3.Error, OSError) as exc:
             self.on_error("write")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
-        self.labeled += len(joined.inserts)
+        self.labeled += joined.new
         return joined.outcome(), joined.corrupt
+
+    def drop_labels(self, source: str | None, since: float | None, until: float | None) -> int:
+        where, args = label_filter(source, since, until)
+        try:
+            with self._lock:
+                n = self.conn().execute(f"DELETE FROM labels WHERE {where}", args).rowcount  # noqa: S608 - fixed text
+        except (sqlite3.Error, OSError) as exc:
+            self.on_error("write")
+            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+        self.labeled -= n
+        return n
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
@@ -306,5 +322,5 @@ class SQLiteBackend:
             self.conn().execute("DELETE FROM calibration WHERE identity = ?", (identity,))
 
 
-def _insert_labels(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    db.executemany(INSERT_LABEL, rows)
+def _insert_labels(db: sqlite3.Connection, rows: list[tuple[Any, ...]], replacing: bool) -> None:
+    db.executemany(REPLACE_LABEL if replacing else INSERT_LABEL, rows)

@@ -44,13 +44,16 @@ _ADDED_COLUMNS = (
     ("labels", "predicted", "INTEGER"),  # labels of unknown class
     ("requests", "sampled", "BLOB"),  # the labeling sample
     ("labels", "sampled", "INTEGER NOT NULL DEFAULT 0"),
+    ("labels", "source", "TEXT"),  # who gave the label (NULL: before sources were kept)
 )
 #: indexes on added columns, created after the columns exist
 _INDEXES = ("CREATE INDEX IF NOT EXISTS requests_sampled ON requests(identity, ts) WHERE sampled IS NOT NULL",)
 INSERT_LABEL = (
     "INSERT INTO labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " sq_err, extras, predicted, sampled, source) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+#: A correction: the newer label replaces the row of the same prediction.
+REPLACE_LABEL = INSERT_LABEL.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
 _REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
 
 
@@ -235,9 +238,9 @@ def _convert_per_prediction_rows(db: sqlite3.Connection) -> int:
             ).lastrowid
             if label is not None:
                 db.execute(
-                    INSERT_LABEL.replace("INSERT", "INSERT OR REPLACE", 1),
+                    REPLACE_LABEL,
                     (seq, idx, identity, ts, verdict, confidence, int(predicted == label), k)
-                    + (label, labeled_at, a, s, ext, predicted, 0),
+                    + (label, labeled_at, a, s, ext, predicted, 0, None),
                 )
             moved += 1
     db.execute("DROP TABLE predictions")

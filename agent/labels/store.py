@@ -420,10 +420,13 @@ class PredictionStore:
         self.backend.close()
 
     # -- labels ----------------------------------------------------------------------------------
-    def apply_labels(self, labels: Sequence[tuple[str, int]], now: float) -> LabelOutcome:
-        """Record true classes for prediction ids (ids must be distinct). Unknown ids (never seen or
-        evicted) and already labeled ones (``duplicate``; the first label stays) are listed."""
-        outcome, corrupt = self.backend.apply_labels(labels, now)
+    def apply_labels(
+        self, labels: Sequence[tuple[str, int]], now: float, source: str = "anonymous", replace: bool = False
+    ) -> LabelOutcome:
+        """Record true classes for prediction ids (ids must be distinct), each with its ``source`` and
+        time. Unknown ids (never seen or evicted) are listed; already labeled ones are ``duplicate``
+        (the first label stays) or, with ``replace``, ``corrected`` (the newer label replaces it)."""
+        outcome, corrupt = self.backend.apply_labels(labels, now, source, replace)
         if corrupt:
             self.on_error("corrupt")
             log.error(
@@ -431,6 +434,10 @@ class PredictionStore:
                 extra={"predictions": len(corrupt), "error": corrupt[0]},
             )
         return outcome
+
+    def drop_labels(self, source: str | None, since: float | None, until: float | None) -> int:
+        """Delete the labels of ``source`` (any when None) given in ``[since, until)``; returns how many."""
+        return self.backend.drop_labels(source, since, until)
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         """Labeled predictions of one model identity (prediction time ≥ ``since``; the newest ``limit``)."""

@@ -53,10 +53,18 @@ class RealizedTracker:
             self.windows.reset(self._labeled(rt.identity))
 
     def add_accepted(self, outcome: LabelOutcome) -> None:
-        """Newly labeled predictions of the current model join the windows."""
+        """Newly labeled predictions of the current model join the windows; a correction re-reads them
+        from the store (the corrected label replaces the older one there)."""
+        if outcome.corrected:
+            self.reload()
+            return
         for identity, rows in outcome.accepted:
             if identity == self.identity:
                 self.windows.add(rows)
+
+    def reload(self) -> None:
+        """Refill the windows from the store (after labels were corrected or dropped)."""
+        self.windows.reset(self._window_rows_or_empty(self.identity))
 
     def fleet_due(self) -> bool:
         """With a shared store: whether the windows are due to re-read the fleet's labels."""
@@ -71,6 +79,12 @@ class RealizedTracker:
             log.warning("re-reading the fleet's labels failed; realized windows wait", extra={"error": str(exc)})
             return
         self.windows.reset(rows)
+
+    def _window_rows_or_empty(self, identity: str) -> LabeledRows:
+        try:
+            return self._window_rows(identity)
+        except StoreUnavailable:
+            return LabeledRows.empty()
 
     def _labeled(self, identity: str) -> LabeledRows:
         try:

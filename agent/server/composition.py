@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 from prometheus_client import CollectorRegistry
 
-from agent.config.settings import AgentSettings, admin_token
+from agent.config.settings import AgentSettings, admin_token, labels_token
 from agent.core import logs
 from agent.core.os_threads import name_os_thread_once
 from agent.dataplane.modes import Mode, ObserveMode, ServeMode
@@ -40,6 +40,7 @@ from agent.labels.recalibration import Recalibrator
 from agent.labels.sample import LabelingSample, open_prediction_store
 from agent.labels.service import LabelService
 from agent.labels.tracker import RealizedTracker
+from agent.server.access import FailureThrottle, TokenGate
 from agent.server.audit_jobs import AuditJobs
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
@@ -59,7 +60,11 @@ class Agent:
         s = settings
         self.settings = settings
         self.registry = registry
-        self.admin_token = admin_token()
+        # bearer tokens, and one throttle of failed guesses per client for both
+        throttle = FailureThrottle()
+        self.admin_gate = TokenGate({"admin": admin_token()}, throttle)
+        labeler = labels_token()
+        self.labels_gate = TokenGate({"labels": labeler, "admin": admin_token() if labeler else None}, throttle)
         self.limiter = anyio.CapacityLimiter(s.server.threads)
         self.metrics = AgentMetrics(registry, per_class_label_cap=s.metrics.per_class_label_cap)
         self.windows = WindowSet(s.window_seconds, s.windows.count)

@@ -257,6 +257,35 @@ def test_network_policy_admits_only_the_namespace_by_default() -> None:
     assert http_rule["from"] == [{"podSelector": {}}]
 
 
+def test_labels_need_the_labelers_token_from_a_secret_and_the_policy_admits_the_labeling_job() -> None:
+    docs = render({})
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "demo-icos-agent-labels")
+    assert len(secret["data"]["token"]) > 40  # a random token, base64
+    agent = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e for e in agent["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env["ICOS_AGENT_LABELS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "demo-icos-agent-labels", "key": "token"}
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    http_rules = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "http"]
+    labeling = {
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "icos-agent-labeling", "app.kubernetes.io/instance": "demo"}
+        }
+    }
+    assert [r["from"] for r in http_rules] == [[{"podSelector": {}}], [labeling]]
+    # an existing Secret instead; and no token at all (the endpoints open, as SECURITY.md warns)
+    docs = render({"labelsToken": {"existingSecret": "team-labelers"}})
+    env = {
+        e["name"]: e
+        for e in next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["ICOS_AGENT_LABELS_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "team-labelers"
+    assert not any(d["kind"] == "Secret" and d["metadata"]["name"].endswith("-labels") for d in docs)
+    docs = render({"labelsToken": {"create": False}})
+    containers = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "ICOS_AGENT_LABELS_TOKEN" not in {e["name"] for e in containers[0]["env"]}
+
+
 def test_admin_api_has_its_own_port_reached_only_by_the_audit_job() -> None:
     docs = render({"audits": {"cronjob": {"enabled": True}}})
     configmap = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))

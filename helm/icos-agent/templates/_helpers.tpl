@@ -46,6 +46,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- .Values.adminToken.existingSecret | default (printf "%s-admin" (include "icos-agent.fullname" .)) }}
 {{- end }}
 
+{{- define "icos-agent.labelsSecretName" -}}
+{{- .Values.labelsToken.existingSecret | default (printf "%s-labels" (include "icos-agent.fullname" .)) }}
+{{- end }}
+
 {{/* Where the model and the bundle appear inside the agent container. */}}
 {{- define "icos-agent.modelPath" -}}
 {{- printf "/artifacts/model/%s" .Values.model.file }}
