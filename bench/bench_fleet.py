@@ -219,7 +219,7 @@ def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibr
             "model": {"name": MODEL, "version": VERSION},
             "bundle": {"path": "."},
             "windows": {"time": list(WINDOWS)},
-            "fleet": {"prometheus_url": url, "query_timeout_seconds": 120},
+            "fleet": {"prometheus_url": url, "query_timeout_seconds": 120, "refresh_timeout_seconds": 3600},
         }
     )
     api = PrometheusAPI(url, 120)
@@ -246,6 +246,7 @@ def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibr
         asyncio.run(baseline())
         base_best = min(base_best, time.perf_counter() - t0)
     version = result.versions[VERSION]
+    _largest_answer(url, end)
     print(
         f"refresh (evaluate, windows {', '.join(WINDOWS)}): {best:.3f} s best of {repeat}, {result.queries} queries, "
         f"{result.restarted_replicas} replicas with a reset read sample by sample; the evaluator's own CPU "
@@ -263,6 +264,21 @@ def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibr
             else f"  {name}: n {stats.n}"
         )
     return 0
+
+
+def _largest_answer(url: str, end: float) -> None:
+    """The size of the largest answer a refresh reads: one restarted replica's raw samples over the
+    longest window and the default lookback (what ``fleet.max_response_bytes`` must hold)."""
+    seconds = int(max(WINDOWS.values()) + 300)
+    expr = f'{STAT_METRIC}{{model="{MODEL}",instance="r007"}}[{seconds}s]'
+    r = httpx.post(f"{url}/api/v1/query", data={"query": expr, "time": f"{end:.3f}"}, timeout=120)
+    result = r.json()["data"]["result"]
+    samples = sum(len(s["values"]) for s in result)
+    if samples:
+        print(
+            f"largest answer: one restarted replica's raw samples over {seconds} s: {len(r.content)} bytes "
+            f"({len(result)} series, {samples} samples, {len(r.content) / samples:.1f} bytes per sample)"
+        )
 
 
 if __name__ == "__main__":

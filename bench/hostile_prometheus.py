@@ -30,7 +30,7 @@ from agent.estimation.statistics import WindowStats, stat_items
 #: What each hostile mode sends instead of the end-of-window answer.
 CASES: dict[str, str] = {
     "class_index": 'one series stat="class_counts:100000000" (150 bytes) beside the good ones',
-    "many_series": "200,000 series of distinct versions (about 25 MB, formatted like Prometheus)",
+    "many_series": "200,000 series of distinct versions (about 33 MB, formatted like Prometheus)",
     "huge_body": "a 200 MB body (an empty result and a padding string), chunked, no declared length",
     "negative_sums": "conf_sum at the window's end 500 below its value at the start: a negative confidence sum",
     "inf": 'conf_sum "+Inf"',
