@@ -20,6 +20,7 @@ calibration that has no ``shift_aware`` part (the queries, which dominate, are t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -33,7 +34,6 @@ import numpy as np
 
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.layout import LEAF_BINS
 from agent.estimation.reference import InputReference
 from agent.estimation.statistics import SampleExtras, WindowStats, stat_items
 from agent.fleet.evaluator import FleetEvaluator
@@ -46,28 +46,13 @@ SPAN = 70 * 60  # the longest window, its lookback and a margin
 MODEL, VERSION = "mnist", "1"
 
 
-def _reference(rng: np.random.Generator) -> InputReference:
-    n_rules = 300
-    return InputReference(
-        center=(0.0,) * 4,
-        scale=(1.0,),
-        basis=((1.0, 0.0, 0.0, 0.0),),
-        pca_edges=(0.1, 0.2, 0.3),
-        rule_label=tuple(int(v) for v in rng.integers(0, 10, n_rules)),
-        rule_selected=tuple(bool(v) for v in rng.integers(0, 2, n_rules)),
-        leaf_ref=tuple(float(v) for v in rng.dirichlet(np.ones(n_rules))),
-        class_conf=(0.95,) * 10,
-        leaf_bins=LEAF_BINS,
-    )
-
-
-def _calibration(bundle: Path | None) -> tuple[EstimatorCalibration, InputReference, str]:
-    rng = np.random.default_rng(0)
+def _calibration(bundle: Path | None) -> tuple[EstimatorCalibration, InputReference | None, str]:
+    """The estimators' calibration and its input reference (None without a ``shift_aware`` part: the
+    replicas then export no per-input statistics)."""
     if bundle is not None:
         b = Bundle.load(bundle)
         cal = EstimatorCalibration.from_dict(b.estimator_calibration)
-        ref = cal.shift.reference if cal.shift is not None else _reference(rng)
-        return cal, ref, "bundle " + str(bundle)
+        return cal, cal.shift.reference if cal.shift is not None else None, "bundle " + str(bundle)
     cal = EstimatorCalibration.from_dict(
         {
             "tpr": 0.8,
@@ -79,22 +64,24 @@ def _calibration(bundle: Path | None) -> tuple[EstimatorCalibration, InputRefere
             "atc_threshold": 0.7,
         }
     )
-    return cal, _reference(rng), "synthetic calibration (no shift_aware part)"
+    return cal, None, "synthetic calibration (no shift_aware part)"
 
 
-def _templates(ref: InputReference, per_scrape: int, rng: np.random.Generator, k: int = 32) -> list[list[float]]:
+def _templates(ref: InputReference | None, per_scrape: int, rng: np.random.Generator, k: int = 32) -> list[list[float]]:
     """``k`` statistics of one scrape interval's predictions, as flat values in :func:`stat_items` order."""
     out = []
     for _ in range(k):
         n = int(rng.poisson(per_scrape))
-        extras = SampleExtras(
-            margin=rng.random(n),
-            rules=rng.integers(0, ref.n_rules, n),
-            agree=rng.random(n) < 0.9,
-            covered=rng.random(n) < 0.6,
-            pca_error=rng.random(n) * 0.3,
-            label=rng.integers(0, 10, n),
-        )
+        extras = None
+        if ref is not None:
+            extras = SampleExtras(
+                margin=rng.random(n),
+                rules=rng.integers(0, ref.n_rules, n),
+                agree=rng.random(n) < 0.9,
+                covered=rng.random(n) < 0.6,
+                pca_error=rng.random(n) * 0.3,
+                label=rng.integers(0, ref.n_classes or 10, n),
+            )
         conf = np.clip(rng.beta(20, 1.5, n), 0, 1)
         verdicts = np.where(rng.random(n) < 0.08, rng.integers(1, 4, n), 0)
         s = WindowStats.of_samples(verdicts, conf, 0.7, extras, ref)
@@ -103,7 +90,7 @@ def _templates(ref: InputReference, per_scrape: int, rng: np.random.Generator, k
 
 
 def _write_openmetrics(
-    path: Path, replicas: int, scrape: int, end: int, ref: InputReference, rate: float
+    path: Path, replicas: int, scrape: int, end: int, ref: InputReference | None, rate: float
 ) -> dict[str, float]:
     """The simulated series; returns the true prediction count of each window ending at ``end``."""
     rng = np.random.default_rng(1)
@@ -141,8 +128,10 @@ def _evaluation_time(end: int, scrape: int) -> float:
     return end - 0.4 * scrape
 
 
-def _sample_stats(ref: InputReference) -> WindowStats:
+def _sample_stats(ref: InputReference | None) -> WindowStats:
     rng = np.random.default_rng(2)
+    if ref is None:
+        return WindowStats.of_samples(np.zeros(4), np.ones(4), 0.7)
     extras = SampleExtras(
         rng.random(4),
         rng.integers(0, ref.n_rules, 4),
@@ -230,7 +219,7 @@ def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibr
             "model": {"name": MODEL, "version": VERSION},
             "bundle": {"path": "."},
             "windows": {"time": list(WINDOWS)},
-            "fleet": {"prometheus_url": url, "query_timeout_seconds": 120},
+            "fleet": {"prometheus_url": url, "query_timeout_seconds": 120, "refresh_timeout_seconds": 3600},
         }
     )
     api = PrometheusAPI(url, 120)
@@ -242,17 +231,22 @@ def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibr
         best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
     assert result is not None
     base_best, base_n = float("inf"), {}
+
+    async def baseline() -> None:
+        async with api.connected():
+            for name in WINDOWS:
+                res = await api.vector(
+                    f'sum by (model, version, bundle, stat) (increase({STAT_METRIC}{{model="{MODEL}"}}[{name}]))',
+                    float(end),
+                )
+                base_n[name] = next(s.value for s in res if dict(s.labels)["stat"] == "n")
+
     for _ in range(repeat):
         t0 = time.perf_counter()
-        for name in WINDOWS:
-            res = api.vector(
-                f'sum by (model, version, bundle, stat) (increase({STAT_METRIC}{{model="{MODEL}"}}[{name}]))',
-                float(end),
-            )
-            base_n[name] = next(s.value for s in res if dict(s.labels)["stat"] == "n")
+        asyncio.run(baseline())
         base_best = min(base_best, time.perf_counter() - t0)
-    api.close()
     version = result.versions[VERSION]
+    _largest_answer(url, end)
     print(
         f"refresh (evaluate, windows {', '.join(WINDOWS)}): {best:.3f} s best of {repeat}, {result.queries} queries, "
         f"{result.restarted_replicas} replicas with a reset read sample by sample; the evaluator's own CPU "
@@ -270,6 +264,21 @@ def _measure(url: str, end: float, truth: dict[str, float], cal: EstimatorCalibr
             else f"  {name}: n {stats.n}"
         )
     return 0
+
+
+def _largest_answer(url: str, end: float) -> None:
+    """The size of the largest answer a refresh reads: one restarted replica's raw samples over the
+    longest window and the default lookback (what ``fleet.max_response_bytes`` must hold)."""
+    seconds = int(max(WINDOWS.values()) + 300)
+    expr = f'{STAT_METRIC}{{model="{MODEL}",instance="r007"}}[{seconds}s]'
+    r = httpx.post(f"{url}/api/v1/query", data={"query": expr, "time": f"{end:.3f}"}, timeout=120)
+    result = r.json()["data"]["result"]
+    samples = sum(len(s["values"]) for s in result)
+    if samples:
+        print(
+            f"largest answer: one restarted replica's raw samples over {seconds} s: {len(r.content)} bytes "
+            f"({len(result)} series, {samples} samples, {len(r.content) / samples:.1f} bytes per sample)"
+        )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@
 * ``icos_fleet_estimated_accuracy_samples{model,version,window}`` — predictions behind them;
 * ``icos_fleet_replicas{model,version,window}`` — replicas that exported in the window;
 * ``icos_fleet_last_success_timestamp_seconds{model}``, ``icos_fleet_refresh_duration_seconds{model}``,
-  ``icos_fleet_query_errors_total{model}``, ``icos_fleet_stale{model}`` (1 when the estimates are
-  older than the stale limit: Prometheus unreachable or failing), ``icos_fleet_restarted_replicas{model}``;
+  ``icos_fleet_stale{model}`` (1 when the estimates are older than the stale limit: Prometheus
+  unreachable, failing or answering what the evaluator refuses), ``icos_fleet_restarted_replicas{model}``;
+* ``icos_fleet_query_errors_total{model,reason}`` — failed refreshes by reason (a fixed set, every
+  one exported from the start); ``icos_fleet_unknown_stats_total{model}`` — series of statistics the
+  evaluator's bundle does not define, ignored;
 * ``icos_fleet_bundle_mismatch{model,version,reason}`` — 1 for a version left out: ``mixed`` (its
   replicas export statistics of several bundles) or ``other_bundle`` (not the evaluator's bundle).
 """
@@ -37,9 +40,11 @@ class FleetSnapshot:
     mismatches: Sequence[tuple[str, str]]
     last_success: float | None
     refresh_seconds: float | None
-    errors_total: int
+    #: failed refreshes by reason
+    errors: Mapping[str, int]
     stale: bool
     restarted_replicas: int = 0
+    unknown_stats_total: int = 0
 
 
 class FleetCollector(SnapshotCollector[FleetSnapshot]):
@@ -76,7 +81,6 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
             for window, k in v.replicas.items():
                 replicas.add_metric([snap.model, v.version, window], k)
         yield from (value, lower, upper, samples, replicas)
-        m = [snap.model]
         mismatch = GaugeMetricFamily(
             "icos_fleet_bundle_mismatch",
             "1 for a model version left out: its replicas export statistics of several bundles (mixed) or "
@@ -86,6 +90,12 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
         for version, reason in snap.mismatches:
             mismatch.add_metric([snap.model, version, reason], 1)
         yield mismatch
+        yield from self._health(snap)
+
+    @staticmethod
+    def _health(snap: FleetSnapshot) -> Iterator[Metric]:
+        """The refresh loop's own state: last success, duration, failures, staleness."""
+        m = [snap.model]
         last = GaugeMetricFamily(
             "icos_fleet_last_success_timestamp_seconds", "Unix time of the last successful refresh.", labels=["model"]
         )
@@ -100,11 +110,20 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
         yield duration
         errors = CounterMetricFamily(
             "icos_fleet_query_errors",
-            "Failed refreshes (Prometheus unreachable or answering an error).",
+            "Failed refreshes by reason (Prometheus unreachable, slow, answering an error, or an answer "
+            "refused: too large, malformed, inconsistent).",
+            labels=["model", "reason"],
+        )
+        for reason, count in snap.errors.items():
+            errors.add_metric([snap.model, reason], count)
+        yield errors
+        unknown = CounterMetricFamily(
+            "icos_fleet_unknown_stats",
+            "Series of statistics the evaluator's bundle does not define (e.g. from newer replicas), ignored.",
             labels=["model"],
         )
-        errors.add_metric(m, snap.errors_total)
-        yield errors
+        unknown.add_metric(m, snap.unknown_stats_total)
+        yield unknown
         stale = GaugeMetricFamily(
             "icos_fleet_stale", "1 when the served estimates are older than the stale limit.", labels=["model"]
         )

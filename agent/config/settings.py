@@ -263,7 +263,43 @@ class FleetConfig(_Section):
         "/prometheus prefix); /api/v1/query is appended",
     )
     refresh_seconds: float = Field(30.0, ge=1, le=3600, description="seconds between two evaluations of the fleet")
-    query_timeout_seconds: float = Field(10.0, gt=0, le=600, description="timeout of one query to the API")
+    query_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="total deadline of one query to the API: connecting, sending and reading its whole answer "
+        '(icos_fleet_query_errors_total{reason="timeout"})',
+    )
+    refresh_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="total deadline of one refresh (every query of every window, and the estimators); a refresh "
+        'past it fails (icos_fleet_query_errors_total{reason="deadline"}) and the last estimates are kept, so '
+        "a slow or dripping API cannot hold the evaluator longer",
+    )
+    max_response_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1 << 30,
+        description="largest answer of the API read (its declared length and the bytes streamed); a larger one "
+        'fails the refresh (reason="too_large") without being buffered past this. Parsing an answer costs up '
+        "to about 15 times its size in memory; a restarted replica's raw samples are the largest legitimate "
+        "answer (docs/scaling.md)",
+    )
+    max_series: int = Field(
+        20_000,
+        ge=100,
+        le=1_000_000,
+        description='most series in one answer of the API; more fail the refresh (reason="too_many_series")',
+    )
+    max_versions: int = Field(
+        16,
+        ge=1,
+        le=1000,
+        description="most model versions in one window's answers (each one is estimated and exported); more fail "
+        'the refresh (reason="too_many_versions")',
+    )
     selector: str = Field(
         "",
         pattern=r'^[A-Za-z0-9_]+(=|!=|=~|!~)"[^"\\]*"(,[A-Za-z0-9_]+(=|!=|=~|!~)"[^"\\]*")*$|^$',

@@ -1,5 +1,7 @@
 """The fleet evaluator's HTTP app: ``GET /v1/estimates``, ``GET /metrics`` and health, with the refresh
-loop in one background thread (started and stopped by the app's lifespan)."""
+loop in one background thread (started and stopped by the app's lifespan). The refresh runs its own
+event loop in that thread, so the app's loop (liveness, metrics) never waits on the API; what the
+refresh parses is bounded (``fleet.max_response_bytes``), which bounds how long it holds the GIL."""
 
 from __future__ import annotations
 
@@ -40,9 +42,9 @@ class RefreshLoop:
         name_os_thread("icos-fleet")
         while not self._stop.is_set():
             try:
-                self.evaluator.refresh()
+                self.evaluator.refresh()  # counts every failure itself
             except Exception:  # a bug must not end the loop: the estimates then go stale and alert
-                log.exception("fleet: refresh raised")
+                log.exception("fleet: refresh loop raised")
             self._stop.wait(self.period)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -53,12 +55,18 @@ class RefreshLoop:
 
 def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None = None) -> FastAPI:
     """Build the fleet evaluator's app; loads the bundle now (raises :class:`UserError`)."""
-    if settings.fleet.prometheus_url is None:
+    fleet = settings.fleet
+    if fleet.prometheus_url is None:
         from agent.errors import UserError
 
         raise UserError("fleet.prometheus_url is required in fleet mode")
     rt = load_runtime(fetch_model(settings))
-    api = PrometheusAPI(settings.fleet.prometheus_url, settings.fleet.query_timeout_seconds)
+    api = PrometheusAPI(
+        fleet.prometheus_url,
+        fleet.query_timeout_seconds,
+        max_response_bytes=fleet.max_response_bytes,
+        max_series=fleet.max_series,
+    )
     evaluator = FleetEvaluator(settings, rt.calibration, rt.bundle_label, api, headline=rt.headline)
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(FleetCollector(evaluator.snapshot))
@@ -71,7 +79,6 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
             yield
         finally:
             await anyio.to_thread.run_sync(loop.stop)
-            api.close()
 
     app = FastAPI(title="icos-agent fleet evaluator", lifespan=lifespan)
     app.state.fleet = evaluator

@@ -1,15 +1,20 @@
 """The fleet evaluator: every refresh, the window statistics of all replicas from Prometheus, every
 estimator on them, and what is served (``/v1/estimates``, ``/metrics``).
 
-A failed refresh keeps the last estimates (marked stale once older than ``fleet.stale_after_seconds``)
-and counts the error; statistics of two bundles under one model version are never added: that
-version gets no estimate and a ``icos_fleet_bundle_mismatch`` series instead.
+A refresh is believed only whole: every query answered within its bounds, every window of the
+evaluator's bundle consistent (:class:`~agent.fleet.stat_schema.StatSchema`), all within one deadline
+(``fleet.refresh_timeout_seconds``). A failed refresh, whatever raised, keeps the last estimates
+(marked stale once older than ``fleet.stale_after_seconds``), counts the failure under its reason
+and shows it in ``last_error``. Statistics of two bundles under one model version are never added:
+that version gets no estimate and a ``icos_fleet_bundle_mismatch`` series instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +25,10 @@ from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
 from agent.estimation.intervals import Estimate
-from agent.estimation.statistics import WindowStats, stats_from_items
-from agent.fleet.prometheus_api import PrometheusAPI, QueryError
-from agent.fleet.window_sums import window_sums
+from agent.estimation.statistics import WindowStats
+from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
+from agent.fleet.stat_schema import StatSchema
+from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
 from exporters.fleet import FleetSnapshot, FleetVersion
 from exporters.prometheus import EstimatePoint
 
@@ -48,6 +54,8 @@ class FleetResult:
     restarted_replicas: int = 0
     queries: int = 0
     seconds: float = 0.0
+    #: (version, stat) of the series ignored: statistics the bundle does not define
+    unknown: set[tuple[str, str]] = field(default_factory=set)
 
 
 class FleetEvaluator:
@@ -70,25 +78,61 @@ class FleetEvaluator:
         self.api = api
         self.clock = clock
         self.windows = {name: parse_duration(name) for name in settings.windows.time}
+        fleet = settings.fleet
+        self.scope = FleetScope(
+            self.model, bundle_label, StatSchema.of_bundle(calibration), fleet.selector, fleet.max_versions
+        )
         self.result: FleetResult | None = None
-        self.errors_total = 0
+        #: failed refreshes by reason (every reason from the start, so that a rise is visible)
+        self.errors: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self.unknown_stats_total = 0
         self.last_error: str | None = None
+        self.last_error_reason: Reason | None = None
         self.last_attempt: float | None = None
         self._lock = threading.Lock()
 
+    @property
+    def errors_total(self) -> int:
+        return sum(self.errors.values())
+
     def evaluate(self, at: float) -> FleetResult:
-        """One evaluation of every window at ``at`` (raises :class:`QueryError`)."""
+        """One evaluation of every window at ``at``, within ``fleet.refresh_timeout_seconds`` (raises
+        :class:`RefreshError`). Runs its own event loop: call it from a thread without one."""
+        try:
+            return asyncio.run(self._evaluate_by_deadline(at))
+        except BaseException as exc:
+            _release_frames(exc)
+            raise
+
+    async def _evaluate_by_deadline(self, at: float) -> FleetResult:
+        limit = self.settings.fleet.refresh_timeout_seconds
+        try:
+            async with asyncio.timeout(limit), self.api.connected():
+                return await self._evaluate(at)
+        except TimeoutError as exc:
+            raise RefreshError(
+                "deadline", f"the refresh took longer than fleet.refresh_timeout_seconds ({limit:g} s)"
+            ) from exc
+
+    async def _evaluate(self, at: float) -> FleetResult:
         t0 = time.perf_counter()
         fleet = self.settings.fleet
         out = FleetResult(at)
         per_version: dict[str, dict[str, tuple[WindowStats, dict[str, Estimate]]]] = {}
         replicas: dict[str, dict[str, int]] = {}
         for name, seconds in self.windows.items():
-            sums = window_sums(self.api, self.model, at, seconds, fleet.lookback_seconds, fleet.selector)
+            sums = await window_sums(self.api, self.scope, at, seconds, fleet.lookback_seconds)
             out.queries += sums.queries
             out.restarted_replicas = max(out.restarted_replicas, sums.restarted_replicas)
+            out.unknown |= sums.unknown
+            checked: dict[str, WindowStats] = {}
             bundles: dict[str, set[str]] = {}
             for (_, version, bundle), items in sums.stats.items():
+                if bundle == self.bundle_label:  # every window of this bundle is checked, estimated or not
+                    where = f"model {self.model} version {version}, window {name}"
+                    checked[version] = self.scope.schema.window(
+                        items, sums.scale.get((self.model, version, bundle), 0.0), where
+                    )
                 if items.get("n", 0) >= 0.5:
                     bundles.setdefault(version, set()).add(bundle)
             for version, seen in bundles.items():
@@ -97,7 +141,7 @@ class FleetEvaluator:
                 elif seen != {self.bundle_label}:
                     out.mismatches.add((version, "other_bundle"))
                 else:
-                    stats = stats_from_items(sums.stats[(self.model, version, self.bundle_label)])
+                    stats = checked[version]
                     per_version.setdefault(version, {})[name] = (stats, estimate_all(stats, self.calibration))
                     replicas.setdefault(version, {})[name] = sums.replicas.get(
                         (self.model, version, self.bundle_label), 0
@@ -119,21 +163,40 @@ class FleetEvaluator:
         return out
 
     def refresh(self) -> bool:
-        """Evaluate now; on failure keep the last result and count the error. True on success."""
+        """Evaluate now; on any failure keep the last result and count the failure under its reason.
+        True on success."""
         now = self.clock()
         self.last_attempt = now
         try:
             result = self.evaluate(now)
-        except QueryError as exc:
-            with self._lock:
-                self.errors_total += 1
-                self.last_error = str(exc)
-            log.warning("fleet: refresh failed, keeping the last estimates: %s", exc)
+        except RefreshError as exc:
+            self._failed(exc.reason, str(exc))
+            log.warning("fleet: refresh failed (%s), keeping the last estimates: %s", exc.reason, printable(exc, 500))
             return False
+        except Exception as exc:  # a bug: counted like any failure, the loop goes on
+            self._failed("internal", f"{type(exc).__name__}: {exc}")
+            log.exception("fleet: refresh raised, keeping the last estimates")
+            return False
+        if result.unknown:
+            names = ", ".join(sorted({stat for _, stat in result.unknown})[:UNKNOWN_NAMES_KEPT])
+            log.warning(
+                "fleet: %d series of statistics this bundle does not define were ignored (%s%s)",
+                len(result.unknown),
+                names,
+                ", ..." if len({stat for _, stat in result.unknown}) > UNKNOWN_NAMES_KEPT else "",
+            )
         with self._lock:
             self.result = result
+            self.unknown_stats_total += len(result.unknown)
             self.last_error = None
+            self.last_error_reason = None
         return True
+
+    def _failed(self, reason: Reason, message: str) -> None:
+        with self._lock:
+            self.errors[reason] = self.errors.get(reason, 0) + 1
+            self.last_error = f"{reason}: {printable(message, 500)}"
+            self.last_error_reason = reason
 
     # -- what is served ------------------------------------------------------------------------
     def stale(self, now: float | None = None) -> bool:
@@ -169,7 +232,10 @@ class FleetEvaluator:
                 "stale": self.stale(now),
                 "age_seconds": (now - r.at) if r is not None else None,
                 "last_error": self.last_error,
+                "last_error_reason": self.last_error_reason,
                 "query_errors_total": self.errors_total,
+                "query_errors": {k: v for k, v in self.errors.items() if v},
+                "unknown_stats_total": self.unknown_stats_total,
                 "mismatches": [{"version": mv, "reason": why} for mv, why in sorted(r.mismatches)] if r else [],
             },
             "versions": {name: _windows_json(vw) for name, vw in r.versions.items()} if r is not None else {},
@@ -193,10 +259,27 @@ class FleetEvaluator:
             mismatches=sorted(r.mismatches) if r is not None else [],
             last_success=r.at if r is not None else None,
             refresh_seconds=r.seconds if r is not None else None,
-            errors_total=self.errors_total,
+            errors=dict(self.errors),
             stale=self.stale(),
             restarted_replicas=r.restarted_replicas if r is not None else 0,
+            unknown_stats_total=self.unknown_stats_total,
         )
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Drop the local variables of the finished frames behind ``exc`` (and the exceptions chained to
+    it): an exception out of :func:`asyncio.run` is in a cycle with its task (the runner's frame holds
+    the task, the task the exception), so the answer a refused query had parsed (tens of MB) would
+    otherwise stay until a full garbage collection, and the next refresh would parse beside it."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo and len(seen) < 16:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
 
 
 def _windows_json(vw: VersionWindows) -> dict[str, Any]:

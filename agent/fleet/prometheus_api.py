@@ -1,14 +1,29 @@
-"""A small client of the Prometheus HTTP query API (``/api/v1/query``) over httpx.
+"""A small client of the Prometheus HTTP query API (``/api/v1/query``) over httpx, that trusts no answer.
 
 Only instant queries are used (vectors, and matrices of raw samples for range selectors), so the same
 code works against Prometheus, Thanos Query, Mimir or any API that speaks this protocol.
+
+Every answer is bounded before it is believed: one query has one total deadline
+(``fleet.query_timeout_seconds``: connecting, sending and reading the whole answer, so a server
+dripping its answer cannot hold it); the body is streamed under ``fleet.max_response_bytes`` (a larger
+declared length is refused at once, a longer stream as soon as it passes the bound; no compression,
+which could expand past it) and only then parsed; an answer of more than ``fleet.max_series`` series
+is refused; every value must be a finite number. What goes wrong is a :class:`QueryError` whose
+``reason`` is one of :data:`REASONS` (the label of ``icos_fleet_query_errors_total``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import json
 import math
-from collections.abc import Mapping
+import re
+from array import array
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import httpx
 
@@ -17,9 +32,45 @@ from agent.errors import UserError
 #: A series' labels, sorted (hashable; ``__name__`` dropped).
 LabelSet = tuple[tuple[str, str], ...]
 
+#: Why a refresh failed (a bounded set: the ``reason`` label of ``icos_fleet_query_errors_total``).
+Reason = Literal[
+    "unreachable",  # the API could not be reached (connection refused, reset, DNS)
+    "timeout",  # one query past fleet.query_timeout_seconds
+    "deadline",  # the whole refresh past fleet.refresh_timeout_seconds
+    "error_answer",  # an HTTP error status or "status": "error"
+    "too_large",  # a body over fleet.max_response_bytes
+    "too_many_series",  # an answer of more than fleet.max_series series
+    "too_many_versions",  # more than fleet.max_versions model versions
+    "malformed",  # not the API's JSON document (wrong shape, types, result type, encoding)
+    "bad_label",  # a model, version, bundle or label name that cannot be what a replica exports
+    "bad_value",  # NaN, ±Inf, or a value no counter of the statistic can hold
+    "bad_stat",  # a statistic of the bundle with an index beyond its size (a class it has not)
+    "inconsistent",  # window sums no set of predictions can have (fails > n, a negative sum, ...)
+    "internal",  # any other exception: a bug of the evaluator
+]
+REASONS: tuple[str, ...] = get_args(Reason)
+#: Characters of an API's own error message (or of any text it sent) kept in ``last_error``.
+MESSAGE_CHARS = 200
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
-class QueryError(RuntimeError):
-    """A query to the Prometheus API failed (unreachable, timeout, an error answer, a malformed one)."""
+
+class RefreshError(Exception):
+    """A refresh failed; ``reason`` is one of :data:`REASONS`."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason: Reason = reason
+
+
+class QueryError(RefreshError):
+    """A query to the API failed: unreachable, timeout, an error answer, an answer too large, too many
+    series, or one that is not the API's document."""
+
+
+def printable(text: object, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` as printable ASCII of at most ``limit`` characters (for logs and ``last_error``)."""
+    s = _UNPRINTABLE.sub("?", str(text))
+    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -30,68 +81,198 @@ class Sample:
 
 @dataclass(frozen=True)
 class Series:
+    """A range selector's raw samples of one series, oldest first (compact: two float arrays)."""
+
     labels: LabelSet
-    points: tuple[tuple[float, float], ...]  # (unix time, value), oldest first
+    times: array[float]
+    values: array[float]
+
+    @property
+    def points(self) -> Iterator[tuple[float, float]]:
+        return zip(self.times, self.values, strict=True)
 
 
-def label_set(metric: Mapping[str, str]) -> LabelSet:
-    return tuple(sorted((k, str(v)) for k, v in metric.items() if k != "__name__"))
+def label_set(metric: object) -> LabelSet:
+    """The sorted labels of an answer's ``metric`` object (strings only)."""
+    if not isinstance(metric, dict):
+        raise QueryError("malformed", "a series' metric is not an object")
+    out = []
+    for k, v in metric.items():
+        if not isinstance(v, str):
+            raise QueryError("malformed", f"label {printable(k, 40)} is not a string")
+        if k != "__name__":
+            out.append((k, v))
+    return tuple(sorted(out))
 
 
-def _float(raw: object) -> float:
-    value = float(str(raw))
-    if math.isnan(value):
-        raise QueryError("the API answered NaN for a counter")
+def _number(raw: object, what: str) -> float:
+    """A finite float from an answer (values come as strings, times as numbers)."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise QueryError("malformed", f"{what} is a {type(raw).__name__}, not a number")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise QueryError("malformed", f"{what} is not a number: {printable(raw, 40)}") from None
+    if not math.isfinite(value):
+        raise QueryError("bad_value", f"{what} is {printable(raw, 40)}: not a finite number")
     return value
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse(raw: bytes) -> Any:
+    """``json.loads`` with the cyclic garbage collector paused: a bounded answer of many small lists
+    (a matrix's points) otherwise triggers collections over every object made so far, which made the
+    parse, during which this thread holds the GIL and the app's event loop waits, 2 to 3 times longer."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    finally:
+        if paused:
+            gc.enable()
 
 
 class PrometheusAPI:
     """Instant queries at a given time against ``base_url`` (no retries: the caller keeps its last
-    answer and tries again at its next refresh)."""
+    answer and tries again at its next refresh). Queries are made inside :meth:`connected`, which
+    holds one HTTP client for a refresh."""
 
-    def __init__(self, base_url: str, timeout: float, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float,
+        *,
+        max_response_bytes: int = 8 * 1024 * 1024,
+        max_series: int = 20_000,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise UserError(f"fleet.prometheus_url: not an http(s) URL: {base_url!r}")
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.max_response_bytes = max_response_bytes
+        self.max_series = max_series
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
         self.queries = 0
 
-    def close(self) -> None:
-        self._client.close()
+    @contextlib.asynccontextmanager
+    async def connected(self) -> AsyncIterator[PrometheusAPI]:
+        """One pooled client for the queries made inside (closed on the way out, also on a deadline)."""
+        async with httpx.AsyncClient(
+            base_url=self.base_url, timeout=self.timeout, transport=self._transport, follow_redirects=False
+        ) as client:
+            self._client = client
+            try:
+                yield self
+            finally:
+                self._client = None
 
-    def _query(self, expr: str, at: float) -> tuple[str, list[dict[str, object]]]:
+    async def _body(self, expr: str, at: float) -> tuple[int, bytes]:
+        """The status and the whole body of one query, within its deadline and the byte bound."""
+        if self._client is None:
+            raise RuntimeError("PrometheusAPI queried outside connected()")
         self.queries += 1
+        cap = self.max_response_bytes
+        data = {"query": expr, "time": f"{at:.3f}"}
+        headers = {"Accept-Encoding": "identity"}  # a compressed answer could expand far past the bound
         try:
-            r = self._client.post("/api/v1/query", data={"query": expr, "time": f"{at:.3f}"})
+            async with asyncio.timeout(self.timeout):
+                async with self._client.stream("POST", "/api/v1/query", data=data, headers=headers) as r:
+                    encoding = r.headers.get("content-encoding", "identity").strip().lower()
+                    if encoding not in ("", "identity"):
+                        raise QueryError("malformed", f"the answer is compressed ({printable(encoding, 40)})")
+                    declared = r.headers.get("content-length")
+                    if declared is not None and declared.isdigit() and int(declared) > cap:
+                        raise QueryError("too_large", self._too_large(f"it declares {declared} bytes"))
+                    buf = bytearray()
+                    async for chunk in r.aiter_raw():
+                        if len(buf) + len(chunk) > cap:
+                            raise QueryError("too_large", self._too_large("it streamed more"))
+                        buf += chunk
+                    return r.status_code, bytes(buf)
+        except TimeoutError as exc:  # this query's own deadline (a refresh's deadline is the caller's)
+            raise QueryError(
+                "timeout", f"the API did not answer within fleet.query_timeout_seconds ({self.timeout:g} s)"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise QueryError("timeout", f"{type(exc).__name__}: {printable(exc)}") from exc
         except httpx.HTTPError as exc:
-            raise QueryError(f"{type(exc).__name__}: {exc}") from exc
-        try:
-            body = r.json()
-        except ValueError as exc:
-            raise QueryError(f"HTTP {r.status_code}: not a JSON answer") from exc
-        if r.status_code != 200 or body.get("status") != "success":
-            raise QueryError(f"HTTP {r.status_code}: {body.get('errorType', '')} {body.get('error', '')}".strip())
-        data = body.get("data") or {}
-        return str(data.get("resultType")), list(data.get("result") or [])
+            raise QueryError("unreachable", f"{type(exc).__name__}: {printable(exc)}") from exc
 
-    def vector(self, expr: str, at: float) -> list[Sample]:
+    def _too_large(self, what: str) -> str:
+        return f"the answer is larger than fleet.max_response_bytes ({self.max_response_bytes} bytes): {what}"
+
+    async def _query(self, expr: str, at: float, kind: str) -> list[Any]:
+        """The ``result`` list of a successful answer of ``kind`` (``vector`` or ``matrix``)."""
+        status, raw = await self._body(expr, at)
+        try:
+            body = _parse(raw)
+        except (ValueError, RecursionError) as exc:
+            raise QueryError("malformed", f"HTTP {status}: not a JSON answer ({printable(exc, 80)})") from None
+        if not isinstance(body, dict):
+            raise QueryError("malformed", f"HTTP {status}: the answer is not a JSON object")
+        if status != 200 or body.get("status") != "success":
+            raise QueryError(
+                "error_answer",
+                f"HTTP {status}: {printable(body.get('errorType', ''), 40)} {printable(body.get('error', ''))}".strip(),
+            )
+        data = body.get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+            raise QueryError("malformed", "the answer's data is not an object with a result list")
+        if data.get("resultType") != kind:
+            raise QueryError("malformed", f"expected a {kind}, got {printable(data.get('resultType'), 40)}")
+        result: list[Any] = data["result"]
+        if len(result) > self.max_series:
+            raise QueryError(
+                "too_many_series",
+                f"the answer holds {len(result)} series, more than fleet.max_series ({self.max_series})",
+            )
+        return result
+
+    async def vector(self, expr: str, at: float) -> list[Sample]:
         """The instant vector of ``expr`` at ``at``."""
-        kind, result = self._query(expr, at)
-        if kind != "vector":
-            raise QueryError(f"expected a vector from {expr!r}, got {kind}")
+        result = await self._query(expr, at, "vector")
         try:
-            return [Sample(label_set(r["metric"]), _float(r["value"][1])) for r in result]  # type: ignore[index,arg-type]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise QueryError(f"malformed vector answer: {exc}") from exc
+            out = []
+            for i, r in enumerate(result):
+                if not isinstance(r, dict) or not isinstance(r.get("value"), list) or len(r["value"]) != 2:
+                    raise QueryError("malformed", "a vector sample is not {metric, value: [time, value]}")
+                out.append(Sample(label_set(r.get("metric")), _number(r["value"][1], "a sample's value")))
+                result[i] = None  # let the parsed document go as it is read
+            return out
+        finally:
+            result.clear()  # also when refused: a traceback keeping this frame must not keep the document
 
-    def matrix(self, expr: str, at: float) -> list[Series]:
-        """The raw samples of a range selector ``expr`` (e.g. ``m{...}[5m]``) ending at ``at``."""
-        kind, result = self._query(expr, at)
-        if kind != "matrix":
-            raise QueryError(f"expected a matrix from {expr!r}, got {kind}")
+    async def matrix(self, expr: str, at: float) -> list[Series]:
+        """The raw samples of a range selector ``expr`` (e.g. ``m{...}[5m]``) ending at ``at``; the
+        times of each series must increase."""
+        result = await self._query(expr, at, "matrix")
         try:
-            return [
-                Series(label_set(r["metric"]), tuple((float(t), _float(v)) for t, v in r["values"]))  # type: ignore[index,arg-type,union-attr,attr-defined]
-                for r in result
-            ]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise QueryError(f"malformed matrix answer: {exc}") from exc
+            out = []
+            for i in range(len(result)):
+                out.append(_series(result[i]))
+                result[i] = None
+            return out
+        finally:
+            result.clear()
+
+
+def _series(r: object) -> Series:
+    """One series of a matrix answer, its points in two float arrays."""
+    if not isinstance(r, dict) or not isinstance(r.get("values"), list):
+        raise QueryError("malformed", "a matrix series is not {metric, values: [[time, value], ...]}")
+    times, values = array("d"), array("d")
+    for point in r["values"]:
+        if not isinstance(point, list) or len(point) != 2:
+            raise QueryError("malformed", "a matrix point is not [time, value]")
+        t = _number(point[0], "a sample's time")
+        if times and t <= times[-1]:
+            raise QueryError("malformed", "a series' sample times do not increase")
+        times.append(t)
+        values.append(_number(point[1], "a sample's value"))
+    return Series(label_set(r.get("metric")), times, values)

@@ -8,22 +8,31 @@ predictions. Instead the evaluator reads raw counter values and differences them
   (0 when the series was born in the window: a replica that joined), evaluated by Prometheus as two
   exact sums over all replicas (``last_over_time`` reads raw samples, no extrapolation; a replica that
   left keeps its last value, so it counts until its data leaves the window);
-* the few series with a reset (``resets() > 0``: a replica restarted) are then read sample by sample:
-  their share of the two sums is replaced by their increments summed with a reset restarting from
-  zero, like one agent would have counted.
+* the few replicas with a reset (``resets() > 0`` on any of their series: the process restarted) are
+  then read sample by sample: their share of the two sums is replaced by their increments summed with
+  a reset restarting from zero, like one agent would have counted. A scrape at which any series of
+  the replica fell is a restart for all its series (one that grew past its old value before that
+  scrape started from zero too).
 
 ``L`` is the lookback (``fleet.lookback_seconds``). The figures are exact up to the scrape interval:
 predictions a replica judged after its last scrape before a crash are lost (the process is gone),
 and the window's edges fall on scrapes, not on the predictions' own times.
+
+Nothing of an answer is believed unchecked (:class:`_Reader`): the ``model`` label must be this
+evaluator's, versions and bundles must be label values a replica can have (at most
+``fleet.max_versions`` versions), label names must be PromQL identifiers (they are written back into
+queries), and the statistics of this evaluator's bundle must be names of its :class:`StatSchema`
+with counter values; other bundles' series are read for their ``n`` only (to tell a mixed version).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, Series
+from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, printable
+from agent.fleet.stat_schema import MAX_EXACT, RefusedAnswer, StatSchema
 
 #: The replicas' counter of additive window statistics (``exporters.prometheus.AgentMetrics``).
 STAT_METRIC = "icos_window_stat_total"
@@ -31,17 +40,39 @@ STAT_METRIC = "icos_window_stat_total"
 GROUP_LABELS = ("model", "version", "bundle")
 #: (model, version, bundle)
 GroupKey = tuple[str, str, str]
+#: A version or bundle label a replica can export (``model.version``'s characters, bounded).
+LABEL_VALUE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+#: A label name as PromQL writes it (names are written back into the queries of restarted replicas).
+LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: Unknown statistic names kept for the log (the rest are only counted).
+UNKNOWN_NAMES_KEPT = 5
+
+
+@dataclass(frozen=True)
+class FleetScope:
+    """What one evaluator reads: its model's series (narrowed by ``fleet.selector``), and what it
+    believes of them (the statistics of its bundle, at most ``max_versions`` versions)."""
+
+    model: str
+    bundle: str
+    schema: StatSchema
+    extra: str = ""
+    max_versions: int = 16
 
 
 @dataclass
 class WindowSums:
-    """One window of the fleet: per (model, version, bundle), the increment of every stat, and the
-    replicas that exported in the window."""
+    """One window of the fleet: per (model, version, bundle), the increment of every stat (only ``n``
+    for other bundles than the evaluator's), and the replicas that exported in the window."""
 
     stats: dict[GroupKey, dict[str, float]] = field(default_factory=dict)
     replicas: dict[GroupKey, int] = field(default_factory=dict)
+    #: per group, the largest counter total read (the float rounding its sums may carry)
+    scale: dict[GroupKey, float] = field(default_factory=dict)
     restarted_replicas: int = 0
     queries: int = 0
+    #: (version, stat) of the series with a statistic the bundle does not define (ignored)
+    unknown: set[tuple[str, str]] = field(default_factory=set)
 
 
 def quote(value: str) -> str:
@@ -61,64 +92,150 @@ def _ms(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def _key(labels: LabelSet) -> tuple[GroupKey, str]:
-    d = dict(labels)
-    return (d.get("model", ""), d.get("version", ""), d.get("bundle", "")), d.get("stat", "")
-
-
-def series_increment(points: Iterable[tuple[float, float]], start: float) -> float:
+def series_increment(
+    points: Iterable[tuple[float, float]], start: float, resets: frozenset[float] = frozenset()
+) -> float:
     """The increase of one counter over the samples after ``start`` (unix time), a reset (a value
-    below its predecessor: the process restarted) counting from zero; the last sample at or before
-    ``start`` is the baseline (0 when there is none: the series was born in the window)."""
+    below its predecessor, or a sample at one of the times ``resets``: the process restarted)
+    counting from zero; the last sample at or before ``start`` is the baseline (0 when there is none:
+    the series was born in the window)."""
     prev = 0.0
     total = 0.0
     for t, v in points:
         if t <= start:
             prev = v
             continue
-        total += v - prev if v >= prev else v
+        total += v if v < prev or t in resets else v - prev
         prev = v
     return total
 
 
-def window_sums(
-    api: PrometheusAPI, model: str, at: float, window_s: float, lookback_s: float, extra: str = ""
+def reset_times(series: Iterable[Series]) -> frozenset[float]:
+    """The sample times at which any of one replica's series fell (its restarts)."""
+    out: set[float] = set()
+    for s in series:
+        for i in range(1, len(s.values)):
+            if s.values[i] < s.values[i - 1]:
+                out.add(s.times[i])
+    return frozenset(out)
+
+
+class _Reader:
+    """Checks and adds up the series of one window's answers (see the module docstring)."""
+
+    def __init__(self, scope: FleetScope, out: WindowSums) -> None:
+        self.scope = scope
+        self.out = out
+        self.sums: dict[GroupKey, dict[str, float]] = {}
+        self.versions: set[str] = set()
+
+    def group(self, labels: Mapping[str, str]) -> GroupKey:
+        model, version, bundle = (labels.get(k, "") for k in GROUP_LABELS)
+        if model != self.scope.model:
+            raise RefusedAnswer("bad_label", f"a series of model {printable(model, 40)!r}, not {self.scope.model!r}")
+        for name, value in (("version", version), ("bundle", bundle)):
+            if not LABEL_VALUE.fullmatch(value):
+                raise RefusedAnswer(
+                    "bad_label", f"{name} label {printable(value, 40)!r}: not 1 to 128 of A-Z a-z 0-9 . _ -"
+                )
+        if version not in self.versions:
+            self.versions.add(version)
+            if len(self.versions) > self.scope.max_versions:
+                raise RefusedAnswer(
+                    "too_many_versions", f"more than fleet.max_versions ({self.scope.max_versions}) model versions"
+                )
+        return model, version, bundle
+
+    def accept(self, labels: LabelSet) -> tuple[GroupKey, str] | None:
+        """The group and stat of a statistic series to add up, or None for one to ignore."""
+        d = dict(labels)
+        group, stat = self.group(d), d.get("stat", "")
+        if group[2] == self.scope.bundle:
+            if not self.scope.schema.known(stat):
+                self.out.unknown.add((group[1], printable(stat, 80)))
+                return None
+        elif stat != "n":  # another bundle's: only whether it judged anything (a mixed version)
+            return None
+        return group, stat
+
+    def check(self, group: GroupKey, stat: str, value: float) -> None:
+        """A counter value of the statistic (of another bundle's ``n``: a count)."""
+        if group[2] == self.scope.bundle:
+            self.scope.schema.check_value(stat, value)
+        else:
+            _count(stat, value)
+        self.out.scale[group] = max(self.out.scale.get(group, 0.0), value)
+
+    def add(self, group: GroupKey, stat: str, value: float, sign: float) -> None:
+        self.check(group, stat, value)
+        stats = self.sums.setdefault(group, {})
+        stats[stat] = stats.get(stat, 0.0) + sign * value
+
+
+def _count(what: str, value: float) -> None:
+    if not (0 <= value <= MAX_EXACT and value == int(value)):
+        raise RefusedAnswer("bad_value", f"{printable(what, 40)} is {value!r}, not a count")
+
+
+def replica_labels(labels: LabelSet) -> LabelSet:
+    """A restarted replica's labels (``stat`` dropped), their names checked: they are written back
+    into a query."""
+    for k, _ in labels:
+        if not LABEL_NAME.fullmatch(k):
+            raise RefusedAnswer("bad_label", f"label name {printable(k, 40)!r} is not a PromQL identifier")
+    return tuple((k, v) for k, v in labels if k != "stat")
+
+
+async def window_sums(
+    api: PrometheusAPI, scope: FleetScope, at: float, window_s: float, lookback_s: float
 ) -> WindowSums:
-    """The fleet's window statistic over ``(at − window_s, at]`` (see the module docstring)."""
-    sel = selector(model, extra)
+    """The fleet's window statistic over ``(at − window_s, at]`` (see the module docstring); raises
+    :class:`~agent.fleet.prometheus_api.RefreshError`."""
+    sel = selector(scope.model, scope.extra)
     full = _ms(window_s + lookback_s)
     by = ", ".join((*GROUP_LABELS, "stat"))
-    reset = f"resets({sel}[{full}]) > 0"
     q0 = api.queries
-    end = api.vector(f"sum by ({by}) (last_over_time({sel}[{full}]))", at)
-    begin = api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))", at)
     out = WindowSums()
-    sums: dict[GroupKey, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for s in end:
-        group, stat = _key(s.labels)
-        sums[group][stat] += s.value
-    for s in begin:
-        group, stat = _key(s.labels)
-        sums[group][stat] -= s.value
-    restarted = api.vector(reset, at)
-    reset_series = {s.labels for s in restarted}
-    replicas_of = {tuple((k, v) for k, v in labels if k != "stat") for labels in reset_series}
-    out.restarted_replicas = len(replicas_of)
-    for replica in sorted(replicas_of):
+    reader = _Reader(scope, out)
+    for sign, expr in (
+        (1.0, f"sum by ({by}) (last_over_time({sel}[{full}]))"),
+        (-1.0, f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))"),
+    ):
+        for s in await api.vector(expr, at):
+            key = reader.accept(s.labels)
+            if key is not None:
+                reader.add(*key, s.value, sign)
+    restarted = await api.vector(f"count without (stat) (resets({sel}[{full}]) > 0)", at)
+    replicas = sorted({replica_labels(s.labels) for s in restarted})
+    out.restarted_replicas = len(replicas)
+    start = at - window_s
+    for replica in replicas:
+        reader.group(dict(replica))
         matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
-        raw: list[Series] = api.matrix(f"{selector(model, extra)[:-1]},{matchers}}}[{full}]", at)
+        raw = await api.matrix(f"{sel[:-1]},{matchers}}}[{full}]", at)
+        resets = reset_times(raw)
         for series in raw:
-            if series.labels in reset_series and series.points:
-                # its share of the two sums above (last value minus the baseline) is replaced by the
-                # increments read sample by sample
-                group, stat = _key(series.labels)
-                baseline = [v for t, v in series.points if t <= at - window_s]
-                last = series.points[-1][1] - (baseline[-1] if baseline else 0.0)
-                sums[group][stat] += series_increment(series.points, at - window_s) - last
-    n_sel = selector(model, extra, stat="n")
-    for s in api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at):
-        group, _ = _key(s.labels)
+            if tuple((k, v) for k, v in series.labels if k != "stat") != replica:
+                raise QueryError("malformed", "a restarted replica's samples hold a series of another replica")
+            key = reader.accept(series.labels)
+            if key is None or not series.values:
+                continue
+            group, stat = key
+            for v in (min(series.values), max(series.values)):
+                reader.check(group, stat, v)
+            if stat in scope.schema.counts and not all(v.is_integer() for v in series.values):
+                raise RefusedAnswer("bad_value", f"count {stat} has counter values that are not whole")
+            # its share of the two sums above (last value minus the baseline) is replaced by the
+            # increments read sample by sample
+            baseline = [v for t, v in series.points if t <= start]
+            last = series.values[-1] - (baseline[-1] if baseline else 0.0)
+            stats = reader.sums.setdefault(group, {})
+            stats[stat] = stats.get(stat, 0.0) + series_increment(series.points, start, resets) - last
+    n_sel = selector(scope.model, scope.extra, stat="n")
+    for s in await api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at):
+        group = reader.group(dict(s.labels))
+        _count("a replica count", s.value)
         out.replicas[group] = int(s.value)
-    out.stats = {g: dict(v) for g, v in sums.items()}
+    out.stats = reader.sums
     out.queries = api.queries - q0
     return out

@@ -76,7 +76,7 @@ def _fleet_exported() -> dict[str, set[str]]:
         mismatches=[("2", "mixed")],
         last_success=1.0,
         refresh_seconds=0.1,
-        errors_total=0,
+        errors={"unreachable": 0},
         stale=False,
     )
     out: dict[str, set[str]] = {}

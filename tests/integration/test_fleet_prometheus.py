@@ -232,5 +232,9 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     assert stale["windows"]["5m"]["estimates"][HEADLINE] == body["windows"]["5m"]["estimates"][HEADLINE]
     assert stale["fleet"]["last_error"]
     m = _fleet_metrics(fleet)
-    assert m["icos_fleet_stale{model=mnist}"] == 1 and m["icos_fleet_query_errors_total{model=mnist}"] >= 1
+    assert (
+        m["icos_fleet_stale{model=mnist}"] == 1
+        and m["icos_fleet_query_errors_total{model=mnist,reason=unreachable}"] >= 1
+    )
+    assert stale["fleet"]["last_error_reason"] == "unreachable"
     assert m[key] == pytest.approx(body["windows"]["5m"]["estimates"][HEADLINE]["value"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import free_port, wait_http_ready
@@ -45,16 +45,30 @@ def _series() -> dict[tuple[str, str, str], list[float | None]]:
     }
 
 
+#: Every statistic's counter from the ``n`` counter of one scrape, consistent as one agent's are: one
+#: prediction in ten fails its IDI rules, every confidence is 0.92 (pass → cell 3, fail:idi → cell 9).
+_STATS: dict[str, Callable[[float], float]] = {
+    "n": lambda n: n,
+    "fails": lambda n: n // 10,
+    "fails_by_family:idi": lambda n: n // 10,
+    "cells:3": lambda n: n - n // 10,
+    "cells:9": lambda n: n // 10,
+    "atc_above": lambda n: n * 9 // 10,
+    "conf_sum": lambda n: 0.92 * n,
+    "conf_sq_sum": lambda n: 0.85 * n,
+}
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("fleet-sums")
     lines = ["# TYPE icos_window_stat counter"]
     for (version, bundle, inst), values in _series().items():
-        for stat, scale in (("n", 1.0), ("fails", 0.1), ("atc_above", 0.9), ("conf_sum", 0.92), ("conf_sq_sum", 0.85)):
+        for stat, value in _STATS.items():
             labels = f'model="m",version="{version}",bundle="{bundle}",instance="{inst}",job="icos-agent",stat="{stat}"'
             for i, v in enumerate(values):
                 if v is not None:
-                    lines.append(f"icos_window_stat_total{{{labels}}} {v * scale:.6f} {END - STEP * (STEPS - 1 - i)}")
+                    lines.append(f"icos_window_stat_total{{{labels}}} {value(v):.6f} {END - STEP * (STEPS - 1 - i)}")
     lines.append("# EOF")
     (root / "series.om").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (root / "tsdb").mkdir()
