@@ -4,7 +4,10 @@ snapshot behind ``icos_estimated_*`` (:class:`exporters.prometheus.EstimatesColl
 Both read the same thing: every window's statistics and estimates, the estimators that extensions
 compute beside the label-free ones (``with_labels`` from the labeling sample,
 :mod:`agent.labels.service`), the trust signal and the label-free per-class figures (CBPE), so that
-the JSON and the metrics never disagree. Sections (e.g. ``realized`` from delayed labels) are added to
+the JSON and the metrics never disagree. Each window's headline (the bundle's headline estimator, or
+``doc`` where it cannot estimate the window: :func:`~agent.estimation.estimators.headline_of`) is
+reported under ``headline`` in the JSON and as ``icos_headline_accuracy_ratio`` with the estimator that
+gave it. Sections (e.g. ``realized`` from delayed labels) are added to
 the JSON only.
 """
 
@@ -14,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.estimation.class_metrics import window_class_metrics
-from agent.estimation.estimators import window_trust
+from agent.estimation.estimators import headline_of, window_trust
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
 from agent.judging.runtime import Runtime
@@ -75,6 +78,9 @@ class WindowReport:
                 "fails_by_family": dict(stats.fails_by_family),
                 "estimates": {k: e.to_dict() for k, e in ests.items()},
             }
+            chosen = headline_of(ests, rt.headline)
+            if chosen is not None:
+                w["headline"] = {"estimator": chosen[0], **chosen[1].to_dict()}
             trust = window_trust(stats, rt.calibration)
             if trust is not None:
                 w["trust"] = trust.to_dict()
@@ -98,6 +104,7 @@ class WindowReport:
     def snapshot(self, rt: Runtime, now: float) -> Snapshot:
         """What the estimates collector exports at a scrape."""
         points: list[EstimatePoint] = []
+        headline: list[EstimatePoint] = []
         wpoints: list[WindowPoint] = []
         for name, (stats, ests) in self.window_estimates(rt, now).items():
             trust = window_trust(stats, rt.calibration)
@@ -106,5 +113,20 @@ class WindowReport:
             wpoints.append(WindowPoint(name, stats.n, dict(stats.fails_by_family), distance, classes))
             for est, e in ests.items():
                 points.append(EstimatePoint(est, name, e.value, e.lower, e.upper, e.n))
+            chosen = headline_of(ests, rt.headline)
+            if chosen is not None:
+                est, e = chosen
+                headline.append(EstimatePoint(est, name, e.value, e.lower, e.upper, e.n))
         cal = rt.calibration
-        return Snapshot(rt.name, rt.version, points, wpoints, cal.tpr, cal.fpr, cal.n_wrong, cal.n_right)
+        return Snapshot(
+            rt.name,
+            rt.version,
+            points,
+            wpoints,
+            cal.tpr,
+            cal.fpr,
+            cal.n_wrong,
+            cal.n_right,
+            headline=headline,
+            reference_accuracy=cal.accuracy,
+        )
