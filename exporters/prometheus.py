@@ -275,42 +275,49 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield lower
         yield upper
         yield from headline_families("icos_", [(mv, e) for e in snap.headline], "of this agent's window")
-        reference = GaugeMetricFamily(
-            "icos_reference_accuracy_ratio",
-            "Accuracy on the bundle's calibration split (held out of fitting): what the model is expected to do.",
-            labels=["model", "version"],
-        )
-        if snap.reference_accuracy is not None:
-            reference.add_metric(mv, snap.reference_accuracy)
-        yield reference
         yield samples
         yield fail
         yield trust
         yield per_class
-        if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
-            tpr = GaugeMetricFamily(
-                "icos_oracle_tpr_ratio",
-                "Oracle true-positive rate (share of wrong predictions failed) on the calibration split.",
-                labels=["model", "version"],
-            )
-            tpr.add_metric(mv, snap.oracle_tpr)
-            fpr = GaugeMetricFamily(
-                "icos_oracle_fpr_ratio",
-                "Oracle false-positive rate (share of right predictions failed) on the calibration split.",
-                labels=["model", "version"],
-            )
-            fpr.add_metric(mv, snap.oracle_fpr)
-            yield tpr
-            yield fpr
-        if snap.calibration_wrong is not None and snap.calibration_right is not None:
-            cal = GaugeMetricFamily(
-                "icos_oracle_calibration_samples",
-                "Calibration-split predictions behind the oracle TPR/FPR, by truth.",
-                labels=["model", "version", "truth"],
-            )
-            cal.add_metric([*mv, "wrong"], snap.calibration_wrong)
-            cal.add_metric([*mv, "right"], snap.calibration_right)
-            yield cal
+        yield from _calibration_families(snap, mv)
+
+
+def _calibration_families(snap: Snapshot, mv: list[str]) -> Iterator[Metric]:
+    """What the bundle's calibration split says: the model's accuracy there (the reference the alerts
+    compare with), the oracle's TPR/FPR and the samples behind them (so that Prometheus can recompute the
+    corrected estimate across replicas)."""
+    reference = GaugeMetricFamily(
+        "icos_reference_accuracy_ratio",
+        "Accuracy on the bundle's calibration split (held out of fitting): what the model is expected to do.",
+        labels=["model", "version"],
+    )
+    if snap.reference_accuracy is not None:
+        reference.add_metric(mv, snap.reference_accuracy)
+    yield reference
+    if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
+        tpr = GaugeMetricFamily(
+            "icos_oracle_tpr_ratio",
+            "Oracle true-positive rate (share of wrong predictions failed) on the calibration split.",
+            labels=["model", "version"],
+        )
+        tpr.add_metric(mv, snap.oracle_tpr)
+        fpr = GaugeMetricFamily(
+            "icos_oracle_fpr_ratio",
+            "Oracle false-positive rate (share of right predictions failed) on the calibration split.",
+            labels=["model", "version"],
+        )
+        fpr.add_metric(mv, snap.oracle_fpr)
+        yield tpr
+        yield fpr
+    if snap.calibration_wrong is not None and snap.calibration_right is not None:
+        cal = GaugeMetricFamily(
+            "icos_oracle_calibration_samples",
+            "Calibration-split predictions behind the oracle TPR/FPR, by truth.",
+            labels=["model", "version", "truth"],
+        )
+        cal.add_metric([*mv, "wrong"], snap.calibration_wrong)
+        cal.add_metric([*mv, "right"], snap.calibration_right)
+        yield cal
 
 
 @dataclass
