@@ -3,6 +3,9 @@
 * ``icos_fleet_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
   ``icos_fleet_estimated_accuracy_ratio_lower`` / ``_upper`` — every estimator on the sum of all
   replicas' window statistics;
+* ``icos_fleet_headline_accuracy_ratio{model,version,estimator,window}`` with ``_lower`` / ``_upper``
+  and ``icos_fleet_headline_accuracy_samples`` — the fleet's headline, ``estimator`` naming the one
+  chosen (as an agent's ``icos_headline_accuracy_ratio``);
 * ``icos_fleet_estimated_accuracy_samples{model,version,window}`` — predictions behind them;
 * ``icos_fleet_replicas{model,version,window}`` — replicas that exported in the window;
 * ``icos_fleet_last_success_timestamp_seconds{model}``, ``icos_fleet_refresh_duration_seconds{model}``,
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.prometheus import EstimatePoint, SnapshotCollector
+from exporters.prometheus import EstimatePoint, SnapshotCollector, headline_families
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ class FleetVersion:
     estimates: Sequence[EstimatePoint]
     samples: Mapping[str, int]
     replicas: Mapping[str, int]
+    #: per window, the headline estimate (its ``estimator`` the one chosen)
+    headline: Sequence[EstimatePoint] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,8 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
             for window, k in v.replicas.items():
                 replicas.add_metric([snap.model, v.version, window], k)
         yield from (value, lower, upper, samples, replicas)
+        rows = [([snap.model, v.version], e) for v in snap.versions for e in v.headline]
+        yield from headline_families("icos_fleet_", rows, "of the whole fleet")
         mismatch = GaugeMetricFamily(
             "icos_fleet_bundle_mismatch",
             "1 for a model version left out: its replicas export statistics of several bundles (mixed) or "

@@ -14,6 +14,12 @@ Metric names (labels):
   windows whose labeling sample has labels) and its 95% bounds
   ``icos_estimated_accuracy_ratio_lower`` / ``icos_estimated_accuracy_ratio_upper``;
   ``icos_estimated_accuracy_samples{model,version,window}`` — predictions behind the estimates.
+* ``icos_headline_accuracy_ratio{model,version,estimator,window}`` with ``_lower`` / ``_upper`` — the
+  window's headline estimate, ``estimator`` naming the one chosen
+  (:func:`agent.estimation.estimators.headline_of`), and ``icos_headline_accuracy_samples`` (the
+  predictions behind it, with the same labels so that rules can weight replicas by it).
+* ``icos_reference_accuracy_ratio{model,version}`` — accuracy on the bundle's calibration split (held
+  out of fitting): the figure the default alerts compare the headline with.
 * ``icos_estimate_trust_distance{model,version,window}`` — how far the window lies from the windows
   the headline estimator was calibrated on (≤ 1: inside the calibrated range; absent for bundles
   without a trust model).
@@ -34,6 +40,8 @@ Metric names (labels):
 * ``icos_window_stat_total{model,version,bundle,stat}`` — the additive window statistics every
   estimator reads (counts and sums, one ``stat`` per number: about 80 series per model), summed over
   replicas by the fleet evaluator (``mode: fleet``).
+
+No NaN or infinity reaches ``/metrics``: the scrape-time collectors leave a non-finite sample out.
 * ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
   ``icos_state_last_write_timestamp_seconds`` — health of the state directory.
 * ``icos_state_quarantined_total{what}`` — damaged state (``windows``, ``pending``, ``document``,
@@ -42,6 +50,7 @@ Metric names (labels):
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,9 +110,40 @@ class Snapshot:
     oracle_fpr: float | None = None
     calibration_wrong: int | None = None
     calibration_right: int | None = None
+    #: per window, the headline estimate (its ``estimator`` the one chosen); none for an empty window
+    headline: Sequence[EstimatePoint] = ()
+    #: accuracy on the bundle's calibration split
+    reference_accuracy: float | None = None
 
 
 S = TypeVar("S")
+
+
+def finite_only(fam: Metric) -> Metric:
+    """``fam`` without its NaN and infinite samples (a gauge with nothing to say is absent)."""
+    fam.samples = [s for s in fam.samples if math.isfinite(s.value)]
+    return fam
+
+
+def headline_families(prefix: str, rows: Iterable[tuple[Sequence[str], EstimatePoint]], what: str) -> list[Metric]:
+    """``<prefix>headline_accuracy_ratio`` with ``_lower``/``_upper`` and ``<prefix>headline_accuracy_samples``,
+    labelled ``model, version, estimator, window``: one row per ``([model, version], headline point)``;
+    ``what`` says whose headline it is, in the help texts."""
+    labels = ["model", "version", "estimator", "window"]
+    name = f"{prefix}headline_accuracy_ratio"
+    value = GaugeMetricFamily(name, f"Headline accuracy estimate {what}; estimator: the one chosen.", labels=labels)
+    lower = GaugeMetricFamily(f"{name}_lower", "Lower bound of the headline's 95% interval.", labels=labels)
+    upper = GaugeMetricFamily(f"{name}_upper", "Upper bound of the headline's 95% interval.", labels=labels)
+    samples = GaugeMetricFamily(
+        f"{prefix}headline_accuracy_samples", "Predictions behind the headline estimate.", labels=labels
+    )
+    for mv, e in rows:
+        lv = [*mv, e.estimator, e.window]
+        value.add_metric(lv, e.value)
+        lower.add_metric(lv, e.lower)
+        upper.add_metric(lv, e.upper)
+        samples.add_metric(lv, e.n)
+    return [value, lower, upper, samples]
 
 
 def class_metric_rows(classes: Mapping[str, Any] | None) -> Iterator[tuple[str, str, float]]:
@@ -132,7 +172,8 @@ class SnapshotCollector(Collector, Generic[S]):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         if snap is not None:
-            yield from self.families(snap)
+            for fam in self.families(snap):
+                yield finite_only(fam)
 
     def families(self, snap: S) -> Iterator[Metric]:
         raise NotImplementedError
@@ -175,7 +216,7 @@ class WindowStatsCollector(Collector):
         for (model, version, bundle), totals in rows:
             for stat, value in totals.items():
                 fam.add_metric([model, version, bundle, stat], value)
-        yield fam
+        yield finite_only(fam)
 
 
 class EstimatesCollector(SnapshotCollector[Snapshot]):
@@ -233,34 +274,50 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield value
         yield lower
         yield upper
+        yield from headline_families("icos_", [(mv, e) for e in snap.headline], "of this agent's window")
         yield samples
         yield fail
         yield trust
         yield per_class
-        if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
-            tpr = GaugeMetricFamily(
-                "icos_oracle_tpr_ratio",
-                "Oracle true-positive rate (share of wrong predictions failed) on the calibration split.",
-                labels=["model", "version"],
-            )
-            tpr.add_metric(mv, snap.oracle_tpr)
-            fpr = GaugeMetricFamily(
-                "icos_oracle_fpr_ratio",
-                "Oracle false-positive rate (share of right predictions failed) on the calibration split.",
-                labels=["model", "version"],
-            )
-            fpr.add_metric(mv, snap.oracle_fpr)
-            yield tpr
-            yield fpr
-        if snap.calibration_wrong is not None and snap.calibration_right is not None:
-            cal = GaugeMetricFamily(
-                "icos_oracle_calibration_samples",
-                "Calibration-split predictions behind the oracle TPR/FPR, by truth.",
-                labels=["model", "version", "truth"],
-            )
-            cal.add_metric([*mv, "wrong"], snap.calibration_wrong)
-            cal.add_metric([*mv, "right"], snap.calibration_right)
-            yield cal
+        yield from _calibration_families(snap, mv)
+
+
+def _calibration_families(snap: Snapshot, mv: list[str]) -> Iterator[Metric]:
+    """What the bundle's calibration split says: the model's accuracy there (the reference the alerts
+    compare with), the oracle's TPR/FPR and the samples behind them (so that Prometheus can recompute the
+    corrected estimate across replicas)."""
+    reference = GaugeMetricFamily(
+        "icos_reference_accuracy_ratio",
+        "Accuracy on the bundle's calibration split (held out of fitting): what the model is expected to do.",
+        labels=["model", "version"],
+    )
+    if snap.reference_accuracy is not None:
+        reference.add_metric(mv, snap.reference_accuracy)
+    yield reference
+    if snap.oracle_tpr is not None and snap.oracle_fpr is not None:
+        tpr = GaugeMetricFamily(
+            "icos_oracle_tpr_ratio",
+            "Oracle true-positive rate (share of wrong predictions failed) on the calibration split.",
+            labels=["model", "version"],
+        )
+        tpr.add_metric(mv, snap.oracle_tpr)
+        fpr = GaugeMetricFamily(
+            "icos_oracle_fpr_ratio",
+            "Oracle false-positive rate (share of right predictions failed) on the calibration split.",
+            labels=["model", "version"],
+        )
+        fpr.add_metric(mv, snap.oracle_fpr)
+        yield tpr
+        yield fpr
+    if snap.calibration_wrong is not None and snap.calibration_right is not None:
+        cal = GaugeMetricFamily(
+            "icos_oracle_calibration_samples",
+            "Calibration-split predictions behind the oracle TPR/FPR, by truth.",
+            labels=["model", "version", "truth"],
+        )
+        cal.add_metric([*mv, "wrong"], snap.calibration_wrong)
+        cal.add_metric([*mv, "right"], snap.calibration_right)
+        yield cal
 
 
 @dataclass

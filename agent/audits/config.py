@@ -19,6 +19,7 @@ Config example (see ``docs/audits.md``)::
         cron: "30 * * * *"
         data: {source: live, min_samples: 200}
         transformations: [shift, brightness, gaussian_noise]
+      baselines: {dscore: 0.65}  # what IcosDScoreDegraded compares with (default: the first run's)
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, create_model
+from pydantic import Field, FiniteFloat, create_model, model_validator
 
 import agent.audits.kinds  # noqa: F401  (registers the built-in kinds)
 from agent.audits.params import AuditData, AuditMlflowConfig, CommonParams, ReservoirConfig, _Schedule, _Strict
-from agent.audits.registry import AUDIT_KINDS, PARAM_MODELS
+from agent.audits.registry import AUDIT_KINDS, PARAM_MODELS, baseline_gauge
 
 __all__ = ["AUDIT_KINDS", "PARAM_MODELS", "AuditsConfig", "audits_config_model"]
 
@@ -44,6 +45,24 @@ class _AuditsSection(_Strict):
         mlflow: AuditMlflowConfig = AuditMlflowConfig()
         history: int = 20
         first_run_delay: str | None = None
+        baselines: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _baselines_of_kinds_with_one(self) -> _AuditsSection:
+        for kind in getattr(self, "baselines", {}):
+            if baseline_gauge(kind) is None:
+                have = [k for k in AUDIT_KINDS if baseline_gauge(k) is not None]
+                raise ValueError(f"baselines: audit {kind!r} has no baseline; kinds with one: {', '.join(have)}")
+        return self
+
+    def configured_baselines(self) -> dict[str, float]:
+        """``{gauge name: configured baseline}`` of ``baselines`` (keyed there by audit kind)."""
+        out: dict[str, float] = {}
+        for kind, value in getattr(self, "baselines", {}).items():
+            gauge = baseline_gauge(kind)
+            if gauge is not None:
+                out[gauge] = value
+        return out
 
     def jobs(self) -> dict[str, _Schedule]:
         out: dict[str, _Schedule] = {}
@@ -90,6 +109,15 @@ def audits_config_model() -> type[_AuditsSection]:
         "first_run_delay": (
             str | None,
             Field(None, description="interval jobs first run this long after start (default: one interval)"),
+        ),
+        "baselines": (
+            dict[str, FiniteFloat],
+            Field(
+                default_factory=dict,
+                description="per audit kind, the baseline its alert compares results with (`dscore`: the D-Score, "
+                "exported as icos_dscore_baseline); a kind not listed takes its first successful run's result for "
+                "the current model and audit settings",
+            ),
         ),
     }
     return create_model(

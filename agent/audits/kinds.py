@@ -136,14 +136,10 @@ DSCORE = register(
         summary_lines=_dscore_summary,
         demo_line=_dscore_demo,
         gauges=(
-            GaugeSpec("icos_dscore", "D-Score (eq. 6) of the last successful audit.", nan_until_set=True),
-            GaugeSpec("icos_dscore_robustness", "D-Score v_robust (eq. 4, lower is better).", nan_until_set=True),
-            GaugeSpec("icos_dscore_fitness", "D-Score v_fitness (eq. 3).", nan_until_set=True),
-            GaugeSpec(
-                "icos_dscore_base_accuracy_ratio",
-                "Accuracy of the unmodified model in the last D-Score audit.",
-                nan_until_set=True,
-            ),
+            GaugeSpec("icos_dscore", "D-Score (eq. 6) of the last successful audit.", baseline=True),
+            GaugeSpec("icos_dscore_robustness", "D-Score v_robust (eq. 4, lower is better)."),
+            GaugeSpec("icos_dscore_fitness", "D-Score v_fitness (eq. 3)."),
+            GaugeSpec("icos_dscore_base_accuracy_ratio", "Accuracy of the unmodified model in the last D-Score audit."),
         ),
         export=_dscore_export,
         cli_json=_dscore_json,

@@ -31,6 +31,7 @@ __all__ = [
     "AuditKind",
     "CliRun",
     "audit_metrics",
+    "baseline_gauge",
     "export_result",
     "register",
     "unregister",
@@ -62,7 +63,9 @@ class AuditKind:
       are absent); ``cli_json`` reshapes the ``--json`` object.
     * ``summary_lines``: the CLI's text lines for a result (after the header line);
       ``demo_line``: the demo's one-line summary of a successful run's metrics.
-    * ``gauges``/``export``: the Prometheus gauges of the kind and their values for a result.
+    * ``gauges``/``export``: the Prometheus gauges of the kind and their values for a result; at
+      most one gauge, without labels, has a baseline (``GaugeSpec.baseline``: the value alerts
+      compare later runs with, :mod:`agent.audits.baselines`).
     """
 
     name: str
@@ -89,8 +92,17 @@ def register(kind: AuditKind) -> AuditKind:
     """Add ``kind``; a name can be registered once."""
     if kind.name in AUDIT_KINDS:
         raise ValueError(f"audit kind {kind.name!r} is already registered")
+    based = [g for g in kind.gauges if g.baseline]
+    if len(based) > 1 or any(g.labels for g in based):
+        raise ValueError(f"audit kind {kind.name!r}: at most one gauge, without labels, can have a baseline")
     AUDIT_KINDS[kind.name] = kind
     return kind
+
+
+def baseline_gauge(kind: str) -> str | None:
+    """The name of the gauge of ``kind`` that has a baseline, if any."""
+    entry = AUDIT_KINDS.get(kind)
+    return next((g.name for g in entry.gauges if g.baseline), None) if entry is not None else None
 
 
 def unregister(name: str) -> None:
@@ -114,9 +126,10 @@ class _ParamModels(Mapping[str, type[CommonParams]]):
 PARAM_MODELS: Mapping[str, type[CommonParams]] = _ParamModels()
 
 
-def audit_metrics(registry: CollectorRegistry) -> AuditMetrics:
-    """The audit metrics on ``registry``: run counters of every kind and every kind's gauges."""
-    return AuditMetrics(registry, list(AUDIT_KINDS), [g for k in AUDIT_KINDS.values() for g in k.gauges])
+def audit_metrics(registry: CollectorRegistry, baselines: Callable[[], Mapping[str, float]] = dict) -> AuditMetrics:
+    """The audit metrics on ``registry``: run counters of every kind and every kind's gauges;
+    ``baselines()`` gives the current baselines at scrape time (``{gauge name: value}``)."""
+    return AuditMetrics(registry, list(AUDIT_KINDS), [g for k in AUDIT_KINDS.values() for g in k.gauges], baselines)
 
 
 def export_result(metrics: AuditMetrics, result: AuditResult) -> None:

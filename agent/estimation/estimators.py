@@ -59,7 +59,7 @@ window's estimates and its trust signal from one computation.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agent.estimation.calibration import EstimatorCalibration
@@ -236,6 +236,19 @@ TABLE_HEADLINE = "doc"
 def headline_estimator(bundle_headline: str | None) -> str:
     """The estimator reports show first: the one a bundle names, else :data:`RECOMMENDED_ESTIMATOR`."""
     return bundle_headline or RECOMMENDED_ESTIMATOR
+
+
+def headline_of(estimates: Mapping[str, Estimate], headline: str) -> tuple[str, Estimate] | None:
+    """The window's headline estimate and the estimator that gave it: ``headline`` (the bundle's), or,
+    where it cannot estimate the window (``shift_aware`` of a bundle without a shift calibration),
+    :data:`TABLE_HEADLINE`, the best estimator that needs only the predictions. Never a weaker one:
+    ``None`` when neither has an estimate (an empty window). What the agent and the fleet evaluator
+    export as ``icos_headline_accuracy_ratio`` / ``icos_fleet_headline_accuracy_ratio``."""
+    for name in dict.fromkeys((headline, TABLE_HEADLINE)):
+        est = estimates.get(name)
+        if est is not None:
+            return name, est
+    return None
 
 
 def estimate_all(stats: WindowStats, calibration: EstimatorCalibration) -> dict[str, Estimate]:

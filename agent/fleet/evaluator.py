@@ -23,7 +23,7 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
@@ -220,7 +220,7 @@ class FleetEvaluator:
         now = self.clock()
         r = self.result
         v = self.version_of(version)
-        windows = _windows_json(r.versions[v]) if r is not None and v is not None else {}
+        windows = _windows_json(r.versions[v], self.headline) if r is not None and v is not None else {}
         return {
             "model": {"name": self.model, "version": v or version or self.settings.model.version},
             "headline": self.headline,
@@ -238,7 +238,9 @@ class FleetEvaluator:
                 "unknown_stats_total": self.unknown_stats_total,
                 "mismatches": [{"version": mv, "reason": why} for mv, why in sorted(r.mismatches)] if r else [],
             },
-            "versions": {name: _windows_json(vw) for name, vw in r.versions.items()} if r is not None else {},
+            "versions": {name: _windows_json(vw, self.headline) for name, vw in r.versions.items()}
+            if r is not None
+            else {},
         }
 
     def snapshot(self) -> FleetSnapshot:
@@ -252,7 +254,12 @@ class FleetEvaluator:
                     for est, e in ests.items()
                 ]
                 samples = {window: stats.n for window, (stats, _) in vw.windows.items()}
-                versions.append(FleetVersion(version, points, samples, dict(vw.replicas)))
+                headline = [
+                    EstimatePoint(chosen[0], window, chosen[1].value, chosen[1].lower, chosen[1].upper, chosen[1].n)
+                    for window, (_, ests) in vw.windows.items()
+                    if (chosen := headline_of(ests, self.headline)) is not None
+                ]
+                versions.append(FleetVersion(version, points, samples, dict(vw.replicas), headline))
         return FleetSnapshot(
             model=self.model,
             versions=versions,
@@ -282,14 +289,19 @@ def _release_frames(exc: BaseException) -> None:
         todo += [e.__cause__, e.__context__]
 
 
-def _windows_json(vw: VersionWindows) -> dict[str, Any]:
-    return {
-        name: {
+def _windows_json(vw: VersionWindows, headline: str) -> dict[str, Any]:
+    """The windows as an agent reports them, each with the fleet's headline (as ``icos_fleet_headline_*``)."""
+    out: dict[str, Any] = {}
+    for name, (stats, ests) in vw.windows.items():
+        w: dict[str, Any] = {
             "n": stats.n,
             "fails": stats.fails,
             "fails_by_family": dict(stats.fails_by_family),
             "replicas": vw.replicas.get(name, 0),
             "estimates": {k: e.to_dict() for k, e in ests.items()},
         }
-        for name, (stats, ests) in vw.windows.items()
-    }
+        chosen = headline_of(ests, headline)
+        if chosen is not None:
+            w["headline"] = {"estimator": chosen[0], **chosen[1].to_dict()}
+        out[name] = w
+    return out

@@ -3,7 +3,8 @@
 :class:`AuditJobs` owns the reservoir of live inputs (fed by the request pipeline), the
 scheduler (:mod:`agent.core.scheduler`), the audit metrics (:mod:`exporters.audit_metrics`) on the app's
 registry, the MLflow logger (runs spooled in ``<state_dir>/mlflow-spool`` while MLflow is down) and
-the last results. An audit always runs in a scheduler thread, never on the request path, with a time
+the last results, and the baselines alerts compare results with (:mod:`agent.audits.baselines`, kept in
+the state store). An audit always runs in a scheduler thread, never on the request path, with a time
 budget checked between its steps (status ``timeout`` past it); one run per audit kind at a time.
 
 * ``GET /v1/audits`` — per kind: schedule, next run, whether one is running, the last result (with
@@ -15,6 +16,8 @@ budget checked between its steps (status ``timeout`` past it); one run per audit
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import tempfile
 import threading
@@ -29,8 +32,9 @@ import anyio.to_thread
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from agent.audits.baselines import AuditBaselines, DocumentStore
 from agent.audits.config import AUDIT_KINDS, AuditsConfig
-from agent.audits.registry import audit_metrics, export_result
+from agent.audits.registry import audit_metrics, baseline_gauge, export_result
 from agent.audits.report import AuditError
 from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, open_logger, run_audit
 from agent.core.durations import parse_duration
@@ -63,12 +67,15 @@ class AuditJobs:
         registry: CollectorRegistry,
         current_runtime: Callable[[], Runtime],
         state_dir: Path | None,
+        state_store: Callable[[], DocumentStore | None] = lambda: None,
     ) -> None:
+        """``state_store()`` is the agent's state store (learnt baselines survive restarts in it)."""
         self.config = config
         #: The runtime an audit runs on: the one served when it starts.
         self.current_runtime = current_runtime
         self.state_dir = state_dir
-        self.metrics = audit_metrics(registry)
+        self.baselines = AuditBaselines(current_runtime().name, config.configured_baselines(), state_store)
+        self.metrics = audit_metrics(registry, self.current_baselines)
         r = config.reservoir
         self.reservoir: Reservoir | None = (
             Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
@@ -133,6 +140,28 @@ class AuditJobs:
             return False
         self._scheduler.submit(f"audit-{kind}-manual-{run_id}", lambda: self.run_once(kind, "manual", run_id))
         return True
+
+    # -- baselines ----------------------------------------------------------------------------------
+    def baseline_identity(self, kind: str, model_sha256: str) -> str:
+        """What a baseline of ``kind`` belongs to: the model and the audit's parameters and data setting."""
+        settings = {
+            "params": self.config.params_for(kind).model_dump(mode="json"),
+            "data": self.config.data_for(kind).model_dump(mode="json"),
+        }
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+        return f"{kind}:{model_sha256[:16]}:{digest[:16]}"
+
+    def current_baselines(self) -> dict[str, float]:
+        """``{gauge name: baseline}`` for the model served now (exported as ``<gauge>_baseline``)."""
+        sha = self.current_runtime().model_sha256
+        out: dict[str, float] = {}
+        for kind in AUDIT_KINDS:
+            gauge = baseline_gauge(kind)
+            if gauge is not None:
+                value = self.baselines.get(gauge, self.baseline_identity(kind, sha))
+                if value is not None:
+                    out[gauge] = value
+        return out
 
     # -- state for GET --------------------------------------------------------------------------------
     def describe(self, *, details: bool = True) -> dict[str, Any]:
@@ -213,13 +242,14 @@ class AuditJobs:
         self._running[kind] = run_id
         started = time.time()
         outcome = AuditOutcome(kind, "failure", started, started, trigger, "", id=run_id)
+        model_sha256 = self.current_runtime().model_sha256  # the model audited (a reload may come meanwhile)
         try:
             self._execute(kind, outcome)
         finally:
             outcome.finished_at = time.time()
             self._running.pop(kind, None)
             lock.release()
-        self._finish(outcome)
+        self._finish(outcome, model_sha256)
         return outcome
 
     def _execute(self, kind: str, outcome: AuditOutcome) -> None:
@@ -250,11 +280,15 @@ class AuditJobs:
             outcome.status, outcome.error = "failure", f"{type(exc).__name__}: {exc}"
             log.warning("audit failed", extra={"audit": kind, "error": outcome.error})
 
-    def _finish(self, outcome: AuditOutcome) -> None:
+    def _finish(self, outcome: AuditOutcome, model_sha256: str) -> None:
         kind = outcome.kind
         self.metrics.record_run(kind, outcome.status, outcome.seconds, outcome.finished_at)
         if outcome.status == "success" and outcome.result is not None:
             export_result(self.metrics, outcome.result)
+            gauge = baseline_gauge(kind)
+            if gauge is not None:
+                identity = self.baseline_identity(kind, model_sha256)
+                self.baselines.learn(gauge, identity, self.metrics.value(gauge))
         job = self.config.jobs().get(kind)
         if outcome.status != "skipped" and (job is None or job.mlflow):
             self._log_mlflow(outcome)

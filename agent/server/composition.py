@@ -71,7 +71,9 @@ class Agent:
         self.mode: Mode = ProxyMode(s) if s.mode == "proxy" else ObserveMode() if s.mode == "observe" else ServeMode()
         after_reload = self.mode.refresh if isinstance(self.mode, ProxyMode) else None
         self.runtimes = RuntimeHolder(runtime, s, self.windows, self.metrics, after_reload)
-        self.audits = AuditJobs(s.audits, registry, lambda: self.runtimes.current, s.state_dir)
+        self.audits = AuditJobs(
+            s.audits, registry, lambda: self.runtimes.current, s.state_dir, lambda: self.window_state.store
+        )
         self.label_metrics = LabelMetrics(registry)
         self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
         self.sample = LabelingSample(self.store, s.labels.sample_rate, self.label_metrics)

@@ -7,8 +7,11 @@ Each window's estimates come from one call into :mod:`agent.estimation`
 (:func:`~agent.estimation.estimators.estimate_window`): the window's statistics, plus, for time
 windows, the labeled-sample sums of the delayed labels (so ``with_labels`` is one registered
 estimator among the others), give every estimator's estimate and the trust signal; the label-free
-per-class figures (CBPE) come from the same statistics. Sections (e.g. ``realized`` from delayed
-labels) are added to the JSON only.
+per-class figures (CBPE) come from the same statistics. Each window's headline (the bundle's headline
+estimator, or ``doc`` where it cannot estimate the window:
+:func:`~agent.estimation.estimators.headline_of`) is reported under ``headline`` in the JSON and as
+``icos_headline_accuracy_ratio`` with the estimator that gave it. Sections (e.g. ``realized`` from
+delayed labels) are added to the JSON only.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.estimation.class_metrics import window_class_metrics
-from agent.estimation.estimators import WindowEstimates, estimate_window
+from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
+from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
@@ -37,6 +41,8 @@ class WindowEntry:
     name: str
     window: WindowEstimates
     classes: dict[str, Any] | None
+    #: the headline estimator and its estimate (None for an empty window)
+    headline: tuple[str, Estimate] | None
 
 
 def _no_stats(_rt: Runtime, _now: float) -> Mapping[str, WindowStats]:
@@ -71,7 +77,8 @@ class WindowReport:
         for name, stats in self.windows.stats(rt.calibration, now).items():
             extra = added.get(name)
             window = estimate_window(stats + extra if extra is not None else stats, rt.calibration)
-            out.append(WindowEntry(name, window, self.class_figures(stats, rt)))
+            headline = headline_of(window.estimates, rt.headline)
+            out.append(WindowEntry(name, window, self.class_figures(stats, rt), headline))
         return out
 
     def class_figures(self, stats: WindowStats, rt: Runtime) -> dict[str, Any] | None:
@@ -96,6 +103,8 @@ class WindowReport:
                 "fails_by_family": dict(stats.fails_by_family),
                 "estimates": {k: e.to_dict() for k, e in ests.items()},
             }
+            if entry.headline is not None:
+                w["headline"] = {"estimator": entry.headline[0], **entry.headline[1].to_dict()}
             if entry.window.trust is not None:
                 w["trust"] = entry.window.trust.to_dict()
             if entry.classes is not None:
@@ -116,6 +125,7 @@ class WindowReport:
     def snapshot(self, rt: Runtime, now: float) -> Snapshot:
         """What the estimates collector exports at a scrape."""
         points: list[EstimatePoint] = []
+        headline: list[EstimatePoint] = []
         wpoints: list[WindowPoint] = []
         for entry in self.windows_of(rt, now):
             stats, trust = entry.window.stats, entry.window.trust
@@ -123,5 +133,19 @@ class WindowReport:
             wpoints.append(WindowPoint(entry.name, stats.n, dict(stats.fails_by_family), distance, entry.classes))
             for est, e in entry.window.estimates.items():
                 points.append(EstimatePoint(est, entry.name, e.value, e.lower, e.upper, e.n))
+            if entry.headline is not None:
+                est, e = entry.headline
+                headline.append(EstimatePoint(est, entry.name, e.value, e.lower, e.upper, e.n))
         cal = rt.calibration
-        return Snapshot(rt.name, rt.version, points, wpoints, cal.tpr, cal.fpr, cal.n_wrong, cal.n_right)
+        return Snapshot(
+            rt.name,
+            rt.version,
+            points,
+            wpoints,
+            cal.tpr,
+            cal.fpr,
+            cal.n_wrong,
+            cal.n_right,
+            headline=headline,
+            reference_accuracy=cal.accuracy,
+        )

@@ -5,7 +5,9 @@ the outputs; ``--check`` exits 1 and names the stale files instead of writing (t
 
 Outputs (paths relative to the repository root):
 
-* ``deploy/prometheus/icos-agent.rules.yml`` — plain Prometheus rules, default thresholds.
+* ``deploy/prometheus/icos-agent.rules.yml`` — plain Prometheus rules, default thresholds (the source's
+  ``headline`` entry becomes the ``icos:headline_accuracy:*`` rules: the first of its ordered sources that
+  has a model version's headline, labelled ``source``).
 * ``deploy/grafana/provisioning/alerting/icos-agent.yaml`` — Grafana unified-alerting provisioning:
   the same PromQL, one rule per alert (query A is the alert expression, so every returned series is a
   firing instance; B reduces it to its last value, C is true for every number).
@@ -62,6 +64,12 @@ def dump(data: Any) -> str:
 def load_source(path: Path = SOURCE) -> dict[str, Any]:
     with path.open(encoding="utf-8") as f:
         src: dict[str, Any] = yaml.safe_load(f)
+    for r in src["recording"]["rules"]:
+        if "headline" in r:
+            for source in r["headline"]["sources"]:
+                if {"source", "expr"} - set(source) or "[[window]]" not in source["expr"]:
+                    name = source.get("source")
+                    raise ValueError(f"headline source {name!r} needs `source` and an `expr` with [[window]]")
     keys = set()
     for rule in src["alerts"]["rules"]:
         if rule["key"] in keys:
@@ -91,9 +99,34 @@ def _clean(expr: str) -> str:
     return expr.strip() + ("\n" if "\n" in expr.strip() else "")
 
 
-def recording_group(src: dict[str, Any]) -> dict[str, Any]:
+#: The headline's recorded series per window: the estimate and its 95% bounds.
+HEADLINE_BOUNDS = ("", "_lower", "_upper")
+HEADLINE_MATCH = "or on (namespace, model, version)"
+
+
+def headline_rules(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """``icos:headline_accuracy:ratio<window><bound>`` from an ordered list of sources: per namespace, model
+    and version, the first source with a headline, labelled ``source`` (``label_replace``), so the choice
+    stays one list in the source file (a new source is one more entry)."""
     rules = []
+    for window in spec["windows"]:
+        for bound in HEADLINE_BOUNDS:
+            parts = []
+            for source in spec["sources"]:
+                expr = source["expr"].replace("[[bound]]", bound).replace("[[window]]", window).strip()
+                body = "".join("  " + line + "\n" for line in expr.splitlines())
+                parts.append(f'label_replace(\n{body}  , "source", "{source["source"]}", "", ""\n)')
+            record = f"icos:headline_accuracy:ratio{window}{bound}"
+            rules.append({"record": record, "expr": ("\n" + HEADLINE_MATCH + "\n").join(parts) + "\n"})
+    return rules
+
+
+def recording_group(src: dict[str, Any]) -> dict[str, Any]:
+    rules: list[dict[str, Any]] = []
     for r in src["recording"]["rules"]:
+        if "headline" in r:
+            rules.extend(headline_rules(r["headline"]))
+            continue
         out: dict[str, Any] = {"record": r["record"], "expr": _clean(r["expr"])}
         if r.get("labels"):
             out["labels"] = dict(r["labels"])

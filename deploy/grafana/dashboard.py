@@ -122,31 +122,40 @@ def panels() -> list[dict[str, Any]]:
     y += 1
     p.append(
         _stat(
-            "Fleet headline estimate (1h)",
+            "Headline estimate (1h)",
             f"icos:headline_accuracy:ratio1h{{{SEL}}}",
-            "{{estimator}} {{model}} {{version}}",
+            "{{estimator}} ({{source}}) {{model}} {{version}}",
             (0, y, 6, 8),
             unit="percentunit",
-            description="The fleet evaluator's shift_aware estimate over the last hour, from every replica's "
-            "window statistics (recording rule icos:headline_accuracy:ratio1h); without a fresh evaluator, the "
-            "Rogan-Gladen corrected ICOS estimate from the verdict counters (the legend names the estimator).",
+            description="The headline estimate over the last hour (recording rule icos:headline_accuracy:ratio1h, "
+            "which the accuracy alerts read): the fleet evaluator's where a fresh one runs (source fleet), else "
+            "the agents' own headlines weighted by their predictions (source agents; with one replica, that "
+            "agent's). The legend names the estimator: the bundle's headline, shift_aware, or doc.",
         )
     )
     p.append(
         _timeseries(
-            "Fleet headline estimate (95% interval)",
+            "Headline estimate (95% interval) and reference accuracy",
             [
-                (f"icos:headline_accuracy:ratio5m{{{SEL}}}", "{{estimator}} 5m {{model}} {{version}}"),
-                (f"icos:headline_accuracy:ratio1h{{{SEL}}}", "{{estimator}} 1h {{model}} {{version}}"),
-                (f"icos:headline_accuracy:ratio1h_lower{{{SEL}}}", "{{estimator}} 1h lower {{model}} {{version}}"),
-                (f"icos:headline_accuracy:ratio1h_upper{{{SEL}}}", "{{estimator}} 1h upper {{model}} {{version}}"),
+                (f"icos:headline_accuracy:ratio5m{{{SEL}}}", "{{estimator}} ({{source}}) 5m {{model}} {{version}}"),
+                (f"icos:headline_accuracy:ratio1h{{{SEL}}}", "{{estimator}} ({{source}}) 1h {{model}} {{version}}"),
+                (
+                    f"icos:headline_accuracy:ratio1h_lower{{{SEL}}}",
+                    "{{estimator}} ({{source}}) 1h lower {{model}} {{version}}",
+                ),
+                (
+                    f"icos:headline_accuracy:ratio1h_upper{{{SEL}}}",
+                    "{{estimator}} ({{source}}) 1h upper {{model}} {{version}}",
+                ),
+                (f"icos:reference_accuracy:ratio{{{SEL}}}", "reference {{model}} {{version}}"),
             ],
             (6, y, 18, 8),
             unit="percentunit",
             minmax=(0, 1),
             overrides=_band_overrides(),
-            description="The fleet's headline estimate with its 95% interval (fleet evaluator); the corrected "
-            "estimate of the recording rules, without interval, where the evaluator is off or stale.",
+            description="The headline estimate with its 95% interval, and the model's reference accuracy (on the "
+            "bundle's calibration split). IcosEstimatedAccuracyLow fires when the 1h headline stays more than the "
+            "margin (default 0.05) below the reference and the reference lies above its interval.",
         )
     )
     y += 8
@@ -310,12 +319,14 @@ def panels() -> list[dict[str, Any]]:
             "D-Score",
             [
                 (f"max by (job) (icos_dscore{{{NS}}})", "D-Score {{job}}"),
+                (f"max by (job) (icos_dscore_baseline{{{NS}}})", "baseline {{job}}"),
                 (f"max by (job) (icos_dscore_fitness{{{NS}}})", "fitness {{job}}"),
                 (f"max by (job) (icos_dscore_robustness{{{NS}}})", "robustness {{job}}"),
             ],
             (0, y, 8, 8),
             description="D-Score = v_fitness - v_robust (D-Score paper, section IV, eqs. 3, 4 and 6) of the last "
-            "successful audit.",
+            "successful audit, and its baseline (configured, else the first audit's for the model); "
+            "IcosDScoreDegraded fires when it falls more than 0.05 below the baseline.",
         )
     )
     p.append(

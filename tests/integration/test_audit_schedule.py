@@ -68,6 +68,9 @@ def test_scheduled_dscore_fires_and_exports_gauges(
     )
     settings = load_settings(config)
     srv = run_server(create_app(settings))
+    before = httpx.get(f"{srv.url}/metrics").text
+    for name in ("icos_dscore", "icos_dscore_baseline"):  # absent before the first run, never NaN
+        assert _metric(before, name) is None, name
 
     def runs() -> float:
         text = httpx.get(f"{srv.url}/metrics").text
@@ -78,6 +81,9 @@ def test_scheduled_dscore_fires_and_exports_gauges(
     for name in ("icos_dscore", "icos_dscore_robustness", "icos_dscore_fitness"):
         value = _metric(text, name)
         assert value is not None and np.isfinite(value), name
+    # the baseline is the first run's D-Score (same model, same reference data: the later runs give it again)
+    baseline = _metric(text, "icos_dscore_baseline")
+    assert baseline is not None and baseline == pytest.approx(_metric(text, "icos_dscore"), abs=1e-9)
     assert _metric(text, "icos_audit_last_success_timestamp_seconds", 'audit="dscore"')
     assert _metric(text, "icos_audit_duration_seconds", 'audit="dscore"') is not None
     assert _metric(text, "icos_audit_runs_total", 'audit="dscore",status="failure"') == 0.0
@@ -121,6 +127,7 @@ def test_admin_disabled_without_token_and_time_budget(
     audits = {
         "reference": {"path": str(reference)},
         "mutation": {"cron": "0 0 1 1 *", "time_budget": "1ms", "k": 50, "repetitions": 50},
+        "baselines": {"dscore": 0.42},
     }
     settings = load_settings(_write_config(tmp_path, mnist_bundle_dir, audits))
     app = create_app(settings)
@@ -135,6 +142,8 @@ def test_admin_disabled_without_token_and_time_budget(
     text = httpx.get(f"{srv.url}/metrics").text
     assert _metric(text, "icos_audit_runs_total", 'audit="mutation",status="timeout"') == 1.0
     assert _metric(text, "icos_audit_last_success_timestamp_seconds", 'audit="mutation"') is None
+    # a configured D-Score baseline is exported from the start; the D-Score itself only after an audit
+    assert _metric(text, "icos_dscore_baseline") == 0.42 and _metric(text, "icos_dscore") is None
 
 
 def test_label_free_audits_on_live_inputs(

@@ -132,3 +132,68 @@ def test_grafana_alert_and_dashboard_queries_parse(tmp_path: Path) -> None:
     assert len(dash_exprs) >= 15
     rules = [{"record": f"icos_check:expr_{i}", "expr": e} for i, e in enumerate(exprs + dash_exprs)]
     _check_rules(tmp_path, {"groups": [{"name": "queries", "rules": rules}]}, "queries")
+
+
+@needs_promtool
+def test_absolute_thresholds_can_be_set_besides_the_relative_alerts(tmp_path: Path) -> None:
+    """The default alerts compare a model with itself (reference accuracy, D-Score baseline); an absolute
+    floor set in the values (``threshold``) fires where the relative alert stays silent: a model that
+    always scores 0.875 below a 0.9 floor, the demo CNN's D-Score 0.647 below 0.8."""
+    gen = _load_generator()
+    src = gen.load_source()
+    overrides = {"accuracyLow": {"threshold": 0.9, "for": "0s"}, "dscoreDegraded": {"threshold": 0.8}}
+    (tmp_path / "floors.rules.yml").write_text(yaml.safe_dump(gen.prometheus_groups(src, overrides=overrides)))
+    (tmp_path / "defaults.rules.yml").write_text(yaml.safe_dump(gen.prometheus_groups(src)))
+    target = 'namespace="ml",job="icos-agent",instance="s1"'
+    head = f'{target},model="steady",version="3",estimator="shift_aware",window="1h"'
+    series = {
+        f"icos_headline_accuracy_ratio{{{head}}}": "0.875x30",
+        f"icos_headline_accuracy_ratio_lower{{{head}}}": "0.8125x30",
+        f"icos_headline_accuracy_ratio_upper{{{head}}}": "0.9375x30",
+        f"icos_headline_accuracy_samples{{{head}}}": "3600x30",
+        f'icos_reference_accuracy_ratio{{{target},model="steady",version="3"}}': "0.875x30",
+        f'icos_predictions_total{{{target},model="steady",version="3"}}': "0+60x30",
+        f"icos_dscore{{{target}}}": "0.647x30",
+        f"icos_dscore_baseline{{{target}}}": "0.647x30",
+    }
+    description = (
+        "The shift_aware headline (agents) over the last hour is 87.5%: more than the margin below the model's "
+        "reference accuracy, which lies above its 95% interval, or below the configured floor."
+    )
+    accuracy = {
+        "exp_labels": {
+            "severity": "warning",
+            "namespace": "ml",
+            "model": "steady",
+            "version": "3",
+            "estimator": "shift_aware",
+            "source": "agents",
+        },
+        "exp_annotations": {"summary": "Estimated accuracy of steady 3 is low", "description": description},
+    }
+    dscore = {
+        "exp_labels": {"severity": "warning", "namespace": "ml", "job": "icos-agent"},
+        "exp_annotations": {
+            "summary": "D-Score of the model behind icos-agent is degraded",
+            "description": "The last D-Score audit gave 0.647: more than the allowed drop below its baseline, or "
+            "below the configured floor.",
+        },
+    }
+    for rules, fire in (("floors", True), ("defaults", False)):
+        tests = {
+            "rule_files": [f"{rules}.rules.yml"],
+            "evaluation_interval": "1m",
+            "tests": [
+                {
+                    "interval": "1m",
+                    "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                    "alert_rule_test": [
+                        {"eval_time": "20m", "alertname": "IcosEstimatedAccuracyLow", "exp_alerts": [accuracy] * fire},
+                        {"eval_time": "20m", "alertname": "IcosDScoreDegraded", "exp_alerts": [dscore] * fire},
+                    ],
+                }
+            ],
+        }
+        (tmp_path / f"{rules}.test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+        res = _promtool("test", "rules", str(tmp_path / f"{rules}.test.yml"))
+        assert res.returncode == 0, rules + ": " + res.stdout + res.stderr

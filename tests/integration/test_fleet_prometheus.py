@@ -3,8 +3,9 @@ real Prometheus, ``icos-agent serve`` in ``mode: fleet`` reading Prometheus's HT
 agent (not scraped) that receives every request the replicas receive.
 
 The fleet's headline must equal the reference's (|Δ| ≤ 0.01) across a replica restart in the middle
-of the window (its counters reset), and the last estimates must stay, marked stale, while Prometheus
-is down."""
+of the window (its counters reset), Prometheus (which also scrapes the evaluator, with the shipped rules
+loaded) must record the fleet's headline as ``icos:headline_accuracy:ratio5m`` (|Δ| ≤ 0.02, labelled
+``source="fleet"``), and the last estimates must stay, marked stale, while Prometheus is down."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="needs the prometheus server (Debian: apt-get install prometheus)"
@@ -52,10 +54,16 @@ def _query(prom: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
-def _start_prometheus(directory: Path, targets: list[str], port: int) -> subprocess.Popen[bytes]:
+def _start_prometheus(directory: Path, targets: list[str], fleet: str, port: int) -> subprocess.Popen[bytes]:
+    """Prometheus scraping the replicas (job ``icos-agent``) and the evaluator (``icos-agent-fleet``) every
+    second, with the shipped rule file loaded."""
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "icos-agent", "static_configs": [{"targets": targets}]}],
+        "rule_files": [str(ROOT / "deploy" / "prometheus" / "icos-agent.rules.yml")],
+        "scrape_configs": [
+            {"job_name": "icos-agent", "static_configs": [{"targets": targets}]},
+            {"job_name": "icos-agent-fleet", "static_configs": [{"targets": [fleet]}]},
+        ],
     }
     (directory / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
     assert PROMETHEUS is not None
@@ -106,8 +114,6 @@ def fleet_parts(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[dict[str, An
         reference = AgentProcess(tmp_path, agent_config("reference")).start()
         started.append(reference)
         prom_port = free_port()
-        prom = _start_prometheus(tmp_path, [f"127.0.0.1:{r.port}" for r in replicas], prom_port)
-        procs.append(prom)
         fleet_cfg = {
             "mode": "fleet",
             "model": {"name": "mnist", "version": "1"},
@@ -123,6 +129,9 @@ def fleet_parts(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[dict[str, An
             },
         }
         fleet = AgentProcess(tmp_path, fleet_cfg)
+        targets = [f"127.0.0.1:{r.port}" for r in replicas]
+        prom = _start_prometheus(tmp_path, targets, f"127.0.0.1:{fleet.port}", prom_port)
+        procs.append(prom)
         started.append(fleet)
         fleet.start()
         yield {
@@ -222,6 +231,27 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     assert m["icos_fleet_restarted_replicas{model=mnist}"] >= 1
     assert m["icos_fleet_stale{model=mnist}"] == 0
     assert m["icos_fleet_last_success_timestamp_seconds{model=mnist}"] > time.time() - 30
+
+    # The recorded headline, which the alerts and the dashboard read, is the fleet's (not the replicas' own).
+    head = body["windows"]["5m"]["headline"]
+    assert head["estimator"] == HEADLINE
+    assert m[f"icos_fleet_headline_accuracy_ratio{{estimator={HEADLINE},model=mnist,version=1,window=5m}}"] == (
+        pytest.approx(head["value"])
+    )
+
+    def recorded() -> list[dict[str, Any]]:
+        res = _query(prom, 'icos:headline_accuracy:ratio5m{model="mnist"}')
+        return [r for r in res if abs(float(r["value"][1]) - head["value"]) <= 0.02] if len(res) == 1 else []
+
+    rec = _poll(recorded, what="the fleet's headline recorded by the shipped rules")
+    assert rec[0]["metric"] == {
+        "__name__": "icos:headline_accuracy:ratio5m",
+        "model": "mnist",
+        "version": "1",
+        "estimator": HEADLINE,
+        "source": "fleet",
+    }
+    print(f"recorded headline {float(rec[0]['value'][1]):.6f}, fleet's {head['value']:.6f}")
 
     # Prometheus down: the last estimates stay, marked stale, and the errors are counted
     _stop(fleet_parts["prometheus_proc"])

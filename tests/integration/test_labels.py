@@ -184,7 +184,7 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
         pe["rmse"], rel=1e-5
     )
     outcomes = {k[0][1]: v for k, v in metric_values(srv.url, "icos_labels_total").items()}
-    assert outcomes == {"accepted": 601.0, "unknown": 2.0, "duplicate": 11.0, "invalid": 4.0}
+    assert outcomes == {"accepted": 601.0, "unknown": 2.0, "duplicate": 11.0, "corrected": 0.0, "invalid": 4.0}
 
     # the last batch was judged off the request path: its predictions take labels too
     late = post_labels(srv.url, [{"id": str(traffic["ids"][i]), "label": int(y[i])} for i in range(950, 1000)])
@@ -354,7 +354,7 @@ def test_labels_command_posts_csv_and_jsonl(
     )
     assert cli_main(["labels", "--url", srv.url, "--file", str(jsonl), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "150 labels sent: 100 accepted, 0 unknown, 50 duplicate, 0 invalid" in out
+    assert "150 labels sent: 100 accepted, 0 unknown, 50 duplicate, 0 corrected, 0 invalid" in out
 
     assert cli_main(["labels", "--url", srv.url, "--file", str(csv_path)]) == 2  # no "id" column
     assert "no column 'id'" in capsys.readouterr().err

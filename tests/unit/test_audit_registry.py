@@ -56,7 +56,7 @@ TOY = AuditKind(
     cli_params=lambda args: {"threshold": args.threshold},
     summary_lines=lambda out: [f"  share {out['result']['metrics']['share']:.2f}"],
     demo_line=lambda m: f"share {m['share']:.2f}",
-    gauges=(GaugeSpec("icos_toy_share_ratio", "Share of inputs above the threshold.", nan_until_set=True),),
+    gauges=(GaugeSpec("icos_toy_share_ratio", "Share of inputs above the threshold.", baseline=True),),
     export=_export,
 )
 
@@ -103,7 +103,9 @@ def test_metrics_and_run_record_of_the_kind(toy: AuditKind) -> None:
     metrics = audit_metrics(registry)
     text = generate_latest(registry).decode()
     assert 'icos_audit_runs_total{audit="toy",status="success"} 0.0' in text
-    assert "icos_toy_share_ratio NaN" in text
+    # absent until the first successful run (never NaN), and so is its baseline
+    assert "# TYPE icos_toy_share_ratio gauge" in text and "\nicos_toy_share_ratio " not in text
+    assert "\nicos_toy_share_ratio_baseline " not in text
 
     class _Model:
         n_features, input_shape = 4, (4,)

@@ -103,7 +103,7 @@ def test_a_label_waits_for_its_prediction_in_the_judge_queue(
     assert queue.holds("req-1") and not store.holds("req-1")
     li, accepted = intake(settings, rt, queue, store)
     t0 = time.monotonic()
-    result = asyncio.run(li.accept(body([(f"req-1:{i}", int(y[i])) for i in range(4)])))
+    result = asyncio.run(li.accept(body([(f"req-1:{i}", int(y[i])) for i in range(4)]), "test"))
     assert result["accepted"] == 4 and result["unknown"] == 0, result
     assert accepted == [4]
     assert not queue.holds("req-1") and not store.holds("req-1")
@@ -116,7 +116,7 @@ def test_a_label_for_a_prediction_nobody_holds_is_unknown_at_once(
 ) -> None:
     settings, rt, queue, store = parts
     li, accepted = intake(settings, rt, queue, store)
-    result = asyncio.run(li.accept(body([("never-seen:0", 1)])))
+    result = asyncio.run(li.accept(body([("never-seen:0", 1)]), "test"))
     assert result["unknown"] == 1 and result["accepted"] == 0
     assert result["problems"] == [{"id": "never-seen:0", "error": "unknown: no stored prediction has this id"}]
     assert accepted == []
@@ -132,9 +132,9 @@ def test_labels_of_stored_and_pending_predictions_in_one_body(
     queue.hold(work(rt, x[3:], "pending"))  # queued, the background thread not even woken
     li, _ = intake(settings, rt, queue, store)
     labels = [(f"stored:{i}", int(y[i])) for i in range(3)] + [(f"pending:{i}", int(y[3 + i])) for i in range(3)]
-    result = asyncio.run(li.accept(body([*labels, ("pending:9", 0)])))
+    result = asyncio.run(li.accept(body([*labels, ("pending:9", 0)]), "test"))
     assert (result["accepted"], result["unknown"], result["duplicate"]) == (6, 1, 0), result
-    again = asyncio.run(li.accept(body(labels[:2])))
+    again = asyncio.run(li.accept(body(labels[:2]), "test"))
     assert (again["accepted"], again["duplicate"]) == (0, 2)
 
 
@@ -145,7 +145,7 @@ def test_a_body_that_is_not_a_label_list_is_a_client_error(
     li, _ = intake(settings, rt, queue, store)
     for bad, status in ((b"{", 400), (b'{"labels": 3}', 400), (body([("a:0", 1)] * 20_000), 413)):
         with pytest.raises(ClientError) as info:
-            asyncio.run(li.accept(bad))
+            asyncio.run(li.accept(bad, "test"))
         assert info.value.status == status
 
 
