@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agent.commands.audit import log_fit
+from agent.commands.data_args import add_limit_arguments, data_limits, metadata_to_read
 from agent.commands.model_args import add_model_arguments, add_table_arguments, load_model, split_columns
 from agent.errors import UserError
 
@@ -61,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays for IDIs")
+    add_limit_arguments(p)
     p.add_argument("--out", required=True, help="bundle directory to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument(
@@ -101,6 +103,7 @@ def _fit_table(args: argparse.Namespace, say: Any) -> tuple[Any, Any]:
     from agent.offline.tables import fit_table_bundle, read_reference
 
     proba = split_columns(args.proba_columns) or []
+    limits = data_limits(args)
     columns, skipped = resolve_columns(
         args.reference,
         proba=proba,
@@ -108,11 +111,12 @@ def _fit_table(args: argparse.Namespace, say: Any) -> tuple[Any, Any]:
         features=split_columns(args.feature_columns),
         metadata=args.metadata,
         require_label=True,
+        limits=limits,
     )
     if skipped:
         say(f"non-numeric columns left out of the features: {', '.join(skipped)} (encode them as numbers to use them)")
     classes = split_columns(args.classes) or default_classes(proba)
-    ref = read_reference(args.reference, columns, args.batch_rows)
+    ref = read_reference(args.reference, columns, args.batch_rows, limits)
     report = fit_table_bundle(
         ref,
         columns,
@@ -128,6 +132,15 @@ def _fit_table(args: argparse.Namespace, say: Any) -> tuple[Any, Any]:
         progress=say,
     )
     return report, SimpleNamespace(name=Path(args.reference).stem, sha256="")
+
+
+def _rule_fields(args: argparse.Namespace, classes: list[str]) -> frozenset[str]:
+    """The metadata fields the ``--idi`` rules read (none without rules)."""
+    if args.metadata or not args.idi:
+        return frozenset()
+    from invariants.idi import IdiRuleSet
+
+    return IdiRuleSet.load(args.idi, classes).metadata_fields
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,8 +165,22 @@ def run(args: argparse.Namespace) -> int:
                 f"--decision-threshold applies to binary models only; this one has {model.n_classes} classes"
             )
         model.decision_threshold = args.decision_threshold
-    train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
-    val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
+    limits = data_limits(args)
+    rules = _rule_fields(args, model.classes)
+    train = load_data(
+        args.train,
+        label_column=args.label_column,
+        metadata=metadata_to_read(args.train, args.metadata, rules),
+        require_metadata=False,
+        limits=limits,
+    )
+    val = load_data(
+        args.val,
+        label_column=args.label_column,
+        metadata=metadata_to_read(args.val, args.metadata, rules),
+        require_metadata=bool(args.metadata),
+        limits=limits,
+    )
     report = fit_bundle(
         model,
         train,
