@@ -15,6 +15,7 @@ BENCHMARKS = {
     "soak": "bench.soak.__main__",
     "fleet": "bench.bench_fleet",
     "labels": "bench.bench_labels",
+    "hostile_files": "bench.hostile_files",
 }
 DEFAULT = ("oracle", "dscore")
 

@@ -31,7 +31,11 @@ INTRO = """\
 Every command prints `--help`. A user mistake (missing file, wrong shape, bad flag value) ends
 with one line on stderr and exit status 2; `ICOS_AGENT_DEBUG=1` shows the traceback instead.
 Data files are `.npz` with arrays `x` (inputs) and optional `y` (labels; other 1-D arrays of
-length N are metadata fields for IDIs), or CSV/Parquet tables (`--label-column`, `--metadata`).
+length N are metadata fields for IDIs, read when `--metadata` or the bundle's IDI rules name them),
+`.npy` (inputs alone, memory-mapped), or CSV/Parquet tables (`--label-column`, `--metadata`).
+What one file may make a command read is bounded before it is decompressed or parsed
+(`--max-data-bytes`, `--max-rows`, `--max-columns`; see [SECURITY.md](../SECURITY.md)): a file past a
+limit is refused with one line naming the flag that raises it.
 Guides: [concepts](concepts.md), [serving](serving.md), [audits](audits.md),
 [configuration](configuration.md), [MLflow](mlflow.md).
 """

@@ -30,7 +30,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, FiniteFloat, create_model, model_validator
 
 import agent.audits.kinds  # noqa: F401  (registers the built-in kinds)
-from agent.audits.params import AuditData, AuditMlflowConfig, CommonParams, ReservoirConfig, _Schedule, _Strict
+from agent.audits.params import (
+    AuditData,
+    AuditDataLimits,
+    AuditMlflowConfig,
+    CommonParams,
+    ReservoirConfig,
+    _Schedule,
+    _Strict,
+)
 from agent.audits.registry import AUDIT_KINDS, PARAM_MODELS, baseline_gauge
 
 __all__ = ["AUDIT_KINDS", "PARAM_MODELS", "AuditsConfig", "audits_config_model"]
@@ -41,6 +49,7 @@ class _AuditsSection(_Strict):
 
     if TYPE_CHECKING:  # the fields, built by audits_config_model() after the kinds' entries
         reference: AuditData | None = None
+        data_limits: AuditDataLimits = AuditDataLimits()
         reservoir: ReservoirConfig = ReservoirConfig()
         mlflow: AuditMlflowConfig = AuditMlflowConfig()
         history: int = 20
@@ -103,6 +112,7 @@ def audits_config_model() -> type[_AuditsSection]:
             AuditData | None,
             Field(None, description="default data of audits without their own (and of POST /v1/audits/{kind})"),
         ),
+        "data_limits": (AuditDataLimits, Field(default_factory=AuditDataLimits)),
         "reservoir": (ReservoirConfig, Field(default_factory=ReservoirConfig)),
         "mlflow": (AuditMlflowConfig, Field(default_factory=AuditMlflowConfig)),
         "history": (int, Field(20, ge=1, le=1000, description="results kept per audit for GET /v1/audits")),

@@ -26,6 +26,7 @@ from agent.audits.params import (
 )
 from agent.audits.registry import AuditKind, CliRun, register
 from agent.audits.report import AuditResult, ProgressFn
+from agent.data.limits import DataLimits
 from agent.errors import UserError
 from exporters.audit_metrics import GaugeSpec, GaugeValues
 from invariants.untrusted import safe_load_yaml
@@ -204,8 +205,8 @@ def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress
         raise UserError("--spec must be a mapping: {estimator: <class path>, params: {...}}")
     result = run_retrain_audit(
         spec,
-        read_table(args.train),
-        read_table(args.test),
+        read_table(args.train, DataLimits.from_args(args)),
+        read_table(args.test, DataLimits.from_args(args)),
         args.target,
         k=params.k,
         repetitions=params.repetitions,

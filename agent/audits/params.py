@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agent.core.durations import parse_duration
 from agent.core.scheduler import validate_cron
+from agent.data.limits import DEFAULT_MAX_COLUMNS, DEFAULT_MAX_ROWS, DataLimits, LimitNames
 
 MUTATION_OPERATORS: tuple[str, ...] = ("DEC", "IMP", "SGN", "DIG")
 #: Transformations used when none are configured, by kind of data.
@@ -97,6 +98,24 @@ class AuditData(_Strict):
         if self.source == "live" and self.path is not None:
             raise ValueError("path is only used when source is reference")
         return self
+
+
+class AuditDataLimits(_Strict):
+    """Bounds on the reference data files the audits read, checked before a file is decompressed or
+    parsed (a file past one fails its audit with an error naming the setting). The data stays in the
+    agent's memory between runs, so the byte bound is lower than the CLI's `--max-data-bytes` (2 GiB)."""
+
+    max_bytes: int = Field(
+        256 * 1024**2,
+        ge=1,
+        description="bytes of data held from one reference file (arrays' declared sizes; a table's rows x columns x 8)",
+    )
+    max_rows: int = Field(DEFAULT_MAX_ROWS, ge=1, description="samples or rows of a reference file")
+    max_columns: int = Field(DEFAULT_MAX_COLUMNS, ge=1, description="columns of a CSV or Parquet reference file")
+
+    def limits(self) -> DataLimits:
+        names = LimitNames(*(f"audits.data_limits.{f}" for f in ("max_bytes", "max_rows", "max_columns")))
+        return DataLimits(self.max_bytes, self.max_rows, self.max_columns, names)
 
 
 class _Schedule(_Strict):

@@ -28,6 +28,7 @@ from agent.audits.config import AUDIT_KINDS
 from agent.audits.params import CommonParams
 from agent.audits.report import AuditError, AuditResult, ProgressFn, jsonable
 from agent.data.files import label_indices, load_data
+from agent.data.limits import DataLimits
 from exporters.mlflow_logger import MlflowLogger
 from exporters.run_record import RunRecord
 
@@ -115,10 +116,11 @@ def prepare_inputs(model: OnnxClassifier, x: np.ndarray) -> np.ndarray:
 
 
 def load_audit_data(
-    path: str | Path, model: OnnxClassifier, *, label_column: str | None = None
+    path: str | Path, model: OnnxClassifier, *, label_column: str | None = None, limits: DataLimits | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none)."""
-    data = load_data(path, label_column=label_column, require_metadata=False)
+    """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none), read
+    within ``limits``."""
+    data = load_data(path, label_column=label_column, require_metadata=False, limits=limits)
     x = prepare_inputs(model, data.x)
     y = None if data.y is None else label_indices(data.y, model.classes)
     return x, y

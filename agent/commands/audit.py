@@ -38,6 +38,7 @@ from agent.audits.runner import (
     open_logger,
     run_audit,
 )
+from agent.commands.data_args import add_limit_arguments, data_limits
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
 from exporters.redaction import redact_uri
@@ -54,6 +55,7 @@ def _common(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     g.add_argument("--batch-size", type=int, default=256)
     g.add_argument("--model-name", help="model name for MLflow tags (default: file name)")
     g.add_argument("--model-version", default="", help="model version for MLflow tags")
+    add_limit_arguments(g)
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print exactly one JSON object")
     o.add_argument("--mlflow", metavar="URI", help="MLflow tracking URI to log the run to")
@@ -185,7 +187,7 @@ def _run_on_model(
         raise UserError("--model and --data are required")
     model = OnnxClassifier.load(args.model)
     model_info = {"name": args.model_name or model.name, "version": args.model_version, "sha256": model.sha256}
-    x, y = load_audit_data(args.data, model, label_column=args.label_column)
+    x, y = load_audit_data(args.data, model, label_column=args.label_column, limits=data_limits(args))
     result = run_audit(entry.name, model, x, y, params, progress=progress)
     return result, int(result.params.get("n_samples", len(x))), str(args.data), model_info
 

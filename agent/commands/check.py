@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from agent.commands.data_args import add_limit_arguments, data_limits, metadata_to_read
 from agent.commands.model_args import add_model_arguments, load_model
 from agent.errors import UserError
 
@@ -38,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=16384,
         help="table-based bundles: rows read at once (bounds memory whatever the file's length; default 16384)",
     )
+    add_limit_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -125,8 +127,11 @@ def check_table(args: argparse.Namespace) -> dict[str, object]:
         features=table.feature_columns,
         metadata=args.metadata,
         require_label=args.label_column is not None,
+        limits=data_limits(args),
     )
-    return check_table_report(bundle, args.data, columns, chunk_rows=args.chunk_size, batch_rows=args.batch_rows)
+    return check_table_report(
+        bundle, args.data, columns, chunk_rows=args.chunk_size, batch_rows=args.batch_rows, limits=data_limits(args)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,7 +153,14 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
     model.decision_threshold = bundle.decision_threshold
-    data = load_data(args.data, label_column=args.label_column, metadata=args.metadata)
+    rules = bundle.idi.metadata_fields if bundle.idi else frozenset()
+    data = load_data(
+        args.data,
+        label_column=args.label_column,
+        metadata=metadata_to_read(args.data, args.metadata, rules),
+        require_metadata=bool(args.metadata),
+        limits=data_limits(args),
+    )
     report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

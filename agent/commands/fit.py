@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any, get_args, get_type_hints
 
 from agent.commands.audit import log_fit
+from agent.commands.data_args import add_limit_arguments, data_limits, metadata_to_read
 from agent.commands.model_args import add_model_arguments, add_table_arguments, load_model, split_columns
 from agent.errors import UserError
 from invariants.fit_params import MODEL, TABLE, FitParams, FitParamsError, flag_name
@@ -43,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_fit_params(p)
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays for IDIs")
+    add_limit_arguments(p)
     p.add_argument("--out", required=True, help="bundle directory to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument(
@@ -109,6 +111,7 @@ def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[A
     from agent.offline.tables import fit_table_bundle, read_reference
 
     proba = split_columns(args.proba_columns) or []
+    limits = data_limits(args)
     columns, skipped = resolve_columns(
         args.reference,
         proba=proba,
@@ -116,11 +119,12 @@ def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[A
         features=split_columns(args.feature_columns),
         metadata=args.metadata,
         require_label=True,
+        limits=limits,
     )
     if skipped:
         say(f"non-numeric columns left out of the features: {', '.join(skipped)} (encode them as numbers to use them)")
     classes = split_columns(args.classes) or default_classes(proba)
-    ref = read_reference(args.reference, columns, args.batch_rows)
+    ref = read_reference(args.reference, columns, args.batch_rows, limits)
     report = fit_table_bundle(
         ref,
         columns,
@@ -130,6 +134,15 @@ def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[A
         progress=say,
     )
     return report, SimpleNamespace(name=Path(args.reference).stem, sha256="")
+
+
+def _rule_fields(args: argparse.Namespace, classes: list[str]) -> frozenset[str]:
+    """The metadata fields the ``--idi`` rules read (none without rules)."""
+    if args.metadata or not args.idi:
+        return frozenset()
+    from invariants.idi import IdiRuleSet
+
+    return IdiRuleSet.load(args.idi, classes).metadata_fields
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,8 +162,22 @@ def run(args: argparse.Namespace) -> int:
         report, model = _fit_table(args, params, say)
         return _finish(args, params, report, model, started)
     model = load_model(args)
-    train = load_data(args.train, label_column=args.label_column, metadata=args.metadata, require_metadata=False)
-    val = load_data(args.val, label_column=args.label_column, metadata=args.metadata)
+    limits = data_limits(args)
+    rules = _rule_fields(args, model.classes)
+    train = load_data(
+        args.train,
+        label_column=args.label_column,
+        metadata=metadata_to_read(args.train, args.metadata, rules),
+        require_metadata=False,
+        limits=limits,
+    )
+    val = load_data(
+        args.val,
+        label_column=args.label_column,
+        metadata=metadata_to_read(args.val, args.metadata, rules),
+        require_metadata=bool(args.metadata),
+        limits=limits,
+    )
     report = fit_bundle(
         model,
         train,

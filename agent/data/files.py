@@ -1,9 +1,15 @@
 """Reading data files given on the command line.
 
 * ``.npz``: array ``x`` (inputs), optional ``y`` (labels); every other 1-D array of length N is a
-  metadata field (for IDIs).
+  metadata field (for IDIs), read only when named.
+* ``.npy``: the inputs alone, memory-mapped.
 * ``.csv`` / ``.parquet``: one row per sample; the label column is named by ``label_column``, metadata
   columns by ``metadata``; every other column is a numeric feature.
+
+Every file is read within :class:`~agent.data.limits.DataLimits`: arrays through
+:class:`~agent.data.arrays.ArrayFile` (declared sizes checked before decompression, unnamed arrays
+never decompressed), tables through :mod:`agent.data.table_files` (columns counted before rows are
+parsed, rows and bytes counted while reading).
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.errors import UserError
+from agent.data.arrays import ArrayFile
+from agent.data.limits import DataError, DataLimits
+from agent.data.table_files import frames
 
-
-class DataError(UserError, ValueError):
-    """A data file that cannot be used, with the reason."""
+__all__ = ["DataError", "DataLimits", "Dataset", "label_indices", "load_data", "parse_labels"]
+#: Rows of a table parsed at once while it is read whole.
+TABLE_BATCH_ROWS = 65536
 
 
 @dataclass
@@ -54,58 +62,89 @@ def parse_labels(y: np.ndarray, where: str) -> np.ndarray:
     return arr.astype(str)
 
 
-def load_npz(path: Path, metadata: Sequence[str] = (), require_metadata: bool = True) -> Dataset:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except ValueError as exc:
-        raise DataError(f"{path}: cannot read npz without pickle ({exc})") from exc
-    except OSError as exc:
-        raise DataError(f"{path}: not a valid .npz file ({exc})") from exc
-    if "x" not in arrays:
-        raise DataError(f"{path}: no array named 'x' (found: {', '.join(arrays) or 'none'})")
-    x = arrays.pop("x")
+def load_arrays(
+    path: Path, metadata: Sequence[str] = (), require_metadata: bool = True, limits: DataLimits | None = None
+) -> Dataset:
+    """A ``.npz`` (``x``, optional ``y``, the named metadata arrays) or ``.npy`` (``x``) file; arrays
+    that are not named are never decompressed, and the sizes of those that are were checked first."""
+    with ArrayFile(path, limits) as arrays:
+        if "x" not in arrays:
+            raise DataError(f"{path}: no array named 'x' (found: {', '.join(arrays.names) or 'none'})")
+        x_info = arrays.info("x")
+        if not x_info.shape:
+            raise DataError(f"{path}: 'x' is a single value; it needs one row per sample")
+        n = x_info.rows
+        if "y" in arrays:
+            y_info = arrays.info("y")
+            if len(y_info.shape) != 1:
+                raise DataError(f"{path}: labels must be 1-D, got shape {list(y_info.shape)}")
+            if y_info.rows != n:
+                raise DataError(f"{path}: 'y' has {y_info.rows} labels but 'x' has {n} samples")
+        usable = [m for m in metadata if m in arrays and m not in ("x", "y") and _per_sample(arrays.info(m).shape, n)]
+        missing = [m for m in metadata if m not in usable]
+        if missing and require_metadata:
+            raise DataError(
+                f"{path}: metadata array(s) not found: {', '.join(missing)} (one value per sample of 'x'; "
+                f"arrays: {', '.join(arrays.names)})"
+            )
+        x = arrays.read("x")
+        y = parse_labels(arrays.read("y"), str(path)) if "y" in arrays else None
+        meta = {m: arrays.read(m) for m in usable}
     if x.ndim < 2 and x.size:
         x = x.reshape(len(x), -1)
-    n = len(x)
-    y = parse_labels(arrays.pop("y"), str(path)) if "y" in arrays else None
-    if y is not None and len(y) != n:
-        raise DataError(f"{path}: 'y' has {len(y)} labels but 'x' has {n} samples")
-    meta = {k: v for k, v in arrays.items() if v.ndim == 1 and len(v) == n}
-    missing = [m for m in metadata if m not in meta]
-    if missing and require_metadata:
-        raise DataError(f"{path}: metadata array(s) not found: {', '.join(missing)}")
     return Dataset(x, y, meta, None, str(path))
 
 
+def _per_sample(shape: tuple[int, ...], n: int) -> bool:
+    return len(shape) == 1 and shape[0] == n
+
+
 def load_table(
-    path: Path, label_column: str | None, metadata: Sequence[str] = (), require_metadata: bool = True
+    path: Path,
+    label_column: str | None,
+    metadata: Sequence[str] = (),
+    require_metadata: bool = True,
+    limits: DataLimits | None = None,
 ) -> Dataset:
+    """A CSV or Parquet table read whole, a batch of rows at a time, within ``limits``: each batch is
+    turned into float32 features before the next is parsed."""
     import pandas as pd
 
-    try:
-        df = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
-    except Exception as exc:  # pandas raises many parser error types
-        raise DataError(
-            f"{path}: cannot read table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        ) from exc
-    if not require_metadata:
-        metadata = [m for m in metadata if m in df.columns]
-    missing = [c for c in [*(metadata or ()), *([label_column] if label_column else [])] if c not in df.columns]
-    if missing:
-        raise DataError(
-            f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})"
-        )
-    y = parse_labels(df[label_column].to_numpy(), str(path)) if label_column else None
-    meta = {m: df[m].to_numpy() for m in metadata}
-    feats = df.drop(columns=[*metadata, *([label_column] if label_column else [])])
-    non_numeric = [str(c) for c in feats.columns if not pd.api.types.is_numeric_dtype(feats[c])]
-    if non_numeric:
-        raise DataError(
-            f"{path}: non-numeric feature column(s): {', '.join(non_numeric)}; "
-            "name them with --metadata or --label-column"
-        )
-    return Dataset(feats.to_numpy(dtype=np.float32), y, meta, [str(c) for c in feats.columns], str(path))
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    metas: dict[str, list[np.ndarray]] = {}
+    features: list[str] = []
+    for df in frames(path, None, TABLE_BATCH_ROWS, limits or DataLimits(), whole=True):
+        if not xs:
+            if not require_metadata:
+                metadata = [m for m in metadata if m in df.columns]
+            wanted = [*(metadata or ()), *([label_column] if label_column else [])]
+            missing = [c for c in wanted if c not in df.columns]
+            if missing:
+                raise DataError(
+                    f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})"
+                )
+            features = [c for c in df.columns if c not in wanted]
+            metas = {m: [] for m in metadata}
+        feats = df[features]
+        non_numeric = [str(c) for c in features if not pd.api.types.is_numeric_dtype(feats[c])]
+        if non_numeric:
+            raise DataError(
+                f"{path}: non-numeric feature column(s): {', '.join(non_numeric)}; "
+                "name them with --metadata or --label-column"
+            )
+        xs.append(feats.to_numpy(dtype=np.float32))
+        if label_column:
+            ys.append(df[label_column].to_numpy())
+        for m in metas:
+            metas[m].append(df[m].to_numpy())
+    if not xs:
+        raise DataError(f"{path}: the table has no rows")
+    y = parse_labels(np.concatenate(ys), str(path)) if label_column else None
+    x = np.concatenate(xs) if len(xs) > 1 else xs[0]
+    del xs
+    meta = {m: np.concatenate(parts) for m, parts in metas.items()}
+    return Dataset(x, y, meta, [str(c) for c in features], str(path))
 
 
 def load_data(
@@ -114,8 +153,9 @@ def load_data(
     label_column: str | None = None,
     metadata: Sequence[str] = (),
     require_metadata: bool = True,
+    limits: DataLimits | None = None,
 ) -> Dataset:
-    """Load a data file by extension (``.npz``, ``.csv``, ``.parquet``).
+    """Load a data file by extension (``.npz``, ``.npy``, ``.csv``, ``.parquet``) within ``limits``.
 
     ``require_metadata=False`` tolerates absent metadata fields (training data needs none).
     """
@@ -123,11 +163,11 @@ def load_data(
     if not p.is_file():
         raise DataError(f"data file not found: {p}")
     suffix = p.suffix.lower()
-    if suffix == ".npz":
-        return load_npz(p, metadata, require_metadata)
+    if suffix in (".npz", ".npy"):
+        return load_arrays(p, metadata, require_metadata, limits)
     if suffix in (".csv", ".parquet", ".pq"):
-        return load_table(p, label_column, metadata, require_metadata)
-    raise DataError(f"{p}: unsupported data format {suffix!r} (use .npz, .csv or .parquet)")
+        return load_table(p, label_column, metadata, require_metadata, limits)
+    raise DataError(f"{p}: unsupported data format {suffix!r} (use .npz, .npy, .csv or .parquet)")
 
 
 def label_indices(y: np.ndarray, classes: Sequence[str]) -> np.ndarray:

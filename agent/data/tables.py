@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agent.data.files import DataError, parse_labels
+from agent.data.files import parse_labels
+from agent.data.limits import DataError, DataLimits
+from agent.data.table_files import TABLE_SUFFIXES, first_line, frames, parquet_rows, sniff_schema
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_ROWS = 16384
 #: How far a row of probabilities may sum away from 1 before the table is refused.
 SUM_TOLERANCE = 1e-3
-TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,6 @@ class TableBatch:
         return len(self.x)
 
 
-def _is_parquet(path: Path) -> bool:
-    return path.suffix.lower() in (".parquet", ".pq")
-
-
 def _check_path(path: Path) -> None:
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
@@ -69,62 +66,12 @@ def _check_path(path: Path) -> None:
         raise DataError(f"{path}: a table of predictions must be .csv or .parquet, not {path.suffix!r}")
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def table_schema(path: str | Path) -> dict[str, bool]:
-    """Column name → whether it is numeric, read from the Parquet schema or the first CSV rows."""
-    import pandas as pd
-
+def table_schema(path: str | Path, limits: DataLimits | None = None) -> dict[str, bool]:
+    """Column name → whether it is numeric, read from the Parquet schema or the first CSV rows, once
+    the table's columns passed ``limits``."""
     p = Path(path)
     _check_path(p)
-    try:
-        if _is_parquet(p):
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            schema = pq.read_schema(p)
-            return {
-                f.name: pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-                for f in schema
-            }
-        head = pd.read_csv(p, nrows=1000)
-    except Exception as exc:  # pyarrow and pandas raise many parser error types
-        raise DataError(f"{p}: cannot read table ({_first_line(exc)})") from exc
-    return {str(c): bool(pd.api.types.is_numeric_dtype(head[c])) for c in head.columns}
-
-
-def table_rows(path: str | Path) -> int | None:
-    """Rows in the file when known without reading it (Parquet metadata); None for CSV."""
-    p = Path(path)
-    if not _is_parquet(p):
-        return None
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.ParquetFile(p).metadata.num_rows)
-    except Exception:  # unreadable: the batch reader names the problem
-        return None
-
-
-def _frames(path: Path, columns: Sequence[str], batch_rows: int) -> Iterator[pd.DataFrame]:
-    import pandas as pd
-
-    try:
-        if _is_parquet(path):
-            import pyarrow.parquet as pq
-
-            with pq.ParquetFile(path) as pf:
-                for rb in pf.iter_batches(batch_size=batch_rows, columns=list(columns)):
-                    yield rb.to_pandas()
-        else:
-            with pd.read_csv(path, usecols=list(columns), chunksize=batch_rows) as reader:
-                yield from reader
-    except DataError:
-        raise
-    except Exception as exc:  # pyarrow and pandas raise many parser error types
-        raise DataError(f"{path}: cannot read table ({_first_line(exc)})") from exc
+    return sniff_schema(p, limits or DataLimits())
 
 
 def resolve_columns(
@@ -135,13 +82,14 @@ def resolve_columns(
     features: Sequence[str] | None = None,
     metadata: Sequence[str] = (),
     require_label: bool = False,
+    limits: DataLimits | None = None,
 ) -> tuple[TableColumns, list[str]]:
     """The columns to read from ``path`` and the non-numeric columns left out of the features.
 
     Without ``features``, every other numeric column is a feature (non-numeric ones are skipped and
     returned, so the caller can say so); named features must exist and be numeric.
     """
-    schema = table_schema(path)
+    schema = table_schema(path, limits)
     wanted = [*proba, *metadata, *([label] if label else []), *(features or [])]
     missing = [c for c in wanted if c not in schema]
     if label and require_label is False and label in missing:
@@ -183,37 +131,51 @@ def _probabilities(df: pd.DataFrame, cols: Sequence[str], where: str) -> np.ndar
 
 
 def iter_table(
-    path: str | Path, columns: TableColumns, *, batch_rows: int = DEFAULT_BATCH_ROWS, desc: str = "read"
+    path: str | Path,
+    columns: TableColumns,
+    *,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    desc: str = "read",
+    limits: DataLimits | None = None,
+    whole: bool = False,
 ) -> Iterator[TableBatch]:
-    """The table's rows in batches of at most ``batch_rows``, with a progress bar on stderr (hidden
-    for short runs)."""
+    """The table's rows in batches of at most ``batch_rows`` (fewer when a batch would pass
+    ``limits.max_bytes``), with a progress bar on stderr (hidden for short runs). ``whole``: the
+    caller keeps every row, so the whole table counts against ``limits.max_bytes``.
+
+    Every row's features must be finite numbers (a NaN or infinity is refused wherever it is), its
+    probabilities a distribution."""
     from tqdm import tqdm
 
     p = Path(path)
     _check_path(p)
-    if batch_rows < 1:
-        raise DataError(f"batch size must be at least 1 row, got {batch_rows}")
     start = 0
-    with tqdm(total=table_rows(p), desc=desc, unit="row", leave=False, mininterval=0.5, delay=1.0) as bar:
-        for df in _frames(p, columns.read(), batch_rows):
+    reader = frames(p, columns.read(), batch_rows, limits or DataLimits(), whole=whole)
+    with tqdm(total=parquet_rows(p), desc=desc, unit="row", leave=False, mininterval=0.5, delay=1.0) as bar:
+        for df in reader:
             where = f"{p} (rows {start + 1}..{start + len(df)})"
-            feats = df[list(columns.features)]
-            try:
-                x = feats.to_numpy(dtype=np.float32)
-            except (TypeError, ValueError) as exc:
-                raise DataError(f"{where}: feature columns must be numeric ({_first_line(exc)})") from exc
-            if np.isnan(x).any():
-                bad = [c for c in columns.features if feats[c].isna().any()]
-                raise DataError(f"{where}: empty or NaN values in feature column(s): {', '.join(bad)}")
-            y = None
-            if columns.label is not None:
-                if df[columns.label].isna().any():
-                    raise DataError(f"{where}: empty values in the label column {columns.label!r}")
-                y = parse_labels(df[columns.label].to_numpy(), where)
-            meta = {m: df[m].to_numpy() for m in columns.metadata}
-            yield TableBatch(x, _probabilities(df, columns.proba, where), y, meta)
+            yield _batch(df, columns, where)
             start += len(df)
             bar.update(len(df))
+
+
+def _batch(df: pd.DataFrame, columns: TableColumns, where: str) -> TableBatch:
+    feats = df[list(columns.features)]
+    try:
+        x = feats.to_numpy(dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{where}: feature columns must be numeric ({first_line(exc)})") from exc
+    finite = np.isfinite(x)
+    if not finite.all():
+        bad = [c for c, ok in zip(columns.features, finite.all(axis=0), strict=True) if not ok]
+        raise DataError(f"{where}: empty, NaN or infinite values in feature column(s): {', '.join(bad)}")
+    y = None
+    if columns.label is not None:
+        if df[columns.label].isna().any():
+            raise DataError(f"{where}: empty values in the label column {columns.label!r}")
+        y = parse_labels(df[columns.label].to_numpy(), where)
+    meta = {m: df[m].to_numpy() for m in columns.metadata}
+    return TableBatch(x, _probabilities(df, columns.proba, where), y, meta)
 
 
 def default_classes(proba: Sequence[str]) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from agent.data.files import label_indices
+from agent.data.limits import DataLimits
 from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
@@ -41,9 +42,13 @@ from invariants.oracle import VERDICTS
 Progress = Callable[[str], None]
 
 
-def read_reference(path: str | Path, columns: TableColumns, batch_rows: int = DEFAULT_BATCH_ROWS) -> TableBatch:
-    """The whole reference table (fitting needs every row at once), read in batches."""
-    parts = list(iter_table(path, columns, batch_rows=batch_rows, desc="read reference"))
+def read_reference(
+    path: str | Path, columns: TableColumns, batch_rows: int = DEFAULT_BATCH_ROWS, limits: DataLimits | None = None
+) -> TableBatch:
+    """The whole reference table (fitting needs every row at once), read in batches within ``limits``
+    (the whole table counts against ``max_bytes``). Every row is checked (finite features, probabilities
+    that sum to 1) before it is split into training and validation parts."""
+    parts = list(iter_table(path, columns, batch_rows=batch_rows, desc="read reference", limits=limits, whole=True))
     if not parts:
         raise UserError(f"{path}: the reference table has no rows")
     ys = [p.y for p in parts]
@@ -223,10 +228,12 @@ def check_table_report(
     *,
     chunk_rows: int | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    limits: DataLimits | None = None,
 ) -> dict[str, Any]:
     """Verdicts and every estimate for a production table, read ``batch_rows`` at a time; the truth
     and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per chunk of rows
-    (NannyML's size-based chunking): ``chunks`` in the report."""
+    (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's columns and
+    rows and one batch's bytes, not the file's length."""
     if chunk_rows is not None and chunk_rows < 1:
         raise UserError("--chunk-size must be at least 1 row")
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
@@ -235,7 +242,8 @@ def check_table_report(
     headline = bundle.headline or TABLE_HEADLINE
     total = _Tally()
     chunks: list[_Tally] = []
-    for new_chunk, part in _slices(iter_table(path, columns, batch_rows=batch_rows, desc="check"), chunk_rows):
+    batches = iter_table(path, columns, batch_rows=batch_rows, desc="check", limits=limits)
+    for new_chunk, part in _slices(batches, chunk_rows):
         if part.probabilities.shape[1] != n_classes:
             raise UserError(
                 f"{path}: {part.probabilities.shape[1]} classes of probabilities; the bundle has {n_classes}"

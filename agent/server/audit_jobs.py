@@ -227,7 +227,8 @@ class AuditJobs:
         with self._cache_lock:
             cached = self._reference.get(key)
         if cached is None:
-            cached = load_audit_data(path, model, label_column=data.label_column)
+            limits = self.config.data_limits.limits()
+            cached = load_audit_data(path, model, label_column=data.label_column, limits=limits)
             with self._cache_lock:
                 self._reference = {key: cached}
         return cached[0], cached[1], str(path), ""

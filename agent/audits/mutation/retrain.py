@@ -16,7 +16,8 @@ from agent.audits.mutation.operators import OPERATORS
 from agent.audits.mutation.robustness import probability_errors, regression_errors, summarise
 from agent.audits.mutation.run import repeat_groups
 from agent.audits.report import AuditError, AuditResult, ProgressFn
-from agent.data.files import DataError
+from agent.data.limits import DataLimits
+from agent.data.table_files import frames
 
 ALLOWED_ESTIMATORS: frozenset[str] = frozenset(
     {
@@ -156,13 +157,10 @@ def run_retrain_audit(
     )
 
 
-def read_table(path: str | Path) -> pd.DataFrame:
-    """A CSV or Parquet table of retrain mode; unreadable files raise :class:`DataError`."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"data file not found: {p}")
-    try:
-        return pd.read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else pd.read_csv(p)
-    except Exception as exc:  # pandas raises many parser error types
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{p}: cannot read table ({reason})") from None
+def read_table(path: str | Path, limits: DataLimits | None = None) -> pd.DataFrame:
+    """A CSV or Parquet table of retrain mode, read whole within ``limits``; unreadable files and files
+    past a limit raise :class:`~agent.data.limits.DataError`."""
+    parts = list(frames(Path(path), None, 65536, limits or DataLimits(), whole=True))
+    if not parts:
+        return pd.DataFrame()
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
