@@ -66,7 +66,7 @@ from invariants.oracle import FAMILIES, Verdict
 VERDICT_LABELS: tuple[tuple[str, str], ...] = tuple((v.outcome, v.family) for v in Verdict)
 
 #: Why the HTTP server refused or closed a connection (labels of ``icos_connections_refused_total``).
-CONNECTION_REFUSAL_REASONS = ("limit_concurrency", "header_timeout", "max_head_bytes")
+CONNECTION_REFUSAL_REASONS = ("limit_concurrency", "header_timeout", "max_head_bytes", "bytes_in_flight")
 #: the per-class figures of ``icos_estimated_class_metric``
 CLASS_METRICS = ("precision", "recall", "f1")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -73,6 +73,13 @@ class ServerConfig(_Section):
         "Request messages are bounded by `server.max_body_bytes`",
     )
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_inflight_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="bytes of request bodies (HTTP) and messages (gRPC) held at once; a request that does not fit "
+        'is answered 503 with `Retry-After` (`icos_connections_refused_total{reason="bytes_in_flight"}`), so a '
+        "burst of large requests cannot hold gigabytes; one request always fits an idle server",
+    )
     max_batch: int = Field(1024, ge=1)
     max_tensor_elements: int = Field(1 << 24, ge=1)
     threads: int = Field(8, ge=1, le=256)

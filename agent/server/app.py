@@ -29,8 +29,9 @@ from agent.config.settings import AgentSettings
 from agent.judging.runtime import Runtime, load_runtime
 from agent.server.admin import admin_port_refusal
 from agent.server.audit_routes import audit_router
+from agent.server.body_budget import ServerBusy
 from agent.server.composition import Agent
-from agent.server.errors import install_error_handlers
+from agent.server.errors import answer_of, install_error_handlers
 from agent.server.fast_path import InferFastPath
 from agent.server.labels_routes import labels_router
 from agent.server.middleware import BodyLimitMiddleware
@@ -122,10 +123,19 @@ def create_app(
     ):
         declare_request_bodies(router.routes)
         app.include_router(router)
-    app.infer_fast_path = InferFastPath(agent.plane, agent.metrics, settings.server.max_body_bytes)
+    app.infer_fast_path = InferFastPath(agent.plane, agent.metrics, settings.server.max_body_bytes, agent.body_budget)
     app.admin_port = settings.server.admin_port
     app.on_admin_port_refusal = lambda: agent.metrics.invalid("admin_port")
+    async def busy(exc: ServerBusy, send: Send) -> None:
+        answer = answer_of(exc)
+        answer.count(agent.metrics)
+        await send_error(send, answer.status, answer.message, answer.headers)
+
     app.add_middleware(
-        BodyLimitMiddleware, limit=settings.server.max_body_bytes, on_reject=lambda: agent.metrics.invalid("too_large")
+        BodyLimitMiddleware,
+        limit=settings.server.max_body_bytes,
+        on_reject=lambda: agent.metrics.invalid("too_large"),
+        budget=agent.body_budget,
+        on_busy=busy,
     )
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ import anyio.to_thread
 from prometheus_client import CollectorRegistry
 
 from agent.config.settings import AgentSettings, admin_token, labels_token
-from agent.core import logs
+from agent.core import logs, memory
 from agent.core.os_threads import name_os_thread_once
 from agent.dataplane.modes import Mode, ObserveMode, ServeMode
 from agent.dataplane.observe_intake import ObserveIntake
@@ -42,6 +43,7 @@ from agent.labels.service import LabelService
 from agent.labels.tracker import RealizedTracker
 from agent.server.access import FailureThrottle, TokenGate
 from agent.server.audit_jobs import AuditJobs
+from agent.server.body_budget import BodyBudget
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
 from exporters.label_metrics import LabelMetrics, RealizedCollector
@@ -66,6 +68,9 @@ class Agent:
         labeler = labels_token()
         self.labels_gate = TokenGate({"labels": labeler, "admin": admin_token() if labeler else None}, throttle)
         self.limiter = anyio.CapacityLimiter(s.server.threads)
+        #: bytes of request bodies held at once, HTTP and gRPC; memory handed back after a burst
+        self.body_budget = BodyBudget(s.server.max_inflight_bytes, on_idle_after_burst=self._hand_back_memory)
+        self._handing_back = threading.Lock()
         self.metrics = AgentMetrics(registry, per_class_label_cap=s.metrics.per_class_label_cap)
         self.windows = WindowSet(s.window_seconds, s.windows.count)
         self.mode: Mode = ProxyMode(s) if s.mode == "proxy" else ObserveMode() if s.mode == "observe" else ServeMode()
@@ -145,12 +150,30 @@ class Agent:
 
             srv = s.server
             self.grpc = GrpcService(
-                self.plane, self.metrics, lambda: self.ready, srv.max_body_bytes, srv.limit_concurrency
+                self.plane,
+                self.metrics,
+                lambda: self.ready,
+                srv.max_body_bytes,
+                srv.limit_concurrency,
+                self.body_budget,
             )
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
         return await anyio.to_thread.run_sync(_in_worker, fn, *args, limiter=self.limiter)
+
+    def _hand_back_memory(self) -> None:
+        """After a burst of large requests: collect and trim in a thread of its own (one at a time)."""
+        if not self._handing_back.acquire(blocking=False):
+            return
+
+        def run() -> None:
+            try:
+                memory.release()
+            finally:
+                self._handing_back.release()
+
+        threading.Thread(target=run, name="icos-memory", daemon=True).start()
 
     def estimates(self) -> dict[str, Any]:
         """The ``GET /v1/estimates`` document."""
@@ -160,6 +183,7 @@ class Agent:
     async def start(self) -> None:
         s = self.settings
         self.loop = asyncio.get_running_loop()
+        memory.configure_allocator()
         store = await self.run(self.window_state.open)
         if isinstance(self.mode, ProxyMode):
             await self.mode.start()

@@ -25,6 +25,7 @@ from agent.core import logs
 from agent.dataplane.upstream import UpstreamError
 from agent.errors import ClientError
 from agent.labels.store import StoreUnavailable
+from agent.server.body_budget import ServerBusy
 from agent.server.responses import error_response
 from exporters.prometheus import AgentMetrics
 
@@ -41,6 +42,8 @@ class HttpAnswer:
     message: str
     invalid: str | None = None
     upstream: str | None = None
+    #: a request refused for the server's load (``icos_connections_refused_total{reason}``)
+    refused: str | None = None
     headers: Mapping[str, str] | None = None
     #: The gRPC status code of the same answer (a ``grpc.StatusCode`` name).
     grpc_code: str = "INTERNAL"
@@ -50,6 +53,8 @@ class HttpAnswer:
             metrics.invalid(self.invalid)
         if self.upstream is not None:
             metrics.upstream_errors.labels(self.upstream).inc()
+        if self.refused is not None:
+            metrics.connection_refused(self.refused)
 
 
 #: HTTP status → gRPC status code, as gRPC's own HTTP mapping reads them, and for the statuses it
@@ -92,6 +97,10 @@ def _store(exc: StoreUnavailable) -> HttpAnswer:
     return HttpAnswer(503, str(exc), invalid="store_unavailable", grpc_code="UNAVAILABLE")
 
 
+def _busy(exc: ServerBusy) -> HttpAnswer:
+    return HttpAnswer(503, str(exc), refused="bytes_in_flight", headers={"Retry-After": "1"}, grpc_code="UNAVAILABLE")
+
+
 def _gone(_exc: ClientDisconnect) -> HttpAnswer:
     # Nobody reads this answer; a body that timed out is counted in icos_connections_refused_total.
     return HttpAnswer(400, "the client closed the connection before sending its whole request")
@@ -113,6 +122,7 @@ ERROR_TABLE: tuple[tuple[type[Exception], Callable[[Any], HttpAnswer]], ...] = (
     (ClientError, _client),
     (UpstreamError, _upstream),
     (StoreUnavailable, _store),
+    (ServerBusy, _busy),
     (StarletteHTTPException, _http),
     (ClientDisconnect, _gone),
 )

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent.dataplane.plane import DataPlane
 from agent.protocol import v2
+from agent.server.body_budget import BodyBudget
 from agent.server.errors import answer_of
 from agent.server.http_infer import answer_http
 from agent.server.middleware import declared_length, send_too_large
@@ -30,10 +31,11 @@ _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 class InferFastPath:
     """Serve-mode inference without FastAPI (see the module docstring)."""
 
-    def __init__(self, plane: DataPlane, metrics: AgentMetrics, limit: int) -> None:
+    def __init__(self, plane: DataPlane, metrics: AgentMetrics, limit: int, budget: BodyBudget) -> None:
         self.plane = plane
         self.metrics = metrics
         self.limit = limit
+        self.budget = budget
         self.serving = plane.mode.name == "serve"
 
     def match(self, scope: Scope) -> re.Match[str] | None:
@@ -44,37 +46,52 @@ class InferFastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send, m: re.Match[str]) -> None:
         headers = [(b"content-type", JSON.encode())]
         header_length = None
+        declared = 0
         for k, v in scope["headers"]:
             if k == b"inference-header-content-length":
                 header_length = v.decode("latin-1")
-            elif k == b"content-length" and declared_length(v) > self.limit:
-                await self._reject(send)
-                return
-        try:
-            chunks = []
-            received = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                received += len(chunk)
-                if received > self.limit:
+            elif k == b"content-length":
+                declared = declared_length(v)
+                if declared > self.limit:
                     await self._reject(send)
                     return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            content, out_headers = await answer_http(self.plane, body, header_length, m.group(1), m.group(2))
-            status = 200
-            headers = [(k.encode(), v.encode()) for k, v in out_headers.items()]
-        except Exception as exc:
-            answer = answer_of(exc)
-            answer.count(self.metrics)
-            status, content = answer.status, v2.error_body(answer.message)
-            headers += [(k.encode(), v.encode()) for k, v in (answer.headers or {}).items()]  # e.g. Retry-After
-        await send_body(send, status, headers, content)
+        taken = 0  # bytes of the server's budget this body holds (server.max_inflight_bytes)
+        try:
+            try:
+                if declared > 0:
+                    self.budget.take(declared)
+                    taken = declared
+                chunks = []
+                received = 0
+                more = True
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > self.limit:
+                        await self._reject(send)
+                        return
+                    if received > taken:  # a chunked body, or one longer than declared
+                        self.budget.take(received - taken)
+                        taken = received
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                del chunks
+                content, out_headers = await answer_http(self.plane, body, header_length, m.group(1), m.group(2))
+                del body
+                status = 200
+                headers = [(k.encode(), v.encode()) for k, v in out_headers.items()]
+            except Exception as exc:
+                answer = answer_of(exc)
+                answer.count(self.metrics)
+                status, content = answer.status, v2.error_body(answer.message)
+                headers += [(k.encode(), v.encode()) for k, v in (answer.headers or {}).items()]  # e.g. Retry-After
+            await send_body(send, status, headers, content)
+        finally:
+            self.budget.give(taken)
 
     async def _reject(self, send: Send) -> None:
         self.metrics.invalid("too_large")

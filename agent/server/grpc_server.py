@@ -21,6 +21,7 @@ The service is registered by hand (no generated ``_pb2_grpc`` module, which woul
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from agent.dataplane.plane import DataPlane
 from agent.errors import ClientError
 from agent.protocol import v2_grpc
 from agent.protocol.grpc_stubs import open_inference_grpc_pb2 as pb
+from agent.server.body_budget import BodyBudget
 from agent.server.errors import answer_of
 from exporters.prometheus import AgentMetrics
 
@@ -53,8 +55,10 @@ class GrpcService:
         ready: Callable[[], bool],
         max_body_bytes: int,
         limit_concurrency: int,
+        budget: BodyBudget,
     ) -> None:
         self.plane = plane
+        self.budget = budget
         self.metrics = metrics
         self.ready = ready
         self.limit = max_body_bytes
@@ -135,14 +139,19 @@ class GrpcService:
             await self._abort(context, exc)
 
     async def model_infer(self, data: bytes, context: aio.ServicerContext) -> Any:
+        size = len(data)
+        taken = 0
+        failure: Exception | None = None
         try:
-            if len(data) > self.limit:
+            if size > self.limit:
                 raise ClientError(
-                    f"request message is {len(data)} bytes; the limit is {self.limit} (server.max_body_bytes)",
+                    f"request message is {size} bytes; the limit is {self.limit} (server.max_body_bytes)",
                     status=413,
                     reason="too_large",
                 )
-            async with self.plane.place(len(data), True) as place:
+            self.budget.take(size)  # server.max_inflight_bytes, as HTTP bodies
+            taken = size
+            async with self.plane.place(size, True) as place:
                 msg = await place.run(v2_grpc.parse_infer_request, data)
                 del data
                 request = await place.run(v2_grpc.decode_infer_request, msg, self.plane.max_elements)
@@ -150,4 +159,10 @@ class GrpcService:
                 response = await self.plane.infer(request, place)
                 return await place.run(v2_grpc.encode_infer_response, response, request.used_binary)
         except Exception as exc:
-            await self._abort(context, exc)
+            # the frames behind the error hold the request's buffers: let them go before answering
+            traceback.clear_frames(exc.__traceback__)
+            failure = exc
+        finally:
+            self.budget.give(taken)
+        assert failure is not None
+        await self._abort(context, failure)

@@ -32,9 +32,10 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
     )
 
 
-async def send_error(send: Send, status: int, message: str) -> None:
-    """Answer the V2 error object on a raw ASGI ``send``."""
-    await send_body(send, status, [(b"content-type", JSON.encode())], v2.error_body(message))
+async def send_error(send: Send, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+    """Answer the V2 error object on a raw ASGI ``send`` (with extra ``headers``, e.g. ``Retry-After``)."""
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send_body(send, status, [(b"content-type", JSON.encode()), *extra], v2.error_body(message))
 
 
 async def send_body(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

@@ -1,0 +1,60 @@
+"""A bound on the bytes of request bodies the server holds at once (``server.max_inflight_bytes``).
+
+Each request body (HTTP, either path) or request message (gRPC) takes its size from the budget before
+it is read on, and gives it back once answered. A request that does not fit is refused at once with
+503 and ``Retry-After`` (:class:`ServerBusy`, counted in
+``icos_connections_refused_total{reason="bytes_in_flight"}``), so a burst of large requests cannot make
+the process hold gigabytes: what it holds is the budget, plus what the transports buffer before the
+request reaches the agent. One request up to ``server.max_body_bytes`` always fits an idle server.
+
+When the bytes in flight fall back to zero after a burst that held more than :data:`TRIM_AFTER_BYTES`,
+the memory is handed back (:func:`agent.core.memory.release`, in a worker thread), so the process's
+RSS returns near its baseline. Requests that come one at a time never hold that much: only a burst
+pays for the hand-back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+TRIM_AFTER_BYTES = 64 * 1024 * 1024
+
+
+class ServerBusy(Exception):
+    """The request's bytes do not fit the budget now: answered 503 with ``Retry-After``."""
+
+    def __init__(self, size: int, budget: int) -> None:
+        super().__init__(
+            f"the server holds its limit of {budget} bytes of requests (server.max_inflight_bytes); "
+            f"this one needs {size} more: retry"
+        )
+
+
+class BodyBudget:
+    """Bytes of request bodies in flight (thread-safe)."""
+
+    def __init__(self, limit: int, on_idle_after_burst: Callable[[], None] = lambda: None) -> None:
+        self.limit = int(limit)
+        self.on_idle_after_burst = on_idle_after_burst
+        self.held = 0
+        self._peak = 0  # most held since the last hand-back
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> None:
+        """Take ``size`` bytes, or raise :class:`ServerBusy` (nothing taken)."""
+        with self._lock:
+            if self.held and self.held + size > self.limit:
+                raise ServerBusy(size, self.limit)
+            self.held += size
+            self._peak = max(self._peak, self.held)
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` bytes taken before."""
+        with self._lock:
+            self.held -= size
+            burst = self.held == 0 and self._peak > TRIM_AFTER_BYTES
+            if self.held == 0:
+                self._peak = 0
+        if burst:
+            self.on_idle_after_burst()
