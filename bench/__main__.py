@@ -16,6 +16,7 @@ BENCHMARKS = {
     "fleet": "bench.bench_fleet",
     "labels": "bench.bench_labels",
     "hostile_files": "bench.hostile_files",
+    "hostile_serving": "bench.bench_hostile_serving",
 }
 DEFAULT = ("oracle", "dscore")
 
