@@ -227,7 +227,7 @@ def huge_id_then_listing(run: Runner, c: Context) -> None:
     def listing() -> StepResult:
         with http_client() as h:
             a = send(h, "GET", f"{c.agent.url}/v1/labels/requests?limit=1000", count=b'"id"', headers=_labeler())
-        outcome = f"{a.counted} ids listed" if a.status == 200 else a.error()
+        outcome = f"listed {a.counted} id{'' if a.counted == 1 else 's'}" if a.status == 200 else a.error()
         return StepResult("GET", 0, str(a.status), a.size, outcome, answer_bound=LISTING_BOUND)
 
     run.step("labeling sample listing (limit=1000) after it", listing)
