@@ -51,12 +51,12 @@ def fit_mnist_bundle(out: Path) -> Path:
     from agent.data.files import Dataset
     from agent.model.classifier import OnnxClassifier, default_model_path
     from agent.offline.fit import fit_bundle
+    from invariants.fit_params import FitParams
 
     splits = mnist_splits()
     model = OnnxClassifier.load(default_model_path(), name=MODEL)
-    report = fit_bundle(
-        model, Dataset(splits.train.x, splits.train.y), Dataset(splits.val.x, splits.val.y), n_estimators=30
-    )
+    train, val = Dataset(splits.train.x, splits.train.y), Dataset(splits.val.x, splits.val.y)
+    report = fit_bundle(model, train, val, params=FitParams(n_estimators=30))
     report.bundle.save(out)
     return out
 

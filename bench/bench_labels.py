@@ -59,7 +59,7 @@ def run_model(
     """Every scenario's windows of model ``name``, each estimated with every count of labels."""
     subject = LOADERS[name]()
     m = subject.model
-    test_x = m.prepare(subject.test_x)
+    test_x = m.prepare_array(subject.test_x)
     out: list[Result] = []
     for sc in scenarios_for(subject):
         t0 = time.perf_counter()

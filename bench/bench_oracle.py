@@ -51,9 +51,9 @@ def main(argv: list[str]) -> int:
     model = OnnxClassifier.load(default_model_path())
     splits = mnist_splits()
     fitted = fit_oracle(
-        model.features(model.prepare(splits.train.x)),
+        model.features(model.prepare_array(splits.train.x)),
         splits.train.y,
-        model.features(model.prepare(splits.val.x)),
+        model.features(model.prepare_array(splits.val.x)),
         splits.val.y,
         model.predict_batched(splits.val.x).probabilities,
         idi=None,
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     arrays = CompiledOracle(reference, model.n_features, model.n_classes, engine="arrays")
     print("oracle overhead (judging ÷ model inference on the same batch; target <= 0.30 at batch 1, <= 0.10 at 64)")
     for batch in (1, 64):
-        x = model.prepare(splits.test.x[:batch])
+        x = model.prepare_array(splits.test.x[:batch])
         pred = model.predict_prepared(x)
         number = 400 if batch == 1 else 60
 

@@ -13,8 +13,11 @@ Files (DESIGN.md, "Invariant bundle"):
   Optional keys, written only when set (older bundles stay byte-identical): ``table`` (a bundle
   fitted from a table of features and predicted probabilities rather than an ONNX model:
   ``proba_columns``, ``feature_columns``, ``label_column``; ``model_sha256`` is then null),
-  ``decision_threshold`` (binary models: class 1 is predicted from this probability on) and
-  ``headline`` (the estimator reports show first, when not the default one);
+  ``decision_threshold`` (binary models: class 1 is predicted from this probability on),
+  ``headline`` (the estimator reports show first, when not the default one), ``inputs`` (the model's
+  inputs: name, V2 datatype and shape per sample of each, for models other than a single numeric
+  input) and ``feature_view`` (what the invariants read of a sample: chosen at ``fit`` and interpreted
+  by the agent; without it, the single input's raw values);
 * ``idi.yaml`` — only when IDIs exist;
 * ``tdi.json`` — the tree arrays and the leaf table;
 * ``adi.onnx`` — the random forest.
@@ -161,6 +164,10 @@ class Bundle:
     table: TableSource | None = None
     decision_threshold: float | None = None
     headline: str | None = None
+    #: the model's inputs (``[{"name", "datatype", "shape"}]``), kept when not a single numeric input
+    inputs: list[dict[str, Any]] | None = None
+    #: the feature view the invariants read (a JSON object the agent interprets)
+    feature_view: dict[str, Any] | None = None
 
     @classmethod
     def from_fitted(
@@ -225,6 +232,10 @@ class Bundle:
             manifest["decision_threshold"] = float(self.decision_threshold)
         if self.headline is not None:
             manifest["headline"] = self.headline
+        if self.inputs is not None:
+            manifest["inputs"] = list(self.inputs)
+        if self.feature_view is not None:
+            manifest["feature_view"] = dict(self.feature_view)
         manifest["manifest_sha256"] = _manifest_digest(manifest)
         return manifest
 
@@ -360,6 +371,8 @@ class Bundle:
             table=table,
             decision_threshold=manifest.get("decision_threshold"),
             headline=manifest.get("headline"),
+            inputs=manifest.get("inputs"),
+            feature_view=manifest.get("feature_view"),
         )
 
 
@@ -432,6 +445,17 @@ def _check_manifest_types(manifest: Mapping[str, Any]) -> None:
         raise bad("model_sha256", "a hex sha256 digest")
     if "headline" in manifest and not isinstance(manifest["headline"], str):
         raise bad("headline", "an estimator name")
+    inputs = manifest.get("inputs")
+    if inputs is not None and (
+        not isinstance(inputs, list)
+        or not inputs
+        or not all(
+            isinstance(i, dict) and isinstance(i.get("name"), str) and isinstance(i.get("shape"), list) for i in inputs
+        )
+    ):
+        raise bad("inputs", "a list of {name, datatype, shape} objects")
+    if "feature_view" in manifest and not isinstance(manifest["feature_view"], dict):
+        raise bad("feature_view", "an object")
     if "decision_threshold" in manifest:
         classes_ = manifest["classes"]
         try:

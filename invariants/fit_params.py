@@ -142,7 +142,30 @@ class FitParams:
     the count to the calibration (agent/estimation/shifts.py), which spreads the strengths of every
     kind of corruption evenly. Fewer copies fit faster and teach the estimator fewer drifts."""
 
+    # -- what the invariants read (model fits only) -----------------------------------------------
+    features: str | None = knob(
+        None,
+        "the feature view the invariants read: raw, pooled, embedding[:TENSOR] or hashed",
+        when_none="chosen from the model's inputs",
+        applies=(MODEL,),
+    )
+    """A tree over 150,528 raw pixels or over text it cannot split is no invariant: each sample is read
+    through a view (docs/models.md). ``raw`` keeps the inputs (tables, MNIST-sized images: rules about the
+    inputs themselves), ``pooled`` averages large images to a few cells, ``embedding`` reads the model's
+    own penultimate representation (the input of its last dense layer, or the tensor named after the
+    colon), ``hashed`` hashes text and token ids into bags. ``None`` chooses from the model's inputs: raw
+    for small numeric inputs, the embedding for large images, text and tokens where the graph has one."""
+
     def __post_init__(self) -> None:
+        if self.features is not None and self.features.partition(":")[0] not in (
+            "raw",
+            "pooled",
+            "embedding",
+            "hashed",
+        ):
+            raise FitParamsError(
+                "features", f"must be raw, pooled, embedding[:TENSOR] or hashed, got {self.features!r}"
+            )
         self._check("confidence", float, 0.0, 1.0, closed=True)
         self._check("support", int, 0)
         self._check("min_samples_leaf", int, 1)

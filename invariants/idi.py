@@ -15,10 +15,12 @@ evaluation of any expression)::
         when: [{feature: age, lt: 18}, {field: country, in: [FR, IT]}]
         forbidden_labels: [approve]
 
-A condition has exactly one subject, ``field`` (a metadata name) or ``feature`` (a tabular
-feature name or the index form ``x[i]``), and exactly one operator among ``equals``,
-``not_equals``, ``in``, ``not_in``, ``lt``, ``le``, ``gt``, ``ge``. A rule fires (the
-prediction fails) when all of its conditions hold and the predicted label is not allowed /
+A condition has exactly one subject, ``field`` (a metadata name), ``input`` (a named model input of one
+value per sample: a table column, a text) or ``feature`` (a column of the feature view: a table's
+feature name or the index form ``x[i]``), and exactly one operator among ``equals``, ``not_equals``,
+``in``, ``not_in``, ``lt``, ``le``, ``gt``, ``ge``, and, on text, ``length_lt`` and ``length_gt`` (its
+length in characters), e.g. ``{input: review, length_gt: 2000}`` or ``{input: city, not_in: [Oslo,
+Lyon]}``. A rule fires (the prediction fails) when all of its conditions hold and the predicted label is not allowed /
 is forbidden. A sample whose metadata is missing never satisfies a condition on it, so a
 rule about that field cannot fire for it (missing data is never an error).
 
@@ -30,7 +32,6 @@ the empty string mean "missing".
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,18 @@ from typing import Any
 import numpy as np
 import yaml
 
+from invariants.idi_conditions import (
+    _INDEX_FORM,
+    _NUMERIC_OPS,
+    _SET_OPS,
+    _SUBJECTS,
+    OPERATORS,
+    Condition,
+    Scalar,
+    Value,
+    _is_number,
+)
+from invariants.idi_eval import _Column, _condition_mask
 from invariants.untrusted import bounded_repr, safe_load_yaml
 
 __all__ = [
@@ -49,53 +62,11 @@ __all__ = [
     "IdiRuleSet",
 ]
 
-Scalar = str | int | float
-Value = Scalar | tuple[Scalar, ...]
-
-OPERATORS: tuple[str, ...] = ("equals", "not_equals", "in", "not_in", "lt", "le", "gt", "ge")
-_NUMERIC_OPS = frozenset({"lt", "le", "gt", "ge"})
-_SET_OPS = frozenset({"in", "not_in"})
-_SUBJECTS = ("field", "feature")
 _RULE_KEYS = ("name", "when", "allowed_labels", "forbidden_labels")
-_INDEX_FORM = re.compile(r"^x\[(\d+)\]$")
-_SYMBOLS = {
-    "equals": "=",
-    "not_equals": "≠",
-    "in": "∈",
-    "not_in": "∉",
-    "lt": "<",
-    "le": "<=",
-    "gt": ">",
-    "ge": ">=",
-}
 
 
 class IdiRuleError(ValueError):
     """An IDI rule file is invalid; the message names the rule (by number and name) and the key."""
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One constraint of an IDI clause.
-
-    ``subject`` is ``"field"`` (metadata) or ``"feature"`` (a column of the flat input);
-    ``name`` is the metadata field, the feature name, or ``x[i]`` with ``index == i``.
-    ``value`` is a scalar, or a tuple of scalars for ``in`` / ``not_in``.
-    """
-
-    subject: str
-    name: str
-    op: str
-    value: Value
-    index: int | None = None
-
-    def text(self) -> str:
-        """The constraint in clause notation, e.g. ``form = P1`` or ``country ∈ {FR, IT}``."""
-        if isinstance(self.value, tuple):
-            shown = "{" + ", ".join(_show(v) for v in self.value) + "}"
-        else:
-            shown = _show(self.value)
-        return f"{self.name} {_SYMBOLS[self.op]} {shown}"
 
 
 @dataclass(frozen=True)
@@ -106,22 +77,6 @@ class IdiRule:
     conditions: tuple[Condition, ...]
     allowed: frozenset[int] | None
     forbidden: frozenset[int] | None
-
-
-def _show(v: Scalar) -> str:
-    return v if isinstance(v, str) else repr(v)
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _as_float(v: object) -> float:
-    """``float(v)`` or NaN when ``v`` does not read as a number."""
-    try:
-        return float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -158,13 +113,14 @@ def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
     if unknown:
         if not subjects:
             raise where.error(
-                f"unknown key {bounded_repr(unknown[0])} in condition {position} (expected 'field' or 'feature')"
+                f"unknown key {bounded_repr(unknown[0])} in condition {position} "
+                "(expected 'field', 'input' or 'feature')"
             )
         raise where.error(f"unknown operator {bounded_repr(unknown[0])}")
     if len(subjects) != 1:
         if not subjects:
-            raise where.error(f"condition {position} needs one subject, 'field' or 'feature'")
-        raise where.error(f"condition {position} has both 'field' and 'feature'; use one")
+            raise where.error(f"condition {position} needs one subject, 'field', 'input' or 'feature'")
+        raise where.error(f"condition {position} has several subjects ({', '.join(subjects)}); use one")
     if len(operators) != 1:
         if not operators:
             raise where.error(f"condition {position} needs one operator among {', '.join(OPERATORS)}")
@@ -172,9 +128,9 @@ def _parse_condition(raw: object, where: _Where, position: int) -> Condition:
     subject, op = subjects[0], operators[0]
     target = raw[subject]
     index: int | None = None
-    if subject == "field":
+    if subject in ("field", "input"):
         if not isinstance(target, str) or not target:
-            raise where.error(f"'field' must be a metadata name, got {bounded_repr(target)}")
+            raise where.error(f"'{subject}' must be a name, got {bounded_repr(target)}")
         name = target
     else:
         if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
@@ -252,146 +208,6 @@ def _parse_rule(raw: object, classes: Sequence[str], number: int, seen: set[str]
     allowed = _parse_labels(raw["allowed_labels"], classes, where, "allowed_labels") if has_allowed else None
     forbidden = _parse_labels(raw["forbidden_labels"], classes, where, "forbidden_labels") if has_forbidden else None
     return IdiRule(name=name, conditions=conditions, allowed=allowed, forbidden=forbidden)
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-class _Column:
-    """One metadata field normalised for a batch: text, numbers (NaN = not a number), presence."""
-
-    def __init__(self, raw: object, n: int, field: str) -> None:
-        self.n = n
-        self._text: np.ndarray | None = None
-        self._num: np.ndarray | None = None
-        if raw is None:
-            self.present = np.zeros(n, dtype=bool)
-            self._text = np.full(n, "", dtype=str)
-            self._num = np.full(n, np.nan)
-            return
-        arr = np.asarray(raw)
-        if arr.ndim == 0:
-            scalar = arr.item()
-            if isinstance(scalar, bytes):
-                scalar = scalar.decode("utf-8", errors="replace")
-            missing = scalar is None or scalar == "" or (isinstance(scalar, float) and math.isnan(scalar))
-            self.present = np.full(n, not missing)
-            self._text = np.full(n, "" if missing else str(scalar), dtype=object)
-            self._num = np.full(n, math.nan if missing else _as_float(scalar))
-            return
-        if arr.ndim != 1 or arr.shape[0] != n:
-            raise ValueError(
-                f"metadata field {bounded_repr(field)} has shape {arr.shape}, expected one value or {n} values"
-            )
-        kind = arr.dtype.kind
-        if kind == "U" and isinstance(raw, (list, tuple)):
-            # a list mixing text with None or NaN becomes text ('None', 'nan') in a str array:
-            # read it value by value, so those stay missing
-            arr, kind = np.asarray(raw, dtype=object), "O"
-        if kind in "iub":
-            self._num = arr.astype(np.float64)
-            self.present = np.ones(n, dtype=bool)
-        elif kind == "f":
-            self._num = arr.astype(np.float64)
-            self.present = ~np.isnan(self._num)
-        else:
-            if kind == "S":
-                text = np.char.decode(arr, "utf-8", errors="replace")
-                present = text != ""
-            elif kind == "U":
-                text = arr
-                present = text != ""
-            else:
-                obj = arr.astype(object)
-                text = obj.astype(str)
-                is_bytes = np.char.startswith(text, "b'") | np.char.startswith(text, 'b"')
-                if is_bytes.any():
-                    text[is_bytes] = np.char.decode(obj[is_bytes].astype(bytes), "utf-8", errors="replace")
-                present = ~np.equal(obj, np.asarray(None, dtype=object)) & (text != "") & (text != "nan")
-            self._text = text
-            self.present = present
-
-    @property
-    def text(self) -> np.ndarray | None:
-        """Text of each value (``None`` for an all-numeric column: no text-only value can match)."""
-        return self._text
-
-    @property
-    def num(self) -> np.ndarray:
-        if self._num is None:
-            assert self._text is not None
-            uniques, inverse = np.unique(self._text, return_inverse=True)
-            self._num = np.array([_as_float(u) for u in uniques], dtype=np.float64)[inverse.reshape(-1)]
-        return self._num
-
-
-def _equal_mask(column: _Column, value: Scalar) -> np.ndarray:
-    mask = np.zeros(column.n, dtype=bool)
-    number = float(value) if _is_number(value) else _as_float(value)
-    if not math.isnan(number):
-        mask |= column.num == number
-    if column.text is not None:
-        mask |= column.text == (value if isinstance(value, str) else str(value))
-    return mask & column.present
-
-
-def _feature_column(
-    cond: Condition, features: np.ndarray | None, feature_names: Sequence[str] | None
-) -> np.ndarray | None:
-    if features is None:
-        return None
-    index = cond.index
-    if index is None:
-        if feature_names is None or cond.name not in feature_names:
-            return None
-        index = list(feature_names).index(cond.name)
-    if index >= features.shape[1]:
-        return None
-    return np.asarray(features[:, index], dtype=np.float64)
-
-
-def _condition_mask(
-    cond: Condition,
-    n: int,
-    columns: dict[str, _Column],
-    metadata: Mapping[str, object] | None,
-    features: np.ndarray | None,
-    feature_names: Sequence[str] | None,
-) -> np.ndarray:
-    if cond.subject == "field":
-        if metadata is None or cond.name not in metadata:
-            return np.zeros(n, dtype=bool)
-        if cond.name not in columns:
-            columns[cond.name] = _Column(metadata[cond.name], n, cond.name)
-        column = columns[cond.name]
-    else:
-        values = _feature_column(cond, features, feature_names)
-        if values is None:
-            return np.zeros(n, dtype=bool)
-        column = _Column(values, n, cond.name)
-    op, value = cond.op, cond.value
-    if op in _NUMERIC_OPS:
-        assert not isinstance(value, tuple)
-        num, threshold = column.num, float(value)
-        with np.errstate(invalid="ignore"):
-            if op == "lt":
-                return num < threshold
-            if op == "le":
-                return num <= threshold
-            if op == "gt":
-                return num > threshold
-            return num >= threshold
-    if op in _SET_OPS:
-        assert isinstance(value, tuple)
-        hit = np.zeros(n, dtype=bool)
-        for item in value:
-            hit |= _equal_mask(column, item)
-    else:
-        assert not isinstance(value, tuple)
-        hit = _equal_mask(column, value)
-    if op in ("not_equals", "not_in"):
-        return column.present & ~hit
-    return hit
 
 
 # ----------------------------------------------------------------------------- rule set
@@ -500,6 +316,11 @@ class IdiRuleSet:
     def metadata_fields(self) -> frozenset[str]:
         """Metadata names the rules read."""
         return frozenset(c.name for r in self.rules for c in r.conditions if c.subject == "field")
+
+    @property
+    def input_fields(self) -> frozenset[str]:
+        """Model inputs the rules read (their values are passed with the metadata, by name)."""
+        return frozenset(c.name for r in self.rules for c in r.conditions if c.subject == "input")
 
     @property
     def feature_names_needed(self) -> frozenset[str]:

@@ -107,10 +107,11 @@ def prepare_inputs(model: OnnxClassifier, x: np.ndarray) -> np.ndarray:
     if arr.ndim == 0 or len(arr) == 0:
         raise AuditError("no inputs to audit")
     per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
-    if per_sample != model.n_features:
+    expected = int(np.prod(model.input_shape))
+    if per_sample != expected:
         raise AuditError(
             f"inputs of shape {list(arr.shape)} do not fit the model input {[-1, *model.input_shape]} "
-            f"({per_sample} values per sample, expected {model.n_features})"
+            f"({per_sample} values per sample, expected {expected})"
         )
     return np.ascontiguousarray(arr.reshape((len(arr), *model.input_shape)), dtype=model.input.dtype)
 
@@ -121,7 +122,7 @@ def load_audit_data(
     """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none), read
     within ``limits``."""
     data = load_data(path, label_column=label_column, require_metadata=False, limits=limits)
-    x = prepare_inputs(model, data.x)
+    x = prepare_inputs(model, data.array)
     y = None if data.y is None else label_indices(data.y, model.classes)
     return x, y
 

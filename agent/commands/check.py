@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         metadata=metadata_to_read(args.data, args.metadata, rules),
         require_metadata=bool(args.metadata),
         limits=data_limits(args),
+        inputs=model.signature.names,
     )
     report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed)
     print(json.dumps(report) if args.json else format_report(report))

@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         metadata=metadata_to_read(args.train, args.metadata, rules),
         require_metadata=False,
         limits=limits,
+        inputs=model.signature.names,
     )
     val = load_data(
         args.val,
@@ -177,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         metadata=metadata_to_read(args.val, args.metadata, rules),
         require_metadata=bool(args.metadata),
         limits=limits,
+        inputs=model.signature.names,
     )
     report = fit_bundle(
         model,
@@ -185,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         idi_path=args.idi,
         params=params,
         progress=say,
+        features=params.features,
     )
     return _finish(args, params, report, model, started)
 

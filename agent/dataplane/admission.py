@@ -19,6 +19,7 @@ import numpy as np
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork
+from agent.model.inputs import Inputs, rule_values
 from agent.protocol.inference import InferRequest, ProtocolError, RequestedOutput, Tensor
 from invariants.oracle import VERDICTS
 
@@ -85,45 +86,58 @@ def _metadata_array(t: Tensor, max_values: int, max_value_bytes: int) -> np.ndar
 
 @dataclass
 class SplitInputs:
-    data: Tensor
+    """A request's tensors sorted out: the model's inputs by name, batch-level metadata (request
+    ``parameters``) and per-sample metadata (named BYTES inputs read by IDI rules)."""
+
+    data: dict[str, Tensor]
     metadata: dict[str, Any] = field(default_factory=dict)
     per_sample: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The model inputs' values by name (what :meth:`Runtime.prepare` validates)."""
+        return {name: t.data for name, t in self.data.items()}
+
 
 def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str, Any]) -> SplitInputs:
-    """The model input and the IDI metadata (request ``parameters`` for the batch, or named inputs).
+    """The model's inputs and the IDI metadata (request ``parameters`` for the batch, or named inputs).
 
-    Inputs named like a metadata field of the bundle are metadata; other BYTES inputs are metadata
-    the rules do not read (ignored), unless named like the model's input.
+    A tensor named like a model input is that input (its datatype must be the model's: no value is
+    converted silently); one named like a metadata field of the bundle is metadata; other BYTES tensors
+    are metadata the rules do not read (ignored). Where the agent does not know the input's name (proxy
+    and observe modes with a bundle of a single input), the one numeric tensor is the input.
     """
-
-    def is_data(t: Tensor) -> bool:
-        if t.name in rt.metadata_fields:
-            return False
-        return t.datatype != "BYTES" or t.name == rt.input_name or (rt.input_name is None and len(inputs) == 1)
-
-    data = [t for t in inputs if is_data(t)]
+    sig = rt.signature
+    named = rt.input_name is not None or len(sig.inputs) > 1
+    wanted = set(sig.names) if named else set()
+    data: dict[str, Tensor] = {}
+    for t in inputs:
+        if t.name in wanted:
+            data[t.name] = t
+        elif t.name in rt.metadata_fields or t.datatype == "BYTES":
+            continue
+        elif not named and not data:
+            data[sig.names[0] if sig.inputs else t.name] = t
+        else:
+            raise ProtocolError("unknown_input", _unknown(t.name, rt))
     if not data:
         raise ProtocolError("missing_input", "request has no model input, only metadata inputs")
-    if len(data) > 1:
-        names = ", ".join(repr(t.name) for t in data)
-        known = f"; metadata inputs are {', '.join(sorted(rt.metadata_fields))}" if rt.metadata_fields else ""
-        raise ProtocolError(
-            "unknown_input", f"request has {len(data)} data inputs ({names}); the model takes one{known}"
-        )
-    x = data[0]
-    if rt.input_name is not None and x.name != rt.input_name:
-        raise ProtocolError("unknown_input", f"unknown input {x.name!r}; the model's input is {rt.input_name!r}")
-    if x.datatype == "BYTES":
-        raise ProtocolError("datatype", f"input {x.name!r} has datatype BYTES; the model takes numbers")
-    expected = rt.input_datatype
-    if expected is not None and x.datatype != expected:
-        # as Triton answers: a client converts, so that no value is silently rounded or reinterpreted
-        raise ProtocolError(
-            "datatype",
-            f"input {x.name!r} has datatype {x.datatype}; the model's input is {expected}: send {expected}",
-        )
-    out = SplitInputs(x)
+    missing = [n for n in sig.names if n not in data] if named else []
+    if missing:
+        names = ", ".join(sig.names)
+        raise ProtocolError("missing_input", f"missing input {missing[0]!r}; the model's inputs are {names}")
+    for name, t in data.items():
+        spec = sig.get(name)
+        if spec is None:
+            continue
+        if t.datatype == "BYTES" and not spec.is_string:
+            raise ProtocolError("datatype", f"input {name!r} has datatype BYTES; the model takes numbers")
+        if (rt.classifier is not None or rt.bundle.inputs) and t.datatype != spec.datatype:
+            # as Triton answers: a client converts, so that no value is silently rounded or reinterpreted
+            raise ProtocolError(
+                "datatype",
+                f"input {name!r} has datatype {t.datatype}; the model's input is {spec.datatype}: send {spec.datatype}",
+            )
+    out = SplitInputs(data)
     for f in rt.metadata_fields:
         if f in parameters:
             v = parameters[f]
@@ -131,13 +145,23 @@ def split_inputs(rt: Runtime, inputs: Sequence[Tensor], parameters: Mapping[str,
                 raise ProtocolError("metadata", f"parameter {f!r} must be a single value for the whole batch")
             out.metadata[f] = v
     for t in inputs:
-        if t.name in rt.metadata_fields:
+        if t.name in rt.metadata_fields and t.name not in data:
             out.per_sample[t.name] = _metadata_array(t, rt.max_batch, rt.max_metadata_value_bytes)
     return out
 
 
-def attach_metadata(split: SplitInputs, n: int) -> dict[str, Any] | None:
+def _unknown(name: str, rt: Runtime) -> str:
+    known = f"; metadata inputs are {', '.join(sorted(rt.metadata_fields))}" if rt.metadata_fields else ""
+    inputs = ", ".join(repr(n) for n in rt.signature.names)
+    return f"unknown input {name!r}; the model's inputs are {inputs}{known}"
+
+
+def attach_metadata(
+    split: SplitInputs, n: int, rule_inputs: Mapping[str, np.ndarray] | None = None
+) -> dict[str, Any] | None:
+    """The metadata the oracle reads: batch-level, per-sample, and the named inputs the rules read."""
     meta = dict(split.metadata)
+    meta.update(rule_inputs or {})
     for name, arr in split.per_sample.items():
         if arr.shape[0] != n:
             raise ProtocolError("metadata", f"metadata input {name!r} has {arr.shape[0]} values for {n} samples")
@@ -167,8 +191,8 @@ class Admitted:
     request_id: str
     #: The outputs to answer, each with its HTTP encoding (binary or JSON).
     wanted: list[tuple[str, bool]]
-    #: The model input, validated and in the model's shape and dtype.
-    x: np.ndarray
+    #: The model's inputs, validated and in the model's shapes and dtypes.
+    x: Inputs
     metadata: dict[str, Any] | None
     #: What proxy mode forwards: the body and its headers (``None`` in serve mode).
     forward: tuple[bytes, dict[str, str]] | None = None
@@ -193,6 +217,6 @@ def admit(rt: Runtime, request: InferRequest, available: Sequence[str]) -> Admit
     prepared, the outputs it asks for among ``available``, its id (generated when it has none)."""
     split = split_inputs(rt, request.inputs, request.parameters)
     wanted = resolve_outputs(request.outputs, available, request.binary_output)
-    x = rt.prepare(split.data.data)
-    meta = attach_metadata(split, x.shape[0])
+    x = rt.prepare(split.arrays())
+    meta = attach_metadata(split, x.n, rule_values(x, rt.input_fields))
     return Admitted(rt, request, request.id or new_request_id(), wanted, x, meta)

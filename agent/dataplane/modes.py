@@ -94,8 +94,7 @@ class ServeMode:
     async def predict(self, admitted: Admitted, place: Placement) -> Predicted:
         pred, seconds = await place.run_model(_run_model, admitted)
         rt = admitted.rt
-        assert rt.classifier is not None
-        features = rt.classifier.features(admitted.x)
+        features = rt.features(admitted.x, pred)
         work = JudgeWork(rt, features, pred.probabilities, pred.labels, admitted.metadata, seconds, admitted.request_id)
         return Predicted(work)
 

@@ -34,6 +34,7 @@ from agent.config.settings import AgentSettings
 from agent.dataplane.admission import MetadataTooLarge, SplitInputs, attach_metadata, new_request_id, split_inputs
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
+from agent.model.inputs import Inputs, rule_values
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError, Tensor
 
@@ -96,14 +97,15 @@ class ObserveItem:
     """A batch waiting to be judged: prepared inputs, probabilities, metadata."""
 
     id: str
-    x: np.ndarray
+    x: Inputs
     probabilities: np.ndarray
     metadata: dict[str, Any] | None
     received: float
 
     def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """For the state store: arrays without pickle (text metadata as fixed-width strings)."""
-        arrays = {"x": self.x, "probabilities": self.probabilities}
+        """For the state store: arrays without pickle (text as fixed-width strings)."""
+        arrays = {f"input:{k}": v.astype("U") if v.dtype.kind == "O" else v for k, v in self.x.items()}
+        arrays["probabilities"] = self.probabilities
         scalars: dict[str, Any] = {}
         for k, v in (self.metadata or {}).items():
             if isinstance(v, np.ndarray):
@@ -115,10 +117,16 @@ class ObserveItem:
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> ObserveItem:
         md: dict[str, Any] = dict(meta.get("scalars") or {})
+        inputs: dict[str, np.ndarray] = {}
         for k, v in arrays.items():
             if k.startswith("meta:"):
                 md[k[5:]] = v
-        return cls(str(meta["id"]), arrays["x"], arrays["probabilities"], md or None, float(meta["received"]))
+            elif k.startswith("input:"):
+                inputs[k[6:]] = v.astype(object) if v.dtype.kind == "U" else v
+        if "x" in arrays:  # saved before inputs were named
+            inputs["input"] = arrays["x"]
+        probs = arrays["probabilities"]
+        return cls(str(meta["id"]), Inputs(inputs), probs, md or None, float(meta["received"]))
 
 
 def _nested(name: str, value: object) -> np.ndarray:
@@ -153,9 +161,9 @@ def _check_probabilities(rt: Runtime, probs: np.ndarray, n: int) -> np.ndarray:
     return probs
 
 
-def _prepare(rt: Runtime, split: SplitInputs) -> tuple[np.ndarray, dict[str, Any] | None]:
-    x = rt.prepare(split.data.data)
-    return x, attach_metadata(split, x.shape[0])
+def _prepare(rt: Runtime, split: SplitInputs) -> tuple[Inputs, dict[str, Any] | None]:
+    x = rt.prepare(split.arrays())
+    return x, attach_metadata(split, x.n, rule_values(x, rt.input_fields))
 
 
 def decode_observation(
@@ -198,7 +206,7 @@ def decode_observation(
         probs = output_probabilities(rt, outs, scores_output, "observation")
     else:
         raise ProtocolError("malformed_json", "observation has neither 'probabilities' nor 'outputs'")
-    probs = _check_probabilities(rt, probs, x.shape[0])
+    probs = _check_probabilities(rt, probs, x.n)
     return ObserveItem(rid or new_request_id(), x, probs, meta, time.time())
 
 
@@ -249,11 +257,12 @@ def parse_cloudevent(headers: Mapping[str, str], body: bytes) -> CloudEvent | No
 
 def decode_request_event(
     rt: Runtime, data: bytes, bounds: MetadataBounds | None = None
-) -> tuple[np.ndarray, dict[str, Any] | None]:
+) -> tuple[Inputs, dict[str, Any] | None]:
     """The logged inference request (V2 ``inputs`` or V1 ``instances``) → prepared inputs, metadata."""
     obj, _ = v2.split_body(data, None)
-    if "instances" in obj:
-        split = split_inputs(rt, [v2.tensor("input", _nested("instances", obj["instances"]).astype(np.float32))], {})
+    if "instances" in obj:  # V1: the instances of a single-input model
+        name = rt.signature.names[0] if rt.signature.single is not None else "input"
+        split = split_inputs(rt, [v2.tensor(name, _nested("instances", obj["instances"]).astype(np.float32))], {})
     else:
         req = v2.decode_request(data, max_elements=rt.max_elements)
         (bounds or MetadataBounds()).check_tensors(rt, req.inputs)
@@ -279,8 +288,8 @@ def size_of(value: Any) -> int:
         return n
     if isinstance(value, tuple | list):
         return sum(size_of(v) for v in value)
-    if isinstance(value, dict):
-        return sum(len(str(k)) + size_of(v) for k, v in value.items())
+    if isinstance(value, Mapping):  # a dict, or a batch of named inputs
+        return sum(len(str(k)) + size_of(value[k]) for k in value)
     if isinstance(value, bytes | str):
         return len(value)
     return 8

@@ -80,7 +80,7 @@ class ObserveIntake:
             item: ObserveItem = await self.run(decode_observation, rt, body, scores_output, self.bounds)
             self.enqueue(item)
             await self.recording.acknowledge(item.id)
-            return {"id": item.id, "accepted": int(item.x.shape[0])}
+            return {"id": item.id, "accepted": int(item.x.n)}
         self.metrics.observe_events.labels(event.kind).inc()
         if event.kind == REQUEST:
             value = await self.run(decode_request_event, rt, event.data, self.bounds)
@@ -93,15 +93,15 @@ class ObserveIntake:
         if pair is None:
             return {"id": event.id, "paired": False}
         (x, meta), probs = pair
-        if probs.shape[0] != x.shape[0]:
+        if probs.shape[0] != x.n:
             raise ClientError(
-                f"event {event.id}: {x.shape[0]} inputs but {probs.shape[0]} probability vectors",
+                f"event {event.id}: {x.n} inputs but {probs.shape[0]} probability vectors",
                 status=400,
                 reason="shape_mismatch",
             )
         self.enqueue(ObserveItem(event.id, x, probs, meta, time.time()))
         await self.recording.acknowledge(event.id)
-        return {"id": event.id, "paired": True, "accepted": int(x.shape[0])}
+        return {"id": event.id, "paired": True, "accepted": int(x.n)}
 
     def enqueue(self, item: ObserveItem) -> None:
         if not self.accepting:

@@ -33,6 +33,7 @@ from agent.dataplane.policy import Placement
 from agent.dataplane.upstream import UpstreamClient, UpstreamError, UpstreamModel
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork
+from agent.model.inputs import rule_values
 from agent.protocol import v2
 from agent.protocol.inference import InferRequest, InferResponse, ProtocolError, RequestedOutput, Tensor
 
@@ -89,8 +90,8 @@ def proxy_admit(rt: Runtime, up: UpstreamModel, req: InferRequest) -> Admitted:
     client asked for; when the scores output is not known, it names none (the upstream answers all).
     """
     split = split_inputs(rt, req.inputs, req.parameters)
-    x = rt.prepare(split.data.data)
-    meta = attach_metadata(split, x.shape[0])
+    x = rt.prepare(split.arrays())
+    meta = attach_metadata(split, x.n, rule_values(x, rt.input_fields))
     wanted = _wanted(req, up)  # refuses unknown names before the upstream is called
     binary = req.used_binary and up.binary
     params = {k: v for k, v in req.parameters.items() if k not in rt.metadata_fields and k != "binary_data_output"}
@@ -101,8 +102,8 @@ def proxy_admit(rt: Runtime, up: UpstreamModel, req: InferRequest) -> Admitted:
         names = [up.scores_output]
         names += [n for n, _ in wanted if _from_upstream(n, up) and n not in names]
         outputs = [RequestedOutput(n, binary) for n in names]
-    data = Tensor(split.data.name, split.data.datatype, split.data.shape, split.data.data)
-    forward = v2.encode_request([data], binary=binary, request_id=req.id, parameters=params, outputs=outputs)
+    data = [Tensor(t.name, t.datatype, t.shape, t.data) for t in split.data.values()]
+    forward = v2.encode_request(data, binary=binary, request_id=req.id, parameters=params, outputs=outputs)
     return Admitted(rt, req, req.id or "", wanted, x, meta, forward)
 
 
@@ -120,7 +121,7 @@ def proxy_predicted(
         probs = output_probabilities(rt, resp.outputs, up.scores_output, "upstream response")
     except ProtocolError as exc:
         raise UpstreamError(502, "bad_response", str(exc)) from None
-    n = x.shape[0]
+    n = x.n
     if probs.shape[0] != n:
         raise UpstreamError(502, "bad_response", f"upstream returned {probs.shape[0]} predictions for {n} inputs")
     rid = admitted.request_id or resp.id or new_request_id()

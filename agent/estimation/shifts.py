@@ -34,6 +34,7 @@ from agent.estimation.calibration import ShiftCalibration
 from agent.estimation.reference import InputReference
 from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
 from agent.estimation.statistics import SampleExtras
+from agent.model.classifier import Prediction
 from agent.perturb.transforms import TRANSFORMS, TransformContext
 
 if TYPE_CHECKING:
@@ -405,12 +406,12 @@ def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, 
     """The PCA of the training inputs, the TDI leaf table and the clean per-class confidences
     ``shift_aware`` compares live windows with."""
     tdi = oracle.tdi
-    train_f = model.features(train_x)
-    pred = model.predict_batched(x_cal)
+    train_f = _viewed(model, train_x)[1]
+    pred, cal_f = _viewed(model, x_cal)
     return InputReference.fit(
         train_f,
-        model.features(x_cal),
-        per_feature_scale=not is_image_input(model.input_shape),
+        cal_f,
+        per_feature_scale=not is_image_input(model.input_shape) or model.view.kind != "raw",
         rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
         rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
         train_rules=tdi.rule_index(train_f) if tdi is not None else None,
@@ -418,6 +419,17 @@ def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, 
         clean_confidences=pred.confidences,
         n_classes=model.n_classes,
     )
+
+
+def _viewed(model: OnnxClassifier, x: np.ndarray, batch_size: int = 512) -> tuple[Prediction, np.ndarray]:
+    """Predictions (without the extra outputs) and the feature view of a single input's array, in batches."""
+    inputs = model.prepare_file(x)
+    preds, feats = [], []
+    for batch in inputs.batches(batch_size):
+        p = model.predict_prepared(batch)
+        feats.append(model.features(batch, p))
+        preds.append(Prediction(p.probabilities, p.labels))
+    return Prediction.concatenate(preds), np.concatenate(feats)
 
 
 def judge_shifted_sets(
@@ -444,8 +456,7 @@ def judge_shifted_sets(
     tdi = oracle.tdi
 
     def judged(name: str, x: np.ndarray) -> JudgedSet:
-        pred = model.predict_batched(x)
-        feats = model.features(x)
+        pred, feats = _viewed(model, x)
         result = oracle.judge(
             feats, pred.probabilities, pred.labels, metadata=metadata or None, feature_names=feature_names
         )

@@ -121,13 +121,13 @@ class JudgeQueue:
             self._judge_lock.release()
         return True
 
-    def wake(self) -> None:
-        """Have the background thread record what is pending now, without lingering (recorded here
-        without that thread)."""
+    def wake(self, hurry: bool = False) -> None:
+        """Have the background thread record what is pending (recorded here without that thread);
+        ``hurry``: without lingering first (somebody waits for it)."""
         with self._wakeup:
             if self._worker is not None:
                 self._idle = False
-                self._hurry = True
+                self._hurry = self._hurry or hurry
                 self._wakeup.notify()
                 return
         self.flush()

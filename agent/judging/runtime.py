@@ -8,7 +8,7 @@ bundle with its compiled oracle, and the estimator calibration.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +19,17 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import headline_estimator
 from agent.model.classifier import (
+    Batch,
     ModelLoadError,
     OnnxClassifier,
+    Prediction,
     predicted_labels,
-    prepare_batch,
     read_model_file,
     scores_as_probabilities,
     sha256_bytes,
 )
+from agent.model.inputs import Inputs, Signature, prepare
+from agent.model.views import FeatureView, ViewError, view_of_bundle
 from agent.protocol import v2
 from agent.protocol.v2 import ProtocolError
 from invariants.bundle import Bundle, BundleError
@@ -49,6 +52,7 @@ class Runtime:
     version: str
     mode: str
     classifier: OnnxClassifier | None
+    #: the model's single input's name (None: several inputs, or unknown without the model)
     input_name: str | None
     input_shape: tuple[int, ...]
     classes: list[str]
@@ -72,13 +76,13 @@ class Runtime:
     decision_threshold: float | None = None
     #: The estimator shown first (the bundle's headline, ``shift_aware`` unless it says otherwise).
     headline: str = "shift_aware"
+    #: Model inputs the IDI rules read (``{input: ...}`` conditions), passed with the metadata.
+    input_fields: frozenset[str] = frozenset()
+    #: The model's inputs (from the model in serve mode, from the bundle otherwise).
+    signature: Signature = field(default_factory=lambda: Signature(()))
+    #: What the invariants read of a sample (the bundle's feature view).
+    view: FeatureView = field(default_factory=lambda: FeatureView("raw"))
 
-    @property
-    def input_datatype(self) -> str | None:
-        """The V2 datatype of the model's input (serve mode; None when the agent runs no model)."""
-        if self.classifier is None:
-            return None
-        return v2.datatype_of(np.zeros(0, dtype=self.classifier.input.dtype))
 
     @property
     def identity(self) -> str:
@@ -93,16 +97,20 @@ class Runtime:
 
     @property
     def n_features(self) -> int:
-        return int(np.prod(self.input_shape))
+        """Columns of the feature view."""
+        return self.view.width
 
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        """Validate a batch; raises :class:`agent.model.classifier.InvalidInput` naming the problem."""
+    def prepare(self, x: Batch) -> Inputs:
+        """Validate a batch; raises :class:`agent.model.inputs.InvalidInput` naming the problem."""
         if self.classifier is not None:
             return self.classifier.prepare(x)
-        return prepare_batch(x, self.input_shape, self.max_batch)
+        return prepare(self.signature, x, self.max_batch)
 
-    def features(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    def features(self, x: Inputs, prediction: Prediction | None = None) -> np.ndarray:
+        """The feature view of prepared inputs (an embedding view reads it from ``prediction``)."""
+        if self.classifier is not None:
+            return self.classifier.features(x, prediction)
+        return self.view.features(x)
 
     def labels_of(self, probabilities: np.ndarray) -> np.ndarray:
         """The predicted labels of probabilities from elsewhere (proxy, observe), with the bundle's threshold."""
@@ -165,6 +173,12 @@ def load_runtime(
                 raise UserError(f"model.path: file not found: {mpath}")
             sha = _file_sha256(mpath)
         bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
+        signature = (
+            Signature.from_list(bundle.inputs)
+            if bundle.inputs
+            else Signature.of_array("input", bundle.input_shape)
+        )
+        view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
         if model_bytes is not None:  # built whole: the runtime never changes its classifier
             classifier = OnnxClassifier(
                 model_bytes,
@@ -175,34 +189,43 @@ def load_runtime(
                 classes=m.classes,
                 max_batch=settings.server.max_batch,
                 decision_threshold=bundle.decision_threshold,
+                view=view,
             )
-    except (ModelLoadError, BundleError) as exc:
+            signature = classifier.signature
+        elif view.extra_outputs:
+            raise UserError(
+                f"bundle {bpath} reads the model's own representation ({view.embedding!r}), which mode "
+                f"{settings.mode!r} cannot see (the model runs elsewhere): refit it with "
+                "`icos-agent fit --features raw` (or pooled, hashed)"
+            )
+    except (ModelLoadError, BundleError, ViewError) as exc:
         raise UserError(str(exc)) from exc
     cal_dict = bundle.estimator_calibration
     if not cal_dict:
         raise UserError(f"bundle {bpath} has no estimator calibration; refit it with `icos-agent fit`")
     calibration = EstimatorCalibration.from_dict(cal_dict)
+    single = signature.single
+    input_shape = tuple(int(d) for d in single.shape if d is not None) if single is not None and single.fixed else ()
     if classifier is not None:
-        input_shape = classifier.input_shape
         classes = classifier.classes
         if len(bundle.classes) != len(classes):
-            raise UserError(f"bundle has {len(bundle.classes)} classes but the model has {len(classes)}")
+            raise UserError(
+                f"bundle has {len(bundle.classes)} classes but the model has {len(classes)}: it was fitted for "
+                "another model; refit it with `icos-agent fit --model` on this one"
+            )
     else:
-        if any(d is None for d in bundle.input_shape):
-            raise UserError(f"bundle {bpath} has a dynamic input shape {bundle.input_shape}")
-        input_shape = tuple(int(d) for d in bundle.input_shape if d is not None)
         classes = list(m.classes) if m.classes else list(bundle.classes)
     idi = bundle.idi
     manifest = Path(bpath) / "manifest.json"
     metadata_only = idi is None or all(c.subject == "field" for r in idi.rules for c in r.conditions)
     # TDI + ADI compiled into one ONNX graph: same verdicts as bundle.oracle(), a fraction of the cost
-    oracle = CompiledOracle(bundle.oracle(), int(np.prod(input_shape)), len(classes))
+    oracle = CompiledOracle(bundle.oracle(), view.width, len(classes))
     return Runtime(
         name=m.name,
         version=version or m.version,
         mode=settings.mode,
         classifier=classifier,
-        input_name=classifier.input.name if classifier is not None else None,
+        input_name=single.name if single is not None and (classifier is not None or bundle.inputs) else None,
         input_shape=input_shape,
         classes=classes,
         bundle=bundle,
@@ -210,6 +233,7 @@ def load_runtime(
         oracle_no_metadata=oracle.without_idi() if metadata_only else oracle,
         calibration=calibration,
         metadata_fields=frozenset(idi.metadata_fields) if idi is not None else frozenset(),
+        input_fields=frozenset(idi.input_fields) if idi is not None else frozenset(),
         model_sha256=sha or bundle.model_sha256 or "",
         bundle_digest=_file_sha256(manifest) if manifest.is_file() else (bundle.model_sha256 or ""),
         scores_kind=m.scores_kind,
@@ -220,6 +244,8 @@ def load_runtime(
         bundle_path=str(bpath),
         decision_threshold=bundle.decision_threshold,
         headline=headline_estimator(bundle.headline),
+        signature=signature,
+        view=view,
     )
 
 

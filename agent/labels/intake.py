@@ -53,8 +53,8 @@ class PendingJudgement(Protocol):
     def held_ids(self) -> list[str]:
         """The request ids of every work queued or being recorded now."""
 
-    def wake(self) -> None:
-        """Record what is pending soon rather than after lingering."""
+    def wake(self, hurry: bool = False) -> None:
+        """Record what is pending (``hurry``: now rather than after lingering)."""
 
 
 def resolve_label(value: object, classes: list[str]) -> int | None:
@@ -218,7 +218,7 @@ class LabelIntake:
         return self.pending.holds(request_id) or self.store.holds(request_id)
 
     async def _wait(self, request_ids: Iterable[str]) -> None:
-        self.pending.wake()
+        self.pending.wake(hurry=True)
         await self.store.wait_written(request_ids, self.pending.holds, self.config.commit_timeout_seconds)
 
     async def requests(self, limit: int) -> dict[str, Any]:

@@ -16,35 +16,48 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from agent.errors import ClientError, UserError
+from agent.errors import UserError
+from agent.model.graph import with_outputs
+from agent.model.inputs import Inputs, InputSpec, InvalidInput, Signature, prepare
+from agent.model.views import FeatureView, default_view
 from invariants.onnx_session import OnnxLoadError, OnnxSession, TensorInfo
 
 ScoresKind = Literal["auto", "logits", "probabilities"]
+#: What a model takes: inputs by name, or one array for a single-input model.
+Batch = Inputs | Mapping[str, np.ndarray] | np.ndarray
+
+__all__ = ["Batch", "InvalidInput", "ModelLoadError", "OnnxClassifier", "Prediction"]
 
 
 class ModelLoadError(UserError, ValueError):
     """The model file is missing, not ONNX, or not a classifier this runtime understands."""
 
 
-class InvalidInput(ClientError, ValueError):
-    """A batch the model cannot take. ``reason`` is a short, bounded label for metrics."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message, status=413 if reason == "too_large" else 400, reason=reason)
-
-
 @dataclass(frozen=True)
 class Prediction:
-    """Class probabilities float32 ``[N, K]`` and predicted labels int64 ``[N]``."""
+    """Class probabilities float32 ``[N, K]`` and predicted labels int64 ``[N]``; ``extra``: the model's
+    extra outputs the feature view reads (an embedding), by tensor name."""
 
     probabilities: np.ndarray
     labels: np.ndarray
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @staticmethod
+    def concatenate(parts: Sequence[Prediction]) -> Prediction:
+        extra = {k: np.concatenate([p.extra[k] for p in parts]) for k in parts[0].extra} if parts else {}
+        return Prediction(
+            np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts]), extra
+        )
+
+    def take(self, index: np.ndarray | slice) -> Prediction:
+        return Prediction(self.probabilities[index], self.labels[index], {k: v[index] for k, v in self.extra.items()})
 
     @property
     def confidences(self) -> np.ndarray:
@@ -158,7 +171,11 @@ def read_model_file(path: str | os.PathLike[str]) -> bytes:
 class OnnxClassifier:
     """A classifier loaded from an ONNX file, ready for batch prediction.
 
-    Thread-safe: ``predict`` may be called concurrently from a thread pool.
+    Its inputs are what the graph declares (:attr:`signature`: one or several named inputs of any
+    numeric or string type, dynamic dimensions allowed); batches are :class:`~agent.model.inputs.Inputs`
+    (:meth:`prepare`). ``view`` is the feature view the invariants read (:mod:`agent.model.views`; by
+    default the raw inputs of a single numeric input); its extra outputs (an embedding) come from the same
+    session run. Thread-safe: ``predict`` may be called concurrently from a thread pool.
     """
 
     def __init__(
@@ -172,6 +189,7 @@ class OnnxClassifier:
         classes: list[str] | None = None,
         max_batch: int = 4096,
         decision_threshold: float | None = None,
+        view: FeatureView | None = None,
     ) -> None:
         self.model_bytes = model_bytes
         self.path = path
@@ -180,32 +198,17 @@ class OnnxClassifier:
         self.max_batch = max_batch
         #: Binary models: probability of class 1 from which it is predicted (None: argmax), from the bundle.
         self.decision_threshold: float | None = decision_threshold
-        try:
-            self.session = OnnxSession(model_bytes)
-        except OnnxLoadError as exc:
-            raise ModelLoadError(str(exc).replace("in-memory model", path or "model")) from exc
-        if len(self.session.inputs) != 1:
-            names = ", ".join(i.name for i in self.session.inputs)
-            raise ModelLoadError(f"model must have exactly one input tensor, found {len(self.session.inputs)}: {names}")
-        self.input: TensorInfo = self.session.inputs[0]
-        if self.input.dtype.kind not in "fiu":
-            raise ModelLoadError(f"model input {self.input.name!r} has unsupported type {self.input.onnx_type}")
-        if len(self.input.shape) < 2:
-            raise ModelLoadError(
-                f"model input {self.input.name!r} must be at least 2-D [N, ...], got {self.input.shape}"
-            )
-        if any(d is None for d in self.input.shape[1:]):
-            raise ModelLoadError(
-                f"model input {self.input.name!r} has dynamic non-batch dimensions {self.input.shape}; "
-                "export it with fixed sizes"
-            )
-        self.input_shape: tuple[int, ...] = tuple(int(d) for d in self.input.shape[1:] if d is not None)
-        self.n_features = int(np.prod(self.input_shape))
+        self.session = self._session(model_bytes)
+        self.signature = Signature(tuple(_input_spec(i) for i in self.session.inputs))
         self._zipmap = False
         #: class names in the order of a ZipMap output's keys (None for tensor outputs)
         self.zipmap_classes: list[str] | None = None
         self.scores_output, self.scores_kind = self._pick_scores(scores_output, scores_kind)
-        probe = self.predict(np.zeros((1, *self.input_shape), dtype=self.input.dtype))
+        self.view = view if view is not None else default_view(self.signature)
+        self._extra = self.view.extra_outputs
+        if self._extra:
+            self.session = self._session(with_outputs(model_bytes, self._extra))
+        probe = self.predict_prepared(probe_inputs(self.signature, self.session))
         self.n_classes = int(probe.probabilities.shape[1])
         if self.n_classes < 2:
             raise ModelLoadError(
@@ -215,6 +218,45 @@ class OnnxClassifier:
             raise ModelLoadError(f"{len(classes)} class names given but the model has {self.n_classes} classes")
         default = self.zipmap_classes or [str(i) for i in range(self.n_classes)]
         self.classes: list[str] = list(classes) if classes is not None else default
+
+    def _session(self, model_bytes: bytes) -> OnnxSession:
+        try:
+            return OnnxSession(model_bytes)
+        except OnnxLoadError as exc:
+            raise ModelLoadError(load_error_remedy(str(exc).replace("in-memory model", self.path or "model"))) from exc
+
+    def with_view(self, view: FeatureView) -> OnnxClassifier:
+        """The same model reading ``view`` (a new session when the view needs extra outputs)."""
+        return OnnxClassifier(
+            self.model_bytes,
+            path=self.path,
+            name=self.name,
+            scores_output=self.scores_output,
+            scores_kind=self.scores_kind,  # type: ignore[arg-type]
+            classes=self.classes,
+            max_batch=self.max_batch,
+            decision_threshold=self.decision_threshold,
+            view=view,
+        )
+
+    # -- the single input of models that have one (older callers) --------------------------------
+    @property
+    def input(self) -> TensorInfo:
+        """The model's first input (its only one for single-input models)."""
+        return self.session.inputs[0]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape per sample of a single fixed-size input (refused for other models)."""
+        spec = self.signature.single
+        if spec is None or not spec.fixed:
+            raise ModelLoadError(f"model {self.name!r} has inputs {self.signature.names} of dynamic or several shapes")
+        return tuple(int(d) for d in spec.shape if d is not None)
+
+    @property
+    def n_features(self) -> int:
+        """Columns of the feature view."""
+        return self.view.width or int(np.prod(self.input_shape))
 
     @classmethod
     def load(
@@ -227,6 +269,7 @@ class OnnxClassifier:
         classes: list[str] | None = None,
         max_batch: int = 4096,
         decision_threshold: float | None = None,
+        view: FeatureView | None = None,
     ) -> OnnxClassifier:
         return cls(
             read_model_file(path),
@@ -237,6 +280,7 @@ class OnnxClassifier:
             classes=classes,
             max_batch=max_batch,
             decision_threshold=decision_threshold,
+            view=view,
         )
 
     def _pick_scores(self, scores_output: str | None, scores_kind: ScoresKind) -> tuple[str, ScoresKind]:
@@ -276,18 +320,36 @@ class OnnxClassifier:
         return chosen, scores_kind
 
     # -- inputs ---------------------------------------------------------------------------
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        """Validate a batch and bring it to the model's input shape and dtype (see :func:`prepare_batch`)."""
-        return prepare_batch(x, self.input_shape, self.max_batch, self.input.dtype)
+    def prepare(self, x: Batch) -> Inputs:
+        """Validate a batch and bring every input to the model's shape and dtype (see :func:`prepare`)."""
+        if isinstance(x, Inputs):
+            return x
+        return prepare(self.signature, x, self.max_batch)
 
-    def prepare_file(self, x: np.ndarray) -> np.ndarray:
+    def prepare_file(self, x: Batch) -> Inputs:
         """:meth:`prepare` for a whole data file (``fit``, ``check``, audits): ``max_batch`` bounds one
         request, not a file, whose predictions run in batches anyway."""
-        return prepare_batch(x, self.input_shape, max(1, len(x)), self.input.dtype)
+        if isinstance(x, Inputs):
+            return x
+        n = len(next(iter(x.values()))) if isinstance(x, Mapping) else len(x)
+        return prepare(self.signature, x, max(1, n))
 
-    def features(self, x: np.ndarray) -> np.ndarray:
-        """Prepared inputs flattened to float32 ``[N, D]`` (what the invariants read)."""
-        return np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    def prepare_array(self, x: np.ndarray) -> np.ndarray:
+        """A single-input model's batch validated and shaped (its only input's array)."""
+        spec = self.signature.single
+        if spec is None:
+            raise InvalidInput("missing_input", f"the model takes {len(self.signature.inputs)} inputs; name each")
+        return self.prepare(x)[spec.name]
+
+    def features(self, x: Inputs | np.ndarray, prediction: Prediction | None = None) -> np.ndarray:
+        """The feature view of prepared inputs, float32 ``[N, D]`` (what the invariants read); an embedding
+        view reads it from ``prediction`` (the model runs again without it). A single-input model also
+        takes its prepared array."""
+        x = self._as_inputs(x)
+        if self.view.extra_outputs:
+            extra = prediction.extra if prediction is not None and prediction.extra else self.predict_prepared(x).extra
+            return self.view.features(x, extra)
+        return self.view.features(x)
 
     # -- prediction -----------------------------------------------------------------------
     def scores_to_probabilities(self, scores: np.ndarray) -> np.ndarray:
@@ -301,14 +363,25 @@ class OnnxClassifier:
             return np.stack([1.0 - p1, p1], axis=1).astype(np.float32)
         return scores_as_probabilities(s, self.scores_kind)
 
-    def predict_prepared(self, x: np.ndarray) -> Prediction:
-        (scores,) = self.session.run({self.input.name: x}, [self.scores_output])
+    def _as_inputs(self, x: Inputs | np.ndarray) -> Inputs:
+        """Prepared inputs, also a single-input model's prepared array."""
+        if isinstance(x, Inputs):
+            return x
+        spec = self.signature.single
+        if spec is None:
+            raise InvalidInput("missing_input", f"the model takes {len(self.signature.inputs)} inputs; name each")
+        return Inputs({spec.name: x})
+
+    def predict_prepared(self, x: Inputs | np.ndarray) -> Prediction:
+        out = self.session.run(self._as_inputs(x), [self.scores_output, *self._extra])
+        scores = out[0]
         if self._zipmap:
             scores = self._zipmap_scores(scores)
         proba = self.scores_to_probabilities(scores)
-        return Prediction(proba, predicted_labels(proba, self.decision_threshold))
+        extra = dict(zip(self._extra, out[1:], strict=True)) if self._extra else {}
+        return Prediction(proba, predicted_labels(proba, self.decision_threshold), extra)
 
-    def predict(self, x: np.ndarray) -> Prediction:
+    def predict(self, x: Batch) -> Prediction:
         return self.predict_prepared(self.prepare(x))
 
     def _zipmap_scores(self, rows: object) -> np.ndarray:
@@ -322,31 +395,73 @@ class OnnxClassifier:
             self.zipmap_classes = [str(k) for k in keys]
         return np.array([[row[k] for k in keys] for row in seq], dtype=np.float32)
 
-    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+    def predict_proba(self, x: Batch) -> np.ndarray:
         """Probabilities of any number of samples (run in batches: audits pass whole data sets)."""
         return self.predict_batched(x).probabilities
 
-    def predict_batched(self, x: np.ndarray, batch_size: int = 512) -> Prediction:
-        """Predict a large array in chunks (for offline work)."""
-        if len(x) <= batch_size:
-            return self.predict(x)
-        parts = [self.predict(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
-        return Prediction(np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts]))
+    def predict_batched(self, x: Batch, batch_size: int = 512) -> Prediction:
+        """Predict a large batch in chunks (for offline work)."""
+        inputs = self.prepare_file(x)
+        if len(inputs) <= batch_size:
+            return self.predict_prepared(inputs)
+        parts = [self.predict_prepared(b) for b in inputs.batches(batch_size)]
+        return Prediction.concatenate(parts)
 
     def describe(self) -> dict[str, object]:
         return {
             "name": self.name,
             "path": self.path,
             "sha256": self.sha256,
-            "input": {
-                "name": self.input.name,
-                "shape": [-1, *self.input_shape],
-                "dtype": str(self.input.dtype),
-            },
+            "inputs": self.signature.to_list(),
             "scores_output": self.scores_output,
             "scores_kind": self.scores_kind,
             "classes": self.classes,
+            "view": self.view.kind,
         }
+
+
+def _input_spec(info: TensorInfo) -> InputSpec:
+    """A graph input as an :class:`InputSpec` (refusing types no client can send)."""
+    if info.dtype.kind not in "fiubO" or not info.onnx_type.startswith("tensor("):
+        raise ModelLoadError(f"model input {info.name!r} has unsupported type {info.onnx_type}")
+    if len(info.shape) < 1:
+        raise ModelLoadError(f"model input {info.name!r} must have a batch dimension [N, ...], got a scalar")
+    return InputSpec(info.name, info.dtype, tuple(info.shape[1:]))
+
+
+def probe_inputs(signature: Signature, session: OnnxSession) -> Inputs:
+    """A batch of one sample the model surely accepts (zeros, empty text; a dynamic dimension of the
+    first size the model runs with among 1, 8, 32, 224), to learn the model's outputs."""
+    last: Exception | None = None
+    for size in (1, 8, 32, 224):
+        arrays: dict[str, np.ndarray] = {}
+        for spec in signature.inputs:
+            shape = (1, *(size if d is None else d for d in spec.shape))
+            if spec.is_string:
+                arrays[spec.name] = np.full(shape, "", dtype=object)
+            elif "mask" in spec.name.lower():
+                arrays[spec.name] = np.ones(shape, dtype=spec.dtype)
+            else:
+                arrays[spec.name] = np.zeros(shape, dtype=spec.dtype)
+        batch = Inputs(arrays)
+        try:
+            session.run(batch)
+            return batch
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own error types; the next size may fit
+            last = exc
+            if signature.inputs and all(s.fixed for s in signature.inputs):
+                break
+    raise ModelLoadError(f"the model does not run on a zero batch of its own input shape: {last}")
+
+
+def load_error_remedy(message: str) -> str:
+    """An onnxruntime load error with the fix a user needs, where one is known."""
+    if "locale" in message.lower():
+        return (
+            f"{message} (the model's string operators need the en_US.UTF-8 locale: install it, e.g. "
+            "`apt-get install locales && locale-gen en_US.UTF-8`, as `make test` and the container image do)"
+        )
+    return message
 
 
 def _is_zipmap(info: TensorInfo) -> bool:

@@ -24,8 +24,10 @@ from agent.estimation.class_metrics import realized_class_metrics as realized_cl
 from agent.estimation.estimators import estimate_window, headline_estimator
 from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.statistics import WindowStats
-from agent.model.classifier import OnnxClassifier, Prediction
-from agent.offline.fit import predict_with_progress
+from agent.model.classifier import Batch, OnnxClassifier, Prediction
+from agent.model.inputs import rule_values
+from agent.model.views import view_of_bundle
+from agent.offline.fit import predict_and_view
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult, calibrate
@@ -39,21 +41,28 @@ class Judged:
     result: OracleResult
     #: TDI rule (leaf) index of every sample, or None without TDIs
     tdi_rules: np.ndarray | None = None
-    #: the flattened inputs the oracle read
+    #: the feature view the oracle read
     features: np.ndarray | None = None
 
 
 def judge(
     model: OnnxClassifier,
     bundle: Bundle,
-    x: np.ndarray,
+    x: Batch,
     metadata: dict[str, np.ndarray] | None = None,
     *,
     prepared: bool = False,
 ) -> Judged:
-    xp = x if prepared else model.prepare_file(x)
-    pred = predict_with_progress(model, xp, "predict")
-    feats = model.features(xp)
+    """Predict and judge a batch with the bundle's oracle, reading the bundle's feature view (the model is
+    given that view when it does not read it yet)."""
+    signature = model.signature
+    view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
+    if view != model.view:
+        model = model.with_view(view)
+    xp = model.prepare_file(x)
+    if bundle.idi is not None and bundle.idi.input_fields:
+        metadata = {**(metadata or {}), **rule_values(xp, bundle.idi.input_fields)}
+    pred, feats = predict_and_view(model, xp, "predict")
     result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(
         feats,
         pred.probabilities,

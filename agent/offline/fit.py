@@ -11,9 +11,13 @@ import numpy as np
 from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import TABLE_HEADLINE
 from agent.estimation.shifts import fit_shift_aware
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
-from agent.model.classifier import OnnxClassifier, Prediction
+from agent.model.classifier import Batch, OnnxClassifier, Prediction
+from agent.model.inputs import Inputs, rule_values
+from agent.model.view_choice import choose_view
+from agent.model.views import ViewError
 from invariants.bundle import Bundle
 from invariants.fit_params import MODEL, FitParams
 from invariants.fitting import fit_oracle
@@ -25,19 +29,29 @@ Progress = Callable[[str], None]
 #: (``shift_aware``, see ``agent.estimation.estimators`` and ``docs/estimation.md``).
 
 
-def predict_with_progress(model: OnnxClassifier, x: np.ndarray, desc: str, batch_size: int = 256) -> Prediction:
+def predict_with_progress(model: OnnxClassifier, x: Batch, desc: str, batch_size: int = 256) -> Prediction:
     """Batch prediction with a progress bar on stderr (hidden for short runs)."""
+    return predict_and_view(model, model.prepare_file(x), desc, batch_size)[0]
+
+
+def predict_and_view(
+    model: OnnxClassifier, x: Inputs, desc: str, batch_size: int = 256
+) -> tuple[Prediction, np.ndarray]:
+    """Predictions and the feature view of ``x``, batch by batch, with a progress bar on stderr (hidden for
+    short runs); the model's extra outputs (an embedding) are read into the view and not kept."""
     from tqdm import tqdm
 
     probs: list[np.ndarray] = []
     labels: list[np.ndarray] = []
+    feats: list[np.ndarray] = []
     with tqdm(total=len(x), desc=desc, unit="sample", leave=False, mininterval=0.5, delay=1.0) as bar:
-        for i in range(0, len(x), batch_size):
-            p = model.predict(x[i : i + batch_size])
+        for batch in x.batches(batch_size):
+            p = model.predict_prepared(batch)
             probs.append(p.probabilities)
             labels.append(p.labels)
+            feats.append(model.features(batch, p))
             bar.update(len(p.labels))
-    return Prediction(np.concatenate(probs), np.concatenate(labels))
+    return Prediction(np.concatenate(probs), np.concatenate(labels)), np.concatenate(feats)
 
 
 @dataclass
@@ -76,10 +90,13 @@ def fit_bundle(
     idi_path: str | Path | None = None,
     params: FitParams = FitParams(),
     progress: Progress | None = None,
+    features: str | None = None,
 ) -> FitReport:
     """Fit IDI/TDI/ADI for ``model`` and calibrate the oracle and estimators (paper §4, §5.4).
 
     ``params.decision_threshold`` becomes the model's (its labels are what the invariants judge).
+    ``features``: the feature view the invariants read (``fit --features``; None chooses one from the
+    model's signature, :func:`~agent.model.view_choice.choose_view`).
     """
     say = progress or (lambda _m: None)
     if train.y is None or val.y is None:
@@ -92,18 +109,28 @@ def fit_bundle(
     val_x = model.prepare_file(val.x)
     train_y = label_indices(train.y, model.classes)
     val_y = label_indices(val.y, model.classes)
-    train_pred = predict_with_progress(model, train_x, "predict train")
-    val_pred = predict_with_progress(model, val_x, "predict validation")
+    try:
+        view = choose_view(model, train_x, features, feature_names=train.feature_names, seed=params.seed)
+    except ViewError as exc:
+        raise UserError(str(exc)) from None
+    say(f"feature view: {view.kind}, {view.width} columns ({view.why})")
+    model = model.with_view(view)
+    feature_names = list(view.names) if view.names else train.feature_names
+    val_metadata = dict(val.metadata)
+    if idi is not None:  # the rules' named inputs are read with the metadata
+        val_metadata.update(rule_values(val_x, idi.input_fields))
+    train_pred, train_f = predict_and_view(model, train_x, "predict train")
+    val_pred, val_f = predict_and_view(model, val_x, "predict validation")
     fitted = fit_oracle(
-        model.features(train_x),
+        train_f,
         train_y,
-        model.features(val_x),
+        val_f,
         val_y,
         val_pred.probabilities,
         idi=idi,
-        val_metadata=val.metadata or None,
+        val_metadata=val_metadata or None,
         params=params,
-        feature_names=train.feature_names,
+        feature_names=feature_names,
         class_names=model.classes,
         progress=say,
         val_predicted=val_pred.labels,
@@ -112,33 +139,38 @@ def fit_bundle(
     assert tdi is not None and adi is not None  # fit_oracle always builds both
     cal_idx = fitted.calibration_index
     cal_result = fitted.oracle.judge(
-        model.features(val_x[cal_idx]),
+        val_f[cal_idx],
         val_pred.probabilities[cal_idx],
         val_pred.labels[cal_idx],
-        metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
-        feature_names=train.feature_names,
+        metadata={k: v[cal_idx] for k, v in val_metadata.items()} or None,
+        feature_names=feature_names,
     )
     est_cal = EstimatorCalibration.fit(
         val_pred.confidences[cal_idx], val_pred.labels[cal_idx] == val_y[cal_idx], cal_result.failed
     )
-    say("calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)")
-    shift = fit_shift_aware(
-        model,
-        fitted.oracle,
-        val_x[cal_idx],
-        val_y[cal_idx],
-        train_x=train_x,
-        metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
-        feature_names=train.feature_names,
-        n_sets=params.shift_sets,
-        seed=params.seed,
-    )
-    est_cal = est_cal.with_shift(shift)
+    single = model.signature.single
+    if single is not None and not single.is_string and single.fixed:
+        say("calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)")
+        shift = fit_shift_aware(
+            model,
+            fitted.oracle,
+            val_x[single.name][cal_idx],
+            val_y[cal_idx],
+            train_x=train_x[single.name],
+            metadata={k: v[cal_idx] for k, v in val_metadata.items()} or None,
+            feature_names=feature_names,
+            n_sets=params.shift_sets,
+            seed=params.seed,
+        )
+        est_cal = est_cal.with_shift(shift)
+    else:
+        say("shift-aware calibration: no corruptions for these inputs yet; the headline is doc")
+    single_numeric = single is not None and not single.is_string and single.fixed
     bundle = Bundle(
         model_sha256=model.sha256,
-        input_shape=list(model.input_shape),
+        input_shape=list(model.input_shape) if single_numeric else [],
         classes=model.classes,
-        feature_names=train.feature_names,
+        feature_names=feature_names,
         fit_params={**fitted.fit_params, **params.recorded(MODEL)},
         idi=idi,
         tdi=tdi,
@@ -146,6 +178,9 @@ def fit_bundle(
         calibration=fitted.calibration,
         estimator_calibration=est_cal.to_dict(),
         decision_threshold=model.decision_threshold,
+        headline=None if est_cal.shift is not None else TABLE_HEADLINE,
+        inputs=None if single_numeric else model.signature.to_list(),
+        feature_view=view.to_dict(),
     )
     return FitReport(
         bundle=bundle,
@@ -154,5 +189,5 @@ def fit_bundle(
         val_accuracy=float((val_pred.labels == val_y).mean()),
         n_rules=len(tdi.rules),
         n_selected=len(tdi.selected_rules),
-        coverage=float(tdi.coverage(model.features(val_x))),
+        coverage=float(tdi.coverage(val_f)),
     )

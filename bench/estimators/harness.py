@@ -231,7 +231,7 @@ def scenario_pool(
     base_x, base_y = test_x, subject.test_y
     if sc.pool is not None:
         other_x, base_y = sc.pool()
-        base_x = m.prepare(other_x)
+        base_x = m.prepare_array(other_x)
     if sc.select is not None:
         keep = sc.select(subject.test_x)
         base_x, base_y = base_x[keep], base_y[keep]
@@ -247,7 +247,8 @@ def scenario_pool(
 def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
     t0 = time.perf_counter()
     m = subject.model
-    train_x, val_x, test_x = m.prepare(subject.train_x), m.prepare(subject.val_x), m.prepare(subject.test_x)
+    train_x, val_x = m.prepare_array(subject.train_x), m.prepare_array(subject.val_x)
+    test_x = m.prepare_array(subject.test_x)
     val_pred = m.predict_batched(val_x)
     params = replace(cfg.fit, seed=cfg.seed)
     fitted = fit_oracle(

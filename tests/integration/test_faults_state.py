@@ -28,6 +28,7 @@ from agent.data.datasets import Splits
 from agent.dataplane.observe import ObserveItem
 from agent.judging.state import STATE_FILE, StateStore
 from agent.model.classifier import default_model_path
+from agent.model.inputs import Inputs
 
 
 def _mount(*args: str) -> None:
@@ -211,7 +212,7 @@ def test_observe_pending_keeps_valid_items_past_a_damaged_one(
     probs = np.full((4, 10), 0.1, dtype=np.float32)
     store = StateStore(state)
     for i in range(2):
-        store.add_pending("observe", *ObserveItem(f"ok-{i}", x, probs, None, 1.0).to_arrays())
+        store.add_pending("observe", *ObserveItem(f"ok-{i}", Inputs({"input": x}), probs, None, 1.0).to_arrays())
     store.close()
     _corrupt(state, "INSERT INTO pending(kind, payload, created) VALUES('observe', ?, 0)", b"PK\x03\x04 torn")
     cfg = {**_config(mnist_bundle_dir, state), "mode": "observe"}

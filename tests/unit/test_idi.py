@@ -217,7 +217,7 @@ def test_empty_batch_and_empty_rule_set() -> None:
         ),
         (
             "rules: [{name: a, when: {field: f, feature: g, equals: 1}, allowed_labels: [0]}]",
-            "rule 1 ('a'): condition 1 has both 'field' and 'feature'",
+            "rule 1 ('a'): condition 1 has several subjects (field, feature)",
         ),
         ("rules: [{name: a, when: {equals: 1}, allowed_labels: [0]}]", "rule 1 ('a'): condition 1 needs one subject"),
         ("rules: [{name: a, when: {field: f}, allowed_labels: [0]}]", "rule 1 ('a'): condition 1 needs one operator"),
@@ -411,3 +411,30 @@ def test_vectorised_evaluation_matches_a_per_sample_reference(
     )
     assert got.tolist() == expected
     assert IdiRuleSet.from_yaml(rules.to_yaml(), ["0", "1", "2", "3"]) == rules
+
+
+def test_rules_over_named_inputs_read_text_length_categories_and_ranges() -> None:
+    """``input`` conditions read a model input's values by name (the agent passes them with the metadata):
+    a text's length, a categorical column's allowed values, a numeric range."""
+    text = """
+rules:
+  - name: long-reviews-are-never-spam
+    when: {input: review, length_gt: 30}
+    forbidden_labels: [spam]
+  - name: known-cities-only-for-fast-track
+    when: [{input: city, not_in: [Oslo, Lyon]}, {input: age, ge: 18}]
+    forbidden_labels: [fast]
+"""
+    rules = IdiRuleSet.from_yaml(text, ["ham", "spam", "fast"])
+    assert rules.input_fields == {"review", "city", "age"} and rules.metadata_fields == frozenset()
+    assert "review length > 30" in rules.rules[0].conditions[0].text()
+    values = {
+        "review": np.array(["short", "a much longer review than thirty characters", "", None], dtype=object),
+        "city": np.array(["Oslo", "Rome", "Rome", "Lyon"], dtype=object),
+        "age": np.array([30.0, 40.0, 12.0, 50.0]),
+    }
+    got = rules.evaluate(np.array([1, 1, 2, 2]), values)
+    # row 1: a long review predicted spam; row 2: Rome but a minor; row 3: Lyon is known
+    assert got.tolist() == [-1, 0, -1, -1]
+    got = rules.evaluate(np.array([2, 2, 2, 2]), values)
+    assert got.tolist() == [-1, 1, -1, -1]
