@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from agent import __version__
 from agent.dataplane.admission import OUTPUT_LABEL, OUTPUT_PROBABILITIES, OUTPUT_VERDICT
 from agent.judging.runtime import Runtime
-from agent.protocol.inference import datatype_of
+from agent.model.inputs import InputSpec
 
 #: The server's name and protocol extensions in V2 server metadata (HTTP and gRPC).
 SERVER_NAME = "icos-agent"
@@ -22,12 +20,17 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": __version__, "extensions": list(SERVER_EXTENSIONS)}
 
 
+def _shape_and_type(spec: InputSpec) -> dict[str, Any]:
+    return {"datatype": spec.datatype, "shape": [-1, *(-1 if d is None else d for d in spec.shape)]}
+
+
 def model_metadata_of(rt: Runtime) -> dict[str, Any]:
     """The V2 model metadata object of the agent's own model description."""
     k = len(rt.classes)
-    inputs = [{"name": rt.input_name or "input", "datatype": "FP32", "shape": [-1, *rt.input_shape]}]
-    if rt.classifier is not None:
-        inputs[0]["datatype"] = datatype_of(np.zeros(0, dtype=rt.classifier.input.dtype))
+    inputs = [
+        {"name": spec.name if (rt.input_name or len(rt.signature.inputs) > 1) else "input", **_shape_and_type(spec)}
+        for spec in rt.signature.inputs
+    ]
     for f in sorted(rt.metadata_fields):
         inputs.append({"name": f, "datatype": "BYTES", "shape": [-1]})
     return {

@@ -12,6 +12,7 @@ from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import TABLE_HEADLINE
+from agent.estimation.input_shifts import fit_input_shift_aware
 from agent.estimation.shifts import fit_shift_aware
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
@@ -164,7 +165,23 @@ def fit_bundle(
         )
         est_cal = est_cal.with_shift(shift)
     else:
-        say("shift-aware calibration: no corruptions for these inputs yet; the headline is doc")
+        say("calibrating the shift-aware estimator on corrupted copies of the calibration split (per input kind)")
+        shift_inputs = fit_input_shift_aware(
+            model,
+            fitted.oracle,
+            val_x.take(cal_idx),
+            val_y[cal_idx],
+            train_x=train_x,
+            metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
+            rule_inputs=idi.input_fields if idi is not None else frozenset(),
+            feature_names=feature_names,
+            n_sets=params.shift_sets,
+            seed=params.seed,
+        )
+        if shift_inputs is not None:
+            est_cal = est_cal.with_shift(shift_inputs)
+        else:
+            say("shift-aware calibration: no corruption applies to these inputs; the headline is doc")
     single_numeric = single is not None and not single.is_string and single.fixed
     bundle = Bundle(
         model_sha256=model.sha256,
