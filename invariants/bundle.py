@@ -16,8 +16,9 @@ Files (DESIGN.md, "Invariant bundle"):
   ``decision_threshold`` (binary models: class 1 is predicted from this probability on),
   ``headline`` (the estimator reports show first, when not the default one), ``inputs`` (the model's
   inputs: name, V2 datatype and shape per sample of each, for models other than a single numeric
-  input) and ``feature_view`` (what the invariants read of a sample: chosen at ``fit`` and interpreted
-  by the agent; without it, the single input's raw values);
+  input), ``feature_view`` (what the invariants read of a sample: chosen at ``fit`` and interpreted
+  by the agent; without it, the single input's raw values) and ``preprocess`` (how an image file
+  became the model's input at ``fit``: size, scale, mean/std, layout; the same at ``check``);
 * ``idi.yaml`` — only when IDIs exist;
 * ``tdi.json`` — the tree arrays and the leaf table;
 * ``adi.onnx`` — the random forest.
@@ -168,6 +169,8 @@ class Bundle:
     inputs: list[dict[str, Any]] | None = None
     #: the feature view the invariants read (a JSON object the agent interprets)
     feature_view: dict[str, Any] | None = None
+    #: how image files became the model's input at fit (a JSON object the agent interprets)
+    preprocess: dict[str, Any] | None = None
 
     @classmethod
     def from_fitted(
@@ -236,6 +239,8 @@ class Bundle:
             manifest["inputs"] = list(self.inputs)
         if self.feature_view is not None:
             manifest["feature_view"] = dict(self.feature_view)
+        if self.preprocess is not None:
+            manifest["preprocess"] = dict(self.preprocess)
         manifest["manifest_sha256"] = _manifest_digest(manifest)
         return manifest
 
@@ -373,6 +378,7 @@ class Bundle:
             headline=manifest.get("headline"),
             inputs=manifest.get("inputs"),
             feature_view=manifest.get("feature_view"),
+            preprocess=manifest.get("preprocess"),
         )
 
 
@@ -454,8 +460,9 @@ def _check_manifest_types(manifest: Mapping[str, Any]) -> None:
         )
     ):
         raise bad("inputs", "a list of {name, datatype, shape} objects")
-    if "feature_view" in manifest and not isinstance(manifest["feature_view"], dict):
-        raise bad("feature_view", "an object")
+    for key in ("feature_view", "preprocess"):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise bad(key, "an object")
     if "decision_threshold" in manifest:
         classes_ = manifest["classes"]
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.commands.data_args import add_limit_arguments, data_limits, metadata_to_read
+from agent.commands.data_args import add_limit_arguments, data_limits, image_reading, metadata_to_read
 from agent.commands.model_args import add_model_arguments, load_model
 from agent.errors import UserError
 
@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         require_metadata=bool(args.metadata),
         limits=data_limits(args),
         inputs=model.signature.names,
+        image=image_reading(model, None, bundle.preprocess),
     )
     report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed)
     print(json.dumps(report) if args.json else format_report(report))

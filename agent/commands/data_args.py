@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent.data.images import Preprocess
     from agent.data.limits import DataLimits
+    from agent.model.classifier import OnnxClassifier
 
 # the defaults of agent.data.limits, repeated so that --help needs no numpy import
 _DEFAULT_MAX_BYTES = "2GiB"
@@ -65,3 +67,32 @@ def data_limits(args: argparse.Namespace) -> DataLimits:
     from agent.data.limits import DataLimits
 
     return DataLimits.from_args(args)
+
+
+def add_preprocess_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--preprocess",
+        metavar="SPEC",
+        help="image folders (one subfolder of PNG/JPEG files per class): how a file becomes the model's input, "
+        'e.g. "scale=1/255 mean=0.485,0.456,0.406 std=0.229,0.224,0.225" (default: resized to the model\'s input, '
+        "pixels scaled to [0, 1] for a float input; recorded in the bundle and used again by check)",
+    )
+
+
+def image_reading(
+    model: OnnxClassifier, spec: str | None, recorded: Mapping[str, Any] | None = None
+) -> tuple[str, Preprocess] | None:
+    """How image folders are read for ``model`` (its single image input and the preprocessing: the
+    bundle's ``recorded`` one, else the one the input implies, with ``spec``'s overrides); None for a
+    model without one image input."""
+    from agent.data.images import Preprocess
+    from agent.model.views import is_image
+
+    spec_in = model.signature.single
+    if spec_in is None or not is_image(spec_in) or len(spec_in.shape) != 3:
+        return None
+    if recorded:
+        pre = Preprocess.from_dict(recorded)
+    else:
+        pre = Preprocess.for_input(spec_in.name, spec_in.shape, spec_in.dtype)
+    return spec_in.name, pre.with_options(spec)

@@ -12,7 +12,13 @@ from types import SimpleNamespace
 from typing import Any, get_args, get_type_hints
 
 from agent.commands.audit import log_fit
-from agent.commands.data_args import add_limit_arguments, data_limits, metadata_to_read
+from agent.commands.data_args import (
+    add_limit_arguments,
+    add_preprocess_argument,
+    data_limits,
+    image_reading,
+    metadata_to_read,
+)
 from agent.commands.model_args import add_model_arguments, add_table_arguments, load_model, split_columns
 from agent.errors import UserError
 from invariants.fit_params import MODEL, TABLE, FitParams, FitParamsError, flag_name
@@ -45,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--label-column", help="label column for CSV/Parquet data")
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays for IDIs")
     add_limit_arguments(p)
+    add_preprocess_argument(p)
     p.add_argument("--out", required=True, help="bundle directory to write")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument(
@@ -164,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     limits = data_limits(args)
     rules = _rule_fields(args, model.classes)
+    image = image_reading(model, args.preprocess)
     train = load_data(
         args.train,
         label_column=args.label_column,
@@ -171,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         require_metadata=False,
         limits=limits,
         inputs=model.signature.names,
+        image=image,
     )
     val = load_data(
         args.val,
@@ -179,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         require_metadata=bool(args.metadata),
         limits=limits,
         inputs=model.signature.names,
+        image=image,
     )
     report = fit_bundle(
         model,
@@ -189,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         progress=say,
         features=params.features,
     )
+    if image is not None and hasattr(train.x, "preprocess"):  # read from an image folder
+        report.bundle.preprocess = image[1].to_dict()  # check reads image folders the same way
     return _finish(args, params, report, model, started)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.data.arrays import ArrayFile
+from agent.data.images import ImageSource, Preprocess, is_image_folder
 from agent.data.limits import DataError, DataLimits
 from agent.data.table_files import frames
 
@@ -36,7 +37,7 @@ TABLE_BATCH_ROWS = 65536
 class Dataset:
     """Samples of a data file: ``x`` the inputs (one array, or one per named model input), ``y`` the labels."""
 
-    x: np.ndarray | dict[str, np.ndarray]
+    x: np.ndarray | dict[str, np.ndarray] | ImageSource
     y: np.ndarray | None = None
     metadata: dict[str, np.ndarray] = field(default_factory=dict)
     feature_names: list[str] | None = None
@@ -45,11 +46,13 @@ class Dataset:
     def __len__(self) -> int:
         if isinstance(self.x, dict):
             return len(next(iter(self.x.values()))) if self.x else 0
-        return len(self.x)
+        return self.x.n if isinstance(self.x, ImageSource) else len(self.x)
 
     @property
     def array(self) -> np.ndarray:
         """The inputs of a single-input data set."""
+        if isinstance(self.x, ImageSource):
+            return self.x.take(slice(None))[self.x.name]
         if isinstance(self.x, dict):
             if len(self.x) != 1:
                 raise DataError(f"{self.source}: {len(self.x)} named inputs where one array was expected")
@@ -57,7 +60,10 @@ class Dataset:
         return self.x
 
     def subset(self, index: np.ndarray) -> Dataset:
-        x = {k: v[index] for k, v in self.x.items()} if isinstance(self.x, dict) else self.x[index]
+        if isinstance(self.x, ImageSource):
+            x: np.ndarray | dict[str, np.ndarray] | ImageSource = self.x.take(index)
+        else:
+            x = {k: v[index] for k, v in self.x.items()} if isinstance(self.x, dict) else self.x[index]
         return Dataset(
             x,
             None if self.y is None else self.y[index],
@@ -265,13 +271,24 @@ def load_data(
     require_metadata: bool = True,
     limits: DataLimits | None = None,
     inputs: Sequence[str] | None = None,
+    image: tuple[str, Preprocess] | None = None,
 ) -> Dataset:
-    """Load a data file by extension (``.npz``, ``.npy``, ``.csv``, ``.parquet``) within ``limits``.
+    """Load a data file by extension (``.npz``, ``.npy``, ``.csv``, ``.parquet``) within ``limits``, or an
+    image folder (``image``: the model's image input and its preprocessing), read lazily.
 
     ``require_metadata=False`` tolerates absent metadata fields (training data needs none). ``inputs``:
     the model's input names, read from arrays or columns named like them.
     """
     p = Path(path)
+    if image is not None and is_image_folder(p):
+        name, preprocess = image
+        source = ImageSource(p, name, preprocess, limits=limits)
+        return Dataset(source, source.y, {}, None, str(p))
+    if p.is_dir():
+        raise DataError(
+            f"{p} is a directory: an image folder (one subfolder of PNG/JPEG files per class) "
+            "needs a model with one image input"
+        )
     if not p.is_file():
         raise DataError(f"data file not found: {p}")
     suffix = p.suffix.lower()

@@ -25,9 +25,9 @@ from agent.estimation.estimators import estimate_window, headline_estimator
 from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
-from agent.model.inputs import rule_values
+from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
-from agent.offline.fit import predict_and_view
+from agent.offline.fit import predict_and_view, source_of
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult, calibrate
@@ -48,7 +48,7 @@ class Judged:
 def judge(
     model: OnnxClassifier,
     bundle: Bundle,
-    x: Batch,
+    x: Batch | Any,
     metadata: dict[str, np.ndarray] | None = None,
     *,
     prepared: bool = False,
@@ -59,8 +59,8 @@ def judge(
     view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
     if view != model.view:
         model = model.with_view(view)
-    xp = model.prepare_file(x)
-    if bundle.idi is not None and bundle.idi.input_fields:
+    xp = source_of(model, x)  # in memory, or read from files a batch at a time
+    if bundle.idi is not None and bundle.idi.input_fields and isinstance(xp, Inputs):
         metadata = {**(metadata or {}), **rule_values(xp, bundle.idi.input_fields)}
     pred, feats = predict_and_view(model, xp, "predict")
     result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(

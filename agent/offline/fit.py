@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,13 +31,56 @@ Progress = Callable[[str], None]
 #: (``shift_aware``, see ``agent.estimation.estimators`` and ``docs/estimation.md``).
 
 
+#: Training samples a lazy source (image files) shows the view choice and the shift-aware reference.
+VIEW_SAMPLE = 512
+LARGE_TRAIN_SAMPLE = 1000
+#: The calibration samples and corrupted sets of the shift-aware fit of a lazy source (each set is one
+#: pass of the model over the samples: large images cost milliseconds each).
+LARGE_CALIBRATION = 400
+LARGE_SETS = 48
+
+
+class LazySource:
+    """Inputs read a batch at a time from files (an image folder), prepared for the model as they come."""
+
+    def __init__(self, model: OnnxClassifier, raw: Any) -> None:
+        self.model = model
+        self.raw = raw
+
+    @property
+    def n(self) -> int:
+        return int(self.raw.n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def batches(self, size: int) -> Iterator[Inputs]:
+        for b in self.raw.batches(size):
+            yield self.model.prepare_file(b)
+
+    def take(self, index: np.ndarray | slice) -> Inputs:
+        return self.model.prepare_file(self.raw.take(index))
+
+
+def source_of(model: OnnxClassifier, x: Any) -> Inputs | LazySource:
+    """A data set's inputs, prepared for ``model``: in memory, or read from files a batch at a time."""
+    if hasattr(x, "batches") and hasattr(x, "take") and not isinstance(x, Inputs | np.ndarray | dict):
+        return LazySource(model, x)
+    return model.prepare_file(x)
+
+
+def _subset(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """At most ``k`` of ``n`` indices, sorted (all of them when ``n ≤ k``)."""
+    return np.arange(n) if n <= k else np.sort(rng.choice(n, size=k, replace=False))
+
+
 def predict_with_progress(model: OnnxClassifier, x: Batch, desc: str, batch_size: int = 256) -> Prediction:
     """Batch prediction with a progress bar on stderr (hidden for short runs)."""
     return predict_and_view(model, model.prepare_file(x), desc, batch_size)[0]
 
 
 def predict_and_view(
-    model: OnnxClassifier, x: Inputs, desc: str, batch_size: int = 256
+    model: OnnxClassifier, x: Inputs | LazySource, desc: str, batch_size: int = 256
 ) -> tuple[Prediction, np.ndarray]:
     """Predictions and the feature view of ``x``, batch by batch, with a progress bar on stderr (hidden for
     short runs); the model's extra outputs (an embedding) are read into the view and not kept."""
@@ -106,19 +150,21 @@ def fit_bundle(
         raise UserError(f"--decision-threshold applies to binary models only; this one has {model.n_classes} classes")
     model.decision_threshold = params.decision_threshold
     idi = IdiRuleSet.load(idi_path, model.classes) if idi_path else None
-    train_x = model.prepare_file(train.x)
-    val_x = model.prepare_file(val.x)
+    train_x = source_of(model, train.x)
+    val_x = source_of(model, val.x)
     train_y = label_indices(train.y, model.classes)
     val_y = label_indices(val.y, model.classes)
-    try:
-        view = choose_view(model, train_x, features, feature_names=train.feature_names, seed=params.seed)
+    rng = np.random.default_rng(params.seed)
+    try:  # categories are read from every training value; a lazy source (image files) from a sample
+        sample = train_x if isinstance(train_x, Inputs) else train_x.take(_subset(train_x.n, VIEW_SAMPLE, rng))
+        view = choose_view(model, sample, features, feature_names=train.feature_names, seed=params.seed)
     except ViewError as exc:
         raise UserError(str(exc)) from None
     say(f"feature view: {view.kind}, {view.width} columns ({view.why})")
     model = model.with_view(view)
     feature_names = list(view.names) if view.names else train.feature_names
     val_metadata = dict(val.metadata)
-    if idi is not None:  # the rules' named inputs are read with the metadata
+    if idi is not None and isinstance(val_x, Inputs):  # the rules' named inputs are read with the metadata
         val_metadata.update(rule_values(val_x, idi.input_fields))
     train_pred, train_f = predict_and_view(model, train_x, "predict train")
     val_pred, val_f = predict_and_view(model, val_x, "predict validation")
@@ -150,7 +196,13 @@ def fit_bundle(
         val_pred.confidences[cal_idx], val_pred.labels[cal_idx] == val_y[cal_idx], cal_result.failed
     )
     single = model.signature.single
-    if single is not None and not single.is_string and single.fixed:
+    if (
+        isinstance(train_x, Inputs)
+        and isinstance(val_x, Inputs)
+        and single is not None
+        and not single.is_string
+        and single.fixed
+    ):
         say("calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)")
         shift = fit_shift_aware(
             model,
@@ -166,16 +218,19 @@ def fit_bundle(
         est_cal = est_cal.with_shift(shift)
     else:
         say("calibrating the shift-aware estimator on corrupted copies of the calibration split (per input kind)")
+        large = isinstance(train_x, LazySource)  # image files: a bounded share of the calibration split
+        shift_idx = _subset(len(cal_idx), LARGE_CALIBRATION, rng) if large else np.arange(len(cal_idx))
+        cal_shift = cal_idx[np.sort(shift_idx)]
         shift_inputs = fit_input_shift_aware(
             model,
             fitted.oracle,
-            val_x.take(cal_idx),
-            val_y[cal_idx],
-            train_x=train_x,
-            metadata={k: v[cal_idx] for k, v in val.metadata.items()} or None,
+            val_x.take(cal_shift),
+            val_y[cal_shift],
+            train_x=train_x.take(_subset(train_x.n, LARGE_TRAIN_SAMPLE, rng)) if large else train_x.take(slice(None)),
+            metadata={k: v[cal_shift] for k, v in val.metadata.items()} or None,
             rule_inputs=idi.input_fields if idi is not None else frozenset(),
             feature_names=feature_names,
-            n_sets=params.shift_sets,
+            n_sets=params.shift_sets or (LARGE_SETS if large else None),
             seed=params.seed,
         )
         if shift_inputs is not None:
