@@ -8,11 +8,7 @@ with ``for: 0s`` (waiting 15 minutes is no test), so the expressions are the shi
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,16 +17,18 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import free_port, wait_http_ready
 
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.ports import free_port
+from tests.support.prometheus import PrometheusServer, scrape_every_second
+from tests.support.settings import mnist_config
+from tests.support.v2 import infer_body
+from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="needs the prometheus server (Debian: apt-get install prometheus)"
-)
+pytestmark = pytest.mark.needs("prometheus")
 
 
 def _generator() -> Any:
@@ -42,162 +40,96 @@ def _generator() -> Any:
     return generate
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    return proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr else ""
-
-
 @pytest.fixture
-def agent(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    port, metrics_port = free_port(), free_port()
-    cfg = {
-        "mode": "serve",
-        "model": {"name": "mnist", "version": "1", "path": str(default_model_path())},
-        "bundle": {"path": str(mnist_bundle_dir)},
-        "server": {"host": "127.0.0.1", "port": port, "metrics_port": metrics_port, "threads": 2},
-        "windows": {"time": ["5m"], "count": 1000},
-        "state_dir": str(tmp_path / "state"),
-    }
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "serve", "--config", str(path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
+def agent(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[AgentProcess]:
+    """The agent as a process, its metrics on a port of their own."""
+    config = mnist_config(
+        mnist_bundle_dir,
+        model={"name": "mnist", "version": "1", "path": str(default_model_path())},
+        state=tmp_path / "state",
+        server={"metrics_port": free_port(), "threads": 2},
+        windows={"time": ["5m"], "count": 1000},
     )
-    try:
-        wait_http_ready(f"http://127.0.0.1:{port}/v2/health/ready", timeout=60)
-        yield f"http://127.0.0.1:{port}", metrics_port
-    finally:
-        _stop(proc)
+    with AgentProcess(tmp_path, config) as agent:
+        yield agent
 
 
 @pytest.fixture
-def prometheus(agent: tuple[str, int], tmp_path: Path) -> Iterator[str]:
+def prometheus(agent: AgentProcess, tmp_path: Path) -> Iterator[PrometheusServer]:
     gen = _generator()
     src = gen.load_source()
     shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "icos-agent.rules.yml").read_text(encoding="utf-8"))
     quick = gen.prometheus_groups(src, overrides={r["key"]: {"for": "0s"} for r in src["alerts"]["rules"]})
     assert quick["groups"][0] == shipped["groups"][0]
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(quick, sort_keys=False), encoding="utf-8")
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(tmp_path / "rules.yml")],
-        "scrape_configs": [
-            {
-                "job_name": "icos-agent",
-                "static_configs": [{"targets": [f"127.0.0.1:{agent[1]}"], "labels": {"namespace": "e2e"}}],
-            }
-        ],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    assert PROMETHEUS is not None
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    metrics_port = yaml.safe_load(agent.config_path.read_text())["server"]["metrics_port"]
+    config = scrape_every_second(
+        [f"127.0.0.1:{metrics_port}"], labels={"namespace": "e2e"}, rule_files=[str(tmp_path / "rules.yml")]
     )
-    url = f"http://127.0.0.1:{port}"
+    prom = PrometheusServer(tmp_path, config).start()
     try:
-        wait_http_ready(f"{url}/-/ready", timeout=30)
-        yield url
+        yield prom
     finally:
-        log = _stop(proc)
+        log = prom.stop()
         if "level=error" in log:
             print(log)
 
 
-def _query(prom: str, expr: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=5)
-    r.raise_for_status()
-    result: list[dict[str, Any]] = r.json()["data"]["result"]
-    return result
-
-
-def _poll(fn: Any, timeout: float = 45.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.5)
-    return last
-
-
 def test_recording_rules_and_alert_through_prometheus(
-    agent: tuple[str, int], prometheus: str, mnist_splits: Splits
+    agent: AgentProcess, prometheus: PrometheusServer, mnist_splits: Splits
 ) -> None:
-    url, _ = agent
+    url = agent.url
     # Counters must be scraped at zero before the traffic, or rate() has no increase to see.
-    up = _poll(lambda: [s for s in _query(prometheus, 'up{job="icos-agent"}') if s["value"][1] == "1"])
-    assert up, "Prometheus never scraped the agent"
+    poll(
+        lambda: [s for s in prometheus.query('up{job="icos-agent"}') if s["value"][1] == "1"],
+        45,
+        what="Prometheus to scrape the agent",
+    )
     x, y = mnist_splits.test.x, mnist_splits.test.y
     forbidden = x[~np.isin(y, [1, 4, 7])][:480].astype(np.float32)
     sent = 0
     with httpx.Client(timeout=30) as client:
         for batch in np.array_split(forbidden, 12):
-            body = {
-                "inputs": [
-                    {"name": "input", "shape": list(batch.shape), "datatype": "FP32", "data": batch.ravel().tolist()}
-                ],
-                "parameters": {"form": "lines"},
-            }
-            r = client.post(f"{url}/v2/models/mnist/infer", json=body)
+            r = client.post(f"{url}/v2/models/mnist/infer", json=infer_body(batch, form="lines"))
             assert r.status_code == 200, r.text
             sent += len(batch)
 
     def judged() -> list[dict[str, Any]]:
-        return [s for s in _query(prometheus, "sum(icos_predictions_total)") if float(s["value"][1]) >= sent]
+        return [s for s in prometheus.query("sum(icos_predictions_total)") if float(s["value"][1]) >= sent]
 
-    assert _poll(judged), "the agent's counters never reached Prometheus"
+    poll(judged, 45, what="the agent's counters in Prometheus")
 
     # Recording rules: every judged prediction failed (IDI), so the fleet fail share is 1 and icos is 0.
     def fail_ratio() -> list[dict[str, Any]]:
-        res = _query(prometheus, 'icos:oracle_fail:ratio_rate5m{model="mnist"}')
+        res = prometheus.query('icos:oracle_fail:ratio_rate5m{model="mnist"}')
         return [s for s in res if float(s["value"][1]) > 0.99]
 
-    res = _poll(fail_ratio)
-    assert res, _query(prometheus, "icos:oracle_fail:ratio_rate5m")
+    res = poll(
+        fail_ratio, 45, what="a fail ratio of 1", explain=lambda: prometheus.query("icos:oracle_fail:ratio_rate5m")
+    )
     assert res[0]["metric"] == {
         "__name__": "icos:oracle_fail:ratio_rate5m",
         "namespace": "e2e",
         "model": "mnist",
         "version": "1",
     }
-    icos = _poll(lambda: _query(prometheus, 'icos:estimated_accuracy:ratio_rate5m{estimator="icos",model="mnist"}'))
-    assert icos and float(icos[0]["value"][1]) < 0.01
-    idi = _poll(lambda: _query(prometheus, 'icos:verdicts:rate5m{verdict="fail",invariant="idi"} > 0'))
-    assert idi, "IDI failures missing from icos:verdicts:rate5m"
+    icos_rule = 'icos:estimated_accuracy:ratio_rate5m{estimator="icos",model="mnist"}'
+    icos = poll(lambda: prometheus.query(icos_rule), 45, what=icos_rule)
+    assert float(icos[0]["value"][1]) < 0.01
+    idi_rule = 'icos:verdicts:rate5m{verdict="fail",invariant="idi"} > 0'
+    poll(lambda: prometheus.query(idi_rule), 45, what="IDI failures in icos:verdicts:rate5m")
 
     # The corrected estimate (from the exported calibration TPR/FPR) is clamped to 0 and the alert fires.
     def firing() -> list[dict[str, Any]]:
-        r = httpx.get(f"{prometheus}/api/v1/alerts", timeout=5)
-        r.raise_for_status()
         return [
             a
-            for a in r.json()["data"]["alerts"]
+            for a in prometheus.get("alerts")["alerts"]
             if a["labels"]["alertname"] == "IcosEstimatedAccuracyLow" and a["state"] == "firing"
         ]
 
-    alerts = _poll(firing)
-    assert alerts, httpx.get(f"{prometheus}/api/v1/rules", timeout=5).text[:3000]
+    alerts = poll(
+        firing, 45, what="IcosEstimatedAccuracyLow firing", explain=lambda: str(prometheus.get("rules"))[:3000]
+    )
     labels = alerts[0]["labels"]
     assert labels["model"] == "mnist" and labels["severity"] == "warning" and labels["estimator"] == "icos_corrected"
     assert "0%" in alerts[0]["annotations"]["description"]

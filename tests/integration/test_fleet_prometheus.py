@@ -8,81 +8,25 @@ is down."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import yaml
-from agent_process import AgentProcess
-from conftest import free_port, wait_http_ready
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.prometheus import PrometheusServer, scrape_every_second
+from tests.support.v2 import infer_body
+from tests.support.waiting import poll
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="needs the prometheus server (Debian: apt-get install prometheus)"
-)
+pytestmark = pytest.mark.needs("prometheus")
 WINDOWS = ["5m", "15m"]
 HEADLINE = "shift_aware"
-
-
-def _poll(fn: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-def _query(prom: str, expr: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=5)
-    r.raise_for_status()
-    result: list[dict[str, Any]] = r.json()["data"]["result"]
-    return result
-
-
-def _start_prometheus(directory: Path, targets: list[str], port: int) -> subprocess.Popen[bytes]:
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "icos-agent", "static_configs": [{"targets": targets}]}],
-    }
-    (directory / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    assert PROMETHEUS is not None
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={directory / 'prometheus.yml'}",
-            f"--storage.tsdb.path={directory / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_http_ready(f"http://127.0.0.1:{port}/-/ready", timeout=30)
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -99,22 +43,20 @@ def fleet_parts(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[dict[str, An
         }
 
     started: list[AgentProcess] = []
-    procs: list[subprocess.Popen[bytes]] = []
+    prom: PrometheusServer | None = None
     try:
         replicas = [AgentProcess(tmp_path, agent_config(f"r{i}")).start() for i in range(3)]
         started.extend(replicas)
         reference = AgentProcess(tmp_path, agent_config("reference")).start()
         started.append(reference)
-        prom_port = free_port()
-        prom = _start_prometheus(tmp_path, [f"127.0.0.1:{r.port}" for r in replicas], prom_port)
-        procs.append(prom)
+        prom = PrometheusServer(tmp_path, scrape_every_second([f"127.0.0.1:{r.port}" for r in replicas])).start()
         fleet_cfg = {
             "mode": "fleet",
             "model": {"name": "mnist", "version": "1"},
             "bundle": {"path": str(mnist_bundle_dir)},
             "windows": {"time": WINDOWS},
             "fleet": {
-                "prometheus_url": f"http://127.0.0.1:{prom_port}",
+                "prometheus_url": prom.url,
                 "refresh_seconds": 1,
                 "query_timeout_seconds": 2,
                 "lookback_seconds": 60,
@@ -125,40 +67,23 @@ def fleet_parts(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[dict[str, An
         fleet = AgentProcess(tmp_path, fleet_cfg)
         started.append(fleet)
         fleet.start()
-        yield {
-            "replicas": replicas,
-            "reference": reference,
-            "fleet": fleet,
-            "prometheus": f"http://127.0.0.1:{prom_port}",
-            "prometheus_proc": prom,
-            "prometheus_port": prom_port,
-            "dir": tmp_path,
-        }
+        yield {"replicas": replicas, "reference": reference, "fleet": fleet, "prometheus": prom}
     finally:
         for p in started:
             p.kill()
-        for proc in procs:
-            _stop(proc)
+        if prom is not None:
+            prom.stop()
 
 
 def _send(client: httpx.Client, url: str, x: np.ndarray) -> None:
-    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
-    r = client.post(f"{url}/v2/models/mnist/infer", json=body)
+    r = client.post(f"{url}/v2/models/mnist/infer", json=infer_body(x))
     assert r.status_code == 200, r.text
 
 
-def _judged(prom: str, instance: str | None = None) -> float:
+def _judged(prom: PrometheusServer, instance: str | None = None) -> float:
     sel = f'stat="n",instance="{instance}"' if instance else 'stat="n"'
-    res = _query(prom, f"sum(icos_window_stat_total{{{sel}}})")
+    res = prom.query(f"sum(icos_window_stat_total{{{sel}}})")
     return float(res[0]["value"][1]) if res else 0.0
-
-
-def _fleet_metrics(fleet: AgentProcess) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(f"{fleet.url}/metrics", timeout=5).text):
-        for s in fam.samples:
-            out[s.name + "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"] = s.value
-    return out
 
 
 def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheus_down(
@@ -167,8 +92,8 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     replicas: list[AgentProcess] = fleet_parts["replicas"]
     reference: AgentProcess = fleet_parts["reference"]
     fleet: AgentProcess = fleet_parts["fleet"]
-    prom: str = fleet_parts["prometheus"]
-    _poll(lambda: len(_query(prom, 'up{job="icos-agent"} == 1')) == 3, what="three replicas scraped")
+    prom: PrometheusServer = fleet_parts["prometheus"]
+    poll(lambda: len(prom.query('up{job="icos-agent"} == 1')) == 3, what="three replicas scraped")
     # drifted traffic (darker, noisy digits) so that the estimators disagree and the headline matters
     rng = np.random.default_rng(0)
     x = mnist_splits.test.x[:600].astype(np.float32)
@@ -179,13 +104,13 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
             _send(client, replicas[i % 3].url, b)
             _send(client, reference.url, b)
         sent = sum(len(b) for b in batches[:15])
-        _poll(lambda: _judged(prom) >= sent, what="first half scraped")
+        poll(lambda: _judged(prom) >= sent, what="first half scraped")
         # restart replica 1 mid-window: its counters start again from zero on the same instance
         restarted = replicas[1]
         assert restarted.terminate() == 0
         restarted.start()
         inst = f"127.0.0.1:{restarted.port}"
-        _poll(lambda: _query(prom, f'icos_window_stat_total{{stat="n",instance="{inst}"}} == 0'), what="reset seen")
+        poll(lambda: prom.query(f'icos_window_stat_total{{stat="n",instance="{inst}"}} == 0'), what="reset seen")
         for i, b in enumerate(batches[15:]):
             _send(client, replicas[i % 3].url, b)
             _send(client, reference.url, b)
@@ -196,8 +121,8 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
         w = body["windows"].get("5m")
         return body if w and w["n"] == total and body["windows"].get("15m", {}).get("n") == total else None
 
-    body = _poll(fleet_caught_up, what="fleet estimates of all traffic")
-    ref = _poll(
+    body = poll(fleet_caught_up, what="fleet estimates of all traffic")
+    ref = poll(
         lambda: (
             (r := httpx.get(f"{reference.url}/v1/estimates", timeout=5).json())["windows"]["5m"]["n"] == total and r
         ),
@@ -216,7 +141,7 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     )
     print(f"fleet vs reference headline |delta| = {delta:.6f}")
     assert body["windows"]["5m"]["replicas"] == 3
-    m = _fleet_metrics(fleet)
+    m = fleet.metrics()
     key = f"icos_fleet_estimated_accuracy_ratio{{estimator={HEADLINE},model=mnist,version=1,window=5m}}"
     assert m[key] == pytest.approx(body["windows"]["5m"]["estimates"][HEADLINE]["value"])
     assert m["icos_fleet_restarted_replicas{model=mnist}"] >= 1
@@ -224,13 +149,13 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     assert m["icos_fleet_last_success_timestamp_seconds{model=mnist}"] > time.time() - 30
 
     # Prometheus down: the last estimates stay, marked stale, and the errors are counted
-    _stop(fleet_parts["prometheus_proc"])
-    stale = _poll(
+    prom.stop()
+    stale = poll(
         lambda: (b := httpx.get(f"{fleet.url}/v1/estimates", timeout=5).json())["fleet"]["stale"] and b,
         what="stale estimates",
     )
     assert stale["windows"]["5m"]["estimates"][HEADLINE] == body["windows"]["5m"]["estimates"][HEADLINE]
     assert stale["fleet"]["last_error"]
-    m = _fleet_metrics(fleet)
+    m = fleet.metrics()
     assert m["icos_fleet_stale{model=mnist}"] == 1 and m["icos_fleet_query_errors_total{model=mnist}"] >= 1
     assert m[key] == pytest.approx(body["windows"]["5m"]["estimates"][HEADLINE]["value"])

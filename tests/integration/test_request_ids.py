@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server
 from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
@@ -18,6 +17,7 @@ from agent.labels.backend import MAX_LISTING_BYTES, unlabeled_sample
 from agent.model.classifier import default_model_path
 from agent.protocol import v2
 from agent.server.app import create_app
+from tests.support.inprocess import RunningServer, settle, start_server
 
 INFER = "/v2/models/mnist/infer"
 
@@ -61,6 +61,7 @@ def test_the_answer_names_the_id_once_whatever_the_batch(agent: RunningServer) -
 
 
 def test_a_long_id_is_refused_before_anything_is_stored(agent: RunningServer) -> None:
+    settle(agent)  # what earlier requests sent is recorded
     judged = httpx.get(f"{agent.url}/v1/estimates").json()["total_judged"]
     body, headers = _binary_request("x" * 100_000, 256)
     r = httpx.post(agent.url + INFER, content=body, headers=headers)
