@@ -25,7 +25,7 @@ from tests.support.demo import DemoRun, run_demo
 from tests.support.inprocess import RunningServer, start_server
 from tests.support.mnist import fit_mnist_bundle
 from tests.support.postgres import PostgresServer, running_postgres
-from tests.support.requirements import CI, REQUIREMENTS, require
+from tests.support.requirements import CI, REQUIREMENTS, missing_requirements, require
 
 
 # -- fixtures -----------------------------------------------------------------------------------------
@@ -155,12 +155,12 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The requirements found missing this run, each with the step that installs it."""
-    from tests.support.requirements import missing_requirements
-
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The requirements found missing this run, each with the step that installs it; the shuffle's seed."""
     missing = missing_requirements()
     if missing:
         terminalreporter.section("missing servers and tools")
         for line in missing:
             terminalreporter.write_line(line)
+    if config.getoption("--shuffle") is not None:
+        terminalreporter.write_line(f"shuffled: --shuffle={config.getoption('--shuffle')} repeats this order")

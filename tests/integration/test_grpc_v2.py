@@ -122,7 +122,10 @@ def test_infer_raw_contents_answers_as_http(
     assert after[hist] - before.get(hist, 0) == 2
 
 
-def test_infer_typed_contents(stub: Any, client: tg.InferenceServerClient, mnist_splits: Splits) -> None:
+def test_infer_typed_contents(
+    agent: tuple[AgentProcess, int], stub: Any, client: tg.InferenceServerClient, mnist_splits: Splits
+) -> None:
+    before = agent[0].metrics()
     x = mnist_splits.test.x[12:20]
     req = service_pb2.ModelInferRequest(model_name="mnist", id="typed")
     t = req.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
@@ -138,6 +141,9 @@ def test_infer_typed_contents(stub: Any, client: tg.InferenceServerClient, mnist
     assert list(out["label"].contents.int64_contents) == ref.as_numpy("label").tolist()
     assert list(out["icos_verdict"].contents.bytes_contents) == ref.as_numpy("icos_verdict").tolist()
     assert list(out["probabilities"].shape) == [8, 10] and resp.id == "typed"
+    # both requests recorded (the next test reads the counts as they stand: none of these may be pending)
+    key = "icos_predictions_total{model=mnist,version=3}"
+    assert wait_until(lambda: agent[0].metrics()[key] - before.get(key, 0) == 16)
 
 
 def test_bad_requests_are_refused_named_and_counted(

@@ -11,39 +11,27 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import JudgedBatch, JudgedSink, Recorder
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.verdicts import JudgeWork
 from agent.judging.windows import WindowSet
-from agent.model.classifier import default_model_path
-from agent.server.app import create_app
 from agent.server.composition import Agent
 from agent.server.http_infer import answer_http
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS as VERDICT_NAMES
+from tests.support.settings import mnist_app, mnist_settings
 from tests.support.waiting import wait_until
 
 
 def runtime(bundle: Path) -> Runtime:
-    settings = load_settings(
-        None, mode="serve", model={"name": "mnist", "path": str(default_model_path())}, bundle={"path": str(bundle)}
-    )
-    return load_runtime(settings)
+    return load_runtime(mnist_settings(bundle))
 
 
 def service(bundle: Path) -> Agent:
     """The serve-mode agent of an app that is not started (no lifespan: no background judge)."""
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
-    )
-    svc: Agent = create_app(settings, CollectorRegistry()).state.agent
+    svc: Agent = mnist_app(bundle, audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}}).state.agent
     return svc
 
 

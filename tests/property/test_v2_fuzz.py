@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from agent.server.composition import Agent
 from tests.support import v2
 from tests.support.inprocess import RunningServer, start_server
+from tests.support.metrics import Scrape
 from tests.support.settings import mnist_app
 from tests.support.v2 import REQUEST_TYPE, RESPONSE_TYPE, ce_headers
 from tests.support.waiting import await_on_loop
@@ -217,12 +218,7 @@ def observe_http(observe_agent: RunningServer) -> Iterator[httpx.Client]:
 
 def invalid_total(srv: RunningServer) -> dict[str, float]:
     svc: Agent = srv.app.state.agent
-    out: dict[str, float] = {}
-    for fam in svc.registry.collect():
-        for s in fam.samples:
-            if s.name == "icos_invalid_requests_total":
-                out[s.labels["reason"]] = s.value
-    return out
+    return Scrape.of_registry(svc.registry).by_label("icos_invalid_requests_total", "reason")
 
 
 def judged(srv: RunningServer) -> int:

@@ -139,9 +139,11 @@ def _subclasses(kind: type) -> Iterator[type]:
 
 
 def _import_agent() -> None:
-    """Import every module of the agent, so that every error type it defines exists."""
+    """Import every module of the agent, so that every error type it defines exists; but its gRPC
+    messages, which tritonclient's (loaded by other tests in this process) would collide with in
+    protobuf's pool; those modules raise the error types of the others."""
     for module in pkgutil.walk_packages(agent.__path__, "agent."):
-        if not module.name.endswith("__main__"):
+        if not module.name.endswith("__main__") and "grpc" not in module.name:
             importlib.import_module(module.name)
 
 
