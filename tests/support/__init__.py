@@ -9,6 +9,7 @@
 * :mod:`.traffic` — concurrent clients recording which predictions were acknowledged;
 * :mod:`.metrics` — a ``/metrics`` exposition, parsed;
 * :mod:`.prometheus`, :mod:`.postgres`, :mod:`.mlflow` — real servers, started and stopped;
+* :mod:`.mounts` — small tmpfs file systems and unwritable directories for fault tests;
 * :mod:`.requirements` — servers and tools a test needs: a skip locally, an error under ``CI=true``;
 * :mod:`.mnist` — the bundle fitted once per session; :mod:`.demo` — the demo run once per session.
 """
