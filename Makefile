@@ -1,6 +1,8 @@
 # icos-agent — the two commands a new user needs:
 #   make demo   install into .venv and show the agent estimating accuracy on live traffic
 #   make test   install what the tests need (Python packages, and system tools when run as root), run them
+# and while working on the code:
+#   make test-fast   the unit and property tests only (no servers started as processes; under 2 minutes)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test lint venv system-tools mlserver-venv kserve-venv bench clean audit-deps lock
+.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv grafana-typecheck bench clean audit-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,21 +29,24 @@ $(STAMP): pyproject.toml requirements.lock | $(BIN)/python
 venv: $(STAMP)
 
 # Debian packages the tests use: prometheus (promtool and a real server), npm (dashboard type-check),
-# chromium (demo report). Installed only when running as root and missing; otherwise those tests skip
-# with a message saying how to install them.
+# chromium (demo report), postgresql. Installed only when running as root and missing; otherwise those
+# tests skip with a message naming this step (under CI=true a missing package is an error here).
 system-tools:
 	@bash .ci/system-tools.sh
 
 # Tools some tests drive, each in its own virtual environment because it pins other versions than
 # the agent's (.ci/side-venv.sh: build/NAME-venv from tests/NAME/requirements.lock, rebuilt only when
 # the lock changes): MLServer for the proxy-mode tests (an older FastAPI/Starlette) and KServe's gRPC
-# client. When one cannot be installed (no package index), `make test` goes on and its tests skip
-# naming the target.
+# client. An install that fails stops `make test` with pip's error.
 mlserver-venv:
 	@PYTHON=$(PYTHON) bash .ci/side-venv.sh mlserver "for the proxy tests" 3
 
 kserve-venv:
 	@PYTHON=$(PYTHON) bash .ci/side-venv.sh kserve "its gRPC client, for the gRPC tests" 2
+
+# @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck).
+grafana-typecheck:
+	@bash .ci/grafana-typecheck.sh
 
 demo: venv
 	$(BIN)/icos-agent demo $(DEMO_ARGS)
@@ -51,12 +56,15 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: venv system-tools lint
-	@$(MAKE) --no-print-directory mlserver-venv \
-	  || echo "note: MLServer could not be installed; its proxy tests skip (retry with: make mlserver-venv)" >&2
-	@$(MAKE) --no-print-directory kserve-venv \
-	  || echo "note: KServe's client could not be installed; its gRPC test skips (retry with: make kserve-venv)" >&2
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# Every install step first; one that fails stops here with its own error. Then the whole suite,
+# with the 15 slowest tests listed at the end.
+test: venv system-tools lint mlserver-venv kserve-venv grafana-typecheck
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+
+# Unit and property tests: what runs in-process (fewer generated examples than `make test`).
+test-fast: venv
+	ICOS_FUZZ_EXAMPLES=$${ICOS_FUZZ_EXAMPLES:-40} ICOS_SCHEMATHESIS_EXAMPLES=$${ICOS_SCHEMATHESIS_EXAMPLES:-8} \
+	  $(BIN)/python -m pytest -q --durations=10 tests/unit tests/property $(PYTEST_ARGS)
 
 # Known vulnerabilities of the installed dependencies (pip-audit); reports UNAVAILABLE without the service.
 audit-deps: venv

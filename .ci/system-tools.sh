@@ -7,12 +7,18 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 # chromium: headless rendering of the demo report (tests/e2e/test_demo_report_chromium.py).
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
-# postgresql: a throwaway server for the shared prediction store's tests (tests/integration/postgres_server.py).
+# postgresql: a throwaway server for the shared prediction store's tests (tests/support/postgres.py).
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
+  case "${CI:-}" in
+    1|true|TRUE|True|yes)
+      # under CI a test that needs them cannot skip: stop here, where the remedy is clear
+      echo "error: missing ${need[*]} and cannot install them (not root, or no apt-get): sudo apt-get install ${need[*]}" >&2
+      exit 1 ;;
+  esac
   echo "note: missing ${need[*]} (install with: sudo apt-get install ${need[*]}); tests that need them will skip" >&2
   exit 0
 fi

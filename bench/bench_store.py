@@ -4,7 +4,7 @@ measured in the same run, and the bytes each stored prediction takes.
 Both stores are :class:`agent.labels.store.PredictionStore` as the agent runs them: SQLite in a
 temporary state directory (WAL, ``synchronous=NORMAL``), PostgreSQL started here for the run
 (``initdb`` in a temporary directory, ``fsync=on``, on a free loopback port; see
-``tests/integration/postgres_server.py``; as root the cluster belongs to the ``postgres`` user). The
+``tests/support/postgres.py``; as root the cluster belongs to the ``postgres`` user). The
 writer is driven directly: each flush writes ``--requests-per-flush`` queued requests (one prediction
 of 10 classes each, with the ``shift_aware`` extras, as the serve path queues them) in one
 transaction, as one replica at that request rate does every second; flushes follow each other for
@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "integration"))  # the throwaway PostgreSQL server of the tests
+sys.path.insert(0, str(ROOT))  # the agent, and tests.support.postgres: the tests' throwaway PostgreSQL server
 
 from agent.labels.rows import PendingBatch  # noqa: E402
 from agent.labels.store import PredictionStore  # noqa: E402
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests-per-flush", type=int, default=100, help="requests written per transaction")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from postgres_server import running_postgres
+    from tests.support.postgres import running_postgres
 
     bounds = {"max_predictions": 100_000_000, "max_age_seconds": 1e9, "queue_limit": 10_000_000}
     out: dict[str, dict[str, float]] = {}

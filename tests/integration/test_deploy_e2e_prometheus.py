@@ -23,16 +23,15 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from conftest import free_port, wait_http_ready
 
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier, default_model_path
+from tests.support.ports import free_port
+from tests.support.waiting import wait_http_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="needs the prometheus server (Debian: apt-get install prometheus)"
-)
+pytestmark = pytest.mark.needs("prometheus")
 
 
 def _generator() -> Any:

@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
+import jsonschema
+import kubernetes_validate as kv
 import pytest
 import yaml
 
-helm = pytest.importorskip("helm_python", reason="needs helm-python-sdk (pip install 'helm-python-sdk==0.2.2')")
-kv = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate (pip install kubernetes-validate)")
-jsonschema = pytest.importorskip("jsonschema")
+from agent.config import settings as config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "icos-agent"
@@ -152,8 +153,7 @@ def test_agent_container_wiring(values_file: Path | None) -> None:
 
 
 def test_agent_config_is_accepted_by_the_agent(tmp_path: Path) -> None:
-    """The chart's agent.yaml passes the agent's own validation (when agent.config.settings exists)."""
-    config = pytest.importorskip("agent.config.settings", reason="agent.config.settings not available")
+    """The chart's agent.yaml passes the agent's own validation."""
     for p in EXAMPLES:
         docs = render(_values(p))
         cm = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))
@@ -309,7 +309,6 @@ def test_admin_api_has_its_own_port_reached_only_by_the_audit_job() -> None:
 
 
 def test_fleet_evaluator_is_one_pod_of_its_own_scraped_by_its_own_servicemonitor(tmp_path: Path) -> None:
-    config = pytest.importorskip("agent.config.settings", reason="agent.config.settings not available")
     assert not any(d["metadata"]["name"].endswith("-fleet") for d in render({}))  # off by default
     docs = render(
         {
@@ -369,7 +368,6 @@ def test_prediction_store_url_comes_from_an_existing_secret(tmp_path: Path, monk
     assert ref == {"name": "pg", "key": "url"}
     cm = next(d for d in docs if d["kind"] == "ConfigMap" and "agent.yaml" in d.get("data", {}))
     assert "store_url" not in cm["data"]["agent.yaml"]
-    config = pytest.importorskip("agent.config.settings", reason="agent.config.settings not available")
     f = tmp_path / "agent.yaml"
     f.write_text(cm["data"]["agent.yaml"], encoding="utf-8")
     monkeypatch.setenv("ICOS_AGENT_LABELS__STORE_URL", "postgresql://icos:pw@db:5432/icos")

@@ -4,7 +4,6 @@ operator, Helm-rendered, Grafana provisioning, dashboard queries) and the unit t
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,19 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.requirements import require
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "icos-agent.rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "icos-agent.rules.test.yml"
 GENERATOR = ROOT / "deploy" / "alerts" / "generate.py"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="needs promtool (Debian: apt-get install prometheus, or `make system-tools` as root)"
-)
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    assert PROMTOOL is not None
-    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([require("promtool"), *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def _check_rules(tmp_path: Path, groups: dict[str, Any], name: str) -> None:
@@ -87,21 +83,21 @@ def test_thresholds_are_the_same_everywhere() -> None:
             assert values[rule["key"]][param] == default
 
 
-@needs_promtool
+@pytest.mark.needs("promtool")
 def test_promtool_check_rules() -> None:
     res = _promtool("check", "rules", str(RULES))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-@needs_promtool
+@pytest.mark.needs("promtool")
 def test_promtool_unit_tests() -> None:
     res = _promtool("test", "rules", str(RULE_TESTS))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-@needs_promtool
+@pytest.mark.needs("promtool")
 def test_helm_rendered_rules_pass_promtool(tmp_path: Path) -> None:
-    helm = pytest.importorskip("helm_python", reason="needs helm-python-sdk (pip install 'helm-python-sdk==0.2.2')")
+    import helm_python as helm
     overrides = {
         "prometheusRule": {
             "enabled": True,
@@ -118,7 +114,7 @@ def test_helm_rendered_rules_pass_promtool(tmp_path: Path) -> None:
     assert 'job="ml-agents"' in alerts["IcosAgentDown"]["expr"]
 
 
-@needs_promtool
+@pytest.mark.needs("promtool")
 def test_grafana_alert_and_dashboard_queries_parse(tmp_path: Path) -> None:
     graf = yaml.safe_load((ROOT / "deploy" / "grafana" / "provisioning" / "alerting" / "icos-agent.yaml").read_text())
     exprs = [q["model"]["expr"] for g in graf["groups"] for r in g["rules"] for q in r["data"] if "expr" in q["model"]]
@@ -134,7 +130,7 @@ def test_grafana_alert_and_dashboard_queries_parse(tmp_path: Path) -> None:
     _check_rules(tmp_path, {"groups": [{"name": "queries", "rules": rules}]}, "queries")
 
 
-@needs_promtool
+@pytest.mark.needs("promtool")
 def test_absolute_thresholds_can_be_set_besides_the_relative_alerts(tmp_path: Path) -> None:
     """The default alerts compare a model with itself (reference accuracy, D-Score baseline); an absolute
     floor set in the values (``threshold``) fires where the relative alert stays silent: a model that

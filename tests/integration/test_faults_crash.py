@@ -10,13 +10,15 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from agent_process import AgentProcess, infer_body
-from conftest import free_port, wait_until
 
 from agent.data.datasets import Splits
 from agent.judging.state import STATE_FILE
 from agent.model.classifier import default_model_path
 from exporters.spool import decode
+from tests.support.agent_process import AgentProcess
+from tests.support.ports import free_port
+from tests.support.v2 import verdict_body
+from tests.support.waiting import wait_until
 
 TOKEN = "crash-test-token"
 
@@ -57,7 +59,7 @@ def test_sigkill_keeps_windows_and_spool(tmp_path: Path, mnist_bundle_dir: Path,
     try:
         with httpx.Client(timeout=30) as c:
             for _ in range(20):
-                assert c.post(f"{agent.url}/v2/models/mnist/infer", json=infer_body(x)).status_code == 200
+                assert c.post(f"{agent.url}/v2/models/mnist/infer", json=verdict_body(x)).status_code == 200
             auth = {"Authorization": f"Bearer {TOKEN}"}
             out = c.post(f"{agent.url}/v1/audits/dscore?wait=true", headers=auth, timeout=300).json()
         assert out["status"] == "success" and out["mlflow"]["spooled"] is True, out
@@ -91,7 +93,7 @@ def test_sigkill_keeps_windows_and_spool(tmp_path: Path, mnist_bundle_dir: Path,
             with httpx.Client(timeout=30) as c:
                 while not stop.is_set():
                     try:
-                        r = c.post(f"{again.url}/v2/models/mnist/infer", json=infer_body(x))
+                        r = c.post(f"{again.url}/v2/models/mnist/infer", json=verdict_body(x))
                     except httpx.HTTPError:
                         return
                     ok[0] += r.status_code == 200

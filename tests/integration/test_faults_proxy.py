@@ -11,10 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_process import AgentProcess, infer_body
-from conftest import RunningServer, free_port, start_server
 
 from agent.data.datasets import Splits
+from tests.support.agent_process import AgentProcess
+from tests.support.inprocess import RunningServer, start_server
+from tests.support.ports import free_port
+from tests.support.v2 import verdict_body
+from tests.support.waiting import wait_until
 
 SLOW_SECONDS = 5.0
 TIMEOUT_SECONDS = 0.5
@@ -74,7 +77,7 @@ def test_upstream_faults_are_bounded(
     upstream = request.getfixturevalue("slow_server").url if kind == "slow" else f"http://127.0.0.1:{free_port()}"
     status, reason = (504, "timeout") if kind == "slow" else (502, "unreachable")
     agent = _proxy(tmp_path, mnist_bundle_dir, upstream)
-    body = infer_body(mnist_splits.test.x[:2])
+    body = verdict_body(mnist_splits.test.x[:2])
     try:
         for r in _wave(agent.url, body, 16):  # warm-up: connection handling and clients exist
             assert r[0] == status, r
@@ -85,11 +88,10 @@ def test_upstream_faults_are_bounded(
             assert all(r[1] for r in results)
             if kind == "slow":
                 assert all("did not answer within" in r[1] for r in results)
-        time.sleep(1.0)  # connections of the last wave close
         # 3 x 64 requests: a thread per request (or per connection) would add hundreds; the pool may
-        # still be filling up to its bound after the warm-up.
-        assert agent.threads() <= threads + POOL_THREADS + 2, (threads, agent.threads())
-        assert agent.open_fds() <= fds + 8, (fds, agent.open_fds())
+        # still be filling up to its bound after the warm-up. The connections of the last wave close.
+        assert wait_until(lambda: agent.threads() <= threads + POOL_THREADS + 2, 10), (threads, agent.threads())
+        assert wait_until(lambda: agent.open_fds() <= fds + 8, 10), (fds, agent.open_fds())
         assert agent.metrics()[f"icos_upstream_errors_total{{reason={reason}}}"] == 16 + 3 * 64
         assert httpx.get(f"{agent.url}/v2/health/live").status_code == 200
     finally:

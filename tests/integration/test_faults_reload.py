@@ -7,10 +7,11 @@ import shutil
 from pathlib import Path
 
 import httpx
-from agent_process import AgentProcess, infer_body
 
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.v2 import verdict_body
 
 TOKEN = "reload-fault-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -40,11 +41,11 @@ def test_bad_reloads_keep_the_old_model(tmp_path: Path, mnist_bundle_dir: Path, 
     x = mnist_splits.test.x[:4]
     try:
         with httpx.Client(timeout=60) as c:
-            first = c.post(f"{agent.url}/v2/models/mnist/infer", json=infer_body(x)).json()
+            first = c.post(f"{agent.url}/v2/models/mnist/infer", json=verdict_body(x)).json()
             sha = c.get(f"{agent.url}/v2/models/mnist").json()["parameters"]["icos_model_sha256"]
 
             def still_serving() -> None:
-                r = c.post(f"{agent.url}/v2/models/mnist/infer", json=infer_body(x))
+                r = c.post(f"{agent.url}/v2/models/mnist/infer", json=verdict_body(x))
                 assert r.status_code == 200 and r.json()["outputs"] == first["outputs"]
                 assert c.get(f"{agent.url}/v2/models/mnist").json()["parameters"]["icos_model_sha256"] == sha
 

@@ -5,51 +5,28 @@ Damaged state (a windows document, a pending item, the whole file) is quarantine
 agent comes up ready without it and counts it in ``icos_state_quarantined_total{what}``.
 
 The read-only and full cases use real mounts (a read-only bind mount, a small tmpfs), so they need
-root; otherwise they skip.
+root (requirement ``mount``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import sqlite3
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from agent_process import AgentProcess, infer_body
-from conftest import wait_until
 
 from agent.data.datasets import Splits
 from agent.dataplane.observe import ObserveItem
 from agent.judging.state import STATE_FILE, StateStore
 from agent.model.classifier import default_model_path
 from agent.model.inputs import Inputs
-
-
-def _mount(*args: str) -> None:
-    subprocess.run(["mount", *args], check=True, capture_output=True, timeout=30)
-
-
-def _umount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
-
-
-@pytest.fixture
-def mountable(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount(8) for a read-only bind mount and a small tmpfs")
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    try:
-        _mount("-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe))
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"cannot mount here: {exc}")
-    _umount(probe)
+from tests.support.agent_process import AgentProcess
+from tests.support.mounts import mount, umount
+from tests.support.v2 import verdict_body
+from tests.support.waiting import wait_until
 
 
 def _config(bundle: Path, state: Path) -> dict[str, object]:
@@ -66,18 +43,13 @@ def _config(bundle: Path, state: Path) -> dict[str, object]:
 def _serve_some(agent: AgentProcess, x: object, n: int) -> int:
     with httpx.Client(timeout=30) as c:
         for _ in range(n):
-            r = c.post(f"{agent.url}/v2/models/mnist/infer", json=infer_body(x))
+            r = c.post(f"{agent.url}/v2/models/mnist/infer", json=verdict_body(x))
             assert r.status_code == 200, r.text
     return n
 
 
-@contextlib.contextmanager
-def _agent(tmp_path: Path, bundle: Path, state: Path) -> Iterator[AgentProcess]:
-    agent = AgentProcess(tmp_path, _config(bundle, state)).start()
-    try:
-        yield agent
-    finally:
-        agent.kill()
+def _agent(tmp_path: Path, bundle: Path, state: Path) -> AgentProcess:
+    return AgentProcess(tmp_path, _config(bundle, state))
 
 
 def _restart_total(tmp_path: Path, bundle: Path, state: Path) -> int:
@@ -85,15 +57,15 @@ def _restart_total(tmp_path: Path, bundle: Path, state: Path) -> int:
         return int(httpx.get(f"{again.url}/v1/estimates").json()["total_judged"])
 
 
-@pytest.mark.usefixtures("mountable")
+@pytest.mark.needs("mount")
 def test_read_only_state_dir(tmp_path: Path, mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     """A read-only volume (a file system cannot turn read-only under open writers, so it is read-only
     from the start): the agent serves, says so, and saves as soon as the volume is writable."""
     src, state = tmp_path / "src", tmp_path / "state"
     src.mkdir()
     state.mkdir()
-    _mount("--bind", str(src), str(state))
-    _mount("-o", "remount,bind,ro", str(state))
+    mount("--bind", str(src), str(state))
+    mount("-o", "remount,bind,ro", str(state))
     try:
         x = mnist_splits.test.x[:4]
         with _agent(tmp_path, mnist_bundle_dir, state) as agent:
@@ -103,27 +75,27 @@ def test_read_only_state_dir(tmp_path: Path, mnist_bundle_dir: Path, mnist_split
             sent += _serve_some(agent, x, 5) * 4
             assert wait_until(lambda: "saving state failed" in agent.log(), 5)
             assert agent.log().count("saving state failed") == 1  # one line per outage, not per flush
-            _mount("-o", "remount,bind,rw", str(state))
+            mount("-o", "remount,bind,rw", str(state))
             assert wait_until(lambda: agent.metrics().get("icos_state_writable") == 1.0, 10), agent.log()[-2000:]
             assert wait_until(lambda: "saving state recovered" in agent.log(), 5)
             sent += _serve_some(agent, x, 5) * 4
             assert agent.terminate() == 0
         assert _restart_total(tmp_path, mnist_bundle_dir, state) == sent
     finally:
-        _umount(state)
+        umount(state)
 
 
-@pytest.mark.usefixtures("mountable")
+@pytest.mark.needs("mount")
 def test_full_state_dir(tmp_path: Path, mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    _mount("-t", "tmpfs", "-o", "size=4m", "tmpfs", str(state))
+    mount("-t", "tmpfs", "-o", "size=4m", "tmpfs", str(state))
     try:
         x = mnist_splits.test.x[:4]
         with _agent(tmp_path, mnist_bundle_dir, state) as agent:
             filler = state / "filler"
             with contextlib.suppress(OSError), filler.open("wb") as f:
-                while True:
+                for _ in range(1024):  # 64 MiB: the 4 MiB file system is full long before
                     f.write(b"\0" * 65536)
                     f.flush()
             sent = 0
@@ -140,7 +112,7 @@ def test_full_state_dir(tmp_path: Path, mnist_bundle_dir: Path, mnist_splits: Sp
             assert agent.terminate() == 0
         assert _restart_total(tmp_path, mnist_bundle_dir, state) == sent
     finally:
-        _umount(state)
+        umount(state)
 
 
 def _corrupt(state: Path, sql: str, *args: object) -> None:

@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_process import AgentProcess
 
 from agent.fleet.prometheus_api import REASONS
 from bench.bench_fleet_hostile import bundle_label
 from bench.hostile_prometheus import HostilePrometheus
+from tests.support.agent_process import AgentProcess
 
 MODEL, VERSION = "mnist", "1"
 #: A bound on the probes' answers ("it answers", not a speed: the bench reports the figures).

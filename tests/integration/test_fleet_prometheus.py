@@ -20,18 +20,17 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from agent_process import AgentProcess
-from conftest import free_port, wait_http_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.ports import free_port
+from tests.support.waiting import wait_http_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="needs the prometheus server (Debian: apt-get install prometheus)"
-)
+pytestmark = pytest.mark.needs("prometheus")
 WINDOWS = ["5m", "15m"]
 HEADLINE = "shift_aware"
 

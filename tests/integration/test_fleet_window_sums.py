@@ -4,23 +4,20 @@ versions side by side, and statistics of several bundles, which are refused rath
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import free_port, wait_http_ready
 
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
 from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.prometheus_api import PrometheusAPI
+from tests.support.prometheus import PrometheusServer
+from tests.support.requirements import require
 
-PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None or PROMTOOL is None, reason="needs prometheus and promtool (Debian: apt-get install prometheus)"
-)
+pytestmark = pytest.mark.needs("prometheus", "promtool")
 STEP = 15  # seconds between two scrapes
 END = (int(time.time()) // 60 - 10) * 60  # ten minutes ago, on a minute
 AT = END - 5  # the refresh runs between two scrapes
@@ -72,31 +69,16 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     lines.append("# EOF")
     (root / "series.om").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (root / "tsdb").mkdir()
-    assert PROMTOOL is not None and PROMETHEUS is not None
     subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(root / "series.om"), str(root / "tsdb")],
+        [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(root / "series.om"), str(root / "tsdb")],
         check=True,
         capture_output=True,
     )
-    (root / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n", encoding="utf-8")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={root / 'prometheus.yml'}",
-            f"--storage.tsdb.path={root / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    prom = PrometheusServer(root, {"global": {"scrape_interval": "1m"}}, retention=None).start()
     try:
-        wait_http_ready(f"http://127.0.0.1:{port}/-/ready", timeout=60)
-        yield f"http://127.0.0.1:{port}"
+        yield prom.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        prom.stop()
 
 
 def _evaluator(url: str, windows: list[str]) -> FleetEvaluator:

@@ -12,31 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as th
-from agent_process import AgentProcess
-from conftest import free_port
 
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.ports import free_port
+from tests.support.requirements import require
 
 ROOT = Path(__file__).resolve().parents[2]
-KSERVE_PYTHON = ROOT / "build" / "kserve-venv" / "bin" / "python"
 CLIENT = ROOT / "tests" / "kserve" / "grpc_client.py"
 OUTPUTS = ("probabilities", "label", "icos_verdict")
 
 
-def _kserve_or_skip() -> Path:
-    missing = "KServe's client is not installed for the tests: run `make kserve-venv` (build/kserve-venv)"
-    if not KSERVE_PYTHON.is_file():
-        pytest.skip(missing)
-    probe = subprocess.run([str(KSERVE_PYTHON), "-c", "import kserve"], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"{missing}; importing it failed: {probe.stderr.decode()[-300:]}")
-    return KSERVE_PYTHON
-
-
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
-    _kserve_or_skip()
+    require("kserve")
     port = free_port()
     config = {
         "mode": "serve",
@@ -56,7 +46,7 @@ def test_kserve_grpc_client_gets_what_http_answers(
     x = np.ascontiguousarray(mnist_splits.test.x[:5], dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     run = subprocess.run(
-        [str(KSERVE_PYTHON), str(CLIENT), f"127.0.0.1:{port}", "mnist", str(tmp_path / "x.npy")],
+        [str(require("kserve")), str(CLIENT), f"127.0.0.1:{port}", "mnist", str(tmp_path / "x.npy")],
         capture_output=True,
         text=True,
         timeout=120,

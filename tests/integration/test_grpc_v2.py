@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from agent_process import AgentProcess
-from conftest import RunningServer, free_port, wait_until
-from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
-from agent.server.app import create_app
+from tests.support.agent_process import AgentProcess
+from tests.support.inprocess import RunningServer
+from tests.support.ports import free_port
+from tests.support.settings import upstream_app
+from tests.support.waiting import wait_until
 
 OUTPUTS = ("probabilities", "label", "icos_verdict")
 #: Small enough that 21 MNIST images (3,136 bytes each) pass it.
@@ -122,7 +122,10 @@ def test_infer_raw_contents_answers_as_http(
     assert after[hist] - before.get(hist, 0) == 2
 
 
-def test_infer_typed_contents(stub: Any, client: tg.InferenceServerClient, mnist_splits: Splits) -> None:
+def test_infer_typed_contents(
+    agent: tuple[AgentProcess, int], stub: Any, client: tg.InferenceServerClient, mnist_splits: Splits
+) -> None:
+    before = agent[0].metrics()
     x = mnist_splits.test.x[12:20]
     req = service_pb2.ModelInferRequest(model_name="mnist", id="typed")
     t = req.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
@@ -138,6 +141,9 @@ def test_infer_typed_contents(stub: Any, client: tg.InferenceServerClient, mnist
     assert list(out["label"].contents.int64_contents) == ref.as_numpy("label").tolist()
     assert list(out["icos_verdict"].contents.bytes_contents) == ref.as_numpy("icos_verdict").tolist()
     assert list(out["probabilities"].shape) == [8, 10] and resp.id == "typed"
+    # both requests recorded (the next test reads the counts as they stand: none of these may be pending)
+    key = "icos_predictions_total{model=mnist,version=3}"
+    assert wait_until(lambda: agent[0].metrics()[key] - before.get(key, 0) == 16)
 
 
 def test_bad_requests_are_refused_named_and_counted(
@@ -195,16 +201,6 @@ def test_bad_requests_are_refused_named_and_counted(
     assert grew("too_large") == 1
     assert grew("id_too_long") == 1
     assert client.is_server_ready()  # nothing of this hurt the service
-
-
-def upstream_app(bundle: Path) -> Any:
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist-upstream", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-    )
-    return create_app(settings, CollectorRegistry())
 
 
 def test_proxy_mode_over_grpc(

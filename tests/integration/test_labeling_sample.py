@@ -15,10 +15,7 @@ import httpx
 import numpy as np
 import psycopg
 import pytest
-from conftest import RunningServer, wait_until
-from postgres_server import PostgresServer, postgres  # noqa: F401 - the fixture
 from prometheus_client import CollectorRegistry
-from test_labels import metric_values, post_labels, send_traffic, settings_for
 
 from agent.cli import main as cli_main
 from agent.data.datasets import Splits
@@ -27,6 +24,12 @@ from agent.labels.postgres_backend import MIGRATIONS, SCHEMA_VERSION
 from agent.labels.rows import PendingBatch
 from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.app import create_app
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import scrape
+from tests.support.postgres import PostgresServer
+from tests.support.settings import stateful_settings
+from tests.support.v2 import post_labels, send_traffic
+from tests.support.waiting import wait_until
 
 
 def batch(rid: str, n: int, ts: float, sampled: list[int] | None, identity: str = "m:b") -> PendingBatch:
@@ -140,7 +143,7 @@ def test_served_agent_lists_its_sample_and_estimates_with_labels(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    settings = settings_for(mnist_bundle_dir, tmp_path, labels={"sample_rate": 0.3})
+    settings = stateful_settings(mnist_bundle_dir, tmp_path, labels={"sample_rate": 0.3})
     srv = run_server(create_app(settings, CollectorRegistry()))
     x, y = mnist_splits.test.x[:1000], mnist_splits.test.y[:1000]
     traffic = send_traffic(srv.url, x)
@@ -154,7 +157,7 @@ def test_served_agent_lists_its_sample_and_estimates_with_labels(
     assert set(ids) <= set(truth) and len(set(ids)) == len(ids)
     times = [r["timestamp"] for r in listed["requests"]]
     assert times == sorted(times, reverse=True)  # newest first
-    drawn = metric_values(srv.url, "icos_label_sample_total")
+    drawn = scrape(srv.url).by_labels("icos_label_sample_total")
     assert list(drawn.values()) == [float(len(ids))]
     # the command line gives the same list as CSV, for a labeling job
     assert cli_main(["labels", "--url", srv.url, "--requests", "1000"]) == 0
@@ -190,21 +193,21 @@ def test_served_agent_lists_its_sample_and_estimates_with_labels(
     accuracy = float(np.mean(traffic["labels"] == y))
     assert abs(est["5m"]["estimates"][WITH_LABELS]["value"] - accuracy) < 0.1  # ~5 standard errors
 
-    gauge = metric_values(srv.url, "icos_estimated_accuracy_ratio")
+    gauge = scrape(srv.url).by_labels("icos_estimated_accuracy_ratio")
     key = (("estimator", WITH_LABELS), ("model", "mnist"), ("version", "1"), ("window", "1h"))
     assert gauge[key] == pytest.approx(want.value, abs=1e-6)
 
     for bad in ("0", "abc", "1001", "-1", "9" * 40):
         r = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": bad})
         assert r.status_code == 400 and "limit" in r.json()["error"], bad
-    invalid = metric_values(srv.url, "icos_invalid_requests_total")
+    invalid = scrape(srv.url).by_labels("icos_invalid_requests_total")
     assert sum(v for k, v in invalid.items() if ("reason", "invalid_parameter") in k) == 5
 
 
 def test_no_sample_at_rate_zero(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
-    settings = settings_for(mnist_bundle_dir, tmp_path, labels={"sample_rate": 0.0})
+    settings = stateful_settings(mnist_bundle_dir, tmp_path, labels={"sample_rate": 0.0})
     srv = run_server(create_app(settings, CollectorRegistry()))
     traffic = send_traffic(srv.url, mnist_splits.test.x[:200])
     assert httpx.get(f"{srv.url}/v1/labels/requests").json() == {"sample_rate": 0.0, "n": 0, "requests": []}

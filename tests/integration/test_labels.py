@@ -12,88 +12,28 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, wait_until
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.audits.mutation.robustness import probability_errors
 from agent.cli import main as cli_main
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
 from agent.dataplane.admission import prediction_ids
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import ESTIMATORS
-from agent.model.classifier import OnnxClassifier, default_model_path
+from agent.model.classifier import OnnxClassifier
 from agent.offline.check import check_report
 from agent.server.app import create_app
 from invariants.bundle import Bundle
 from invariants.oracle import VERDICTS
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import scrape
+from tests.support.settings import stateful_settings
+from tests.support.v2 import post_labels, send_traffic
+from tests.support.waiting import wait_until
 
 TOKEN = "s3cret-token"
 WINDOWS = ("5m", "1h", "last100000")
-
-
-def settings_for(bundle: Path, state: Path | None, mode: str = "serve", **extra: Any) -> Any:
-    return load_settings(
-        None,
-        mode=mode,
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-        state_dir=str(state) if state else None,
-        windows={"time": ["5m", "1h"], "count": 100000},
-        **extra,
-    )
-
-
-def infer(url: str, x: np.ndarray, rid: str, outputs: tuple[str, ...]) -> dict[str, Any]:
-    body = {
-        "id": rid,
-        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
-        "outputs": [{"name": n} for n in outputs],
-    }
-    r = httpx.post(f"{url}/v2/models/mnist/infer", json=body, timeout=30)
-    assert r.status_code == 200, r.text
-    out = r.json()
-    res: dict[str, Any] = {"ids": prediction_ids(out["id"], out["parameters"]["icos_prediction_count"])}
-    for t in out["outputs"]:
-        res[t["name"]] = np.asarray(t["data"]).reshape(t["shape"])
-    return res
-
-
-def send_traffic(url: str, x: np.ndarray, batch: int = 100, prefix: str = "req") -> dict[str, np.ndarray]:
-    """Every batch asks for the verdicts (judged inline); the last one does not (judged off the path)."""
-    ids, probs, labels, verdicts = [], [], [], []
-    for k, start in enumerate(range(0, len(x), batch)):
-        last = start + batch >= len(x)
-        outputs = ("probabilities", "label") if last else ("probabilities", "label", "icos_verdict")
-        res = infer(url, x[start : start + batch], f"{prefix}-{k}", outputs)
-        ids += res["ids"]
-        probs.append(res["probabilities"])
-        labels.append(res["label"])
-        verdicts.append(res.get("icos_verdict", np.array([None] * len(res["ids"]))))
-    return {
-        "ids": np.asarray(ids),
-        "probabilities": np.concatenate(probs).astype(np.float32),
-        "labels": np.concatenate(labels),
-        "verdicts": np.concatenate(verdicts),
-    }
-
-
-def post_labels(url: str, entries: list[Any]) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/labels", json={"labels": entries}, timeout=30)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def metric_values(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    text = httpx.get(f"{url}/metrics").text
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def labeled_truth(
@@ -117,7 +57,7 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
     mnist_model: OnnxClassifier,
     tmp_path: Path,
 ) -> None:
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     x, y = mnist_splits.test.x[:1000], mnist_splits.test.y[:1000]
     traffic = send_traffic(srv.url, x)
     assert len(set(traffic["ids"].tolist())) == 1000 and traffic["ids"][0] == "req-0:0"
@@ -171,19 +111,19 @@ def test_realized_accuracy_and_estimator_errors_on_the_labeled_subset(
 
     # Prometheus: realized accuracy, labeled samples, abs errors, probability errors, label outcomes
     mv = (("model", "mnist"), ("version", "1"))
-    acc_m = metric_values(srv.url, "icos_realized_accuracy_ratio")
+    acc_m = scrape(srv.url).by_labels("icos_realized_accuracy_ratio")
     assert acc_m[(*mv, ("window", "5m"))] == pytest.approx(acc_all)
-    n_m = metric_values(srv.url, "icos_labeled_samples")
+    n_m = scrape(srv.url).by_labels("icos_labeled_samples")
     assert {k[-1][1]: v for k, v in n_m.items()} == dict.fromkeys(WINDOWS, 601.0)
-    err_m = metric_values(srv.url, "icos_estimator_abs_error_ratio")
+    err_m = scrape(srv.url).by_labels("icos_estimator_abs_error_ratio")
     for name in ESTIMATORS:
         key = tuple(sorted((*mv, ("estimator", name), ("window", "1h"))))
         assert err_m[key] == pytest.approx(realized["abs_error"][name])
-    prob_m = metric_values(srv.url, "icos_probability_error_ratio")
+    prob_m = scrape(srv.url).by_labels("icos_probability_error_ratio")
     assert prob_m[tuple(sorted((*mv, ("metric", "rmse"), ("window", "last100000"))))] == pytest.approx(
         pe["rmse"], rel=1e-5
     )
-    outcomes = {k[0][1]: v for k, v in metric_values(srv.url, "icos_labels_total").items()}
+    outcomes = {k[0][1]: v for k, v in scrape(srv.url).by_labels("icos_labels_total").items()}
     assert outcomes == {"accepted": 601.0, "unknown": 2.0, "duplicate": 11.0, "corrected": 0.0, "invalid": 4.0}
 
     # the last batch was judged off the request path: its predictions take labels too
@@ -212,7 +152,7 @@ def test_recalibration_token_minimum_restart_and_reload(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", TOKEN)
-    settings = settings_for(mnist_bundle_dir, tmp_path, labels={"min_recalibration_samples": 200})
+    settings = stateful_settings(mnist_bundle_dir, tmp_path, labels={"min_recalibration_samples": 200})
     srv = run_server(create_app(settings, CollectorRegistry()))
     # shifted traffic: noisy images, so that the bundle's calibration is off
     rng = np.random.default_rng(0)
@@ -247,12 +187,12 @@ def test_recalibration_token_minimum_restart_and_reload(
     assert est["oracle"]["tpr"] == pytest.approx(expect.tpr)
     assert est["windows"]["5m"]["realized"]["abs_error"]["icos_corrected"] == pytest.approx(0.0, abs=1e-9)
     assert httpx.get(f"{srv.url}/v1/labels").json()["calibration"]["source"] == "labels"
-    tpr_m = metric_values(srv.url, "icos_oracle_tpr_ratio")
+    tpr_m = scrape(srv.url).by_labels("icos_oracle_tpr_ratio")
     assert list(tpr_m.values()) == [pytest.approx(expect.tpr)]
     srv.stop()
 
     # restart: the refitted calibration and the labeled predictions come back
-    srv2 = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv2 = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     est = httpx.get(f"{srv2.url}/v1/estimates").json()
     assert est["oracle"]["tpr"] == pytest.approx(expect.tpr)
     assert est["windows"]["1h"]["realized"]["n"] == 600
@@ -263,7 +203,7 @@ def test_recalibration_token_minimum_restart_and_reload(
     assert httpx.get(f"{srv2.url}/v1/estimates").json()["oracle"]["tpr"] == pytest.approx(before.tpr)
     assert wait_until(lambda: httpx.get(f"{srv2.url}/v1/labels").json()["calibration"]["source"] == "bundle")
     srv2.stop()
-    srv3 = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv3 = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     assert httpx.get(f"{srv3.url}/v1/estimates").json()["oracle"]["tpr"] == pytest.approx(before.tpr)
 
 
@@ -271,7 +211,7 @@ def test_auto_recalibration(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
     labels_cfg = {"min_recalibration_samples": 100, "auto_recalibrate_every": 300}
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, None, labels=labels_cfg), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, None, labels=labels_cfg), CollectorRegistry()))
     x, y = mnist_splits.test.x[:400], mnist_splits.test.y[:400]
     traffic = send_traffic(srv.url, x)
     post_labels(srv.url, [{"id": str(traffic["ids"][i]), "label": int(y[i])} for i in range(200)])
@@ -286,7 +226,7 @@ def test_auto_recalibration(
     status = httpx.get(f"{srv.url}/v1/labels").json()
     assert status["store"]["persistent"] is False  # no state_dir: kept in memory
     assert status["last_recalibration"]["persisted"] is True  # in the in-memory store
-    applied = metric_values(srv.url, "icos_recalibrations_total")
+    applied = scrape(srv.url).by_labels("icos_recalibrations_total")
     assert applied[(("outcome", "applied"), ("trigger", "auto"))] == 1.0
 
 
@@ -297,7 +237,7 @@ def test_observe_mode_returns_ids_that_take_labels(
     mnist_model: OnnxClassifier,
     tmp_path: Path,
 ) -> None:
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path, mode="observe"), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path, mode="observe"), CollectorRegistry()))
     x, y = mnist_splits.test.x[:50], mnist_splits.test.y[:50]
     p = mnist_model.predict(x).probabilities
     r = httpx.post(f"{srv.url}/v1/observe", json={"id": "obs-1", "inputs": x.tolist(), "probabilities": p.tolist()})
@@ -315,11 +255,11 @@ def test_unwritable_prediction_store_keeps_serving(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
     (tmp_path / "predictions.sqlite3").mkdir()  # the store's file cannot be created
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     x, y = mnist_splits.test.x[:100], mnist_splits.test.y[:100]
     traffic = send_traffic(srv.url, x, batch=50)
     assert len(traffic["ids"]) == 100
-    errors = metric_values(srv.url, "icos_prediction_store_errors_total")
+    errors = scrape(srv.url).by_labels("icos_prediction_store_errors_total")
     assert errors[(("operation", "open"),)] == 1.0
     status = httpx.get(f"{srv.url}/v1/labels").json()
     assert status["store"]["persistent"] is False
@@ -334,7 +274,7 @@ def test_labels_command_posts_csv_and_jsonl(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, None), CollectorRegistry()))
     x, y = mnist_splits.test.x[:300], mnist_splits.test.y[:300]
     traffic = send_traffic(srv.url, x)
     csv_path = tmp_path / "labels.csv"

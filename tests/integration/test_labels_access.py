@@ -15,11 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, wait_until
-from postgres_server import PostgresServer, postgres  # noqa: F401 - the fixture
 from prometheus_client import CollectorRegistry
-from test_labeling_sample import batch
-from test_labels import metric_values, send_traffic, settings_for
 
 from agent.cli import main as cli_main
 from agent.config.settings import ADMIN_TOKEN_ENV, LABELS_TOKEN_ENV
@@ -28,6 +24,12 @@ from agent.estimation.prediction_powered import WITH_LABELS
 from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.access import MAX_FAILURES
 from agent.server.app import create_app
+from tests.integration.test_labeling_sample import batch
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import scrape
+from tests.support.settings import stateful_settings
+from tests.support.v2 import send_traffic
+from tests.support.waiting import wait_until
 
 LABELER = "labeler-secret"
 ADMIN = "admin-secret"
@@ -72,7 +74,7 @@ def _server(
 ) -> RunningServer:
     monkeypatch.setenv(LABELS_TOKEN_ENV, LABELER)
     monkeypatch.setenv(ADMIN_TOKEN_ENV, ADMIN)
-    settings = settings_for(bundle, state, labels={"sample_rate": 0.5})
+    settings = stateful_settings(bundle, state, labels={"sample_rate": 0.5})
     return run_server(create_app(settings, CollectorRegistry()))
 
 
@@ -137,12 +139,9 @@ def test_only_an_authorized_labeler_reads_the_sample_and_moves_with_labels(
     final = windows()["5m"]
     assert final["realized"]["n"] == 0 and WITH_LABELS not in final["estimates"]
 
-    invalid = metric_values(srv.url, "icos_invalid_requests_total")
-
-    def count(reason: str) -> float:
-        return sum(v for k, v in invalid.items() if ("reason", reason) in k)
-
-    assert count("unauthorized") == 3 and count("forbidden") == 1
+    invalid = scrape(srv.url)
+    assert invalid.value("icos_invalid_requests_total", reason="unauthorized") == 3
+    assert invalid.value("icos_invalid_requests_total", reason="forbidden") == 1
 
 
 def test_guessing_tokens_is_throttled_per_client_and_never_logged(
@@ -160,8 +159,7 @@ def test_guessing_tokens_is_throttled_per_client_and_never_logged(
         for headers, path in ((_bearer(LABELER), "/v1/labels/requests"), (_bearer(ADMIN), "/v1/reload")):
             r = c.get(path, headers=headers) if path.endswith("requests") else c.post(path, headers=headers, json={})
             assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1, r.text
-    invalid = metric_values(srv.url, "icos_invalid_requests_total")
-    assert sum(v for k, v in invalid.items() if ("reason", "auth_throttled") in k) == 2
+    assert scrape(srv.url).value("icos_invalid_requests_total", reason="auth_throttled") == 2
     assert not any("guess-" in rec.getMessage() or LABELER in rec.getMessage() for rec in caplog.records)
     assert all("guess-" not in str(rec.__dict__) for rec in caplog.records)
     np.testing.assert_equal(httpx.get(f"{srv.url}/v2/health/live").status_code, 200)

@@ -5,19 +5,13 @@ One server per module; the outage test stops it and starts it again on the same 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
-from mlflow_server import MLFLOW_BIN, MlflowServer
 
 from exporters.mlflow_logger import (
     TAG_KIND,
@@ -33,6 +27,9 @@ from exporters.mlflow_logger import (
     load_model_from_uri,
     log_model,
 )
+from tests.support.mlflow import MlflowServer
+from tests.support.mounts import read_only_dir
+from tests.support.ports import free_port
 
 MODEL_FILE = Path(__file__).resolve().parents[2] / "agent" / "models" / "digits_cnn.onnx"
 SHA = "ab" * 32
@@ -41,8 +38,6 @@ START_TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    if not MLFLOW_BIN.exists():
-        pytest.skip(f"{MLFLOW_BIN} not installed")
     srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), start_timeout=START_TIMEOUT_S)
     srv.start()
     try:
@@ -212,7 +207,7 @@ def test_unreachable_server_with_read_only_spool_raises_spool_error(tmp_path: Pa
     spool = tmp_path / "spool"
     spool.mkdir()
     logger = MlflowLogger(f"http://127.0.0.1:{free_port()}", "audits", spool)
-    with _read_only(spool):
+    with read_only_dir(spool):
         with pytest.raises(SpoolError, match="cannot write spool file"):
             logger.log(_audit())
         assert logger.pending() == 0
@@ -284,26 +279,3 @@ def test_model_uri_round_trip(server: MlflowServer, tmp_path: Path) -> None:
     assert second.version == "2"
     latest = download_model("models:/digits-cnn/latest", server.uri, tmp_path / "dl5")
     assert latest.bundle_dir is None
-
-
-@contextlib.contextmanager
-def _read_only(path: Path) -> Iterator[None]:
-    """Make ``path`` read-only for this process: chmod for a normal user; as root (which ignores
-    permissions) mount a read-only tmpfs over it, or skip when that is not possible."""
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        try:
-            yield
-        finally:
-            path.chmod(0o755)
-        return
-    mount, umount = shutil.which("mount"), shutil.which("umount")
-    if not mount or not umount:
-        pytest.skip("running as root without mount(8): cannot make a directory read-only")
-    res = subprocess.run([mount, "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"running as root and cannot mount a read-only tmpfs: {res.stderr.decode().strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run([umount, str(path)], check=True)

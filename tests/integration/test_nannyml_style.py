@@ -6,22 +6,17 @@ accuracy measured with the labels, falling when it falls under the covariate shi
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from agent.cli import main  # noqa: E402
-from agent.data.tables import resolve_columns  # noqa: E402
-from agent.offline.tables import check_table_report  # noqa: E402
-from bench.nannyml_style import CHUNK, Table, car_loan, credit_card  # noqa: E402
-from invariants.bundle import Bundle  # noqa: E402
+from agent.cli import main
+from agent.data.tables import resolve_columns
+from agent.offline.tables import check_table_report
+from bench.nannyml_style import CHUNK, Table, car_loan, credit_card
+from invariants.bundle import Bundle
 
 #: Largest |headline estimate − accuracy| allowed in a chunk of 1,000 rows (the accuracy's own sampling
 #: standard deviation there is about 0.013; measured errors are at most 0.03, see docs/estimation.md).

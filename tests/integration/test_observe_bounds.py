@@ -17,13 +17,16 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from agent_process import AgentProcess
-from conftest import RunningServer, wait_until
-from test_serve_observe import REQUEST_TYPE, RESPONSE_TYPE, ce_headers, counter, observe_app, v2_request
 
 from agent.data.datasets import Splits
 from agent.dataplane.observe import REQUEST, RESPONSE, EventPairer, PendingFull
 from agent.model.classifier import OnnxClassifier
+from tests.support.agent_process import AgentProcess
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import metric
+from tests.support.settings import observe_app
+from tests.support.v2 import REQUEST_TYPE, RESPONSE_TYPE, ce_headers, v2_request
+from tests.support.waiting import wait_until
 
 #: Address space the agent may take beyond what it holds once started (the 1 GiB pod, less the
 #: interpreter, numpy, onnxruntime and the fitted bundle that the measured baseline already counts).
@@ -65,6 +68,7 @@ def _zeros_request(n: int = 1024) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+@pytest.mark.timeout(900)  # 300 requests of 1.6 MB: about 100 s on two loaded cores
 def test_unpaired_request_events_bounded_in_bytes(limited_agent: AgentProcess) -> None:
     """300 unpaired 1.6 MB request events (about 1 GB decoded, which the count bound of 10,000 let in):
     once 64 MiB wait, the rest are refused with 429 and Retry-After; the agent stays up and pairs again."""
@@ -151,7 +155,7 @@ def test_metadata_bounds_per_value_and_per_batch(
     r = send(["lines"] * 39 + ["c" * 60])
     assert r.status_code == 413 and "observe.max_metadata_bytes" in r.json()["error"], r.text
     assert send(["lines"] * 40).status_code == 202
-    assert counter(srv.url, "icos_invalid_requests_total", reason="metadata_too_large") == 2
+    assert metric(srv.url, "icos_invalid_requests_total", reason="metadata_too_large") == 2
 
 
 def test_pairer_accounts_bytes_through_pairs_duplicates_evictions_and_expiry() -> None:

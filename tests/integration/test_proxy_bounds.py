@@ -22,9 +22,10 @@ from typing import Any
 
 import httpx
 import pytest
-from agent_process import AgentProcess, infer_body
 
 from agent.data.datasets import Splits
+from tests.support.agent_process import AgentProcess
+from tests.support.v2 import verdict_body
 
 TIMEOUT_SECONDS = 2.0
 #: Generous bound on a call that must end at its deadline: "seconds, not minutes".
@@ -161,7 +162,7 @@ def agent(
 
 
 def _body(splits: Splits, kind: str) -> dict[str, Any]:
-    return {**infer_body(splits.test.x[:1]), "id": f"{kind}-1"}
+    return {**verdict_body(splits.test.x[:1]), "id": f"{kind}-1"}
 
 
 def _post(agent: AgentProcess, body: dict[str, Any]) -> tuple[httpx.Response, float]:

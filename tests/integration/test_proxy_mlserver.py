@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,15 +20,14 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
-from conftest import RunningServer, free_port, start_server
-from prometheus_client import CollectorRegistry
 
-from agent.config.settings import load_settings
-from agent.server.app import create_app
 from invariants.oracle import VERDICTS
+from tests.support.inprocess import RunningServer, start_server
+from tests.support.ports import free_port
+from tests.support.requirements import require
+from tests.support.settings import mnist_app
+from tests.support.waiting import http_ok, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-MLSERVER_PYTHON = ROOT / "build" / "mlserver-venv" / "bin" / "python"
 MODEL = "digits"
 START_SECONDS = 120.0
 #: Written by MLServer's interpreter: train on sklearn digits, save where MLServer's runtime loads it.
@@ -51,22 +49,10 @@ MODEL_SETTINGS = {
 }
 
 
-def _mlserver_or_skip() -> Path:
-    missing = "MLServer is not installed for the tests: run `make mlserver-venv` (build/mlserver-venv)"
-    if not MLSERVER_PYTHON.is_file():
-        pytest.skip(missing)
-    probe = subprocess.run(
-        [str(MLSERVER_PYTHON), "-c", "import mlserver, mlserver_sklearn"], capture_output=True, timeout=120
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"{missing}; importing it failed: {probe.stderr.decode()[-300:]}")
-    return MLSERVER_PYTHON
-
-
 @pytest.fixture(scope="module")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLServer serving the digits model on free loopback ports; yields its host:port."""
-    python = _mlserver_or_skip()
+    python: Path = require("mlserver")
     root = tmp_path_factory.mktemp("mlserver")
     model_dir = root / MODEL
     model_dir.mkdir()
@@ -88,17 +74,12 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"MLServer exited ({proc.returncode}): {(root / 'mlserver.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/v2/models/{MODEL}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
+            return http_ok(f"{url}/v2/models/{MODEL}/ready", timeout=2)
+
+        if not wait_until(ready, START_SECONDS, 0.5):
             pytest.fail(f"MLServer not ready in {START_SECONDS:g} s: {(root / 'mlserver.log').read_text()[-2000:]}")
         yield f"127.0.0.1:{port}"
     finally:
@@ -138,14 +119,14 @@ def digits_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def agent(mlserver: str, digits_bundle: Path) -> Iterator[RunningServer]:
-    settings = load_settings(
-        None,
-        mode="proxy",
-        model={"name": MODEL, "version": "1"},
-        bundle={"path": str(digits_bundle)},
-        upstream={"url": f"http://{mlserver}", "timeout_seconds": 30},
+    srv = start_server(
+        mnist_app(
+            digits_bundle,
+            "proxy",
+            model={"name": MODEL, "version": "1"},
+            upstream={"url": f"http://{mlserver}", "timeout_seconds": 30},
+        )
     )
-    srv = start_server(create_app(settings, CollectorRegistry()))
     yield srv
     srv.stop()
 

@@ -10,29 +10,20 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server
-from prometheus_client import CollectorRegistry
 
-from agent.config.settings import load_settings
 from agent.labels.backend import MAX_LISTING_BYTES, unlabeled_sample
-from agent.model.classifier import default_model_path
 from agent.protocol import v2
-from agent.server.app import create_app
+from tests.support.inprocess import RunningServer, settle, start_server
+from tests.support.settings import mnist_app
 
 INFER = "/v2/models/mnist/infer"
 
 
 @pytest.fixture(scope="module")
 def agent(mnist_bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(mnist_bundle_dir)},
-        state_dir=str(tmp_path_factory.mktemp("ids")),
-        labels={"sample_rate": 1.0},
+    srv = start_server(
+        mnist_app(mnist_bundle_dir, state=tmp_path_factory.mktemp("ids"), labels={"sample_rate": 1.0})
     )
-    srv = start_server(create_app(settings, CollectorRegistry()))
     yield srv
     srv.stop()
 
@@ -61,6 +52,7 @@ def test_the_answer_names_the_id_once_whatever_the_batch(agent: RunningServer) -
 
 
 def test_a_long_id_is_refused_before_anything_is_stored(agent: RunningServer) -> None:
+    settle(agent)  # what earlier requests sent is recorded
     judged = httpx.get(f"{agent.url}/v1/estimates").json()["total_judged"]
     body, headers = _binary_request("x" * 100_000, 256)
     r = httpx.post(agent.url + INFER, content=body, headers=headers)
@@ -82,8 +74,7 @@ def test_labeled_ids_and_listings_stay_small(agent: RunningServer) -> None:
 
 
 def test_observe_ids_are_bounded(mnist_bundle_dir: Path) -> None:
-    settings = load_settings(None, mode="observe", model={"name": "mnist"}, bundle={"path": str(mnist_bundle_dir)})
-    srv = start_server(create_app(settings, CollectorRegistry()))
+    srv = start_server(mnist_app(mnist_bundle_dir, "observe", model={"name": "mnist"}))
     try:
         x = np.zeros((3, 784), np.float32).tolist()
         p = np.full((3, 10), 0.1).tolist()

@@ -11,13 +11,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent.config.settings import load_settings
-from agent.model.classifier import default_model_path
-from agent.server.app import create_app
+from tests.support.inprocess import RunningServer, start_server
+from tests.support.metrics import scrape
+from tests.support.settings import mnist_app
 
 INFER = "/v2/models/mnist/infer"
 X1 = np.zeros((1, 1, 28, 28), dtype=np.float32)
@@ -203,30 +200,15 @@ CASES: list[Case] = [
 ]
 
 
-def serve_settings(bundle: Path) -> Any:
-    return load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-        server={"max_body_bytes": 256 * 1024, "max_batch": 16},
-    )
-
-
 @pytest.fixture(scope="module")
 def agent(mnist_bundle_dir: Path) -> Iterator[RunningServer]:
-    srv = start_server(create_app(serve_settings(mnist_bundle_dir), CollectorRegistry()))
+    srv = start_server(mnist_app(mnist_bundle_dir, server={"max_body_bytes": 256 * 1024, "max_batch": 16}))
     yield srv
     srv.stop()
 
 
 def invalid_counts(url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        for s in fam.samples:
-            if s.name == "icos_invalid_requests_total":
-                out[s.labels["reason"]] = s.value
-    return out
+    return scrape(url).by_label("icos_invalid_requests_total", "reason")
 
 
 def test_table_is_large_enough() -> None:

@@ -15,11 +15,13 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from agent_process import AgentProcess, infer_body
-from conftest import free_port, wait_until
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.ports import free_port
+from tests.support.v2 import infer_body
+from tests.support.waiting import wait_until
 
 MiB = 1 << 20
 BODY = 6 * MiB  # each request of the burst; 16 of them at once: 96 MiB
@@ -81,7 +83,7 @@ def _small_requests_and_probes(url: str, stop: threading.Event, results: list[in
         for _ in range(2000):  # bounded, stopped by the event long before
             if stop.is_set():
                 return
-            results.append(c.post(f"{url}/v2/models/mnist/infer", json=infer_body(x, verdict=False)).status_code)
+            results.append(c.post(f"{url}/v2/models/mnist/infer", json=infer_body(x)).status_code)
             results.append(c.get(f"{url}/v2/health/live").status_code)
 
 

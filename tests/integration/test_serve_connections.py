@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_process import AgentProcess
 
 from agent.model.classifier import default_model_path
+from tests.support.agent_process import AgentProcess
 
 FLOOD = 300
 LIMIT = 64

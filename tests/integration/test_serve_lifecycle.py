@@ -2,56 +2,32 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
-import yaml
-from conftest import RunningServer, free_port, wait_http_ready, wait_until
 from prometheus_client import CollectorRegistry
 
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.server.app import create_app
 from agent.server.composition import Agent
-
-
-def settings_for(bundle: Path, state: Path | None, mode: str = "serve", **extra: Any) -> Any:
-    return load_settings(
-        None,
-        mode=mode,
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-        state_dir=str(state) if state else None,
-        windows={"time": ["5m", "1h"], "count": 100000},
-        **extra,
-    )
-
-
-def infer_body(x: np.ndarray) -> dict[str, Any]:
-    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
-
-
-def estimates(url: str) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/estimates")
-    assert r.status_code == 200
-    return dict(r.json())
+from tests.support.agent_process import AgentProcess, clean_env
+from tests.support.inprocess import RunningServer
+from tests.support.settings import mnist_config, stateful_settings
+from tests.support.v2 import estimates, infer_body
+from tests.support.waiting import on_loop, wait_until
 
 
 def test_restart_restores_windows(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     for i in range(5):
         x = mnist_splits.test.x[i * 20 : (i + 1) * 20]
         assert httpx.post(f"{srv.url}/v2/models/mnist/infer", json=infer_body(x)).status_code == 200
@@ -59,7 +35,7 @@ def test_restart_restores_windows(
     assert wait_until(lambda: estimates(srv.url)["total_judged"] == 100)
     before = estimates(srv.url)
     srv.stop()
-    srv2 = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path), CollectorRegistry()))
+    srv2 = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path), CollectorRegistry()))
     after = estimates(srv2.url)
     assert after["total_judged"] == 100
     for w in ("5m", "1h", "last100000"):
@@ -77,14 +53,13 @@ def test_pending_observations_survive_restart(
     tmp_path: Path,
 ) -> None:
     def app() -> Any:
-        s = settings_for(mnist_bundle_dir, tmp_path, mode="observe", server={"graceful_timeout_seconds": 0.2})
+        s = stateful_settings(mnist_bundle_dir, tmp_path, mode="observe", server={"graceful_timeout_seconds": 0.2})
         return create_app(s, CollectorRegistry())
 
     srv = run_server(app())
     svc: Agent = srv.app.state.agent
     assert svc.loop is not None and svc.observe is not None
-    svc.loop.call_soon_threadsafe(svc.observe.judging.clear)
-    time.sleep(0.05)
+    on_loop(svc.loop, svc.observe.judging.clear)
     x = mnist_splits.test.x[:8]
     body = {
         "inputs": x.tolist(),
@@ -99,39 +74,18 @@ def test_pending_observations_survive_restart(
     assert estimates(srv2.url)["windows"]["5m"]["fails_by_family"]["idi"] > 0  # metadata kept too
 
 
-def _write_config(path: Path, bundle: Path, state: Path, port: int) -> Path:
-    cfg = {
-        "mode": "serve",
-        "model": {"name": "mnist", "path": str(default_model_path())},
-        "bundle": {"path": str(bundle)},
-        "server": {"host": "127.0.0.1", "port": port, "threads": 4},
-        "windows": {"time": ["5m"], "count": 1000000},
-        "state_dir": str(state),
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def test_sigterm_under_load_loses_no_accepted_request(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
 ) -> None:
-    port = free_port()
-    cfg = _write_config(tmp_path / "agent.yaml", mnist_bundle_dir, tmp_path / "state", port)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
+    config = mnist_config(
+        mnist_bundle_dir, state=tmp_path / "state", server={"threads": 4}, windows={"time": ["5m"], "count": 1000000}
     )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http_ready(f"{url}/v2/health/ready")
+    with AgentProcess(tmp_path, config) as agent:
+        url = agent.url
         ok = [0] * 4
         failures: list[str] = []
         stop = threading.Event()
-        x = mnist_splits.test.x[:4]
-        body = infer_body(x)
+        body = infer_body(mnist_splits.test.x[:4])
 
         def client(k: int) -> None:
             with httpx.Client(timeout=30) as c:
@@ -150,21 +104,15 @@ def test_sigterm_under_load_loses_no_accepted_request(
         for t in threads:
             t.start()
         assert wait_until(lambda: sum(ok) >= 40, 30)
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        code = agent.terminate()
         stop.set()
         for t in threads:
             t.join(timeout=30)
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        assert code == 0, err[-3000:]
+        assert code == 0, agent.log()[-3000:]
         assert not failures
-        assert "state flushed" in err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert "state flushed" in agent.log()
     accepted = sum(ok) * 4
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, tmp_path / "state"), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path / "state"), CollectorRegistry()))
     assert estimates(srv.url)["total_judged"] == accepted
 
 
@@ -175,7 +123,7 @@ def test_reload_under_load_has_no_failed_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", "s3cret-token")
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, None), CollectorRegistry()))
     url = srv.url
     body = infer_body(mnist_splits.test.x[:8])
     versions: set[str] = set()
@@ -200,8 +148,8 @@ def test_reload_under_load_has_no_failed_request(
             r = httpx.post(f"{url}/v1/reload", json={"version": str(i)}, headers=auth, timeout=60)
             assert r.status_code == 200, r.text
             assert r.json()["model"]["version"] == str(i)
-            time.sleep(0.05)
-        assert wait_until(lambda: "5" in versions, 10)
+            # the clients are answered by the new version before the next reload
+            assert wait_until(lambda i=i: str(i) in versions, 10)
     finally:
         stop.set()
         for t in threads:
@@ -222,11 +170,11 @@ def test_admin_authentication(
     run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("ICOS_AGENT_ADMIN_TOKEN", raising=False)
-    srv = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, None), CollectorRegistry()))
     r = httpx.post(f"{srv.url}/v1/reload")
     assert r.status_code == 404 and "ICOS_AGENT_ADMIN_TOKEN" in r.json()["error"]
     monkeypatch.setenv("ICOS_AGENT_ADMIN_TOKEN", "tok")
-    srv2 = run_server(create_app(settings_for(mnist_bundle_dir, None), CollectorRegistry()))
+    srv2 = run_server(create_app(stateful_settings(mnist_bundle_dir, None), CollectorRegistry()))
     assert httpx.post(f"{srv2.url}/v1/reload").status_code == 401
     assert httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Bearer nope"}).status_code == 403
     assert httpx.post(f"{srv2.url}/v1/reload", headers={"Authorization": "Basic dG9r"}).status_code == 401
@@ -245,7 +193,6 @@ def test_serve_path_does_not_import_mlflow(mnist_bundle_dir: Path) -> None:
         "create_app(s)\n"
         "print(sorted(m for m in ('mlflow', 'torch', 'matplotlib') if m in sys.modules))\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

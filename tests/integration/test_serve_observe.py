@@ -3,83 +3,20 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
-from conftest import RunningServer, wait_until
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier
-from agent.server.app import create_app
 from agent.server.composition import Agent
-
-REQUEST_TYPE = "org.kubeflow.serving.inference.request"
-RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
-
-
-def observe_app(bundle: Path, server: dict[str, Any] | None = None, **observe: Any) -> Any:
-    settings = load_settings(
-        None,
-        mode="observe",
-        server=server or {},
-        model={"name": "mnist"},
-        bundle={"path": str(bundle)},
-        observe={"event_ttl_seconds": 30, **observe},
-        windows={"time": ["5m"], "count": 100000},
-    )
-    return create_app(settings, CollectorRegistry())
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        for s in fam.samples:
-            if s.name == name and set(labels.items()) <= set(s.labels.items()):
-                total += s.value
-    return total
-
-
-def judged(url: str) -> int:
-    return int(httpx.get(f"{url}/v1/estimates").json()["total_judged"])
-
-
-def ce_headers(ce_id: str, ce_type: str) -> dict[str, str]:
-    return {
-        "ce-id": ce_id,
-        "ce-type": ce_type,
-        "ce-specversion": "1.0",
-        "ce-source": "http://localhost:9081/",
-        "ce-inferenceservicename": "mnist",
-        "ce-namespace": "default",
-        "ce-component": "predictor",
-        "content-type": "application/json",
-    }
-
-
-def v2_request(x: np.ndarray) -> bytes:
-    return json.dumps(
-        {
-            "id": "r",
-            "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
-        }
-    ).encode()
-
-
-def v2_response(p: np.ndarray) -> bytes:
-    return json.dumps(
-        {
-            "model_name": "mnist",
-            "id": "r",
-            "outputs": [{"name": "logits", "shape": list(p.shape), "datatype": "FP32", "data": p.ravel().tolist()}],
-        }
-    ).encode()
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import metric
+from tests.support.settings import observe_app
+from tests.support.v2 import REQUEST_TYPE, RESPONSE_TYPE, ce_headers, judged, v2_request, v2_response
+from tests.support.waiting import on_loop, wait_until
 
 
 def test_direct_observation(
@@ -142,13 +79,13 @@ def test_cloudevents_pairs(
     env = {**env, "type": RESPONSE_TYPE, "data": {"predictions": logits[:4].tolist()}}
     assert httpx.post(url, content=json.dumps(env), headers=h).json()["paired"] is True
     assert wait_until(lambda: judged(srv.url) == 34)
-    assert counter(srv.url, "icos_observe_events_total", type="request") == 4
-    assert counter(srv.url, "icos_observe_events_total", type="response") == 4
-    assert counter(srv.url, "icos_observe_events_unmatched_total") == 0
+    assert metric(srv.url, "icos_observe_events_total", type="request") == 4
+    assert metric(srv.url, "icos_observe_events_total", type="response") == 4
+    assert metric(srv.url, "icos_observe_events_unmatched_total") == 0
     # a bad event body is a 400, counted, and never enters the buffer
     r = httpx.post(url, content=b"{", headers=ce_headers("ev-bad", REQUEST_TYPE))
     assert r.status_code == 400
-    assert counter(srv.url, "icos_invalid_requests_total", reason="malformed_json") == 1
+    assert metric(srv.url, "icos_invalid_requests_total", reason="malformed_json") == 1
 
 
 def test_unmatched_events_counted(
@@ -162,12 +99,12 @@ def test_unmatched_events_counted(
     # three lone requests into a buffer of two: one evicted
     for i in range(3):
         assert httpx.post(url, content=req, headers=ce_headers(f"lone-{i}", REQUEST_TYPE)).status_code == 202
-    assert counter(srv.url, "icos_observe_events_unmatched_total", reason="evicted") == 1
+    assert metric(srv.url, "icos_observe_events_unmatched_total", reason="evicted") == 1
     # a duplicate request event for a pending id
     assert httpx.post(url, content=req, headers=ce_headers("lone-2", REQUEST_TYPE)).status_code == 202
-    assert counter(srv.url, "icos_observe_events_unmatched_total", reason="duplicate") == 1
+    assert metric(srv.url, "icos_observe_events_unmatched_total", reason="duplicate") == 1
     # the two left expire after the TTL
-    assert wait_until(lambda: counter(srv.url, "icos_observe_events_unmatched_total", reason="expired") == 2, 30)
+    assert wait_until(lambda: metric(srv.url, "icos_observe_events_unmatched_total", reason="expired") == 2, 30)
     # a response arriving after its request expired stays unmatched (and later expires too)
     resp = v2_response(np.log(mnist_model.predict(x).probabilities))
     r = httpx.post(url, content=resp, headers=ce_headers("lone-1", RESPONSE_TYPE))
@@ -182,8 +119,7 @@ def test_queue_full_rejects_with_429(
     srv = run_server(app)
     svc: Agent = app.state.agent
     assert svc.loop is not None and svc.observe is not None
-    svc.loop.call_soon_threadsafe(svc.observe.judging.clear)  # hold the workers: the queue fills up
-    time.sleep(0.05)
+    on_loop(svc.loop, svc.observe.judging.clear)  # hold the workers: the queue fills up
     x = mnist_splits.test.x[:2]
     body = {"inputs": x.tolist(), "probabilities": mnist_model.predict(x).probabilities.tolist()}
     codes = [httpx.post(f"{srv.url}/v1/observe", json=body).status_code for _ in range(6)]
@@ -192,7 +128,7 @@ def test_queue_full_rejects_with_429(
     r = httpx.post(f"{srv.url}/v1/observe", json=body)
     assert r.status_code == 429 and "queue is full" in r.json()["error"] and r.headers["Retry-After"] == "1"
     rejected = codes.count(429) + 1
-    assert counter(srv.url, "icos_observe_rejected_total") == rejected
-    svc.loop.call_soon_threadsafe(svc.observe.judging.set)
+    assert metric(srv.url, "icos_observe_rejected_total") == rejected
+    on_loop(svc.loop, svc.observe.judging.set)
     accepted = codes.count(202)
     assert wait_until(lambda: judged(srv.url) == 2 * accepted)

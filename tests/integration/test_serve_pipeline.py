@@ -9,10 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import wait_until
 from prometheus_client import CollectorRegistry
 
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.estimation.estimators import estimate_all
 from agent.judging.queue import JudgeQueue
@@ -20,31 +18,21 @@ from agent.judging.recorder import JudgedBatch, JudgedSink, Recorder
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.verdicts import JudgeWork
 from agent.judging.windows import WindowSet
-from agent.model.classifier import default_model_path
-from agent.server.app import create_app
 from agent.server.composition import Agent
 from agent.server.http_infer import answer_http
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS as VERDICT_NAMES
+from tests.support.settings import mnist_app, mnist_settings
+from tests.support.waiting import wait_until
 
 
 def runtime(bundle: Path) -> Runtime:
-    settings = load_settings(
-        None, mode="serve", model={"name": "mnist", "path": str(default_model_path())}, bundle={"path": str(bundle)}
-    )
-    return load_runtime(settings)
+    return load_runtime(mnist_settings(bundle))
 
 
 def service(bundle: Path) -> Agent:
     """The serve-mode agent of an app that is not started (no lifespan: no background judge)."""
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-        audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
-    )
-    svc: Agent = create_app(settings, CollectorRegistry()).state.agent
+    svc: Agent = mnist_app(bundle, audits={"reservoir": {"size": 0}, "mlflow": {"enabled": False}}).state.agent
     return svc
 
 
@@ -162,7 +150,7 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
     import asyncio
     import json
 
-    from agent_process import infer_body
+    from tests.support.v2 import verdict_body
 
     svc = service(mnist_bundle_dir)
     rt = svc.runtimes.current
@@ -173,7 +161,7 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
         return list(out["data"])
 
     async def together() -> list[tuple[bytes, dict[str, str]]]:
-        bodies = [json.dumps(infer_body(x)).encode() for x in xs]
+        bodies = [json.dumps(verdict_body(x)).encode() for x in xs]
         return list(await asyncio.gather(*(infer(svc, b, None) for b in bodies)))
 
     async def together_then_recorded() -> list[tuple[bytes, dict[str, str]]]:
@@ -192,7 +180,7 @@ def test_verdict_requests_of_one_loop_turn_are_judged_together(mnist_bundle_dir:
     assert svc.windows.total == 36
     assert svc.loop_recorder.calls == 1  # the twelve requests recorded in one call
 
-    alone = asyncio.run(infer(svc, json.dumps(infer_body(mnist_splits.test.x[100:101])).encode(), None))
+    alone = asyncio.run(infer(svc, json.dumps(verdict_body(mnist_splits.test.x[100:101])).encode(), None))
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 13)
     assert verdicts_of(alone) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, mnist_splits.test.x[100:101])]
 
@@ -267,7 +255,7 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
     import asyncio
     import json
 
-    from agent_process import infer_body
+    from tests.support.v2 import verdict_body
 
     svc = service(mnist_bundle_dir)
     rt = svc.runtimes.current
@@ -285,7 +273,7 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
 
     async def together(max_samples: int) -> list[tuple[bytes, dict[str, str]]]:
         svc.verdicts.max_samples = max_samples
-        bodies = [json.dumps(infer_body(x)).encode() for x in xs]
+        bodies = [json.dumps(verdict_body(x)).encode() for x in xs]
         return list(await asyncio.gather(*(infer(svc, b, None) for b in bodies)))
 
     for max_samples, in_thread in ((12, 0), (11, 1)):
@@ -308,7 +296,7 @@ def test_verdicts_do_not_wait_for_a_busy_judge(mnist_bundle_dir: Path, mnist_spl
     import asyncio
     import json
 
-    from agent_process import infer_body
+    from tests.support.v2 import verdict_body
 
     svc = service(mnist_bundle_dir)
     rt = svc.runtimes.current
@@ -318,8 +306,14 @@ def test_verdicts_do_not_wait_for_a_busy_judge(mnist_bundle_dir: Path, mnist_spl
     async def scenario() -> tuple[bytes, dict[str, str]]:
         lock.acquire()
         try:
-            answer = await asyncio.wait_for(infer(svc, json.dumps(infer_body(x)).encode(), None), timeout=10)
-            await asyncio.sleep(svc.judge_queue.linger_seconds * 3)
+            answer = await asyncio.wait_for(infer(svc, json.dumps(verdict_body(x)).encode(), None), timeout=10)
+            first = svc.loop_recorder._timer
+            assert first is not None  # the loop's recording call is scheduled
+            for _ in range(100):  # until it came due, found the lock taken and scheduled itself again
+                await asyncio.sleep(svc.judge_queue.linger_seconds)
+                if svc.loop_recorder._timer is not first:
+                    break
+            assert svc.loop_recorder._timer not in (None, first)
             assert svc.windows.total == 0  # recording waits for the lock
         finally:
             lock.release()
@@ -357,7 +351,10 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
     async def scenario() -> None:
         svc.loop_recorder.add(small)  # schedules the loop's call
         svc.judge_queue.hold(large)  # 200 more predictions arrive before it comes due
-        await asyncio.sleep(svc.judge_queue.linger_seconds * 3)
+        for _ in range(100):  # until the loop's call came due
+            await asyncio.sleep(svc.judge_queue.linger_seconds)
+            if svc.loop_recorder._timer is None:
+                break
 
     svc.judge_queue.start()
     # a thread still starting would take the pending work itself (it checks before it first waits)

@@ -11,49 +11,26 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
-from conftest import RunningServer, wait_until
-from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agent.config.settings import load_settings
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
-from agent.server.app import create_app
-
-
-def upstream_app(bundle: Path) -> Any:
-    settings = load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist-upstream", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-    )
-    return create_app(settings, CollectorRegistry())
+from tests.support.inprocess import RunningServer
+from tests.support.metrics import metric
+from tests.support.settings import mnist_app, upstream_app
+from tests.support.waiting import wait_until
 
 
 def proxy_app(bundle: Path, url: str, timeout: float = 10.0, model_name: str = "mnist-upstream") -> Any:
-    settings = load_settings(
-        None,
-        mode="proxy",
+    return mnist_app(
+        bundle,
+        "proxy",
         model={"name": "mnist", "version": "2", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
         upstream={"url": url, "model_name": model_name, "timeout_seconds": timeout},
     )
-    return create_app(settings, CollectorRegistry())
-
-
-def counter(url: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        for s in fam.samples:
-            if s.name == name and set(labels.items()) <= set(s.labels.items()):
-                total += s.value
-    return total
 
 
 def test_proxy_forwards_and_judges(
@@ -90,15 +67,15 @@ def test_proxy_forwards_and_judges(
     assert sorted(names) == ["icos_verdict", "label", "probabilities"] and names[-1] == "icos_verdict"
     assert res.get_response()["model_name"] == "mnist" and res.get_response()["id"] == "abc"
     # recorded off the request path, by the background judge
-    assert wait_until(lambda: counter(px.url, "icos_predictions_total", model="mnist") == 36)
+    assert wait_until(lambda: metric(px.url, "icos_predictions_total", model="mnist") == 36)
     # a client mistake is answered by the proxy itself and never reaches the upstream
-    before = counter(up.url, "icos_invalid_requests_total")
+    before = metric(up.url, "icos_invalid_requests_total")
     bad = httpx.post(
         f"{px.url}/v2/models/mnist/infer",
         json={"inputs": [{"name": "input", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]},
     )
     assert bad.status_code == 400 and "shape" in bad.json()["error"]
-    assert counter(up.url, "icos_invalid_requests_total") == before
+    assert metric(up.url, "icos_invalid_requests_total") == before
 
 
 def test_proxy_runs_the_oracle_before_answering_only_for_verdicts(
@@ -129,10 +106,10 @@ def test_proxy_runs_the_oracle_before_answering_only_for_verdicts(
     res = client.infer("mnist", [inp], outputs=[th.InferRequestedOutput("label", binary_data=True)])
     assert [o["name"] for o in res.get_response()["outputs"]] == ["label"]
     assert calls == []
-    assert wait_until(lambda: counter(px.url, "icos_predictions_total", model="mnist") == 5)
+    assert wait_until(lambda: metric(px.url, "icos_predictions_total", model="mnist") == 5)
     res = client.infer("mnist", [inp], outputs=[th.InferRequestedOutput("icos_verdict", binary_data=True)])
     assert len(res.as_numpy("icos_verdict")) == 5 and calls == [1]
-    assert wait_until(lambda: counter(px.url, "icos_predictions_total", model="mnist") == 10)
+    assert wait_until(lambda: metric(px.url, "icos_predictions_total", model="mnist") == 10)
 
 
 def test_upstream_down_is_502(
@@ -147,7 +124,7 @@ def test_upstream_down_is_502(
     r = httpx.post(f"{px.url}/v2/models/mnist/infer", json=body)
     assert r.status_code == 502
     assert "unreachable" in r.json()["error"]
-    assert counter(px.url, "icos_upstream_errors_total", reason="unreachable") == 1
+    assert metric(px.url, "icos_upstream_errors_total", reason="unreachable") == 1
     assert httpx.get(f"{px.url}/v2/health/live").status_code == 200
 
 
@@ -166,4 +143,4 @@ def test_slow_upstream_is_504(
     r = httpx.post(f"{px.url}/v2/models/mnist/infer", json=body, timeout=10)
     assert r.status_code == 504
     assert "did not answer within 0.3 s" in r.json()["error"]
-    assert counter(px.url, "icos_upstream_errors_total", reason="timeout") == 1
+    assert metric(px.url, "icos_upstream_errors_total", reason="timeout") == 1

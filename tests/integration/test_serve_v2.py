@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,25 +11,25 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as th
-from conftest import RunningServer, start_server, wait_until
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from agent.config.settings import load_settings
+from agent.config.settings import AgentSettings
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from agent.server.app import create_app
+from agent.server.metrics_port import MAX_CONNECTIONS
+from tests.support.inprocess import RunningServer, settle, start_server
+from tests.support.metrics import Scrape, metric, scrape
+from tests.support.ports import free_port
+from tests.support.requirements import require
+from tests.support.settings import mnist_settings
+from tests.support.waiting import wait_until
 
 
-def serve_settings(bundle: Path, **extra: Any) -> Any:
-    return load_settings(
-        None,
-        mode="serve",
-        model={"name": "mnist", "version": "3", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
-        server={"host": "127.0.0.1"},
-        **extra,
+def serve_settings(bundle: Path) -> AgentSettings:
+    return mnist_settings(
+        bundle, model={"name": "mnist", "version": "3", "path": str(default_model_path())}, server={"host": "127.0.0.1"}
     )
 
 
@@ -46,20 +45,6 @@ def client(agent: RunningServer) -> Iterator[th.InferenceServerClient]:
     c = th.InferenceServerClient(agent.hostport)
     yield c
     c.close()
-
-
-def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"{url}/metrics").text
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def sample(m: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    want = set(labels.items())
-    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
 
 
 def infer(
@@ -156,43 +141,27 @@ def test_binary_bytes_metadata_input(client: th.InferenceServerClient, mnist_spl
     assert got[1] != b"fail:idi"
 
 
-def settled_metrics(url: str) -> Any:
-    """The metrics once predictions answered earlier are all recorded: the count of predictions is
-    the same over three reads 0.1 s apart (recording lingers 50 ms at most); bounded by 10 s."""
-    reads: list[float] = []
-
-    def settled() -> bool:
-        reads.append(sample(metrics(url), "icos_predictions_total", model="mnist", version="3"))
-        return len(reads) >= 3 and reads[-1] == reads[-2] == reads[-3]
-
-    assert wait_until(settled, timeout=10.0, interval=0.1)
-    return metrics(url)
+def settled_metrics(srv: RunningServer) -> Scrape:
+    """The metrics once the predictions answered so far are all recorded."""
+    settle(srv)
+    return scrape(srv.url)
 
 
 def test_metrics_and_estimates_move(
     client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits
 ) -> None:
-    before = settled_metrics(agent.url)  # earlier tests' predictions recorded
+    before = settled_metrics(agent)  # earlier tests' predictions recorded
     est0 = httpx.get(f"{agent.url}/v1/estimates").json()
     x = mnist_splits.test.x[:64]
     res = infer(client, x, True, ("icos_verdict",))
     verdicts = [v.decode() for v in res.as_numpy("icos_verdict")]
     labels = {"model": "mnist", "version": "3"}
     # the answer carries the verdicts; windows and metrics are recorded right after, many requests at once
-    assert wait_until(
-        lambda: (
-            sample(metrics(agent.url), "icos_predictions_total", **labels)
-            - sample(before, "icos_predictions_total", **labels)
-            >= 64
-        )
-    )
-    after = settled_metrics(agent.url)
-    assert sample(after, "icos_predictions_total", **labels) - sample(before, "icos_predictions_total", **labels) == 64
-    passes = sample(after, "icos_verdicts_total", verdict="pass") - sample(
-        before, "icos_verdicts_total", verdict="pass"
-    )
+    after = settled_metrics(agent)
+    assert after.value("icos_predictions_total", **labels) - before.value("icos_predictions_total", **labels) == 64
+    passes = after.value("icos_verdicts_total", verdict="pass") - before.value("icos_verdicts_total", verdict="pass")
     assert passes == verdicts.count("pass")
-    fails = sample(after, "icos_verdicts_total", verdict="fail") - sample(before, "icos_verdicts_total", verdict="fail")
+    fails = after.value("icos_verdicts_total", verdict="fail") - before.value("icos_verdicts_total", verdict="fail")
     assert fails == 64 - verdicts.count("pass")
     est1 = httpx.get(f"{agent.url}/v1/estimates").json()
     for window in ("5m", "1h", "last1000"):
@@ -200,23 +169,20 @@ def test_metrics_and_estimates_move(
         icos = est1["windows"][window]["estimates"]["icos"]
         assert icos["lower"] <= icos["value"] <= icos["upper"]
     assert est1["headline"] in est1["windows"]["5m"]["estimates"]
-    n5 = sample(after, "icos_estimated_accuracy_samples", window="5m")
+    n5 = after.value("icos_estimated_accuracy_samples", window="5m")
     assert n5 == est1["windows"]["5m"]["n"]
     trust = est1["windows"]["5m"]["trust"]  # the headline's trust signal, beside the estimates
     assert set(trust) == {"distance", "calibrated", "drift", "weight"} and trust["distance"] >= 0.0
-    assert sample(after, "icos_estimate_trust_distance", window="5m") == pytest.approx(trust["distance"])
-    value = sample(after, "icos_estimated_accuracy_ratio", estimator="icos", window="last1000")
+    assert after.value("icos_estimate_trust_distance", window="5m") == pytest.approx(trust["distance"])
+    value = after.value("icos_estimated_accuracy_ratio", estimator="icos", window="last1000")
     assert 0.0 < value <= 1.0
-    assert sample(after, "icos_inference_duration_seconds_count", **labels) > sample(
-        before, "icos_inference_duration_seconds_count", **labels
-    )
-    assert sample(after, "icos_oracle_tpr_ratio", **labels) > 0
+    duration_count = "icos_inference_duration_seconds_count"
+    assert after.value(duration_count, **labels) > before.value(duration_count, **labels)
+    assert after.value("icos_oracle_tpr_ratio", **labels) > 0
 
 
 def test_promtool_check_metrics(client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("install Debian's prometheus package (apt-get install prometheus) for promtool")
+    promtool = require("promtool")
     infer(client, mnist_splits.test.x[:8], True)
     httpx.post(f"{agent.url}/v2/models/mnist/infer", content=b"{nope")
     text = httpx.get(f"{agent.url}/metrics").text
@@ -225,15 +191,13 @@ def test_promtool_check_metrics(client: th.InferenceServerClient, agent: Running
 
 
 def test_separate_metrics_port(mnist_bundle_dir: Path, mnist_splits: Splits) -> None:
-    from conftest import free_port
-
     port = free_port()
     settings = serve_settings(mnist_bundle_dir)
     settings.server.metrics_port = port
     srv = start_server(create_app(settings, CollectorRegistry()))
     try:
         infer(th.InferenceServerClient(srv.hostport), mnist_splits.test.x[:2], True)
-        settled_metrics(srv.url)
+        settled_metrics(srv)
         on_main = httpx.get(f"{srv.url}/metrics").text
         on_side = httpx.get(f"http://127.0.0.1:{port}/metrics").text
         assert 'icos_predictions_total{model="mnist",version="3"} 2.0' in on_main
@@ -247,8 +211,6 @@ def test_separate_metrics_port(mnist_bundle_dir: Path, mnist_splits: Splits) -> 
 def test_verdict_not_requested_is_judged_off_the_request_path(
     client: th.InferenceServerClient, agent: RunningServer, mnist_splits: Splits
 ) -> None:
-    from conftest import wait_until
-
     before = httpx.get(f"{agent.url}/v1/estimates").json()["total_judged"]
     for i in range(5):
         res = infer(client, mnist_splits.test.x[i * 10 : (i + 1) * 10], True, ("probabilities", "label"))
@@ -306,7 +268,7 @@ def test_triton_extensions_are_answered_without_counting_as_invalid(
 ) -> None:
     """Triton clients probe the repository index, the model configuration and statistics: the index is
     served, the rest is a 404 that says why, and none of it feeds the invalid-requests alert."""
-    before = sum(v for (name, _), v in metrics(agent.url).items() if name == "icos_invalid_requests_total")
+    before = metric(agent.url, "icos_invalid_requests_total")
     index = client.get_model_repository_index()
     assert index == [{"name": "mnist", "version": "3", "state": "READY", "reason": ""}]
     for call in (lambda: client.get_model_config("mnist"), lambda: client.get_inference_statistics("mnist")):
@@ -316,10 +278,10 @@ def test_triton_extensions_are_answered_without_counting_as_invalid(
     for path in ("/v2/models/stats", "/v2/models/mnist/versions/1/config", "/v2/models/mnist/versions/1/stats"):
         resp = httpx.get(f"{agent.url}{path}")
         assert resp.status_code == 404 and "Triton" in resp.json()["error"]
-    after = sum(v for (name, _), v in metrics(agent.url).items() if name == "icos_invalid_requests_total")
+    after = metric(agent.url, "icos_invalid_requests_total")
     assert after == before
     assert httpx.get(f"{agent.url}/v2/models/nosuch").status_code == 404  # a wrong model still counts
-    assert sum(v for (n, _), v in metrics(agent.url).items() if n == "icos_invalid_requests_total") == before + 1
+    assert metric(agent.url, "icos_invalid_requests_total") == before + 1
 
 
 def test_metrics_port_holds_no_thread_per_connection(mnist_bundle_dir: Path) -> None:
@@ -327,8 +289,6 @@ def test_metrics_port_holds_no_thread_per_connection(mnist_bundle_dir: Path) -> 
     connection, without bound); once they go, a scrape is answered at once; other paths are refused."""
     import socket
     import threading
-
-    from conftest import free_port
 
     port = free_port()
     settings = serve_settings(mnist_bundle_dir)
@@ -339,7 +299,9 @@ def test_metrics_port_holds_no_thread_per_connection(mnist_bundle_dir: Path) -> 
         threads_before = threading.active_count()
         for _ in range(150):
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-        wait_until(lambda: threading.active_count() >= threads_before + 100, timeout=1.0, interval=0.1)
+        # once the server has accepted all of them (those past its limit are refused), count the threads
+        metrics_server = srv.app.state.agent._metrics_server
+        assert wait_until(lambda: metrics_server.refused == 150 - MAX_CONNECTIONS)
         assert threading.active_count() < threads_before + 10
         for s in idle:
             s.close()

@@ -4,14 +4,15 @@ invalid requests on loopback; no 5xx, valid answered 200, invalid 4xx, no descri
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.agent_process import clean_env
+
 
 def test_quick_soak(mnist_bundle_dir: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    env = clean_env()
     out = subprocess.run(
         [sys.executable, "-m", "bench.soak", "--quick", "--json", "--bundle", str(mnist_bundle_dir)],
         capture_output=True,

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_process import AgentProcess
-from conftest import wait_until
-from store_traffic import Clients
 
 from agent.data.datasets import Splits
 from agent.labels.store import STORE_FILE
 from agent.model.classifier import OnnxClassifier, default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.traffic import Clients
+from tests.support.waiting import wait_until
 
 FLUSH = 1.0
 

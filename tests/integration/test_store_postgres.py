@@ -5,7 +5,6 @@ buffered writes land after recovery, counted). The URL's password never leaves t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +12,16 @@ import httpx
 import numpy as np
 import psycopg
 import pytest
-from agent_process import AgentProcess
-from conftest import wait_until
-from postgres_server import PostgresServer, postgres  # noqa: F401 - the fixture
-from store_traffic import Clients
 
 from agent.data.datasets import Splits
 from agent.labels.postgres_backend import SCHEMA_VERSION, migrate
 from agent.labels.rows import PendingBatch
 from agent.labels.store import PredictionStore
 from agent.model.classifier import OnnxClassifier, default_model_path
+from tests.support.agent_process import AgentProcess
+from tests.support.postgres import PostgresServer
+from tests.support.traffic import Clients
+from tests.support.waiting import wait_until
 
 
 def batch(rid: str, n: int, ts: float, k: int = 3, seed: int = 0) -> PendingBatch:
@@ -169,7 +168,8 @@ def test_postgres_outage_during_traffic_is_buffered_and_recovered(
         assert wait_until(lambda: clients.count() >= during + 200, timeout=60)  # serving goes on
         assert agent.metrics()["icos_prediction_store_reachable"] == 0
         postgres.start()
-        time.sleep(0.5)
+        restarted = clients.count()
+        assert wait_until(lambda: clients.count() > restarted, timeout=30)  # served after the restart too
         clients.join()
         assert wait_until(
             lambda: (

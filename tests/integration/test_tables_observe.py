@@ -3,24 +3,21 @@ observations (inputs + probabilities) with the bundle's decision threshold; serv
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from agent_process import AgentProcess
-from conftest import wait_until
+
+from agent.cli import main
+from agent.data.tables import TableColumns
+from agent.offline.tables import check_table_report
+from bench.nannyml_style import CAR_FEATURES, Table, car_loan
+from invariants.bundle import Bundle
+from tests.support.agent_process import AgentProcess
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from agent.cli import main  # noqa: E402
-from agent.data.tables import TableColumns  # noqa: E402
-from agent.offline.tables import check_table_report  # noqa: E402
-from bench.nannyml_style import CAR_FEATURES, Table, car_loan  # noqa: E402
-from invariants.bundle import Bundle  # noqa: E402
 
 
 @pytest.fixture(scope="module")

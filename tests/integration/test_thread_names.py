@@ -3,20 +3,19 @@ the background judge, the prediction-store writer and the worker threads that ru
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from agent_process import AgentProcess
-from conftest import wait_until
 
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from agent.protocol import v2
+from tests.support.agent_process import AgentProcess
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
+pytestmark = pytest.mark.needs("linux")
 
 
 def test_agent_threads_are_named(tmp_path: Path, mnist_bundle_dir: Path, mnist_splits: Splits) -> None:

@@ -17,16 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningServer, start_server
-from prometheus_client import CollectorRegistry
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from agent.config.settings import load_settings
-from agent.model.classifier import default_model_path
-from agent.server.app import create_app
-
-schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install schemathesis)")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from tests.support.inprocess import RunningServer, start_server
+from tests.support.settings import mnist_app
 
 EXAMPLES = int(os.environ.get("ICOS_SCHEMATHESIS_EXAMPLES", "20"))
 HOSTILE = ["as generated", "lone surrogates", "huge dimensions", "repeated items"]
@@ -36,14 +32,9 @@ HUGE_DIMENSIONS = [[10**30, 1], [2**63], [2**31, 2**31], [-1, 784], [1] * 40]
 @pytest.fixture(scope="module", params=["serve", "observe"])
 def agent(request: pytest.FixtureRequest, mnist_bundle_dir: Path) -> Iterator[RunningServer]:
     old = os.environ.pop("ICOS_AGENT_ADMIN_TOKEN", None)
-    s = load_settings(
-        None,
-        mode=request.param,
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(mnist_bundle_dir)},
-        server={"max_body_bytes": 256 * 1024, "max_batch": 16},
+    srv = start_server(
+        mnist_app(mnist_bundle_dir, request.param, server={"max_body_bytes": 256 * 1024, "max_batch": 16})
     )
-    srv = start_server(create_app(s, CollectorRegistry()))
     yield srv
     srv.stop()
     if old is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,16 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import RunningServer, start_server, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
-from agent.config.settings import load_settings
-from agent.model.classifier import default_model_path
-from agent.server.app import create_app
 from agent.server.composition import Agent
+from tests.support import v2
+from tests.support.inprocess import RunningServer, start_server
+from tests.support.metrics import Scrape
+from tests.support.settings import mnist_app
+from tests.support.v2 import REQUEST_TYPE, RESPONSE_TYPE, ce_headers
+from tests.support.waiting import await_on_loop
 
 FUZZ = settings(
     max_examples=int(os.environ.get("ICOS_FUZZ_EXAMPLES", "120")),
@@ -182,15 +182,12 @@ def observation(draw: st.DrawFn) -> Any:
 
 # -- fixtures -----------------------------------------------------------------------------------------
 def _app(bundle: Path, mode: str) -> Any:
-    s = load_settings(
-        None,
-        mode=mode,
-        model={"name": "mnist", "path": str(default_model_path())},
-        bundle={"path": str(bundle)},
+    return mnist_app(
+        bundle,
+        mode,
         server={"max_body_bytes": 256 * 1024, "max_batch": 16, "max_tensor_elements": 100_000},
         observe={"event_ttl_seconds": 600},
     )
-    return create_app(s, CollectorRegistry())
 
 
 @pytest.fixture(scope="module")
@@ -221,17 +218,21 @@ def observe_http(observe_agent: RunningServer) -> Iterator[httpx.Client]:
 
 def invalid_total(srv: RunningServer) -> dict[str, float]:
     svc: Agent = srv.app.state.agent
-    out: dict[str, float] = {}
-    for fam in svc.registry.collect():
-        for s in fam.samples:
-            if s.name == "icos_invalid_requests_total":
-                out[s.labels["reason"]] = s.value
-    return out
+    return Scrape.of_registry(svc.registry).by_label("icos_invalid_requests_total", "reason")
 
 
 def judged(srv: RunningServer) -> int:
     svc: Agent = srv.app.state.agent
     svc.judge_queue.flush()
+    return int(svc.windows.total)
+
+
+def observe_settled(srv: RunningServer) -> int:
+    """Predictions the observe-mode agent has judged, once everything it accepted is judged: its
+    queue joined (a worker marks an item done after recording it)."""
+    svc: Agent = srv.app.state.agent
+    assert svc.loop is not None and svc.observe is not None
+    await_on_loop(svc.loop, svc.observe.queue.join())
     return int(svc.windows.total)
 
 
@@ -296,9 +297,6 @@ def test_known_decoder_traps(serve_agent: RunningServer, http: httpx.Client) -> 
         assert invalid_total(serve_agent)[reason] == before.get(reason, 0) + 1, r.text
 
 
-accepted_by_observe: list[int] = []
-
-
 @FUZZ
 @given(
     body=observation(),
@@ -311,36 +309,42 @@ def test_observe_bodies(
     headers = {"Content-Type": "application/json"}
     content = json.dumps(body).encode()
     if ce in ("request", "response", "bad"):
-        kind = {
-            "request": "org.kubeflow.serving.inference.request",
-            "response": "org.kubeflow.serving.inference.response",
-        }
+        kind = {"request": REQUEST_TYPE, "response": RESPONSE_TYPE}
         headers.update({"ce-id": str(ce_id), "ce-type": kind.get(ce, "something.else"), "ce-specversion": "1.0"})
     elif ce == "structured":
         headers["Content-Type"] = "application/cloudevents+json"
-        content = json.dumps(
-            {"id": str(ce_id), "type": "org.kubeflow.serving.inference.request", "data": body}
-        ).encode()
-    before = invalid_total(observe_agent)
+        content = json.dumps({"id": str(ce_id), "type": REQUEST_TYPE, "data": body}).encode()
+    before, judged_before = invalid_total(observe_agent), observe_settled(observe_agent)
     r = observe_http.post(observe_agent.url + "/v1/observe", content=content, headers=headers)
     assert r.status_code < 500, r.text[:500]
+    accepted = 0
     if r.status_code >= 400:
         assert isinstance(r.json()["error"], str)
         after = invalid_total(observe_agent)
         assert sum(after.values()) - sum(before.values()) == 1
     else:
-        accepted_by_observe.append(int(r.json().get("accepted", 0)))
+        accepted = int(r.json().get("accepted", 0))
+    # exactly the predictions this answer accepted are judged (none of a refused body)
+    assert observe_settled(observe_agent) == judged_before + accepted
 
 
-def test_observe_judged_only_what_was_accepted(observe_agent: RunningServer) -> None:
-    """Runs after the fuzzing above: the windows hold exactly the accepted predictions."""
-    svc: Agent = observe_agent.app.state.agent
-    assert svc.observe is not None
-    expected = sum(accepted_by_observe)
-    observe = svc.observe
-    assert wait_until(lambda: observe.queue.qsize() == 0 and svc.windows.total == expected, 30)
-    time.sleep(0.2)
-    assert svc.windows.total == expected
+def test_observe_judged_only_what_was_accepted(observe_agent: RunningServer, observe_http: httpx.Client) -> None:
+    """The windows grow by exactly the predictions the answers accepted: a refused body adds none, an
+    event waiting for its pair none until the pair arrives."""
+    before = observe_settled(observe_agent)
+    url = observe_agent.url + "/v1/observe"
+    x, p = np.zeros((3, 784), np.float32), np.full((3, 10), 0.1, np.float32)
+    answers = [
+        observe_http.post(url, json={"inputs": x.tolist(), "probabilities": p.tolist()}),
+        observe_http.post(url, json={"inputs": x[:2].tolist(), "probabilities": p.tolist()}),  # 2 inputs, 3 vectors
+        observe_http.post(url, content=v2.v2_request(x[:2]), headers=ce_headers("order-1", REQUEST_TYPE)),
+        observe_http.post(url, content=v2.v2_request(x[:1]), headers=ce_headers("order-2", REQUEST_TYPE)),  # unpaired
+        observe_http.post(url, content=v2.v2_response(np.log(p[:2])), headers=ce_headers("order-1", RESPONSE_TYPE)),
+    ]
+    assert [r.status_code for r in answers] == [202, 400, 202, 202, 202], [r.text for r in answers]
+    accepted = sum(int(r.json().get("accepted", 0)) for r in answers if r.status_code == 202)
+    assert accepted == 3 + 2
+    assert observe_settled(observe_agent) == before + accepted
 
 
 @FUZZ
@@ -352,8 +356,7 @@ def test_observe_judged_only_what_was_accepted(observe_agent: RunningServer) -> 
 def test_label_bodies(serve_agent: RunningServer, http: httpx.Client, body: Any) -> None:
     paths = http.get(serve_agent.url + "/openapi.json").json()["paths"]
     label_paths = sorted(p for p, ops in paths.items() if p.startswith("/v1/labels") and "post" in ops and "{" not in p)
-    if not label_paths:
-        pytest.skip("this agent has no POST /v1/labels endpoint")
+    assert label_paths, "the agent has a POST /v1/labels endpoint"
     before, n = invalid_total(serve_agent), judged(serve_agent)
     for path in label_paths:
         r = http.post(

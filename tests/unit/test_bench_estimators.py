@@ -1,20 +1,13 @@
-"""Smoke test of the estimator benchmark (quick mode) and of its scenario generators."""
+"""The estimator benchmark's scenario generators and report rows (its quick run end to end:
+tests/integration/test_bench_estimators_run.py)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.estimators.__main__ import main  # noqa: E402
-from bench.estimators.report import BEGIN, END  # noqa: E402
-from bench.estimators.scenarios import (  # noqa: E402
+from bench.estimators.__main__ import main
+from bench.estimators.scenarios import (
     ImageSpec,
     TabularSpec,
     image_scenarios,
@@ -59,31 +52,6 @@ def test_new_scenario_kinds_natural_subpopulation_and_clean_or_shifted_windows()
     keep = table["subpopulation_strong"].select(t)  # type: ignore[misc]
     assert keep.sum() == 4 and keep[-4:].all()
     assert {"unit_change_strong", "saturation_mild", "outlier_rows_strong", "clean_or_shifted"} <= set(table)
-
-
-def test_quick_benchmark_writes_the_page_and_the_plot(tmp_path: Path, capsys: object) -> None:
-    out = tmp_path / "estimation.md"
-    out.write_text(f"# Title\n\nhand-written\n\n{BEGIN}\nstale generated text\n{END}\n\nmore hand-written\n")
-    assert main(["--quick", "--models", "digits", "--reps", "2", "--out", str(out)]) == 0
-    text = out.read_text()
-    assert "hand-written" in text and "more hand-written" in text and "stale generated text" not in text
-    assert "shift_aware" in text and "in_distribution" in text and "With IDIs" in text
-    # every scenario with a kin among the calibration transformations is estimated again without it
-    held = text.split("### Shifts of a kind held out of calibration")[1].split("###")[0]
-    for scenario in ("gaussian_noise_strong", "translation_strong", "blur_strong", "mixture"):
-        assert f"| digits | {scenario} |" in held
-    assert "| in_distribution |" not in held and "all scenarios" in held
-    assert (tmp_path / "img" / "estimation.png").stat().st_size > 1000
-    printed = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert "interval coverage" in printed and "digits" in printed and "shift_aware_held_out" in printed
-    # shift_aware calibrated with another seed (quick mode: seed 1) is reported beside the shipped one
-    draws = text.split("### Dependence on the calibration draw")[1].split("###")[0]
-    assert "| digits | 0 (shipped) |" in draws and "| digits | 1 |" in draws and "range over 2 draws" in draws
-    assert "shift_aware by calibration seed" in printed
-    # shift_aware on windows of another size (quick mode: 100 besides the tables' 300)
-    sizes = text.split("### Window size")[1].split("###")[0]
-    assert "| digits | 100 |" in sizes and "| digits | 300 (the tables above) |" in sizes
-    assert "shift_aware by window size" in printed and "n=100" in printed
 
 
 def test_calibration_seed_rows_and_names() -> None:

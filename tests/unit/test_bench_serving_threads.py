@@ -4,7 +4,6 @@ agent land in their own group, the main thread is the event loop, ended threads 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
@@ -12,8 +11,9 @@ import pytest
 
 from agent.core.os_threads import name_os_thread
 from bench.bench_serving import thread_cpu_delta, thread_cpu_seconds
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/task")
+pytestmark = pytest.mark.needs("linux")
 
 
 def _burn(seconds: float) -> None:
@@ -38,8 +38,7 @@ def test_cpu_of_a_named_thread_goes_to_its_group() -> None:
     started.wait()
     before = thread_cpu_seconds(os.getpid())
     release.set()
-    while release.is_set():
-        time.sleep(0.01)
+    assert wait_until(lambda: not release.is_set(), timeout=30)  # the thread burnt its CPU time
     after = thread_cpu_seconds(os.getpid())
     release.set()
     t.join()
@@ -49,9 +48,15 @@ def test_cpu_of_a_named_thread_goes_to_its_group() -> None:
 
 
 def test_a_thread_that_ended_is_not_counted_negative() -> None:
-    t = threading.Thread(target=_burn, args=(0.2,))
+    burning = threading.Event()
+
+    def burn() -> None:
+        burning.set()
+        _burn(0.2)
+
+    t = threading.Thread(target=burn)
     t.start()
-    time.sleep(0.05)
+    assert burning.wait(timeout=30)
     before = thread_cpu_seconds(os.getpid())
     t.join()
     after = thread_cpu_seconds(os.getpid())

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import pytest
 
 from exporters.run_record import RunRecord
 from exporters.spool import CORRUPT_DIR, REJECTED_DIR, Spool, SpoolError, decode, encode
+from tests.support.mounts import read_only_dir, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -204,7 +202,7 @@ def test_read_only_directory_raises_spool_error(tmp_path: Path) -> None:
     directory = tmp_path / "spool"
     directory.mkdir()
     spool = Spool(directory)
-    with _mounted_or_chmod(directory, size="64k", read_only=True):
+    with read_only_dir(directory):
         with pytest.raises(SpoolError, match="cannot write spool file"):
             spool.put(_record())
         assert spool.count() == 0
@@ -213,9 +211,7 @@ def test_read_only_directory_raises_spool_error(tmp_path: Path) -> None:
 def test_full_disk_raises_spool_error_and_leaves_no_partial_file(tmp_path: Path) -> None:
     directory = tmp_path / "spool"
     directory.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("a small file system for a full disk needs root (mount -t tmpfs)")
-    with _mounted_or_chmod(directory, size="64k", read_only=False):
+    with tmpfs(directory, size="64k"):
         spool = Spool(directory, max_bytes=10**9)
         big = {"blob.bin": os.urandom(40_000)}  # base64 makes each file ~54 kB: the second does not fit
         spool.put(_record(artifacts=big))
@@ -266,27 +262,3 @@ def test_http_limits_are_set_unless_the_environment_sets_them(monkeypatch: pytes
     assert (os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"], os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) == ("2", "0")
     with pytest.raises(ValueError):
         configure_mlflow_environment(http_timeout_s=-1)
-
-
-@contextlib.contextmanager
-def _mounted_or_chmod(path: Path, *, size: str, read_only: bool) -> Iterator[None]:
-    """A small tmpfs over ``path`` when root (read-only if asked); for a normal user, chmod 0555."""
-    if os.geteuid() != 0:
-        assert read_only
-        path.chmod(0o555)
-        try:
-            yield
-        finally:
-            path.chmod(0o755)
-        return
-    mount, umount = shutil.which("mount"), shutil.which("umount")
-    if not mount or not umount:
-        pytest.skip("running as root without mount(8)")
-    options = f"{'ro,' if read_only else ''}size={size}"
-    res = subprocess.run([mount, "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run([umount, str(path)], check=True)

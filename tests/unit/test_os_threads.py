@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from agent.core.os_threads import name_os_thread, name_os_thread_once
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
+pytestmark = pytest.mark.needs("linux")
 
 
 def _comm_in_thread(action: object) -> str:

@@ -18,6 +18,7 @@ from agent.labels.rows import (
     onehot_errors,
 )
 from agent.labels.store import STORE_FILE, PredictionStore
+from tests.support.waiting import wait_until
 
 
 def batch(rid: str, n: int, ts: float, k: int = 3, seed: int = 0, identity: str = "m:b") -> PendingBatch:
@@ -159,10 +160,7 @@ def test_background_writer_flushes(tmp_path: Path) -> None:
     s.open()
     s.start()
     s.enqueue(batch("bg", 7, time.time()))
-    deadline = time.monotonic() + 10
-    while s.rows < 7 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert s.rows == 7
+    assert wait_until(lambda: s.rows == 7)
     s.stop()
 
 

@@ -5,6 +5,7 @@ settings that choose the store keep the PostgreSQL URL's password out of the con
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,15 @@ def batch(rid: str, n: int = 2, ts: float = 10.0) -> PendingBatch:
     return PendingBatch(rid, ts, "m:b", p, np.zeros(n, np.int64), np.zeros(n, np.int8))
 
 
+async def _until(condition: Callable[[], bool], turns: int = 1000) -> None:
+    """Let the loop run (other tasks reach their first wait) until ``condition`` holds, bounded in turns."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
 def test_one_commit_answers_every_waiting_request(tmp_path: Path) -> None:
     s = PredictionStore(tmp_path, max_predictions=1000, max_age_seconds=1e12, flush_interval=60, durability="commit")
     s.open()
@@ -37,7 +47,7 @@ def test_one_commit_answers_every_waiting_request(tmp_path: Path) -> None:
 
     async def scenario() -> list[bool]:
         waiting = [asyncio.create_task(s.committed(f"r{i}", timeout=30)) for i in range(20)]
-        await asyncio.sleep(0.05)  # all twenty wait
+        await _until(lambda: len(s._waiters) == 20)  # all twenty wait
         for i in range(20):
             s.enqueue(batch(f"r{i}"))
         s.flush()  # the writer's next commit
@@ -55,7 +65,7 @@ def test_a_request_is_told_when_its_predictions_are_not_stored(tmp_path: Path) -
     async def scenario() -> tuple[bool, bool, bool, bool]:
         bad = asyncio.create_task(s.committed("bad\ud800", timeout=30))
         late = asyncio.create_task(s.committed("never-sent", timeout=0.2))
-        await asyncio.sleep(0.05)
+        await _until(lambda: {"bad\ud800", "never-sent"} <= set(s._waiters))
         s.enqueue(batch("bad\ud800"))  # text no database can hold: dropped as invalid
         s.enqueue(batch("good"))
         s.flush()

@@ -4,25 +4,22 @@ decision threshold of binary models, and the modes that cannot use such a bundle
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from agent.cli import main
+from agent.config.settings import load_settings
+from agent.data.tables import TableColumns, default_classes, iter_table, resolve_columns
+from agent.errors import UserError
+from agent.judging.runtime import load_runtime
+from agent.model.classifier import label_confidences, predicted_labels
+from bench.nannyml_style import CAR_FEATURES, Table, car_loan
+from invariants.bundle import Bundle, BundleError
 
-from agent.cli import main  # noqa: E402
-from agent.config.settings import load_settings  # noqa: E402
-from agent.data.tables import TableColumns, default_classes, iter_table, resolve_columns  # noqa: E402
-from agent.errors import UserError  # noqa: E402
-from agent.judging.runtime import load_runtime  # noqa: E402
-from agent.model.classifier import label_confidences, predicted_labels  # noqa: E402
-from bench.nannyml_style import CAR_FEATURES, Table, car_loan  # noqa: E402
-from invariants.bundle import Bundle, BundleError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 FEATURES = ",".join(CAR_FEATURES)
 

@@ -1,36 +1,42 @@
-"""A real ``mlflow server`` for the integration tests (sqlite backend, proxied artifacts, loopback)."""
+"""A real ``mlflow server`` (sqlite backend, proxied artifacts) on a loopback port."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from conftest import free_port
-
-MLFLOW_BIN = Path(sys.executable).with_name("mlflow")
+from tests.support.ports import free_port, port_closed
+from tests.support.requirements import require
+from tests.support.waiting import http_ok, wait_until
 
 
 class MlflowServer:
     """``mlflow server`` in its own process group, stopped by that group's id. It keeps its port and
-    backend across :meth:`stop` and :meth:`start` (an outage and a recovery)."""
+    backend across :meth:`stop` and :meth:`start` (an outage and a recovery). Constructing one needs
+    the ``mlflow`` requirement."""
 
     def __init__(self, root: Path, port: int | None = None, start_timeout: float = 180.0) -> None:
+        self.binary: Path = require("mlflow")
         self.root = root
         self.port = free_port() if port is None else port
         self.uri = f"http://127.0.0.1:{self.port}"
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def log(self) -> str:
+        path = self.root / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited: {self.log()[-2000:]}")
+        return http_ok(f"{self.uri}/health", timeout=2)
+
     def start(self) -> None:
-        cmd = [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{self.root / 'backend.db'}"]
+        cmd = [str(self.binary), "server", "--backend-store-uri", f"sqlite:///{self.root / 'backend.db'}"]
         cmd += ["--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--workers", "1"]
         with (self.root / "server.log").open("ab") as log:
@@ -42,17 +48,9 @@ class MlflowServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"mlflow server not healthy after {self.start_timeout} s")
+        if not wait_until(self._healthy, self.start_timeout, 0.5):
+            self.stop()
+            raise RuntimeError(f"mlflow server not healthy after {self.start_timeout} s: {self.log()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -68,9 +66,4 @@ class MlflowServer:
             self.proc.wait(timeout=10)
         self.proc = None
         # uvicorn's worker runs in the same group; wait until the port is free again
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) != 0:
-                    return
-            time.sleep(0.2)
+        wait_until(lambda: port_closed(self.port), 20, 0.2)

@@ -1,4 +1,4 @@
-"""Helpers for prediction-store tests: concurrent clients that record which prediction ids the agent
+"""Concurrent clients for prediction-store tests: they record which prediction ids the agent
 acknowledged (and when), in serve mode (``/v2/.../infer``) or observe mode (``/v1/observe``)."""
 
 from __future__ import annotations

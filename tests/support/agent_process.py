@@ -1,4 +1,5 @@
-"""Helpers for fault tests: the agent as a real process (``python -m agent serve``) on a free port."""
+"""``icos-agent serve`` as a real process (``python -m agent serve --config ...``) on a free port, for
+tests of what only a process shows: signals, crashes, restarts, threads, file descriptors, limits."""
 
 from __future__ import annotations
 
@@ -8,16 +9,27 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-import httpx
 import yaml
-from conftest import free_port, wait_http_ready
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.metrics import Scrape, scrape
+from tests.support.ports import free_port
+from tests.support.waiting import wait_http_ready
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without ``ICOS_AGENT_*`` overrides (a developer's must not leak in)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
+    env.update(extra or {})
+    return env
 
 
 class AgentProcess:
-    """``icos-agent serve`` in a subprocess; stderr (JSON logs) goes to ``<dir>/agent.log``."""
+    """``icos-agent serve`` in a subprocess with ``config`` (its ``server.host``/``port`` set here);
+    stdout and stderr (JSON logs) go to ``<directory>/agent-<port>.log``. A context manager that kills
+    it on exit."""
 
     def __init__(
         self,
@@ -34,8 +46,7 @@ class AgentProcess:
         self.config_path = directory / f"agent-{self.port}.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.log_path = directory / f"agent-{self.port}.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
-        self.env.update(env or {})
+        self.env = clean_env(env)
         self.preexec_fn = preexec_fn
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -49,6 +60,7 @@ class AgentProcess:
         return self.proc.pid
 
     def start(self, timeout: float = 60.0) -> AgentProcess:
+        """Start it (again, on the same port and config) and wait until it is ready."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "agent", "serve", "--config", str(self.config_path)],
@@ -64,21 +76,24 @@ class AgentProcess:
             raise RuntimeError(f"agent did not start: {self.log()[-3000:]}") from None
         return self
 
+    def __enter__(self) -> AgentProcess:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.kill()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def scrape(self) -> Scrape:
+        return scrape(self.url)
+
     def metrics(self) -> dict[str, float]:
-        """Unlabelled samples and ``name{k=v,...}`` keys of the labelled ones."""
-        out: dict[str, float] = {}
-        for fam in text_string_to_metric_families(httpx.get(f"{self.url}/metrics", timeout=10).text):
-            for s in fam.samples:
-                key = s.name + (
-                    "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else ""
-                )
-                out[key] = s.value
-        return out
+        """Unlabelled samples and ``name{k=v,...}`` keys of the labelled ones (see :meth:`Scrape.flat`)."""
+        return self.scrape().flat()
 
     def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM (a graceful stop) and its exit status."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
@@ -107,12 +122,3 @@ class AgentProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
-
-
-def infer_body(x: Any, verdict: bool = True) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]
-    }
-    if verdict:
-        body["outputs"] = [{"name": "label"}, {"name": "icos_verdict"}]
-    return body

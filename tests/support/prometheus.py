@@ -1,0 +1,89 @@
+"""A real Prometheus server on a loopback port (requirement ``prometheus``), with its HTTP API."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.support.ports import free_port
+from tests.support.requirements import require
+from tests.support.waiting import wait_http_ready
+
+#: Scrape and evaluate every second: what the tests wait for shows up quickly.
+FAST = {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"}
+
+
+def scrape_every_second(
+    targets: list[str], labels: dict[str, str] | None = None, rule_files: list[str] | None = None
+) -> dict[str, Any]:
+    """A prometheus.yml scraping ``targets`` (``host:port``, job ``icos-agent``, with ``labels``)
+    and evaluating ``rule_files`` every second."""
+    static: dict[str, Any] = {"targets": targets}
+    if labels:
+        static["labels"] = labels
+    config: dict[str, Any] = {"global": dict(FAST)}
+    if rule_files:
+        config["rule_files"] = rule_files
+    config["scrape_configs"] = [{"job_name": "icos-agent", "static_configs": [static]}]
+    return config
+
+
+class PrometheusServer:
+    """``prometheus`` with ``config`` (a prometheus.yml as a mapping) and its TSDB in ``directory``;
+    :meth:`stop` returns the end of its log (stderr)."""
+
+    def __init__(self, directory: Path, config: dict[str, Any], retention: str | None = "1h") -> None:
+        self.binary: str = require("prometheus")
+        self.dir = directory
+        self.config = config
+        self.retention = retention
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = directory / f"prometheus-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> PrometheusServer:
+        config_path = self.dir / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(self.config, sort_keys=False), encoding="utf-8")
+        cmd = [self.binary, f"--config.file={config_path}", f"--storage.tsdb.path={self.dir / 'tsdb'}"]
+        cmd += [f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        if self.retention:
+            cmd.append(f"--storage.tsdb.retention.time={self.retention}")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_http_ready(f"{self.url}/-/ready", timeout=timeout)
+        except TimeoutError:
+            raise RuntimeError(f"prometheus did not start: {self.stop()}") from None
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> str:
+        """Stop the server (SIGTERM, then SIGKILL after 20 s); the last 3,000 characters of its log."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.log()[-3000:]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result vector."""
+        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
+        r.raise_for_status()
+        result: list[dict[str, Any]] = r.json()["data"]["result"]
+        return result
+
+    def get(self, path: str) -> Any:
+        """``GET /api/v1/<path>``'s ``data`` (alerts, rules)."""
+        r = httpx.get(f"{self.url}/api/v1/{path}", timeout=5)
+        r.raise_for_status()
+        return r.json()["data"]
