@@ -340,6 +340,11 @@ class AgentMetrics:
         self.predictions = Counter(
             "icos_predictions", "Predictions judged by the oracle.", ["model", "version"], registry=registry
         )
+        self.unjudged = Counter(
+            "icos_unjudged_predictions",
+            "Predictions answered but left unjudged by the judging sample (judging.sample_rate below 1).",
+            registry=registry,
+        )
         self.predicted_class = Counter(
             "icos_predicted_class",
             "Judged predictions by predicted class (only for models with few classes).",

@@ -144,6 +144,19 @@ class MetricsConfig(_Section):
     per_class_label_cap: int = Field(20, ge=0, le=1000)
 
 
+class JudgingConfig(_Section):
+    sample_rate: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of requests judged when their client does not ask for `icos_verdict` (drawn uniformly "
+        "at random per request): bounds the agent's cost whatever the traffic; the estimates and their intervals "
+        "rest on the judged predictions (`n`), the others are counted in `icos_unjudged_predictions_total` and not "
+        "stored for delayed labels. Verdicts a client asks for are always computed; `labels.durability: commit` "
+        "judges every request",
+    )
+
+
 class ObserveConfig(_Section):
     queue_size: int = Field(1000, ge=1)
     event_ttl_seconds: float = Field(60.0, gt=0)
@@ -355,6 +368,7 @@ class AgentSettings(BaseSettings):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     windows: WindowsConfig = Field(default_factory=WindowsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    judging: JudgingConfig = Field(default_factory=JudgingConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)

@@ -23,6 +23,7 @@ judged and recorded before its answer, which waits until the prediction store ha
 from __future__ import annotations
 
 import functools
+import random
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -119,14 +120,29 @@ class Recording(Protocol):
 
 
 class BatchedRecording:
-    """Verdicts when asked for; recording later, with other requests' predictions."""
+    """Verdicts when asked for; recording later, with other requests' predictions. With a judging
+    ``sample_rate`` below 1, a request whose client did not ask for verdicts is judged with that
+    probability (drawn from the agent's own random source) and otherwise only counted by ``skipped``."""
 
-    def __init__(self, batcher: VerdictBatcher, loop_recorder: LoopRecorder, queue: JudgeQueue) -> None:
+    def __init__(
+        self,
+        batcher: VerdictBatcher,
+        loop_recorder: LoopRecorder,
+        queue: JudgeQueue,
+        sample_rate: float = 1.0,
+        skipped: Callable[[int], None] = lambda _n: None,
+    ) -> None:
         self.batcher = batcher
         self.loop_recorder = loop_recorder
         self.queue = queue
+        self.sample_rate = sample_rate
+        self.skipped = skipped
+        self._random = random.Random()  # OS entropy: no client can choose which requests are judged
 
     async def judge(self, work: JudgeWork, verdicts_wanted: bool, place: Placement) -> None:
+        if not verdicts_wanted and self.sample_rate < 1.0 and self._random.random() >= self.sample_rate:
+            self.skipped(work.n)
+            return
         if verdicts_wanted:
             share = await self.batcher.judge(work)
             if place.measure:

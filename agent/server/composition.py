@@ -113,7 +113,13 @@ class Agent:
         recording: Recording = (
             CommitRecording(self.judge_queue, self.labels.acknowledge)
             if s.labels.enabled and s.labels.durability == "commit"
-            else BatchedRecording(self.verdicts, self.loop_recorder, self.judge_queue)
+            else BatchedRecording(
+                self.verdicts,
+                self.loop_recorder,
+                self.judge_queue,
+                s.judging.sample_rate,
+                self.metrics.unjudged.inc,
+            )
         )
         self.policy = ServingPolicy(self.run, recording, has_model=s.mode == "serve")
         self.plane = DataPlane(self.runtimes, self.mode, self.policy)
