@@ -67,19 +67,21 @@ def format_report(report: dict[str, object]) -> str:
     lines.append("verdicts: " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
     truth = report.get("truth")
     if isinstance(truth, dict):
-        lines.append(f"true accuracy: {truth['accuracy']:.4f}")
-    lines.append(f"{'estimator':<16}{'estimate':>10}{'95% interval':>22}" + ("  abs error" if truth else ""))
+        lines.append(f"true accuracy: {truth['accuracy']:.3f}")
+    lines.append(f"{'estimator':<16}{'estimate':>9}{'95% interval':>18}" + ("  abs error" if truth else ""))
     estimates = report["estimates"]
     errors = report.get("abs_error", {})
     assert isinstance(estimates, dict) and isinstance(errors, dict)
     headline = report.get("headline")
     for name, e in sorted(estimates.items(), key=lambda kv: kv[0] != headline):  # headline first
         mark = " *" if name == report.get("headline") else ""
-        row = f"{name + mark:<16}{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]"
+        row = f"{name + mark:<16}{e['value']:>9.3f}   [{e['lower']:.3f}, {e['upper']:.3f}]"
+        if truth:
+            row += f"{errors[name]:>11.3f}"
         if "n_labels" in e:
             row += f"  ({e['n_labels']} labels)"
-        if truth:
-            row += f"{errors[name]:>11.4f}"
+        if "unreliable" in e:
+            row += f"  unreliable: {e['unreliable']}"
         lines.append(row)
     classes = report.get("classes")
     if isinstance(classes, dict):
@@ -88,7 +90,12 @@ def format_report(report: dict[str, object]) -> str:
             if isinstance(block, dict):
                 macro, weighted = block["macro"], block["weighted"]
                 auc = f"  ROC AUC {block['roc_auc']:.4f}" if block.get("roc_auc") is not None else ""
-                lines.append(f"F1 {kind}: macro {macro['f1']:.4f}  weighted {weighted['f1']:.4f}{auc}")
+                caveat = (
+                    "  (label-free: the expected F1 if the model's probabilities are calibrated)"
+                    if kind == "estimated"
+                    else ""
+                )
+                lines.append(f"F1 {kind}: macro {macro['f1']:.3f}  weighted {weighted['f1']:.3f}{auc}{caveat}")
     oracle = report.get("oracle")
     if isinstance(oracle, dict):
         lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")

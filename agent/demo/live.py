@@ -86,7 +86,8 @@ def phase_line(record: DemoRecord, i: int) -> str:
         e = p.estimates.get(name)
         if e:
             mark = "*" if name == record.headline else ""
-            parts.append(f"{name}{mark} {e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]")
+            caveat = " (unreliable)" if name in p.unreliable else ""
+            parts.append(f"{name}{mark} {e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]{caveat}")
     mix = ", ".join(f"{k} {v:.1%}" for k, v in p.verdict_shares().items())
     parts.append(f"verdicts {mix}")
     return " | ".join(parts)

@@ -23,6 +23,8 @@ class PhaseStats:
     verdicts: Counter[str] = field(default_factory=Counter)
     #: the last reading of the count window: ``{estimator: {value, lower, upper, n}}``
     estimates: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: estimators the agent marked unreliable, with the reason
+    unreliable: dict[str, str] = field(default_factory=dict)
     #: ``n`` of the count window behind :attr:`estimates`
     window_n: int = 0
     #: realized accuracy reported by the agent from delayed labels, when it supports them
@@ -47,6 +49,7 @@ class PhaseStats:
             "truth": self.accuracy,
             "verdicts": dict(self.verdicts),
             "estimates": self.estimates,
+            "unreliable": self.unreliable,
             "window_n": self.window_n,
             "realized": self.realized,
             "seconds": round(self.seconds, 3),
@@ -117,7 +120,10 @@ class DemoRecord:
         realized = (win.get("realized") or {}).get("accuracy") or {}
         if realized.get("value") is not None:
             p.realized = float(realized["value"])
-        p.estimates = {k: {kk: float(vv) for kk, vv in v.items() if vv is not None} for k, v in ests.items()}
+        p.estimates = {
+            k: {kk: float(vv) for kk, vv in v.items() if isinstance(vv, int | float)} for k, v in ests.items()
+        }
+        p.unreliable = {k: str(v["unreliable"]) for k, v in ests.items() if v.get("unreliable")}
         p.window_n = int(win.get("n", 0))
         truth = self.window_truth()
         if truth is not None and ests:

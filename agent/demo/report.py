@@ -201,7 +201,8 @@ def _phase_table(record: DemoRecord) -> str:
         cells = []
         for p in record.phases:
             e = p.estimates.get(name)
-            cells.append("-" if not e else f"{e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]")
+            caveat = " (unreliable)" if name in p.unreliable else ""
+            cells.append("-" if not e else f"{e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]{caveat}")
         rows.append([name + (" (headline)" if name == record.headline else ""), *cells])
         classes.append("headline" if name == record.headline else "")
     for name in record.estimators:

@@ -22,7 +22,9 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import estimate_window, headline_estimator
+from agent.estimation.intervals import Estimate
 from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.reliability import unreliable
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
@@ -71,6 +73,15 @@ def judge(
         feature_names=bundle.feature_names,
     )
     return Judged(pred, result, rules, feats)
+
+
+def _entry(name: str, e: Estimate, cal: EstimatorCalibration) -> dict[str, Any]:
+    """An estimate of the report, marked ``unreliable`` with the reason when it says too little."""
+    d: dict[str, Any] = {"value": e.value, "lower": e.lower, "upper": e.upper}
+    why = unreliable(name, e, cal)
+    if why is not None:
+        d["unreliable"] = why
+    return d
 
 
 def calibration_summary(cal: EstimatorCalibration) -> dict[str, Any]:
@@ -143,7 +154,7 @@ def check_report(
         "model": {"name": model.name, "sha256": model.sha256},
         "headline": headline_estimator(bundle.headline),
         "verdicts": judged.result.counts(),
-        "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
+        "estimates": {k: _entry(k, e, cal) for k, e in estimates.items()},
         "calibration": calibration_summary(cal),
     }
     if WITH_LABELS in estimates:

@@ -14,6 +14,7 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import TABLE_HEADLINE
 from agent.estimation.input_shifts import fit_input_shift_aware
+from agent.estimation.reliability import weak_oracle
 from agent.estimation.shifts import fit_shift_aware
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
@@ -121,6 +122,13 @@ def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
             f"(fewer than {MIN_CALIBRATION_ERRORS}): its TPR/FPR and confidence offsets are unreliable, so "
             "icos_corrected is noise and cbpe/shift_aware keep the model's raw confidence near clean data; "
             "give fit more validation data (or a larger --calibration-fraction) for a calibrated correction"
+        )
+    if weak_oracle(calibration):
+        out.append(
+            f"the oracle separates right from wrong predictions poorly on the calibration split (TPR "
+            f"{calibration.tpr:.2f}, FPR {calibration.fpr:.2f}): icos and icos_corrected will be marked unreliable; "
+            "more training data for the TDIs, more trees (--trees), IDI rules (--idi) or a richer feature view "
+            "(--features) help"
         )
     if calibration.shift is not None and calibration.shift.trust is None:
         out.append("the shift-aware calibration has no trust model (no trust signal will be reported)")

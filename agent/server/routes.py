@@ -23,6 +23,26 @@ from agent.server.http_infer import answer_http
 from agent.server.responses import json_response
 
 
+ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, and the count window `last<N>`):
+
+* `n`: predictions judged in the window; `fails`, `fails_by_family`: those the oracle failed, by invariant.
+* `headline`: the estimate to read first (`estimator` names which: the bundle's headline, `shift_aware` unless
+  it says otherwise), with `value`, `lower`, `upper` (a 95% interval).
+* `estimates`: every estimator's `value`, `lower`, `upper` and `n`; an estimate marked `unreliable` (with the
+  reason: an interval wider than 0.5, or an oracle that separates right from wrong predictions poorly) says
+  too little to be read as a number. `with_labels` appears once sampled predictions have labels (`n_labels`).
+* `trust`: how far the window lies from the data `shift_aware` was calibrated on: `distance` (0 near the
+  calibration windows, above 1 outside them), `calibrated` (inside the calibrated range), `drift` (how far
+  the window moved from the clean calibration split, in units of its own sampling error) and `weight` (the
+  share of `shift_aware`'s learnt correction used: 0 near clean data or outside the calibrated range, where
+  the estimate falls back to the confidence-based one and its interval widens).
+* `classes.estimated`: label-free precision, recall and F1 per class (CBPE: the expected figures if the
+  model's probabilities are calibrated), macro and weighted.
+* `realized`: from delayed labels, the accuracy of the labeled predictions of the window and how far each
+  estimator was from it.
+"""
+
+
 def build_router(agent: Agent) -> APIRouter:
     r = APIRouter()
     plane, runtimes = agent.plane, agent.runtimes
@@ -68,7 +88,7 @@ def build_router(agent: Agent) -> APIRouter:
         headers = {k.lower(): v for k, v in request.headers.items()}
         return json_response(await agent.observe.observe(headers, body), 202)
 
-    @r.get("/v1/estimates", summary="Live accuracy estimates per window with 95% intervals")
+    @r.get("/v1/estimates", summary="Live accuracy estimates per window with 95% intervals", description=ESTIMATES_DOC)
     async def estimates() -> Response:
         return json_response(await agent.run(agent.estimates))
 

@@ -23,6 +23,7 @@ from typing import Any
 from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
 from agent.estimation.intervals import Estimate
+from agent.estimation.reliability import unreliable
 from agent.estimation.statistics import WindowStats
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
@@ -43,6 +44,16 @@ class WindowEntry:
     classes: dict[str, Any] | None
     #: the headline estimator and its estimate (None for an empty window)
     headline: tuple[str, Estimate] | None
+
+
+def _readable(name: str, e: Estimate, rt: Runtime) -> dict[str, Any]:
+    """An estimate for ``/v1/estimates``: rounded to 6 decimals, marked ``unreliable`` (with the reason)
+    when it says too little to be read as a number (:mod:`agent.estimation.reliability`)."""
+    d: dict[str, Any] = {k: round(v, 6) if isinstance(v, float) else v for k, v in e.to_dict().items()}
+    why = unreliable(name, e, rt.calibration)
+    if why is not None:
+        d["unreliable"] = why
+    return d
 
 
 def _no_stats(_rt: Runtime, _now: float) -> Mapping[str, WindowStats]:
@@ -101,7 +112,7 @@ class WindowReport:
                 "n": stats.n,
                 "fails": stats.fails,
                 "fails_by_family": dict(stats.fails_by_family),
-                "estimates": {k: e.to_dict() for k, e in ests.items()},
+                "estimates": {k: _readable(k, e, rt) for k, e in ests.items()},
             }
             if entry.headline is not None:
                 w["headline"] = {"estimator": entry.headline[0], **entry.headline[1].to_dict()}

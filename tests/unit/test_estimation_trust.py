@@ -145,12 +145,30 @@ def test_fit_warns_when_the_calibration_split_holds_too_few_errors() -> None:
     conf = np.full(450, 0.99)
     correct = np.ones(450, dtype=bool)
     correct[:2] = False
-    cal = EstimatorCalibration.fit(conf, correct, np.zeros(450, dtype=bool))
+    cal = EstimatorCalibration.fit(conf, correct, ~correct)  # an oracle that catches every error
     assert cal.too_few_errors
     (warning,) = fit_warnings(cal)
     assert "2 wrong prediction(s) of 450" in warning
     correct[:40] = False
-    assert fit_warnings(EstimatorCalibration.fit(conf, correct, np.zeros(450, dtype=bool))) == []
+    assert fit_warnings(EstimatorCalibration.fit(conf, correct, ~correct)) == []
+
+
+def test_fit_warns_of_a_weak_oracle_and_reports_mark_what_it_cannot_tell() -> None:
+    """An oracle whose TPR − FPR is below 0.2 gets a warning naming what helps; icos and icos_corrected
+    are then marked unreliable, as is any estimate whose interval is wider than 0.5."""
+    from agent.estimation.intervals import Estimate
+    from agent.estimation.reliability import unreliable
+
+    rng = np.random.default_rng(0)
+    correct = rng.uniform(size=600) < 0.85
+    fails = rng.uniform(size=600) < 0.2  # fires as often on right as on wrong predictions
+    weak = EstimatorCalibration.fit(np.full(600, 0.9), correct, fails)
+    (warning,) = fit_warnings(weak)
+    assert "separates right from wrong predictions poorly" in warning and "--trees" in warning
+    narrow = Estimate(0.8, 0.78, 0.82, 600)
+    assert "oracle" in (unreliable("icos_corrected", narrow, weak) or "")
+    assert unreliable("avg_conf", narrow, weak) is None
+    assert "interval is 0.60 wide" in (unreliable("cbpe", Estimate(0.5, 0.2, 0.8, 50), weak) or "")
 
 
 def test_trust_distance_is_exported_per_window() -> None:
