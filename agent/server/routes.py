@@ -22,7 +22,6 @@ from agent.server.composition import Agent
 from agent.server.http_infer import answer_http
 from agent.server.responses import json_response
 
-
 ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, and the count window `last<N>`):
 
 * `n`: predictions judged in the window; `fails`, `fails_by_family`: those the oracle failed, by invariant.
