@@ -27,8 +27,9 @@ $(STAMP): pyproject.toml requirements.lock | $(BIN)/python
 venv: $(STAMP)
 
 # Debian packages the tests use: prometheus (promtool and a real server), npm (dashboard type-check),
-# chromium (demo report). Installed only when running as root and missing; otherwise those tests skip
-# with a message saying how to install them.
+# chromium (demo report), postgresql; and the en_US.UTF-8 locale, without which onnxruntime cannot load
+# text pipelines exported by skl2onnx (Debian's locales, then localedef). Installed only when running as
+# root and missing; otherwise those tests skip with a message saying how to install them.
 system-tools:
 	@bash .ci/system-tools.sh
 
