@@ -16,6 +16,7 @@ BENCHMARKS = {
     "fleet": "bench.bench_fleet",
     "labels": "bench.bench_labels",
     "hostile_files": "bench.hostile_files",
+    "zoo": "bench.zoo.__main__",
 }
 DEFAULT = ("oracle", "dscore")
 

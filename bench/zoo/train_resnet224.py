@@ -19,7 +19,7 @@ blocks of two conv3×3 (16 at 28×28, 32 at 14×14, 64 at 7×7; 1×1 strided sho
 fc6; batch norm in training, folded into the convolutions by the export (the graph is Conv/Relu/Add).
 Data: :func:`bench.zoo.images.generate` with a training seed no test uses; the number of epochs is fixed
 (no selection on the evaluation images). Training is CPU only, seeded, single-threaded and
-deterministic: the same torch build on the same machine writes the same bytes.
+deterministic: the same torch build on the same machine writes the same bytes (``models.json`` included).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +198,50 @@ def _accuracy(path: Path, x: np.ndarray, y: np.ndarray, nchw: bool) -> float:
     return right / len(y)
 
 
+def _check_against_torch(model: nn.Module, x_eval: np.ndarray, nchw_path: Path, nhwc_path: Path) -> None:
+    with torch.no_grad():
+        torch_logits = model(torch.from_numpy(nchw_float(x_eval[:64]))).numpy()
+    for path, feed in ((nchw_path, nchw_float(x_eval[:64])), (nhwc_path, x_eval[:64])):
+        diff = float(np.abs(OnnxSession(path).run({"input": feed})[0] - torch_logits).max())
+        if diff >= 1e-3:
+            raise RuntimeError(f"onnxruntime and torch disagree on {path.name}: max abs diff {diff}")
+
+
+def _manifest_entry(
+    path: Path,
+    spec: Mapping[str, object],
+    accuracy: dict[str, float],
+    sizes: dict[str, int],
+    args: argparse.Namespace,
+) -> dict[str, object]:
+    data = path.read_bytes()
+    return {
+        "file": path.name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size_bytes": len(data),
+        "input": {"name": "input", **spec, "pixels": "raw 0..255, scaled inside the graph"},
+        "output": {"name": "logits", "dtype": "float32", "shape": ["N", len(PATTERNS)], "kind": "raw logits"},
+        "penultimate": {"name": "features", "shape": ["N", 64]},
+        "classes": list(PATTERNS),
+        "data": {
+            "generator": "bench.zoo.images.generate",
+            "train": {"seed": TRAIN_SEED, "images": sizes["train"]},
+            "eval": {"seed": EVAL_SEED, "images": sizes["eval"]},
+        },
+        "accuracy_onnxruntime": accuracy,
+        "training": {
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "optimizer": f"Adam(lr={args.lr:g})",
+            "seed": MODEL_SEED,
+        },
+        "opset": OPSET,
+        "torch_version": torch.__version__,
+        "onnx_version": onnx.__version__,
+        "command": COMMAND,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-images", type=int, default=3600)
@@ -217,50 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     nchw_path, nhwc_path = OUT_DIR / "resnet224.onnx", OUT_DIR / "resnet224_nhwc_uint8.onnx"
     nchw = export_nchw(model, nchw_path)
     onnx.save(nhwc_uint8_variant(nchw), str(nhwc_path))
-    with torch.no_grad():
-        torch_logits = model(torch.from_numpy(nchw_float(x_eval[:64]))).numpy()
-    for path, feed in ((nchw_path, nchw_float(x_eval[:64])), (nhwc_path, x_eval[:64])):
-        diff = float(np.abs(OnnxSession(path).run({"input": feed})[0] - torch_logits).max())
-        if diff >= 1e-3:
-            raise RuntimeError(f"onnxruntime and torch disagree on {path.name}: max abs diff {diff}")
+    _check_against_torch(model, x_eval, nchw_path, nhwc_path)
 
     manifest = {}
     for path, nchw_input, spec in (
         (nchw_path, True, {"dtype": "float32", "layout": "NCHW", "shape": ["N", 3, 224, 224]}),
         (nhwc_path, False, {"dtype": "uint8", "layout": "NHWC", "shape": ["N", 224, 224, 3]}),
     ):
-        data = path.read_bytes()
         accuracy = {
             "train": round(_accuracy(path, x, y, nchw_input), 4),
             "eval": round(_accuracy(path, x_eval, y_eval, nchw_input), 4),
         }
-        manifest[path.stem] = {
-            "file": path.name,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "size_bytes": len(data),
-            "input": {"name": "input", **spec, "pixels": "raw 0..255, scaled inside the graph"},
-            "output": {"name": "logits", "dtype": "float32", "shape": ["N", len(PATTERNS)], "kind": "raw logits"},
-            "penultimate": {"name": "features", "shape": ["N", 64]},
-            "classes": list(PATTERNS),
-            "data": {
-                "generator": "bench.zoo.images.generate",
-                "train": {"seed": TRAIN_SEED, "images": len(y)},
-                "eval": {"seed": EVAL_SEED, "images": len(y_eval)},
-            },
-            "accuracy_onnxruntime": accuracy,
-            "training": {
-                "epochs": args.epochs,
-                "batch_size": args.batch_size,
-                "optimizer": f"Adam(lr={args.lr:g})",
-                "seed": MODEL_SEED,
-                "seconds": round(seconds, 1),
-            },
-            "opset": OPSET,
-            "torch_version": torch.__version__,
-            "onnx_version": onnx.__version__,
-            "command": COMMAND,
-        }
-        print(f"{path.name}: {len(data)} bytes, accuracy {accuracy}", flush=True)
+        sizes = {"train": len(y), "eval": len(y_eval)}
+        manifest[path.stem] = _manifest_entry(path, spec, accuracy, sizes, args)
+        print(f"{path.name}: {path.stat().st_size} bytes, accuracy {accuracy}", flush=True)
     (OUT_DIR / "models.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     print(f"trained in {seconds:.0f}s; wrote {OUT_DIR / 'models.json'}")
     return 0

@@ -217,3 +217,17 @@ def test_portable_locale_lower_cases_unicode_and_c_only_ascii() -> None:
     texts = ["ÉCOLE ÜBER ÖL", "ΑΒΓ ДОМ", "Hello"]
     assert _lower(PORTABLE_LOCALE, texts) == [t.lower() for t in texts]
     assert _lower("C", texts) == ["École Über Öl", "ΑΒΓ ДОМ", "hello"]
+
+
+def test_shipped_models_match_their_manifest() -> None:
+    """bench/zoo/models/models.json names each shipped file's hash: a file regenerated alone shows here."""
+    import hashlib
+    import json
+
+    models = ROOT / "bench" / "zoo" / "models"
+    manifest = json.loads((models / "models.json").read_text(encoding="utf-8"))
+    assert set(manifest) == {"resnet224", "resnet224_nhwc_uint8"}
+    for entry in manifest.values():
+        data = (models / entry["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"] and len(data) == entry["size_bytes"]
+        assert len(data) < 1 << 20
