@@ -17,6 +17,7 @@ BENCHMARKS = {
     "labels": "bench.bench_labels",
     "hostile_files": "bench.hostile_files",
     "hostile_serving": "bench.bench_hostile_serving",
+    "zoo": "bench.zoo.__main__",
 }
 DEFAULT = ("oracle", "dscore")
 
