@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         limits=data_limits(args),
         inputs=model.signature.names,
         image=image_reading(model, None, bundle.preprocess),
+        classes=model.classes,
     )
     report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed)
     print(json.dumps(report) if args.json else format_report(report))

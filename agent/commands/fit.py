@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         inputs=model.signature.names,
         image=image,
+        classes=model.classes,
     )
     val = load_data(
         args.val,
@@ -189,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         limits=limits,
         inputs=model.signature.names,
         image=image,
+        classes=model.classes,
     )
     report = fit_bundle(
         model,

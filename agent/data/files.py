@@ -272,6 +272,7 @@ def load_data(
     limits: DataLimits | None = None,
     inputs: Sequence[str] | None = None,
     image: tuple[str, Preprocess] | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Dataset:
     """Load a data file by extension (``.npz``, ``.npy``, ``.csv``, ``.parquet``) within ``limits``, or an
     image folder (``image``: the model's image input and its preprocessing), read lazily.
@@ -282,7 +283,7 @@ def load_data(
     p = Path(path)
     if image is not None and is_image_folder(p):
         name, preprocess = image
-        source = ImageSource(p, name, preprocess, limits=limits)
+        source = ImageSource(p, name, preprocess, classes, limits=limits)
         return Dataset(source, source.y, {}, None, str(p))
     if p.is_dir():
         raise DataError(

@@ -146,6 +146,22 @@ def is_image_folder(path: Path) -> bool:
     )
 
 
+def folder_labels(root: Path, folders: list[str], labels: np.ndarray, classes: list[str]) -> np.ndarray:
+    """Labels of an image folder for a model's ``classes``: the folder names when they are class names,
+    else, as ImageFolder numbers classes, the index of each folder in sorted order (when there are as
+    many folders as classes)."""
+    if set(folders) <= set(classes):
+        return labels
+    if len(folders) == len(classes):
+        index = {name: i for i, name in enumerate(folders)}
+        return np.array([index[str(v)] for v in labels], dtype=np.int64)
+    unknown = sorted(set(folders) - set(classes))
+    raise DataError(
+        f"{root}: class folder(s) {', '.join(unknown[:5])} are no class of the model, and its {len(folders)} folders "
+        f"are not its {len(classes)} classes in sorted order; name the folders after the classes (--classes)"
+    )
+
+
 class ImageSource:
     """The images of an ImageFolder directory, read a batch at a time (``n`` samples, labels by folder)."""
 
@@ -178,9 +194,7 @@ class ImageSource:
         self.files = files
         self.y = np.asarray(labels, dtype=object)
         if classes is not None:
-            unknown = sorted(set(self.folder_classes) - {str(c) for c in classes})
-            if unknown:
-                raise DataError(f"{root}: class folder(s) {', '.join(unknown[:5])} are not classes of the model")
+            self.y = folder_labels(root, self.folder_classes, self.y, [str(c) for c in classes])
 
     @property
     def n(self) -> int:
