@@ -18,9 +18,6 @@ from agent.core.scheduler import validate_cron
 from agent.data.limits import DEFAULT_MAX_COLUMNS, DEFAULT_MAX_ROWS, DataLimits, LimitNames
 
 MUTATION_OPERATORS: tuple[str, ...] = ("DEC", "IMP", "SGN", "DIG")
-#: Transformations used when none are configured, by kind of data.
-DEFAULT_IMAGE_TRANSFORMATIONS: tuple[str, ...] = ("shift", "brightness", "contrast", "gaussian_noise", "blur")
-DEFAULT_TABLE_TRANSFORMATIONS: tuple[str, ...] = ("scale", "noise")
 
 
 def _duration(text: str) -> float:
@@ -68,7 +65,8 @@ class MutationParams(CommonParams):
 
 
 class MetamorphicParams(CommonParams):
-    """Metamorphic testing (LAMPION §3): transformations, order of composition, seed."""
+    """Metamorphic testing (LAMPION §3): transformations (by default those of each kind of input the
+    model has, :data:`agent.audits.relations.DEFAULT_RELATIONS`), order of composition, seed."""
 
     transformations: list[str | dict[str, Any]] | None = None
     order: int = Field(1, ge=1, le=4)
