@@ -167,6 +167,12 @@ class MetamorphicJob(_Schedule, MetamorphicParams):
 class ReservoirConfig(_Strict):
     size: int = Field(1000, ge=0, le=1_000_000, description="live inputs kept for label-free audits; 0 = off")
     horizon: str = Field("1h", description="the sample covers inputs of at most about this age")
+    max_sample_bytes: int = Field(
+        64 * 1024,
+        ge=1,
+        description="a live input whose text and dynamic-length rows (token ids) exceed this many bytes is not "
+        "kept: the reservoir holds at most size x max_sample_bytes of them (fixed-shape numbers are not counted)",
+    )
 
     @field_validator("horizon")
     @classmethod

@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Reservoir"]
 
-#: Bytes of text and dynamic-length rows of one sample beyond which it is not kept.
+#: Bytes of text and dynamic-length rows of one sample beyond which it is not kept (``audits.reservoir``'s).
 DEFAULT_MAX_SAMPLE_BYTES = 64 * 1024
 #: The name a bare array is kept under.
 _BARE = ""

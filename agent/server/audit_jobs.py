@@ -89,7 +89,11 @@ class AuditJobs:
         self.metrics = audit_metrics(registry, self.current_baselines)
         r = config.reservoir
         self.reservoir: Reservoir | None = (
-            Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
+            Reservoir(
+                r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1, max_sample_bytes=r.max_sample_bytes
+            )
+            if r.size > 0
+            else None
         )
         self.history: dict[str, deque[AuditOutcome]] = {k: deque(maxlen=config.history) for k in AUDIT_KINDS}
         self._locks = {k: threading.Lock() for k in AUDIT_KINDS}
@@ -215,7 +219,9 @@ class AuditJobs:
         res = self.reservoir
         return {
             "audits": out,
-            "reservoir": None if res is None else {"capacity": res.capacity, "size": len(res), "seen": res.seen},
+            "reservoir": None
+            if res is None
+            else {"capacity": res.capacity, "size": len(res), "seen": res.seen, "too_large": res.too_large},
             "mlflow": None
             if self._logger is None
             else {"tracking_uri": redact_uri(self._logger.tracking_uri), "pending": self._logger.pending()},
