@@ -41,15 +41,16 @@ __all__ = ["DEFAULT_RELATIONS", "RELATIONS", "Relation", "RelationContext", "app
 
 @dataclass(frozen=True)
 class RelationContext:
-    """What relations need to know about the audited data, per input: the value range of each image,
-    the column spread of each numeric input, the seen values of each category, the vocabulary of each
-    token input."""
+    """What relations need to know about the audited data (``original``), per input: the value range of
+    each image, the column spread of each numeric input (worked out when a relation first asks), the
+    vocabulary of each token input; the seen values of each category are in ``kinds``."""
 
     kinds: InputKinds
+    original: Inputs
     value_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    column_std: Mapping[str, np.ndarray] = field(default_factory=dict)
     vocab: Mapping[str, int] = field(default_factory=dict)
     flips_safe: bool = False
+    _std: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(
@@ -60,16 +61,24 @@ class RelationContext:
         flips_safe: bool = False,
     ) -> RelationContext:
         ranges: dict[str, tuple[float, float]] = {}
-        std: dict[str, np.ndarray] = {}
         for name in kinds.mutable:
             arr = np.asarray(batch[name])
             ranges[name] = value_range if value_range is not None else (float(arr.min()), float(arr.max()))
-            std[name] = arr.reshape(batch.n, -1).astype(np.float64).std(axis=0)
         vocab = {t: int(np.asarray(batch[t]).max(initial=0)) + 1 for t in kinds.tokens}
-        return cls(kinds, ranges, std, vocab, flips_safe)
+        return cls(kinds, batch, ranges, vocab, flips_safe)
 
-    def transform_context(self, name: str) -> TransformContext:
-        return TransformContext(self.value_ranges.get(name, (0.0, 1.0)), self.column_std.get(name), self.flips_safe)
+    def column_std(self, name: str) -> np.ndarray:
+        """The standard deviation of each value of input ``name`` over the audited samples (float64)."""
+        std = self._std.get(name)
+        if std is None:
+            std = np.asarray(self.original[name]).reshape(self.original.n, -1).std(axis=0).astype(np.float64)
+            self._std[name] = std
+        return std
+
+    def transform_context(self, name: str, spread: bool = False) -> TransformContext:
+        """The context of an image or table transformation of ``name`` (``spread``: with its column std)."""
+        std = self.column_std(name) if spread else None
+        return TransformContext(self.value_ranges.get(name, (0.0, 1.0)), std, self.flips_safe)
 
 
 #: ``fn(batch, input name, rng, context, parameters)``: the batch with that input transformed.
@@ -106,7 +115,7 @@ def _array(t: Transform) -> InputFn:
         x = np.asarray(arr, dtype=np.float64)
         if turned:
             x = x.transpose(0, 3, 1, 2)
-        out = t.fn(x, rng, ctx.transform_context(name), p)
+        out = t.fn(x, rng, ctx.transform_context(name, spread=not t.images_only), p)
         if turned:
             out = out.transpose(0, 2, 3, 1)
         return batch.replace(name, np.ascontiguousarray(_cast(out, arr)))
