@@ -1,5 +1,11 @@
 """The built-in audit kinds, registered in :mod:`agent.audits.registry`: D-Score, data mutation and
-metamorphic testing, each with its run function, CLI flags, printed summaries and gauges."""
+metamorphic testing, each with its run function, the models it applies to, CLI flags, printed summaries
+and gauges.
+
+Which kind applies to which model follows from the kinds of its inputs (:mod:`agent.audits.modalities`):
+D-Score needs a convolutional image model; data mutation needs numeric inputs (and skips the others);
+metamorphic relations exist for images, numbers, text, categories and token ids.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +20,8 @@ import yaml
 
 from agent.audits.dscore.run import run_dscore
 from agent.audits.metamorphic import run_metamorphic_audit
+from agent.audits.modalities import InputKinds, input_kinds
 from agent.audits.params import (
-    DEFAULT_IMAGE_TRANSFORMATIONS,
-    DEFAULT_TABLE_TRANSFORMATIONS,
     DScoreJob,
     DScoreParams,
     MetamorphicJob,
@@ -25,15 +30,20 @@ from agent.audits.params import (
     MutationParams,
 )
 from agent.audits.registry import AuditKind, CliRun, register
-from agent.audits.report import AuditResult, ProgressFn
+from agent.audits.relations import default_relations
+from agent.audits.report import AuditError, AuditResult, ProgressFn
 from agent.data.limits import DataLimits
 from agent.errors import UserError
+from agent.model.inputs import Inputs
+from agent.model.views import is_image
 from exporters.audit_metrics import GaugeSpec, GaugeValues
 from invariants.untrusted import safe_load_yaml
 
 if TYPE_CHECKING:
     from agent.model.classifier import OnnxClassifier
 
+#: Whether a model (by sha256) has ``Conv`` nodes; a few kept, the graph is parsed once per model.
+_CONV_MODELS: dict[str, bool] = {}
 MUTATION_METRICS: tuple[str, ...] = ("mae", "mse", "rmse", "accuracy")
 
 
@@ -53,10 +63,49 @@ def read_yaml(text_or_path: str, what: str) -> Any:
         raise UserError(f"{what}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
 
 
+def _inputs(model: OnnxClassifier, x: np.ndarray | Inputs) -> Inputs:
+    return x if isinstance(x, Inputs) else Inputs({model.signature.names[0]: x})
+
+
+def _kinds(model: OnnxClassifier, x: np.ndarray | Inputs) -> tuple[Inputs, InputKinds]:
+    batch = _inputs(model, x)
+    return batch, input_kinds(model.signature, batch, model.view)
+
+
 # -- D-Score ----------------------------------------------------------------------------------------------
+def _has_conv(model: OnnxClassifier) -> bool:
+    found = _CONV_MODELS.get(model.sha256)
+    if found is None:
+        import onnx  # the graph is read only when D-Score is asked of a model
+
+        graph = onnx.load_from_string(model.model_bytes).graph
+        found = any(node.op_type == "Conv" and node.domain in ("", "ai.onnx") for node in graph.node)
+        if len(_CONV_MODELS) >= 8:
+            _CONV_MODELS.clear()
+        _CONV_MODELS[model.sha256] = found
+    return found
+
+
+def _dscore_applies(model: OnnxClassifier, kinds: InputKinds) -> str | None:
+    spec = model.signature.single
+    need = "D-Score needs a convolutional image model (one image input [N, C, H, W] and Conv layers)"
+    if spec is None or not is_image(spec) or len(spec.shape) != 3:
+        return f"{need}; model {model.name!r} takes {kinds.describe()}"
+    if not _has_conv(model):
+        return f"{need}; model {model.name!r} has no Conv layer"
+    return None
+
+
 def _run_dscore(
-    model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: DScoreParams, guard: ProgressFn, heatmaps: bool
+    model: OnnxClassifier,
+    x: np.ndarray | Inputs,
+    y: np.ndarray | None,
+    params: DScoreParams,
+    guard: ProgressFn,
+    heatmaps: bool,
 ) -> AuditResult:
+    if isinstance(x, Inputs):
+        raise AuditError("D-Score needs a convolutional image model with one image input")
     audit = run_dscore(
         model.model_bytes,
         x,
@@ -144,28 +193,51 @@ DSCORE = register(
         ),
         export=_dscore_export,
         cli_json=_dscore_json,
+        applies=_dscore_applies,
     )
 )
 
 
 # -- data mutation ----------------------------------------------------------------------------------------
+def _mutation_applies(model: OnnxClassifier, kinds: InputKinds) -> str | None:
+    if kinds.mutable:
+        return None
+    return (
+        f"data mutation (DEC/IMP/SGN/DIG) changes numbers; model {model.name!r} has no numeric input "
+        f"(it takes {kinds.describe()})"
+    )
+
+
+def _mutation_scope(kinds: InputKinds) -> str:
+    skipped = kinds.not_mutable
+    return f"numeric inputs only: {', '.join(kinds.mutable)}" if skipped and kinds.mutable else ""
+
+
 def _run_mutation(
-    model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: MutationParams, guard: ProgressFn, _: bool
+    model: OnnxClassifier,
+    x: np.ndarray | Inputs,
+    y: np.ndarray | None,
+    params: MutationParams,
+    guard: ProgressFn,
+    _: bool,
 ) -> AuditResult:
     # pandas stays out of the agent's start-up until a mutation audit runs
     from agent.audits.mutation.run import run_mutation_audit
 
-    return run_mutation_audit(
-        model.predict_proba,
-        x,
-        y,
-        k=params.k,
-        repetitions=params.repetitions,
-        seed=params.seed,
-        operators=params.operators,
-        progress=guard,
-        batch_size=params.batch_size,
-    )
+    common: dict[str, Any] = {
+        "k": params.k,
+        "repetitions": params.repetitions,
+        "seed": params.seed,
+        "operators": params.operators,
+        "progress": guard,
+        "batch_size": params.batch_size,
+    }
+    if not isinstance(x, Inputs):
+        return run_mutation_audit(model.predict_proba, x, y, **common)
+    batch, kinds = _kinds(model, x)
+    if not kinds.mutable:
+        raise AuditError(_mutation_applies(model, kinds) or "no numeric input to mutate")
+    return run_mutation_audit(model.predict_proba, batch, y, mutable=kinds.mutable, skipped=kinds.not_mutable, **common)
 
 
 def _mutation_args(m: argparse.ArgumentParser) -> None:
@@ -221,8 +293,16 @@ def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress
 
 
 def _mutation_summary(out: dict[str, Any]) -> list[str]:
-    summary = out["result"]["details"]["summary"]
-    lines = ["  baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in out["result"]["details"]["baseline"].items())]
+    details = out["result"]["details"]
+    summary = details["summary"]
+    lines = []
+    skipped = details.get("skipped_inputs") or {}
+    if skipped:
+        lines.append(
+            f"  mutated inputs: {', '.join(out['result']['params']['inputs'])}; skipped (not numeric): "
+            + ", ".join(f"{name} ({kind})" for name, kind in skipped.items())
+        )
+    lines.append("  baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in details["baseline"].items()))
     lines.append(f"  {'operator':<9}" + "".join(f"{k + ' Δ%':>20}" for k in ("mae", "mse", "rmse")))
     for op, s in summary.items():
         cells = []
@@ -232,6 +312,15 @@ def _mutation_summary(out: dict[str, Any]) -> list[str]:
         note = f"  ({s['note']})" if s.get("note") else ""
         lines.append(f"  {op:<9}" + "".join(f"{c:>20}" for c in cells) + note)
     return lines
+
+
+def _mutation_json(out: dict[str, Any]) -> dict[str, Any]:
+    """The inputs mutated and those skipped (text, categories, token ids), at the top of the object."""
+    params = out["result"]["params"]
+    if "inputs" not in params:
+        return out
+    skipped = out["result"]["details"].get("skipped_inputs") or {}
+    return {"mutated_inputs": params["inputs"], "skipped_inputs": skipped, **out}
 
 
 def _mutation_demo(m: Mapping[str, Any]) -> str:
@@ -282,21 +371,32 @@ MUTATION = register(
         export=_mutation_export,
         cli_model_required=False,
         cli_alt_run=_mutation_retrain,
+        cli_json=_mutation_json,
+        applies=_mutation_applies,
+        scope=_mutation_scope,
     )
 )
 
 
 # -- metamorphic testing ----------------------------------------------------------------------------------
 def _run_metamorphic(
-    model: OnnxClassifier, x: np.ndarray, y: np.ndarray | None, params: MetamorphicParams, guard: ProgressFn, _: bool
+    model: OnnxClassifier,
+    x: np.ndarray | Inputs,
+    y: np.ndarray | None,
+    params: MetamorphicParams,
+    guard: ProgressFn,
+    _: bool,
 ) -> AuditResult:
-    transformations = params.transformations
-    if transformations is None:
-        images = x.ndim >= 3
-        transformations = list(DEFAULT_IMAGE_TRANSFORMATIONS if images else DEFAULT_TABLE_TRANSFORMATIONS)
+    batch, kinds = _kinds(model, x)
+    transformations: list[Any] = (
+        list(params.transformations) if params.transformations is not None else default_relations(kinds)
+    )
+    if not transformations:
+        raise AuditError(f"no metamorphic relation applies to model {model.name!r} ({kinds.describe()})")
     result = run_metamorphic_audit(
         model.predict_proba,
-        x,
+        batch,
+        kinds=kinds,
         transformations=transformations,
         order=params.order,
         seed=params.seed,
@@ -312,7 +412,8 @@ def _run_metamorphic(
 def _metamorphic_args(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--transformations",
-        help='YAML file or inline YAML list, e.g. "[shift, {name: blur, sigma: 0.7}]" (default: a safe set)',
+        help='YAML file or inline YAML list, e.g. "[shift, {name: blur, sigma: 0.7}]" or "[{name: typos, '
+        'input: review}]" (default: the safe set of each kind of input the model has)',
     )
     t.add_argument("--order", type=int, default=1, help="compose this many transformations (default 1)")
     t.add_argument("--max-compositions", type=int, help="test a seeded subset of the compositions")
@@ -349,10 +450,12 @@ def _metamorphic_summary(out: dict[str, Any]) -> list[str]:
         f"  overall violation rate {m['overall_violation_rate']:.4f}"
         f" [{m['overall_violation_rate_lower']:.4f}, {m['overall_violation_rate_upper']:.4f}]"
     ]
+    several = sum(len(v) for v in (out["result"]["params"].get("inputs") or {}).values()) > 1
     for r in out["result"]["details"]["relations"]:
+        on = ", ".join(r.get("inputs", [])) if several else ""
         lines.append(
             f"  {r['relation']:<32} violations {r['violation_rate']:.4f}"
-            f"  confidence drop {r['mean_confidence_drop']:+.4f}"
+            f"  confidence drop {r['mean_confidence_drop']:+.4f}" + (f"  ({on})" if on else "")
         )
     return lines
 

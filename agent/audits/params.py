@@ -18,9 +18,6 @@ from agent.core.scheduler import validate_cron
 from agent.data.limits import DEFAULT_MAX_COLUMNS, DEFAULT_MAX_ROWS, DataLimits, LimitNames
 
 MUTATION_OPERATORS: tuple[str, ...] = ("DEC", "IMP", "SGN", "DIG")
-#: Transformations used when none are configured, by kind of data.
-DEFAULT_IMAGE_TRANSFORMATIONS: tuple[str, ...] = ("shift", "brightness", "contrast", "gaussian_noise", "blur")
-DEFAULT_TABLE_TRANSFORMATIONS: tuple[str, ...] = ("scale", "noise")
 
 
 def _duration(text: str) -> float:
@@ -68,7 +65,8 @@ class MutationParams(CommonParams):
 
 
 class MetamorphicParams(CommonParams):
-    """Metamorphic testing (LAMPION §3): transformations, order of composition, seed."""
+    """Metamorphic testing (LAMPION §3): transformations (by default those of each kind of input the
+    model has, :data:`agent.audits.relations.DEFAULT_RELATIONS`), order of composition, seed."""
 
     transformations: list[str | dict[str, Any]] | None = None
     order: int = Field(1, ge=1, le=4)
@@ -169,6 +167,12 @@ class MetamorphicJob(_Schedule, MetamorphicParams):
 class ReservoirConfig(_Strict):
     size: int = Field(1000, ge=0, le=1_000_000, description="live inputs kept for label-free audits; 0 = off")
     horizon: str = Field("1h", description="the sample covers inputs of at most about this age")
+    max_sample_bytes: int = Field(
+        64 * 1024,
+        ge=1,
+        description="a live input whose text and dynamic-length rows (token ids) exceed this many bytes is not "
+        "kept: the reservoir holds at most size x max_sample_bytes of them (fixed-shape numbers are not counted)",
+    )
 
     @field_validator("horizon")
     @classmethod

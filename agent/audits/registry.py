@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agent.audits.modalities import InputKinds
 from agent.audits.params import CommonParams, _Schedule
 from agent.audits.report import AuditResult, ProgressFn
 from exporters.audit_metrics import AuditMetrics, GaugeSpec, GaugeValues
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from agent.model.classifier import OnnxClassifier
+    from agent.model.inputs import Inputs
 
 __all__ = [
     "AUDIT_KINDS",
@@ -31,14 +33,18 @@ __all__ = [
     "AuditKind",
     "CliRun",
     "audit_metrics",
+    "audits_that_apply",
     "baseline_gauge",
     "export_result",
     "register",
     "unregister",
 ]
 
-#: ``run(model, x, y, params, progress, heatmaps)``: the kind's audit on prepared inputs.
-RunFn = Callable[["OnnxClassifier", np.ndarray, "np.ndarray | None", Any, ProgressFn, bool], AuditResult]
+#: ``run(model, x, y, params, progress, heatmaps)``: the kind's audit on prepared inputs: the array of a
+#: model of one numeric input, shaped for it, else the model's :class:`~agent.model.inputs.Inputs`.
+RunFn = Callable[["OnnxClassifier", "np.ndarray | Inputs", "np.ndarray | None", Any, ProgressFn, bool], AuditResult]
+#: ``applies(model, kinds)``: why the kind cannot audit ``model`` (one line), ``None`` when it can.
+AppliesFn = Callable[["OnnxClassifier", InputKinds], "str | None"]
 #: What a CLI run that brings its own model returns: result, number of inputs, data source, model tags.
 CliRun = tuple[AuditResult, int, str, dict[str, str]]
 
@@ -49,6 +55,10 @@ def _no_cli_json(out: dict[str, Any]) -> dict[str, Any]:
 
 def _no_gauges(result: AuditResult) -> dict[str, GaugeValues]:
     return {}
+
+
+def _whole_model(kinds: InputKinds) -> str:
+    return ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,9 @@ class AuditKind:
     * ``gauges``/``export``: the Prometheus gauges of the kind and their values for a result; at
       most one gauge, without labels, has a baseline (``GaugeSpec.baseline``: the value alerts
       compare later runs with, :mod:`agent.audits.baselines`).
+    * ``applies``: why the kind cannot audit a model, from the kinds of its inputs
+      (:mod:`agent.audits.modalities`; ``None``: it audits every model); ``scope``: which of a
+      model's inputs it reads, when not all (named in the list of audits that apply).
     """
 
     name: str
@@ -82,6 +95,8 @@ class AuditKind:
     cli_model_required: bool = True
     cli_alt_run: Callable[[argparse.Namespace, Any, ProgressFn], CliRun | None] | None = None
     cli_json: Callable[[dict[str, Any]], dict[str, Any]] = field(default=_no_cli_json)
+    applies: AppliesFn | None = None
+    scope: Callable[[InputKinds], str] = _whole_model
 
 
 #: Every audit kind by name, in registration order (the order of the config, CLI and ``GET /v1/audits``).
@@ -97,6 +112,17 @@ def register(kind: AuditKind) -> AuditKind:
         raise ValueError(f"audit kind {kind.name!r}: at most one gauge, without labels, can have a baseline")
     AUDIT_KINDS[kind.name] = kind
     return kind
+
+
+def audits_that_apply(model: OnnxClassifier, kinds: InputKinds) -> list[str]:
+    """The kinds that can audit ``model``, each with the inputs it reads when not all
+    (``mutation (numeric inputs: age, income)``)."""
+    out = []
+    for name, kind in AUDIT_KINDS.items():
+        if kind.applies is None or kind.applies(model, kinds) is None:
+            scope = kind.scope(kinds)
+            out.append(f"{name} ({scope})" if scope else name)
+    return out
 
 
 def baseline_gauge(kind: str) -> str | None:

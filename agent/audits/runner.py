@@ -1,10 +1,13 @@
 """Run an audit of a given kind on a model and data: the one code path of the CLI and the scheduler.
 
-* :func:`load_audit_data` reads a data file and shapes it for the model (images ``[N, C, H, W]``,
-  labels as class indices).
+* :func:`load_audit_data` reads a data file and shapes it for the model (images ``[N, C, H, W]``; a
+  model of several inputs reads one array or table column per input, named like it; labels as class
+  indices).
 * :func:`run_audit` runs an audit kind of the registry (:mod:`agent.audits.registry`) and returns the
-  :class:`~agent.audits.report.AuditResult`; a deadline turns into :class:`AuditTimeout` at the next
-  step boundary (a D-Score batch, a mutation repetition, a metamorphic relation).
+  :class:`~agent.audits.report.AuditResult`, after checking that the kind applies to the model (a
+  one-line :class:`AuditError` naming the kinds that do, otherwise); a deadline turns into
+  :class:`AuditTimeout` at the next step boundary (a D-Score batch, a mutation repetition, a
+  metamorphic relation).
 * :func:`audit_record` / :func:`fit_record` build the MLflow :class:`~exporters.run_record.RunRecord`
   of an audit or a fit: params, metrics, the JSON report and PNG artifacts, model tags.
 * :func:`open_logger` builds the :class:`~exporters.mlflow_logger.MlflowLogger` (spool in the state
@@ -25,10 +28,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent.audits.config import AUDIT_KINDS
+from agent.audits.modalities import input_kinds
 from agent.audits.params import CommonParams
+from agent.audits.registry import audits_that_apply
 from agent.audits.report import AuditError, AuditResult, ProgressFn, jsonable
 from agent.data.files import label_indices, load_data
 from agent.data.limits import DataLimits
+from agent.model.inputs import Inputs, InvalidInput
 from exporters.mlflow_logger import MlflowLogger
 from exporters.run_record import RunRecord
 
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AuditOutcome",
     "AuditTimeout",
+    "as_inputs",
     "audit_record",
     "fit_record",
     "load_audit_data",
@@ -101,9 +108,44 @@ class AuditOutcome:
 
 
 # -- data ---------------------------------------------------------------------------------------------
-def prepare_inputs(model: OnnxClassifier, x: np.ndarray) -> np.ndarray:
-    """``x`` reshaped to the model's input shape ``[N, *input_shape]`` in the model's input dtype."""
-    arr = np.asarray(x)
+#: What an audit reads: a single-input model's array, or the inputs of a model of several.
+AuditInputs = np.ndarray | Inputs
+
+
+def _one_numeric_input(model: OnnxClassifier) -> bool:
+    """Whether the model takes one numeric input of a fixed shape (its audits read one array)."""
+    try:
+        model.input_shape  # noqa: B018 - a ModelLoadError (a ValueError) for several or dynamic inputs
+    except ValueError:
+        return False
+    return np.dtype(model.input.dtype).kind in "fiu"
+
+
+def prepare_inputs(model: OnnxClassifier, x: AuditInputs | Mapping[str, np.ndarray]) -> AuditInputs:
+    """Inputs shaped for ``model``: a single numeric input's array ``[N, *input_shape]`` in its dtype,
+    else the model's :class:`Inputs` (validated like a request; text as strings)."""
+    if _one_numeric_input(model):
+        if isinstance(x, Mapping):
+            name = model.input.name
+            if name not in x:
+                raise AuditError(f"the data has no input {name!r} (it holds {', '.join(x)})")
+            x = x[name]
+        return _array_for(model, np.asarray(x))
+    try:
+        batch = model.prepare_file(x)
+    except InvalidInput as exc:
+        raise AuditError(f"the data does not fit the model: {exc}") from None
+    if batch.n == 0:
+        raise AuditError("no inputs to audit")
+    return batch
+
+
+def as_inputs(model: OnnxClassifier, x: AuditInputs) -> Inputs:
+    """A single-input model's array as :class:`Inputs` (named like its input); inputs as they are."""
+    return x if isinstance(x, Inputs) else Inputs({model.signature.names[0]: x})
+
+
+def _array_for(model: OnnxClassifier, arr: np.ndarray) -> np.ndarray:
     if arr.ndim == 0 or len(arr) == 0:
         raise AuditError("no inputs to audit")
     per_sample = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
@@ -118,21 +160,24 @@ def prepare_inputs(model: OnnxClassifier, x: np.ndarray) -> np.ndarray:
 
 def load_audit_data(
     path: str | Path, model: OnnxClassifier, *, label_column: str | None = None, limits: DataLimits | None = None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Inputs shaped for ``model`` and labels as class indices (``None`` when the file has none), read
-    within ``limits``."""
-    data = load_data(path, label_column=label_column, require_metadata=False, limits=limits)
-    x = prepare_inputs(model, data.array)
+) -> tuple[AuditInputs, np.ndarray | None]:
+    """Inputs shaped for ``model`` (:func:`prepare_inputs`) and labels as class indices (``None`` when
+    the file has none), read within ``limits``: a model of several inputs reads one ``.npz`` array or
+    one table column per input, named like it."""
+    names = model.signature.names
+    data = load_data(path, label_column=label_column, require_metadata=False, limits=limits, inputs=names)
+    x = prepare_inputs(model, data.x)
     y = None if data.y is None else label_indices(data.y, model.classes)
     return x, y
 
 
-def _subset(x: np.ndarray, y: np.ndarray | None, params: CommonParams) -> tuple[np.ndarray, np.ndarray | None]:
+def _subset(x: AuditInputs, y: np.ndarray | None, params: CommonParams) -> tuple[AuditInputs, np.ndarray | None]:
     y = None if params.label_free else y
-    if params.max_samples is None or len(x) <= params.max_samples:
+    n = x.n if isinstance(x, Inputs) else len(x)
+    if params.max_samples is None or n <= params.max_samples:
         return x, y
-    idx = np.sort(np.random.default_rng(SUBSET_SEED).choice(len(x), size=params.max_samples, replace=False))
-    return x[idx], None if y is None else y[idx]
+    idx = np.sort(np.random.default_rng(SUBSET_SEED).choice(n, size=params.max_samples, replace=False))
+    return x.take(idx) if isinstance(x, Inputs) else x[idx], None if y is None else y[idx]
 
 
 # -- running ------------------------------------------------------------------------------------------
@@ -152,7 +197,7 @@ def _guard(progress: ProgressFn | None, deadline: float | None, kind: str) -> Pr
 def run_audit(
     kind: str,
     model: OnnxClassifier,
-    x: np.ndarray,
+    x: AuditInputs | Mapping[str, np.ndarray],
     y: np.ndarray | None,
     params: CommonParams,
     *,
@@ -162,21 +207,40 @@ def run_audit(
 ) -> AuditResult:
     """Run the ``kind`` audit of ``model`` on inputs ``x`` (labels ``y`` optional).
 
+    ``x``: one array for a single-input model, else the inputs by name (or :class:`Inputs`).
     ``params`` is the kind's parameter model (:mod:`agent.audits.config`); labels are dropped when
     ``params.label_free``; at most ``params.max_samples`` inputs are used (seeded subset).
     ``deadline`` is a ``time.monotonic()`` value: past it the audit stops at the next step and
-    raises :class:`AuditTimeout`. Other problems raise :class:`AuditError`.
+    raises :class:`AuditTimeout`. Other problems raise :class:`AuditError`, among them a kind that
+    does not apply to the model (:func:`check_applies`).
     """
-    x = prepare_inputs(model, x)
-    if y is not None and len(y) != len(x):
-        raise AuditError(f"{len(x)} inputs but {len(y)} labels")
-    x, y = _subset(x, y, params)
     entry = AUDIT_KINDS.get(kind)
     if entry is None:
         raise AuditError(f"unknown audit {kind!r}; choose {', '.join(AUDIT_KINDS)}")
+    x = prepare_inputs(model, x)
+    n = x.n if isinstance(x, Inputs) else len(x)
+    if y is not None and len(y) != n:
+        raise AuditError(f"{n} inputs but {len(y)} labels")
+    if entry.applies is not None:
+        check_applies(kind, model, as_inputs(model, x))
+    x, y = _subset(x, y, params)
     guard = _guard(progress, deadline, kind)
     guard(0, 1)
     return entry.run(model, x, y, params, guard, heatmaps)
+
+
+def check_applies(kind: str, model: OnnxClassifier, data: Inputs | None = None) -> None:
+    """Raise a one-line :class:`AuditError` when the ``kind`` audit cannot audit ``model`` (D-Score on a
+    model that is no CNN, data mutation on one without numbers), naming the audits that apply; ``data``:
+    inputs that tell text from categories."""
+    entry = AUDIT_KINDS[kind]
+    if entry.applies is None:
+        return
+    kinds = input_kinds(model.signature, data, model.view)
+    why = entry.applies(model, kinds)
+    if why is not None:
+        others = [a for a in audits_that_apply(model, kinds) if a.split(" ")[0] != kind]
+        raise AuditError(f"{why}; audits that apply: {', '.join(others) or 'none'}")
 
 
 # -- MLflow records -----------------------------------------------------------------------------------

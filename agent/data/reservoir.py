@@ -9,29 +9,48 @@ probability, and memory stays ``k`` inputs.
 it is older than ``horizon_seconds`` a new generation starts, and the previous one is kept until the
 new one holds ``min_samples`` inputs. :meth:`Reservoir.sample` returns the newest generation that is
 large enough. Inputs of another shape than the first one (a reloaded model) start afresh.
+
+A model of named inputs has its inputs (a mapping of name → array, as :class:`agent.model.inputs.Inputs`)
+kept whole, sample by sample: inputs
+of a fixed shape in one array each (text as an object array of strings), inputs of a dynamic length
+(token ids and their mask) row by row, padded with zeros to the longest row when sampled. Their size is
+then the client's to choose, so a sample whose text and dynamic rows together exceed
+``max_sample_bytes`` is not offered (and counted in :attr:`Reservoir.too_large`): the reservoir holds
+at most ``capacity × max_sample_bytes`` of them.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Reservoir"]
+__all__ = ["DEFAULT_MAX_SAMPLE_BYTES", "Reservoir"]
+
+#: Bytes of text and dynamic-length rows of one sample beyond which it is not kept (``audits.reservoir``'s).
+DEFAULT_MAX_SAMPLE_BYTES = 64 * 1024
+#: The name a bare array is kept under.
+_BARE = ""
 
 
 @dataclass
 class _Generation:
     started: float
     seen: int
-    items: np.ndarray  # [k, *shape]
+    #: per input: ``[k, *shape]``, or ``[k]`` of row arrays for an input of a dynamic length
+    items: dict[str, np.ndarray]
+    capacity: int
 
     @property
     def filled(self) -> int:
-        return min(self.seen, len(self.items))
+        return min(self.seen, self.capacity)
+
+
+#: One input's place in the layout: name, dtype, per-sample shape (``None``: dynamic, rows kept apart).
+_Slot = tuple[str, np.dtype, "tuple[int, ...] | None"]
 
 
 class Reservoir:
@@ -45,31 +64,48 @@ class Reservoir:
         min_samples: int = 1,
         seed: int | None = None,
         clock: Callable[[], float] = time.time,
+        max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.horizon_seconds = horizon_seconds
         self.min_samples = max(1, int(min_samples))
+        self.max_sample_bytes = int(max_sample_bytes)
+        #: Samples not offered because their text and dynamic rows exceed ``max_sample_bytes``.
+        self.too_large = 0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
-        self._shape: tuple[int, ...] | None = None
-        self._dtype: np.dtype | None = None
+        self._layout: tuple[_Slot, ...] | None = None
+        self._bare = True
         self._current: _Generation | None = None
         self._previous: _Generation | None = None
         self._clock = clock
 
     # -- feeding ------------------------------------------------------------------------------
-    def add(self, batch: np.ndarray) -> None:
-        """Offer every row of ``batch`` (``[N, ...]``) to the sample."""
-        x = np.asarray(batch)
-        if x.ndim == 0 or len(x) == 0:
+    def add(self, batch: np.ndarray | Mapping[str, np.ndarray], dynamic: Collection[str] = ()) -> None:
+        """Offer every sample of ``batch`` to the reservoir: an array ``[N, ...]``, or a model's inputs by
+        name, ``[N, ...]`` each (``dynamic``: those of a dynamic length, kept row by row)."""
+        bare = not isinstance(batch, Mapping)
+        arrays = {_BARE: np.asarray(batch)} if not isinstance(batch, Mapping) else dict(batch.items())
+        if any(a.ndim == 0 for a in arrays.values()):
             return
+        n = len(next(iter(arrays.values()))) if arrays else 0
+        if n == 0:
+            return
+        layout = tuple((k, a.dtype, None if k in dynamic else tuple(a.shape[1:])) for k, a in arrays.items())
+        keep = self._small_enough(arrays, layout, n)
+        dropped = 0
+        if keep is not None:
+            arrays = {k: a[keep] for k, a in arrays.items()}
+            dropped, n = n - len(keep), len(keep)
         now = self._clock()
         with self._lock:
-            shape, dtype = tuple(x.shape[1:]), x.dtype
-            if shape != self._shape or dtype != self._dtype:
-                self._shape, self._dtype = shape, dtype
+            self.too_large += dropped
+            if n == 0:
+                return
+            if layout != self._layout or bare != self._bare:
+                self._layout, self._bare = layout, bare
                 self._current, self._previous = None, None
             if self._current is None:
                 self._current = self._new(now)
@@ -77,19 +113,45 @@ class Reservoir:
                 if self._current.filled >= self.min_samples or self._previous is None:
                     self._previous = self._current
                 self._current = self._new(now)
-            self._offer(self._current, x)
+            self._offer(self._current, arrays, n)
+
+    def _small_enough(self, arrays: dict[str, np.ndarray], layout: tuple[_Slot, ...], n: int) -> np.ndarray | None:
+        """The rows within ``max_sample_bytes`` (``None``: all of them, or nothing of a variable size)."""
+        sizes = np.zeros(n, dtype=np.int64)
+        variable = False
+        for name, dtype, shape in layout:
+            a = arrays[name]
+            if dtype.kind == "O":
+                variable = True
+                flat = a.reshape(n, -1)
+                sizes += np.fromiter(
+                    (sum(len(v) if isinstance(v, str | bytes) else 0 for v in row) for row in flat),
+                    dtype=np.int64,
+                    count=n,
+                )
+            elif shape is None:
+                variable = True
+                sizes += a[0].nbytes
+        if not variable or int(sizes.max()) <= self.max_sample_bytes:
+            return None
+        return np.flatnonzero(sizes <= self.max_sample_bytes)
 
     def _new(self, now: float) -> _Generation:
-        assert self._shape is not None and self._dtype is not None
-        return _Generation(now, 0, np.empty((self.capacity, *self._shape), dtype=self._dtype))
+        assert self._layout is not None
+        k = self.capacity
+        items = {
+            name: np.empty(k, dtype=object) if shape is None else np.empty((k, *shape), dtype=dtype)
+            for name, dtype, shape in self._layout
+        }
+        return _Generation(now, 0, items, k)
 
-    def _offer(self, gen: _Generation, x: np.ndarray) -> None:
-        k, n = self.capacity, len(x)
+    def _offer(self, gen: _Generation, arrays: dict[str, np.ndarray], n: int) -> None:
+        k = self.capacity
         t0 = gen.seen
         # Fill phase: items t < k go to slot t.
         fill = max(0, min(n, k - t0))
         if fill:
-            gen.items[t0 : t0 + fill] = x[:fill]
+            self._put(gen, np.arange(t0, t0 + fill), np.arange(fill), arrays)
         rest = n - fill
         if rest > 0:
             # Item t (t >= k) draws j uniform in [0, t]; it replaces slot j when j < k. Sequential
@@ -98,16 +160,31 @@ class Reservoir:
             j = (self._rng.random(rest) * (t + 1)).astype(np.int64)
             hit = np.flatnonzero(j < k)
             if len(hit):
-                gen.items[j[hit]] = x[fill + hit]
+                self._put(gen, j[hit], fill + hit, arrays)
         gen.seen = t0 + n
 
+    def _put(self, gen: _Generation, slots: np.ndarray, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
+        assert self._layout is not None
+        for name, _, shape in self._layout:
+            items, src = gen.items[name], arrays[name]
+            if shape is None:  # rows of a dynamic length, each kept as it came (padding included)
+                for slot, row in zip(slots.tolist(), rows.tolist(), strict=True):
+                    items[slot] = np.array(src[row], copy=True)
+            else:
+                items[slots] = src[rows]
+
     # -- reading ------------------------------------------------------------------------------
-    def sample(self) -> np.ndarray | None:
-        """A copy of the newest generation with at least ``min_samples`` inputs (``None`` if none)."""
+    def sample(self) -> np.ndarray | dict[str, np.ndarray] | None:
+        """A copy of the newest generation with at least ``min_samples`` inputs (``None`` if none): an
+        array when arrays were added, else the inputs by name (rows of a dynamic length padded with zeros)."""
         with self._lock:
             for gen in (self._current, self._previous):
                 if gen is not None and gen.filled >= self.min_samples:
-                    return gen.items[: gen.filled].copy()
+                    assert self._layout is not None
+                    out = {
+                        name: _read(gen.items[name], gen.filled, dtype, shape) for name, dtype, shape in self._layout
+                    }
+                    return out[_BARE] if self._bare else out
             return None
 
     def __len__(self) -> int:
@@ -123,3 +200,15 @@ class Reservoir:
     def reset(self) -> None:
         with self._lock:
             self._current, self._previous = None, None
+
+
+def _read(items: np.ndarray, filled: int, dtype: np.dtype, shape: tuple[int, ...] | None) -> np.ndarray:
+    """The first ``filled`` samples of one input: a copy, or rows of a dynamic length padded with zeros."""
+    if shape is not None:
+        return items[:filled].copy()
+    rows = list(items[:filled])
+    width = tuple(max(r.shape[d] for r in rows) for d in range(rows[0].ndim))
+    out = np.zeros((filled, *width), dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i][tuple(slice(0, d) for d in r.shape)] = r
+    return out

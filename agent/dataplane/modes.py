@@ -95,7 +95,16 @@ class ServeMode:
         pred, seconds = await place.run_model(_run_model, admitted)
         rt = admitted.rt
         features = rt.features(admitted.x, pred)
-        work = JudgeWork(rt, features, pred.probabilities, pred.labels, admitted.metadata, seconds, admitted.request_id)
+        work = JudgeWork(
+            rt,
+            features,
+            pred.probabilities,
+            pred.labels,
+            admitted.metadata,
+            seconds,
+            admitted.request_id,
+            inputs=admitted.x,
+        )
         return Predicted(work)
 
     def answer(self, admitted: Admitted, predicted: Predicted) -> InferResponse:

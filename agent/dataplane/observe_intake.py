@@ -138,7 +138,9 @@ class ObserveIntake:
         """Judge and record one observed batch now (in a worker thread)."""
         rt = self.runtimes.current
         probs = item.probabilities
-        work = JudgeWork(rt, rt.features(item.x), probs, rt.labels_of(probs), item.metadata, None, item.id)
+        work = JudgeWork(
+            rt, rt.features(item.x), probs, rt.labels_of(probs), item.metadata, None, item.id, inputs=item.x
+        )
         self.judge_queue.record_now([work])
         work.verdicts_or_raise()
 

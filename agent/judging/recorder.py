@@ -18,6 +18,7 @@ from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork, judge
 from agent.judging.windows import WindowSet
 from agent.model.classifier import label_confidences
+from agent.model.inputs import Inputs
 from exporters.prometheus import AgentMetrics
 from invariants.oracle import VERDICTS
 
@@ -41,8 +42,11 @@ class JudgedBatch:
 #: Receives every judged request that has an id (the prediction store); called while recording, so
 #: it must only enqueue.
 JudgedSink = Callable[[JudgedBatch], None]
-#: Receives the features of every recorded batch (the audits' reservoir).
+#: Receives the features of every recorded batch.
 FeatureSink = Callable[[np.ndarray], None]
+#: Receives the prepared inputs of every recorded request with its runtime (the audits' reservoir of live
+#: inputs); works recorded without their inputs are left out.
+InputSink = Callable[[Runtime, Inputs], None]
 
 
 class Recorder:
@@ -55,11 +59,13 @@ class Recorder:
         metrics: AgentMetrics,
         judged_sinks: Sequence[JudgedSink] = (),
         feature_sinks: Sequence[FeatureSink] = (),
+        input_sinks: Sequence[InputSink] = (),
     ) -> None:
         self.windows = windows
         self.metrics = metrics
         self.judged_sinks = tuple(judged_sinks)
         self.feature_sinks = tuple(feature_sinks)
+        self.input_sinks = tuple(input_sinks)
 
     def record(self, works: Sequence[JudgeWork]) -> None:
         """Judge the works still without verdicts, then record them, one group per runtime and
@@ -95,6 +101,10 @@ class Recorder:
             tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
         for sink in self.feature_sinks:
             sink(features)
+        for w in works:  # request by request: no copy of the inputs
+            if w.inputs is not None:
+                for input_sink in self.input_sinks:
+                    input_sink(rt, w.inputs)
         conf = label_confidences(probabilities, predicted)
         # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
         extras = sample_extras(rt.calibration, probabilities, predicted, features, tdi_rules)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from agent.judging.runtime import Runtime
+from agent.model.inputs import Inputs
 
 
 @dataclass(eq=False)
@@ -41,6 +42,8 @@ class JudgeWork:
     error: BaseException | None = None
     #: Recorded (or failed): set by the recorder, read by whoever waits for the work.
     done: bool = False
+    #: The prepared inputs of these predictions, for the input sinks (the audits' reservoir).
+    inputs: Inputs | None = None
 
     @property
     def n(self) -> int:

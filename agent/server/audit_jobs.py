@@ -36,12 +36,23 @@ from agent.audits.baselines import AuditBaselines, DocumentStore
 from agent.audits.config import AUDIT_KINDS, AuditsConfig
 from agent.audits.registry import audit_metrics, baseline_gauge, export_result
 from agent.audits.report import AuditError
-from agent.audits.runner import AuditOutcome, AuditTimeout, audit_record, load_audit_data, open_logger, run_audit
+from agent.audits.runner import (
+    AuditInputs,
+    AuditOutcome,
+    AuditTimeout,
+    audit_record,
+    check_applies,
+    load_audit_data,
+    open_logger,
+    run_audit,
+)
 from agent.core.durations import parse_duration
 from agent.core.scheduler import JobScheduler
 from agent.data.reservoir import Reservoir
+from agent.errors import UserError
 from agent.judging.runtime import Runtime
 from agent.model.classifier import OnnxClassifier
+from agent.model.inputs import Inputs
 from exporters.redaction import redact_uri
 
 if TYPE_CHECKING:
@@ -78,7 +89,11 @@ class AuditJobs:
         self.metrics = audit_metrics(registry, self.current_baselines)
         r = config.reservoir
         self.reservoir: Reservoir | None = (
-            Reservoir(r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1) if r.size > 0 else None
+            Reservoir(
+                r.size, horizon_seconds=parse_duration(r.horizon), min_samples=1, max_sample_bytes=r.max_sample_bytes
+            )
+            if r.size > 0
+            else None
         )
         self.history: dict[str, deque[AuditOutcome]] = {k: deque(maxlen=config.history) for k in AUDIT_KINDS}
         self._locks = {k: threading.Lock() for k in AUDIT_KINDS}
@@ -89,14 +104,34 @@ class AuditJobs:
         self._logger_failed = False
         self._tmp_spool: tempfile.TemporaryDirectory[str] | None = None
         self._models: dict[str, OnnxClassifier] = {}
-        self._reference: dict[tuple[str, float, str], tuple[np.ndarray, np.ndarray | None]] = {}
+        self._reference: dict[tuple[str, float, str], tuple[AuditInputs, np.ndarray | None]] = {}
         self._cache_lock = threading.Lock()
+        self._check_scheduled_kinds()
+
+    def _check_scheduled_kinds(self) -> None:
+        """Refuse, at start, a scheduled audit that cannot audit the model (D-Score of a model that is no
+        CNN, data mutation of one without numeric inputs): a one-line :class:`UserError`."""
+        rt = self.current_runtime()
+        if rt.classifier is None and rt.model_path is None:
+            return  # proxy or observe mode without the model file: a run says so
+        for kind in self.config.jobs():
+            if AUDIT_KINDS[kind].applies is None:
+                continue
+            try:
+                model = self._model()
+            except Exception:  # noqa: BLE001 - a model that does not load fails its runs, with the reason
+                return
+            try:
+                check_applies(kind, model)
+            except AuditError as exc:
+                raise UserError(f"audits.{kind}: {exc}; remove audits.{kind} from the configuration") from None
 
     # -- wiring -------------------------------------------------------------------------------------
-    def observe_inputs(self, features: np.ndarray) -> None:
-        """Feature sink of the recorder: offer judged live inputs to the reservoir (cheap, thread-safe)."""
+    def observe_inputs(self, rt: Runtime, batch: Inputs) -> None:
+        """Input sink of the recorder: offer judged live inputs to the reservoir (cheap, thread-safe);
+        inputs of a dynamic length (token ids) are kept row by row."""
         if self.reservoir is not None:
-            self.reservoir.add(features)
+            self.reservoir.add(batch, {s.name for s in rt.signature.inputs if not s.fixed})
 
     async def start(self, _app: object = None) -> None:
         self._stopping.clear()
@@ -184,7 +219,9 @@ class AuditJobs:
         res = self.reservoir
         return {
             "audits": out,
-            "reservoir": None if res is None else {"capacity": res.capacity, "size": len(res), "seen": res.seen},
+            "reservoir": None
+            if res is None
+            else {"capacity": res.capacity, "size": len(res), "seen": res.seen, "too_large": res.too_large},
             "mlflow": None
             if self._logger is None
             else {"tracking_uri": redact_uri(self._logger.tracking_uri), "pending": self._logger.pending()},
@@ -210,13 +247,14 @@ class AuditJobs:
                 self._models = {rt.model_path: model}
             return model
 
-    def _data(self, kind: str, model: OnnxClassifier) -> tuple[np.ndarray | None, np.ndarray | None, str, str]:
+    def _data(self, kind: str, model: OnnxClassifier) -> tuple[AuditInputs | None, np.ndarray | None, str, str]:
         """``(x, y, source description, reason when skipped)``."""
         data = self.config.data_for(kind)
         if data.source == "live":
             if self.reservoir is None:
                 return None, None, "live", "the live-input reservoir is off (audits.reservoir.size is 0)"
-            x = self.reservoir.sample()
+            held = self.reservoir.sample()
+            x = Inputs(held) if isinstance(held, dict) else held
             have = 0 if x is None else len(x)
             if x is None or have < data.min_samples:
                 return None, None, "live", f"the reservoir holds {have} live inputs; {data.min_samples} needed"

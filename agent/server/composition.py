@@ -86,7 +86,7 @@ class Agent:
             self.windows,
             self.metrics,
             judged_sinks=[self.sample.on_judged] if s.labels.enabled else [],
-            feature_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
+            input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
         )
         self.judge_queue = JudgeQueue(recorder)
         # answered but not committed, at scrape time: queued for the store, or still in the judge queue

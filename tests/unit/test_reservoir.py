@@ -86,3 +86,30 @@ def test_concurrent_adds() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Reservoir(0)
+
+
+def test_named_inputs_with_text_and_dynamic_rows() -> None:
+    """A model's inputs are kept sample by sample: text as strings, token rows of any length (padded with
+    zeros when sampled); the layout of the first batch holds until another arrives."""
+    r = Reservoir(6, horizon_seconds=None, seed=0)
+    ids = np.array([[5, 6, 0], [7, 0, 0]], dtype=np.int64)
+    r.add({"text": np.array([["a b"], ["c"]], dtype=object), "ids": ids}, dynamic={"ids"})
+    r.add({"text": np.array([["longer text"]], dtype=object), "ids": np.array([[1, 2, 3, 4, 5]])}, dynamic={"ids"})
+    s = r.sample()
+    assert isinstance(s, dict) and set(s) == {"text", "ids"}
+    assert s["text"][:, 0].tolist() == ["a b", "c", "longer text"]
+    assert (
+        s["ids"].shape == (3, 5) and s["ids"].tolist()[0] == [5, 6, 0, 0, 0] and s["ids"][2].tolist() == [1, 2, 3, 4, 5]
+    )
+    r.add(np.zeros((2, 3)))  # a bare array (another model) starts afresh
+    assert isinstance(r.sample(), np.ndarray)
+
+
+def test_samples_past_the_byte_bound_are_not_kept() -> None:
+    r = Reservoir(10, horizon_seconds=None, seed=0, max_sample_bytes=8)
+    r.add({"text": np.array([["short"], ["far too long for it"], ["ok"]], dtype=object)})
+    s = r.sample()
+    assert isinstance(s, dict) and s["text"][:, 0].tolist() == ["short", "ok"]
+    assert r.too_large == 1 and r.seen == 2
+    r.add({"ids": np.ones((2, 4), dtype=np.int64)}, dynamic={"ids"})  # 32 bytes a row: nothing offered
+    assert r.too_large == 3 and r.seen == 2

@@ -1,24 +1,64 @@
 """The mutation audit of a deployed classifier: the reference inputs are mutated (Méndez et al.
-§4), the model stays fixed, and the relative change of its errors is reported per operator (§5)."""
+§4), the model stays fixed, and the relative change of its errors is reported per operator (§5).
+
+The operators change numbers, so a model of several inputs has its numeric ones mutated (a table's
+columns, images) as one table of cells, and its text, categories and token ids left as they are: the
+result names the inputs it skipped.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from agent.audits.mutation.operators import OPERATORS, mutate
 from agent.audits.mutation.robustness import change_pct, probability_errors, seed_for, summarise
 from agent.audits.report import AuditError, AuditResult, ProgressFn
+from agent.model.inputs import Inputs
 
-PredictProba = Callable[[np.ndarray], np.ndarray]
+PredictProba = Callable[[Any], np.ndarray]
 
 
-def _predict(predict_proba: PredictProba, x: np.ndarray, batch_size: int | None) -> np.ndarray:
-    if batch_size is None or len(x) <= batch_size:
+def _predict(predict_proba: PredictProba, x: np.ndarray | Inputs, batch_size: int | None) -> np.ndarray:
+    n = x.n if isinstance(x, Inputs) else len(x)
+    if batch_size is None or n <= batch_size:
         return np.asarray(predict_proba(x))
-    return np.concatenate([np.asarray(predict_proba(x[i : i + batch_size])) for i in range(0, len(x), batch_size)])
+    if isinstance(x, Inputs):
+        return np.concatenate([np.asarray(predict_proba(b)) for b in x.batches(batch_size)])
+    return np.concatenate([np.asarray(predict_proba(x[i : i + batch_size])) for i in range(0, n, batch_size)])
+
+
+def table_of(batch: Inputs, names: Sequence[str]) -> pd.DataFrame:
+    """The numeric inputs ``names`` as one table: a column per input of one value per sample
+    (``age``), else one per value (``pixels[3]``)."""
+    cols: dict[str, np.ndarray] = {}
+    for name in names:
+        arr = np.asarray(batch[name]).reshape(batch.n, -1)
+        if arr.shape[1] == 1:
+            cols[name] = arr[:, 0]
+        else:
+            cols.update({f"{name}[{j}]": arr[:, j] for j in range(arr.shape[1])})
+    return pd.DataFrame(cols)
+
+
+def inputs_of(table: pd.DataFrame, batch: Inputs, names: Sequence[str]) -> Inputs:
+    """``batch`` with the inputs ``names`` read back from ``table`` (:func:`table_of`), in their own
+    shapes and dtypes (integer inputs rounded)."""
+    out = batch
+    start = 0
+    for name in names:
+        like = np.asarray(batch[name])
+        width = like.reshape(batch.n, -1).shape[1]
+        values = table.iloc[:, start : start + width].to_numpy(dtype=np.float64).reshape(like.shape)
+        start += width
+        if like.dtype.kind != "f":
+            info = np.iinfo(like.dtype)
+            values = np.clip(np.rint(values), info.min, info.max)
+        out = out.replace(name, np.ascontiguousarray(values.astype(like.dtype)))
+    return out
 
 
 def repeat_groups(
@@ -62,7 +102,7 @@ def repeat_groups(
 
 def run_mutation_audit(
     predict_proba: PredictProba,
-    x: np.ndarray,
+    x: np.ndarray | Inputs,
     y: np.ndarray | None,
     *,
     k: int,
@@ -71,8 +111,14 @@ def run_mutation_audit(
     operators: Sequence[str] = OPERATORS,
     progress: ProgressFn | None = None,
     batch_size: int | None = 1024,
+    mutable: Sequence[str] | None = None,
+    skipped: Mapping[str, str] | None = None,
 ) -> AuditResult:
     """Robustness of a fixed classifier to ``k`` mutated cells of its reference inputs ``x``.
+
+    ``x`` is one numeric array, or a model's :class:`Inputs` of which the ``mutable`` ones (numeric) are
+    mutated together as one table (:func:`table_of`); ``skipped`` names the others with their kind, for
+    the result (``params.skipped_inputs``, ``details.skipped_inputs``).
 
     For each operator alone (``k`` mutations of that operator) and for all operators together
     (``k`` split equally), ``repetitions`` seeded runs mutate ``x``, predict, and measure the
@@ -84,30 +130,42 @@ def run_mutation_audit(
     """
     if repetitions < 1:
         raise AuditError(f"repetitions must be >= 1, got {repetitions}")
-    x = np.asarray(x)
-    clean = _predict(predict_proba, x, batch_size)
-    if clean.ndim != 2 or len(clean) != len(x):
+    batch = x if isinstance(x, Inputs) else None
+    names = list(mutable) if mutable is not None else list(batch) if batch is not None else []
+    if batch is not None and not names:
+        raise AuditError("no numeric input to mutate")
+    data: np.ndarray | pd.DataFrame = table_of(batch, names) if batch is not None else np.asarray(x)
+    n = batch.n if batch is not None else len(data)
+    clean = _predict(predict_proba, batch if batch is not None else data, batch_size)
+    if clean.ndim != 2 or len(clean) != n:
         raise AuditError(f"predict_proba must return [N, K] probabilities, got shape {list(clean.shape)}")
     label_free = y is None
     truth = clean.argmax(axis=1) if y is None else np.asarray(y)
-    if len(truth) != len(x):
-        raise AuditError(f"{len(x)} samples but {len(truth)} labels")
+    if len(truth) != n:
+        raise AuditError(f"{n} samples but {len(truth)} labels")
     baseline = probability_errors(clean, truth)
     ops = tuple(o.upper() for o in operators)
 
     def evaluate(mutated: Any) -> dict[str, float]:
-        return probability_errors(_predict(predict_proba, mutated, batch_size), truth)
+        moved = inputs_of(mutated, batch, names) if batch is not None else mutated
+        return probability_errors(_predict(predict_proba, moved, batch_size), truth)
 
-    runs = repeat_groups(x, k, ops, repetitions, seed, baseline, evaluate, progress)
-    params = {
+    runs = repeat_groups(data, k, ops, repetitions, seed, baseline, evaluate, progress)
+    cells = int(np.prod(data.shape))
+    params: dict[str, Any] = {
         "k": k,
         "repetitions": repetitions,
         "seed": seed,
         "operators": list(ops),
-        "n_samples": len(x),
-        "cells": int(np.prod(x.shape)),
+        "n_samples": n,
+        "cells": cells,
         "label_free": label_free,
     }
+    extra: dict[str, Any] = {}
+    if batch is not None:
+        params["inputs"] = names
+        params["skipped_inputs"] = list(skipped or {})
+        extra["skipped_inputs"] = dict(skipped or {})
     return summarise(
         "mutation",
         params,
@@ -116,6 +174,7 @@ def run_mutation_audit(
         {
             "label_free": label_free,
             "error_definition": "mean over N×K of |p - onehot(y)| (MAE), (p - onehot(y))² (MSE); RMSE = sqrt(MSE)",
-            "mutated_share_of_cells": k / max(int(np.prod(x.shape)), 1),
+            "mutated_share_of_cells": k / max(cells, 1),
+            **extra,
         },
     )
