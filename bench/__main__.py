@@ -18,6 +18,7 @@ BENCHMARKS = {
     "hostile_files": "bench.hostile_files",
     "hostile_serving": "bench.bench_hostile_serving",
     "zoo": "bench.zoo.__main__",
+    "fit_images": "bench.bench_fit_images",
 }
 DEFAULT = ("oracle", "dscore")
 

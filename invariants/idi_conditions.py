@@ -41,7 +41,6 @@ _SYMBOLS = {
 }
 
 
-
 @dataclass(frozen=True)
 class Condition:
     """One constraint of an IDI clause.
@@ -80,5 +79,3 @@ def _as_float(v: object) -> float:
         return float(v)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return math.nan
-
-

@@ -154,5 +154,3 @@ def _condition_mask(
     if op in ("not_equals", "not_in"):
         return column.present & ~hit
     return hit
-
-

@@ -33,6 +33,7 @@ from agent.audits.params import CommonParams
 from agent.audits.registry import audits_that_apply
 from agent.audits.report import AuditError, AuditResult, ProgressFn, jsonable
 from agent.data.files import label_indices, load_data
+from agent.data.images import ImageSource
 from agent.data.limits import DataLimits
 from agent.model.inputs import Inputs, InvalidInput
 from exporters.mlflow_logger import MlflowLogger
@@ -166,6 +167,8 @@ def load_audit_data(
     one table column per input, named like it."""
     names = model.signature.names
     data = load_data(path, label_column=label_column, require_metadata=False, limits=limits, inputs=names)
+    if isinstance(data.x, ImageSource):  # load_data reads folders only when asked to (``image=``)
+        raise AuditError(f"{path}: audits read .npz, .npy, .csv or .parquet files, not image folders")
     x = prepare_inputs(model, data.x)
     y = None if data.y is None else label_indices(data.y, model.classes)
     return x, y

@@ -140,9 +140,7 @@ def send_labels(
     return {**totals, "sent": sum(totals.values()), "problems": problems}
 
 
-def label_requests(
-    url: str, limit: int, timeout: float, headers: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
+def label_requests(url: str, limit: int, timeout: float, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The agent's ``GET /v1/labels/requests?limit=...`` entries (``id``, ``timestamp``)."""
     import httpx
 

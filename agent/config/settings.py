@@ -463,9 +463,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 def _reject_secret_keys(data: dict[str, Any], source: str) -> None:
     for key in ("admin_token", "labels_token", "token"):
         if key in data:
-            raise UserError(
-                f"{source}: {key}: secrets are read from the environment only ({' or '.join(SECRET_ENVS)})"
-            )
+            raise UserError(f"{source}: {key}: secrets are read from the environment only ({' or '.join(SECRET_ENVS)})")
     labels = data.get("labels")
     url = labels.get("store_url") if isinstance(labels, dict) else None
     if isinstance(url, str) and _has_password(url):

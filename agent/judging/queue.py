@@ -193,9 +193,7 @@ class JudgeQueue:
     def _enough_pending(self) -> bool:
         """Whether the background thread should stop lingering (called holding the pending lock)."""
         return (
-            self._hurry
-            or self._pending_samples >= self.linger_samples
-            or 2 * len(self._pending) >= self.deferred_limit
+            self._hurry or self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
         )
 
     def _background(self) -> None:

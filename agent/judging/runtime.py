@@ -83,7 +83,6 @@ class Runtime:
     #: What the invariants read of a sample (the bundle's feature view).
     view: FeatureView = field(default_factory=lambda: FeatureView("raw"))
 
-
     @property
     def identity(self) -> str:
         """What the estimator windows belong to: the model and the bundle judging it."""
@@ -174,9 +173,7 @@ def load_runtime(
             sha = _file_sha256(mpath)
         bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
         signature = (
-            Signature.from_list(bundle.inputs)
-            if bundle.inputs
-            else Signature.of_array("input", bundle.input_shape)
+            Signature.from_list(bundle.inputs) if bundle.inputs else Signature.of_array("input", bundle.input_shape)
         )
         view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
         if model_bytes is not None:  # built whole: the runtime never changes its classifier

@@ -89,6 +89,7 @@ def create_app(
     registry = registry if registry is not None else CollectorRegistry()
     rt = runtime or load_runtime(fetch_model(settings))
     agent = Agent(settings, registry, rt)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await agent.start()
@@ -126,6 +127,7 @@ def create_app(
     app.infer_fast_path = InferFastPath(agent.plane, agent.metrics, settings.server.max_body_bytes, agent.body_budget)
     app.admin_port = settings.server.admin_port
     app.on_admin_port_refusal = lambda: agent.metrics.invalid("admin_port")
+
     async def busy(exc: ServerBusy, send: Send) -> None:
         answer = answer_of(exc)
         answer.count(agent.metrics)

@@ -58,7 +58,6 @@ def test_admin_api_on_its_own_port(tmp_path: Path, mnist_bundle_dir: Path, mnist
 
 def test_admin_port_must_differ(tmp_path: Path, mnist_bundle_dir: Path) -> None:
 
-
     with pytest.raises(ValidationError, match="admin_port must differ"):
         AgentSettings(
             model={"name": "m", "path": str(default_model_path())},

@@ -15,8 +15,6 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from audit_models import table_classifier, text_classifier, token_data, token_model
-from conftest import RunningServer
 
 from agent.cli import main
 from agent.config.settings import load_settings
@@ -25,6 +23,8 @@ from agent.data.files import load_data
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.server.app import create_app
+from tests.support.audit_models import table_classifier, text_classifier, token_data, token_model
+from tests.support.inprocess import RunningServer
 
 MNIST = str(default_model_path())
 TOKEN = "modalities-admin-token"

@@ -98,6 +98,7 @@ def test_promtool_unit_tests() -> None:
 @pytest.mark.needs("promtool")
 def test_helm_rendered_rules_pass_promtool(tmp_path: Path) -> None:
     import helm_python as helm
+
     overrides = {
         "prometheusRule": {
             "enabled": True,

@@ -74,6 +74,7 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def ready() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"MLServer exited ({proc.returncode}): {(root / 'mlserver.log').read_text()[-2000:]}")

@@ -21,9 +21,7 @@ INFER = "/v2/models/mnist/infer"
 
 @pytest.fixture(scope="module")
 def agent(mnist_bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(
-        mnist_app(mnist_bundle_dir, state=tmp_path_factory.mktemp("ids"), labels={"sample_rate": 1.0})
-    )
+    srv = start_server(mnist_app(mnist_bundle_dir, state=tmp_path_factory.mktemp("ids"), labels={"sample_rate": 1.0}))
     yield srv
     srv.stop()
 

@@ -144,8 +144,13 @@ def test_content_length_with_chunked_encoding_is_refused_and_closed(agent: Agent
     body = b'{"inputs": []}'
     request = (
         b"POST /v2/models/mnist/infer HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
-        b"Content-Length: " + str(len(body)).encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + hex(len(body))[2:].encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+        b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + hex(len(body))[2:].encode()
+        + b"\r\n"
+        + body
+        + b"\r\n0\r\n\r\n"
     )
     answer, closed = _exchange(agent, request)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
@@ -173,8 +178,7 @@ def test_a_body_sent_too_slowly_is_cut_off(agent: AgentProcess, path: str) -> No
     the head (uvicorn has no such timeout), on the fast inference path and on a FastAPI route."""
     before = agent.metrics().get("icos_connections_refused_total{reason=body_timeout}", 0.0)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
-        "Content-Length: 100000\r\n\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
     ).encode()
     with _connect(agent) as s:
         s.sendall(head + b'{"inputs": [')

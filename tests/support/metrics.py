@@ -66,6 +66,7 @@ class Scrape:
 
     def flat(self) -> dict[str, float]:
         """Every sample as ``name`` (no labels) or ``name{k=v,...}`` (labels sorted) → value."""
+
         def key(s: Sample) -> str:
             return s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
 

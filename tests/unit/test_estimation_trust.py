@@ -178,4 +178,3 @@ def test_trust_distance_is_exported_per_window() -> None:
     text = generate_latest(reg).decode()
     assert 'icos_estimate_trust_distance{model="m",version="1",window="1h"} 1.25' in text
     assert 'window="count"} ' not in text.split("icos_estimate_trust_distance")[-1]
-

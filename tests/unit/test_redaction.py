@@ -17,7 +17,10 @@ from exporters.redaction import redact_text, redact_uri
         ("http://user:password@mlflow:5000", "http://***@mlflow:5000"),
         ("https://ghp_t0ken@example.org/x", "https://***@example.org/x"),
         ("postgresql://app:s3cr%40t@db:5432/icos?sslmode=require", "postgresql://***@db:5432/icos?sslmode=require"),
-        ("postgresql://db/icos?user=app&password=pw&sslmode=require", "postgresql://db/icos?user=app&password=***&sslmode=require"),
+        (
+            "postgresql://db/icos?user=app&password=pw&sslmode=require",
+            "postgresql://db/icos?user=app&password=***&sslmode=require",
+        ),
         ("https://h/x?X-Amz-Signature=abc&X-Amz-Credential=k", "https://h/x?X-Amz-Signature=***&X-Amz-Credential=***"),
         ("http://mlflow:5000", "http://mlflow:5000"),
         ("sqlite:////var/lib/icos-agent/mlflow.db", "sqlite:////var/lib/icos-agent/mlflow.db"),
