@@ -8,6 +8,7 @@ bundle with its compiled oracle, and the estimator calibration.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,13 @@ class Runtime:
         }
 
 
+def _single_input_name(feature_view: Mapping[str, Any] | None) -> str:
+    """The name of a single numeric input, as the bundle's view read it at fit (``input`` for bundles
+    that do not say): the name the view looks the input up by."""
+    named = [v.get("name") for v in (feature_view or {}).get("inputs", []) if isinstance(v, Mapping)]
+    return str(named[0]) if len(named) == 1 and isinstance(named[0], str) else "input"
+
+
 def load_runtime(
     settings: AgentSettings,
     *,
@@ -159,8 +167,6 @@ def load_runtime(
     classifier: OnnxClassifier | None = None
     sha: str | None = None
     try:
-        if settings.mode != "observe":
-            _refuse_table_bundle(bpath, settings.mode)
         model_bytes: bytes | None = None
         if settings.mode == "serve":
             if mpath is None:
@@ -171,9 +177,13 @@ def load_runtime(
             if not mpath.is_file():
                 raise UserError(f"model.path: file not found: {mpath}")
             sha = _file_sha256(mpath)
+        if settings.mode != "observe":  # the model's own errors first: they name the file to fix
+            _refuse_table_bundle(bpath, settings.mode)
         bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
         signature = (
-            Signature.from_list(bundle.inputs) if bundle.inputs else Signature.of_array("input", bundle.input_shape)
+            Signature.from_list(bundle.inputs)
+            if bundle.inputs
+            else Signature.of_array(_single_input_name(bundle.feature_view), bundle.input_shape)
         )
         view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
         if model_bytes is not None:  # built whole: the runtime never changes its classifier

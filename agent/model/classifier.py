@@ -161,11 +161,23 @@ def prepare_batch(
 
 
 def read_model_file(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of an ONNX file (:class:`ModelLoadError` when it is missing)."""
+    """The bytes of an ONNX file (:class:`ModelLoadError` when it is missing or holds no ONNX graph, so
+    that the error names the file rather than a digest that matches no bundle)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
     p = Path(path)
     if not p.is_file():
         raise ModelLoadError(f"model file not found: {p}")
-    return p.read_bytes()
+    data = p.read_bytes()
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError):
+        proto.Clear()
+    if not proto.graph.input or not proto.graph.output:
+        raise ModelLoadError(f"{p}: not an ONNX model (no graph with inputs and outputs in its {len(data)} bytes)")
+    return data
 
 
 class OnnxClassifier:

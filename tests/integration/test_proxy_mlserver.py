@@ -10,9 +10,6 @@ the same model trained here and exported to ONNX.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,13 +20,10 @@ import tritonclient.http as th
 
 from invariants.oracle import VERDICTS
 from tests.support.inprocess import RunningServer, start_server
-from tests.support.ports import free_port
-from tests.support.requirements import require
+from tests.support.mlserver import running_mlserver, train_in_mlserver
 from tests.support.settings import mnist_app
-from tests.support.waiting import http_ok, wait_until
 
 MODEL = "digits"
-START_SECONDS = 120.0
 #: Written by MLServer's interpreter: train on sklearn digits, save where MLServer's runtime loads it.
 TRAIN_AND_SAVE = """
 import sys
@@ -42,7 +36,6 @@ joblib.dump(LogisticRegression(max_iter=2000).fit(x[:900], y[:900]), sys.argv[1]
 #: Default model settings of MLServer's scikit-learn runtime (no ``predict_fn``): the model's input is
 #: declared, its outputs are not (it answers ``predict`` unless asked for ``predict_proba``).
 MODEL_SETTINGS = {
-    "name": MODEL,
     "implementation": "mlserver_sklearn.SKLearnModel",
     "parameters": {"uri": "./model.joblib"},
     "inputs": [{"name": "X", "datatype": "FP32", "shape": [-1, 64]}],
@@ -52,45 +45,11 @@ MODEL_SETTINGS = {
 @pytest.fixture(scope="module")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLServer serving the digits model on free loopback ports; yields its host:port."""
-    python: Path = require("mlserver")
     root = tmp_path_factory.mktemp("mlserver")
-    model_dir = root / MODEL
-    model_dir.mkdir()
-    subprocess.run([str(python), "-c", TRAIN_AND_SAVE, str(model_dir / "model.joblib")], check=True, timeout=300)
-    (model_dir / "model-settings.json").write_text(json.dumps(MODEL_SETTINGS))
-    port = free_port()
-    settings = {
-        "host": "127.0.0.1",
-        "http_port": port,
-        "grpc_port": free_port(),
-        "metrics_port": free_port(),
-        "parallel_workers": 0,
-    }
-    (root / "settings.json").write_text(json.dumps(settings))
-    log = (root / "mlserver.log").open("wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLSERVER_", "PYTHON"))}
-    proc = subprocess.Popen(
-        [str(python.parent / "mlserver"), "start", str(root)], cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"MLServer exited ({proc.returncode}): {(root / 'mlserver.log').read_text()[-2000:]}")
-            return http_ok(f"{url}/v2/models/{MODEL}/ready", timeout=2)
-
-        if not wait_until(ready, START_SECONDS, 0.5):
-            pytest.fail(f"MLServer not ready in {START_SECONDS:g} s: {(root / 'mlserver.log').read_text()[-2000:]}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-        log.close()
+    (root / MODEL).mkdir()
+    train_in_mlserver(TRAIN_AND_SAVE, str(root / MODEL / "model.joblib"))
+    with running_mlserver(root, {MODEL: MODEL_SETTINGS}) as hostport:
+        yield hostport
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from agent.labels.recalibration import RecalibrationRefused
 from agent.labels.service import PredictionNotStored
 from agent.model.classifier import InvalidInput
 from agent.protocol.inference import ProtocolError
+from agent.server.body_budget import ServerBusy
 from agent.server.errors import ERROR_TABLE, GRPC_CODES, answer_of, grpc_code_of, install_error_handlers
 from exporters.prometheus import AgentMetrics
 from tests.support.inprocess import start_server
@@ -42,6 +43,7 @@ class Case:
     grpc: str
     invalid: str | None = None  # icos_invalid_requests_total{reason}
     upstream: str | None = None  # icos_upstream_errors_total{reason}
+    refused: str | None = None  # icos_connections_refused_total{reason}
     headers: dict[str, str] | None = None
 
 
@@ -117,6 +119,14 @@ CASES = [
     ),
     Case("store-unavailable", StoreUnavailable("disk"), 503, "UNAVAILABLE", invalid="store_unavailable"),
     Case("store-unreachable", StoreUnreachable("network"), 503, "UNAVAILABLE", invalid="store_unavailable"),
+    Case(
+        "server-busy",
+        ServerBusy(4096, 1024),
+        503,
+        "UNAVAILABLE",
+        refused="bytes_in_flight",
+        headers={"Retry-After": "1"},
+    ),
     Case("http-404", StarletteHTTPException(404, "Not Found"), 404, "NOT_FOUND", invalid="not_found"),
     Case(
         "http-405",
@@ -152,7 +162,7 @@ def _import_agent() -> None:
 def test_every_error_answers_its_status_metric_and_grpc_code(case: Case) -> None:
     answer = answer_of(case.error)
     assert (answer.status, answer.grpc_code) == (case.status, case.grpc)
-    assert (answer.invalid, answer.upstream) == (case.invalid, case.upstream)
+    assert (answer.invalid, answer.upstream, answer.refused) == (case.invalid, case.upstream, case.refused)
     assert answer.message == str(case.error) or isinstance(case.error, (StarletteHTTPException, ClientDisconnect))
     assert dict(answer.headers or {}) == (case.headers or {})
     assert answer.grpc_code == grpc_code_of(answer.status) or isinstance(case.error, ClientDisconnect)
@@ -167,6 +177,8 @@ def test_an_answer_counts_in_the_metric_it_names(case: Case) -> None:
     upstream = counted.by_label("icos_upstream_errors_total", "reason")
     assert {k: v for k, v in invalid.items() if v} == ({case.invalid: 1.0} if case.invalid else {})
     assert {k: v for k, v in upstream.items() if v} == ({case.upstream: 1.0} if case.upstream else {})
+    refused = counted.by_label("icos_connections_refused_total", "reason")
+    assert {k: v for k, v in refused.items() if v} == ({case.refused: 1.0} if case.refused else {})
 
 
 def test_every_client_error_type_of_the_agent_is_in_the_table() -> None:
