@@ -19,6 +19,7 @@ BENCHMARKS = {
     "hostile_serving": "bench.bench_hostile_serving",
     "zoo": "bench.zoo.__main__",
     "fit_images": "bench.bench_fit_images",
+    "model_kinds": "bench.bench_model_kinds",
 }
 DEFAULT = ("oracle", "dscore")
 

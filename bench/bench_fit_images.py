@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 TARGET_SECONDS = 300.0
 TARGET_BYTES = 3 * 1024**3
 CHUNK = 500  # images generated and written at a time
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads((work / "bundle" / "manifest.json").read_text())
     view = manifest.get("feature_view", {})
     cal = manifest["calibration"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    from bench.bench_hostile_serving import commit_of
+
+    commit = commit_of(ROOT)
     print(f"command: python -m bench.bench_fit_images --train {args.train} --val {args.val} --format {args.format}")
     print(f"commit: {commit}; {os.cpu_count()} cores")
     print()

@@ -27,7 +27,7 @@ ratios; proxy mode's added p50 (target ≤ 1 ms); then the agent's resident memo
 imported on the serve path (it must not be).
 
     .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json]
-        [--model mnist|resnet|all] [--protocol http|grpc|both] [--no-proxy]
+        [--model mnist|resnet|resnet224|all] [--protocol http|grpc|both] [--no-proxy]
         [--server-cpus 0-7 --client-cpus 8-15]
     .venv/bin/python -m bench serving
 """
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model", choices=(*MODELS, "all"), default="all", help="the model to serve (default: all, one after another)"
     )
     ap.add_argument("--resnet-bundle", help="bundle directory for the ResNet (default: fit one)")
+    ap.add_argument("--resnet224-bundle", help="bundle directory for the 224×224 ResNet (default: fit one)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-mode measurement")
     args = ap.parse_args(argv)
     available = os.sched_getaffinity(0)
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
     env["ICOS_AGENT_ORT_THREADS"] = "1"
     names = list(MODELS) if args.model == "all" else [args.model]
-    bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle}
+    bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle, "resnet224": args.resnet224_bundle}
     everything = {name: run_model(args, MODELS[name], bundles[name], env, pin) for name in names}
     if args.json:
         print(json.dumps(everything, indent=2))

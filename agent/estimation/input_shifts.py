@@ -143,13 +143,35 @@ def input_corruptions(
     return out
 
 
-def _viewed(model: OnnxClassifier, x: Inputs, batch_size: int = 256) -> tuple[Prediction, np.ndarray]:
+def _viewed(model: OnnxClassifier, x: Inputs) -> tuple[Prediction, np.ndarray]:
     preds, feats = [], []
-    for batch in x.batches(batch_size):
+    for batch in x.batches(model.signature.batch_rows()):
         p = model.predict_prepared(batch)
         feats.append(model.features(batch, p))
         preds.append(Prediction(p.probabilities, p.labels))
     return Prediction.concatenate(preds), np.concatenate(feats)
+
+
+def _corrupted_viewed(
+    model: OnnxClassifier,
+    corrupt: InputCorruption,
+    x: Inputs,
+    strength: float,
+    rng: np.random.Generator,
+    rule_inputs: frozenset[str],
+) -> tuple[Prediction, np.ndarray, dict[str, np.ndarray]]:
+    """Predictions, view and the rules' named inputs of ``x`` corrupted a batch at a time, so that a
+    corrupted copy of large inputs (hundreds of 224×224 images, in float64 while they are transformed)
+    never exists whole."""
+    preds, feats, values = [], [], []
+    for batch in x.batches(model.signature.batch_rows()):
+        shifted = corrupt(batch, strength, rng)
+        p, f = _viewed(model, shifted)
+        preds.append(p)
+        feats.append(f)
+        values.append(rule_values(shifted, rule_inputs))
+    named = {k: np.concatenate([v[k] for v in values]) for k in values[0]} if values else {}
+    return Prediction.concatenate(preds), np.concatenate(feats), named
 
 
 def fit_input_shift_aware(
@@ -159,19 +181,24 @@ def fit_input_shift_aware(
     y_cal: np.ndarray,
     *,
     train_x: Inputs,
+    train_features: np.ndarray | None = None,
     metadata: Mapping[str, np.ndarray] | None = None,
     rule_inputs: frozenset[str] = frozenset(),
     feature_names: Sequence[str] | None = None,
     n_sets: int | None,
     seed: int,
 ) -> ShiftCalibration | None:
-    """The ``shift_aware`` calibration of a model of named inputs (None when no corruption applies)."""
+    """The ``shift_aware`` calibration of a model of named inputs (None when no corruption applies).
+
+    ``train_x`` sets the corruptions' parameters (pixel range, column spreads, vocabulary) and may be a
+    sample; ``train_features``, the view of the whole training split when ``fit`` has it, is the reference
+    the window statistics compare with (without it: the view of ``train_x``)."""
     corruptions = input_corruptions(model, train_x)
     if not corruptions:
         return None
     tdi = oracle.tdi
     rng = np.random.default_rng(seed)
-    train_f = _viewed(model, train_x)[1]
+    train_f = train_features if train_features is not None else _viewed(model, train_x)[1]
     clean_pred, cal_f = _viewed(model, x_cal)
     reference = InputReference.fit(
         train_f,
@@ -185,13 +212,12 @@ def fit_input_shift_aware(
         n_classes=model.n_classes,
     )
 
-    def judged(name: str, x: Inputs) -> JudgedSet:
-        pred, feats = _viewed(model, x)
-        meta = {**(metadata or {}), **rule_values(x, rule_inputs)}
+    def judged(name: str, pred: Prediction, feats: np.ndarray, named: Mapping[str, np.ndarray]) -> JudgedSet:
+        meta = {**(metadata or {}), **named}
         result = oracle.judge(
             feats, pred.probabilities, pred.labels, metadata=meta or None, feature_names=feature_names
         )
-        rules = tdi.rule_index(feats) if tdi is not None else np.zeros(x.n, dtype=np.int64)
+        rules = tdi.rule_index(feats) if tdi is not None else np.zeros(len(feats), dtype=np.int64)
         extras = SampleExtras.compute(pred.probabilities, pred.labels, feats, rules, reference)
         return JudgedSet(name, result.verdict, pred.confidences, pred.labels == y_cal, np.asarray(y_cal), extras)
 
@@ -203,5 +229,6 @@ def fit_input_shift_aware(
     for k in range(total):
         name = names[k % len(names)]
         s = float(strengths[k % len(names)][k // len(names)])
-        shifted.append(judged(name, corruptions[name](x_cal, s, rng)))
-    return fit_shift_calibration(judged("clean", x_cal), shifted, reference, seed=seed)
+        shifted.append(judged(name, *_corrupted_viewed(model, corruptions[name], x_cal, s, rng, rule_inputs)))
+    clean = judged("clean", clean_pred, cal_f, rule_values(x_cal, rule_inputs))
+    return fit_shift_calibration(clean, shifted, reference, seed=seed)

@@ -62,17 +62,37 @@ def _as_nchw(x: np.ndarray) -> np.ndarray:
     return x
 
 
+#: Images larger than this a side get their smooth random fields (elastic, fog) drawn on a coarser grid.
+FIELD_SIDE = 64
+
+
+def _smooth_field(
+    rng: np.random.Generator, lo: float, hi: float, h: int, w: int, frac: float, sigma_h: float | None = None
+) -> np.ndarray:
+    """Uniform noise on ``[lo, hi)`` smoothed by a Gaussian of ``frac × w`` pixels (``sigma_h`` down the
+    rows, when given), ``[h, w]``. A field that smooth has no detail finer than a few pixels of a
+    :data:`FIELD_SIDE` grid, so larger images draw it there and interpolate it up: a 224×224 field costs
+    a tenth of a millisecond instead of tens."""
+    from scipy import ndimage
+
+    sigma = (sigma_h if sigma_h is not None else max(frac * w, 1.0), max(frac * w, 1.0))
+    if max(h, w) <= FIELD_SIDE:
+        return np.asarray(ndimage.gaussian_filter(rng.uniform(lo, hi, (h, w)), sigma))
+    gh, gw = max(2, round(h * FIELD_SIDE / max(h, w))), max(2, round(w * FIELD_SIDE / max(h, w)))
+    coarse = ndimage.gaussian_filter(rng.uniform(lo, hi, (gh, gw)), (sigma[0] * gh / h, sigma[1] * gw / w))
+    return np.asarray(ndimage.zoom(coarse, (h / gh, w / gw), order=1, grid_mode=True, mode="nearest"))[:h, :w]
+
+
 def _elastic(x: np.ndarray, s: float, rng: np.random.Generator) -> np.ndarray:
     from scipy import ndimage
 
     n, c, h, w = x.shape
     alpha = s * 0.35 * w
-    sigma = max(0.12 * w, 1.0)
     out = np.empty_like(x)
     yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
     for i in range(n):
-        dy = ndimage.gaussian_filter(rng.uniform(-1, 1, (h, w)), sigma)
-        dx = ndimage.gaussian_filter(rng.uniform(-1, 1, (h, w)), sigma)
+        dy = _smooth_field(rng, -1.0, 1.0, h, w, 0.12)
+        dx = _smooth_field(rng, -1.0, 1.0, h, w, 0.12)
         dy *= alpha / max(float(np.abs(dy).max()), 1e-9)
         dx *= alpha / max(float(np.abs(dx).max()), 1e-9)
         for ch in range(c):
@@ -158,11 +178,9 @@ def _motion_blur(x: np.ndarray, s: float, rng: np.random.Generator) -> np.ndarra
 
 def _fog(x: np.ndarray, s: float, rng: np.random.Generator, top: float) -> np.ndarray:
     """Add a smooth random haze and rescale to the pixel range (ImageNet-C "fog")."""
-    from scipy import ndimage
-
     n, c, h, w = x.shape
     amount = 0.8 * s
-    field = ndimage.gaussian_filter(rng.uniform(size=(n, 1, h, w)), sigma=(0, 0, 0.2 * h, 0.2 * w))
+    field = np.stack([_smooth_field(rng, 0.0, 1.0, h, w, 0.2, sigma_h=0.2 * h)[None] for _ in range(n)])
     lo = field.min(axis=(2, 3), keepdims=True)
     hi = field.max(axis=(2, 3), keepdims=True)
     field = (field - lo) / np.maximum(hi - lo, 1e-9)
@@ -189,8 +207,13 @@ def _edges(x: np.ndarray, s: float, rng: np.random.Generator, top: float) -> np.
     """Blend the image with its gradient magnitude (MNIST-C "canny edges", a Sobel variant)."""
     from scipy import ndimage
 
-    gy = ndimage.sobel(x, axis=2, mode="constant")
-    gx = ndimage.sobel(x, axis=3, mode="constant")
+    # Sobel within each image: ndimage.sobel would also smooth across the batch and channel axes
+    gy = ndimage.correlate1d(
+        ndimage.correlate1d(x, [-1, 0, 1], axis=2, mode="constant"), [1, 2, 1], axis=3, mode="constant"
+    )
+    gx = ndimage.correlate1d(
+        ndimage.correlate1d(x, [-1, 0, 1], axis=3, mode="constant"), [1, 2, 1], axis=2, mode="constant"
+    )
     mag = np.hypot(gx, gy)
     mag = mag / np.maximum(mag.max(axis=(1, 2, 3), keepdims=True), 1e-9) * top
     return (1 - s) * x + s * mag

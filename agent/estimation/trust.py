@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.layout import N_CONF_BINS, conf_bins
+from agent.estimation.layout import CONF_EDGES, N_CONF_BINS, conf_bins
 
 #: Nearest calibration windows the trust distance averages over.
 NEIGHBOURS = 5
@@ -57,7 +57,9 @@ MIN_SPREAD = 0.05
 
 def confidence_offsets(confidences: np.ndarray, correct: np.ndarray) -> tuple[float, ...]:
     """Per confidence bin (:data:`CONF_EDGES`), the calibration split's accuracy minus its mean
-    top-class probability, shrunk toward 0 by :data:`OFFSET_PRIOR` pseudo-samples. All zeros when the
+    top-class probability, shrunk by :data:`OFFSET_PRIOR` pseudo-samples toward the split's overall
+    offset (itself shrunk toward 0 by as many), and never above ``1 −`` the bin's lowest confidence. All
+    zeros when the
     split holds fewer than :data:`MIN_CALIBRATION_ERRORS` wrong predictions (raw confidence is then
     the calibration that still works)."""
     c = np.asarray(confidences, dtype=np.float64).reshape(-1)
@@ -67,7 +69,13 @@ def confidence_offsets(confidences: np.ndarray, correct: np.ndarray) -> tuple[fl
     b = conf_bins(c)
     diff = np.bincount(b, weights=ok - c, minlength=N_CONF_BINS)[:N_CONF_BINS]
     count = np.bincount(b, minlength=N_CONF_BINS)[:N_CONF_BINS]
-    return tuple(float(v) for v in diff / (count + OFFSET_PRIOR))
+    # partial pooling: a bin of few samples borrows the split's overall offset, not 0 (a model that is
+    # underconfident everywhere, e.g. a linear text model, is so in its thin bins too), capped where it
+    # would claim an accuracy above 1 for the bin's lowest confidence
+    pooled = float(diff.sum()) / (len(c) + OFFSET_PRIOR)
+    offsets = (diff + OFFSET_PRIOR * pooled) / (count + OFFSET_PRIOR)
+    ceiling = 1.0 - np.concatenate([[0.0], np.asarray(CONF_EDGES, dtype=np.float64)])[:N_CONF_BINS]
+    return tuple(float(v) for v in np.minimum(offsets, ceiling))
 
 
 def confidence_base(bin_shares: Sequence[float], mean_confidence: float, offsets: Sequence[float]) -> float:

@@ -411,9 +411,11 @@ class OnnxClassifier:
         """Probabilities of any number of samples (run in batches: audits pass whole data sets)."""
         return self.predict_batched(x).probabilities
 
-    def predict_batched(self, x: Batch, batch_size: int = 512) -> Prediction:
-        """Predict a large batch in chunks (for offline work)."""
+    def predict_batched(self, x: Batch, batch_size: int | None = None) -> Prediction:
+        """Predict a large batch in chunks (for offline work; by default as many samples as fit in
+        :data:`~agent.model.inputs.BATCH_BYTES`, at most 512)."""
         inputs = self.prepare_file(x)
+        batch_size = batch_size or self.signature.batch_rows(512)
         if len(inputs) <= batch_size:
             return self.predict_prepared(inputs)
         parts = [self.predict_prepared(b) for b in inputs.batches(batch_size)]

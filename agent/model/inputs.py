@@ -46,6 +46,10 @@ class InvalidInput(ClientError, ValueError):
         super().__init__(message, status=413 if reason == "too_large" else 400, reason=reason)
 
 
+#: Bytes of inputs in one batch of offline work (fit, check, audits): 16 MiB.
+BATCH_BYTES = 16 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One model input: its name, numpy dtype (``object`` for strings) and shape per sample (``None`` for
@@ -112,6 +116,13 @@ class Signature:
 
     def get(self, name: str) -> InputSpec | None:
         return next((i for i in self.inputs if i.name == name), None)
+
+    def batch_rows(self, limit: int = 256, target_bytes: int = BATCH_BYTES) -> int:
+        """Samples per batch of offline work: ``limit``, fewer for large fixed-size samples so that one
+        batch of inputs stays near ``target_bytes`` (the model's activations grow with it: a batch of 256
+        images of 3×224×224 would hold gigabytes of them)."""
+        per_sample = sum((s.size or 0) * (s.dtype.itemsize if not s.is_string else 0) for s in self.inputs)
+        return max(1, min(limit, target_bytes // per_sample)) if per_sample else limit
 
     @property
     def single(self) -> InputSpec | None:

@@ -32,9 +32,11 @@ Progress = Callable[[str], None]
 #: (``shift_aware``, see ``agent.estimation.estimators`` and ``docs/estimation.md``).
 
 
-#: Training samples a lazy source (image files) shows the view choice and the shift-aware reference.
+#: Training samples a lazy source (image files) shows the view choice.
 VIEW_SAMPLE = 512
-LARGE_TRAIN_SAMPLE = 1000
+#: Training samples of a lazy source that set the corruptions' parameters (the pixel range); the shift-aware
+#: reference is the view of the whole training split, computed once.
+LARGE_TRAIN_SAMPLE = 256
 #: The calibration samples and corrupted sets of the shift-aware fit of a lazy source (each set is one
 #: pass of the model over the samples: large images cost milliseconds each).
 LARGE_CALIBRATION = 400
@@ -75,13 +77,13 @@ def _subset(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= k else np.sort(rng.choice(n, size=k, replace=False))
 
 
-def predict_with_progress(model: OnnxClassifier, x: Batch, desc: str, batch_size: int = 256) -> Prediction:
+def predict_with_progress(model: OnnxClassifier, x: Batch, desc: str, batch_size: int | None = None) -> Prediction:
     """Batch prediction with a progress bar on stderr (hidden for short runs)."""
     return predict_and_view(model, model.prepare_file(x), desc, batch_size)[0]
 
 
 def predict_and_view(
-    model: OnnxClassifier, x: Inputs | LazySource, desc: str, batch_size: int = 256
+    model: OnnxClassifier, x: Inputs | LazySource, desc: str, batch_size: int | None = None
 ) -> tuple[Prediction, np.ndarray]:
     """Predictions and the feature view of ``x``, batch by batch, with a progress bar on stderr (hidden for
     short runs); the model's extra outputs (an embedding) are read into the view and not kept."""
@@ -91,7 +93,7 @@ def predict_and_view(
     labels: list[np.ndarray] = []
     feats: list[np.ndarray] = []
     with tqdm(total=len(x), desc=desc, unit="sample", leave=False, mininterval=0.5, delay=1.0) as bar:
-        for batch in x.batches(batch_size):
+        for batch in x.batches(batch_size or model.signature.batch_rows()):
             p = model.predict_prepared(batch)
             probs.append(p.probabilities)
             labels.append(p.labels)
@@ -235,6 +237,7 @@ def fit_bundle(
             val_x.take(cal_shift),
             val_y[cal_shift],
             train_x=train_x.take(_subset(train_x.n, LARGE_TRAIN_SAMPLE, rng)) if large else train_x.take(slice(None)),
+            train_features=train_f,
             metadata={k: v[cal_shift] for k, v in val.metadata.items()} or None,
             rule_inputs=idi.input_fields if idi is not None else frozenset(),
             feature_names=feature_names,

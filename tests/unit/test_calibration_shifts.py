@@ -67,3 +67,21 @@ def test_tables_get_the_audit_scaling_and_noise() -> None:
     # Gaussian noise of up to 1.5 training stds (2.0 here) at strength 1
     assert noise[-1][1] == pytest.approx(noise[-1][0] * 1.5 * x.std(axis=0).mean(), rel=0.15)
     assert noise[0][1] < noise[-1][1]
+
+
+def test_smooth_fields_of_large_images_are_drawn_coarse_and_stay_smooth() -> None:
+    """Elastic and fog draw their random field on a 64-cell grid for large images (a tenth of a
+    millisecond instead of tens), keeping its range and smoothness; small images keep the exact field."""
+    from scipy import ndimage
+
+    from agent.estimation.shifts import _smooth_field
+
+    rng = np.random.default_rng(0)
+    small = _smooth_field(np.random.default_rng(1), -1.0, 1.0, 28, 28, 0.12)
+    exact = ndimage.gaussian_filter(np.random.default_rng(1).uniform(-1.0, 1.0, (28, 28)), 0.12 * 28)
+    np.testing.assert_array_equal(small, exact)
+    large = _smooth_field(rng, -1.0, 1.0, 224, 224, 0.12)
+    assert large.shape == (224, 224)
+    assert -1.0 <= large.min() and large.max() <= 1.0 and large.std() > 0
+    step = np.abs(np.diff(large, axis=1)).max() / (large.max() - large.min())
+    assert step < 0.05  # no jump between neighbouring pixels: smooth at the scale of 0.12 × width

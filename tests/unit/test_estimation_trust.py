@@ -44,10 +44,25 @@ def test_offsets_measure_overconfidence_per_bin() -> None:
     conf = np.full(1000, 0.95)  # the 0.9–0.97 bin
     correct = np.arange(1000) % 5 != 0  # 80% right: 15 points overconfident
     off = confidence_offsets(conf, correct)
-    assert off[3] == pytest.approx(1000 * (0.8 - 0.95) / (1000 + 20))
-    assert all(v == 0.0 for i, v in enumerate(off) if i != 3)
-    assert confidence_base([0, 0, 0, 0.5, 0.5, 0], 0.9, off) == pytest.approx(0.9 + 0.5 * off[3])
+    pooled = 1000 * (0.8 - 0.95) / (1000 + 20)  # the split's offset, shrunk toward 0 by 20 pseudo-samples
+    assert off[3] == pytest.approx((1000 * (0.8 - 0.95) + 20 * pooled) / (1000 + 20))
+    assert all(v == pytest.approx(pooled) for i, v in enumerate(off) if i != 3)  # empty bins: the split's
+    assert confidence_base([0, 0, 0, 0.5, 0.5, 0], 0.9, off) == pytest.approx(0.9 + 0.5 * off[3] + 0.5 * off[4])
     assert confidence_base([1.0], 0.7, ()) == 0.7
+
+
+def test_thin_bins_of_an_underconfident_model_borrow_its_overall_offset() -> None:
+    """A model right 90% of the time at 0.75 confidence is underconfident in its thin bins too: they
+    borrow the split's +0.15 rather than fall to 0 (which put the CBPE-style estimate of such a model
+    near raw confidence), but never claim an accuracy above 1."""
+    conf = np.concatenate([np.full(950, 0.75), np.full(10, 0.85), np.full(40, 0.999)])
+    correct = np.concatenate([np.arange(950) % 10 != 0, np.ones(10, dtype=bool), np.ones(40, dtype=bool)])
+    off = confidence_offsets(conf, correct)  # bins: <0.6, 0.6–0.8, 0.8–0.9, 0.9–0.97, 0.97–0.995, ≥0.995
+    assert off[1] == pytest.approx(0.15, abs=0.01)
+    assert off[0] == pytest.approx(0.14, abs=0.01)  # an empty bin: the split's offset
+    assert off[3] == pytest.approx(0.1)  # the split's offset, capped: accuracy ≤ 1 from confidence 0.9
+    assert off[2] == pytest.approx((10 * 0.15 + 20 * 0.14) / 30, abs=0.01)  # 10 samples pulled toward it
+    assert off[4] == pytest.approx(0.03) and off[5] == pytest.approx(0.005)  # capped: accuracy ≤ 1
 
 
 def test_ramp() -> None:

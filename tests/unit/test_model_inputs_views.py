@@ -205,3 +205,16 @@ def test_the_mnist_cnn_keeps_raw_pixels_by_default_and_offers_its_embedding() ->
     emb = choose_view(cnn, x, "embedding")
     assert emb.kind == "embedding" and 0 < emb.width <= MAX_WIDTH
     assert FeatureView.from_dict(emb.to_dict(), emb.names) == emb
+
+
+def test_offline_batches_hold_about_16_mib_of_large_inputs() -> None:
+    """fit, check and the audits run large images a few at a time: a batch of 256 images of 3×224×224
+    would hold gigabytes of the network's activations."""
+    from agent.model.inputs import BATCH_BYTES, Signature
+
+    image = Signature.of_array("input", [3, 224, 224])
+    assert image.batch_rows() == BATCH_BYTES // (3 * 224 * 224 * 4) == 27
+    assert Signature.of_array("input", [1, 28, 28]).batch_rows() == 256
+    assert Signature.of_array("input", [3, 4096, 4096]).batch_rows() == 1  # never none
+    text = Signature.from_list([{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}])
+    assert text.batch_rows(512) == 512  # strings: no fixed size to bound by
