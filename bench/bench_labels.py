@@ -65,7 +65,7 @@ def run_model(
         t0 = time.perf_counter()
         pool_x, pool_y, seg_len, class_index = scenario_pool(subject, sc, cfg, test_x)
         pred = m.predict_batched(pool_x)
-        correct_pool = pred.labels == pool_y
+        correct_pool = pred.predicted == pool_y
         for rep in range(cfg.reps):
             rng = np.random.default_rng(stable_seed(cfg.seed, name, sc.name, rep, "labels"))
             idx = draw_window(rng, sc, cfg.size, seg_len, class_index)

@@ -71,13 +71,13 @@ def main(argv: list[str]) -> int:
             return model.predict_prepared(x)
 
         def judge_compiled(x: np.ndarray = x, p: Prediction = pred) -> object:
-            return compiled.judge(model.features(x), p.probabilities, p.labels)
+            return compiled.judge(model.features(x), p.probabilities, p.predicted)
 
         def judge_arrays(x: np.ndarray = x, p: Prediction = pred) -> object:
-            return arrays.judge(model.features(x), p.probabilities, p.labels)
+            return arrays.judge(model.features(x), p.probabilities, p.predicted)
 
         def judge_reference(x: np.ndarray = x, p: Prediction = pred) -> object:
-            return reference.judge(model.features(x), p.probabilities, p.labels)
+            return reference.judge(model.features(x), p.probabilities, p.predicted)
 
         t_model = _best_of(infer, repeat=5, number=number)
         t_comp = _best_of(judge_compiled, repeat=5, number=number)

@@ -151,25 +151,25 @@ class CompiledOracle:
         self,
         features: np.ndarray | None,
         probabilities: np.ndarray,
-        labels: np.ndarray,
+        predicted: np.ndarray,
         metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
         feature_names: Sequence[str] | None = None,
     ) -> OracleResult:
         """Judge N predictions: IDI, then TDI, then ADI; the first violation decides (paper §4.1)."""
-        return self.judge_with_rules(features, probabilities, labels, metadata, feature_names)[0]
+        return self.judge_with_rules(features, probabilities, predicted, metadata, feature_names)[0]
 
     def judge_with_rules(
         self,
         features: np.ndarray | None,
         probabilities: np.ndarray,
-        labels: np.ndarray,
+        predicted: np.ndarray,
         metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
         feature_names: Sequence[str] | None = None,
     ) -> tuple[OracleResult, np.ndarray | None]:
         """:meth:`judge`, plus the TDI rule (leaf) index of *every* sample (int64 [N], whether its rule
         is selected or not), or None without TDIs. The leaf ids come out of the same onnxruntime call."""
-        labels = np.asarray(labels).reshape(-1).astype(np.int64)
-        n = labels.shape[0]
+        predicted = np.asarray(predicted).reshape(-1).astype(np.int64)
+        n = predicted.shape[0]
         verdict = np.zeros(n, dtype=np.int8)
         rule = np.full(n, -1, dtype=np.int32)
         if n == 0:
@@ -177,7 +177,7 @@ class CompiledOracle:
         flat = None if features is None else np.asarray(features, dtype=np.float32).reshape(n, -1)
         idi = self._idi
         if idi is not None and idi.rules:
-            fired = idi.evaluate(labels, metadata, flat, feature_names)
+            fired = idi.evaluate(predicted, metadata, flat, feature_names)
             hit = fired >= 0
             verdict[hit] = 1
             rule[hit] = fired[hit]
@@ -204,7 +204,7 @@ class CompiledOracle:
         if self._tdi is not None:
             r = self._rule_of_node[out[TDI_LEAF]]
             tdi_rules = np.asarray(r, dtype=np.int64)
-            hit = (verdict == 0) & self._selected[r] & (labels != self._label[r])
+            hit = (verdict == 0) & self._selected[r] & (predicted != self._label[r])
             verdict[hit] = 2
             rule[hit] = r[hit]
         if self._adi is not None:

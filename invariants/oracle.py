@@ -94,18 +94,18 @@ class Oracle:
         self,
         features: np.ndarray | None,
         probabilities: np.ndarray,
-        labels: np.ndarray,
+        predicted: np.ndarray,
         metadata: Mapping[str, Sequence[Any] | np.ndarray | Any] | None = None,
         feature_names: Sequence[str] | None = None,
     ) -> OracleResult:
         """Judge N predictions.
 
         ``features`` is the model input flattened to [N, D] (float32; needed by TDIs and by
-        feature-based IDIs), ``probabilities`` the model's output [N, K], ``labels`` its
+        feature-based IDIs), ``probabilities`` the model's output [N, K], ``predicted`` its
         predicted class per sample. Later families only see the samples still passing.
         """
-        labels = np.asarray(labels).reshape(-1).astype(np.int64)
-        n = labels.shape[0]
+        predicted = np.asarray(predicted).reshape(-1).astype(np.int64)
+        n = predicted.shape[0]
         verdict = np.zeros(n, dtype=np.int8)
         rule = np.full(n, -1, dtype=np.int32)
         if n == 0:
@@ -115,13 +115,13 @@ class Oracle:
             flat = np.asarray(features)
             flat = flat.reshape(flat.shape[0], -1)
             if flat.shape[0] != n:
-                raise ValueError(f"{flat.shape[0]} inputs but {n} labels")
+                raise ValueError(f"{flat.shape[0]} inputs but {n} predicted")
         probs = np.asarray(probabilities)
         if probs.shape[0] != n:
-            raise ValueError(f"{probs.shape[0]} probability vectors but {n} labels")
+            raise ValueError(f"{probs.shape[0]} probability vectors but {n} predicted")
 
         if self.idi is not None and self.idi.rules:
-            fired = self.idi.evaluate(labels, metadata, flat, feature_names)
+            fired = self.idi.evaluate(predicted, metadata, flat, feature_names)
             hit = fired >= 0
             verdict[hit] = Verdict.IDI
             rule[hit] = fired[hit]
@@ -130,7 +130,7 @@ class Oracle:
                 raise ValueError("training-data-dependent invariants need the input features")
             todo = np.flatnonzero(verdict == Verdict.PASS)
             if todo.size:
-                fired = self.tdi.evaluate(flat[todo], labels[todo])
+                fired = self.tdi.evaluate(flat[todo], predicted[todo])
                 hit = fired >= 0
                 verdict[todo[hit]] = Verdict.TDI
                 rule[todo[hit]] = fired[hit]

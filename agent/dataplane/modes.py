@@ -99,7 +99,7 @@ class ServeMode:
             rt,
             features,
             pred.probabilities,
-            pred.labels,
+            pred.predicted,
             admitted.metadata,
             seconds,
             admitted.request_id,

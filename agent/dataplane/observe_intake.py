@@ -139,7 +139,7 @@ class ObserveIntake:
         rt = self.runtimes.current
         probs = item.probabilities
         work = JudgeWork(
-            rt, rt.features(item.x), probs, rt.labels_of(probs), item.metadata, None, item.id, inputs=item.x
+            rt, rt.features(item.x), probs, rt.predicted_classes(probs), item.metadata, None, item.id, inputs=item.x
         )
         self.judge_queue.record_now([work])
         work.verdicts_or_raise()

@@ -125,7 +125,7 @@ def proxy_predicted(
     if probs.shape[0] != n:
         raise UpstreamError(502, "bad_response", f"upstream returned {probs.shape[0]} predictions for {n} inputs")
     rid = admitted.request_id or resp.id or new_request_id()
-    work = JudgeWork(rt, rt.features(x), probs, rt.labels_of(probs), admitted.metadata, seconds, rid, inputs=x)
+    work = JudgeWork(rt, rt.features(x), probs, rt.predicted_classes(probs), admitted.metadata, seconds, rid, inputs=x)
     answered = {t.name: t for t in resp.outputs if t.name != OUTPUT_VERDICT}
     params = {k: v for k, v in resp.parameters.items() if isinstance(v, str | int | float | bool)}
     return Predicted(work, answered, params)

@@ -148,7 +148,7 @@ def _viewed(model: OnnxClassifier, x: Inputs) -> tuple[Prediction, np.ndarray]:
     for batch in x.batches(model.signature.batch_rows()):
         p = model.predict_prepared(batch)
         feats.append(model.features(batch, p))
-        preds.append(Prediction(p.probabilities, p.labels))
+        preds.append(Prediction(p.probabilities, p.predicted))
     return Prediction.concatenate(preds), np.concatenate(feats)
 
 
@@ -207,7 +207,7 @@ def fit_input_shift_aware(
         rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
         rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
         train_rules=tdi.rule_index(train_f) if tdi is not None else None,
-        clean_labels=clean_pred.labels,
+        clean_labels=clean_pred.predicted,
         clean_confidences=clean_pred.confidences,
         n_classes=model.n_classes,
     )
@@ -215,11 +215,11 @@ def fit_input_shift_aware(
     def judged(name: str, pred: Prediction, feats: np.ndarray, named: Mapping[str, np.ndarray]) -> JudgedSet:
         meta = {**(metadata or {}), **named}
         result = oracle.judge(
-            feats, pred.probabilities, pred.labels, metadata=meta or None, feature_names=feature_names
+            feats, pred.probabilities, pred.predicted, metadata=meta or None, feature_names=feature_names
         )
         rules = tdi.rule_index(feats) if tdi is not None else np.zeros(len(feats), dtype=np.int64)
-        extras = SampleExtras.compute(pred.probabilities, pred.labels, feats, rules, reference)
-        return JudgedSet(name, result.verdict, pred.confidences, pred.labels == y_cal, np.asarray(y_cal), extras)
+        extras = SampleExtras.compute(pred.probabilities, pred.predicted, feats, rules, reference)
+        return JudgedSet(name, result.verdict, pred.confidences, pred.predicted == y_cal, np.asarray(y_cal), extras)
 
     names = sorted(corruptions)
     total = n_sets if n_sets is not None else max(88, 8 * len(names))

@@ -438,7 +438,7 @@ def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, 
         rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
         rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
         train_rules=tdi.rule_index(train_f) if tdi is not None else None,
-        clean_labels=pred.labels,
+        clean_labels=pred.predicted,
         clean_confidences=pred.confidences,
         n_classes=model.n_classes,
     )
@@ -451,7 +451,7 @@ def _viewed(model: OnnxClassifier, x: np.ndarray, batch_size: int = 512) -> tupl
     for batch in inputs.batches(batch_size):
         p = model.predict_prepared(batch)
         feats.append(model.features(batch, p))
-        preds.append(Prediction(p.probabilities, p.labels))
+        preds.append(Prediction(p.probabilities, p.predicted))
     return Prediction.concatenate(preds), np.concatenate(feats)
 
 
@@ -481,11 +481,11 @@ def judge_shifted_sets(
     def judged(name: str, x: np.ndarray) -> JudgedSet:
         pred, feats = _viewed(model, x)
         result = oracle.judge(
-            feats, pred.probabilities, pred.labels, metadata=metadata or None, feature_names=feature_names
+            feats, pred.probabilities, pred.predicted, metadata=metadata or None, feature_names=feature_names
         )
         rules = tdi.rule_index(feats) if tdi is not None else np.zeros(len(x), dtype=np.int64)
-        extras = SampleExtras.compute(pred.probabilities, pred.labels, feats, rules, reference)
-        return JudgedSet(name, result.verdict, pred.confidences, pred.labels == y_cal, np.asarray(y_cal), extras)
+        extras = SampleExtras.compute(pred.probabilities, pred.predicted, feats, rules, reference)
+        return JudgedSet(name, result.verdict, pred.confidences, pred.predicted == y_cal, np.asarray(y_cal), extras)
 
     clean = judged("clean", x_cal)
     sets = shifted_sets(

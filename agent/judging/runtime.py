@@ -24,7 +24,7 @@ from agent.model.classifier import (
     ModelLoadError,
     OnnxClassifier,
     Prediction,
-    predicted_labels,
+    predicted_classes_of,
     read_model_file,
     scores_as_probabilities,
     sha256_bytes,
@@ -112,9 +112,9 @@ class Runtime:
             return self.classifier.features(x, prediction)
         return self.view.features(x)
 
-    def labels_of(self, probabilities: np.ndarray) -> np.ndarray:
-        """The predicted labels of probabilities from elsewhere (proxy, observe), with the bundle's threshold."""
-        return predicted_labels(probabilities, self.decision_threshold)
+    def predicted_classes(self, probabilities: np.ndarray) -> np.ndarray:
+        """The predicted classes of probabilities from elsewhere (proxy, observe), with the bundle's threshold."""
+        return predicted_classes_of(probabilities, self.decision_threshold)
 
     def to_probabilities(self, scores: np.ndarray, what: str) -> np.ndarray:
         """Scores from another server → probabilities ``[N, K]`` (softmax for logits)."""

@@ -89,7 +89,8 @@ class PendingBatch:
     timestamp: float
     identity: str
     probabilities: np.ndarray
-    labels: np.ndarray
+    #: the predicted classes
+    predicted: np.ndarray
     verdicts: np.ndarray
     #: The inputs of the full ``shift_aware`` model, when the runtime computed them: as
     #: :class:`SampleExtras` or as their float64 ``[n, 5]`` columns (:func:`extras_columns`).
@@ -99,7 +100,7 @@ class PendingBatch:
 
     @property
     def n(self) -> int:
-        return len(self.labels)
+        return len(self.predicted)
 
 
 @dataclass(frozen=True)

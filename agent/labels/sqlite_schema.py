@@ -95,7 +95,9 @@ def request_rows(
     costs a few bytes slices, not a dozen small numpy calls."""
     ns = [b.n for b in batches]
     cuts = [0, *itertools.accumulate(ns)]
-    predicted = _cut(np.concatenate([np.asarray(b.labels).reshape(-1) for b in batches]).astype(PREDICTED_DTYPE), cuts)
+    predicted = _cut(
+        np.concatenate([np.asarray(b.predicted).reshape(-1) for b in batches]).astype(PREDICTED_DTYPE), cuts
+    )
     verdicts = _cut(np.concatenate([np.asarray(b.verdicts).reshape(-1) for b in batches]).astype(np.int8), cuts)
     probs2d = [np.asarray(b.probabilities).reshape(b.n, -1) for b in batches]
     ks = [p.shape[1] for p in probs2d]

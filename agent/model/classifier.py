@@ -42,30 +42,33 @@ class ModelLoadError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Prediction:
-    """Class probabilities float32 ``[N, K]`` and predicted labels int64 ``[N]``; ``extra``: the model's
-    extra outputs the feature view reads (an embedding), by tensor name."""
+    """Class probabilities float32 ``[N, K]`` and the predicted classes int64 ``[N]`` (indices into the
+    model's classes; true labels are never called so here); ``extra``: the model's extra outputs the
+    feature view reads (an embedding), by tensor name."""
 
     probabilities: np.ndarray
-    labels: np.ndarray
+    predicted: np.ndarray
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @staticmethod
     def concatenate(parts: Sequence[Prediction]) -> Prediction:
         extra = {k: np.concatenate([p.extra[k] for p in parts]) for k in parts[0].extra} if parts else {}
         return Prediction(
-            np.concatenate([p.probabilities for p in parts]), np.concatenate([p.labels for p in parts]), extra
+            np.concatenate([p.probabilities for p in parts]), np.concatenate([p.predicted for p in parts]), extra
         )
 
     def take(self, index: np.ndarray | slice) -> Prediction:
-        return Prediction(self.probabilities[index], self.labels[index], {k: v[index] for k, v in self.extra.items()})
+        return Prediction(
+            self.probabilities[index], self.predicted[index], {k: v[index] for k, v in self.extra.items()}
+        )
 
     @property
     def confidences(self) -> np.ndarray:
         """Probability of the predicted class per sample (the top-class probability under argmax)."""
-        return label_confidences(self.probabilities, self.labels)
+        return label_confidences(self.probabilities, self.predicted)
 
 
-def predicted_labels(probabilities: np.ndarray, decision_threshold: float | None = None) -> np.ndarray:
+def predicted_classes_of(probabilities: np.ndarray, decision_threshold: float | None = None) -> np.ndarray:
     """Predicted class indices ``[N]`` from probabilities ``[N, K]``.
 
     ``decision_threshold`` applies to binary models only: class 1 when its probability is at least the
@@ -176,7 +179,7 @@ def read_model_file(path: str | os.PathLike[str]) -> bytes:
     except (DecodeError, ValueError, RuntimeError):
         proto.Clear()
     if not proto.graph.input or not proto.graph.output:
-        raise ModelLoadError(f"{p}: not an ONNX model (no graph with inputs and outputs in its {len(data)} bytes)")
+        raise ModelLoadError(f"cannot load ONNX model {p}: no graph with inputs and outputs in its {len(data)} bytes")
     return data
 
 
@@ -391,7 +394,7 @@ class OnnxClassifier:
             scores = self._zipmap_scores(scores)
         proba = self.scores_to_probabilities(scores)
         extra = dict(zip(self._extra, out[1:], strict=True)) if self._extra else {}
-        return Prediction(proba, predicted_labels(proba, self.decision_threshold), extra)
+        return Prediction(proba, predicted_classes_of(proba, self.decision_threshold), extra)
 
     def predict(self, x: Batch) -> Prediction:
         return self.predict_prepared(self.prepare(x))

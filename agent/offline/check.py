@@ -68,7 +68,7 @@ def judge(
     result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(
         feats,
         pred.probabilities,
-        pred.labels,
+        pred.predicted,
         metadata=metadata or None,
         feature_names=bundle.feature_names,
     )
@@ -134,7 +134,7 @@ def check_report(
         judged.prediction.confidences,
         cal,
         probabilities=judged.prediction.probabilities,
-        labels=judged.prediction.labels,
+        labels=judged.prediction.predicted,
         features=judged.features,
         tdi_rules=judged.tdi_rules,
     )
@@ -146,7 +146,7 @@ def check_report(
         # estimator among the others
         idx = np.random.default_rng(seed).choice(len(y), size=labels, replace=False)
         conf = np.asarray(pred.confidences, dtype=np.float64)
-        stats = stats + WindowStats.of_labeled_sample(conf[idx], (pred.labels == y)[idx])
+        stats = stats + WindowStats.of_labeled_sample(conf[idx], (pred.predicted == y)[idx])
     window = estimate_window(stats, cal)
     estimates = window.estimates
     report: dict[str, Any] = {
@@ -161,11 +161,11 @@ def check_report(
         report["estimates"][WITH_LABELS] = {**estimates[WITH_LABELS].to_dict(), "seed": seed}
     if window.trust is not None:
         report["trust"] = window.trust.to_dict()
-    report["classes"] = class_report(pred.probabilities, pred.labels, model.classes, y)
+    report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)
     if y is not None:
-        correct = pred.labels == y
+        correct = pred.predicted == y
         if idx is not None:
-            sampled = class_report(pred.probabilities[idx], pred.labels[idx], model.classes, y[idx])
+            sampled = class_report(pred.probabilities[idx], pred.predicted[idx], model.classes, y[idx])
             report["classes"]["with_labels"] = sampled["realized"]
         accuracy = float(correct.mean())
         oc = calibrate(judged.result, ~correct)

@@ -96,9 +96,9 @@ def predict_and_view(
         for batch in x.batches(batch_size or model.signature.batch_rows()):
             p = model.predict_prepared(batch)
             probs.append(p.probabilities)
-            labels.append(p.labels)
+            labels.append(p.predicted)
             feats.append(model.features(batch, p))
-            bar.update(len(p.labels))
+            bar.update(len(p.predicted))
     return Prediction(np.concatenate(probs), np.concatenate(labels)), np.concatenate(feats)
 
 
@@ -190,7 +190,7 @@ def fit_bundle(
         feature_names=feature_names,
         class_names=model.classes,
         progress=say,
-        val_predicted=val_pred.labels,
+        val_predicted=val_pred.predicted,
     )
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
     assert tdi is not None and adi is not None  # fit_oracle always builds both
@@ -198,12 +198,12 @@ def fit_bundle(
     cal_result = fitted.oracle.judge(
         val_f[cal_idx],
         val_pred.probabilities[cal_idx],
-        val_pred.labels[cal_idx],
+        val_pred.predicted[cal_idx],
         metadata={k: v[cal_idx] for k, v in val_metadata.items()} or None,
         feature_names=feature_names,
     )
     est_cal = EstimatorCalibration.fit(
-        val_pred.confidences[cal_idx], val_pred.labels[cal_idx] == val_y[cal_idx], cal_result.failed
+        val_pred.confidences[cal_idx], val_pred.predicted[cal_idx] == val_y[cal_idx], cal_result.failed
     )
     single = model.signature.single
     if (
@@ -268,8 +268,8 @@ def fit_bundle(
     return FitReport(
         bundle=bundle,
         calibration=est_cal,
-        train_accuracy=float((train_pred.labels == train_y).mean()),
-        val_accuracy=float((val_pred.labels == val_y).mean()),
+        train_accuracy=float((train_pred.predicted == train_y).mean()),
+        val_accuracy=float((val_pred.predicted == val_y).mean()),
         n_rules=len(tdi.rules),
         n_selected=len(tdi.selected_rules),
         coverage=float(tdi.coverage(val_f)),

@@ -30,7 +30,7 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import TABLE_HEADLINE, estimate_all
 from agent.estimation.statistics import WindowStats
-from agent.model.classifier import label_confidences, predicted_labels
+from agent.model.classifier import label_confidences, predicted_classes_of
 from agent.offline.fit import FitReport
 from invariants.bundle import Bundle, TableSource
 from invariants.compiled import CompiledOracle
@@ -79,7 +79,7 @@ def fit_table_bundle(
     if ref.probabilities.shape[1] != len(classes):
         raise UserError(f"{ref.probabilities.shape[1]} probability columns but {len(classes)} classes")
     y = label_indices(ref.y, classes)
-    predicted = predicted_labels(ref.probabilities, threshold)
+    predicted = predicted_classes_of(ref.probabilities, threshold)
     val_idx, train_idx = stratified_split(y, params.train_fraction, params.seed)
     if len(train_idx) == 0 or len(val_idx) < 4:
         raise UserError(f"{len(y)} reference rows are too few to split into training and validation parts")
@@ -248,7 +248,7 @@ def check_table_report(
             raise UserError(
                 f"{path}: {part.probabilities.shape[1]} classes of probabilities; the bundle has {n_classes}"
             )
-        labels = predicted_labels(part.probabilities, bundle.decision_threshold)
+        labels = predicted_classes_of(part.probabilities, bundle.decision_threshold)
         result, rules = oracle.judge_with_rules(
             part.x, part.probabilities, labels, metadata=part.metadata or None, feature_names=bundle.feature_names
         )

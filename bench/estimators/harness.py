@@ -272,8 +272,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         idi = IdiRuleSet.from_yaml(idi_yaml(parts), m.classes) if parts else None
         oracle = Oracle(idi, tdi, adi)
         meta = {"form": form_metadata(cal_y, parts)} if parts else None
-        res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.labels, metadata=meta)
-        cal = EstimatorCalibration.fit(cal_pred.confidences, cal_pred.labels == cal_y, res.failed)
+        res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.predicted, metadata=meta)
+        cal = EstimatorCalibration.fit(cal_pred.confidences, cal_pred.predicted == cal_y, res.failed)
         shift = fit_shift_aware(
             m, oracle, cal_x, cal_y, train_x=train_x, metadata=meta, n_sets=params.shift_sets, seed=params.seed
         )
@@ -303,8 +303,8 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                 )
     say(
         f"[{subject.name}] oracle fitted and calibrated in {time.perf_counter() - t0:.1f}s "
-        f"(val accuracy {float((val_pred.labels == subject.val_y).mean()):.3f}, "
-        f"calibration split {len(cal_idx)} with {int((cal_pred.labels != cal_y).sum())} errors)"
+        f"(val accuracy {float((val_pred.predicted == subject.val_y).mean()):.3f}, "
+        f"calibration split {len(cal_idx)} with {int((cal_pred.predicted != cal_y).sum())} errors)"
     )
     records: list[Record] = []
     extra_sizes = [n for n in dict.fromkeys(cfg.window_sizes) if n != cfg.size]
@@ -313,14 +313,14 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         t1 = time.perf_counter()
         pool_x, pool_y, seg_len, class_index = scenario_pool(subject, sc, cfg, test_x)
         pred = m.predict_batched(pool_x)
-        correct = pred.labels == pool_y
+        correct = pred.predicted == pool_y
         pool_f = m.features(pool_x)
         rules = tdi.rule_index(pool_f)
         judged = []
         for v in variants:
             meta = {"form": form_metadata(pool_y, v.idi_partitions)} if v.idi_partitions else None
-            judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.labels, metadata=meta).verdict)
-        pool = _Pool(pred.confidences, pred.probabilities, pred.labels, pool_f, rules)
+            judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.predicted, metadata=meta).verdict)
+        pool = _Pool(pred.confidences, pred.probabilities, pred.predicted, pool_f, rules)
         for rep in range(cfg.reps):
             rr = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep))
             idx = draw_window(rr, sc, cfg.size, seg_len, class_index)

@@ -111,7 +111,7 @@ def test_check_with_a_few_labels_and_per_class_metrics(bundle_dir: Path, data_di
     # realized macro F1 equals scikit-learn's on the same predictions
     model = OnnxClassifier.load(default_model_path())
     test = np.load(data_dir / "test.npz")
-    pred = model.predict(model.prepare_file(test["x"])).labels
+    pred = model.predict(model.prepare_file(test["x"])).predicted
     assert classes["realized"]["macro"]["f1"] == pytest.approx(f1_score(test["y"], pred, average="macro"))
     text = cli(*args, "--labels", "200", "--seed", "3")
     assert text.returncode == 0 and "(200 labels)" in text.stdout and "F1 with_labels" in text.stdout
@@ -241,14 +241,14 @@ def test_relaxing_confidence_or_support_never_lowers_tpr_or_fpr(
     # the paper's criterion 1 for MNIST (§5.4), relaxed below without refitting
     bundle = fit_bundle(model, train, val, params=FitParams(n_estimators=40, confidence=0.99, support=140)).bundle
     pred = model.predict_batched(test.x)
-    wrong = pred.labels != test.y
+    wrong = pred.predicted != test.y
     feats = model.features(model.prepare(test.x))
     from invariants.oracle import Oracle, calibrate
 
     previous = (-1.0, -1.0)
     for c, s in [(0.99, 140), (0.99, 8), (0.99, 0), (0.9, 0), (0.0, 0)]:
         oracle = Oracle(bundle.idi, bundle.tdi.reselect(c, s), bundle.adi)  # type: ignore[union-attr]
-        cal = calibrate(oracle.judge(feats, pred.probabilities, pred.labels), wrong)
+        cal = calibrate(oracle.judge(feats, pred.probabilities, pred.predicted), wrong)
         assert cal.tpr >= previous[0] and cal.fpr >= previous[1], ((c, s), cal, previous)
         previous = (cal.tpr, cal.fpr)
 

@@ -44,7 +44,7 @@ def test_direct_observation(
     est = httpx.get(f"{srv.url}/v1/estimates").json()
     assert est["windows"]["5m"]["n"] == 25
     # form == lines allows only 1/4/7: the test images of other digits fail the IDI
-    not_147 = int((~np.isin(mnist_model.predict(x).labels, [1, 4, 7])).sum())
+    not_147 = int((~np.isin(mnist_model.predict(x).predicted, [1, 4, 7])).sum())
     assert est["windows"]["5m"]["fails_by_family"]["idi"] >= not_147
     # inference itself is not served in observe mode
     r = httpx.post(f"{srv.url}/v2/models/mnist/infer", content=v2_request(x[:1]))

@@ -54,7 +54,9 @@ async def infer(svc: Agent, body: bytes, header_length: str | None) -> tuple[byt
 def reference_verdicts(rt: Runtime, x: np.ndarray) -> np.ndarray:
     assert rt.classifier is not None
     pred = rt.classifier.predict(x)
-    result = rt.bundle.oracle().judge(rt.classifier.features(rt.classifier.prepare(x)), pred.probabilities, pred.labels)
+    result = rt.bundle.oracle().judge(
+        rt.classifier.features(rt.classifier.prepare(x)), pred.probabilities, pred.predicted
+    )
     return np.asarray(result.verdict, dtype=np.int8)
 
 
@@ -73,7 +75,7 @@ def test_deferred_judging_matches_the_oracle(mnist_bundle_dir: Path, mnist_split
             xb = rt.classifier.prepare(x[start : start + n])
             pred = rt.classifier.predict_prepared(xb)
             feats = rt.classifier.features(xb)
-            pipe.submit(JudgeWork(rt, feats, pred.probabilities, pred.labels, None, 0.001, f"r{i}"))
+            pipe.submit(JudgeWork(rt, feats, pred.probabilities, pred.predicted, None, 0.001, f"r{i}"))
             start += n
         # recorded by the lingering thread on its own, without a flush
         assert wait_until(lambda: windows.total == start, timeout=20)
@@ -95,8 +97,8 @@ def test_inline_judging_takes_the_deferred_work_along(mnist_bundle_dir: Path, mn
     feats = rt.classifier.features(x)
     pipe.start()
     try:
-        pipe.submit(JudgeWork(rt, feats[:5], pred.probabilities[:5], pred.labels[:5], None, None, "later"))
-        now = JudgeWork(rt, feats[5:], pred.probabilities[5:], pred.labels[5:], None, None, "now")
+        pipe.submit(JudgeWork(rt, feats[:5], pred.probabilities[:5], pred.predicted[:5], None, None, "later"))
+        now = JudgeWork(rt, feats[5:], pred.probabilities[5:], pred.predicted[5:], None, None, "now")
         pipe.record_now([now])
         # the background thread still lingers; the call that recorded now took both requests along
         assert windows.total == 20
@@ -124,7 +126,7 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
         xb = rt.classifier.prepare(x[start : start + 37])
         pred = rt.classifier.predict_prepared(xb)
         feats = rt.classifier.features(xb)
-        pipe.record_now([JudgeWork(rt, feats, pred.probabilities, pred.labels, None, None, f"r{start}")])
+        pipe.record_now([JudgeWork(rt, feats, pred.probabilities, pred.predicted, None, None, f"r{start}")])
     offline = check_report(rt.classifier, rt.bundle, Dataset(x, mnist_splits.test.y[:300]))
     expected = offline["estimates"][RECOMMENDED_ESTIMATOR]["value"]
     import time
@@ -342,7 +344,7 @@ def test_the_loop_leaves_a_large_backlog_to_the_background_thread(mnist_bundle_d
     def work(x: np.ndarray, rid: str) -> JudgeWork:
         xb = rt.classifier.prepare(x)
         pred = rt.classifier.predict_prepared(xb)
-        return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, 0.001, rid)
+        return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.predicted, None, 0.001, rid)
 
     judging_threads: list[str] = []
     add_sink(svc, lambda _b: judging_threads.append(threading.current_thread().name))

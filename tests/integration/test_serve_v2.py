@@ -87,7 +87,7 @@ def test_infer_outputs(client: th.InferenceServerClient, mnist_splits: Splits, m
     assert names <= {"pass", "fail:idi", "fail:tdi", "fail:adi"}
     expected = mnist_model.predict(x)
     np.testing.assert_allclose(probs, expected.probabilities, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(labels, expected.labels)
+    np.testing.assert_array_equal(labels, expected.predicted)
     response = res.get_response()
     assert response["parameters"]["icos_prediction_count"] == 16 and len(response["id"]) == 32
 
@@ -230,7 +230,7 @@ def test_concurrent_requests_get_their_own_verdicts(
     oracle = Bundle.load(mnist_bundle_dir).oracle()
     x_all = mnist_splits.test.x[:400]
     pred = mnist_model.predict(x_all)
-    expected = oracle.judge(x_all.reshape(len(x_all), -1), pred.probabilities, pred.labels).verdict
+    expected = oracle.judge(x_all.reshape(len(x_all), -1), pred.probabilities, pred.predicted).verdict
     sizes = [1, 7, 32, 3, 16, 1, 25, 9] * 4
     starts = np.cumsum([0, *sizes[:-1]])
 

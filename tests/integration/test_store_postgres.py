@@ -116,7 +116,7 @@ def test_two_replicas_share_predictions_and_labels(
         for agent, labels in ((b, to_b), (a, to_a)):
             r = httpx.post(f"{agent.url}/v1/labels", json={"labels": labels}, timeout=30)
             assert r.status_code == 200 and r.json()["accepted"] == 100 and r.json()["unknown"] == 0, r.text
-        predicted = mnist_model.predict(x).labels
+        predicted = mnist_model.predict(x).predicted
         accuracy = float(np.mean([predicted[r] == y[r] for r in row_of.values()]))  # over both replicas' predictions
 
         def fleet_realized(agent: AgentProcess) -> bool:

@@ -108,7 +108,7 @@ def request(
 
 def reference_verdicts(bundle: Path, model: OnnxClassifier, x: np.ndarray, metadata: Any = None) -> list[str]:
     pred = model.predict(x)
-    judged = Bundle.load(bundle).oracle().judge(x.reshape(len(x), -1), pred.probabilities, pred.labels, metadata)
+    judged = Bundle.load(bundle).oracle().judge(x.reshape(len(x), -1), pred.probabilities, pred.predicted, metadata)
     return [VERDICTS[v] for v in judged.verdict]
 
 
@@ -132,7 +132,7 @@ def test_serve_answers_the_models_outputs_and_the_oracles_verdicts(
     assert probabilities is not None and labels is not None and verdicts is not None
     assert (probabilities.datatype, labels.datatype, verdicts.datatype) == ("FP32", "INT64", "BYTES")
     np.testing.assert_allclose(probabilities.data, expected.probabilities, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(labels.data, expected.labels)
+    np.testing.assert_array_equal(labels.data, expected.predicted)
     assert [v.decode() for v in verdicts.data] == reference_verdicts(mnist_bundle_dir, mnist_model, x)
     assert serve.recorded() == 12
 

@@ -75,7 +75,7 @@ def work(rt: Runtime, x: Any, request_id: str) -> JudgeWork:
     assert rt.classifier is not None
     xb = rt.classifier.prepare(x)
     pred = rt.classifier.predict_prepared(xb)
-    return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.labels, None, None, request_id)
+    return JudgeWork(rt, rt.classifier.features(xb), pred.probabilities, pred.predicted, None, None, request_id)
 
 
 def intake(

@@ -48,7 +48,7 @@ def test_shipped_cnn_logits_get_softmax() -> None:
     pred = model.predict(x)
     assert pred.probabilities.shape == (5, 10)
     np.testing.assert_allclose(pred.probabilities.sum(axis=1), 1.0, atol=1e-5)
-    np.testing.assert_array_equal(pred.labels, pred.probabilities.argmax(axis=1))
+    np.testing.assert_array_equal(pred.predicted, pred.probabilities.argmax(axis=1))
 
 
 def test_flattened_and_channel_less_inputs_are_reshaped() -> None:
@@ -101,7 +101,7 @@ def test_skl2onnx_label_and_probabilities() -> None:
     assert model.scores_output == "probabilities" and model.scores_kind == "probabilities"
     pred = model.predict(x)
     np.testing.assert_allclose(pred.probabilities, clf.predict_proba(x), atol=1e-5)
-    assert (pred.labels == clf.predict(x)).mean() > 0.99
+    assert (pred.predicted == clf.predict(x)).mean() > 0.99
 
 
 def test_softmax_output_detected_from_graph_and_logits_otherwise() -> None:
@@ -150,7 +150,7 @@ def test_skl2onnx_default_export_with_zipmap(string_labels: bool) -> None:
     assert model.classes == [str(c) for c in clf.classes_]
     pred = model.predict(x)
     np.testing.assert_allclose(pred.probabilities, clf.predict_proba(x), atol=1e-5)
-    assert (np.asarray(model.classes)[pred.labels] == clf.predict(x).astype(str)).mean() > 0.99
+    assert (np.asarray(model.classes)[pred.predicted] == clf.predict(x).astype(str)).mean() > 0.99
 
 
 def test_scores_output_must_hold_scores() -> None:

@@ -91,7 +91,7 @@ def test_unknown_duplicate_and_errors_of_labels(tmp_path: Path) -> None:
     got = np.array(sorted(zip(rows.abs_err, rows.sq_err, strict=True)))
     want = np.array(sorted(onehot_errors(pr, lab) for pr, lab in expect.values()))
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert rows.correct.tolist() == [bool(b.labels[i] == lab) for i, (_, lab) in expect.items()]
+    assert rows.correct.tolist() == [bool(b.predicted[i] == lab) for i, (_, lab) in expect.items()]
     assert s.labeled_rows("another:identity").n == 0
     s.stop()
 
@@ -195,7 +195,7 @@ def test_extras_round_trip_through_labels_and_reads(tmp_path: Path) -> None:
     ((identity, rows),) = out.accepted
     assert identity == "m:b"
     assert_same_extras(rows.sample_extras(), ex)
-    labels_e = batch("e", 6, 10.0).labels
+    labels_e = batch("e", 6, 10.0).predicted
     got = rows.sample_extras()
     assert got is not None and got.label is not None and got.label.tolist() == labels_e.tolist()
     s.stop()

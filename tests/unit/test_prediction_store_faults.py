@@ -68,7 +68,7 @@ def test_arrays_of_inconsistent_lengths_drop_only_their_request(tmp_path: Path) 
     c = Counts()
     s = store(tmp_path, c)
     good = batch("ok", 4, 10.0)
-    bad = PendingBatch("odd", 10.0, "m:b", good.probabilities, good.labels, good.verdicts[:2])
+    bad = PendingBatch("odd", 10.0, "m:b", good.probabilities, good.predicted, good.verdicts[:2])
     s.enqueue(bad)
     s.enqueue(good)
     assert s.flush(now=11.0) == 4

@@ -15,7 +15,7 @@ from agent.config.settings import load_settings
 from agent.data.tables import TableColumns, default_classes, iter_table, resolve_columns
 from agent.errors import UserError
 from agent.judging.runtime import load_runtime
-from agent.model.classifier import label_confidences, predicted_labels
+from agent.model.classifier import label_confidences, predicted_classes_of
 from bench.nannyml_style import CAR_FEATURES, Table, car_loan
 from invariants.bundle import Bundle, BundleError
 
@@ -144,9 +144,9 @@ def test_decision_threshold_changes_labels_verdicts_and_accuracy(
     files: dict[str, Path], car: Table, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     p = np.array([[0.65, 0.35], [0.8, 0.2], [0.3, 0.7]], dtype=np.float32)
-    assert predicted_labels(p).tolist() == [0, 0, 1]
-    assert predicted_labels(p, 0.3).tolist() == [1, 0, 1]
-    assert label_confidences(p, predicted_labels(p, 0.3)).tolist() == pytest.approx([0.35, 0.8, 0.7])
+    assert predicted_classes_of(p).tolist() == [0, 0, 1]
+    assert predicted_classes_of(p, 0.3).tolist() == [1, 0, 1]
+    assert label_confidences(p, predicted_classes_of(p, 0.3)).tolist() == pytest.approx([0.35, 0.8, 0.7])
     plain = fit(capsys, files["ref"], tmp_path / "plain")
     low = fit(capsys, files["ref"], tmp_path / "low", "--decision-threshold", "0.3")
     assert plain["decision_threshold"] is None and low["decision_threshold"] == 0.3
@@ -227,5 +227,5 @@ def test_serve_mode_model_predicts_with_the_bundle_threshold(bundle_dir: Path, c
     assert rt.classifier is not None and rt.classifier.decision_threshold == 0.7 and rt.headline == "shift_aware"
     pred = rt.classifier.predict(x[:500])
     p1 = clf.predict_proba(x[:500])[:, 1]
-    assert pred.labels.tolist() == (p1 >= 0.7).astype(int).tolist() != (p1 >= 0.5).astype(int).tolist()
-    assert rt.labels_of(pred.probabilities).tolist() == pred.labels.tolist()
+    assert pred.predicted.tolist() == (p1 >= 0.7).astype(int).tolist() != (p1 >= 0.5).astype(int).tolist()
+    assert rt.predicted_classes(pred.probabilities).tolist() == pred.predicted.tolist()
