@@ -48,6 +48,7 @@ from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
 from exporters.label_metrics import LabelMetrics, RealizedCollector
 from exporters.prometheus import AgentMetrics, EstimatesCollector
+from exporters.upstream_metrics import UpstreamMetrics
 
 if TYPE_CHECKING:
     from agent.server.grpc_server import GrpcService
@@ -73,7 +74,13 @@ class Agent:
         self._handing_back = threading.Lock()
         self.metrics = AgentMetrics(registry, per_class_label_cap=s.metrics.per_class_label_cap)
         self.windows = WindowSet(s.window_seconds, s.windows.count)
-        self.mode: Mode = ProxyMode(s) if s.mode == "proxy" else ObserveMode() if s.mode == "observe" else ServeMode()
+        self.mode: Mode = (
+            ProxyMode(s, UpstreamMetrics(registry))
+            if s.mode == "proxy"
+            else ObserveMode()
+            if s.mode == "observe"
+            else ServeMode()
+        )
         after_reload = self.mode.refresh if isinstance(self.mode, ProxyMode) else None
         self.runtimes = RuntimeHolder(runtime, s, self.windows, self.metrics, after_reload)
         self.audits = AuditJobs(
@@ -143,7 +150,8 @@ class Agent:
             per_class_cap=self.metrics.per_class_label_cap,
         )
         registry.register(EstimatesCollector(lambda: self.report.snapshot(self.runtimes.current, time.time())))
-        self.ready = False
+        #: True from the end of :meth:`start` to the beginning of :meth:`stop`.
+        self.started = False
         #: The event loop the agent runs in (set at start).
         self.loop: asyncio.AbstractEventLoop | None = None
         self._metrics_server: MetricsPortServer | None = None
@@ -158,7 +166,7 @@ class Agent:
             self.grpc = GrpcService(
                 self.plane,
                 self.metrics,
-                lambda: self.ready,
+                self.ready,
                 srv.max_body_bytes,
                 srv.limit_concurrency,
                 self.body_budget,
@@ -180,6 +188,16 @@ class Agent:
                 self._handing_back.release()
 
         threading.Thread(target=run, name="icos-memory", daemon=True).start()
+
+    def not_ready(self) -> str | None:
+        """Why the agent cannot answer inference now (starting, stopping, proxy mode's upstream not
+        ready); ``None`` when it can. ``/v2/health/ready`` and gRPC readiness answer from it."""
+        if not self.started:
+            return "starting or stopping"
+        return self.mode.not_ready()
+
+    def ready(self) -> bool:
+        return self.not_ready() is None
 
     def estimates(self) -> dict[str, Any]:
         """The ``GET /v1/estimates`` document."""
@@ -209,14 +227,14 @@ class Agent:
         if self.grpc is not None:
             assert s.server.grpc_port is not None
             await self.grpc.start(s.server.host, s.server.grpc_port)
-        self.ready = True
+        self.started = True
         rt = self.runtimes.current
         log.info(
             "agent ready", extra={"mode": s.mode, "model": rt.name, "version": rt.version, "sha256": rt.model_sha256}
         )
 
     async def stop(self) -> None:
-        self.ready = False  # ServerReady answers false from now on
+        self.started = False  # readiness answers false from now on
         if self.grpc is not None:  # first: calls in flight finish while the agent still judges
             await self.grpc.stop(self.settings.server.graceful_timeout_seconds)
         if self.observe is not None:
