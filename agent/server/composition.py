@@ -44,6 +44,7 @@ from agent.labels.tracker import RealizedTracker
 from agent.server.access import FailureThrottle, TokenGate
 from agent.server.audit_jobs import AuditJobs
 from agent.server.body_budget import BodyBudget
+from agent.server.listeners import Listeners
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
 from exporters.label_metrics import LabelMetrics, RealizedCollector
@@ -59,10 +60,14 @@ log = logs.get("app")
 class Agent:
     """Every part of one serving agent, and its lifecycle (:meth:`start`, :meth:`stop`)."""
 
-    def __init__(self, settings: AgentSettings, registry: CollectorRegistry, runtime: Runtime) -> None:
+    def __init__(
+        self, settings: AgentSettings, registry: CollectorRegistry, runtime: Runtime, listeners: Listeners | None = None
+    ) -> None:
         s = settings
         self.settings = settings
         self.registry = registry
+        #: Ports bound before the start (``icos-agent serve``); without them each server binds its own.
+        self.listeners = listeners if listeners is not None else Listeners()
         # bearer tokens, and one throttle of failed guesses per client for both
         throttle = FailureThrottle()
         self.admin_gate = TokenGate({"admin": admin_token()}, throttle)
@@ -207,6 +212,10 @@ class Agent:
     async def start(self) -> None:
         s = self.settings
         self.loop = asyncio.get_running_loop()
+        if self.grpc is not None:  # first: a port taken meanwhile ends the start before anything runs
+            assert s.server.grpc_port is not None
+            self.listeners.release_grpc()
+            self.grpc.bind(s.server.host, s.server.grpc_port)
         memory.configure_allocator()
         store = await self.run(self.window_state.open)
         if isinstance(self.mode, ProxyMode):
@@ -221,12 +230,11 @@ class Agent:
             )
         if s.server.metrics_port is not None:
             self._metrics_server = MetricsPortServer(self.registry, self.run)
-            await self._metrics_server.start(s.server.host, s.server.metrics_port)
+            await self._metrics_server.start(s.server.host, s.server.metrics_port, self.listeners.metrics)
         await self.audits.start()
         await self.labels.start()
         if self.grpc is not None:
-            assert s.server.grpc_port is not None
-            await self.grpc.start(s.server.host, s.server.grpc_port)
+            await self.grpc.start()
         self.started = True
         rt = self.runtimes.current
         log.info(

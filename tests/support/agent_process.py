@@ -77,6 +77,20 @@ class AgentProcess:
             raise RuntimeError(f"agent did not start: {self.log()[-3000:]}") from None
         return self
 
+    def run(self, *args: str, timeout: float = 60.0) -> int:
+        """Run ``icos-agent serve --config ... *args`` to its end (a start that must fail, ``--check``)
+        and return its exit status; its output is in :meth:`log`."""
+        with self.log_path.open("ab") as log:
+            proc = subprocess.run(
+                [sys.executable, "-m", "agent", "serve", "--config", str(self.config_path), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                timeout=timeout,
+                check=False,
+            )
+        return proc.returncode
+
     def __enter__(self) -> AgentProcess:
         return self if self.proc is not None else self.start()
 
