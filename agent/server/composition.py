@@ -237,8 +237,10 @@ class Agent:
             await self.grpc.start()
         self.started = True
         rt = self.runtimes.current
+        reason = self.not_ready()  # proxy mode: the upstream's readiness, checked once by now
         log.info(
-            "agent ready", extra={"mode": s.mode, "model": rt.name, "version": rt.version, "sha256": rt.model_sha256}
+            "agent ready" if reason is None else f"agent started; not ready while {reason}",
+            extra={"mode": s.mode, "model": rt.name, "version": rt.version, "sha256": rt.model_sha256},
         )
 
     async def stop(self) -> None:
