@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv grafana-typecheck bench clean audit-deps lock
+.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv grafana-typecheck bench clean audit-deps lock dist image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,8 +75,22 @@ audit-deps: venv
 bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# dist/: the sdist and the wheel of icos-agent (the shipped ONNX models and the gRPC service's files
+# inside), the wheel built from the sdist with the venv's setuptools: `pip install dist/icos_agent-*.whl`.
+dist: venv
+	$(BIN)/python .ci/dist.py dist
+
+# The container image, from deploy/Dockerfile: the name the Helm chart (values.yaml image.repository and
+# the chart's appVersion) and the manifests in deploy/kubernetes use. Push it to your registry with
+# `docker tag $(IMAGE) <registry>/icos-agent:$(VERSION) && docker push <registry>/icos-agent:$(VERSION)`
+# and set image.repository to <registry>/icos-agent.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   ?= icos-agent:$(VERSION)
+image:
+	docker build -f deploy/Dockerfile -t $(IMAGE) .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 
 # Re-pin the tested dependency versions (requirements.lock constrains every install) after changing pyproject.toml.
 lock: venv

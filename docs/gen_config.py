@@ -33,7 +33,8 @@ MEANINGS: dict[str, str] = {
     "AgentSettings.mode": "`serve`: the agent runs the ONNX model; `proxy`: forwards V2 requests to `upstream` "
     "and judges its answers; `observe`: judges predictions posted to `/v1/observe`",
     "AgentSettings.state_dir": "directory for state: estimate windows, the prediction store of delayed labels, "
-    "the MLflow spool and the default MLflow store `sqlite:///<state_dir>/mlflow.db`",
+    "the MLflow spool and the default MLflow store `sqlite:///<state_dir>/mlflow.db`; one agent per directory "
+    "(`serve` locks `<state_dir>/icos-agent.lock`, a second agent on it does not start)",
     "AgentSettings.log_level": "level of the JSON log lines on stderr",
     "ModelConfig.name": "model name in `/v2/models/{name}` and in metric labels",
     "ModelConfig.version": "version in V2 responses and metric labels",

@@ -113,6 +113,20 @@ class UpstreamConfig(_Section):
         description="largest upstream answer the agent reads (its declared length and the bytes streamed); "
         "a larger one answers 502 and is never buffered past this",
     )
+    ready_interval_seconds: float = Field(
+        2.0,
+        ge=0.05,
+        le=300,
+        description="how often the agent asks the upstream whether its model is ready "
+        "(`GET /v2/models/{upstream.model_name}/ready`, in the background); the agent's own readiness "
+        "(`/v2/health/ready`, gRPC `ServerReady`/`ModelReady`) follows the last answer",
+    )
+    ready_timeout_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="bound on one readiness check of the upstream: no 200 within it counts as not ready",
+    )
 
     @field_validator("url")
     @classmethod

@@ -1,20 +1,32 @@
 """JSON structured logs: one JSON object per line on stderr (also for uvicorn's loggers).
 
 Every line passes :func:`exporters.redaction.redact_text`, so a credential in a URI (a tracking URI, an
-upstream, a database URL) never reaches the logs, whichever code logged it.
+upstream, a database URL) never reaches the logs, whichever code logged it. No terminal escape reaches
+them either: uvicorn's ``color_message`` (its message with ANSI colours) is dropped, and escape
+sequences in any other value (a client's path, a file name) are removed, so a log line is plain text
+for every log collector and terminal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
 
 from exporters.redaction import redact_text
 
-_RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+#: Record attributes that are not fields of the line; ``color_message``: uvicorn's message with ANSI colours.
+_RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "color_message"}
+#: ANSI/VT escape sequences (CSI such as colours, and two-character escapes), then any ESC left.
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])?")
+
+
+def _plain(text: str) -> str:
+    """``text`` without terminal escape sequences, credentials redacted."""
+    return redact_text(_ESCAPES.sub("", text) if "\x1b" in text else text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,16 +35,16 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": redact_text(record.getMessage()),
+            "msg": _plain(record.getMessage()),
         }
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
                 if isinstance(value, int | float | bool | type(None)):
                     out[key] = value
                 else:
-                    out[key] = redact_text(str(value))
+                    out[key] = _plain(str(value))
         if record.exc_info:
-            out["exc"] = redact_text(self.formatException(record.exc_info))
+            out["exc"] = _plain(self.formatException(record.exc_info))
         return json.dumps(out)
 
 

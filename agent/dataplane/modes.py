@@ -53,8 +53,8 @@ class Mode(Protocol):
     async def metadata(self, rt: Runtime) -> dict[str, Any]:
         """The V2 model metadata this mode advertises."""
 
-    def ready(self) -> bool:
-        """Whether the mode can answer now (proxy mode: whether its upstream can)."""
+    def not_ready(self) -> str | None:
+        """Why the mode cannot answer now (proxy mode: its upstream is not ready); ``None`` when it can."""
 
 
 def _run_model(admitted: Admitted) -> tuple[Prediction, float]:
@@ -117,8 +117,8 @@ class ServeMode:
     async def metadata(self, rt: Runtime) -> dict[str, Any]:
         return model_metadata_of(rt)
 
-    def ready(self) -> bool:
-        return True
+    def not_ready(self) -> str | None:
+        return None
 
 
 class ObserveMode:
@@ -140,5 +140,5 @@ class ObserveMode:
     async def metadata(self, rt: Runtime) -> dict[str, Any]:
         return model_metadata_of(rt)
 
-    def ready(self) -> bool:
-        return True
+    def not_ready(self) -> str | None:
+        return None

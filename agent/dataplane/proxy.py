@@ -31,11 +31,13 @@ from agent.dataplane.modes import agent_outputs
 from agent.dataplane.observe import output_probabilities
 from agent.dataplane.policy import Placement
 from agent.dataplane.upstream import UpstreamClient, UpstreamError, UpstreamModel
+from agent.dataplane.upstream_readiness import UpstreamReadiness
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork
 from agent.model.inputs import rule_values
 from agent.protocol import v2
 from agent.protocol.inference import InferRequest, InferResponse, ProtocolError, RequestedOutput, Tensor
+from exporters.upstream_metrics import UpstreamMetrics
 
 log = logs.get("app")
 
@@ -152,12 +154,13 @@ def proxy_answer(up: UpstreamModel, admitted: Admitted, predicted: Predicted) ->
 
 class ProxyMode:
     """Forwards each request to the upstream V2 server and judges its answer; what the upstream takes
-    and answers comes from its metadata, read at start, on reload, and on the first request after a
-    start that could not reach it."""
+    and answers comes from its metadata, read whenever the upstream becomes ready (at start, and after
+    an outage), on reload, and on the first request when it could not be read before. The mode is
+    ready while the upstream's model is (:class:`~agent.dataplane.upstream_readiness.UpstreamReadiness`)."""
 
     name = "proxy"
 
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentSettings, metrics: UpstreamMetrics) -> None:
         s = settings
         assert s.upstream.url is not None
         self.settings = s
@@ -169,6 +172,12 @@ class ProxyMode:
         )
         #: What the upstream's metadata says; ``None`` until it has been read.
         self.upstream_model: UpstreamModel | None = None
+        self.readiness = UpstreamReadiness(
+            lambda: self.upstream.model_ready(s.upstream_model_name, s.upstream.ready_timeout_seconds),
+            s.upstream.ready_interval_seconds,
+            metrics,
+            on_ready=lambda: self.refresh(at_start=True),
+        )
 
     async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
         up = await self.upstream_info()
@@ -190,25 +199,29 @@ class ProxyMode:
     async def metadata(self, rt: Runtime) -> dict[str, Any]:
         return proxy_metadata(model_metadata_of(rt), await self.upstream_info())
 
-    def ready(self) -> bool:
-        return True
+    def not_ready(self) -> str | None:
+        reason = self.readiness.reason
+        return None if reason is None else f"upstream not ready: {reason}"
 
     async def start(self) -> None:
-        await self.refresh(at_start=True)
+        """Check the upstream's readiness now (and read its metadata when it is ready), then every
+        ``upstream.ready_interval_seconds`` in the background."""
+        await self.readiness.start()
 
     async def stop(self) -> None:
+        await self.readiness.stop()
         await self.upstream.aclose()
 
     async def refresh(self, at_start: bool = False) -> UpstreamModel:
-        """Read the upstream's server and model metadata. At start an unreachable upstream is logged, not
-        raised: a sidecar may start before its model server."""
+        """Read the upstream's server and model metadata. At start (or when the upstream becomes ready)
+        a failure is logged, not raised: a sidecar may start before its model server."""
         s = self.settings
         try:
             info = await self.upstream.metadata(s.upstream_model_name, s.upstream.scores_output)
         except UpstreamError as exc:
             if not at_start:
                 raise
-            log.warning("upstream metadata not read yet; retried on the first request", extra={"error": str(exc)})
+            log.warning("upstream metadata not read yet; read again on the next request", extra={"error": str(exc)})
             return UpstreamModel()
         if self.upstream_model != info:
             log.info(

@@ -9,6 +9,9 @@ sending, and reading the whole answer; an upstream that dribbles its answer cann
 a pooled connection) past it. The answer is streamed under ``upstream.max_response_bytes`` (its
 declared length is checked first), so a huge answer is refused without being buffered.
 
+Readiness checks (:meth:`UpstreamClient.model_ready`) use a session of their own, one fresh connection
+per check, each bounded by ``upstream.ready_timeout_seconds``.
+
 Failures become :class:`UpstreamError`: unreachable or broken upstream → 502, timeout → 504, too
 large → 502. A 4xx from the upstream (the client's mistake) is passed through with the upstream's
 message (the first line of its JSON ``error``, sanitised and bounded). A 5xx answer's body is never
@@ -152,6 +155,7 @@ class UpstreamClient:
         self.max_response_bytes = max_response_bytes
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._probe_session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         """The pooled session, made on first use (inside the running event loop, as aiohttp wants).
@@ -164,6 +168,33 @@ class UpstreamClient:
                 skip_auto_headers=("User-Agent",),
             )
         return self._session
+
+    def _probe_client(self) -> aiohttp.ClientSession:
+        """The session of readiness checks: a fresh connection per check (a stale pooled connection
+        left from before an upstream restart would fail a ready upstream's check) and never one of the
+        inference pool (64 slow calls holding it must not make a ready upstream look unready)."""
+        if self._probe_session is None:
+            self._probe_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=2, force_close=True),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._probe_session
+
+    async def model_ready(self, model_name: str, timeout_seconds: float) -> str | None:
+        """Ask the upstream whether ``model_name`` is ready (``GET /v2/models/{name}/ready``): ``None`` when
+        it answers 200 within ``timeout_seconds``, else why not, in a few words. Nothing is logged or
+        counted here (a check runs every few seconds; the caller logs changes)."""
+        url = f"{self.base_url}/v2/models/{model_name}/ready"
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                async with self._probe_client().get(url, headers={"Accept-Encoding": "identity"}) as resp:
+                    await resp.content.read(ERROR_BODY_BYTES)  # bounded; the connection is closed anyway
+                    return None if resp.status == 200 else f"its model {model_name!r} answered {resp.status}"
+        except TimeoutError:
+            return f"no answer within {timeout_seconds:g} s (upstream.ready_timeout_seconds)"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"unreachable ({type(exc).__name__})"
 
     async def infer(self, model_name: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, str | None]:
         """POST a V2 request; returns the response body and its ``Inference-Header-Content-Length``."""
@@ -237,6 +268,9 @@ class UpstreamClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._probe_session is not None:
+            await self._probe_session.close()
+            self._probe_session = None
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:

@@ -24,6 +24,7 @@ from agent.model.classifier import (
     ModelLoadError,
     OnnxClassifier,
     Prediction,
+    onnx_problem,
     predicted_classes_of,
     read_model_file,
     scores_as_probabilities,
@@ -151,6 +152,18 @@ def _single_input_name(feature_view: Mapping[str, Any] | None) -> str:
     return str(named[0]) if len(named) == 1 and isinstance(named[0], str) else "input"
 
 
+def _load_bundle(bpath: Path, sha: str | None, model_bytes: bytes | None, mpath: Path | None) -> Bundle:
+    """The bundle, checked against the model's sha256. A file that is no ONNX model at all also fails
+    that check: then the model is named as the problem, not the bundle."""
+    try:
+        return Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
+    except BundleError:
+        problem = onnx_problem(model_bytes) if model_bytes is not None else None
+        if problem is not None:
+            raise ModelLoadError(f"model file {mpath} is not an ONNX model ({problem})") from None
+        raise
+
+
 def load_runtime(
     settings: AgentSettings,
     *,
@@ -179,7 +192,7 @@ def load_runtime(
             sha = _file_sha256(mpath)
         if settings.mode != "observe":  # the model's own errors first: they name the file to fix
             _refuse_table_bundle(bpath, settings.mode)
-        bundle = Bundle.load(bpath, expected_model_sha256=sha) if sha else Bundle.load(bpath)
+        bundle = _load_bundle(bpath, sha, model_bytes, mpath)
         signature = (
             Signature.from_list(bundle.inputs)
             if bundle.inputs
@@ -205,7 +218,10 @@ def load_runtime(
                 f"{settings.mode!r} cannot see (the model runs elsewhere): refit it with "
                 "`icos-agent fit --features raw` (or pooled, hashed)"
             )
-    except (ModelLoadError, BundleError, ViewError) as exc:
+    except ModelLoadError as exc:
+        where = "" if model_path is not None else ": check model.path (in the config, or ICOS_AGENT_MODEL__PATH)"
+        raise UserError(f"{exc}{where}") from exc
+    except (BundleError, ViewError) as exc:
         raise UserError(str(exc)) from exc
     cal_dict = bundle.estimator_calibration
     if not cal_dict:

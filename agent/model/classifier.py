@@ -164,23 +164,30 @@ def prepare_batch(
 
 
 def read_model_file(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of an ONNX file (:class:`ModelLoadError` when it is missing or holds no ONNX graph, so
-    that the error names the file rather than a digest that matches no bundle)."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
+    """The bytes of an ONNX file (:class:`ModelLoadError` when it is missing, a directory or unreadable)."""
     p = Path(path)
+    if p.is_dir():
+        raise ModelLoadError(f"model file {p} is a directory, not an ONNX file")
     if not p.is_file():
         raise ModelLoadError(f"model file not found: {p}")
-    data = p.read_bytes()
-    proto = onnx.ModelProto()
     try:
-        proto.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError):
-        proto.Clear()
-    if not proto.graph.input or not proto.graph.output:
-        raise ModelLoadError(f"cannot load ONNX model {p}: no graph with inputs and outputs in its {len(data)} bytes")
-    return data
+        return p.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model file {p}: {exc.strerror or exc}") from None
+
+
+def onnx_problem(model_bytes: bytes) -> str | None:
+    """Why ``model_bytes`` is not an ONNX model, in a few words; ``None`` when it parses as one (with a
+    graph). Meant for an error path: it parses the whole model."""
+    import onnx
+
+    try:
+        model = onnx.load_from_string(model_bytes)
+    except Exception as exc:  # protobuf's DecodeError, and whatever else a damaged file provokes
+        return f"it does not parse as one: {type(exc).__name__}"
+    if not model.graph.output:
+        return "it has no graph outputs"
+    return None
 
 
 class OnnxClassifier:

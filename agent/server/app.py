@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from agent import __version__
 from agent.config.model_source import fetch_model
 from agent.config.settings import AgentSettings
+from agent.errors import UserError
 from agent.judging.runtime import Runtime, load_runtime
 from agent.server.admin import admin_port_refusal
 from agent.server.audit_routes import audit_router
@@ -34,6 +35,7 @@ from agent.server.composition import Agent
 from agent.server.errors import answer_of, install_error_handlers
 from agent.server.fast_path import InferFastPath
 from agent.server.labels_routes import labels_router
+from agent.server.listeners import Listeners
 from agent.server.middleware import BodyLimitMiddleware
 from agent.server.openapi_bodies import declare_request_bodies
 from agent.server.responses import send_error
@@ -84,15 +86,24 @@ def create_app(
     on_startup: Sequence[Callable[[FastAPI], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[FastAPI], Awaitable[None]]] = (),
     runtime: Runtime | None = None,
+    listeners: Listeners | None = None,
 ) -> FastAPI:
-    """Build the sidecar app; loads the model and bundle now (raises :class:`UserError`)."""
+    """Build the sidecar app; loads the model and bundle now (raises :class:`UserError`). ``listeners``:
+    the ports ``icos-agent serve`` bound before (:func:`agent.server.listeners.bind_listeners`)."""
     registry = registry if registry is not None else CollectorRegistry()
     rt = runtime or load_runtime(fetch_model(settings))
-    agent = Agent(settings, registry, rt)
+    agent = Agent(settings, registry, rt, listeners)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await agent.start()
+        try:
+            await agent.start()
+        except BaseException as exc:
+            if isinstance(exc, UserError):  # e.g. the gRPC port taken since it was checked: the CLI says it last
+                app.state.start_failure = exc
+            with contextlib.suppress(Exception):  # what did start stops (its threads, tasks, stores)
+                await agent.stop()
+            raise
         for hook in on_startup:
             await hook(app)
         try:
@@ -113,6 +124,8 @@ def create_app(
     app.state.labels = agent.labels
     app.state.registry = registry
     app.state.settings = settings
+    #: A :class:`UserError` that ended the start, re-raised by ``icos-agent serve`` once uvicorn has exited.
+    app.state.start_failure = None
     install_error_handlers(app, agent.metrics)
     # triton first: /v2/models/stats is no model named 'stats'
     for router in (

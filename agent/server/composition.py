@@ -44,10 +44,12 @@ from agent.labels.tracker import RealizedTracker
 from agent.server.access import FailureThrottle, TokenGate
 from agent.server.audit_jobs import AuditJobs
 from agent.server.body_budget import BodyBudget
+from agent.server.listeners import Listeners
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
 from exporters.label_metrics import LabelMetrics, RealizedCollector
 from exporters.prometheus import AgentMetrics, EstimatesCollector
+from exporters.upstream_metrics import UpstreamMetrics
 
 if TYPE_CHECKING:
     from agent.server.grpc_server import GrpcService
@@ -58,10 +60,14 @@ log = logs.get("app")
 class Agent:
     """Every part of one serving agent, and its lifecycle (:meth:`start`, :meth:`stop`)."""
 
-    def __init__(self, settings: AgentSettings, registry: CollectorRegistry, runtime: Runtime) -> None:
+    def __init__(
+        self, settings: AgentSettings, registry: CollectorRegistry, runtime: Runtime, listeners: Listeners | None = None
+    ) -> None:
         s = settings
         self.settings = settings
         self.registry = registry
+        #: Ports bound before the start (``icos-agent serve``); without them each server binds its own.
+        self.listeners = listeners if listeners is not None else Listeners()
         # bearer tokens, and one throttle of failed guesses per client for both
         throttle = FailureThrottle()
         self.admin_gate = TokenGate({"admin": admin_token()}, throttle)
@@ -73,7 +79,13 @@ class Agent:
         self._handing_back = threading.Lock()
         self.metrics = AgentMetrics(registry, per_class_label_cap=s.metrics.per_class_label_cap)
         self.windows = WindowSet(s.window_seconds, s.windows.count)
-        self.mode: Mode = ProxyMode(s) if s.mode == "proxy" else ObserveMode() if s.mode == "observe" else ServeMode()
+        self.mode: Mode = (
+            ProxyMode(s, UpstreamMetrics(registry))
+            if s.mode == "proxy"
+            else ObserveMode()
+            if s.mode == "observe"
+            else ServeMode()
+        )
         after_reload = self.mode.refresh if isinstance(self.mode, ProxyMode) else None
         self.runtimes = RuntimeHolder(runtime, s, self.windows, self.metrics, after_reload)
         self.audits = AuditJobs(
@@ -143,7 +155,8 @@ class Agent:
             per_class_cap=self.metrics.per_class_label_cap,
         )
         registry.register(EstimatesCollector(lambda: self.report.snapshot(self.runtimes.current, time.time())))
-        self.ready = False
+        #: True from the end of :meth:`start` to the beginning of :meth:`stop`.
+        self.started = False
         #: The event loop the agent runs in (set at start).
         self.loop: asyncio.AbstractEventLoop | None = None
         self._metrics_server: MetricsPortServer | None = None
@@ -158,7 +171,7 @@ class Agent:
             self.grpc = GrpcService(
                 self.plane,
                 self.metrics,
-                lambda: self.ready,
+                self.ready,
                 srv.max_body_bytes,
                 srv.limit_concurrency,
                 self.body_budget,
@@ -181,6 +194,16 @@ class Agent:
 
         threading.Thread(target=run, name="icos-memory", daemon=True).start()
 
+    def not_ready(self) -> str | None:
+        """Why the agent cannot answer inference now (starting, stopping, proxy mode's upstream not
+        ready); ``None`` when it can. ``/v2/health/ready`` and gRPC readiness answer from it."""
+        if not self.started:
+            return "starting or stopping"
+        return self.mode.not_ready()
+
+    def ready(self) -> bool:
+        return self.not_ready() is None
+
     def estimates(self) -> dict[str, Any]:
         """The ``GET /v1/estimates`` document."""
         return self.report.document(self.runtimes.current, time.time())
@@ -189,6 +212,10 @@ class Agent:
     async def start(self) -> None:
         s = self.settings
         self.loop = asyncio.get_running_loop()
+        if self.grpc is not None:  # first: a port taken meanwhile ends the start before anything runs
+            assert s.server.grpc_port is not None
+            self.listeners.release_grpc()
+            self.grpc.bind(s.server.host, s.server.grpc_port)
         memory.configure_allocator()
         store = await self.run(self.window_state.open)
         if isinstance(self.mode, ProxyMode):
@@ -203,20 +230,21 @@ class Agent:
             )
         if s.server.metrics_port is not None:
             self._metrics_server = MetricsPortServer(self.registry, self.run)
-            await self._metrics_server.start(s.server.host, s.server.metrics_port)
+            await self._metrics_server.start(s.server.host, s.server.metrics_port, self.listeners.metrics)
         await self.audits.start()
         await self.labels.start()
         if self.grpc is not None:
-            assert s.server.grpc_port is not None
-            await self.grpc.start(s.server.host, s.server.grpc_port)
-        self.ready = True
+            await self.grpc.start()
+        self.started = True
         rt = self.runtimes.current
+        reason = self.not_ready()  # proxy mode: the upstream's readiness, checked once by now
         log.info(
-            "agent ready", extra={"mode": s.mode, "model": rt.name, "version": rt.version, "sha256": rt.model_sha256}
+            "agent ready" if reason is None else f"agent started; not ready while {reason}",
+            extra={"mode": s.mode, "model": rt.name, "version": rt.version, "sha256": rt.model_sha256},
         )
 
     async def stop(self) -> None:
-        self.ready = False  # ServerReady answers false from now on
+        self.started = False  # readiness answers false from now on
         if self.grpc is not None:  # first: calls in flight finish while the agent still judges
             await self.grpc.stop(self.settings.server.graceful_timeout_seconds)
         if self.observe is not None:

@@ -37,6 +37,7 @@ from agent.protocol import v2_grpc
 from agent.protocol.grpc_stubs import open_inference_grpc_pb2 as pb
 from agent.server.body_budget import BodyBudget
 from agent.server.errors import answer_of
+from agent.server.listeners import port_in_use_error
 from exporters.prometheus import AgentMetrics
 
 log = logs.get("grpc")
@@ -45,7 +46,8 @@ SERVICE = "inference.GRPCInferenceService"
 
 
 class GrpcService:
-    """The V2 gRPC service of a dataplane; :meth:`start` and :meth:`stop` follow the agent's lifecycle.
+    """The V2 gRPC service of a dataplane; :meth:`bind` (first), :meth:`start` (last) and :meth:`stop`
+    follow the agent's lifecycle.
     ``ready`` says whether the agent is ready (``ServerReady``, ``ModelReady``)."""
 
     def __init__(
@@ -65,8 +67,11 @@ class GrpcService:
         self.limit_concurrency = limit_concurrency
         self.server: aio.Server | None = None
         self.port: int | None = None
+        self.address = ""
 
-    async def start(self, host: str, port: int) -> None:
+    def bind(self, host: str, port: int) -> None:
+        """Make the server and bind its port (it answers nothing until :meth:`start`); a port in use is
+        a :class:`~agent.server.listeners.PortUnavailable` naming it, before anything else starts."""
         limit = self.limit
         server = aio.server(
             options=[
@@ -78,10 +83,18 @@ class GrpcService:
         )
         server.add_generic_rpc_handlers((self._handlers(),))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = server.add_insecure_port(address)
-        await server.start()
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError:  # grpc's "Failed to bind to address"
+            raise port_in_use_error(host, port, "server.grpc_port") from None
         self.server = server
-        log.info("gRPC V2 service listening", extra={"address": address})
+        self.address = address
+
+    async def start(self) -> None:
+        """Answer calls on the port :meth:`bind` bound."""
+        assert self.server is not None, "bind() first"
+        await self.server.start()
+        log.info("gRPC V2 service listening", extra={"address": self.address})
 
     async def stop(self, grace: float) -> None:
         """Refuse new calls and let the ones in flight finish for up to ``grace`` seconds."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -36,8 +37,12 @@ class MetricsPortServer:
         self._active = 0
         self.refused = 0
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEAD_BYTES)
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
+        """Serve on ``sock`` (bound by :func:`agent.server.listeners.bind_listeners`), else bind ``host:port``."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=sock, limit=MAX_HEAD_BYTES)
+        else:
+            self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEAD_BYTES)
 
     async def stop(self) -> None:
         if self._server is not None:

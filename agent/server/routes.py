@@ -54,16 +54,16 @@ def build_router(agent: Agent) -> APIRouter:
     async def live() -> Response:
         return json_response({"live": True})
 
-    @r.get("/v2/health/ready", summary="V2 readiness: model and bundle loaded")
+    @r.get("/v2/health/ready", summary="V2 readiness: started, and (proxy mode) the upstream's model ready")
     async def ready() -> Response:
-        return json_response({"ready": agent.ready}, 200 if agent.ready else 503)
+        return _readiness(agent, {})
 
     async def model_metadata(name: str, version: str | None = None) -> Response:
         return json_response(await plane.model_metadata(name, version))
 
     async def model_ready(name: str, version: str | None = None) -> Response:
         rt = runtimes.resolve(name, version)
-        return json_response({"name": rt.name, "ready": agent.ready}, 200 if agent.ready else 503)
+        return _readiness(agent, {"name": rt.name})
 
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
         body = await request.body()
@@ -109,3 +109,11 @@ def build_router(agent: Agent) -> APIRouter:
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     return r
+
+
+def _readiness(agent: Agent, doc: dict[str, object]) -> Response:
+    """200 ``{"ready": true}`` when the agent can answer inference, else 503 with the reason."""
+    reason = agent.not_ready()
+    if reason is None:
+        return json_response({**doc, "ready": True})
+    return json_response({**doc, "ready": False, "reason": reason}, 503)

@@ -1,12 +1,18 @@
 """The Dockerfile (no Docker engine runs here): multi-stage, slim base, numeric non-root user,
 ``icos-agent`` entrypoint, nothing from the build stage but the virtualenv, writable paths declared
-as volumes; hadolint lints it when installed."""
+as volumes; hadolint lints it when installed. The files its build stage copies build the project, and
+the image it builds (``make image``) has one name across the chart, the manifests and the docs."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
+
+import yaml
 
 from tests.support.requirements import require
 
@@ -84,3 +90,75 @@ def test_image_installs_the_tested_versions() -> None:
     """The image installs with the same constraints as every make target, so it runs what CI tested."""
     build = " ".join(rest for op, rest in _stages()[0] if op in ("RUN", "COPY"))
     assert "requirements.lock" in build and "pip install -c requirements.lock ." in build
+
+
+def _copied_context(dest: Path) -> None:
+    """The build stage's ``COPY`` sources, as the Dockerfile copies them from the build context."""
+    for op, rest in _stages()[0]:
+        if op != "COPY" or rest.startswith("--from"):
+            continue
+        *sources, _target = rest.split()
+        for src in sources:
+            path = ROOT / src
+            if path.is_dir():
+                shutil.copytree(path, dest / src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(path, dest / src)
+
+
+def test_the_build_stage_copies_what_the_install_needs(tmp_path: Path) -> None:
+    """``pip install .`` of the build stage, on exactly the files it copies (no Docker engine here):
+    the project builds from them (pyproject.toml names README.md and LICENSE, for one)."""
+    context = tmp_path / "src"
+    context.mkdir()
+    _copied_context(context)
+    hook = "import sys; from setuptools import build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    proc = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", hook, str(tmp_path)], cwd=context, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with zipfile.ZipFile(tmp_path / proc.stdout.split()[-1]) as wheel:
+        names = set(wheel.namelist())
+    licence = f"icos_agent-{_version()}.dist-info/licenses/LICENSE"
+    assert {"agent/models/mnist_cnn.onnx", "agent/cli.py", licence} <= names
+
+
+def _version() -> str:
+    match = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert match is not None
+    return match.group(1)
+
+
+def test_one_image_name_everywhere() -> None:
+    """The name ``make image`` builds is the one the chart, the manifests, the examples and the docs
+    use; no other name of the agent's image appears (none that nobody builds)."""
+    chart = yaml.safe_load((ROOT / "helm/icos-agent/Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "helm/icos-agent/values.yaml").read_text())
+    assert chart["appVersion"] == _version() and values["image"]["tag"] == ""
+    name = f"{values['image']['repository']}:{chart['appVersion']}"
+    assert name == f"icos-agent:{_version()}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^IMAGE\s*\?= icos-agent:\$\(VERSION\)$", makefile, re.M)
+    assert re.search(r"^image:\n\tdocker build -f deploy/Dockerfile -t \$\(IMAGE\) \.$", makefile, re.M)
+    assert f"docker build -f deploy/Dockerfile -t {name} ." in DOCKERFILE.read_text()
+    deploy_doc = (ROOT / "docs/deploy.md").read_text()
+    assert "make image" in deploy_doc and f"docker build -f deploy/Dockerfile -t {name} ." in deploy_doc
+    manifests = [d for f in (ROOT / "deploy/kubernetes/base").glob("*.yaml") for d in yaml.safe_load_all(f.read_text())]
+    images = [
+        c["image"]
+        for d in manifests
+        if d
+        for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+    ]
+    assert images == [name]
+    # every image reference that names the agent, in the chart, deploy/, the docs and the README
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "helm").rglob("*.y*ml")]
+    files += [p for p in (ROOT / "deploy").rglob("*") if p.suffix in (".yaml", ".yml", ".md")]
+    found = {
+        (str(f.relative_to(ROOT)), ref)
+        for f in files
+        for ref in re.findall(r"image:\s*[\"']?([^\s\"'#]*icos-agent[^\s\"'#]*)", f.read_text(encoding="utf-8"))
+    }
+    assert found and {ref for _, ref in found} == {name}, found
+    for f in files:
+        assert "ghcr.io" not in f.read_text(encoding="utf-8"), f

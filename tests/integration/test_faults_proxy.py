@@ -53,7 +53,7 @@ def _proxy(tmp_path: Path, bundle: Path, upstream: str) -> AgentProcess:
         "server": {"threads": POOL_THREADS},
         "audits": {"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
     }
-    return AgentProcess(tmp_path, cfg).start()
+    return AgentProcess(tmp_path, cfg).start(wait_for="/v2/health/live")  # its upstream is never ready
 
 
 def _wave(url: str, body: dict[str, Any], n: int) -> list[tuple[int, str, float]]:

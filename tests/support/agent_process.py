@@ -59,8 +59,9 @@ class AgentProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 60.0) -> AgentProcess:
-        """Start it (again, on the same port and config) and wait until it is ready."""
+    def start(self, timeout: float = 60.0, wait_for: str = "/v2/health/ready") -> AgentProcess:
+        """Start it (again, on the same port and config) and wait until ``wait_for`` answers 200 (an
+        agent in proxy mode is not ready while its upstream is not: wait for ``/v2/health/live`` then)."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "agent", "serve", "--config", str(self.config_path)],
@@ -70,11 +71,25 @@ class AgentProcess:
                 preexec_fn=self.preexec_fn,
             )
         try:
-            wait_http_ready(f"{self.url}/v2/health/ready", timeout)
+            wait_http_ready(f"{self.url}{wait_for}", timeout)
         except TimeoutError:
             self.kill()
             raise RuntimeError(f"agent did not start: {self.log()[-3000:]}") from None
         return self
+
+    def run(self, *args: str, timeout: float = 60.0) -> int:
+        """Run ``icos-agent serve --config ... *args`` to its end (a start that must fail, ``--check``)
+        and return its exit status; its output is in :meth:`log`."""
+        with self.log_path.open("ab") as log:
+            proc = subprocess.run(
+                [sys.executable, "-m", "agent", "serve", "--config", str(self.config_path), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                timeout=timeout,
+                check=False,
+            )
+        return proc.returncode
 
     def __enter__(self) -> AgentProcess:
         return self if self.proc is not None else self.start()

@@ -54,3 +54,24 @@ def test_log_lines_never_carry_credentials() -> None:
     out = json.loads(line)
     assert out["msg"] == "cannot reach http://***@mlflow:5000"
     assert out["tracking_uri"] == "http://***@mlflow:5000"
+
+
+def test_json_lines_carry_no_terminal_escapes() -> None:
+    """uvicorn's ``color_message`` is dropped; escapes in the message or a field are removed."""
+    record = logging.makeLogRecord(
+        {
+            "name": "uvicorn.error",
+            "levelno": logging.INFO,
+            "levelname": "INFO",
+            "msg": "Started server process [%d] \x1b[1mbold\x1b[0m",
+            "args": (42,),
+            "color_message": "Started server process [\x1b[36m%d\x1b[0m]",
+            "path": "/v2/models/\x1b[31mred\x1b]0;title\x07",
+        }
+    )
+    line = JsonFormatter().format(record)
+    assert "\x1b" not in line and "\\u001b" not in line
+    out = json.loads(line)
+    assert "color_message" not in out
+    assert out["msg"] == "Started server process [42] bold"
+    assert out["path"].startswith("/v2/models/red")
