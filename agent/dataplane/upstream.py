@@ -140,6 +140,11 @@ def _scores_output(server_name: str, outputs: tuple[dict[str, Any], ...]) -> str
     return None
 
 
+#: Idle pooled connections are dropped after this long: under the keep-alive of common servers (uvicorn's,
+#: behind MLServer and KServe, is 5 s), so the agent does not reuse one the upstream is closing.
+KEEPALIVE_SECONDS = 2.0
+
+
 class UpstreamClient:
     """One pooled HTTP client for the upstream; every call is bounded in time and memory."""
 
@@ -162,7 +167,9 @@ class UpstreamClient:
         Its own total timeout is a backstop; the deadline over the whole call is :meth:`_bounded`'s."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, use_dns_cache=True),
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, use_dns_cache=True, keepalive_timeout=KEEPALIVE_SECONDS
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_seconds * 2),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
@@ -237,7 +244,12 @@ class UpstreamClient:
     ) -> tuple[bytes, str | None]:
         # identity: a compressed answer could expand far past the bytes counted on the wire
         headers = {**headers, "Accept-Encoding": "identity"}
-        resp = await self._client().request(method, url, data=body or None, headers=headers)
+        try:
+            resp = await self._client().request(method, url, data=body or None, headers=headers)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # a pooled connection the upstream closed as it was reused (no answer began): once more, on
+            # a new one; a second failure is the upstream's
+            resp = await self._client().request(method, url, data=body or None, headers=headers)
         try:
             if resp.status >= 400:
                 if resp.connection is not None and resp.connection.protocol is not None:

@@ -63,9 +63,7 @@ class UpstreamReadiness:
         self.reason, self._checked_at = reason, now
         if reason is not None and (was_ready or first):
             self._unready_since = now
-            log.warning(
-                "upstream not ready: the agent answers not ready until it is", extra={"reason": reason}
-            )
+            log.warning("upstream not ready: the agent answers not ready until it is", extra={"reason": reason})
         elif reason is None and not was_ready:
             if not first:
                 since = self._unready_since if self._unready_since is not None else now

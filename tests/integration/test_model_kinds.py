@@ -141,7 +141,7 @@ def test_a_model_kind_goes_through_fit_check_serve_and_labels(
     assert {k: advertised.get(k) for k in specs} == {k: s.v2_datatype for k, s in specs.items()}
 
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("grpc.max_send_message_length", -1)])
-    infer = channel.unary_unary(  # the agent's own stubs: tritonclient's would clash with them in one process
+    infer = channel.unary_unary(  # the agent's own messages (they load beside tritonclient's)
         "/inference.GRPCInferenceService/ModelInfer",
         request_serializer=lambda m: m.SerializeToString(),
         response_deserializer=pb.ModelInferResponse.FromString,
