@@ -97,7 +97,9 @@ MEANINGS: dict[str, str] = {
     "CommonParams.batch_size": "inputs per model call during the audit",
     "DScoreParams.n": "the grid is `n × n` regions (D-Score §IV)",
     "DScoreParams.t": "translation hyper-parameter `t` (D-Score eq. 2)",
-    "MutationParams.k": "cells mutated per repetition, split equally between the operators",
+    "MutationParams.k": "cells mutated per repetition, split equally between the operators; "
+    "null = `cell_share` of the cells",
+    "MutationParams.cell_share": "share of the data's cells mutated per repetition when `k` is null (0 < share ≤ 1)",
     "MutationParams.repetitions": "repetitions per operator (mean and std are reported)",
     "MutationParams.operators": "mutation operators among DEC, IMP, SGN, DIG",
     "MutationParams.seed": "seed of the mutations",

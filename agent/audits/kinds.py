@@ -22,6 +22,7 @@ from agent.audits.dscore.run import run_dscore
 from agent.audits.metamorphic import run_metamorphic_audit
 from agent.audits.modalities import InputKinds, input_kinds
 from agent.audits.params import (
+    DEFAULT_CELL_SHARE,
     DScoreJob,
     DScoreParams,
     MetamorphicJob,
@@ -226,6 +227,7 @@ def _run_mutation(
 
     common: dict[str, Any] = {
         "k": params.k,
+        "cell_share": params.cell_share,
         "repetitions": params.repetitions,
         "seed": params.seed,
         "operators": params.operators,
@@ -241,7 +243,15 @@ def _run_mutation(
 
 
 def _mutation_args(m: argparse.ArgumentParser) -> None:
-    m.add_argument("--k", type=int, default=100, help="mutated cells per repetition (default 100)")
+    m.add_argument(
+        "--k", type=int, default=None, help="mutated cells per repetition (default: --cell-share of the cells)"
+    )
+    m.add_argument(
+        "--cell-share",
+        type=float,
+        default=DEFAULT_CELL_SHARE,
+        help=f"share of the data's cells mutated per repetition when --k is not given (default {DEFAULT_CELL_SHARE})",
+    )
     m.add_argument("--repetitions", type=int, default=5)
     m.add_argument("--operators", default="DEC,IMP,SGN,DIG", help="comma-separated subset of DEC,IMP,SGN,DIG")
     m.add_argument("--seed", type=int, default=0)
@@ -254,7 +264,13 @@ def _mutation_args(m: argparse.ArgumentParser) -> None:
 
 def _mutation_params(args: argparse.Namespace) -> dict[str, Any]:
     ops = [o for o in args.operators.split(",") if o.strip()]
-    return {"k": args.k, "repetitions": args.repetitions, "operators": ops, "seed": args.seed}
+    return {
+        "k": args.k,
+        "cell_share": args.cell_share,
+        "repetitions": args.repetitions,
+        "operators": ops,
+        "seed": args.seed,
+    }
 
 
 def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress: ProgressFn) -> CliRun | None:
@@ -281,6 +297,7 @@ def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress
         read_table(args.test, DataLimits.from_args(args)),
         args.target,
         k=params.k,
+        cell_share=params.cell_share,
         repetitions=params.repetitions,
         seed=params.seed,
         operators=params.operators,
@@ -302,11 +319,20 @@ def _mutation_summary(out: dict[str, Any]) -> list[str]:
             f"  mutated inputs: {', '.join(out['result']['params']['inputs'])}; skipped (not numeric): "
             + ", ".join(f"{name} ({kind})" for name, kind in skipped.items())
         )
+    params = out["result"]["params"]
+    share = details.get("mutated_share_of_cells")
+    lines.append(
+        f"  mutated cells per repetition: {params['k']} of {params.get('cells', params.get('predictor_cells', '?'))}"
+        + (f" ({share:.1%})" if share is not None else "")
+        + ("" if params.get("cell_share") is None else " (--cell-share; --k sets a count)")
+    )
     lines.append("  baseline: " + ", ".join(f"{k} {v:.4f}" for k, v in details["baseline"].items()))
-    lines.append(f"  {'operator':<9}" + "".join(f"{k + ' Δ%':>20}" for k in ("mae", "mse", "rmse")))
+    # accuracy first: the change a reader acts on; the probability errors follow (regression: no accuracy)
+    metrics = [m for m in ("accuracy", "mae", "mse", "rmse") if m in details["baseline"]]
+    lines.append(f"  {'operator':<9}" + "".join(f"{k + ' Δ%':>20}" for k in metrics))
     for op, s in summary.items():
         cells = []
-        for k in ("mae", "mse", "rmse"):
+        for k in metrics:
             mean, std = s[k]["change_pct_mean"], s[k]["change_pct_std"]
             cells.append("n/a" if mean is None else f"{mean:+.2f} ± {std or 0:.2f}")
         note = f"  ({s['note']})" if s.get("note") else ""

@@ -44,10 +44,17 @@ class DScoreParams(CommonParams):
     t: float = Field(5.0, gt=0)
 
 
-class MutationParams(CommonParams):
-    """Data mutation §4: ``k`` mutated cells per repetition, operators DEC/IMP/SGN/DIG."""
+#: Without an explicit ``k``, this share of the data's cells is mutated per repetition: a fixed count
+#: (100 cells) is under 1 % of a 40,000-cell table, where every change reads as robustness.
+DEFAULT_CELL_SHARE = 0.05
 
-    k: int = Field(100, ge=1)
+
+class MutationParams(CommonParams):
+    """Data mutation §4: ``k`` mutated cells per repetition (by default ``cell_share`` of the data's
+    cells, so the size scales with the table), operators DEC/IMP/SGN/DIG."""
+
+    k: int | None = Field(None, ge=1)
+    cell_share: float = Field(DEFAULT_CELL_SHARE, gt=0, le=1)
     repetitions: int = Field(5, ge=1, le=1000)
     operators: list[str] = Field(default_factory=lambda: list(MUTATION_OPERATORS))
     seed: int = Field(0, ge=0)

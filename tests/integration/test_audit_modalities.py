@@ -125,11 +125,31 @@ def test_table_model(capsys: pytest.CaptureFixture[str], models: dict[str, tuple
     metrics = mutated["result"]["metrics"]
     assert metrics["sgn_mae_change_pct_mean"] > 0 and 0.8 < metrics["baseline_accuracy"] <= 1.0
     assert main(_argv(models, "table", "mutation", "--k", "60", "--repetitions", "2")) == 0
-    assert "skipped (not numeric): city (category), plan (category)" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "skipped (not numeric): city (category), plan (category)" in table
+    assert "mutated cells per repetition: 60 of 600 (10.0%)" in table
+    # the accuracy change is in the human table, its first column
+    header = next(line for line in table.splitlines() if line.strip().startswith("operator"))
+    assert header.split()[1:3] == ["accuracy", "Δ%"]
+    sgn = next(line for line in table.splitlines() if line.strip().startswith("SGN"))
+    assert f"{metrics_table(mutated, 'sgn'):+.2f}" in sgn
+
+    # without --k, a share of the cells (5 %): the size follows the data
+    scaled = _json(capsys, _argv(models, "table", "mutation", "--repetitions", "2"))
+    assert scaled["result"]["params"]["k"] == 30 and scaled["result"]["params"]["cell_share"] == 0.05
+    assert scaled["result"]["details"]["mutated_share_of_cells"] == 0.05
+    half = _json(capsys, _argv(models, "table", "mutation", "--repetitions", "2", "--cell-share", "0.5"))
+    assert half["result"]["params"]["k"] == 300
 
     err = _refused(capsys, _argv(models, "table", "dscore"))
     assert "numeric inputs 'age', 'income'; categorical inputs 'city', 'plan'" in err
     assert "audits that apply: mutation (numeric inputs only: age, income), metamorphic" in err
+
+
+def metrics_table(out: dict[str, object], group: str) -> float:
+    """The accuracy change of one operator group, as --json reports it."""
+    metrics = out["result"]["metrics"]  # type: ignore[index]
+    return float(metrics[f"{group}_accuracy_change_pct_mean"])  # type: ignore[index]
 
 
 def test_token_model(capsys: pytest.CaptureFixture[str], models: dict[str, tuple[Path, Path]]) -> None:

@@ -19,6 +19,17 @@ from agent.audits.report import AuditError
 OPERATORS: tuple[str, ...] = ("DEC", "IMP", "SGN", "DIG")
 
 
+def cells_to_mutate(k: int | None, cell_share: float, cells: int) -> int:
+    """``k`` when given, else ``cell_share`` of ``cells`` (at least one, at most all)."""
+    if k is not None:
+        if k < 1:
+            raise AuditError(f"k must be >= 1, got {k}")
+        return k
+    if not 0 < cell_share <= 1:
+        raise AuditError(f"cell_share must be in (0, 1], got {cell_share}")
+    return max(1, min(cells, round(cell_share * cells)))
+
+
 class NotApplicable(AuditError):
     """The operator cannot mutate this value (or its result equals the original).
 

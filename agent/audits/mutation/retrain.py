@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agent.audits.mutation.operators import OPERATORS
+from agent.audits.mutation.operators import OPERATORS, cells_to_mutate
 from agent.audits.mutation.robustness import probability_errors, regression_errors, summarise
 from agent.audits.mutation.run import repeat_groups
+from agent.audits.params import DEFAULT_CELL_SHARE
 from agent.audits.report import AuditError, AuditResult, ProgressFn
 from agent.data.limits import DataLimits
 from agent.data.table_files import frames
@@ -87,13 +88,15 @@ def run_retrain_audit(
     test_df: pd.DataFrame,
     target: str,
     *,
-    k: int,
+    k: int | None = None,
+    cell_share: float = DEFAULT_CELL_SHARE,
     repetitions: int = 5,
     seed: int = 0,
     operators: Sequence[str] = OPERATORS,
     progress: ProgressFn | None = None,
 ) -> AuditResult:
-    """The paper's procedure (§4-5): mutate ``k`` predictor cells of the training set, retrain,
+    """The paper's procedure (§4-5): mutate ``k`` predictor cells of the training set (``cell_share``
+    of them when ``k`` is None), retrain,
     evaluate on the clean test set; repeat, per operator and for all operators together.
 
     Regression estimators are scored by MAE/MSE/RMSE of their predictions; classifiers by the
@@ -135,12 +138,15 @@ def run_retrain_audit(
 
     baseline = evaluate(x_train)
     ops = tuple(o.upper() for o in operators)
+    given_k = k
+    k = cells_to_mutate(k, cell_share, int(x_train.size))
     runs = repeat_groups(x_train, k, ops, repetitions, seed, baseline, evaluate, progress)
     params = {
         "estimator": spec.get("estimator"),
         "estimator_params": dict(spec.get("params") or {}),
         "task": "classification" if classification else "regression",
         "k": k,
+        "cell_share": None if given_k is not None else cell_share,
         "repetitions": repetitions,
         "seed": seed,
         "operators": list(ops),

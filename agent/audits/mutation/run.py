@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agent.audits.mutation.operators import OPERATORS, mutate
+from agent.audits.mutation.operators import OPERATORS, cells_to_mutate, mutate
 from agent.audits.mutation.robustness import change_pct, probability_errors, seed_for, summarise
+from agent.audits.params import DEFAULT_CELL_SHARE
 from agent.audits.report import AuditError, AuditResult, ProgressFn
 from agent.model.inputs import Inputs
 
@@ -105,7 +106,8 @@ def run_mutation_audit(
     x: np.ndarray | Inputs,
     y: np.ndarray | None,
     *,
-    k: int,
+    k: int | None = None,
+    cell_share: float = DEFAULT_CELL_SHARE,
     repetitions: int = 5,
     seed: int = 0,
     operators: Sequence[str] = OPERATORS,
@@ -114,7 +116,8 @@ def run_mutation_audit(
     mutable: Sequence[str] | None = None,
     skipped: Mapping[str, str] | None = None,
 ) -> AuditResult:
-    """Robustness of a fixed classifier to ``k`` mutated cells of its reference inputs ``x``.
+    """Robustness of a fixed classifier to ``k`` mutated cells of its reference inputs ``x``
+    (``cell_share`` of the mutable cells when ``k`` is None).
 
     ``x`` is one numeric array, or a model's :class:`Inputs` of which the ``mutable`` ones (numeric) are
     mutated together as one table (:func:`table_of`); ``skipped`` names the others with their kind, for
@@ -150,10 +153,13 @@ def run_mutation_audit(
         moved = inputs_of(mutated, batch, names) if batch is not None else mutated
         return probability_errors(_predict(predict_proba, moved, batch_size), truth)
 
-    runs = repeat_groups(data, k, ops, repetitions, seed, baseline, evaluate, progress)
     cells = int(np.prod(data.shape))
+    given_k = k
+    k = cells_to_mutate(k, cell_share, cells)
+    runs = repeat_groups(data, k, ops, repetitions, seed, baseline, evaluate, progress)
     params: dict[str, Any] = {
         "k": k,
+        "cell_share": None if given_k is not None else cell_share,
         "repetitions": repetitions,
         "seed": seed,
         "operators": list(ops),
