@@ -332,11 +332,15 @@ class Bundle:
             blobs[name] = data
         table = TableSource.from_dict(manifest["table"]) if "table" in manifest else None
         if expected_model_sha256 is not None and table is not None:
-            raise BundleError(f"{root} was fitted from a table of predictions, not for a model; use it without a model")
+            raise BundleError(
+                f"{root} was fitted from a table of predictions, not for a model; use it without --model "
+                "(or refit it with `icos-agent fit --model`)"
+            )
         if expected_model_sha256 is not None and expected_model_sha256.lower() != manifest["model_sha256"].lower():
             raise BundleError(
                 f"bundle was fitted for model sha256 {_short(manifest['model_sha256'])} "
-                f"but the model is {_short(expected_model_sha256)}"
+                f"but the model is {_short(expected_model_sha256)}: refit it for this model "
+                "(`icos-agent fit --model <this model> ...`), or use the model it was fitted for"
             )
         classes = manifest["classes"]
         feature_names = manifest["feature_names"]

@@ -399,9 +399,14 @@ class AgentSettings(BaseSettings):
         if self.bundle.path is None and self.model.uri is None:
             raise ValueError("bundle.path is required (a bundle directory written by `icos-agent fit`)")
         if self.mode == "serve" and self.model.path is None and self.model.uri is None:
-            raise ValueError("model.path is required in serve mode (or model.uri, an MLflow model URI)")
+            raise ValueError(
+                "model.path is required in serve mode (or model.uri, an MLflow model URI; "
+                "environment: ICOS_AGENT_MODEL__PATH)"
+            )
         if self.mode == "fleet" and self.fleet.prometheus_url is None:
-            raise ValueError("fleet.prometheus_url is required in fleet mode")
+            raise ValueError(
+                "fleet.prometheus_url is required in fleet mode (environment: ICOS_AGENT_FLEET__PROMETHEUS_URL)"
+            )
         if self.mode == "proxy" and self.upstream.url is None:
             raise ValueError("upstream.url is required in proxy mode")
         if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:

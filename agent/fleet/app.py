@@ -59,7 +59,9 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
     if fleet.prometheus_url is None:
         from agent.errors import UserError
 
-        raise UserError("fleet.prometheus_url is required in fleet mode")
+        raise UserError(
+            "fleet.prometheus_url is required in fleet mode (environment: ICOS_AGENT_FLEET__PROMETHEUS_URL)"
+        )
     rt = load_runtime(fetch_model(settings))
     api = PrometheusAPI(
         fleet.prometheus_url,

@@ -176,14 +176,14 @@ def load_runtime(
     mpath = Path(model_path) if model_path is not None else m.path
     bpath = Path(bundle_path) if bundle_path is not None else settings.bundle.path
     if bpath is None:
-        raise UserError("bundle.path is not set")
+        raise UserError("bundle.path is not set: set it in the config, or ICOS_AGENT_BUNDLE__PATH")
     classifier: OnnxClassifier | None = None
     sha: str | None = None
     try:
         model_bytes: bytes | None = None
         if settings.mode == "serve":
             if mpath is None:
-                raise UserError("model.path is required in serve mode")
+                raise UserError("model.path is required in serve mode: set it in the config, or ICOS_AGENT_MODEL__PATH")
             model_bytes = read_model_file(mpath)
             sha = sha256_bytes(model_bytes)
         elif mpath is not None:

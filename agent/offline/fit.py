@@ -155,7 +155,11 @@ def fit_bundle(
     """
     say = progress or (lambda _m: None)
     if train.y is None or val.y is None:
-        raise UserError("fit needs labels (y) in both the training and the validation data")
+        missing = " and ".join(n for n, d in (("training", train), ("validation", val)) if d.y is None)
+        raise UserError(
+            f"fit needs labels, and the {missing} data has none: name a table's label column with "
+            "--label-column (CSV/Parquet), or add an array y to the .npz"
+        )
     if params.decision_threshold is not None and model.n_classes != 2:
         raise UserError(f"--decision-threshold applies to binary models only; this one has {model.n_classes} classes")
     model.decision_threshold = params.decision_threshold

@@ -168,7 +168,10 @@ def test_idi_rules_from_metadata(data_dir: Path) -> None:
     [
         (["check", "--model", "missing.onnx", "--bundle", "b", "--data", "d.npz"], "model file not found"),
         (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "missing.npz"], "data file not found"),
-        (["check", "--model", DIGITS_MODEL, "--bundle", "{bundle}", "--data", "{data}/test.npz"], "fitted for model"),
+        (
+            ["check", "--model", DIGITS_MODEL, "--bundle", "{bundle}", "--data", "{data}/test.npz"],
+            "refit it for this model",
+        ),
         (["check", "--model", MODEL, "--bundle", "{data}", "--data", "{data}/test.npz"], "manifest.json"),
         (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "{data}/bad_shape.npz"], "does not fit"),
         (
@@ -189,7 +192,7 @@ def test_idi_rules_from_metadata(data_dir: Path) -> None:
         ),
         (
             ["fit", "--model", MODEL, "--train", "{data}/nolabels.npz", "--val", "{data}/val.npz", "--out", "{data}/x"],
-            "labels",
+            "the training data has none: name a table's label column with --label-column",
         ),
         (["check", "--model", MODEL, "--bundle", "{bundle}", "--data", "{data}/rules.yaml"], "unsupported data format"),
         (

@@ -185,7 +185,8 @@ def test_another_model_is_refused(saved: tuple[Bundle, Path]) -> None:
     with pytest.raises(BundleError) as caught:
         Bundle.load(directory, expected_model_sha256=OTHER_SHA)
     assert str(caught.value) == (
-        f"bundle was fitted for model sha256 {MODEL_SHA[:12]}… but the model is {OTHER_SHA[:12]}…"
+        f"bundle was fitted for model sha256 {MODEL_SHA[:12]}… but the model is {OTHER_SHA[:12]}…: refit it for "
+        "this model (`icos-agent fit --model <this model> ...`), or use the model it was fitted for"
     )
     assert Bundle.load(directory, expected_model_sha256=MODEL_SHA.upper()).model_sha256 == MODEL_SHA
 
