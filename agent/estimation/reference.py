@@ -20,6 +20,10 @@ PCA_CHUNK = 64
 CLASS_PRIOR_WEIGHT = 5.0
 
 
+#: Floor of a table feature's scale in the PCA error, as a share of the median scale of the others.
+MIN_SCALE_SHARE = 0.1
+
+
 @dataclass(frozen=True)
 class InputReference:
     """What live inputs are compared with (JSON-able): a PCA of the training inputs and the TDI leaves.
@@ -178,7 +182,11 @@ class InputReference:
         tr = np.asarray(train_features, dtype=np.float64).reshape(len(train_features), -1)
         center = tr.mean(axis=0)
         if per_feature_scale:
-            scale = np.maximum(tr.std(axis=0), 1e-9)
+            # a feature constant in training (a pixel always 0, a category never seen) gets a tenth of
+            # the median spread, not ~0: one live sample that moves it must not make an error of 1e9
+            std = tr.std(axis=0)
+            varying = std[std > 1e-9]
+            scale = np.maximum(std, max(MIN_SCALE_SHARE * float(np.median(varying)) if len(varying) else 1.0, 1e-9))
         else:
             scale = np.array([max(float(np.abs(tr).max()), 1e-9)])
         z = (tr - center) / scale

@@ -130,6 +130,8 @@ class WindowReport:
             "total_judged": self.windows.total,
             "windows": windows,
             "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},
+            # what the relative alerts compare the headline with (icos_reference_accuracy_ratio)
+            "reference": {"accuracy": rt.calibration.accuracy},
             "timestamp": now,
         }
 

@@ -79,6 +79,34 @@ def test_support_distance_is_small_inside_and_large_outside() -> None:
     assert sup.distance(np.full(4, 8.0)) > 2.0
 
 
+def test_a_feature_constant_in_calibration_does_not_blow_up_the_distance() -> None:
+    """A confidence bin an underconfident model never reached at fit (its share always 0) that a few
+    live samples reach moves the window by a tenth of the other features' median spread per unit of
+    that spread, not by millions: the distance stays readable and still says 'outside'."""
+    rng = np.random.default_rng(0)
+    windows = np.c_[rng.normal(0.0, 1.0, (300, 4)), np.zeros(300)]
+    clean = np.c_[rng.normal(0.0, 0.02, (80, 4)), np.zeros(80)]
+    sup = KindSupport.fit(windows, clean, np.full(80, 1000.0), rng)
+    assert min(sup.scale) == pytest.approx(0.1 * float(np.median(sup.scale[:4])))
+    moved = sup.distance(np.r_[np.array(sup.points[0][:4]) * np.array(sup.scale[:4]), 0.5])
+    assert 1.0 < moved < 100.0
+
+
+def test_a_table_feature_constant_in_training_does_not_blow_up_the_pca_error() -> None:
+    """A pixel always 0 in the training split that a live sample sets to 2: its PCA error is a few
+    standardised units (its scale is a tenth of the median spread), not 1e9 (a scale of 1e-9)."""
+    from agent.estimation.reference import InputReference
+
+    rng = np.random.default_rng(1)
+    train = np.c_[rng.normal(0.0, 4.0, (500, 6)), np.zeros(500)]
+    ref = InputReference.fit(train, train[:100], per_feature_scale=True, components=3)
+    assert ref.scale[-1] == pytest.approx(0.1 * float(np.median(ref.scale[:6])))
+    live = train[:10].copy()
+    live[:, -1] = 2.0
+    err = ref.pca_error(live)
+    assert np.all(err > ref.pca_error(train[:10])) and float(err.max()) < 10.0
+
+
 def test_drift_is_scaled_by_the_window_size() -> None:
     sup = _support()
     assert sup.drift(np.zeros(4), 1000) < sup.drift_q90 * 1.5
