@@ -13,7 +13,7 @@ import anyio.to_thread
 
 from agent.config.settings import AgentSettings
 from agent.core import logs
-from agent.errors import ClientError
+from agent.errors import ClientError, UserError
 from agent.estimation.statistics import WindowStats, stat_items
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.windows import WindowSet
@@ -68,12 +68,20 @@ class RuntimeHolder:
         self.metrics.record_window_stats(new.name, new.version, new.bundle_label, stat_items(WindowStats()))
 
     async def reload(self, model_path: str | None, bundle_path: str | None, version: str | None) -> Runtime:
-        """Load a model and bundle and swap them in (raises :class:`~agent.errors.UserError`: the
-        previous runtime keeps serving)."""
+        """Load a model and bundle and swap them in. A model or bundle that does not load is a 400
+        ``reload`` (:class:`~agent.errors.ClientError`) naming the problem: the previous runtime keeps
+        serving."""
         async with self._reload_lock:
-            new = await anyio.to_thread.run_sync(
-                lambda: load_runtime(self.settings, model_path=model_path, bundle_path=bundle_path, version=version)
-            )
+            try:
+                new = await anyio.to_thread.run_sync(
+                    lambda: load_runtime(self.settings, model_path=model_path, bundle_path=bundle_path, version=version)
+                )
+            except ClientError:
+                raise
+            except UserError as exc:
+                raise ClientError(
+                    f"reload failed, still serving the previous model: {exc}", status=400, reason="reload"
+                ) from None
             self.swap(new)
             if self.after_reload is not None:
                 await self.after_reload()

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.dataplane.metadata import server_metadata
 from agent.dataplane.reload import parse_reload
-from agent.errors import ClientError, UserError
+from agent.errors import ClientError
 from agent.protocol import v2
 from agent.server.admin import require_admin
 from agent.server.composition import Agent
@@ -95,12 +95,7 @@ def build_router(agent: Agent) -> APIRouter:
     async def reload(request: Request) -> Response:
         require_admin(request)
         req = parse_reload(await request.body(), agent.settings.security.allowed_roots)
-        try:
-            rt = await runtimes.reload(req.model_path, req.bundle_path, req.version)
-        except UserError as exc:
-            raise ClientError(
-                f"reload failed, still serving the previous model: {exc}", status=400, reason="reload"
-            ) from None
+        rt = await runtimes.reload(req.model_path, req.bundle_path, req.version)
         return json_response({"reloaded": True, "model": rt.describe()})
 
     @r.get("/metrics", summary="Prometheus metrics")
