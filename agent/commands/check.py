@@ -65,6 +65,9 @@ def format_report(report: dict[str, object]) -> str:
     verdicts = report["verdicts"]
     assert isinstance(verdicts, dict)
     lines.append("verdicts: " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+    evidence = report.get("headline_evidence")
+    if isinstance(evidence, dict):
+        lines.append(f"headline {evidence['chosen']} (chosen at fit on simulated shifts): {evidence['reason']}")
     truth = report.get("truth")
     if isinstance(truth, dict):
         lines.append(f"true accuracy: {truth['accuracy']:.3f}")

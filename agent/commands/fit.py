@@ -219,6 +219,7 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         "model_sha256": model.sha256 or None,
         "source": "table" if table is not None else "model",
         "headline": headline_estimator(report.bundle.headline),
+        "headline_evidence": report.bundle.estimator_calibration.get("headline"),
         "decision_threshold": report.bundle.decision_threshold,
         "train_accuracy": report.train_accuracy,
         "val_accuracy": report.val_accuracy,

@@ -5,9 +5,12 @@ validation files: its rows are split, stratified by label, into a training part 
 validation part, which :func:`invariants.fitting.fit_oracle` splits again into ADI training and the
 calibration split, exactly as for a model's bundle. Everything that needs only predictions is fitted:
 IDI (user rules), TDI, ADI, the oracle's TPR/FPR and the classic estimators (``icos``,
-``icos_corrected``, ``avg_conf``, ``atc``, ``doc``). ``shift_aware`` is not: it learns from corrupted
-copies of the calibration inputs passed through the model. The bundle's headline is then
-:data:`~agent.estimation.estimators.TABLE_HEADLINE`.
+``icos_corrected``, ``avg_conf``, ``cbpe``, ``atc``, ``doc``). ``shift_aware`` is not: it learns from
+corrupted copies of the calibration inputs passed through the model. The bundle's headline is chosen
+among the others from their errors on simulated shifts of the calibration split
+(:mod:`agent.estimation.headline_choice`; ``cbpe`` unless another clearly does better), and the
+evidence is kept in the bundle. Bundles fitted before the choice keep their manifest's headline
+(:data:`~agent.estimation.estimators.TABLE_HEADLINE` when it names none).
 
 ``check`` streams the production table in bounded batches and adds up the window statistics
 (:class:`~agent.estimation.statistics.WindowStats` are additive), so a file of any length is judged
@@ -29,6 +32,11 @@ from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import TABLE_HEADLINE, estimate_all
+from agent.estimation.evidence import evidence_section
+from agent.estimation.headline_choice import CONFIDENCE_DEFAULT, choose_headline
+from agent.estimation.reliability import ORACLE_ESTIMATORS, weak_oracle
+from agent.estimation.shift_fitting import JudgedSet
+from agent.estimation.shift_windows import tilt_coordinates
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from agent.offline.fit import FitReport
@@ -113,10 +121,9 @@ def fit_table_bundle(
         metadata={k: v[fitted.calibration_index] for k, v in val_meta.items()} or None,
         feature_names=list(columns.features),
     )
-    est_cal = EstimatorCalibration.fit(
-        label_confidences(ref.probabilities[cal], predicted[cal]), predicted[cal] == y[cal], result.failed
-    )
-    say(f"shift_aware needs the model (it is fitted on corrupted inputs); the headline estimator is {TABLE_HEADLINE}")
+    conf = label_confidences(ref.probabilities[cal], predicted[cal])
+    clean = JudgedSet("clean", np.asarray(result.verdict), conf, predicted[cal] == y[cal], y[cal])
+    est_cal, headline = _calibrate_and_choose(clean, ref.x[cal], params.seed, say)
     bundle = Bundle(
         model_sha256=None,
         input_shape=[len(columns.features)],
@@ -130,7 +137,7 @@ def fit_table_bundle(
         estimator_calibration=est_cal.to_dict(),
         table=TableSource(columns.proba, columns.features, columns.label),
         decision_threshold=threshold,
-        headline=TABLE_HEADLINE,
+        headline=headline,
     )
     correct = predicted == y
     return FitReport(
@@ -212,6 +219,26 @@ def _slices(batches: Iterator[TableBatch], chunk_rows: int | None) -> Iterator[t
             i += take
 
 
+def _calibrate_and_choose(
+    clean: JudgedSet, features: np.ndarray, seed: int, say: Callable[[str], None]
+) -> tuple[EstimatorCalibration, str]:
+    """The classic estimators calibrated on the whole calibration split ``clean`` (its rows'
+    ``features``), carrying the evidence of the headline chosen on its simulated shifts, and that
+    headline (``cbpe`` when the split is too small to choose on)."""
+    say("choosing the headline estimator on simulated shifts of the calibration split (shift_aware needs a model)")
+    failed = np.asarray(clean.verdicts) != 0
+
+    def calibrate(rows: np.ndarray) -> EstimatorCalibration:
+        return EstimatorCalibration.fit(clean.confidences[rows], clean.correct[rows], failed[rows])
+
+    est_cal = EstimatorCalibration.fit(clean.confidences, clean.correct, failed)
+    weak = {k: "the oracle separates right from wrong poorly" for k in ORACLE_ESTIMATORS if weak_oracle(est_cal)}
+    evidence = choose_headline(clean, [], tilt_coordinates(features), calibrate, seed=seed, exclude=weak)
+    headline = evidence.chosen if evidence is not None else CONFIDENCE_DEFAULT
+    say(f"headline estimator {headline}: {evidence.reason if evidence else 'too few calibration rows to choose'}")
+    return est_cal.with_headline(evidence), headline
+
+
 def _take(batch: TableBatch, rows: slice) -> TableBatch:
     return TableBatch(
         batch.x[rows],
@@ -274,6 +301,7 @@ def check_table_report(
         "n": total.n,
         "model": {"table": bundle.table.to_dict() if bundle.table else None, "sha256": bundle.model_sha256},
         **{k: v for k, v in total.report(cal, headline).items() if k != "n"},
+        **evidence_section(cal.headline),
     }
     if bundle.decision_threshold is not None:
         report["decision_threshold"] = bundle.decision_threshold
