@@ -9,22 +9,25 @@ to the headline. Bundles fitted before it have none and keep the headline their 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The criterion the choice minimises: the mean absolute error in the estimator's worst kind of window.
-CRITERION = "worst-kind mean absolute error"
+#: The criterion the choice minimises (:mod:`agent.estimation.headline_choice`).
+CRITERION = "largest over kinds of shift of the mean absolute error relative to the best estimator's in that kind"
 
 
 @dataclass(frozen=True)
 class EstimatorErrors:
     """One estimator's absolute errors on the simulated windows: their ``mean``, the largest (``worst``),
-    the mean per kind of window (``by_kind``) and its largest (``worst_kind``, the choice's criterion)."""
+    the mean per kind of window (``by_kind``) and its largest (``worst_kind``); ``ratio``: the choice's
+    criterion (NaN for an estimator not eligible)."""
 
     mean: float
     worst: float
     by_kind: Mapping[str, float]
+    ratio: float = float("nan")
 
     @property
     def worst_kind(self) -> float:
@@ -36,6 +39,7 @@ class EstimatorErrors:
             "worst": self.worst,
             "worst_kind": self.worst_kind,
             "by_kind": dict(self.by_kind),
+            "ratio": None if math.isnan(self.ratio) else self.ratio,
         }
 
     @classmethod
@@ -44,6 +48,7 @@ class EstimatorErrors:
             mean=float(d["mean"]),
             worst=float(d["worst"]),
             by_kind={str(k): float(v) for k, v in dict(d.get("by_kind") or {}).items()},
+            ratio=float("nan") if d.get("ratio") is None else float(d["ratio"]),
         )
 
 

@@ -10,9 +10,12 @@ has, held out from what they were calibrated on:
    regressions where the bundle has them), and measured on windows of the fold's rows under simulated
    shifts (:class:`~agent.estimation.shift_windows.WindowPlanner`). No window holds a row its
    estimators were calibrated on (cross-fitting: each estimate is out of sample).
-2. Each candidate's criterion is its mean absolute error in its worst kind of window (the mean over
-   windows of one kind of shift, the largest over kinds): the choice guards against the drift that
-   hurts it most, and a mean over windows is not the luck of one draw.
+2. Each candidate's criterion is its worst relative regret over the kinds of window: per kind of shift,
+   its mean absolute error over the windows of that kind divided by the lowest such mean among the
+   candidates, and the largest of these ratios over kinds (minimax relative regret). The choice
+   guards against the drift that hurts it most compared with what was achievable there; a ratio, not
+   a difference, so that one kind where every estimator errs a lot (a strong change of the class
+   prior) does not decide alone; a mean over windows is not the luck of one draw.
 3. The candidate with the lowest criterion is chosen when it beats the default (``shift_aware`` where
    the bundle has it, else ``cbpe``, the estimators built for the bundle's kind) in at least
    :data:`SUPPORT` of :data:`BOOTSTRAP` resamples of the windows (kind by kind): a small data set gives
@@ -48,6 +51,9 @@ MIN_FOLD_ROWS = 30
 #: Bootstrap resamples of the windows, and the share of them in which a candidate must beat the default.
 BOOTSTRAP = 200
 SUPPORT = 0.95
+#: Smallest mean error a ratio divides by (an estimator exact on one kind of window does not make every
+#: other one infinitely worse there).
+ERROR_FLOOR = 0.002
 #: The default headline of a bundle without ``shift_aware``.
 CONFIDENCE_DEFAULT = "cbpe"
 
@@ -135,21 +141,28 @@ def measure(
     return Measured(np.asarray(kinds), np.asarray(truth), estimates_by_name, size, n, folds)
 
 
-def _criterion(errors: np.ndarray, kinds: np.ndarray, order: Sequence[str]) -> float:
-    return max(float(errors[kinds == k].mean()) for k in order)
+def _ratios(per_kind: np.ndarray) -> np.ndarray:
+    """The criterion of every candidate from their mean errors per kind ``[candidates, kinds]``: the
+    largest over kinds of its error over the best candidate's error in that kind (floored at
+    :data:`ERROR_FLOOR`), so that a kind where every estimator errs a lot does not decide alone."""
+    best = np.maximum(per_kind.min(axis=0), ERROR_FLOOR)
+    return (np.maximum(per_kind, ERROR_FLOOR) / best).max(axis=1)
 
 
-def _support(measured: Measured, best: str, default: str, rng: np.random.Generator) -> float:
-    """Share of bootstrap resamples (windows resampled within each kind) in which ``best`` has a lower
-    criterion than ``default``."""
-    order = list(dict.fromkeys(measured.kinds.tolist()))
-    by_kind = [np.flatnonzero(measured.kinds == k) for k in order]
-    eb, ed = measured.errors(best), measured.errors(default)
+def _per_kind(errors: np.ndarray, by_kind: Sequence[np.ndarray]) -> np.ndarray:
+    """Mean errors ``[candidates, kinds]`` of the windows ``by_kind`` (indices per kind)."""
+    return np.stack([errors[:, rows].mean(axis=1) for rows in by_kind], axis=1)
+
+
+def _support(
+    errors: np.ndarray, by_kind: Sequence[np.ndarray], best: int, default: int, rng: np.random.Generator
+) -> float:
+    """Share of bootstrap resamples (windows resampled within each kind) in which candidate ``best``
+    has a lower criterion than candidate ``default`` (``errors``: ``[candidates, windows]``)."""
     wins = 0
     for _ in range(BOOTSTRAP):
-        idx = [rng.choice(rows, len(rows)) for rows in by_kind]
-        gap = max(float(ed[i].mean()) for i in idx) - max(float(eb[i].mean()) for i in idx)
-        wins += gap > 0
+        ratios = _ratios(_per_kind(errors, [rng.choice(rows, len(rows)) for rows in by_kind]))
+        wins += int(ratios[best] < ratios[default])
     return wins / BOOTSTRAP
 
 
@@ -165,20 +178,22 @@ def choose(measured: Measured, *, seed: int, exclude: Mapping[str, str] | None =
     excluded = {k: v for k, v in (exclude or {}).items() if k in measured.estimates}
     candidates = [c for c in measured.estimates if c not in excluded] or list(measured.estimates)
     default = default_headline(candidates)
+    by_kind = [np.flatnonzero(measured.kinds == k) for k in order]
+    matrix = np.stack([measured.errors(c) for c in candidates])
+    ratios = _ratios(_per_kind(matrix, by_kind))
     errors = {}
-    for name in candidates:
+    for name in [*candidates, *excluded]:
         e = measured.errors(name)
-        by_kind = {k: float(e[measured.kinds == k].mean()) for k in order}
-        errors[name] = EstimatorErrors(float(e.mean()), float(e.max()), by_kind)
-    for name in excluded:
-        e = measured.errors(name)
-        by_kind = {k: float(e[measured.kinds == k].mean()) for k in order}
-        errors[name] = EstimatorErrors(float(e.mean()), float(e.max()), by_kind)
-    best = min(candidates, key=lambda c: (errors[c].worst_kind, errors[c].mean))
+        ratio = float(ratios[candidates.index(name)]) if name in candidates else float("nan")
+        errors[name] = EstimatorErrors(
+            float(e.mean()), float(e.max()), {k: float(e[measured.kinds == k].mean()) for k in order}, ratio
+        )
+    best = min(candidates, key=lambda c: (errors[c].ratio, errors[c].mean))
     support = 1.0
-    if best != default and default in errors:
-        support = _support(measured, best, default, np.random.default_rng([seed, 1]))
-    chosen = best if support >= SUPPORT or default not in errors else default
+    if best != default and default in candidates:
+        rng = np.random.default_rng([seed, 1])
+        support = _support(matrix, by_kind, candidates.index(best), candidates.index(default), rng)
+    chosen = best if support >= SUPPORT or default not in candidates else default
     return HeadlineEvidence(
         chosen=chosen,
         default=default,
@@ -200,13 +215,16 @@ def _reason(chosen: str, default: str, best: str, errors: dict[str, EstimatorErr
     """The choice in one sentence."""
     if chosen != best:
         return (
-            f"{best} has the lowest worst-kind error ({errors[best].worst_kind:.4f}, {chosen} "
-            f"{errors[chosen].worst_kind:.4f}) but beats {chosen} in only {support:.0%} of resamples "
-            f"(fewer than {SUPPORT:.0%}), so {chosen} stays"
+            f"{best} errs least in its worst kind of shift relative to the best estimator there "
+            f"({errors[best].ratio:.2f}x, {chosen} {errors[chosen].ratio:.2f}x) but beats {chosen} in only "
+            f"{support:.0%} of resamples (fewer than {SUPPORT:.0%}), so {chosen} stays"
         )
-    runner = min((n for n in errors if n != chosen), key=lambda n: errors[n].worst_kind, default=None)
-    text = f"{chosen} has the lowest worst-kind error ({errors[chosen].worst_kind:.4f}"
-    text += f"; next {runner} {errors[runner].worst_kind:.4f})" if runner else ")"
+    runner = min((n for n in errors if n != chosen), key=lambda n: errors[n].ratio, default=None)
+    text = (
+        f"{chosen} errs least in its worst kind of shift relative to the best estimator there "
+        f"({errors[chosen].ratio:.2f}x"
+    )
+    text += f"; next {runner} {errors[runner].ratio:.2f}x)" if runner else ")"
     if chosen != default:
         text += f" and beats {default} in {support:.0%} of resamples"
     return text

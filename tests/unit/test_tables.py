@@ -178,7 +178,11 @@ def test_serve_and_proxy_modes_refuse_a_table_bundle(bundle_dir: Path) -> None:
         with pytest.raises(UserError, match="fitted from a table of predictions.*observe"):
             load_runtime(settings)
     rt = load_runtime(load_settings(None, mode="observe", model={"name": "m"}, bundle={"path": str(bundle_dir)}))
-    assert rt.input_shape == (len(CAR_FEATURES),) and rt.headline == Bundle.load(bundle_dir).headline and rt.model_sha256 == ""
+    assert (
+        rt.input_shape == (len(CAR_FEATURES),)
+        and rt.headline == Bundle.load(bundle_dir).headline
+        and rt.model_sha256 == ""
+    )
 
 
 def test_cli_names_what_is_missing(
