@@ -138,3 +138,37 @@ def test_a_table_bundle_names_its_headline_from_the_evidence(table_bundle: tuple
     report = check_table_report(bundle, ana, columns, chunk_rows=1000)
     assert report["headline"] == ev.chosen
     assert report["headline_evidence"] == ev.to_dict()
+
+
+def test_check_labels_reveals_n_labels_per_chunk_of_a_table(table_bundle: tuple[Path, Path]) -> None:
+    bundle_dir, ana = table_bundle
+    bundle = Bundle.load(bundle_dir)
+    columns, _ = resolve_columns(ana, proba=("y_pred_proba",), label="repaid", features=CAR_FEATURES)
+    report = check_table_report(bundle, ana, columns, chunk_rows=1000, batch_rows=300, labels=200, seed=4)
+    assert report["estimates"]["with_labels"]["n_labels"] == 200
+    for c in report["chunks"]:
+        e = c["estimates"]["with_labels"]
+        assert e["n_labels"] == 200 and e["seed"] == 4
+        assert e["lower"] <= c["truth"]["accuracy"] + 0.05 and c["truth"]["accuracy"] - 0.05 <= e["upper"]
+    again = check_table_report(bundle, ana, columns, chunk_rows=1000, batch_rows=500, labels=200, seed=4)
+    assert again["chunks"][0]["estimates"]["with_labels"]["n_labels"] == 200
+    unlabeled = check_table_report(bundle, ana, columns, chunk_rows=1000)
+    assert "with_labels" not in unlabeled["estimates"]
+
+
+def test_the_label_reservoir_is_a_uniform_sample() -> None:
+    from agent.offline.tables import _Reservoir
+
+    picked = np.zeros(100)
+    for seed in range(300):
+        r = _Reservoir(10, seed, 0)
+        for a in range(0, 100, 7):
+            ids = np.arange(a, min(a + 7, 100))
+            r.add(ids.astype(np.float64), np.ones(len(ids), dtype=bool))
+        assert r.size == 10 and len(set(r.conf.tolist())) == 10
+        picked[r.conf.astype(int)] += 1
+    # each row is kept with probability 10/100: 30 times in 300 draws (binomial sd about 5)
+    assert picked.min() > 10 and picked.max() < 50
+    small = _Reservoir(10, 0, 0)
+    small.add(np.array([0.9, 0.8]), np.array([True, False]))
+    assert small.size == 2 and small.stats().lab_n == 2
