@@ -123,10 +123,21 @@ class HeadlineEvidence:
         )
 
 
-def evidence_section(evidence: HeadlineEvidence | None) -> dict[str, Any]:
+#: Why a bundle's headline comes without evidence.
+NO_EVIDENCE_MODEL = (
+    "shift_aware is the headline of a model bundle, calibrated on corrupted copies of the calibration split; "
+    "the headline is chosen from evidence for table bundles only (measuring shift_aware out of sample would "
+    "refit it once per fold)"
+)
+NO_EVIDENCE_TABLE = (
+    "the bundle was fitted before headlines were chosen from evidence, or from too few calibration rows to choose on"
+)
+
+
+def evidence_section(evidence: HeadlineEvidence | None, *, shift_aware: bool) -> dict[str, Any]:
     """The ``headline_evidence`` entry of ``check --json`` and ``GET /v1/estimates``: the evidence's
-    JSON, or a note that the bundle names its headline without evidence (fitted before the choice, from
-    a calibration split too small to choose on, or a model bundle, whose headline is ``shift_aware``)."""
+    JSON, or None and ``headline_note`` saying why there is none (``shift_aware``: the bundle has the
+    ``shift_aware`` calibration, so it was fitted with a model)."""
     if evidence is None:
-        return {"headline_evidence": None}
+        return {"headline_evidence": None, "headline_note": NO_EVIDENCE_MODEL if shift_aware else NO_EVIDENCE_TABLE}
     return {"headline_evidence": evidence.to_dict()}

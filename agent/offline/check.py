@@ -154,7 +154,7 @@ def check_report(
         "n": int(len(data)),
         "model": {"name": model.name, "sha256": model.sha256},
         "headline": headline_estimator(bundle.headline),
-        **evidence_section(cal.headline),
+        **evidence_section(cal.headline, shift_aware=cal.shift is not None),
         "verdicts": judged.result.counts(),
         "estimates": {k: _entry(k, e, cal) for k, e in estimates.items()},
         "calibration": calibration_summary(cal),

@@ -354,7 +354,7 @@ def check_table_report(
         "n": total.n,
         "model": {"table": bundle.table.to_dict() if bundle.table else None, "sha256": bundle.model_sha256},
         **{k: v for k, v in total.report(cal, headline).items() if k != "n"},
-        **evidence_section(cal.headline),
+        **evidence_section(cal.headline, shift_aware=False),
     }
     if bundle.decision_threshold is not None:
         report["decision_threshold"] = bundle.decision_threshold

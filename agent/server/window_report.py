@@ -128,7 +128,7 @@ class WindowReport:
         return {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
             "headline": rt.headline,
-            **evidence_section(rt.calibration.headline),
+            **evidence_section(rt.calibration.headline, shift_aware=rt.calibration.shift is not None),
             "total_judged": self.windows.total,
             "windows": windows,
             "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},

@@ -172,3 +172,13 @@ def test_the_label_reservoir_is_a_uniform_sample() -> None:
     small = _Reservoir(10, 0, 0)
     small.add(np.array([0.9, 0.8]), np.array([True, False]))
     assert small.size == 2 and small.stats().lab_n == 2
+
+
+def test_reports_say_why_a_headline_has_no_evidence() -> None:
+    from agent.estimation.evidence import NO_EVIDENCE_MODEL, NO_EVIDENCE_TABLE, evidence_section
+
+    assert evidence_section(None, shift_aware=True) == {"headline_evidence": None, "headline_note": NO_EVIDENCE_MODEL}
+    assert evidence_section(None, shift_aware=False)["headline_note"] == NO_EVIDENCE_TABLE
+    clean, coords = _perfect_oracle_set(n=400)
+    ev = choose_headline(clean, [], coords, _calibrate(clean), seed=0)
+    assert ev is not None and evidence_section(ev, shift_aware=False) == {"headline_evidence": ev.to_dict()}
