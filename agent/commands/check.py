@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=0,
         metavar="N",
         help="reveal the true labels of N randomly drawn samples (the data must be labeled) and report the "
-        "label-assisted estimate `with_labels` (prediction-powered inference) from them",
+        "label-assisted estimate `with_labels` (prediction-powered inference) from them; table-based bundles: "
+        "N per chunk of --chunk-size too",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the --labels draw (default 0)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -65,6 +66,9 @@ def format_report(report: dict[str, object]) -> str:
     verdicts = report["verdicts"]
     assert isinstance(verdicts, dict)
     lines.append("verdicts: " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+    evidence = report.get("headline_evidence")
+    if isinstance(evidence, dict):
+        lines.append(f"headline {evidence['chosen']} (chosen at fit on simulated shifts): {evidence['reason']}")
     truth = report.get("truth")
     if isinstance(truth, dict):
         lines.append(f"true accuracy: {truth['accuracy']:.3f}")
@@ -137,7 +141,14 @@ def check_table(args: argparse.Namespace) -> dict[str, object]:
         limits=data_limits(args),
     )
     return check_table_report(
-        bundle, args.data, columns, chunk_rows=args.chunk_size, batch_rows=args.batch_rows, limits=data_limits(args)
+        bundle,
+        args.data,
+        columns,
+        chunk_rows=args.chunk_size,
+        batch_rows=args.batch_rows,
+        limits=data_limits(args),
+        labels=args.labels,
+        seed=args.seed,
     )
 
 
@@ -150,8 +161,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         if Bundle.table_source(args.bundle) is None:
             raise UserError(f"--model is required: bundle {args.bundle} was fitted from an ONNX model")
-        if args.labels:
-            raise UserError("--labels applies to model bundles; a table-based bundle's check reads files in batches")
         report = check_table(args)
         print(json.dumps(report) if args.json else format_report(report))
         return 0

@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any, started: float) -> int:
     """Write the bundle, log the run when asked, print the summary."""
     from agent.estimation.estimators import headline_estimator
+    from agent.estimation.evidence import evidence_section
     from agent.offline.fit import fit_warnings
 
     report.bundle.save(args.out)
@@ -219,6 +220,7 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         "model_sha256": model.sha256 or None,
         "source": "table" if table is not None else "model",
         "headline": headline_estimator(report.bundle.headline),
+        **evidence_section(report.calibration.headline, shift_aware=report.calibration.shift is not None),
         "decision_threshold": report.bundle.decision_threshold,
         "train_accuracy": report.train_accuracy,
         "val_accuracy": report.val_accuracy,

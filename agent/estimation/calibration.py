@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.evidence import HeadlineEvidence
 from agent.estimation.layout import MEAN_CONFIDENCE
 from agent.estimation.reference import InputReference
 from agent.estimation.tree_ensemble import TreeEnsemble
@@ -111,6 +112,8 @@ class EstimatorCalibration:
 
     ``conf_offsets``: per confidence bin, the split's accuracy minus its mean confidence (the
     ``cbpe`` estimator, :func:`~agent.estimation.trust.confidence_offsets`; empty in older bundles).
+    ``headline``: why the bundle's headline estimator was chosen
+    (:class:`~agent.estimation.evidence.HeadlineEvidence`; None in bundles fitted before the choice).
     """
 
     tpr: float
@@ -122,6 +125,7 @@ class EstimatorCalibration:
     atc_threshold: float
     shift: ShiftCalibration | None = None
     conf_offsets: tuple[float, ...] = ()
+    headline: HeadlineEvidence | None = None
 
     @property
     def n(self) -> int:
@@ -139,11 +143,17 @@ class EstimatorCalibration:
             d["conf_offsets"] = list(self.conf_offsets)
         if self.shift is not None:
             d["shift"] = self.shift.to_dict()
+        if self.headline is not None:
+            d["headline"] = self.headline.to_dict()
         return d
 
     def with_shift(self, shift: ShiftCalibration | None) -> EstimatorCalibration:
         """A copy carrying ``shift`` (the ``shift_aware`` calibration)."""
         return replace(self, shift=shift)
+
+    def with_headline(self, evidence: HeadlineEvidence | None) -> EstimatorCalibration:
+        """A copy carrying the evidence behind the headline's choice."""
+        return replace(self, headline=evidence)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> EstimatorCalibration:
@@ -157,6 +167,7 @@ class EstimatorCalibration:
             atc_threshold=float(d["atc_threshold"]),  # type: ignore[arg-type]
             shift=_shift_or_none(d.get("shift")),
             conf_offsets=tuple(float(v) for v in d.get("conf_offsets") or ()),  # type: ignore[attr-defined]
+            headline=_evidence_or_none(d.get("headline")),
         )
 
     @classmethod
@@ -189,6 +200,16 @@ def _shift_or_none(d: object) -> ShiftCalibration | None:
         return None
     try:
         return ShiftCalibration.from_dict(d)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _evidence_or_none(d: object) -> HeadlineEvidence | None:
+    """The headline's evidence, or None when absent (bundles fitted before the choice) or unreadable."""
+    if not isinstance(d, Mapping) or not d:
+        return None
+    try:
+        return HeadlineEvidence.from_dict(d)
     except (KeyError, ValueError, TypeError):
         return None
 

@@ -226,10 +226,10 @@ def trust_of(shift_aware_estimate: Estimate | None) -> Trust | None:
 ESTIMATORS: tuple[str, ...] = estimator_names(label_free=True)
 #: The recommended estimator (shown first in reports and dashboards).
 RECOMMENDED_ESTIMATOR = "shift_aware"
-#: The headline of a bundle fitted from tables (``icos-agent fit --reference``): ``shift_aware`` learns
-#: from corrupted copies of the calibration inputs passed through the model, which a table does not
-#: have, so it is absent there; this is the best of the estimators that need only the predictions
-#: (measured in ``docs/estimation.md``, "From tables").
+#: The fallback headline where ``shift_aware`` cannot estimate (:func:`headline_of`) and of table
+#: bundles whose manifest names none. Table bundles fitted now name the headline chosen from evidence
+#: (:mod:`agent.estimation.headline_choice`): ``shift_aware`` learns from corrupted copies of the
+#: calibration inputs passed through the model, which a table does not have.
 TABLE_HEADLINE = "doc"
 
 

@@ -26,8 +26,9 @@ import numpy as np
 
 from agent.estimation.calibration import ShiftCalibration
 from agent.estimation.reference import InputReference
-from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
+from agent.estimation.shift_fitting import JudgedSet
 from agent.estimation.shifts import (
+    CalibrationSets,
     _as_nchw,
     audit_image_corruptions,
     audit_table_corruptions,
@@ -174,7 +175,7 @@ def _corrupted_viewed(
     return Prediction.concatenate(preds), np.concatenate(feats), named
 
 
-def fit_input_shift_aware(
+def input_calibration_sets(
     model: OnnxClassifier,
     oracle: Oracle,
     x_cal: Inputs,
@@ -187,8 +188,9 @@ def fit_input_shift_aware(
     feature_names: Sequence[str] | None = None,
     n_sets: int | None,
     seed: int,
-) -> ShiftCalibration | None:
-    """The ``shift_aware`` calibration of a model of named inputs (None when no corruption applies).
+) -> CalibrationSets | None:
+    """The judged clean and corrupted calibration sets of a model of named inputs, and their reference
+    (None when no corruption applies).
 
     ``train_x`` sets the corruptions' parameters (pixel range, column spreads, vocabulary) and may be a
     sample; ``train_features``, the view of the whole training split when ``fit`` has it, is the reference
@@ -231,4 +233,36 @@ def fit_input_shift_aware(
         s = float(strengths[k % len(names)][k // len(names)])
         shifted.append(judged(name, *_corrupted_viewed(model, corruptions[name], x_cal, s, rng, rule_inputs)))
     clean = judged("clean", clean_pred, cal_f, rule_values(x_cal, rule_inputs))
-    return fit_shift_calibration(clean, shifted, reference, seed=seed)
+    return CalibrationSets(clean, shifted, reference)
+
+
+def fit_input_shift_aware(
+    model: OnnxClassifier,
+    oracle: Oracle,
+    x_cal: Inputs,
+    y_cal: np.ndarray,
+    *,
+    train_x: Inputs,
+    train_features: np.ndarray | None = None,
+    metadata: Mapping[str, np.ndarray] | None = None,
+    rule_inputs: frozenset[str] = frozenset(),
+    feature_names: Sequence[str] | None = None,
+    n_sets: int | None,
+    seed: int,
+) -> ShiftCalibration | None:
+    """The ``shift_aware`` calibration of a model of named inputs (None when no corruption applies; see
+    :func:`input_calibration_sets`)."""
+    sets = input_calibration_sets(
+        model,
+        oracle,
+        x_cal,
+        y_cal,
+        train_x=train_x,
+        train_features=train_features,
+        metadata=metadata,
+        rule_inputs=rule_inputs,
+        feature_names=feature_names,
+        n_sets=n_sets,
+        seed=seed,
+    )
+    return None if sets is None else sets.fit(seed)

@@ -195,31 +195,45 @@ class InputReference:
         _, vecs = np.linalg.eigh(z.T @ z)
         basis = vecs[:, ::-1][:, :k].T
         ref = cls(tuple(center), tuple(scale), tuple(tuple(r) for r in basis), (), (), (), ())
-        errs = ref.pca_error(clean_features)
-        edges = tuple(float(v) for v in np.quantile(errs, PCA_QUANTILES)) if len(errs) else (0.0,) * len(PCA_QUANTILES)
         n_rules = len(rule_label)
         if train_rules is not None and n_rules:
             counts = np.bincount(np.asarray(train_rules, dtype=np.int64), minlength=n_rules)[:n_rules]
             leaf_ref = counts / max(int(counts.sum()), 1)
         else:
             leaf_ref = np.zeros(n_rules)
-        class_conf: tuple[float, ...] = ()
-        if clean_labels is not None and clean_confidences is not None and n_classes > 0 and len(clean_labels):
-            lab = np.clip(np.asarray(clean_labels, dtype=np.int64).reshape(-1), 0, n_classes - 1)
-            conf = np.asarray(clean_confidences, dtype=np.float64).reshape(-1)
-            counts = np.bincount(lab, minlength=n_classes)[:n_classes]
-            sums = np.bincount(lab, weights=conf, minlength=n_classes)[:n_classes]
-            w = CLASS_PRIOR_WEIGHT
-            class_conf = tuple(float(v) for v in (sums + w * conf.mean()) / (counts + w))
-        return replace(
+        ref = replace(
             ref,
-            pca_edges=edges,
             rule_label=tuple(int(v) for v in rule_label),
             rule_selected=tuple(bool(v) for v in rule_selected),
             leaf_ref=tuple(float(v) for v in leaf_ref),
-            class_conf=class_conf,
             leaf_bins=LEAF_BINS,
         )
+        labels = clean_labels if n_classes > 0 else None
+        return ref.with_clean(ref.pca_error(clean_features), labels, clean_confidences, n_classes)
+
+    def with_clean(
+        self,
+        pca_errors: np.ndarray,
+        clean_labels: np.ndarray | None,
+        clean_confidences: np.ndarray | None,
+        n_classes: int | None = None,
+    ) -> InputReference:
+        """The same reference with the statistics of another clean calibration split: the bins of its
+        PCA errors ``pca_errors`` and, per predicted class, its mean top-class probability (smoothed
+        toward its overall mean with :data:`CLASS_PRIOR_WEIGHT` pseudo-samples; ``n_classes`` defaults to
+        this reference's, and no labels give no class statistics)."""
+        errs = np.asarray(pca_errors, dtype=np.float64).reshape(-1)
+        edges = tuple(float(v) for v in np.quantile(errs, PCA_QUANTILES)) if len(errs) else (0.0,) * len(PCA_QUANTILES)
+        k = self.n_classes if n_classes is None else n_classes
+        class_conf: tuple[float, ...] = ()
+        if clean_labels is not None and clean_confidences is not None and k > 0 and len(clean_labels):
+            lab = np.clip(np.asarray(clean_labels, dtype=np.int64).reshape(-1), 0, k - 1)
+            conf = np.asarray(clean_confidences, dtype=np.float64).reshape(-1)
+            counts = np.bincount(lab, minlength=k)[:k]
+            sums = np.bincount(lab, weights=conf, minlength=k)[:k]
+            w = CLASS_PRIOR_WEIGHT
+            class_conf = tuple(float(v) for v in (sums + w * conf.mean()) / (counts + w))
+        return replace(self, pca_edges=edges, class_conf=class_conf)
 
 
 def leaf_bin_of_rule(leaf_ref: Sequence[float], bins: int) -> np.ndarray:

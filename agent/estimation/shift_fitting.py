@@ -30,6 +30,17 @@ class JudgedSet:
     y: np.ndarray | None = None
     extras: SampleExtras | None = None
 
+    def take(self, idx: np.ndarray) -> JudgedSet:
+        """The same set restricted to the rows ``idx``."""
+        return JudgedSet(
+            self.name,
+            np.asarray(self.verdicts)[idx],
+            np.asarray(self.confidences)[idx],
+            np.asarray(self.correct)[idx],
+            None if self.y is None else np.asarray(self.y)[idx],
+            None if self.extras is None else self.extras.take(idx),
+        )
+
 
 #: Edges of the predicted-accuracy bins of the interval's model-error term.
 Q_EDGES: tuple[float, ...] = (0.5, 0.75, 0.9)

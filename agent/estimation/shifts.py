@@ -500,7 +500,29 @@ def judge_shifted_sets(
     return clean, [judged(s.name, s.x.astype(x_cal.dtype, copy=False)) for s in sets]
 
 
-def fit_shift_aware(
+@dataclass(frozen=True)
+class CalibrationSets:
+    """What ``shift_aware`` is fitted from: the judged clean calibration split, its judged corrupted copies
+    (row ``i`` of every copy is row ``i`` of the split, corrupted) and the reference the window
+    statistics compare with. The headline's choice reuses them (:mod:`agent.estimation.headline_choice`)."""
+
+    clean: JudgedSet
+    shifted: list[JudgedSet]
+    reference: InputReference
+
+    def fit(self, seed: int, rows: np.ndarray | None = None) -> ShiftCalibration:
+        """The ``shift_aware`` calibration from these sets (only their ``rows``, when given: the clean
+        statistics of the reference are then those rows' too, so nothing of the other rows is learnt)."""
+        if rows is None:
+            return fit_shift_calibration(self.clean, self.shifted, self.reference, seed=seed)
+        clean = self.clean.take(rows)
+        reference = self.reference
+        if clean.extras is not None:
+            reference = reference.with_clean(clean.extras.pca_error, clean.extras.label, clean.confidences)
+        return fit_shift_calibration(clean, [s.take(rows) for s in self.shifted], reference, seed=seed)
+
+
+def calibration_sets(
     model: OnnxClassifier,
     oracle: Oracle,
     x_cal: np.ndarray,
@@ -513,8 +535,8 @@ def fit_shift_aware(
     seed: int,
     families: Sequence[str] = FAMILIES,
     exclude: Collection[str] = (),
-) -> ShiftCalibration:
-    """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`);
+) -> CalibrationSets:
+    """The judged clean and corrupted calibration sets of a model and its oracle, and their reference;
     ``n_sets`` and ``seed`` are the fit's (:attr:`~invariants.fit_params.FitParams.shift_sets`,
     :attr:`~invariants.fit_params.FitParams.seed`)."""
     reference = input_reference(model, oracle, train_x, x_cal)
@@ -532,4 +554,35 @@ def fit_shift_aware(
         families=families,
         exclude=exclude,
     )
-    return fit_shift_calibration(clean, shifted, reference, seed=seed)
+    return CalibrationSets(clean, shifted, reference)
+
+
+def fit_shift_aware(
+    model: OnnxClassifier,
+    oracle: Oracle,
+    x_cal: np.ndarray,
+    y_cal: np.ndarray,
+    *,
+    train_x: np.ndarray,
+    metadata: Mapping[str, np.ndarray] | None = None,
+    feature_names: Sequence[str] | None = None,
+    n_sets: int | None,
+    seed: int,
+    families: Sequence[str] = FAMILIES,
+    exclude: Collection[str] = (),
+) -> ShiftCalibration:
+    """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`)."""
+    sets = calibration_sets(
+        model,
+        oracle,
+        x_cal,
+        y_cal,
+        train_x=train_x,
+        metadata=metadata,
+        feature_names=feature_names,
+        n_sets=n_sets,
+        seed=seed,
+        families=families,
+        exclude=exclude,
+    )
+    return sets.fit(seed)

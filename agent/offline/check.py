@@ -22,6 +22,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import estimate_window, headline_estimator
+from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
 from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.reliability import unreliable
@@ -153,6 +154,7 @@ def check_report(
         "n": int(len(data)),
         "model": {"name": model.name, "sha256": model.sha256},
         "headline": headline_estimator(bundle.headline),
+        **evidence_section(cal.headline, shift_aware=cal.shift is not None),
         "verdicts": judged.result.counts(),
         "estimates": {k: _entry(k, e, cal) for k, e in estimates.items()},
         "calibration": calibration_summary(cal),

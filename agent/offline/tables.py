@@ -5,9 +5,12 @@ validation files: its rows are split, stratified by label, into a training part 
 validation part, which :func:`invariants.fitting.fit_oracle` splits again into ADI training and the
 calibration split, exactly as for a model's bundle. Everything that needs only predictions is fitted:
 IDI (user rules), TDI, ADI, the oracle's TPR/FPR and the classic estimators (``icos``,
-``icos_corrected``, ``avg_conf``, ``atc``, ``doc``). ``shift_aware`` is not: it learns from corrupted
-copies of the calibration inputs passed through the model. The bundle's headline is then
-:data:`~agent.estimation.estimators.TABLE_HEADLINE`.
+``icos_corrected``, ``avg_conf``, ``cbpe``, ``atc``, ``doc``). ``shift_aware`` is not: it learns from
+corrupted copies of the calibration inputs passed through the model. The bundle's headline is chosen
+among the others from their errors on simulated shifts of the calibration split
+(:mod:`agent.estimation.headline_choice`; ``cbpe`` unless another clearly does better), and the
+evidence is kept in the bundle. Bundles fitted before the choice keep their manifest's headline
+(:data:`~agent.estimation.estimators.TABLE_HEADLINE` when it names none).
 
 ``check`` streams the production table in bounded batches and adds up the window statistics
 (:class:`~agent.estimation.statistics.WindowStats` are additive), so a file of any length is judged
@@ -29,6 +32,12 @@ from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import TABLE_HEADLINE, estimate_all
+from agent.estimation.evidence import evidence_section
+from agent.estimation.headline_choice import CONFIDENCE_DEFAULT, choose_headline
+from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.reliability import ORACLE_ESTIMATORS, weak_oracle
+from agent.estimation.shift_fitting import JudgedSet
+from agent.estimation.shift_windows import tilt_coordinates
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from agent.offline.fit import FitReport
@@ -113,10 +122,9 @@ def fit_table_bundle(
         metadata={k: v[fitted.calibration_index] for k, v in val_meta.items()} or None,
         feature_names=list(columns.features),
     )
-    est_cal = EstimatorCalibration.fit(
-        label_confidences(ref.probabilities[cal], predicted[cal]), predicted[cal] == y[cal], result.failed
-    )
-    say(f"shift_aware needs the model (it is fitted on corrupted inputs); the headline estimator is {TABLE_HEADLINE}")
+    conf = label_confidences(ref.probabilities[cal], predicted[cal])
+    clean = JudgedSet("clean", np.asarray(result.verdict), conf, predicted[cal] == y[cal], y[cal])
+    est_cal, headline = _calibrate_and_choose(clean, ref.x[cal], params.seed, say)
     bundle = Bundle(
         model_sha256=None,
         input_shape=[len(columns.features)],
@@ -130,7 +138,7 @@ def fit_table_bundle(
         estimator_calibration=est_cal.to_dict(),
         table=TableSource(columns.proba, columns.features, columns.label),
         decision_threshold=threshold,
-        headline=TABLE_HEADLINE,
+        headline=headline,
     )
     correct = predicted == y
     return FitReport(
@@ -155,6 +163,8 @@ class _Tally:
     correct: int = 0
     #: oracle fail (positive) against model wrong: tp, fp, tn, fn
     confusion: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
+    #: the revealed labels (``check --labels``): a uniform sample of this tally's rows
+    revealed: _Reservoir | None = None
 
     @property
     def n(self) -> int:
@@ -175,13 +185,18 @@ class _Tally:
             ]
 
     def report(self, calibration: EstimatorCalibration, headline: str) -> dict[str, Any]:
-        estimates = estimate_all(self.stats, calibration) if self.stats is not None else {}
+        stats = self.stats
+        if stats is not None and self.revealed is not None:
+            stats = stats + self.revealed.stats()
+        estimates = estimate_all(stats, calibration) if stats is not None else {}
         out: dict[str, Any] = {
             "n": self.n,
             "headline": headline,
             "verdicts": {name: int(c) for name, c in zip(VERDICTS, self.verdicts, strict=True)},
             "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
         }
+        if WITH_LABELS in estimates and self.revealed is not None:
+            out["estimates"][WITH_LABELS].update(n_labels=self.revealed.size, seed=self.revealed.seed)
         if self.labeled and self.labeled == self.n:
             accuracy = self.correct / self.labeled
             tp, fp, tn, fn = (int(v) for v in self.confusion)
@@ -212,6 +227,54 @@ def _slices(batches: Iterator[TableBatch], chunk_rows: int | None) -> Iterator[t
             i += take
 
 
+class _Reservoir:
+    """A uniform sample of at most ``k`` rows of a stream (reservoir sampling, Vitter's algorithm R): the
+    labels ``check --labels`` reveals in a table read batch by batch, whatever its length. Keeps each
+    sampled row's top-class probability and whether the prediction was right."""
+
+    def __init__(self, k: int, seed: int, stream: int) -> None:
+        self.k, self.seed, self.seen = k, seed, 0
+        self.rng = np.random.default_rng([seed, stream])
+        self.conf = np.zeros(k)
+        self.right = np.zeros(k, dtype=bool)
+
+    @property
+    def size(self) -> int:
+        return min(self.seen, self.k)
+
+    def add(self, conf: np.ndarray, right: np.ndarray) -> None:
+        t = self.seen + np.arange(len(conf))
+        fill = t < self.k
+        self.conf[t[fill]], self.right[t[fill]] = conf[fill], right[fill]
+        slot = self.rng.integers(0, t + 1)
+        for i in np.flatnonzero(~fill & (slot < self.k)):  # expected k·ln(n/k) replacements in all
+            self.conf[slot[i]], self.right[slot[i]] = conf[i], right[i]
+        self.seen += len(conf)
+
+    def stats(self) -> WindowStats:
+        return WindowStats.of_labeled_sample(self.conf[: self.size], self.right[: self.size])
+
+
+def _calibrate_and_choose(
+    clean: JudgedSet, features: np.ndarray, seed: int, say: Callable[[str], None]
+) -> tuple[EstimatorCalibration, str]:
+    """The classic estimators calibrated on the whole calibration split ``clean`` (its rows'
+    ``features``), carrying the evidence of the headline chosen on its simulated shifts, and that
+    headline (``cbpe`` when the split is too small to choose on)."""
+    say("choosing the headline estimator on simulated shifts of the calibration split (shift_aware needs a model)")
+    failed = np.asarray(clean.verdicts) != 0
+
+    def calibrate(rows: np.ndarray) -> EstimatorCalibration:
+        return EstimatorCalibration.fit(clean.confidences[rows], clean.correct[rows], failed[rows])
+
+    est_cal = EstimatorCalibration.fit(clean.confidences, clean.correct, failed)
+    weak = {k: "the oracle separates right from wrong poorly" for k in ORACLE_ESTIMATORS if weak_oracle(est_cal)}
+    evidence = choose_headline(clean, [], tilt_coordinates(features), calibrate, seed=seed, exclude=weak)
+    headline = evidence.chosen if evidence is not None else CONFIDENCE_DEFAULT
+    say(f"headline estimator {headline}: {evidence.reason if evidence else 'too few calibration rows to choose'}")
+    return est_cal.with_headline(evidence), headline
+
+
 def _take(batch: TableBatch, rows: slice) -> TableBatch:
     return TableBatch(
         batch.x[rows],
@@ -229,18 +292,27 @@ def check_table_report(
     chunk_rows: int | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     limits: DataLimits | None = None,
+    labels: int = 0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Verdicts and every estimate for a production table, read ``batch_rows`` at a time; the truth
-    and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per chunk of rows
-    (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's columns and
-    rows and one batch's bytes, not the file's length."""
+        and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per chunk of rows
+        (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's columns and
+        rows and one batch's bytes, not the file's length. ``labels`` > 0 reveals that many true labels, drawn
+    uniformly (seeded by ``seed``) from the whole table and, separately, from each chunk, and reports
+    the label-assisted estimate ``with_labels`` from them (prediction-powered inference, as ``check
+    --labels`` of a model bundle)."""
     if chunk_rows is not None and chunk_rows < 1:
         raise UserError("--chunk-size must be at least 1 row")
+    if labels < 0:
+        raise UserError("--labels must be 0 or more")
+    if labels and columns.label is None:
+        raise UserError("--labels reveals true labels of the data: the table has no label column (--label-column)")
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
     n_classes = len(bundle.classes)
     oracle = CompiledOracle(bundle.oracle(), len(columns.features), n_classes)
     headline = bundle.headline or TABLE_HEADLINE
-    total = _Tally()
+    total = _Tally(revealed=_Reservoir(labels, seed, 0) if labels else None)
     chunks: list[_Tally] = []
     batches = iter_table(path, columns, batch_rows=batch_rows, desc="check", limits=limits)
     for new_chunk, part in _slices(batches, chunk_rows):
@@ -248,32 +320,41 @@ def check_table_report(
             raise UserError(
                 f"{path}: {part.probabilities.shape[1]} classes of probabilities; the bundle has {n_classes}"
             )
-        labels = predicted_classes_of(part.probabilities, bundle.decision_threshold)
+        predicted = predicted_classes_of(part.probabilities, bundle.decision_threshold)
         result, rules = oracle.judge_with_rules(
-            part.x, part.probabilities, labels, metadata=part.metadata or None, feature_names=bundle.feature_names
+            part.x, part.probabilities, predicted, metadata=part.metadata or None, feature_names=bundle.feature_names
         )
         verdicts = np.asarray(result.verdict, dtype=np.int8)
         stats = WindowStats.from_batch(
             verdicts,
-            label_confidences(part.probabilities, labels),
+            label_confidences(part.probabilities, predicted),
             cal,
             probabilities=part.probabilities,
-            labels=labels,
+            labels=predicted,
             features=part.x,
             tdi_rules=rules,
         )
-        wrong = None if part.y is None else label_indices(part.y, bundle.classes) != labels
+        wrong = None if part.y is None else label_indices(part.y, bundle.classes) != predicted
         total.add(stats, verdicts, wrong)
         if chunk_rows is not None:
             if new_chunk:
-                chunks.append(_Tally(start=total.n - len(part)))
+                revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
+                chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
             chunks[-1].add(stats, verdicts, wrong)
+        if labels:
+            if wrong is None:
+                raise UserError(f"{path}: --labels needs every row labeled; a batch has no labels")
+            conf = label_confidences(part.probabilities, predicted)
+            for tally in (total, *chunks[-1:]):
+                assert tally.revealed is not None
+                tally.revealed.add(conf, ~wrong)
     if total.stats is None:
         raise UserError(f"{path}: the table has no rows")
     report = {
         "n": total.n,
         "model": {"table": bundle.table.to_dict() if bundle.table else None, "sha256": bundle.model_sha256},
         **{k: v for k, v in total.report(cal, headline).items() if k != "n"},
+        **evidence_section(cal.headline, shift_aware=False),
     }
     if bundle.decision_threshold is not None:
         report["decision_threshold"] = bundle.decision_threshold

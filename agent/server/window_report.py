@@ -22,6 +22,7 @@ from typing import Any
 
 from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
+from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
 from agent.estimation.reliability import unreliable
 from agent.estimation.statistics import WindowStats
@@ -127,6 +128,7 @@ class WindowReport:
         return {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
             "headline": rt.headline,
+            **evidence_section(rt.calibration.headline, shift_aware=rt.calibration.shift is not None),
             "total_judged": self.windows.total,
             "windows": windows,
             "oracle": {"tpr": rt.calibration.tpr, "fpr": rt.calibration.fpr},

@@ -90,6 +90,8 @@ def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -
     assert set(report["trust"]) == {"distance", "calibrated", "drift", "weight"}
     assert report["trust"]["calibrated"] is True and 0.0 <= report["trust"]["distance"] <= 1.0
     assert report["calibration"]["too_few_errors"] is False and report["calibration"]["n_wrong"] >= 10
+    # a model bundle's headline is shift_aware, without evidence, and the report says why
+    assert report["headline_evidence"] is None and "shift_aware" in report["headline_note"]
 
 
 def test_check_with_a_few_labels_and_per_class_metrics(bundle_dir: Path, data_dir: Path) -> None:

@@ -71,7 +71,8 @@ def test_observe_mode_judges_table_observations_with_the_threshold(car: Table, t
         metrics = agent.metrics()
     finally:
         agent.terminate()
-    assert est["headline"] == "doc" and est["model"]["sha256"] == ""
+    assert est["headline"] == est["headline_evidence"]["chosen"] and est["model"]["sha256"] == ""
+    assert {"cbpe", "doc"} <= set(est["headline_evidence"]["errors"])
     window = est["windows"]["5m"]
     assert window["n"] == 400 and "shift_aware" not in window["estimates"]
     thresholded = (p1 >= 0.3).astype(int)

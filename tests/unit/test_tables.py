@@ -86,7 +86,8 @@ def test_table_bundle_records_its_columns_and_loads_without_a_model(bundle_dir: 
         "feature_columns": list(CAR_FEATURES),
         "label_column": "repaid",
     }
-    assert manifest["headline"] == "doc"
+    # chosen from evidence at fit (tests/unit/test_headline_choice.py)
+    assert manifest["headline"] == manifest["estimator_calibration"]["headline"]["chosen"]
     assert "shift" not in manifest["estimator_calibration"] or not manifest["estimator_calibration"]["shift"]
     b = Bundle.load(bundle_dir)
     assert b.table is not None and b.classes == ["0", "1"] and b.input_shape == [len(CAR_FEATURES)]
@@ -101,7 +102,7 @@ def test_check_reads_features_and_probabilities_from_the_table(
     report = cli_json(capsys, "check", "--bundle", str(bundle_dir), "--data", str(files["ana"]))
     ana = car.period("analysis")
     assert report["n"] == 10000 == len(ana)
-    assert report["headline"] == "doc"
+    assert report["headline"] == Bundle.load(bundle_dir).headline == report["headline_evidence"]["chosen"]
     estimates = report["estimates"]
     assert isinstance(estimates, dict)
     assert set(estimates) == {"icos", "icos_corrected", "avg_conf", "atc", "doc", "cbpe"}  # shift_aware needs the model
@@ -177,7 +178,11 @@ def test_serve_and_proxy_modes_refuse_a_table_bundle(bundle_dir: Path) -> None:
         with pytest.raises(UserError, match="fitted from a table of predictions.*observe"):
             load_runtime(settings)
     rt = load_runtime(load_settings(None, mode="observe", model={"name": "m"}, bundle={"path": str(bundle_dir)}))
-    assert rt.input_shape == (len(CAR_FEATURES),) and rt.headline == "doc" and rt.model_sha256 == ""
+    assert (
+        rt.input_shape == (len(CAR_FEATURES),)
+        and rt.headline == Bundle.load(bundle_dir).headline
+        and rt.model_sha256 == ""
+    )
 
 
 def test_cli_names_what_is_missing(
@@ -187,7 +192,7 @@ def test_cli_names_what_is_missing(
     assert "--proba-columns" in cli_error(capsys, "fit", "--reference", ref, "--label-column", "repaid", "--out", out)
     onnx = str(ROOT / "agent" / "models" / "digits_cnn.onnx")
     err = cli_error(capsys, "check", "--bundle", str(bundle_dir), "--data", str(files["ana"]), "--model", onnx)
-    assert "fitted from a table of predictions" in err and "without a model" in err
+    assert "fitted from a table of predictions" in err and "without --model" in err
     err = cli_error(
         capsys, "fit", "--reference", ref, "--label-column", "repaid", "--proba-columns", "nope", "--out", out
     )

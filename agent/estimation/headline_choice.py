@@ -1,0 +1,244 @@
+"""Choosing a bundle's headline estimator from evidence, at ``fit``.
+
+No label-free estimator is best under every shift, and which one is best for a given model depends on
+how its confidence, its oracle and its errors move together. So ``fit`` measures them on the data it
+has, held out from what they were calibrated on:
+
+1. The calibration split (labeled rows held out of the ADI forest) is cut into :data:`FOLDS` folds,
+   stratified by right/wrong predictions. For each fold, every estimator is calibrated on the other
+   folds (``calibrate``: the classic estimators' offsets, thresholds and TPR/FPR, and ``shift_aware``'s
+   regressions where the bundle has them), and measured on windows of the fold's rows under simulated
+   shifts (:class:`~agent.estimation.shift_windows.WindowPlanner`). No window holds a row its
+   estimators were calibrated on (cross-fitting: each estimate is out of sample).
+2. Each candidate's criterion is its worst relative regret over the kinds of window: per kind of shift,
+   its mean absolute error over the windows of that kind divided by the lowest such mean among the
+   candidates, and the largest of these ratios over kinds (minimax relative regret). The choice
+   guards against the drift that hurts it most compared with what was achievable there; a ratio, not
+   a difference, so that one kind where every estimator errs a lot (a strong change of the class
+   prior) does not decide alone; a mean over windows is not the luck of one draw.
+3. The candidate with the lowest criterion is chosen when it beats the default (``shift_aware`` where
+   the bundle has it, else ``cbpe``, the estimators built for the bundle's kind) in at least
+   :data:`SUPPORT` of :data:`BOOTSTRAP` resamples of the windows (kind by kind): a small data set gives
+   noisy windows, and the default is then kept rather than a winner by chance.
+
+The final estimators are calibrated on the whole split as before; the evidence (every candidate's
+mean, worst and per-kind error, the windows' count and size) is kept in the bundle
+(:class:`~agent.estimation.evidence.HeadlineEvidence`). Everything is seeded by ``fit --seed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimator_names
+from agent.estimation.evidence import EstimatorErrors, HeadlineEvidence
+from agent.estimation.shift_fitting import JudgedSet
+from agent.estimation.shift_windows import Window, WindowPlanner
+from agent.estimation.statistics import SampleExtras, WindowStats
+
+#: Folds of the calibration split (each measured by estimators calibrated on the others).
+FOLDS = 2
+#: Windows per kind of shift and fold.
+WINDOWS_PER_KIND = 40
+#: Largest window (rows); a smaller fold gives windows of its own size.
+MAX_WINDOW = 1000
+#: Fewest held-out rows per fold for a choice; below it the default is kept, without evidence.
+MIN_FOLD_ROWS = 30
+#: Bootstrap resamples of the windows, and the share of them in which a candidate must beat the default.
+BOOTSTRAP = 200
+SUPPORT = 0.95
+#: Smallest mean error a ratio divides by (an estimator exact on one kind of window does not make every
+#: other one infinitely worse there).
+ERROR_FLOOR = 0.002
+#: The default headline of a bundle without ``shift_aware``.
+CONFIDENCE_DEFAULT = "cbpe"
+
+#: Calibrates the estimators on the given rows of the calibration split.
+Calibrate = Callable[[np.ndarray], EstimatorCalibration]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Every candidate's estimate of every simulated window, and the windows' true accuracy and kind."""
+
+    kinds: np.ndarray
+    truth: np.ndarray
+    estimates: dict[str, np.ndarray]
+    window_size: int
+    rows: int
+    folds: int
+
+    def errors(self, name: str) -> np.ndarray:
+        return np.abs(self.estimates[name] - self.truth)
+
+
+def fold_of(correct: np.ndarray, folds: int, rng: np.random.Generator) -> np.ndarray:
+    """The fold of every row, stratified by ``correct`` (each fold holds its share of wrong predictions)."""
+    ok = np.asarray(correct, dtype=bool).reshape(-1)
+    out = np.empty(len(ok), dtype=np.int64)
+    for group in (np.flatnonzero(ok), np.flatnonzero(~ok)):
+        perm = rng.permutation(group)
+        out[perm] = (np.arange(len(perm)) + int(rng.integers(folds))) % folds
+    return out
+
+
+def window_stats(sets: Sequence[JudgedSet], window: Window, calibration: EstimatorCalibration) -> WindowStats:
+    """The additive statistics a live window of these rows would hold (with the per-sample inputs of
+    the full ``shift_aware`` model when every set carries them and the calibration has it)."""
+    v = np.concatenate([sets[k].verdicts[i] for k, i in window.parts])
+    c = np.concatenate([sets[k].confidences[i] for k, i in window.parts])
+    shift = calibration.shift
+    extras = None
+    if shift is not None and all(sets[k].extras is not None for k, _ in window.parts):
+        extras = SampleExtras.concatenate([sets[k].extras.take(i) for k, i in window.parts])  # type: ignore[union-attr]
+    return WindowStats.of_samples(v, c, calibration.atc_threshold, extras, shift.reference if shift else None)
+
+
+def measure(
+    clean: JudgedSet,
+    shifted: Sequence[JudgedSet],
+    coords: np.ndarray,
+    calibrate: Calibrate,
+    *,
+    seed: int,
+    folds: int = FOLDS,
+    windows_per_kind: int = WINDOWS_PER_KIND,
+    max_window: int = MAX_WINDOW,
+) -> Measured | None:
+    """Every label-free estimator on simulated windows of each fold of ``clean``'s rows, calibrated on
+    the other folds (see the module docstring); None when a fold would hold fewer than
+    :data:`MIN_FOLD_ROWS` rows. ``shifted``: corrupted copies of the same rows (``corruption`` windows);
+    ``coords``: the rows' tilt coordinates (:func:`~agent.estimation.shift_windows.tilt_coordinates`)."""
+    n = len(clean.correct)
+    if clean.y is None or n < folds * MIN_FOLD_ROWS:
+        return None
+    rng = np.random.default_rng(seed)
+    fold = fold_of(clean.correct, folds, rng)
+    planner = WindowPlanner(coords, clean.confidences, clean.y, len(shifted))
+    sets = [clean, *shifted]
+    correct = [np.asarray(s.correct, dtype=bool) for s in sets]
+    names = estimator_names(label_free=True)
+    kinds: list[str] = []
+    truth: list[float] = []
+    values: dict[str, list[float]] = {name: [] for name in names}
+    size = max_window
+    for f in range(folds):
+        held = np.flatnonzero(fold == f)
+        calibration = calibrate(np.flatnonzero(fold != f))
+        size = min(size, len(held))
+        for window in planner.plan(held, windows_per_kind * len(planner.kinds), min(max_window, len(held)), rng):
+            estimates = estimate_all(window_stats(sets, window, calibration), calibration)
+            kinds.append(window.kind)
+            truth.append(float(np.concatenate([correct[k][i] for k, i in window.parts]).mean()))
+            for name in names:
+                e = estimates.get(name)
+                values[name].append(np.nan if e is None else e.value)
+    estimates_by_name = {k: np.asarray(v) for k, v in values.items() if not np.isnan(v).any()}
+    return Measured(np.asarray(kinds), np.asarray(truth), estimates_by_name, size, n, folds)
+
+
+def _ratios(per_kind: np.ndarray) -> np.ndarray:
+    """The criterion of every candidate from their mean errors per kind ``[candidates, kinds]``: the
+    largest over kinds of its error over the best candidate's error in that kind (floored at
+    :data:`ERROR_FLOOR`), so that a kind where every estimator errs a lot does not decide alone."""
+    best = np.maximum(per_kind.min(axis=0), ERROR_FLOOR)
+    return (np.maximum(per_kind, ERROR_FLOOR) / best).max(axis=1)
+
+
+def _per_kind(errors: np.ndarray, by_kind: Sequence[np.ndarray]) -> np.ndarray:
+    """Mean errors ``[candidates, kinds]`` of the windows ``by_kind`` (indices per kind)."""
+    return np.stack([errors[:, rows].mean(axis=1) for rows in by_kind], axis=1)
+
+
+def _support(
+    errors: np.ndarray, by_kind: Sequence[np.ndarray], best: int, default: int, rng: np.random.Generator
+) -> float:
+    """Share of bootstrap resamples (windows resampled within each kind) in which candidate ``best``
+    has a lower criterion than candidate ``default`` (``errors``: ``[candidates, windows]``)."""
+    wins = 0
+    for _ in range(BOOTSTRAP):
+        ratios = _ratios(_per_kind(errors, [rng.choice(rows, len(rows)) for rows in by_kind]))
+        wins += int(ratios[best] < ratios[default])
+    return wins / BOOTSTRAP
+
+
+def default_headline(candidates: Sequence[str]) -> str:
+    """``shift_aware`` where the bundle has it, else ``cbpe``."""
+    return RECOMMENDED_ESTIMATOR if RECOMMENDED_ESTIMATOR in candidates else CONFIDENCE_DEFAULT
+
+
+def choose(measured: Measured, *, seed: int, exclude: Mapping[str, str] | None = None) -> HeadlineEvidence:
+    """The headline and its evidence from the measured windows (see the module docstring). ``exclude``:
+    estimators measured but not eligible, with the reason (kept in the evidence's notes)."""
+    order = list(dict.fromkeys(measured.kinds.tolist()))
+    excluded = {k: v for k, v in (exclude or {}).items() if k in measured.estimates}
+    candidates = [c for c in measured.estimates if c not in excluded] or list(measured.estimates)
+    default = default_headline(candidates)
+    by_kind = [np.flatnonzero(measured.kinds == k) for k in order]
+    matrix = np.stack([measured.errors(c) for c in candidates])
+    ratios = _ratios(_per_kind(matrix, by_kind))
+    errors = {}
+    for name in [*candidates, *excluded]:
+        e = measured.errors(name)
+        ratio = float(ratios[candidates.index(name)]) if name in candidates else float("nan")
+        errors[name] = EstimatorErrors(
+            float(e.mean()), float(e.max()), {k: float(e[measured.kinds == k].mean()) for k in order}, ratio
+        )
+    best = min(candidates, key=lambda c: (errors[c].ratio, errors[c].mean))
+    support = 1.0
+    if best != default and default in candidates:
+        rng = np.random.default_rng([seed, 1])
+        support = _support(matrix, by_kind, candidates.index(best), candidates.index(default), rng)
+    chosen = best if support >= SUPPORT or default not in candidates else default
+    return HeadlineEvidence(
+        chosen=chosen,
+        default=default,
+        best=best,
+        support=support,
+        windows=len(measured.truth),
+        window_size=measured.window_size,
+        rows=measured.rows,
+        folds=measured.folds,
+        seed=seed,
+        kinds={k: int((measured.kinds == k).sum()) for k in order},
+        errors=errors,
+        reason=_reason(chosen, default, best, {k: v for k, v in errors.items() if k in candidates}, support),
+        notes=tuple(f"{k} not eligible: {v}" for k, v in excluded.items()),
+    )
+
+
+def _reason(chosen: str, default: str, best: str, errors: dict[str, EstimatorErrors], support: float) -> str:
+    """The choice in one sentence."""
+    if chosen != best:
+        return (
+            f"{best} errs least in its worst kind of shift relative to the best estimator there "
+            f"({errors[best].ratio:.2f}x, {chosen} {errors[chosen].ratio:.2f}x) but beats {chosen} in only "
+            f"{support:.0%} of resamples (fewer than {SUPPORT:.0%}), so {chosen} stays"
+        )
+    runner = min((n for n in errors if n != chosen), key=lambda n: errors[n].ratio, default=None)
+    text = (
+        f"{chosen} errs least in its worst kind of shift relative to the best estimator there "
+        f"({errors[chosen].ratio:.2f}x"
+    )
+    text += f"; next {runner} {errors[runner].ratio:.2f}x)" if runner else ")"
+    if chosen != default:
+        text += f" and beats {default} in {support:.0%} of resamples"
+    return text
+
+
+def choose_headline(
+    clean: JudgedSet,
+    shifted: Sequence[JudgedSet],
+    coords: np.ndarray,
+    calibrate: Calibrate,
+    *,
+    seed: int,
+    exclude: Mapping[str, str] | None = None,
+) -> HeadlineEvidence | None:
+    """:func:`measure` then :func:`choose`; None when the calibration split is too small to choose on."""
+    measured = measure(clean, shifted, coords, calibrate, seed=seed)
+    return None if measured is None else choose(measured, seed=seed, exclude=exclude)
