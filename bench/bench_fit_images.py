@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = json.loads((work / "bundle" / "manifest.json").read_text())
     view = manifest.get("feature_view", {})
     cal = manifest["calibration"]
-    from bench.bench_hostile_serving import commit_of
+    from bench.generated_docs import commit_of
 
     commit = commit_of(ROOT)
     print(f"command: python -m bench.bench_fit_images --train {args.train} --val {args.val} --format {args.format}")

@@ -54,6 +54,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.generated_docs import commit_of
 from bench.hostile_serving_cases import (
     ADMIN_TOKEN,
     CASES,
@@ -71,18 +72,6 @@ from bench.hostile_serving_measure import Row, Runner, ServedAgent, SideClients
 ROOT = Path(__file__).resolve().parents[1]
 RSS_TARGET = 500_000_000
 LIVENESS_TARGET = 1.0
-
-
-def commit_of(root: Path) -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
-
-    try:
-        sha = git("rev-parse", "--short", "HEAD").strip()
-        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return sha + (" with uncommitted changes" if dirty else "")
 
 
 def fit_bundle(root: Path, out: Path) -> Path:

@@ -135,7 +135,7 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def render(rows: list[dict[str, Any]], argv: list[str], strength: float) -> str:
-    from bench.bench_hostile_serving import commit_of
+    from bench.generated_docs import commit_of
 
     commit = commit_of(ROOT)
     lines = [

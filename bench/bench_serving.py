@@ -26,7 +26,7 @@ ratios; proxy mode's added p50 (target ≤ 1 ms); then the agent's resident memo
 (target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
 imported on the serve path (it must not be).
 
-    .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json]
+    .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
         [--model mnist|resnet|resnet224|all] [--protocol http|grpc|both] [--no-proxy]
         [--server-cpus 0-7 --client-cpus 8-15]
     .venv/bin/python -m bench serving
@@ -52,10 +52,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.generated_docs import provenance, write_block  # noqa: E402
 from bench.grpc_load import drive_grpc, grpc_request  # noqa: E402 - run as a script too
 from bench.http_exchange import exchange  # noqa: E402
 from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy  # noqa: E402
-from bench.serving_report import THREAD_GROUPS, print_results  # noqa: E402
+from bench.serving_report import THREAD_GROUPS, markdown, print_results  # noqa: E402
+
+#: The block of docs/serving.md this benchmark rewrites (``--out docs/serving.md``).
+DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_serving --out docs/serving.md -->"
+MODEL_TITLES = {"mnist": "MNIST CNN", "resnet": "ResNet (3×32×32)", "resnet224": "ResNet (3×224×224)"}
 
 # -- load generation --------------------------------------------------------------------------------
 
@@ -265,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resnet-bundle", help="bundle directory for the ResNet (default: fit one)")
     ap.add_argument("--resnet224-bundle", help="bundle directory for the 224×224 ResNet (default: fit one)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-mode measurement")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        metavar="DOC",
+        help="also write the figures into DOC's generated block (docs/serving.md's 'Performance')",
+    )
     args = ap.parse_args(argv)
     available = os.sched_getaffinity(0)
     for flag, cpus in (("--server-cpus", args.server_cpus), ("--client-cpus", args.client_cpus)):
@@ -279,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     names = list(MODELS) if args.model == "all" else [args.model]
     bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle, "resnet224": args.resnet224_bundle}
     everything = {name: run_model(args, MODELS[name], bundles[name], env, pin) for name in names}
+    if args.out is not None:
+        command = "python -m bench.bench_serving " + " ".join(argv if argv is not None else sys.argv[1:])
+        generated = provenance(command, ROOT) + "\n\n" + markdown(everything, MODEL_TITLES)
+        write_block(args.out, DOC_BEGIN, generated)
     if args.json:
         print(json.dumps(everything, indent=2))
         return 0

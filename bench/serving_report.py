@@ -114,3 +114,81 @@ def print_grpc_vs_http(settings: list[dict[str, Any]]) -> None:
         )
         bare = g["bare"]["server_cpu_ms_per_request"] / h["bare"]["server_cpu_ms_per_request"]
         print(f"{conc:>4} {batch:>5} | agent {ratio:.2f} | agent+v {ratio_v:.2f} | bare {bare:.2f}")
+
+
+def _ratio(value: float, target: float) -> str:
+    return f"**{value:.2f}**" if value <= target else f"{value:.2f}"
+
+
+def markdown(everything: dict[str, dict[str, Any]], names: dict[str, str]) -> str:
+    """The figures of every model measured, as the Markdown block of docs/serving.md's "Performance"
+    (bold: target met). ``names``: the model's name in the tables."""
+    lines: list[str] = []
+    any_results = next(iter(everything.values()))
+    lines += [
+        f"Medians of {any_results['rounds']} interleaved round(s) of {any_results['seconds']:g} s per setting; "
+        "servers not pinned unless said. The headline, server CPU per request agent ÷ bare (targets ≤ 1.10, "
+        "and ≤ 1.30 with `icos_verdict` in the response; bold: met):",
+        "",
+        "| model | protocol | conc/batch 1/1 | 1/32 | 16/1 | 16/32 | with verdicts 1/1 | 1/32 | 16/1 | 16/32 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, results in everything.items():
+        for proto in ("http", "grpc"):
+            rows = [s for s in results["settings"] if s["protocol"] == proto]
+            if not rows:
+                continue
+            rows.sort(key=lambda s: (s["concurrency"], s["batch"]))
+            plain = [_ratio(s["cpu_ratio"], 1.10) for s in rows]
+            verdicts = [_ratio(s["cpu_ratio_with_verdict"], 1.30) for s in rows]
+            lines.append(
+                f"| {names.get(name, name)} | {proto.upper() if proto == 'http' else 'gRPC'} | "
+                + " | ".join(plain + verdicts)
+                + " |"
+            )
+    lines += [
+        "",
+        "Server CPU ms per request (agent / agent+v / bare) and p50 latency in ms (agent / bare), per setting:",
+        "",
+        "| model | protocol | conc | batch | CPU agent | agent+v | bare | p50 agent | bare |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, results in everything.items():
+        for s in sorted(results["settings"], key=lambda s: (s["protocol"] != "http", s["concurrency"], s["batch"])):
+            a, v, b = s["agent"], s["agent_with_verdict"], s["bare"]
+            lines.append(
+                f"| {names.get(name, name)} | {s['protocol']} | {s['concurrency']} | {s['batch']} | "
+                f"{a['server_cpu_ms_per_request']:.2f} | {v['server_cpu_ms_per_request']:.2f} | "
+                f"{b['server_cpu_ms_per_request']:.2f} | {a['p50_ms']:.2f} | {b['p50_ms']:.2f} |"
+            )
+    lines += [
+        "",
+        "Where the agent's CPU goes, ms per request by thread (`loop`: the event loop; `other`: unnamed threads, "
+        "the bare server's model workers among them), batch 32 over HTTP:",
+        "",
+        "| model | conc | server | " + " | ".join(THREAD_GROUPS) + " |",
+        "|---|---:|---|" + "---:|" * len(THREAD_GROUPS),
+    ]
+    for name, results in everything.items():
+        for s in results["settings"]:
+            if s["protocol"] != "http" or s["batch"] != 32:
+                continue
+            for label, r in (("agent", s["agent"]), ("agent+v", s["agent_with_verdict"]), ("bare", s["bare"])):
+                cells = " | ".join(f"{r.get(f'cpu_ms_per_request_{k}', float('nan')):.2f}" for k in THREAD_GROUPS)
+                lines.append(f"| {names.get(name, name)} | {s['concurrency']} | {label} | {cells} |")
+    lines.append("")
+    for name, results in everything.items():
+        label = names.get(name, name)
+        lines.append(
+            f"* {label}: agent memory after start {results['agent_rss_after_start_mb']:.0f} MB (target ≤ 300 MB), "
+            f"after the load {results['agent_rss_after_load_mb']:.0f} MB; start to ready "
+            f"{results['agent_start_to_ready_s']:.2f} s (target ≤ 3 s)."
+        )
+        for p in results.get("proxy", []):
+            met = "met" if p["added_p50_ms"] <= 1.0 else "missed"
+            lines.append(
+                f"* {label}, proxy mode at concurrency 1, batch {p['batch']}: adds {p['added_p50_ms']:+.2f} ms at p50 "
+                f"(target ≤ 1 ms, {met}); {p['added_p50_ms_with_verdict']:+.2f} ms with verdicts; CPU of agent + "
+                f"bare ÷ bare {p['cpu_ratio']:.2f}."
+            )
+    return "\n".join(lines)
