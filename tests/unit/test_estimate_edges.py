@@ -1,0 +1,151 @@
+"""The edges of the headline and interval paths: empty and one-prediction windows, the label-needing
+estimators, the headline's choice and fallback, the reliability marks at their thresholds, Wilson's
+interval of a single trial and the registry's decorator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from agent.estimation import estimators
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import (
+    ESTIMATORS,
+    NEEDS_LABELS,
+    RECOMMENDED_ESTIMATOR,
+    TABLE_HEADLINE,
+    estimate_all,
+    estimate_window,
+    estimator_names,
+    headline_estimator,
+    headline_of,
+    register_estimator,
+    rogan_gladen,
+    trust_of,
+    window_trust,
+)
+from agent.estimation.intervals import Estimate, clip01, wilson
+from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.reliability import WIDE_INTERVAL, unreliable, weak_oracle
+from agent.estimation.statistics import WindowStats
+
+
+def _cal(**kw: object) -> EstimatorCalibration:
+    base: dict[str, object] = dict(
+        tpr=0.8, fpr=0.1, n_wrong=25, n_right=100, accuracy=0.75, avg_conf=0.8, atc_threshold=0.7
+    )
+    base.update(kw)
+    return EstimatorCalibration(**base)  # type: ignore[arg-type]
+
+
+def _window(conf: list[float]) -> WindowStats:
+    c = np.asarray(conf, dtype=np.float64)
+    return WindowStats.of_samples(np.zeros(len(c), dtype=np.int64), c, _cal().atc_threshold)
+
+
+def test_headline_is_the_bundles_choice_else_the_recommended_estimator() -> None:
+    assert headline_estimator(None) == RECOMMENDED_ESTIMATOR == "shift_aware"
+    assert headline_estimator("") == RECOMMENDED_ESTIMATOR
+    assert headline_estimator(TABLE_HEADLINE) == "doc"
+
+
+def test_headline_falls_back_to_the_table_headline_and_never_to_a_weaker_estimator() -> None:
+    doc, shift = Estimate(0.7, 0.6, 0.8, 10), Estimate(0.9, 0.8, 1.0, 10)
+    assert headline_of({"doc": doc, "shift_aware": shift, "avg_conf": doc}, "shift_aware") == ("shift_aware", shift)
+    assert headline_of({"doc": doc, "avg_conf": shift}, "shift_aware") == ("doc", doc)
+    assert headline_of({"avg_conf": shift, "icos": shift}, "shift_aware") is None
+    assert headline_of({}, "doc") is None
+
+
+def test_an_empty_window_has_no_estimates_and_one_prediction_has_all_label_free_ones() -> None:
+    empty = WindowStats.of_samples(np.zeros(0, dtype=np.int64), np.zeros(0), 0.7)
+    assert estimate_all(empty, _cal()) == {}
+    assert estimate_window(empty, _cal()).estimates == {} and window_trust(empty, _cal()) is None
+    one = _window([0.9])
+    est = estimate_all(one, _cal())
+    assert set(est) == set(ESTIMATORS) - {"shift_aware"}  # no shift calibration in this bundle
+    assert est["avg_conf"].value == pytest.approx(0.9) and est["avg_conf"].n == 1
+    # a single outcome at 0.9 is right or wrong: ±1.96·0.3, clipped to [0, 1]
+    assert (est["avg_conf"].lower, est["avg_conf"].upper) == pytest.approx((0.9 - 1.96 * 0.3, 1.0), abs=1e-3)
+    window = estimate_window(one, _cal())
+    assert window.stats is one and window.estimates == est and window.trust is None
+
+
+def test_with_labels_needs_one_labeled_prediction() -> None:
+    stats = _window([0.9, 0.8, 0.7])
+    assert WITH_LABELS in NEEDS_LABELS and WITH_LABELS not in ESTIMATORS
+    assert WITH_LABELS not in estimate_all(stats, _cal())
+    labeled = stats + WindowStats.of_labeled_sample(np.array([0.9]), np.array([True]))
+    # one label cannot estimate the correction's variance: the Wilson interval of that label alone
+    one = estimate_all(labeled, _cal())[WITH_LABELS]
+    assert labeled.lab_n == 1 and one.value == 1.0
+    assert (one.lower, one.upper) == pytest.approx(wilson(1, 1), abs=1e-12)
+
+
+def test_trust_of_reads_only_a_shift_aware_estimate() -> None:
+    assert trust_of(None) is None
+    assert trust_of(Estimate(0.5, 0.4, 0.6, 10)) is None
+
+
+@pytest.fixture
+def scratch_registry() -> Iterator[None]:
+    """Estimators registered by the test are removed after it."""
+    before, needs = dict(estimators.REGISTRY), set(NEEDS_LABELS)
+    yield
+    estimators.REGISTRY.clear()
+    estimators.REGISTRY.update(before)
+    NEEDS_LABELS.clear()
+    NEEDS_LABELS.update(needs)
+
+
+@pytest.mark.usefixtures("scratch_registry")
+def test_register_estimator_adds_once_and_marks_the_label_needing_ones() -> None:
+    @register_estimator("test_labelled", needs_labels=True)
+    def _labelled(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
+        return Estimate(0.5, 0.0, 1.0, stats.n)
+
+    @register_estimator("test_free")
+    def _free(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
+        return Estimate(0.25, 0.0, 1.0, stats.n)
+
+    assert "test_labelled" in NEEDS_LABELS and "test_free" not in NEEDS_LABELS
+    assert estimator_names()[-2:] == ("test_labelled", "test_free")
+    assert estimator_names(label_free=True)[-1] == "test_free"
+    assert "test_labelled" not in estimator_names(label_free=True)
+    est = estimate_all(_window([0.9, 0.8]), _cal())
+    assert "test_labelled" not in est and est["test_free"].value == 0.25
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator("test_free")(_free)
+
+
+def test_reliability_marks_start_strictly_above_their_thresholds() -> None:
+    assert 0.5 - 0.3 == 0.2  # TPR − FPR exactly at the threshold: not weak
+    assert not weak_oracle(_cal(tpr=0.5, fpr=0.3))
+    assert weak_oracle(_cal(tpr=0.5, fpr=0.31))
+    at = Estimate(0.5, 0.25, 0.25 + WIDE_INTERVAL, 100)
+    assert unreliable("avg_conf", at, _cal()) is None
+    wider = Estimate(0.5, 0.25, 0.76, 100)
+    assert unreliable("avg_conf", wider, _cal()) == "its 95% interval is 0.51 wide"
+    weak = _cal(tpr=0.3, fpr=0.2)
+    assert "poorly (TPR 0.30, FPR 0.20" in str(unreliable("icos", at, weak))
+    assert unreliable("doc", at, weak) is None  # a weak oracle says nothing of the confidence estimates
+
+
+def test_wilson_interval_of_one_trial_and_of_none() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+    lo, hi = wilson(1, 1)  # z²/(1 + z²) = 0.7934 below 1
+    assert (lo, hi) == pytest.approx((1 / (1 + 1.959963984540054**2), 1.0), abs=1e-9)
+    lo, hi = wilson(0, 1)
+    assert (lo, hi) == pytest.approx((0.0, 1.959963984540054**2 / (1 + 1.959963984540054**2)), abs=1e-9)
+    assert clip01(-0.1) == 0.0 and clip01(1.2) == 1.0 and clip01(0.3) == 0.3
+
+
+def test_rogan_gladen_without_information_or_predictions() -> None:
+    """TPR ≤ FPR (and an empty window) give [0, 1] around one minus the fail share."""
+    assert rogan_gladen(0.3, 100, _cal(tpr=0.2, fpr=0.2)) == Estimate(0.7, 0.0, 1.0, 100)
+    assert rogan_gladen(0.3, 0, _cal()) == Estimate(0.7, 0.0, 1.0, 0)
+    # a fail share above TPR: accuracy below 0, clipped, its interval still from the delta method
+    low = rogan_gladen(0.9, 100, _cal())
+    assert low.value == 0.0 and low.lower == 0.0 and 0.0 < low.upper < 0.2
