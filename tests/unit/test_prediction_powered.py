@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.estimation.prediction_powered import LabeledEstimate, prediction_powered_accuracy
+from agent.estimation.prediction_powered import (
+    LabeledEstimate,
+    prediction_powered_accuracy,
+    rectifier_variance,
+    rectifier_variance_of_sums,
+)
 
 REPS = 400  # seeded repetitions per coverage check (bounded)
 
@@ -118,3 +123,41 @@ def test_with_labels_is_a_registered_estimator_on_the_window_statistics() -> Non
         (expected.value, expected.lower, expected.upper, expected.n_labels), abs=1e-12
     )
     assert "with_labels" in estimator_names() and "with_labels" not in estimator_names(label_free=True)
+
+
+def test_inputs_of_any_shape_and_float32_are_read_as_flat_float64() -> None:
+    """ONNX models give float32 probabilities, and a caller may hold them as a column: the estimate is the
+    one of the flat float64 values, power-tuned (PPI++) by default, at 95% unless ``z`` says otherwise."""
+    rng = np.random.default_rng(7)
+    f = rng.uniform(0.5, 1.0, size=300).astype(np.float32)
+    correct = rng.random(300) < f
+    idx = np.arange(0, 300, 3)
+    f64 = f.astype(np.float64)
+    want = prediction_powered_accuracy(
+        300, float(f64.sum()), float((f64 * f64).sum()), f64[idx], correct[idx], tuned=True
+    )
+    assert want is not None and want.power < 1.0  # tuned: λ estimated, not plain PPI's 1
+    for f_lab, y in ((f[idx], correct[idx]), (f[idx].reshape(-1, 1), correct[idx].reshape(-1, 1))):
+        got = prediction_powered_accuracy(300, float(f64.sum()), float((f64 * f64).sum()), f_lab, y)
+        assert got == want  # exactly: the sums of the float32 values in float64
+    narrow = prediction_powered_accuracy(300, float(f64.sum()), float((f64 * f64).sum()), f64[idx], correct[idx], z=1.0)
+    assert narrow is not None and narrow.value == want.value
+    # z = 1 instead of 1.96 (and fewer pseudo-labels): about half the width
+    assert narrow.upper - narrow.lower < 0.55 * (want.upper - want.lower)
+
+
+def test_the_rectifier_variance_of_residuals_is_that_of_their_sums() -> None:
+    """:func:`rectifier_variance` (residuals in hand) and its additive form agree, with the z²/2
+    pseudo-labels at 1 − shift and −shift (here 10 residuals, shift 0.5, z 2: two pseudo-labels each)."""
+    r = np.r_[np.full(8, 0.1), np.full(2, -0.9)]
+    got = rectifier_variance(r, 0.5, z=2.0)
+    assert got == pytest.approx(rectifier_variance_of_sums(10, float(r.sum()), float((r * r).sum()), 0.5, z=2.0))
+    full = np.r_[r, 0.5, 0.5, -0.5, -0.5]
+    assert got == pytest.approx(float(np.var(full, ddof=1)))
+    # at the default 95%: z²/2 = 1.92 pseudo-labels each
+    w = 1.959963984540054**2 / 2
+    weights = np.r_[np.ones(10), w, w]
+    vals = np.r_[r, 0.5, -0.5]
+    mean = (weights * vals).sum() / weights.sum()
+    expected = (weights * (vals - mean) ** 2).sum() / (weights.sum() - 1)
+    assert rectifier_variance(r, 0.5) == pytest.approx(expected)
