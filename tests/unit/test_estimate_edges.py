@@ -4,6 +4,7 @@ interval of a single trial and the registry's decorator."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -28,7 +29,9 @@ from agent.estimation.estimators import (
 )
 from agent.estimation.intervals import Estimate, clip01, wilson
 from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.reference import InputReference
 from agent.estimation.reliability import WIDE_INTERVAL, unreliable, weak_oracle
+from agent.estimation.shift_aware import class_features
 from agent.estimation.statistics import WindowStats
 
 
@@ -149,3 +152,37 @@ def test_rogan_gladen_without_information_or_predictions() -> None:
     # a fail share above TPR: accuracy below 0, clipped, its interval still from the delta method
     low = rogan_gladen(0.9, 100, _cal())
     assert low.value == 0.0 and low.lower == 0.0 and 0.0 < low.upper < 0.2
+
+
+def _reference(class_conf: tuple[float, ...]) -> InputReference:
+    return InputReference(
+        center=(0.0,),
+        scale=(1.0,),
+        basis=(),
+        pca_edges=(0.1, 0.2, 0.3),
+        rule_label=(),
+        rule_selected=(),
+        leaf_ref=(),
+        class_conf=class_conf,
+    )
+
+
+@pytest.mark.parametrize(
+    ("class_conf", "counts", "conf_sums", "expected"),
+    [
+        # three classes, one never predicted: entropy ln 2 / ln 3 of the two halves, the largest share
+        # 0.5, the largest share-weighted drop of class confidence 0.5 · (0.7 − 0.6); the unseen class
+        # counts with its reference confidence (no drop)
+        ((0.9, 0.7, 0.5), [2, 2, 0], [1.6, 1.2, 0.0], (math.log(2) / math.log(3), 0.5, 0.05)),
+        # two classes: entropy of (3/4, 1/4) in bits; the second class rose above its reference
+        ((0.9, 0.8), [3, 1], [2.4, 0.9], (0.8112781244591328, 0.75, 0.075)),
+        # one class (a degenerate model) and one prediction: no entropy, all of the window in it
+        ((0.9,), [1], [0.5], (0.0, 1.0, 0.4)),
+    ],
+)
+def test_class_features_by_hand(
+    class_conf: tuple[float, ...], counts: list[int], conf_sums: list[float], expected: tuple[float, float, float]
+) -> None:
+    stats = WindowStats(n=sum(counts), class_counts=counts, class_conf=conf_sums)
+    got = class_features(stats, _reference(class_conf))
+    assert got.tolist() == pytest.approx(list(expected), abs=1e-12)
