@@ -161,3 +161,52 @@ def test_the_rectifier_variance_of_residuals_is_that_of_their_sums() -> None:
     mean = (weights * vals).sum() / weights.sum()
     expected = (weights * (vals - mean) ** 2).sum() / (weights.sum() - 1)
     assert rectifier_variance(r, 0.5) == pytest.approx(expected)
+
+
+def _ppi_plus_plus_by_hand(f: np.ndarray, f_lab: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """PPI++ written out from its definition (module docstring): λ̂ = Cov̂(Y, f) / ((1 + m/N) Var̂(f))
+    clipped to [0, 1], θ̂ = Ȳ + λ̂ (f̄_N − f̄_m), half-width z √(λ̂² Var̂(f)/N + Var̂(Y − λ̂ f)/m) with the
+    rectifier's pseudo-labels. Returns (λ̂, θ̂, lower, upper) before clipping to [0, 1]."""
+    n, m = len(f), len(y)
+    var_f = float(np.var(f, ddof=1))
+    cov = float(np.cov(y, f_lab, ddof=1)[0, 1])
+    denom = (1 + m / n) * var_f
+    lam = min(max(cov / denom, 0.0), 1.0) if denom > 0 else 0.0
+    theta = y.mean() + lam * (f.mean() - f_lab.mean())
+    half = 1.959963984540054 * np.sqrt(lam**2 * var_f / n + rectifier_variance(y - lam * f_lab, lam * f_lab.mean()) / m)
+    return lam, float(theta), float(theta - half), float(theta + half)
+
+
+@pytest.mark.parametrize(
+    ("f", "lab", "y", "expected_lambda"),
+    [
+        # three labels that follow f weakly: λ = 0.637
+        (np.r_[0.9, 0.8, 0.6, 0.7, 0.95, 0.85, 0.5, 0.9, 0.75, 0.8], [0, 1, 2], [0.0, 1.0, 0.0], 0.637),
+        # the labels follow f more than f varies: λ clipped to 1 (plain PPI)
+        (np.r_[0.9, 0.8, 0.6, 0.7, 0.95, 0.85, 0.5, 0.9, 0.75, 0.8], [0, 2, 6], [1.0, 1.0, 0.0], 1.0),
+        # f without spread says nothing: λ = 0, the labels' mean
+        (np.full(6, 0.8), [1, 2, 3], [1.0, 0.0, 1.0], 0.0),
+        # a window of two predictions, both labeled
+        (np.r_[0.9, 0.6], [0, 1], [1.0, 0.0], 1.0),
+    ],
+)
+def test_power_tuned_estimate_and_interval_by_hand(
+    f: np.ndarray, lab: list[int], y: list[float], expected_lambda: float
+) -> None:
+    f_lab, yy = f[lab], np.asarray(y)
+    lam, theta, lo, hi = _ppi_plus_plus_by_hand(f, f_lab, yy)
+    est = prediction_powered_accuracy(len(f), float(f.sum()), float((f * f).sum()), f_lab, yy.astype(bool))
+    assert est is not None
+    assert est.power == pytest.approx(lam, abs=1e-12)
+    assert lam == pytest.approx(expected_lambda, abs=1e-3)
+    assert (est.value, est.lower, est.upper) == pytest.approx(
+        (min(max(theta, 0.0), 1.0), max(lo, 0.0), min(hi, 1.0)), abs=1e-12
+    )
+    assert est.to_dict() == {
+        "value": est.value,
+        "lower": est.lower,
+        "upper": est.upper,
+        "n": len(f),
+        "n_labels": len(lab),
+        "lambda": lam,
+    }
