@@ -208,5 +208,5 @@ def test_power_tuned_estimate_and_interval_by_hand(
         "upper": est.upper,
         "n": len(f),
         "n_labels": len(lab),
-        "lambda": lam,
+        "lambda": est.power,
     }
