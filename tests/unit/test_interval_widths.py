@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
-from agent.estimation.estimators import estimate_all, rogan_gladen
+from agent.estimation.estimators import estimate_all, estimate_window, rogan_gladen, window_trust
 from agent.estimation.intervals import Z95
 from agent.estimation.layout import MEAN_CONFIDENCE, REDUCED_FEATURES
 from agent.estimation.reference import InputReference
@@ -183,3 +183,14 @@ def test_shift_aware_interval_follows_the_trust_weight() -> None:
         assert parts.trust is not None and parts.trust.weight == pytest.approx(weight)
         half = half_at(value, model_err)
         assert (e.value, e.lower, e.upper) == pytest.approx((value, value - half, value + half), abs=1e-9)
+
+
+def test_the_trust_signal_of_one_prediction_is_that_of_its_estimate() -> None:
+    """A window of a single prediction has a trust signal, the same as its ``shift_aware`` estimate
+    carries (one computation)."""
+    stats = _stats(np.array([0.7]))
+    x, _ = window_features(stats, _reference())
+    cal = _cal().with_shift(_constant_shift(0.1, _trust_model(x, offset=0.0, drifted=True)))
+    trust = window_trust(stats, cal)
+    assert trust is not None and trust.weight == pytest.approx(1.0)
+    assert estimate_window(stats, cal).trust == trust
