@@ -14,10 +14,10 @@ import pytest
 
 from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
 from agent.estimation.estimators import estimate_all, estimate_window, rogan_gladen, window_trust
-from agent.estimation.intervals import Z95
+from agent.estimation.intervals import Z95, Estimate
 from agent.estimation.layout import MEAN_CONFIDENCE, REDUCED_FEATURES
 from agent.estimation.reference import InputReference
-from agent.estimation.shift_aware import shift_aware, window_features
+from agent.estimation.shift_aware import ShiftAwareParts, shift_aware, window_features
 from agent.estimation.statistics import WindowStats
 from agent.estimation.tree_ensemble import TreeEnsemble
 from agent.estimation.trust import KindSupport, TrustModel
@@ -194,3 +194,22 @@ def test_the_trust_signal_of_one_prediction_is_that_of_its_estimate() -> None:
     trust = window_trust(stats, cal)
     assert trust is not None and trust.weight == pytest.approx(1.0)
     assert estimate_window(stats, cal).trust == trust
+
+
+def test_shift_aware_of_an_empty_window_and_of_one_prediction() -> None:
+    """No prediction: [0, 1] around 0 from the reduced model, no features. One prediction at 0.7 plus
+    the residual 0.1: 0.8 with model error 0.1 and the sampling noise of one outcome, 1.96·√0.16."""
+    cal = _constant_shift(0.1)
+    empty = shift_aware(WindowStats(), cal)
+    assert empty == ShiftAwareParts(Estimate(0.0, 0.0, 1.0, 0), "reduced", {})
+    one = shift_aware(_stats(np.array([0.7])), cal).estimate
+    half = math.hypot(0.1, Z95 * 0.4)
+    assert (one.value, one.lower, one.upper, one.n) == pytest.approx((0.8, 0.8 - half, 1.0, 1), abs=1e-9)
+
+
+def test_a_value_on_an_edge_takes_the_model_error_of_the_bin_above() -> None:
+    """Bins of predicted accuracy are (…, 0.5], (0.5, 0.75], (0.75, 0.9], (0.9, …) closed on the left:
+    0.5 + 0.25 = 0.75 exactly takes the error of (0.75, 0.9], 0.1, not 0.2."""
+    est = shift_aware(_stats(np.full(100, 0.5)), _constant_shift(0.25)).estimate
+    assert est.value == 0.75
+    assert est.upper - est.value == pytest.approx(math.hypot(0.1, Z95 * math.sqrt(0.75 * 0.25 / 100)), abs=1e-12)
