@@ -28,10 +28,18 @@ from agent.estimation.estimators import (
     window_trust,
 )
 from agent.estimation.intervals import Estimate, clip01, wilson
+from agent.estimation.layout import (
+    FULL_FEATURES,
+    INPUTS_FEATURES,
+    N_CELLS,
+    N_CONF_BINS,
+    N_PCA_BINS,
+    REDUCED_FEATURES,
+)
 from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.reference import InputReference
 from agent.estimation.reliability import WIDE_INTERVAL, unreliable, weak_oracle
-from agent.estimation.shift_aware import class_features
+from agent.estimation.shift_aware import class_features, window_features
 from agent.estimation.statistics import WindowStats
 
 
@@ -186,3 +194,80 @@ def test_class_features_by_hand(
     stats = WindowStats(n=sum(counts), class_counts=counts, class_conf=conf_sums)
     got = class_features(stats, _reference(class_conf))
     assert got.tolist() == pytest.approx(list(expected), abs=1e-12)
+
+
+def test_class_features_of_a_model_without_class_reference() -> None:
+    """A bundle without per-class confidences (``class_conf`` empty): the three class features are 0."""
+    assert class_features(WindowStats(n=3), _reference(())).tolist() == [0.0, 0.0, 0.0]
+
+
+def _full_window() -> WindowStats:
+    """Four predictions with every per-sample input: confidences in bins 2, 2, 3 (passes) and 1 (an
+    ADI failure), TDI leaves 3 : 1, one PCA error in each bin, predicted classes 3 : 1. Its
+    ``fails_by_family`` names only the ADI (as a window read from an older state may)."""
+    cells = [0] * N_CELLS
+    cells[2], cells[3], cells[3 * N_CONF_BINS + 1] = 2, 1, 1
+    return WindowStats(
+        n=4,
+        fails=1,
+        fails_by_family={"adi": 1},
+        conf_sum=3.2,
+        conf_sq_sum=2.6,
+        cells=cells,
+        n_ext=4,
+        margin_sum=2.0,
+        tdi_agree=3,
+        tdi_covered=2,
+        pca_sum=0.8,
+        pca_bins=[1] * N_PCA_BINS,
+        leaves=[3, 1],
+        n_cls=4,
+        class_counts=[3, 1],
+        class_conf=[2.5, 0.7],
+    )
+
+
+def test_window_features_are_shares_of_the_window_by_hand() -> None:
+    """Every feature is a share or a mean: by hand on four predictions, and unchanged when the window is
+    doubled. Leaf total variation against the reference's 1 : 1 is ½(|¾ − ½| + |¼ − ½|) = ¼."""
+    ref = InputReference(
+        center=(0.0,),
+        scale=(1.0,),
+        basis=(),
+        pca_edges=(0.1, 0.2, 0.3),
+        rule_label=(0, 1),
+        rule_selected=(True, False),
+        leaf_ref=(0.5, 0.5),
+        class_conf=(0.9, 0.8),
+    )
+    stats = _full_window()
+    x, kind = window_features(stats, ref)
+    assert kind == "full" and len(x) == len(FULL_FEATURES)
+    got = dict(zip(FULL_FEATURES, x.tolist(), strict=True))
+    bins = [0.0, 0.25, 0.5, 0.25, 0.0, 0.0]
+    expected = {
+        "mean_confidence": 0.8,
+        "fail_idi": 0.0,
+        "fail_tdi": 0.0,
+        "fail_adi": 0.25,
+        "tdi_agreement": 0.75,
+        "tdi_coverage": 0.5,
+        "tdi_leaf_distance": 0.25,
+        "mean_pca_error": 0.2,
+        "mean_margin": 0.5,
+        **{f"pca_bin_{i}": 0.25 for i in range(N_PCA_BINS)},
+    }
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, abs=1e-12), name
+    assert x[:N_CONF_BINS].tolist() == pytest.approx(bins, abs=1e-12)
+    doubled, kind2 = window_features(stats + stats, ref)
+    assert kind2 == "full" and doubled.tolist() == pytest.approx(x.tolist(), abs=1e-12)
+    # without TDI rules in the reference there is no leaf distance
+    flat = InputReference(
+        center=(0.0,), scale=(1.0,), basis=(), pca_edges=(0.1, 0.2, 0.3), rule_label=(), rule_selected=(), leaf_ref=()
+    )
+    y, kind3 = window_features(stats, flat)
+    assert kind3 == "inputs" and dict(zip(INPUTS_FEATURES, y.tolist(), strict=True))["tdi_leaf_distance"] == 0.0
+    # an empty window: the reduced model's zeros
+    z, kind4 = window_features(WindowStats(), ref)
+    assert kind4 == "reduced" and z.tolist() == [0.0] * len(REDUCED_FEATURES)
