@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agent.estimation import estimators
-from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
 from agent.estimation.estimators import (
     ESTIMATORS,
     NEEDS_LABELS,
@@ -36,11 +36,12 @@ from agent.estimation.layout import (
     N_PCA_BINS,
     REDUCED_FEATURES,
 )
-from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_of_sums
 from agent.estimation.reference import InputReference
 from agent.estimation.reliability import WIDE_INTERVAL, unreliable, weak_oracle
-from agent.estimation.shift_aware import class_features, window_features
+from agent.estimation.shift_aware import class_features, shift_aware, window_features
 from agent.estimation.statistics import WindowStats
+from agent.estimation.tree_ensemble import TreeEnsemble
 
 
 def _cal(**kw: object) -> EstimatorCalibration:
@@ -271,3 +272,39 @@ def test_window_features_are_shares_of_the_window_by_hand() -> None:
     # an empty window: the reduced model's zeros
     z, kind4 = window_features(WindowStats(), ref)
     assert kind4 == "reduced" and z.tolist() == [0.0] * len(REDUCED_FEATURES)
+
+
+def test_small_windows_by_hand() -> None:
+    """Two predictions at 0.6 and 0.8: ``avg_conf`` 0.7 ± 1.96·√(0.02/2 + 0.4/4) (the unbiased variance
+    of two values divides by 1). One prediction with its label: PPI's one-label Wilson interval, with
+    the window's size, the label count and λ = 0 (no covariance from one label) reported; at z = 1 the
+    Wilson interval of z = 1."""
+    est = estimate_all(_window([0.6, 0.8]), _cal())["avg_conf"]
+    assert est.lower == pytest.approx(0.7 - 1.959963984540054 * math.sqrt(0.01 + 0.1), abs=1e-12)
+    one = prediction_powered_of_sums(1, 0.9, 0.81, 1, 0.9, 0.81, 1.0, 0.9)
+    assert one is not None
+    assert (one.value, one.lower, one.upper, one.n, one.n_labels, one.power) == pytest.approx(
+        (1.0, *wilson(1, 1), 1, 1, 0.0), abs=1e-12
+    )
+    narrow = prediction_powered_of_sums(1, 0.9, 0.81, 1, 0.9, 0.81, 1.0, 0.9, z=1.0)
+    assert narrow is not None and narrow.lower == pytest.approx(wilson(1, 1, z=1.0)[0], abs=1e-12)
+
+
+def test_rogan_gladen_rate_variances_at_their_limits() -> None:
+    """No right prediction in the calibration split: FPR's variance taken as 1/4. A fail share above
+    TPR: accuracy below 0 and the error share clipped to 1 in the delta method (TPR's term alone)."""
+    no_right = rogan_gladen(0.7, 1_000_000, _cal(n_right=0))  # accuracy 0.1/0.7, error share 0.6/0.7
+    acc, err = 0.1 / 0.7, 0.6 / 0.7
+    var = (0.7 * 0.3 / 1e6 + err**2 * 0.0064 + acc**2 * 0.25) / 0.49
+    assert no_right.upper - no_right.value == pytest.approx(1.959963984540054 * math.sqrt(var), abs=1e-9)
+    low = rogan_gladen(0.9, 100, _cal())
+    acc = (0.8 - 0.9) / 0.7
+    half = 1.959963984540054 * math.sqrt((0.9 * 0.1 / 100 + 1.0 * 0.0064) / 0.49)
+    assert low.upper == pytest.approx(acc + half, abs=1e-12)
+
+
+def test_shift_aware_without_a_trust_model_reports_no_trust() -> None:
+    forest = TreeEnsemble(init=0.0, rate=1.0, trees=())
+    q = (0.05,) * 4
+    cal = ShiftCalibration(forest, forest, forest, (0.5, 0.75, 0.9), q, q, q, _reference(()))
+    assert shift_aware(_window([0.9, 0.8]), cal).trust is None

@@ -210,3 +210,12 @@ def test_power_tuned_estimate_and_interval_by_hand(
         "n_labels": len(lab),
         "lambda": est.power,
     }
+
+
+def test_residuals_without_spread_get_the_pseudo_labels_spread_only() -> None:
+    """Ten labels all right at f = 0.9 (residuals 0.1, no spread of their own), shift 0.5, z 2: the
+    variance is that of the residuals with the four pseudo-labels, far below 1."""
+    r = np.full(10, 0.1)
+    got = rectifier_variance_of_sums(10, float(r.sum()), float((r * r).sum()), 0.5, z=2.0)
+    assert got == pytest.approx(float(np.var(np.r_[r, 0.5, 0.5, -0.5, -0.5], ddof=1)), abs=1e-12)
+    assert got < 0.2
