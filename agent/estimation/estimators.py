@@ -15,7 +15,8 @@ Estimators:
     split held out of ADI training: with fail share ``r``, accuracy = (TPR − r) / (TPR − FPR), clipped
     to [0, 1]. 95% interval by the delta method with the binomial variances of ``r``, TPR and FPR.
 ``avg_conf``
-    Mean top-class probability. Normal interval on the mean.
+    Mean top-class probability. Normal interval for the window's accuracy: the mean's sampling
+    variance plus each outcome's Bernoulli variance given its confidence (:func:`_mean_interval`).
 ``cbpe``
     Confidence-based performance estimation (CBPE-style, as NannyML's): the mean top-class
     probability plus, per confidence bin, the calibration split's accuracy minus its mean confidence
@@ -112,10 +113,17 @@ class ShiftAwareEstimate(Estimate):
 
 
 def _mean_interval(stats: WindowStats) -> tuple[float, float, float]:
+    """The mean top-class probability ``c̄`` and its 95% interval as an estimate of the *window's*
+    accuracy: the variance is the sampling variance of the mean, var(c)/n, plus the Bernoulli noise of
+    each outcome given its confidence, Σc(1 − c)/n² (how far a calibrated model's window accuracy
+    lies from its mean confidence). Without the second term a window of equal confidences would get
+    a zero-width interval, and a calibrated model's window accuracy would fall outside the interval
+    in about half of the windows. Both come from the additive sums Σc and Σc²."""
     n = stats.n
     mean = stats.conf_sum / n
     var = max(stats.conf_sq_sum / n - mean * mean, 0.0) * n / max(n - 1, 1)
-    half = Z95 * math.sqrt(var / n)
+    outcome = max(stats.conf_sum - stats.conf_sq_sum, 0.0) / (n * n)
+    half = Z95 * math.sqrt(var / n + outcome)
     return mean, mean - half, mean + half
 
 

@@ -62,11 +62,6 @@ class LabeledEstimate(Estimate):
         return {**super().to_dict(), "n_labels": self.n_labels, "lambda": self.power}
 
 
-def _var(x: np.ndarray) -> float:
-    """The unbiased sample variance (0 for fewer than two values)."""
-    return float(np.var(x, ddof=1)) if len(x) > 1 else 0.0
-
-
 def rectifier_variance(residuals: np.ndarray, shift: float, z: float = Z95) -> float:
     """The variance of the rectifier ``Y − λ f`` over the labeled sample, with ``z²/2`` pseudo-labels
     right and ``z²/2`` wrong (residuals ``1 − shift`` and ``−shift``, ``shift`` = λ · mean f) as

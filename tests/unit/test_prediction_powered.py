@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.estimation.prediction_powered import LabeledEstimate, prediction_powered_accuracy
+from agent.estimation.prediction_powered import (
+    LabeledEstimate,
+    prediction_powered_accuracy,
+    rectifier_variance,
+    rectifier_variance_of_sums,
+)
 
 REPS = 400  # seeded repetitions per coverage check (bounded)
 
@@ -118,3 +123,99 @@ def test_with_labels_is_a_registered_estimator_on_the_window_statistics() -> Non
         (expected.value, expected.lower, expected.upper, expected.n_labels), abs=1e-12
     )
     assert "with_labels" in estimator_names() and "with_labels" not in estimator_names(label_free=True)
+
+
+def test_inputs_of_any_shape_and_float32_are_read_as_flat_float64() -> None:
+    """ONNX models give float32 probabilities, and a caller may hold them as a column: the estimate is the
+    one of the flat float64 values, power-tuned (PPI++) by default, at 95% unless ``z`` says otherwise."""
+    rng = np.random.default_rng(7)
+    f = rng.uniform(0.5, 1.0, size=300).astype(np.float32)
+    correct = rng.random(300) < f
+    idx = np.arange(0, 300, 3)
+    f64 = f.astype(np.float64)
+    want = prediction_powered_accuracy(
+        300, float(f64.sum()), float((f64 * f64).sum()), f64[idx], correct[idx], tuned=True
+    )
+    assert want is not None and want.power < 1.0  # tuned: λ estimated, not plain PPI's 1
+    for f_lab, y in ((f[idx], correct[idx]), (f[idx].reshape(-1, 1), correct[idx].reshape(-1, 1))):
+        got = prediction_powered_accuracy(300, float(f64.sum()), float((f64 * f64).sum()), f_lab, y)
+        assert got == want  # exactly: the sums of the float32 values in float64
+    narrow = prediction_powered_accuracy(300, float(f64.sum()), float((f64 * f64).sum()), f64[idx], correct[idx], z=1.0)
+    assert narrow is not None and narrow.value == want.value
+    # z = 1 instead of 1.96 (and fewer pseudo-labels): about half the width
+    assert narrow.upper - narrow.lower < 0.55 * (want.upper - want.lower)
+
+
+def test_the_rectifier_variance_of_residuals_is_that_of_their_sums() -> None:
+    """:func:`rectifier_variance` (residuals in hand) and its additive form agree, with the z²/2
+    pseudo-labels at 1 − shift and −shift (here 10 residuals, shift 0.5, z 2: two pseudo-labels each)."""
+    r = np.r_[np.full(8, 0.1), np.full(2, -0.9)]
+    got = rectifier_variance(r, 0.5, z=2.0)
+    assert got == pytest.approx(rectifier_variance_of_sums(10, float(r.sum()), float((r * r).sum()), 0.5, z=2.0))
+    full = np.r_[r, 0.5, 0.5, -0.5, -0.5]
+    assert got == pytest.approx(float(np.var(full, ddof=1)))
+    # at the default 95%: z²/2 = 1.92 pseudo-labels each
+    w = 1.959963984540054**2 / 2
+    weights = np.r_[np.ones(10), w, w]
+    vals = np.r_[r, 0.5, -0.5]
+    mean = (weights * vals).sum() / weights.sum()
+    expected = (weights * (vals - mean) ** 2).sum() / (weights.sum() - 1)
+    assert rectifier_variance(r, 0.5) == pytest.approx(expected)
+
+
+def _ppi_plus_plus_by_hand(f: np.ndarray, f_lab: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """PPI++ written out from its definition (module docstring): λ̂ = Cov̂(Y, f) / ((1 + m/N) Var̂(f))
+    clipped to [0, 1], θ̂ = Ȳ + λ̂ (f̄_N − f̄_m), half-width z √(λ̂² Var̂(f)/N + Var̂(Y − λ̂ f)/m) with the
+    rectifier's pseudo-labels. Returns (λ̂, θ̂, lower, upper) before clipping to [0, 1]."""
+    n, m = len(f), len(y)
+    var_f = float(np.var(f, ddof=1))
+    cov = float(np.cov(y, f_lab, ddof=1)[0, 1])
+    denom = (1 + m / n) * var_f
+    lam = min(max(cov / denom, 0.0), 1.0) if denom > 0 else 0.0
+    theta = y.mean() + lam * (f.mean() - f_lab.mean())
+    half = 1.959963984540054 * np.sqrt(lam**2 * var_f / n + rectifier_variance(y - lam * f_lab, lam * f_lab.mean()) / m)
+    return lam, float(theta), float(theta - half), float(theta + half)
+
+
+@pytest.mark.parametrize(
+    ("f", "lab", "y", "expected_lambda"),
+    [
+        # three labels that follow f weakly: λ = 0.637
+        (np.r_[0.9, 0.8, 0.6, 0.7, 0.95, 0.85, 0.5, 0.9, 0.75, 0.8], [0, 1, 2], [0.0, 1.0, 0.0], 0.637),
+        # the labels follow f more than f varies: λ clipped to 1 (plain PPI)
+        (np.r_[0.9, 0.8, 0.6, 0.7, 0.95, 0.85, 0.5, 0.9, 0.75, 0.8], [0, 2, 6], [1.0, 1.0, 0.0], 1.0),
+        # f without spread says nothing: λ = 0, the labels' mean
+        (np.full(6, 0.8), [1, 2, 3], [1.0, 0.0, 1.0], 0.0),
+        # a window of two predictions, both labeled
+        (np.r_[0.9, 0.6], [0, 1], [1.0, 0.0], 1.0),
+    ],
+)
+def test_power_tuned_estimate_and_interval_by_hand(
+    f: np.ndarray, lab: list[int], y: list[float], expected_lambda: float
+) -> None:
+    f_lab, yy = f[lab], np.asarray(y)
+    lam, theta, lo, hi = _ppi_plus_plus_by_hand(f, f_lab, yy)
+    est = prediction_powered_accuracy(len(f), float(f.sum()), float((f * f).sum()), f_lab, yy.astype(bool))
+    assert est is not None
+    assert est.power == pytest.approx(lam, abs=1e-12)
+    assert lam == pytest.approx(expected_lambda, abs=1e-3)
+    assert (est.value, est.lower, est.upper) == pytest.approx(
+        (min(max(theta, 0.0), 1.0), max(lo, 0.0), min(hi, 1.0)), abs=1e-12
+    )
+    assert est.to_dict() == {
+        "value": est.value,
+        "lower": est.lower,
+        "upper": est.upper,
+        "n": len(f),
+        "n_labels": len(lab),
+        "lambda": est.power,
+    }
+
+
+def test_residuals_without_spread_get_the_pseudo_labels_spread_only() -> None:
+    """Ten labels all right at f = 0.9 (residuals 0.1, no spread of their own), shift 0.5, z 2: the
+    variance is that of the residuals with the four pseudo-labels, far below 1."""
+    r = np.full(10, 0.1)
+    got = rectifier_variance_of_sums(10, float(r.sum()), float((r * r).sum()), 0.5, z=2.0)
+    assert got == pytest.approx(float(np.var(np.r_[r, 0.5, 0.5, -0.5, -0.5], ddof=1)), abs=1e-12)
+    assert got < 0.2
