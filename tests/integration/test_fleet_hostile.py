@@ -166,11 +166,12 @@ def test_a_hostile_answer_is_refused_counted_and_bounded(
         assert failed["fleet"]["last_error_reason"] == reason
         assert failed["fleet"]["last_error"].startswith(f"{reason}: ")
         stale = _wait(lambda: (b := _estimates(fleet))["fleet"]["stale"] and b, STALE_AFTER + 30, "stale estimates")
+        # read while the answers are still hostile: a good refresh after the switch clears the staleness
+        metrics = fleet.metrics()
         hostile.mode = "good"
     # the last good estimate stayed, as it was, and was never replaced by one of the hostile answer
     assert stale["timestamp"] == good["timestamp"]
     assert stale["windows"]["5m"]["estimates"][head] == good_estimate
-    metrics = fleet.metrics()
     assert metrics[f"icos_fleet_query_errors_total{{model={MODEL},reason={reason}}}"] > before
     assert metrics[f"icos_fleet_stale{{model={MODEL}}}"] == 1
     assert probes.answers > 0 and not probes.failures, probes.failures
