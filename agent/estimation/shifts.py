@@ -24,7 +24,7 @@ the generic family and ``audit:<transformation>`` for the audit family.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -386,7 +386,25 @@ def shifted_sets(
     copies per transformation, and at least 88.
 
     ``train_x`` (prepared training inputs) gives the pixel range or the per-feature statistics.
+    All copies at once: for large inputs take them one at a time from :func:`iter_shifted_sets`.
     """
+    return list(
+        iter_shifted_sets(x, input_shape, train_x=train_x, n_sets=n_sets, seed=seed, families=families, exclude=exclude)
+    )
+
+
+def iter_shifted_sets(
+    x: np.ndarray,
+    input_shape: Sequence[int],
+    *,
+    train_x: np.ndarray,
+    n_sets: int | None = None,
+    seed: int = 0,
+    families: Sequence[str] = FAMILIES,
+    exclude: Collection[str] = (),
+) -> Iterator[ShiftedSet]:
+    """The copies of :func:`shifted_sets`, the same ones in the same order, made one at a time: 88
+    corrupted copies of a calibration split of 224×224 images held at once are gigabytes."""
     rng = np.random.default_rng(seed)
     xs = np.asarray(x, dtype=np.float32)
     family, clip = calibration_family(input_shape, train_x, families)
@@ -399,12 +417,10 @@ def shifted_sets(
     # within the slice), so each covers the whole continuum from harmless to label-breaking
     per_name = [n_sets // len(names) + (1 if i < n_sets % len(names) else 0) for i in range(len(names))]
     strengths = [rng.permutation((np.arange(c) + rng.uniform(0.1, 0.9, c)) / max(c, 1)) for c in per_name]
-    out: list[ShiftedSet] = []
     for k in range(n_sets):
         name = names[k % len(names)]
         s = float(strengths[k % len(names)][k // len(names)])
-        out.append(ShiftedSet(name, s, _corrupt(family[name], xs, s, rng, input_shape, clip)))
-    return out
+        yield ShiftedSet(name, s, _corrupt(family[name], xs, s, rng, input_shape, clip))
 
 
 def _corrupt(
@@ -488,14 +504,10 @@ def judge_shifted_sets(
         return JudgedSet(name, result.verdict, pred.confidences, pred.predicted == y_cal, np.asarray(y_cal), extras)
 
     clean = judged("clean", x_cal)
-    sets = shifted_sets(
-        x_cal,
-        model.input_shape,
-        train_x=train_x,
-        n_sets=n_sets,
-        seed=seed,
-        families=families,
-        exclude=exclude,
+    # judged as they are made: only one corrupted copy exists at a time
+    shape = model.input_shape
+    sets = iter_shifted_sets(
+        x_cal, shape, train_x=train_x, n_sets=n_sets, seed=seed, families=families, exclude=exclude
     )
     return clean, [judged(s.name, s.x.astype(x_cal.dtype, copy=False)) for s in sets]
 
