@@ -74,3 +74,18 @@ CLASS_FEATURES: tuple[str, ...] = ("label_entropy", "label_max_share", "class_co
 FULL_FEATURES: tuple[str, ...] = (*INPUTS_FEATURES, *CLASS_FEATURES)
 #: Position of the window's mean confidence in every feature vector (the residual target's base).
 MEAN_CONFIDENCE = REDUCED_FEATURES.index("mean_confidence")
+
+
+#: Floor of a feature's scale, as a share of the median scale of the features that vary: a feature
+#: constant where the scales were measured (a pixel always 0 in training, a confidence bin an
+#: underconfident model never reaches) must not turn the few live samples that move it into errors
+#: and distances of millions.
+MIN_SCALE_SHARE = 0.1
+
+
+def floored_scales(std: np.ndarray, minimum: float) -> np.ndarray:
+    """``std`` per feature, at least :data:`MIN_SCALE_SHARE` of the median of those above 1e-9 (1.0
+    when none varies) and at least ``minimum``."""
+    varying = std[std > 1e-9]
+    floor = MIN_SCALE_SHARE * float(np.median(varying)) if len(varying) else 1.0
+    return np.maximum(std, max(floor, minimum))

@@ -12,16 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.layout import LEAF_BINS, PCA_QUANTILES
+from agent.estimation.layout import LEAF_BINS, PCA_QUANTILES, floored_scales
 
 #: Samples per step of :meth:`InputReference.pca_error` (its float64 buffer stays in the CPU cache).
 PCA_CHUNK = 64
 #: Pseudo-count pulling a class's clean mean confidence toward the overall clean mean (rare classes).
 CLASS_PRIOR_WEIGHT = 5.0
-
-
-#: Floor of a table feature's scale in the PCA error, as a share of the median scale of the others.
-MIN_SCALE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -182,11 +178,9 @@ class InputReference:
         tr = np.asarray(train_features, dtype=np.float64).reshape(len(train_features), -1)
         center = tr.mean(axis=0)
         if per_feature_scale:
-            # a feature constant in training (a pixel always 0, a category never seen) gets a tenth of
-            # the median spread, not ~0: one live sample that moves it must not make an error of 1e9
-            std = tr.std(axis=0)
-            varying = std[std > 1e-9]
-            scale = np.maximum(std, max(MIN_SCALE_SHARE * float(np.median(varying)) if len(varying) else 1.0, 1e-9))
+            # a feature constant in training (a pixel always 0, a category never seen): one live sample
+            # that moves it must not make an error of 1e9
+            scale = floored_scales(tr.std(axis=0), 1e-9)
         else:
             scale = np.array([max(float(np.abs(tr).max()), 1e-9)])
         z = (tr - center) / scale

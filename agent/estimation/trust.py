@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.layout import CONF_EDGES, N_CONF_BINS, conf_bins
+from agent.estimation.layout import CONF_EDGES, N_CONF_BINS, conf_bins, floored_scales
 
 #: Nearest calibration windows the trust distance averages over.
 NEIGHBOURS = 5
@@ -53,10 +53,6 @@ FULL_TRUST = 1.0
 NO_TRUST = 2.0
 #: Floor of a feature's √n-scaled spread among clean windows (features that never vary there).
 MIN_SPREAD = 0.05
-#: Floor of a feature's scale in the trust distance, as a share of the median scale of the others: a
-#: feature that never varied among the calibration windows (a confidence bin an underconfident model
-#: never reaches) must not turn the few live samples that land there into a distance of millions.
-MIN_SCALE_SHARE = 0.1
 
 
 def confidence_offsets(confidences: np.ndarray, correct: np.ndarray) -> tuple[float, ...]:
@@ -181,10 +177,7 @@ class KindSupport:
         """From the feature vectors of the calibration windows and of windows resampled from the clean
         split (``clean_n``: their sizes; ``n_clean``: the split's size)."""
         x = np.asarray(windows, dtype=np.float64)
-        std = x.std(axis=0)
-        varying = std[std > 1e-9]
-        floor = MIN_SCALE_SHARE * float(np.median(varying)) if len(varying) else 1.0
-        scale = np.maximum(std, max(floor, 1e-6))
+        scale = floored_scales(x.std(axis=0), 1e-6)
         keep = rng.permutation(len(x))[:MAX_POINTS]
         pts = x[keep] / scale
         d = np.sqrt(((pts[:, None, :] - pts[None, :, :]) ** 2).sum(axis=2))
