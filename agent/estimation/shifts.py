@@ -522,16 +522,18 @@ class CalibrationSets:
     shifted: list[JudgedSet]
     reference: InputReference
 
-    def fit(self, seed: int, rows: np.ndarray | None = None) -> ShiftCalibration:
+    def fit(self, seed: int, rows: np.ndarray | None = None, *, interval: bool = True) -> ShiftCalibration:
         """The ``shift_aware`` calibration from these sets (only their ``rows``, when given: the clean
-        statistics of the reference are then those rows' too, so nothing of the other rows is learnt)."""
+        statistics of the reference are then those rows' too); ``interval=False`` skips the refits behind
+        the interval's model-error term, for a calibration whose values only are used."""
+        folds = 3 if interval else 0
         if rows is None:
-            return fit_shift_calibration(self.clean, self.shifted, self.reference, seed=seed)
+            return fit_shift_calibration(self.clean, self.shifted, self.reference, folds=folds, seed=seed)
         clean = self.clean.take(rows)
         reference = self.reference
         if clean.extras is not None:
             reference = reference.with_clean(clean.extras.pca_error, clean.extras.label, clean.confidences)
-        return fit_shift_calibration(clean, [s.take(rows) for s in self.shifted], reference, seed=seed)
+        return fit_shift_calibration(clean, [s.take(rows) for s in self.shifted], reference, folds=folds, seed=seed)
 
 
 def calibration_sets(
