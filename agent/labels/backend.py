@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agent.labels.kept_inputs import KeptInput, KeptMap
 from agent.labels.rows import (
     CorruptRow,
     LabeledRows,
@@ -88,6 +89,13 @@ class StoreBackend(Protocol):
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
         """``(prediction id, prediction time)`` of the newest predictions of the labeling sample that
         have no label yet, newest first (see :func:`unlabeled_sample`)."""
+
+    def keep_inputs(self, rows: Sequence[KeptInput], max_total_bytes: int) -> int:
+        """Keep the inputs of sampled predictions already written; drop the oldest past
+        ``max_total_bytes``; returns how many were dropped."""
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        """The kept inputs of these prediction ids (those that have some)."""
 
     def put_calibration(self, identity: str, value_json: str) -> None: ...
 

@@ -39,7 +39,16 @@ from agent.labels.backend import (
     label_filter,
     unlabeled_sample,
 )
-from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, RequestRow, SampleRow, _extras_row
+from agent.labels.kept_inputs import KeptInput, KeptMap, oldest_over
+from agent.labels.rows import (
+    LabeledRows,
+    LabelOutcome,
+    PendingBatch,
+    RequestRow,
+    SampleRow,
+    _extras_row,
+    split_prediction_id,
+)
 from agent.labels.sqlite_schema import request_rows
 from exporters.redaction import redact_text, redact_uri
 
@@ -89,6 +98,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         (  # who gave each label (NULL: before sources were kept), so an admin can drop one source's labels
             "ALTER TABLE icos_labels ADD COLUMN source TEXT",
             "CREATE INDEX icos_labels_labeled_at ON icos_labels(labeled_at)",
+        ),
+    ),
+    (
+        4,
+        (  # the kept inputs of sampled predictions (agent.labels.kept_inputs), gone with their request
+            "CREATE TABLE icos_inputs ("
+            " seq BIGINT NOT NULL REFERENCES icos_requests(seq) ON DELETE CASCADE, idx INTEGER NOT NULL,"
+            " nbytes INTEGER NOT NULL, predicted INTEGER NOT NULL, confidence DOUBLE PRECISION NOT NULL,"
+            " data TEXT NOT NULL, PRIMARY KEY(seq, idx))",
         ),
     ),
 )
@@ -413,6 +431,54 @@ class PostgresBackend:
         except StoreUnavailable:
             self.on_error("read")
             raise
+
+    # -- kept inputs of sampled predictions -----------------------------------------------------
+    def keep_inputs(self, rows: Sequence[KeptInput], max_total_bytes: int) -> int:
+        self._ensure_schema()
+        with self._tx() as conn:
+            found = conn.execute(
+                "SELECT rid, MAX(seq) FROM icos_requests WHERE rid = ANY(%s) GROUP BY rid",
+                (sorted({r.request_id for r in rows}),),
+            ).fetchall()
+            seqs = {str(rid): int(seq) for rid, seq in found}
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO icos_inputs(seq, idx, nbytes, predicted, confidence, data)"
+                    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (seq, idx) DO NOTHING",
+                    [
+                        (seqs[r.request_id], r.index, len(r.data), r.predicted, r.confidence, r.data)
+                        for r in rows
+                        if r.request_id in seqs
+                    ],
+                )
+            excess = _count_of(conn, "SELECT COALESCE(SUM(nbytes), 0) - %s FROM icos_inputs", (max_total_bytes,))
+            if excess <= 0:
+                return 0
+            with conn.cursor() as cur:  # read only as far as needed
+                cur.execute("SELECT seq, idx, nbytes FROM icos_inputs ORDER BY seq, idx")
+                gone = oldest_over(iter(cur.fetchone, None), excess)
+            if gone:
+                conn.execute(
+                    "DELETE FROM icos_inputs WHERE (seq, idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))",
+                    ([g[0] for g in gone], [g[1] for g in gone]),
+                )
+            return len(gone)
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        pairs = [split_prediction_id(pid) for pid in ids]
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                found = conn.execute(
+                    "SELECT r.rid, i.idx, i.predicted, i.confidence, i.data FROM icos_inputs i"
+                    " JOIN icos_requests r ON r.seq = i.seq"
+                    " WHERE (r.rid, i.idx) IN (SELECT * FROM unnest(%s::text[], %s::int[]))",
+                    ([p[0] for p in pairs], [p[1] for p in pairs]),
+                ).fetchall()
+        except StoreUnavailable:
+            self.on_error("read")
+            raise
+        return {f"{rid}:{idx}": (int(k), float(c), str(data)) for rid, idx, k, c, data in found}
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:

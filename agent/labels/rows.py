@@ -9,7 +9,7 @@ on demand. The per-sample extras codec (:data:`agent.estimation.statistics.EXTRA
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,6 +97,9 @@ class PendingBatch:
     extras: SampleExtras | np.ndarray | None = None
     #: the indices of the request's predictions drawn into the labeling sample (None: none drawn)
     sampled: np.ndarray | None = None
+    #: the request's inputs by name, one row per prediction, when the inputs of sampled predictions are kept
+    #: (``labels.keep_sampled_inputs``); encoded by the store's writer, off the request path
+    inputs: Mapping[str, np.ndarray] | None = None
 
     @property
     def n(self) -> int:

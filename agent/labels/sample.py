@@ -14,6 +14,7 @@ import numpy as np
 
 from agent.config.settings import LabelsConfig
 from agent.judging.recorder import JudgedBatch
+from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch
 from agent.labels.store import PredictionStore
 from exporters.label_metrics import LabelMetrics
@@ -33,6 +34,8 @@ def open_prediction_store(config: LabelsConfig, state_dir: Path | None, metrics:
         on_error=lambda op: metrics.store_errors.labels(op).inc(),
         on_drop=lambda n, reason: metrics.store_dropped.labels(reason).inc(n),
         on_buffered=metrics.store_buffered.inc,
+        kept=KeptInputsPolicy(config.keep_sampled_inputs, config.max_kept_input_bytes, config.max_kept_inputs_bytes),
+        on_inputs_dropped=lambda n, reason: metrics.kept_inputs_dropped.labels(reason).inc(n),
     )
 
 
@@ -63,5 +66,6 @@ class LabelingSample:
                 batch.verdicts,
                 batch.extras,
                 sampled,
+                batch.inputs if sampled is not None and self.store.kept.enabled else None,
             )
         )

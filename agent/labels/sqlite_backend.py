@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
 from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, label_filter, unlabeled_sample
+from agent.labels.kept_inputs import KeptInput, KeptMap, SQLiteKeptInputs
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
 from agent.labels.sqlite_schema import (
     INSERT_LABEL,
@@ -300,6 +301,28 @@ class SQLiteBackend:
                     lambda seqs: labeled_indices(db, seqs),
                     limit,
                 )
+        except (sqlite3.Error, OSError) as exc:
+            self.on_error("read")
+            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+
+    # -- kept inputs of sampled predictions -----------------------------------------------------
+    def keep_inputs(self, rows: Sequence[KeptInput], max_total_bytes: int) -> int:
+        with self._lock:
+            db = self.conn()
+            db.execute("BEGIN")
+            try:
+                dropped = SQLiteKeptInputs.write(db, rows, max_total_bytes)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return dropped
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        try:
+            with self._lock:
+                return SQLiteKeptInputs.read(self.conn(), ids)
         except (sqlite3.Error, OSError) as exc:
             self.on_error("read")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc

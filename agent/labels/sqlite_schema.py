@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agent.estimation.statistics import EXTRAS_DTYPE, EXTRAS_FIELDS, extras_columns
+from agent.labels.kept_inputs import SQLITE_SCHEMA as KEPT_INPUTS_SCHEMA
 from agent.labels.rows import PREDICTED_DTYPE, SAMPLED_DTYPE, PendingBatch, RequestRow, SampleRow, split_prediction_id
 
 log = logging.getLogger("icos_agent.labels")
@@ -69,6 +70,8 @@ def init_schema(db: sqlite3.Connection) -> None:
             if column not in {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         for stmt in _INDEXES:
+            db.execute(stmt)
+        for stmt in KEPT_INPUTS_SCHEMA:  # the kept inputs of sampled predictions (a table of their own)
             db.execute(stmt)
         if "predictions" in tables:
             n = _convert_per_prediction_rows(db)

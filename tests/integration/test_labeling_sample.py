@@ -128,7 +128,7 @@ def test_a_postgres_store_of_the_first_schema_is_migrated(postgres: PostgresServ
     s.flush(now=210.0)
     with psycopg.connect(postgres.url) as conn:
         assert conn.execute("SELECT MAX(version) FROM icos_store_schema").fetchone() == (SCHEMA_VERSION,)
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     assert s.label_requests("m:b", 10) == [("new:1", 200.0)]
     assert s.apply_labels([("old:0", 0), ("new:1", 1)], now=220.0).n_accepted == 2
     rows = s.labeled_rows("m:b")
