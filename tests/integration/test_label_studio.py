@@ -19,8 +19,10 @@ from PIL import Image
 from prometheus_client import CollectorRegistry
 
 from agent.cli import main as cli_main
+from agent.commands.label_studio import export_tasks
 from agent.config.settings import LABELS_TOKEN_ENV, load_settings
 from agent.estimation.prediction_powered import WITH_LABELS
+from agent.labels.kept_inputs import encode_sample
 from agent.server.app import create_app
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
@@ -182,3 +184,33 @@ def test_export_label_import_closes_the_loop(
     assert window()["realized"]["n"] == 40
     drops = scrape(srv.url).by_labels("icos_kept_inputs_dropped_total")
     assert drops == {(("reason", "evicted"),): 0.0, (("reason", "too_large"),): 0.0}
+
+
+@pytest.mark.parametrize("kind", ["text", "table"])
+def test_text_and_table_inputs_become_tasks_label_studio_accepts(kind: str, tmp_path: Path) -> None:
+    side_python()
+    if kind == "text":
+        batch = {"review": np.asarray(["great phone", "broke in a week"], dtype=object)}
+    else:
+        batch = {"age": np.asarray([[31], [58]], np.int64), "income": np.asarray([[4.5], [2.25]], np.float32)}
+    listing = {
+        "classes": ["bad", "good"],
+        "requests": [
+            {
+                "id": f"r:{i}",
+                "timestamp": 1.0,
+                "predicted": "good",
+                "confidence": 0.8,
+                "inputs": json.loads(encode_sample(batch, i)),
+            }
+            for i in range(2)
+        ],
+    }
+    assert export_tasks(listing, tmp_path)["kind"] == kind
+    tasks = json.loads((tmp_path / "tasks.json").read_text())
+    if kind == "text":
+        assert [t["data"]["text"] for t in tasks] == ["great phone", "broke in a week"]
+    else:
+        assert tasks[1]["data"]["table"] == {"age": 58, "income": 2.25}
+    tag = {"text": "Text", "table": "Table"}[kind]
+    assert json.loads(sdk("validate", str(tmp_path))) == {"tasks": 2, "errors": [], "objects": [tag]}

@@ -46,7 +46,7 @@ def validate(folder: Path) -> dict[str, Any]:
                 path = folder / value.split("?d=", 1)[-1]
                 if not path.is_file():
                     errors.append(f"task {n}: no image file {path}")
-    return {"tasks": len(tasks), "errors": errors, "objects": sorted(li._objects) if hasattr(li, "_objects") else []}
+    return {"tasks": len(tasks), "errors": errors, "objects": sorted(o.tag for o in li.objects)}
 
 
 def annotate(folder: Path, answers: dict[str, list[dict[str, Any]]], out: Path) -> None:
