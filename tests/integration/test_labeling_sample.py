@@ -164,6 +164,11 @@ def test_served_agent_lists_its_sample_and_estimates_with_labels(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "id,timestamp" and [line.split(",")[0] for line in lines[1:]] == ids
     assert cli_main(["labels", "--url", srv.url, "--requests", "0"]) == 2
+    # inputs are kept only when asked (labels.keep_sampled_inputs): the export says so
+    with_inputs = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": 5, "inputs": "true"}).json()
+    assert with_inputs["keep_sampled_inputs"] is False and [r["inputs"] for r in with_inputs["requests"]] == [None] * 5
+    assert cli_main(["labels", "export", "--url", srv.url, "--out", str(tmp_path / "tasks")]) == 2
+    assert "labels.keep_sampled_inputs" in capsys.readouterr().err
 
     # labels for the sample and for 100 predictions outside it: only the sample's enter with_labels
     outside = [pid for pid in traffic["ids"].tolist() if pid not in set(ids)][:100]
