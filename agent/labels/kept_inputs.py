@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,15 +116,12 @@ def kept_inputs(
     return kept, too_large
 
 
-def oldest_over(rows: Iterable[tuple[int, int, int]], excess: int) -> list[tuple[int, int]]:
-    """``(seq, idx)`` of the oldest rows (given oldest first, with their bytes) that cover ``excess`` bytes."""
-    out: list[tuple[int, int]] = []
-    for seq, idx, nbytes in rows:
-        if excess <= 0:
-            break
-        out.append((int(seq), int(idx)))
-        excess -= int(nbytes)
-    return out
+#: Delete the oldest kept inputs (by request row, then index) that together cover ``excess`` bytes: those
+#: whose older rows hold fewer than ``excess`` bytes. One statement (a window sum), in either database.
+EVICT_OLDEST = (
+    "DELETE FROM {table} WHERE (seq, idx) IN (SELECT seq, idx FROM (SELECT seq, idx,"
+    " SUM(nbytes) OVER (ORDER BY seq, idx) - nbytes AS older FROM {table}) AS o WHERE older < {mark})"
+)
 
 
 #: ``(prediction id) → (predicted class, confidence, encoded inputs)`` of kept inputs
@@ -167,11 +164,7 @@ class SQLiteKeptInputs:
         excess = int(total) - max_total
         if excess <= 0:
             return 0
-        cursor = db.execute("SELECT seq, idx, nbytes FROM inputs ORDER BY seq, idx")  # read only as far as needed
-        gone = oldest_over(cursor, excess)
-        cursor.close()
-        db.executemany("DELETE FROM inputs WHERE seq = ? AND idx = ?", gone)
-        return len(gone)
+        return int(db.execute(EVICT_OLDEST.format(table="inputs", mark="?"), (excess,)).rowcount)
 
     @staticmethod
     def read(db: sqlite3.Connection, ids: Sequence[str]) -> KeptMap:

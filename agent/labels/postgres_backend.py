@@ -39,7 +39,7 @@ from agent.labels.backend import (
     label_filter,
     unlabeled_sample,
 )
-from agent.labels.kept_inputs import KeptInput, KeptMap, oldest_over
+from agent.labels.kept_inputs import EVICT_OLDEST, KeptInput, KeptMap
 from agent.labels.rows import (
     LabeledRows,
     LabelOutcome,
@@ -454,15 +454,9 @@ class PostgresBackend:
             excess = _count_of(conn, "SELECT COALESCE(SUM(nbytes), 0) - %s FROM icos_inputs", (max_total_bytes,))
             if excess <= 0:
                 return 0
-            with conn.cursor() as cur:  # read only as far as needed
-                cur.execute("SELECT seq, idx, nbytes FROM icos_inputs ORDER BY seq, idx")
-                gone = oldest_over(iter(cur.fetchone, None), excess)
-            if gone:
-                conn.execute(
-                    "DELETE FROM icos_inputs WHERE (seq, idx) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))",
-                    ([g[0] for g in gone], [g[1] for g in gone]),
-                )
-            return len(gone)
+            with conn.cursor() as cur:
+                cur.execute(EVICT_OLDEST.format(table="icos_inputs", mark="%s"), (excess,))  # type: ignore[arg-type]
+                return int(cur.rowcount)
 
     def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
         pairs = [split_prediction_id(pid) for pid in ids]

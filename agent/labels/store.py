@@ -283,11 +283,11 @@ class PredictionStore:
         if self.unreachable:
             self.unreachable = False
             log.warning("the prediction store is reachable again; buffered predictions written")
-        if self.kept.enabled:
-            self._keep_inputs(batches)
         kept = {id(b) for b in batches}
         self._settle([b.request_id for b in taken if id(b) in kept or batch_problem(b) is None], ok=True)
         self._settle([b.request_id for b in taken if id(b) not in kept and batch_problem(b) is not None], ok=False)
+        if self.kept.enabled:  # after the acknowledgements: a request never waits for its inputs
+            self._keep_inputs(batches)
         return written
 
     def _keep_inputs(self, batches: list[PendingBatch]) -> None:
