@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 from prometheus_client import CollectorRegistry
@@ -24,6 +25,7 @@ from agent.config.settings import LABELS_TOKEN_ENV, load_settings
 from agent.estimation.prediction_powered import WITH_LABELS
 from agent.labels.kept_inputs import encode_sample
 from agent.server.app import create_app
+from tests.support.audit_models import reviews, text_classifier
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
 from tests.support.requirements import ROOT, require
@@ -214,3 +216,46 @@ def test_text_and_table_inputs_become_tasks_label_studio_accepts(kind: str, tmp_
         assert tasks[1]["data"]["table"] == {"age": 58, "income": 2.25}
     tag = {"text": "Text", "table": "Table"}[kind]
     assert json.loads(sdk("validate", str(tmp_path))) == {"tasks": 2, "errors": [], "objects": [tag]}
+
+
+@pytest.mark.timeout(600)
+def test_a_text_model_s_sampled_reviews_go_out_as_text_and_come_back_as_labels(
+    run_server: Callable[..., RunningServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    side_python()
+    model, _ = text_classifier(tmp_path)
+    for name, seed in (("train", 2), ("val", 3)):
+        texts, labels = reviews(300, seed=seed)
+        pd.DataFrame({"text": texts, "label": labels}).to_csv(tmp_path / f"{name}.csv", index=False)
+    bundle = tmp_path / "bundle"
+    fit = ["fit", "--model", str(model), "--train", str(tmp_path / "train.csv"), "--val", str(tmp_path / "val.csv")]
+    assert cli_main([*fit, "--label-column", "label", "--trees", "20", "--out", str(bundle), "--json"]) == 0
+    capsys.readouterr()
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "reviews", "path": str(model)},
+        bundle={"path": str(bundle)},
+        state_dir=str(tmp_path / "state"),
+        labels={"sample_rate": 1.0, "keep_sampled_inputs": True},
+    )
+    srv = run_server(create_app(settings, CollectorRegistry()))
+    texts, y = reviews(20, seed=4)
+    tensor = {"name": "text", "shape": [20, 1], "datatype": "BYTES", "data": texts}
+    r = httpx.post(f"{srv.url}/v2/models/reviews/infer", json={"id": "rev", "inputs": [tensor]}, timeout=60)
+    assert r.status_code == 200, r.text
+
+    out = tmp_path / "tasks"
+    assert cli_main(["labels", "export", "--url", srv.url, "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "text"
+    tasks = json.loads((out / "tasks.json").read_text())
+    by_id = {t["data"]["icos_id"]: t["data"]["text"] for t in tasks}
+    assert by_id == {f"rev:{i}": texts[i] for i in range(20)}  # every prediction sampled, its review kept
+    assert json.loads(sdk("validate", str(out))) == {"tasks": 20, "errors": [], "objects": ["Text"]}
+
+    answers = {f"rev:{i}": [{"choice": str(y[i]), "cancelled": False, "at": 1000.0}] for i in range(20)}
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
+    sdk("annotate", str(out), str(tmp_path / "answers.json"), str(tmp_path / "export.json"))
+    assert cli_main(["labels", "import", str(tmp_path / "export.json"), "--url", srv.url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accepted"] == 20
+    assert httpx.get(f"{srv.url}/v1/labels").json()["store"]["labeled"] == 20
