@@ -7,6 +7,9 @@ name). Rows are posted to ``POST /v1/labels`` in chunks; the summary adds up the
 (accepted, unknown, duplicate, corrected, invalid). ``--requests N`` prints the newest ``N`` sampled predictions
 still without a label (``GET /v1/labels/requests``) as CSV (``id,timestamp``), ready for a labeling job.
 
+``labels export`` and ``labels import`` take the sample, with its kept inputs, to a labeling tool and
+its annotations back (:mod:`agent.commands.label_studio`).
+
 Where the agent requires the labelers' token (``ICOS_AGENT_LABELS_TOKEN`` set on the agent), the command
 sends it from the same environment variable, or from ``--token-file`` (e.g. a mounted Secret).
 """

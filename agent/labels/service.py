@@ -20,7 +20,9 @@ request path). Later, true labels arrive by id:
   give every time window the estimator ``with_labels`` (prediction-powered inference,
   :mod:`agent.estimation.prediction_powered`): valid whatever the shift because the sample is
   uniform. Labels of predictions outside the sample count for the realized accuracy and
-  recalibration, not for ``with_labels``.
+  recalibration, not for ``with_labels``. With ``labels.keep_sampled_inputs``, ``?inputs=true`` adds
+  each one's kept inputs, predicted class and probability (:mod:`agent.labels.kept_inputs`), what
+  ``icos-agent labels export`` turns into labeling-tool tasks.
 * ``POST /v1/recalibrate`` (admin bearer token) — refits the estimator calibration from the stored
   labeled predictions (:mod:`agent.labels.recalibration`).
 

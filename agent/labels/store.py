@@ -39,7 +39,9 @@ their labels. Labels live in their own table (``labels``, one row per labeled pr
 the request row and the index) with a copy of what the realized windows and recalibration read (and
 whether the prediction was in the labeling sample), so reading labeled predictions never decodes
 request rows. Evicting a request deletes its labels. ``calibration`` keeps an estimator calibration
-refitted from labels, per model identity.
+refitted from labels, per model identity. ``inputs`` keeps the inputs of sampled predictions when
+``labels.keep_sampled_inputs`` is on (:mod:`agent.labels.kept_inputs`), written after their requests
+and bounded in bytes.
 
 A label may arrive for a prediction that is still on its way to the store (answered a moment ago):
 :meth:`wait_written` waits, bounded, until the requests it names have left the queue, written or
