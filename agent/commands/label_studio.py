@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import json
+import math
 import struct
 import zlib
 from collections.abc import Mapping
@@ -169,12 +171,23 @@ def export_tasks(
     return {"tasks": len(tasks), "without_inputs": without, "kind": kind, "out": str(out)}
 
 
+def _annotation_order(a: Mapping[str, Any]) -> tuple[float, int]:
+    """Newer last: by ``updated_at`` (else ``created_at``, ISO 8601; unreadable: oldest), then by id."""
+    when = a.get("updated_at") or a.get("created_at")
+    try:
+        t = datetime.datetime.fromisoformat(str(when)).timestamp() if isinstance(when, str) else -math.inf
+    except ValueError:
+        t = -math.inf
+    ident = a.get("id")
+    return t, ident if isinstance(ident, int) else -1
+
+
 def _newest_choice(task: Mapping[str, Any]) -> list[str] | None:
     """The choices of the task's newest annotation that was not skipped (None: no such annotation)."""
     done = [a for a in task.get("annotations") or [] if isinstance(a, Mapping) and not a.get("was_cancelled")]
     if not done:
         return None
-    newest = max(done, key=lambda a: (str(a.get("updated_at") or a.get("created_at") or ""), int(a.get("id") or 0)))
+    newest = max(done, key=_annotation_order)
     for r in newest.get("result") or []:
         if isinstance(r, Mapping) and r.get("type") == "choices" and r.get("from_name", CONTROL) == CONTROL:
             value = r.get("value")

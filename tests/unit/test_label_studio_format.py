@@ -32,12 +32,23 @@ def test_the_newest_annotation_wins_and_skipped_ones_are_ignored() -> None:
     tasks = [
         task("a:0", ann("cat", "2026-01-01T10:00:00Z"), ann("dog", "2026-01-02T10:00:00Z", ident=2)),
         task("a:1", ann("dog", "2026-01-01T10:00:00Z"), ann("cat", "2026-01-03T10:00:00Z", cancelled=True)),
+        # times in other offsets and precisions compare as times, not as texts
+        task("a:6", ann("dog", "2026-01-01T11:00:00+02:00", ident=9), ann("cat", "2026-01-01T09:30:00.5Z", ident=1)),
         task("a:2", ann("cat", "2026-01-01T10:00:00Z", cancelled=True)),
         task("a:3"),
+        # the same time: the higher id is the newer; an id that is not a number counts as the oldest
+        task("a:4", ann("cat", "2026-01-01T10:00:00Z", ident=5), ann("dog", "2026-01-01T10:00:00Z", ident=4)),
+        task("a:5", {**ann("dog", "2026-01-01T10:00:00Z"), "id": "x"}, ann("cat", "2026-01-01T10:00:00Z", ident=0)),
     ]
     labels, counts = labels_of_export(tasks, CLASSES)
-    assert labels == [{"id": "a:0", "label": "dog"}, {"id": "a:1", "label": "dog"}]
-    assert counts == {"labeled": 2, "without_annotation": 2}
+    assert labels == [
+        {"id": "a:0", "label": "dog"},
+        {"id": "a:1", "label": "dog"},
+        {"id": "a:6", "label": "cat"},
+        {"id": "a:4", "label": "cat"},
+        {"id": "a:5", "label": "cat"},
+    ]
+    assert counts == {"labeled": 5, "without_annotation": 2}
 
 
 @pytest.mark.parametrize(
