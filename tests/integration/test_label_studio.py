@@ -31,7 +31,7 @@ from tests.support.metrics import scrape
 from tests.support.requirements import ROOT, require
 from tests.support.waiting import wait_until
 
-CHECK = ROOT / "tests" / "label_studio" / "check_tasks.py"
+CHECK = ROOT / "tests" / "label-studio" / "check_tasks.py"
 TOKEN = "labelers-secret-token"
 
 
