@@ -229,6 +229,7 @@ class LabelIntake:
         rows: list[tuple[str, float]] = await self.run(self.store.label_requests, identity, limit)
         return {
             "sample_rate": self.config.sample_rate,
+            "sampling": self.config.sampling,
             "n": len(rows),
             "requests": [{"id": pid, "timestamp": ts} for pid, ts in rows],
         }

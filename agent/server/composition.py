@@ -93,7 +93,7 @@ class Agent:
         )
         self.label_metrics = LabelMetrics(registry)
         self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
-        self.sample = LabelingSample(self.store, s.labels.sample_rate, self.label_metrics)
+        self.sample = LabelingSample.of(s.labels, self.store, self.label_metrics)
         recorder = Recorder(
             self.windows,
             self.metrics,

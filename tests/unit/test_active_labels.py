@@ -15,6 +15,7 @@ from agent.estimation.correctness import CorrectnessModel
 from agent.estimation.estimators import estimate_all
 from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate
 from agent.estimation.statistics import WindowStats
+from agent.labels.sample import ActiveBudget
 from bench.bench_labels import fit_predictor
 from bench.estimators.harness import Config
 from bench.estimators.subjects import digits
@@ -144,3 +145,27 @@ def test_window_sums_give_the_weighted_with_labels(window: Window) -> None:
     )
     old = estimate_all(stats + legacy, cal)[WITH_LABELS]
     assert isinstance(old, LabeledEstimate) and not old.weighted and old.predictor == "confidence"
+
+
+def test_budget_meets_the_labels_per_window_on_average_and_keeps_the_floor(window: Window) -> None:
+    """Steady traffic of the digits predictions (20 a second for three hours, a window of one hour):
+    after the first window the expected draws per window are the budget, every probability at least
+    the floor's share of the rate, and a boost spends the budget faster."""
+    f = window.f
+    budget = ActiveBudget(per_window=200, window_seconds=3600.0, floor=0.2, start=0.0)
+    rng = np.random.default_rng(4)
+    expected: list[float] = []
+    lowest = np.inf
+    for second in range(1, 3 * 3600 + 1):  # bounded: 10800 batches
+        batch = f[rng.integers(0, len(f), 20)]
+        pi = budget.probabilities(batch, float(second))
+        expected.append(float(pi.sum()))
+        if second > 3600:
+            lowest = min(lowest, float(pi.min()))
+    per_window = [sum(expected[h * 3600 : (h + 1) * 3600]) for h in (1, 2)]
+    assert per_window == pytest.approx([200.0, 200.0], rel=0.1)
+    assert lowest >= 0.2 * 200 / (20 * 3600) * 0.95  # the floor's share of the mean rate
+    boosted = sum(
+        float(budget.probabilities(f[rng.integers(0, len(f), 20)], 3 * 3600.0 + s, 2.0).sum()) for s in range(1, 61)
+    )
+    assert boosted == pytest.approx(2 * 200 / 60, rel=0.2)
