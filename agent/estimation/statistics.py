@@ -243,9 +243,15 @@ class WindowStats:
         )
         if probabilities is not None:
             out.add_class_sums(probabilities, labels)
-        f = calibration.predicted_correct(confidences, verdicts)
-        out.pcorrect_n, out.pcorrect_sum = len(f), float(f.sum())
+        out.add_predictor_sums(calibration, confidences, verdicts)
         return out
+
+    def add_predictor_sums(
+        self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
+    ) -> None:
+        """Fill ``pcorrect_*`` from the calibration's per-prediction predictor of being correct."""
+        f = calibration.predicted_correct(confidences, verdicts)
+        self.pcorrect_n, self.pcorrect_sum = len(f), float(f.sum())
 
     @classmethod
     def of_labeled_sample(

@@ -33,6 +33,7 @@ from agent.config.settings import LabelsConfig
 from agent.estimation.active import draw_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.rows import PendingBatch
+from agent.model.classifier import label_confidences
 from agent.labels.store import PredictionStore
 from exporters.label_metrics import LabelMetrics
 
@@ -144,7 +145,7 @@ class LabelingSample:
                 return None, None
             # uniform draws keep no probability: with_labels is then the unweighted PPI++ of equal draws
             return np.flatnonzero(self._rng.random(n) < self.rate), None
-        conf = np.asarray(batch.probabilities, dtype=np.float64).reshape(n, -1).max(axis=1, initial=0.0)
+        conf = label_confidences(batch.probabilities, batch.predicted)  # as the windows take it
         f = batch.rt.calibration.predicted_correct(conf, batch.verdicts)
         now = time.monotonic()
         with self._lock:
