@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
+from agent.config.sampling import LabelSampling
 from agent.core.durations import parse_duration
 from agent.errors import UserError
 from invariants.untrusted import safe_load_yaml
@@ -201,7 +202,7 @@ class SecurityConfig(_Section):
     allowed_roots: list[Path] = Field(default_factory=list)
 
 
-class LabelsConfig(_Section):
+class LabelsConfig(LabelSampling):
     """Delayed labels (:mod:`agent.labels.service`): the prediction store and recalibration."""
 
     enabled: bool = True
@@ -245,59 +246,12 @@ class LabelsConfig(_Section):
         "the labeling sample (listed by `GET /v1/labels/requests`); their labels give the estimator "
         "`with_labels`, valid whatever the shift (0: no sample)",
     )
-    sampling: Literal["active", "uniform"] | None = Field(
-        None,
-        description="how predictions are drawn into the labeling sample: `active` (each with a probability "
-        "growing with the bundle's predicted uncertainty that it is correct, `labels.per_window` expected per "
-        "`labels.budget_window`; every label weighted by its inverse probability) or `uniform` (each with "
-        "probability `labels.sample_rate`); null: `uniform` when `labels.sample_rate` is set, else `active`",
-    )
-    per_window: int = Field(
-        200,
-        ge=1,
-        le=1_000_000,
-        description="with active sampling, the labels to draw per `labels.budget_window` (expected; the "
-        "traffic rate is measured and smoothed)",
-    )
-    budget_window: str = Field("1h", description="the window `labels.per_window` is counted over (e.g. `1h`)")
-    active_floor: float = Field(
-        0.2,
-        gt=0,
-        le=1,
-        description="with active sampling, the share of the budget drawn uniformly: every prediction is drawn "
-        "with probability at least this share of the mean rate",
-    )
-    boost_factor: float = Field(
-        2.0,
-        ge=1,
-        le=100,
-        description="with active sampling, how much faster the budget is spent while the trust signal says "
-        "the label-free estimate of a window is outside its calibrated range",
-    )
     fleet_refresh_seconds: float = Field(
         10.0,
         gt=0,
         le=3600,
         description="with a shared store, how often the realized windows re-read the labels every replica received",
     )
-
-    @model_validator(mode="after")
-    def _sampling(self) -> LabelsConfig:
-        if self.sampling is None:
-            self.sampling = "uniform" if "sample_rate" in self.model_fields_set else "active"
-        return self
-
-    @property
-    def budget_seconds(self) -> float:
-        """``budget_window`` in seconds."""
-        return parse_duration(self.budget_window)
-
-    @field_validator("budget_window")
-    @classmethod
-    def _budget_window(cls, v: str) -> str:
-        if parse_duration(v) <= 0:
-            raise ValueError("labels.budget_window must be a positive duration")
-        return v
 
     @model_validator(mode="after")
     def _store_url(self) -> LabelsConfig:

@@ -33,8 +33,8 @@ from agent.config.settings import LabelsConfig
 from agent.estimation.active import draw_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.rows import PendingBatch
-from agent.model.classifier import label_confidences
 from agent.labels.store import PredictionStore
+from agent.model.classifier import label_confidences
 from exporters.label_metrics import LabelMetrics
 
 
