@@ -33,6 +33,7 @@ def _prose(text: str) -> str:
     [
         ("serving.md", "## Performance", None),
         ("estimation.md", "# Estimating accuracy without labels", "## The estimators in plain words"),
+        ("labels.md", "## How many labels do I need", None),
     ],
 )
 def test_prose_quotes_no_figure(page: str, heading: str, until: str | None) -> None:
@@ -45,6 +46,7 @@ def test_prose_quotes_no_figure(page: str, heading: str, until: str | None) -> N
     [
         ("serving.md", "python -m bench.bench_serving --out docs/serving.md"),
         ("estimation.md", "python -m bench.estimators"),
+        ("labels.md", "python -m bench.bench_labels --out docs/labels.md"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from agent.config.settings import LabelsConfig
 from agent.estimation.active import active_accuracy, draw_probabilities, rate_for, uncertainty
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.correctness import CorrectnessModel
@@ -169,3 +171,12 @@ def test_budget_meets_the_labels_per_window_on_average_and_keeps_the_floor(windo
         float(budget.probabilities(f[rng.integers(0, len(f), 20)], 3 * 3600.0 + s, 2.0).sum()) for s in range(1, 61)
     )
     assert boosted == pytest.approx(2 * 200 / 60, rel=0.2)
+
+
+def test_sampling_defaults_to_active_unless_a_rate_is_set() -> None:
+    assert LabelsConfig().sampling == "active"
+    assert LabelsConfig(sample_rate=0.2).sampling == "uniform"
+    assert LabelsConfig(sample_rate=0.2, sampling="active").sampling == "active"
+    assert LabelsConfig(budget_window="5m").budget_seconds == 300.0
+    with pytest.raises(ValidationError, match="active_floor"):
+        LabelsConfig(active_floor=0.0)
