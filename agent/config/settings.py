@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
+from agent.config.sampling import LabelSampling
 from agent.core.durations import parse_duration
 from agent.errors import UserError
 from invariants.untrusted import safe_load_yaml
@@ -201,7 +202,7 @@ class SecurityConfig(_Section):
     allowed_roots: list[Path] = Field(default_factory=list)
 
 
-class LabelsConfig(_Section):
+class LabelsConfig(LabelSampling):
     """Delayed labels (:mod:`agent.labels.service`): the prediction store and recalibration."""
 
     enabled: bool = True
@@ -241,9 +242,9 @@ class LabelsConfig(_Section):
         0.01,
         ge=0,
         le=1,
-        description="share of predictions drawn uniformly at random into the labeling sample (listed by "
-        "`GET /v1/labels/requests`); their labels give the estimator `with_labels`, valid whatever the shift "
-        "(0: no sample)",
+        description="with `labels.sampling: uniform`, the share of predictions drawn uniformly at random into "
+        "the labeling sample (listed by `GET /v1/labels/requests`); their labels give the estimator "
+        "`with_labels`, valid whatever the shift (0: no sample)",
     )
     keep_sampled_inputs: bool = Field(
         False,

@@ -115,6 +115,7 @@ class Recorder:
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
+        stats.add_predictor_sums(rt.calibration, conf, verdicts)
         # the count window keeps the vectors themselves (size × K floats): only within the class cap
         per_class = len(rt.classes) <= self.metrics.per_class_label_cap
         self.windows.record(

@@ -232,7 +232,7 @@ class LabelIntake:
         rt = self.runtimes.current
         rows: list[tuple[str, float]] = await self.run(self.store.label_requests, rt.identity, limit)
         entries: list[dict[str, Any]] = [{"id": pid, "timestamp": ts} for pid, ts in rows]
-        out: dict[str, Any] = {"sample_rate": self.config.sample_rate}
+        out: dict[str, Any] = {"sample_rate": self.config.sample_rate, "sampling": self.config.sampling}
         if inputs:
             kept: KeptMap = await self.run(self.store.kept_inputs, [pid for pid, _ in rows])
             entries, truncated = with_inputs(entries, kept, rt.classes)

@@ -107,16 +107,19 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             " seq BIGINT NOT NULL REFERENCES icos_requests(seq) ON DELETE CASCADE, idx INTEGER NOT NULL,"
             " nbytes INTEGER NOT NULL, predicted INTEGER NOT NULL, confidence DOUBLE PRECISION NOT NULL,"
             " data TEXT NOT NULL, PRIMARY KEY(seq, idx))",
+            # active labeling: the draw probability of each sampled index, and of each labeled prediction
+            "ALTER TABLE icos_requests ADD COLUMN sampled_p BYTEA",
+            "ALTER TABLE icos_labels ADD COLUMN draw_p DOUBLE PRECISION",
         ),
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled, source)"
-    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " sq_err, extras, predicted, sampled, source, draw_p)"
+    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (seq, idx) DO NOTHING"
 )
 #: A correction: the newer label replaces the row of the same prediction.
@@ -269,11 +272,13 @@ class PostgresBackend:
                 conn.cursor() as cur,
                 cur.copy(
                     "COPY icos_requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras,"
-                    " sampled) FROM STDIN"
+                    " sampled, sampled_p) FROM STDIN"
                 ) as copy,
             ):
-                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled in rows:
-                    copy.write_row((rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled))
+                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p in rows:
+                    copy.write_row(
+                        (rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p)
+                    )
             written = sum(b.n for b in batches)
             self._add_counts(conn, written - replaced, -labels_gone)
         self.rows += written - replaced
@@ -396,7 +401,7 @@ class PostgresBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label"
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
             " FROM icos_labels WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -417,6 +422,7 @@ class PostgresBackend:
             [r[8] for r in rows],
             [bool(r[9]) for r in rows],
             [int(r[10]) for r in rows],
+            [r[11] for r in rows],
         )
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:

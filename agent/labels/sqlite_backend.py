@@ -131,7 +131,7 @@ class SQLiteBackend:
                 replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
                 db.executemany(
                     "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
-                    " extras, sampled) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " extras, sampled, sampled_p) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 db.execute("COMMIT")
@@ -270,7 +270,7 @@ class SQLiteBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label "
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p "
             "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -290,6 +290,7 @@ class SQLiteBackend:
             [r[8] for r in rows],
             [bool(r[9]) for r in rows],
             [int(r[10]) for r in rows],
+            [r[11] for r in rows],
         )
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:

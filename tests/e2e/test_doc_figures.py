@@ -26,7 +26,7 @@ def _prose(text: str) -> str:
     return re.sub(r"`[^`\n]*`", "", text)
 
 
-@pytest.mark.parametrize("page", ["serving.md", "estimation.md"])
+@pytest.mark.parametrize("page", ["serving.md", "estimation.md", "labels.md"])
 def test_prose_quotes_no_figure(page: str) -> None:
     prose = _prose((DOCS / page).read_text(encoding="utf-8"))
     figures = [f for f in FIGURE.findall(prose) if f not in DEFINITIONS]
@@ -39,6 +39,7 @@ def test_prose_quotes_no_figure(page: str) -> None:
         ("serving.md", "python -m bench.bench_serving --out docs/serving.md"),
         ("estimation.md", "python -m bench.estimators"),
         ("estimation.md", "python -m bench.bench_headline --out docs/estimation.md"),
+        ("labels.md", "python -m bench.bench_labels --out docs/labels.md"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:
