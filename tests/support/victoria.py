@@ -22,12 +22,12 @@ class VictoriaMetricsServer:
     ``scrape_configs`` of a prometheus.yml; None: no scraping, samples are imported); :meth:`stop`
     returns the end of its log."""
 
-    def __init__(self, directory: Path, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, directory: Path, config: dict[str, Any] | None = None, port: int | None = None) -> None:
         self.binary: str = require("victoria-metrics")
         self.dir = directory
         # VictoriaMetrics parses its scrape config strictly: only what it reads
         self.config = {k: v for k, v in (config or {}).items() if k in ("global", "scrape_configs")} or None
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = directory / f"victoria-metrics-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
