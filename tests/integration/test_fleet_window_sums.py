@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -26,7 +26,7 @@ AT = END - 5  # the refresh runs between two scrapes
 STEPS = 121
 
 
-def _series() -> dict[tuple[str, str, str], list[float | None]]:
+def _series() -> dict[tuple[str, str, str], Sequence[float | None]]:
     ramp = [float(10 * i) for i in range(STEPS)]  # 10 predictions per scrape
     joined = [None] * 100 + [float(10 * i) for i in range(1, 22)]  # born 5 minutes before the end
     left = [float(10 * i) for i in range(110)] + [None] * 11  # gone 2.5 minutes before the end
