@@ -21,9 +21,9 @@ import json
 import math
 import re
 from array import array
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import httpx
 
@@ -49,6 +49,10 @@ Reason = Literal[
     "internal",  # any other exception: a bug of the evaluator
 ]
 REASONS: tuple[str, ...] = get_args(Reason)
+#: Queries of one refresh in flight at once (``PrometheusAPI(max_concurrent=…)``): the store answers
+#: them on several cores, while the evaluator holds at most this many answers, each bounded.
+MAX_CONCURRENT = 4
+T = TypeVar("T")
 #: Characters of an API's own error message (or of any text it sent) kept in ``last_error``.
 MESSAGE_CHARS = 200
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -148,6 +152,7 @@ class PrometheusAPI:
         *,
         max_response_bytes: int = 8 * 1024 * 1024,
         max_series: int = 20_000,
+        max_concurrent: int = MAX_CONCURRENT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
@@ -156,21 +161,31 @@ class PrometheusAPI:
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes
         self.max_series = max_series
+        self.max_concurrent = max(1, max_concurrent)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
         self.queries = 0
 
     @contextlib.asynccontextmanager
     async def connected(self) -> AsyncIterator[PrometheusAPI]:
-        """One pooled client for the queries made inside (closed on the way out, also on a deadline)."""
+        """One pooled client for the queries made inside (closed on the way out, also on a deadline);
+        at most ``max_concurrent`` of them in flight at once."""
+        limits = httpx.Limits(max_connections=self.max_concurrent, max_keepalive_connections=self.max_concurrent)
         async with httpx.AsyncClient(
-            base_url=self.base_url, timeout=self.timeout, transport=self._transport, follow_redirects=False
+            base_url=self.base_url,
+            timeout=self.timeout,
+            transport=self._transport,
+            follow_redirects=False,
+            limits=limits,
         ) as client:
             self._client = client
+            self._slots = asyncio.Semaphore(self.max_concurrent)
             try:
                 yield self
             finally:
                 self._client = None
+                self._slots = None
 
     async def _body(self, expr: str, at: float) -> tuple[int, bytes]:
         """The status and the whole body of one query, within its deadline and the byte bound."""
@@ -210,8 +225,16 @@ class PrometheusAPI:
         return f"the answer is larger than fleet.max_response_bytes ({self.max_response_bytes} bytes): {what}"
 
     async def _query(self, expr: str, at: float, kind: str) -> list[Any]:
-        """The ``result`` list of a successful answer of ``kind`` (``vector`` or ``matrix``)."""
-        status, raw = await self._body(expr, at)
+        """The ``result`` list of a successful answer of ``kind`` (``vector`` or ``matrix``). A slot is
+        held from the request to the parse: at most ``max_concurrent`` bodies are held at once."""
+        if self._slots is None:
+            raise RuntimeError("PrometheusAPI queried outside connected()")
+        async with self._slots:
+            status, raw = await self._body(expr, at)
+            return self._result(status, raw, kind)
+
+    def _result(self, status: int, raw: bytes, kind: str) -> list[Any]:
+        """The checked ``result`` of one body (parsed with nothing else awaited meanwhile)."""
         try:
             body = _parse(raw)
         except (ValueError, RecursionError) as exc:
@@ -262,6 +285,19 @@ class PrometheusAPI:
             return out
         finally:
             result.clear()
+
+
+async def concurrently(*awaitables: Awaitable[T]) -> list[T]:
+    """The results of ``awaitables`` run at once, in their order. The first failure is raised as itself
+    (its reason is what is counted), the others are cancelled and awaited first: none outlives the
+    refresh's client."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _series(r: object) -> Series:

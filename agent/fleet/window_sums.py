@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, printable
+from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, concurrently, printable
 from agent.fleet.stat_schema import MAX_EXACT, RefusedAnswer, StatSchema
 
 #: The replicas' counter of additive window statistics (``exporters.prometheus.AgentMetrics``).
@@ -190,52 +190,72 @@ async def window_sums(
     api: PrometheusAPI, scope: FleetScope, at: float, window_s: float, lookback_s: float
 ) -> WindowSums:
     """The fleet's window statistic over ``(at − window_s, at]`` (see the module docstring); raises
-    :class:`~agent.fleet.prometheus_api.RefreshError`."""
+    :class:`~agent.fleet.prometheus_api.RefreshError`. The four aggregating queries run at once, then
+    the restarted replicas' raw samples, a few at once (``api.max_concurrent``); what they add is
+    summed in one order whatever order they answer in."""
     sel = selector(scope.model, scope.extra)
     full = _ms(window_s + lookback_s)
     by = ", ".join((*GROUP_LABELS, "stat"))
-    q0 = api.queries
+    n_sel = selector(scope.model, scope.extra, stat="n")
     out = WindowSums()
     reader = _Reader(scope, out)
-    for sign, expr in (
-        (1.0, f"sum by ({by}) (last_over_time({sel}[{full}]))"),
-        (-1.0, f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))"),
-    ):
-        for s in await api.vector(expr, at):
+    plus, minus, restarted, counted = await concurrently(
+        api.vector(f"sum by ({by}) (last_over_time({sel}[{full}]))", at),
+        api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))", at),
+        api.vector(f"count without (stat) (resets({sel}[{full}]) > 0)", at),
+        api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at),
+    )
+    for sign, answer in ((1.0, plus), (-1.0, minus)):
+        for s in answer:
             key = reader.accept(s.labels)
             if key is not None:
                 reader.add(*key, s.value, sign)
-    restarted = await api.vector(f"count without (stat) (resets({sel}[{full}]) > 0)", at)
     replicas = sorted({replica_labels(s.labels) for s in restarted})
     out.restarted_replicas = len(replicas)
-    start = at - window_s
+    shares: dict[LabelSet, list[tuple[GroupKey, str, float]]] = {}
+    todo = iter(replicas)
+
+    async def read_restarted() -> None:
+        for replica in todo:  # one iterator shared by the readers: each replica is read once
+            reader.group(dict(replica))
+            matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
+            raw = await api.matrix(f"{sel[:-1]},{matchers}}}[{full}]", at)
+            shares[replica] = _restarted_share(reader, replica, raw, at - window_s)
+
+    await concurrently(*(read_restarted() for _ in range(min(api.max_concurrent, len(replicas)))))
     for replica in replicas:
-        reader.group(dict(replica))
-        matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
-        raw = await api.matrix(f"{sel[:-1]},{matchers}}}[{full}]", at)
-        resets = reset_times(raw)
-        for series in raw:
-            if tuple((k, v) for k, v in series.labels if k != "stat") != replica:
-                raise QueryError("malformed", "a restarted replica's samples hold a series of another replica")
-            key = reader.accept(series.labels)
-            if key is None or not series.values:
-                continue
-            group, stat = key
-            for v in (min(series.values), max(series.values)):
-                reader.check(group, stat, v)
-            if stat in scope.schema.counts and not all(v.is_integer() for v in series.values):
-                raise RefusedAnswer("bad_value", f"count {stat} has counter values that are not whole")
-            # its share of the two sums above (last value minus the baseline) is replaced by the
-            # increments read sample by sample
-            baseline = [v for t, v in series.points if t <= start]
-            last = series.values[-1] - (baseline[-1] if baseline else 0.0)
+        for group, stat, delta in shares[replica]:
             stats = reader.sums.setdefault(group, {})
-            stats[stat] = stats.get(stat, 0.0) + series_increment(series.points, start, resets) - last
-    n_sel = selector(scope.model, scope.extra, stat="n")
-    for s in await api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at):
+            stats[stat] = stats.get(stat, 0.0) + delta
+    for s in counted:
         group = reader.group(dict(s.labels))
         _count("a replica count", s.value)
         out.replicas[group] = int(s.value)
     out.stats = reader.sums
-    out.queries = api.queries - q0
+    out.queries = 4 + len(replicas)
+    return out
+
+
+def _restarted_share(
+    reader: _Reader, replica: LabelSet, raw: list[Series], start: float
+) -> list[tuple[GroupKey, str, float]]:
+    """What a restarted replica's raw samples change in the two sums: per statistic, its increments
+    read sample by sample (a reset counting from zero) minus its share of them (last value minus the
+    baseline)."""
+    resets = reset_times(raw)
+    out = []
+    for series in raw:
+        if tuple((k, v) for k, v in series.labels if k != "stat") != replica:
+            raise QueryError("malformed", "a restarted replica's samples hold a series of another replica")
+        key = reader.accept(series.labels)
+        if key is None or not series.values:
+            continue
+        group, stat = key
+        for v in (min(series.values), max(series.values)):
+            reader.check(group, stat, v)
+        if stat in reader.scope.schema.counts and not all(v.is_integer() for v in series.values):
+            raise RefusedAnswer("bad_value", f"count {stat} has counter values that are not whole")
+        baseline = [v for t, v in series.points if t <= start]
+        last = series.values[-1] - (baseline[-1] if baseline else 0.0)
+        out.append((group, stat, series_increment(series.points, start, resets) - last))
     return out

@@ -25,8 +25,7 @@ class VictoriaMetricsServer:
     def __init__(self, directory: Path, config: dict[str, Any] | None = None, port: int | None = None) -> None:
         self.binary: str = require("victoria-metrics")
         self.dir = directory
-        # VictoriaMetrics parses its scrape config strictly: only what it reads
-        self.config = {k: v for k, v in (config or {}).items() if k in ("global", "scrape_configs")} or None
+        self.config = _scrape_part(config) if config is not None else None
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = directory / f"victoria-metrics-{self.port}.log"
@@ -77,3 +76,12 @@ class VictoriaMetricsServer:
         r.raise_for_status()
         result: list[dict[str, Any]] = r.json()["data"]["result"]
         return result
+
+
+def _scrape_part(config: dict[str, Any]) -> dict[str, Any]:
+    """What VictoriaMetrics reads of a prometheus.yml (it refuses any other field): the scrape
+    settings of ``global`` and ``scrape_configs`` (rules are evaluated by Prometheus only)."""
+    known = ("scrape_interval", "scrape_timeout", "external_labels")
+    out: dict[str, Any] = {"global": {k: v for k, v in config.get("global", {}).items() if k in known}}
+    out["scrape_configs"] = config.get("scrape_configs", [])
+    return out
