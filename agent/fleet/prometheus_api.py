@@ -53,6 +53,8 @@ REASONS: tuple[str, ...] = get_args(Reason)
 #: them on several cores, while the evaluator holds at most this many answers, each bounded.
 MAX_CONCURRENT = 4
 T = TypeVar("T")
+#: How the query API writes a raw sample that is a staleness marker (a series gone at a failed scrape).
+STALE = "NaN"
 #: Characters of an API's own error message (or of any text it sent) kept in ``last_error``.
 MESSAGE_CHARS = 200
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -301,16 +303,23 @@ async def concurrently(*awaitables: Awaitable[T]) -> list[T]:
 
 
 def _series(r: object) -> Series:
-    """One series of a matrix answer, its points in two float arrays."""
+    """One series of a matrix answer, its points in two float arrays. A raw sample ``"NaN"`` is a
+    staleness marker (VictoriaMetrics returns them among raw samples, after a failed scrape; Prometheus
+    leaves them out): it holds no value and is skipped, as ``last_over_time`` and ``resets`` skip it.
+    Any other value that is not a finite number is refused."""
     if not isinstance(r, dict) or not isinstance(r.get("values"), list):
         raise QueryError("malformed", "a matrix series is not {metric, values: [[time, value], ...]}")
     times, values = array("d"), array("d")
+    last = -math.inf
     for point in r["values"]:
         if not isinstance(point, list) or len(point) != 2:
             raise QueryError("malformed", "a matrix point is not [time, value]")
         t = _number(point[0], "a sample's time")
-        if times and t <= times[-1]:
+        if t <= last:
             raise QueryError("malformed", "a series' sample times do not increase")
+        last = t
+        if point[1] == STALE:
+            continue
         times.append(t)
         values.append(_number(point[1], "a sample's value"))
     return Series(label_set(r.get("metric")), times, values)

@@ -26,6 +26,7 @@ from tests.support.agent_process import AgentProcess
 from tests.support.ports import free_port
 from tests.support.prometheus import PrometheusServer, scrape_every_second
 from tests.support.victoria import VictoriaMetricsServer
+from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOWS = ["5m", "15m"]
@@ -181,7 +182,12 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
         w = body["windows"].get("5m")
         return body if w and w["n"] == total and body["windows"].get("15m", {}).get("n") == total else None
 
-    body = _poll(fleet_caught_up, what="fleet estimates of all traffic")
+    body = poll(
+        fleet_caught_up,
+        timeout=60,
+        what="fleet estimates of all traffic",
+        explain=lambda: httpx.get(f"{fleet.url}/v1/estimates", timeout=5).text[:3000],
+    )
     ref = _poll(
         lambda: (
             (r := httpx.get(f"{reference.url}/v1/estimates", timeout=5).json())["windows"]["5m"]["n"] == total and r

@@ -105,3 +105,18 @@ def _unbinned(ref: InputReference) -> InputReference:
     from dataclasses import replace
 
     return replace(ref, leaf_bins=0)
+
+
+def test_a_raw_nan_is_a_staleness_marker_and_skipped_any_other_non_finite_value_refused() -> None:
+    """VictoriaMetrics returns a failed scrape's staleness marker among a range selector's raw samples."""
+    from agent.fleet.prometheus_api import QueryError, _series
+
+    s = _series({"metric": {"stat": "n"}, "values": [[1, "5"], [2, "NaN"], [3, "0"], [4, "2"]]})
+    assert list(s.points) == [(1.0, 5.0), (3.0, 0.0), (4.0, 2.0)]
+    assert series_increment(s.points, 0.5) == 5 + 0 + 2  # the reset after the marker counts from zero
+    with pytest.raises(QueryError) as refused:
+        _series({"metric": {}, "values": [[1, "5"], [2, "+Inf"]]})
+    assert refused.value.reason == "bad_value"
+    with pytest.raises(QueryError) as refused:
+        _series({"metric": {}, "values": [[1, "5"], [2, "NaN"], [2, "6"]]})
+    assert refused.value.reason == "malformed"
