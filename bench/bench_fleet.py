@@ -1,20 +1,23 @@
-"""The fleet evaluator's refresh against a Prometheus holding many simulated replicas.
+"""The fleet evaluator's refresh against Prometheus and VictoriaMetrics holding many simulated replicas.
 
-Simulates ``--replicas`` agents (default 100) at ``--rate`` predictions per second each (default 100),
-scraped every ``--scrape`` seconds for 1 h 10 min: every replica's ``icos_window_stat_total`` series
-(the statistics one agent exports for a 10-class model with a shift-aware bundle), with a share of the
-replicas restarting once mid-hour (a counter reset). The samples are written as OpenMetrics, turned
-into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics`` and served by a real Prometheus.
+Simulates ``--replicas`` agents (default 1,000) at ``--rate`` predictions per second each (default
+100), scraped every ``--scrape`` seconds for 1 h 10 min: every replica's ``icos_window_stat_total``
+series (the statistics one agent exports for a 10-class model, with a bundle's per-input statistics
+when ``--bundle`` has a ``shift_aware`` part), one replica in twenty restarting once mid-hour (a
+counter reset). The samples are written once, as OpenMetrics for ``promtool tsdb create-blocks-from
+openmetrics`` (a real Prometheus then serves the blocks) and in Prometheus's text format for
+VictoriaMetrics's ``/api/v1/import/prometheus``: both stores hold every replica's series.
 
-Prints, for the 5m and 1h windows of ``FleetEvaluator.evaluate`` (every query and every estimator):
-its wall time (best of ``--repeat``), its queries, and the error of the summed prediction count
-against the simulated truth; the baseline beside it is the same sums by ``increase()`` (one query per
-window), measured in the same run, with its own error (``increase()`` extrapolates to the window's
-edges and ignores the replicas that restarted between two scrapes only partially).
+Prints, per store, for the 5m and 1h windows of one ``FleetEvaluator.evaluate`` (every query and every
+estimator): its wall time (best of ``--repeat``), its queries, the evaluator's own CPU, and the error
+of the summed prediction count against the simulated truth; beside it the same sums by ``increase()``
+(one query per window) with their own error. Then a Markdown table of both; ``--out docs/scaling.md``
+rewrites that page's generated block with it.
 
-Run: ``python -m bench.bench_fleet [--replicas 100] [--bundle DIR]`` (needs ``prometheus`` and
-``promtool``: Debian ``apt-get install prometheus``). Without ``--bundle`` the estimators run with a
-calibration that has no ``shift_aware`` part (the queries, which dominate, are the same).
+Run: ``python -m bench.bench_fleet [--replicas 1000] [--bundle DIR] [--backends prometheus,victoria-metrics]``
+(needs ``prometheus``, ``promtool`` and ``victoria-metrics``: ``make system-tools``). Without
+``--bundle`` the estimators run with a calibration that has no ``shift_aware`` part and the replicas
+export no per-input statistics (fewer series per replica).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ SPAN = 70 * 60  # the longest window, its lookback and a margin
 MODEL, VERSION = "mnist", "1"
 ROOT = Path(__file__).resolve().parents[1]
 #: The generated block of docs/scaling.md this benchmark rewrites (``--out``).
-BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_fleet -->"
+BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_fleet --out docs/scaling.md -->"
 #: The programs each store needs.
 TOOLS = {"prometheus": ("prometheus", "promtool"), "victoria-metrics": ("victoria-metrics",)}
 
@@ -203,7 +206,7 @@ BACKENDS = {"prometheus": _prometheus, "victoria-metrics": _victoria_metrics}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_fleet", description=__doc__.splitlines()[0])
-    ap.add_argument("--replicas", type=int, default=100)
+    ap.add_argument("--replicas", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="predictions per second per replica")
     ap.add_argument("--scrape", type=int, default=30, help="scrape interval of the simulated series (s)")
     ap.add_argument("--repeat", type=int, default=5)

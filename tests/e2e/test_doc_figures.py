@@ -1,6 +1,7 @@
-"""Docs say only what was measured: the benchmark figures of docs/serving.md's "Performance" and
-docs/estimation.md's "Benchmark results" sit in blocks their benchmark writes (with the command and the
-commit they were measured on), and the prose around them quotes no figure that could contradict them."""
+"""Docs say only what was measured: the benchmark figures of docs/serving.md's "Performance",
+docs/estimation.md's "Benchmark results" and docs/scaling.md's "1,000 replicas and more" sit in blocks
+their benchmark writes (with the command and the commit they were measured on), and the prose around
+them quotes no figure that could contradict them."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def _prose(text: str) -> str:
     [
         ("serving.md", "## Performance", None),
         ("estimation.md", "# Estimating accuracy without labels", "## The estimators in plain words"),
+        ("scaling.md", "## 1,000 replicas and more", "## Prediction store"),
     ],
 )
 def test_prose_quotes_no_figure(page: str, heading: str, until: str | None) -> None:
@@ -45,6 +47,7 @@ def test_prose_quotes_no_figure(page: str, heading: str, until: str | None) -> N
     [
         ("serving.md", "python -m bench.bench_serving --out docs/serving.md"),
         ("estimation.md", "python -m bench.estimators"),
+        ("scaling.md", "python -m bench.bench_fleet --out docs/scaling.md"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:
