@@ -26,7 +26,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
-from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, concurrently, printable
+from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
 from exporters.fleet import FleetSnapshot, FleetVersion
@@ -120,12 +120,8 @@ class FleetEvaluator:
         out = FleetResult(at)
         per_version: dict[str, dict[str, tuple[WindowStats, dict[str, Estimate]]]] = {}
         replicas: dict[str, dict[str, int]] = {}
-        # every window's queries at once (the API bounds how many are in flight)
-        lookback = fleet.lookback_seconds
-        every = await concurrently(
-            *(window_sums(self.api, self.scope, at, seconds, lookback) for seconds in self.windows.values())
-        )
-        for name, sums in zip(self.windows, every, strict=True):
+        every = await window_sums(self.api, self.scope, at, self.windows, fleet.lookback_seconds)
+        for name, sums in every.items():
             out.queries += sums.queries
             out.restarted_replicas = max(out.restarted_replicas, sums.restarted_replicas)
             out.unknown |= sums.unknown

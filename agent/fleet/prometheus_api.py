@@ -237,29 +237,36 @@ class PrometheusAPI:
 
     def _result(self, status: int, raw: bytes, kind: str) -> list[Any]:
         """The checked ``result`` of one body (parsed with nothing else awaited meanwhile)."""
+        body: Any
+        data: Any = None
+        result: Any = None
         try:
             body = _parse(raw)
         except (ValueError, RecursionError) as exc:
             raise QueryError("malformed", f"HTTP {status}: not a JSON answer ({printable(exc, 80)})") from None
-        if not isinstance(body, dict):
-            raise QueryError("malformed", f"HTTP {status}: the answer is not a JSON object")
-        if status != 200 or body.get("status") != "success":
-            raise QueryError(
-                "error_answer",
-                f"HTTP {status}: {printable(body.get('errorType', ''), 40)} {printable(body.get('error', ''))}".strip(),
-            )
-        data = body.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-            raise QueryError("malformed", "the answer's data is not an object with a result list")
-        if data.get("resultType") != kind:
-            raise QueryError("malformed", f"expected a {kind}, got {printable(data.get('resultType'), 40)}")
-        result: list[Any] = data["result"]
-        if len(result) > self.max_series:
-            raise QueryError(
-                "too_many_series",
-                f"the answer holds {len(result)} series, more than fleet.max_series ({self.max_series})",
-            )
-        return result
+        try:
+            if not isinstance(body, dict):
+                raise QueryError("malformed", f"HTTP {status}: the answer is not a JSON object")
+            if status != 200 or body.get("status") != "success":
+                why = f"{printable(body.get('errorType', ''), 40)} {printable(body.get('error', ''))}"
+                raise QueryError("error_answer", f"HTTP {status}: {why}".strip())
+            data = body.get("data")
+            if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+                raise QueryError("malformed", "the answer's data is not an object with a result list")
+            if data.get("resultType") != kind:
+                raise QueryError("malformed", f"expected a {kind}, got {printable(data.get('resultType'), 40)}")
+            result = data["result"]
+            if len(result) > self.max_series:
+                raise QueryError(
+                    "too_many_series",
+                    f"the answer holds {len(result)} series, more than fleet.max_series ({self.max_series})",
+                )
+            return result
+        except QueryError:
+            # refused: a traceback keeping this frame must not keep the document (with several
+            # queries in flight, another may parse its own before this failure ends the refresh)
+            body = data = result = None
+            raise
 
     async def vector(self, expr: str, at: float) -> list[Sample]:
         """The instant vector of ``expr`` at ``at``."""
