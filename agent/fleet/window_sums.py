@@ -201,6 +201,7 @@ async def window_sums(
     What the restarted replicas add is summed in one order whatever order they answer in."""
     if not windows:
         return {}
+    at = round(at, 3)  # the time the store is asked for (milliseconds): the client's edges are its edges
     sel = selector(scope.model, scope.extra)
     by = ", ".join((*GROUP_LABELS, "stat"))
     n_sel = selector(scope.model, scope.extra, stat="n")
