@@ -301,7 +301,7 @@ class FleetConfig(_Section):
 
     prometheus_url: str | None = Field(
         None,
-        description="base URL of a Prometheus-compatible HTTP API (Prometheus, Thanos Query, Mimir's "
+        description="base URL of a Prometheus-compatible HTTP API (Prometheus, VictoriaMetrics, Thanos Query, Mimir's "
         "/prometheus prefix); /api/v1/query is appended",
     )
     refresh_seconds: float = Field(30.0, ge=1, le=3600, description="seconds between two evaluations of the fleet")

@@ -1,6 +1,7 @@
-"""Docs say only what was measured: the benchmark figures of docs/serving.md and docs/estimation.md sit
-in blocks their benchmark writes (with the command and the commit they were measured on), and the prose
-of those pages quotes no figure that could contradict them. A constant of the code (a default, a
+"""Docs say only what was measured: the benchmark figures of docs/serving.md, docs/estimation.md,
+docs/labels.md and docs/scaling.md's "1,000 replicas and more" sit in blocks their benchmark writes
+(with the command and the commit they were measured on), and the prose of those pages (that section of
+scaling.md) quotes no figure that could contradict them. A constant of the code (a default, a
 threshold, a strength) is written as code (`0.05`), where it says what the code does, not what was
 measured; the interval's level (95%) is a definition, not a figure."""
 
@@ -33,6 +34,18 @@ def test_prose_quotes_no_figure(page: str) -> None:
     assert figures == [], f"{page}: figures belong in a generated block (or, for a constant of the code, in `code`)"
 
 
+def _section(text: str, heading: str, until: str) -> str:
+    start = text.index(heading)
+    return text[start : text.index(until, start)]
+
+
+def test_scaling_prose_quotes_no_figure() -> None:
+    text = (DOCS / "scaling.md").read_text(encoding="utf-8")
+    prose = _prose(_section(text, "## 1,000 replicas and more", "## Prediction store"))
+    figures = [f for f in FIGURE.findall(prose) if f not in DEFINITIONS]
+    assert figures == [], "scaling.md 1,000 replicas and more: figures belong in the generated block"
+
+
 @pytest.mark.parametrize(
     ("page", "command"),
     [
@@ -40,6 +53,7 @@ def test_prose_quotes_no_figure(page: str) -> None:
         ("estimation.md", "python -m bench.estimators"),
         ("estimation.md", "python -m bench.bench_headline --out docs/estimation.md"),
         ("labels.md", "python -m bench.bench_labels --out docs/labels.md"),
+        ("scaling.md", "python -m bench.bench_fleet --out docs/scaling.md"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:

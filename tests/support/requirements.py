@@ -121,6 +121,12 @@ def _linux() -> str:
 _REQUIREMENTS = [
     Requirement("prometheus", "the Prometheus server", SYSTEM_TOOLS.format(package="prometheus"), _which("prometheus")),
     Requirement("promtool", "promtool", SYSTEM_TOOLS.format(package="prometheus"), _which("promtool")),
+    Requirement(
+        "victoria-metrics",
+        "the VictoriaMetrics server",
+        SYSTEM_TOOLS.format(package="victoria-metrics"),
+        _which("victoria-metrics"),
+    ),
     Requirement("postgresql", "the PostgreSQL server", SYSTEM_TOOLS.format(package="postgresql"), postgres_bindir),
     Requirement(
         "chromium", "headless Chromium", SYSTEM_TOOLS.format(package="chromium"), _which("chromium", "chromium-browser")
