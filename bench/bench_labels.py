@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimation.active import active_accuracy, draw_probabilities, rate_for, uncertainty
+from agent.estimation.active import DEFAULT_FLOOR, active_accuracy, draw_probabilities, rate_for, uncertainty
 from agent.estimation.correctness import CorrectnessModel
 from agent.estimation.intervals import wilson
 from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
@@ -102,7 +102,11 @@ def fit_predictor(subject: Subject, cfg: Config) -> tuple[Oracle, CorrectnessMod
 
 
 def run_model(
-    name: str, cfg: Config, label_counts: tuple[int, ...], say: Callable[[str], None] = print
+    name: str,
+    cfg: Config,
+    label_counts: tuple[int, ...],
+    say: Callable[[str], None] = print,
+    floor: float = DEFAULT_FLOOR,
 ) -> list[Result]:
     """Every scenario's windows of model ``name``, each estimated with every count of labels."""
     subject = LOADERS[name]()
@@ -137,7 +141,7 @@ def run_model(
             f = f_pool[idx]
             mean_u = float(uncertainty(f).mean())
             for n in active_counts:
-                pi = draw_probabilities(f, rate_for(f, n / len(idx), mean_u), mean_u)
+                pi = draw_probabilities(f, rate_for(f, n / len(idx), mean_u, floor), mean_u, floor)
                 s = np.flatnonzero(rng.random(len(idx)) < pi)
                 a = active_accuracy(f, s, correct[s], pi[s])
                 if a is None:  # no prediction drawn: the window has no label-assisted estimate
@@ -297,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1000, help="predictions per window (default 1000)")
     ap.add_argument("--labels", default="25,50,100,200,500", help="labeled predictions per window (comma-separated)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--floor", type=float, default=DEFAULT_FLOOR, help=f"active draws' uniform floor (default {DEFAULT_FLOOR})"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the tables into this page (docs/labels.md)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results: list[Result] = []
     for name in models:
-        results += run_model(name, cfg, counts, say=lambda s: print(s, file=sys.stderr, flush=True))
+        results += run_model(name, cfg, counts, say=lambda s: print(s, file=sys.stderr, flush=True), floor=args.floor)
     rows = summary(results)
     parts = [table(rows)]
     if TARGET_LABELS in counts:

@@ -32,7 +32,7 @@ class LabelSampling(BaseModel):
     )
     budget_window: str = Field("1h", description="the window `labels.per_window` is counted over (e.g. `1h`)")
     active_floor: float = Field(
-        0.2,
+        0.5,  # agent.estimation.active.DEFAULT_FLOOR
         gt=0,
         le=1,
         description="with active sampling, the share of the budget drawn uniformly: every prediction is drawn "

@@ -49,8 +49,12 @@ from agent.estimation.intervals import Z95, clip01
 from agent.estimation.prediction_powered import LabeledEstimate
 
 #: Share of the budget drawn uniformly (the floor of :func:`draw_probabilities`): every prediction is
-#: drawn with probability at least this share of the mean rate.
-DEFAULT_FLOOR = 0.2
+#: drawn with probability at least this share of the mean rate, so no weight ``1/π`` exceeds twice the
+#: uniform one. A defensive mixture (Hesterberg 1995): where a shift makes the predictor wrong, the
+#: interval rests on a few labels of predictions it thought safe, and bounded weights keep its variance
+#: estimate steady; the savings come from confident traffic, which a floor of a half hardly touches
+#: (``python -m bench.bench_labels --floor F`` compares floors).
+DEFAULT_FLOOR = 0.5
 
 
 def uncertainty(predicted_correct: np.ndarray) -> np.ndarray:

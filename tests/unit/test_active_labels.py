@@ -180,3 +180,7 @@ def test_sampling_defaults_to_active_unless_a_rate_is_set() -> None:
     assert LabelsConfig(budget_window="5m").budget_seconds == 300.0
     with pytest.raises(ValidationError, match="active_floor"):
         LabelsConfig(active_floor=0.0)
+    # the setting's default is the estimator's: a defensive floor that caps every weight at twice uniform's
+    from agent.estimation.active import DEFAULT_FLOOR
+
+    assert LabelsConfig().active_floor == DEFAULT_FLOOR == 0.5
