@@ -14,6 +14,9 @@
 * ``icos_fleet_query_errors_total{model,reason}`` — failed refreshes by reason (a fixed set, every
   one exported from the start); ``icos_fleet_unknown_stats_total{model}`` — series of statistics the
   evaluator's bundle does not define, ignored;
+* ``icos_fleet_label_errors_total{model,reason}`` — failed reads of the shared store's labels
+  (``unreachable``, ``failed``; exported only when the evaluator reads labels): the label-free
+  estimates go on, ``with_labels`` is missing until a read succeeds;
 * ``icos_fleet_bundle_mismatch{model,version,reason}`` — 1 for a version left out: ``mixed`` (its
   replicas export statistics of several bundles) or ``other_bundle`` (not the evaluator's bundle).
 """
@@ -21,7 +24,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -50,6 +53,8 @@ class FleetSnapshot:
     stale: bool
     restarted_replicas: int = 0
     unknown_stats_total: int = 0
+    #: failed reads of the store's labels by reason (empty: labels are not read)
+    label_errors: Mapping[str, int] = field(default_factory=dict)
 
 
 class FleetCollector(SnapshotCollector[FleetSnapshot]):
@@ -131,6 +136,15 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
         )
         unknown.add_metric(m, snap.unknown_stats_total)
         yield unknown
+        if snap.label_errors:
+            label_errors = CounterMetricFamily(
+                "icos_fleet_label_errors",
+                "Failed reads of the shared prediction store's labels (with_labels missing until one succeeds).",
+                labels=["model", "reason"],
+            )
+            for reason, count in snap.label_errors.items():
+                label_errors.add_metric([snap.model, reason], count)
+            yield label_errors
         stale = GaugeMetricFamily(
             "icos_fleet_stale", "1 when the served estimates are older than the stale limit.", labels=["model"]
         )

@@ -7,6 +7,12 @@ evaluator's bundle consistent (:class:`~agent.fleet.stat_schema.StatSchema`), al
 (marked stale once older than ``fleet.stale_after_seconds``), counts the failure under its reason
 and shows it in ``last_error``. Statistics of two bundles under one model version are never added:
 that version gets no estimate and a ``icos_fleet_bundle_mismatch`` series instead.
+
+With the shared prediction store configured (``labels.store_url``), the labels of the evaluator's model
+(its configured version) are read after the sums (:mod:`agent.fleet.labels`) and added to each time
+window's statistics, so the estimators include the fleet's ``with_labels``. A store that fails fails
+that part only: counted by reason (``icos_fleet_label_errors_total``), shown in ``labels.last_error``,
+the label-free estimates served as usual.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.config.settings import AgentSettings
@@ -26,6 +32,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
+from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
@@ -41,6 +48,8 @@ class VersionWindows:
 
     windows: dict[str, tuple[WindowStats, dict[str, Estimate]]]
     replicas: dict[str, int]
+    #: per window, the ``realized`` section of the labeled predictions in it (the store's labels)
+    realized: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +78,7 @@ class FleetEvaluator:
         api: PrometheusAPI,
         clock: Callable[[], float] = time.time,
         headline: str = RECOMMENDED_ESTIMATOR,
+        labels: FleetLabels | None = None,
     ) -> None:
         self.settings = settings
         self.headline = headline  # the bundle's headline estimator, as the replicas report it
@@ -89,6 +99,13 @@ class FleetEvaluator:
         self.last_error: str | None = None
         self.last_error_reason: Reason | None = None
         self.last_attempt: float | None = None
+        self.labels = labels
+        #: failed reads of the store's labels by reason, and the last one's message (None after a success)
+        self.label_errors: dict[str, int] = dict.fromkeys(LABEL_ERROR_REASONS, 0)
+        self.labels_error: str | None = None
+        #: labeled predictions of the last read, and windows left without labels by the row cap
+        self.labels_read = 0
+        self.labels_truncated: tuple[str, ...] = ()
         self._lock = threading.Lock()
 
     @property
@@ -99,10 +116,42 @@ class FleetEvaluator:
         """One evaluation of every window at ``at``, within ``fleet.refresh_timeout_seconds`` (raises
         :class:`RefreshError`). Runs its own event loop: call it from a thread without one."""
         try:
-            return asyncio.run(self._evaluate_by_deadline(at))
+            result = asyncio.run(self._evaluate_by_deadline(at))
         except BaseException as exc:
             _release_frames(exc)
             raise
+        self._add_labels(result)
+        return result
+
+    def _add_labels(self, result: FleetResult) -> None:
+        """The store's labels added to the windows of the evaluator's model version (see the module
+        docstring); a failed read leaves the label-free estimates as they are."""
+        version = self.settings.model.version
+        vw = result.versions.get(version)
+        if self.labels is None or vw is None:
+            return
+        try:
+            read = self.labels.read(result.at, self.calibration)
+        except StoreUnavailable as exc:
+            reason = error_reason(exc)
+            with self._lock:
+                self.label_errors[reason] += 1
+                self.labels_error = f"{reason}: {printable(str(exc), 500)}"
+            log.warning("fleet: reading the labels failed (%s); label-free estimates only: %s", reason, exc)
+            return
+        windows = dict(vw.windows)
+        for name, lab in read.sums.items():
+            if name in windows:
+                stats = windows[name][0] + lab
+                windows[name] = (stats, estimate_all(stats, self.calibration))
+        realized = {
+            name: w.to_dict() if w is not None else {"n": 0} for name, w in read.realized.items() if name in windows
+        }
+        result.versions[version] = replace(vw, windows=windows, realized=realized)
+        with self._lock:
+            self.labels_error = None
+            self.labels_read = read.rows
+            self.labels_truncated = read.truncated
 
     async def _evaluate_by_deadline(self, at: float) -> FleetResult:
         limit = self.settings.fleet.refresh_timeout_seconds
@@ -237,10 +286,22 @@ class FleetEvaluator:
                 "query_errors": {k: v for k, v in self.errors.items() if v},
                 "unknown_stats_total": self.unknown_stats_total,
                 "mismatches": [{"version": mv, "reason": why} for mv, why in sorted(r.mismatches)] if r else [],
+                "labels": self._labels_json(),
             },
             "versions": {name: _windows_json(vw, self.headline) for name, vw in r.versions.items()}
             if r is not None
             else {},
+        }
+
+    def _labels_json(self) -> dict[str, Any]:
+        """The state of the store's labels: whether they are read, how many, and the last failure."""
+        return {
+            "enabled": self.labels is not None,
+            "version": self.settings.model.version if self.labels is not None else None,
+            "read": self.labels_read,
+            "truncated_windows": list(self.labels_truncated),
+            "last_error": self.labels_error,
+            "errors": {k: v for k, v in self.label_errors.items() if v},
         }
 
     def snapshot(self) -> FleetSnapshot:
@@ -270,6 +331,7 @@ class FleetEvaluator:
             stale=self.stale(),
             restarted_replicas=r.restarted_replicas if r is not None else 0,
             unknown_stats_total=self.unknown_stats_total,
+            label_errors=dict(self.label_errors) if self.labels is not None else {},
         )
 
 
@@ -296,10 +358,13 @@ def _windows_json(vw: VersionWindows, headline: str) -> dict[str, Any]:
         w: dict[str, Any] = {
             "n": stats.n,
             "fails": stats.fails,
+            "n_labels": stats.lab_n,
             "fails_by_family": dict(stats.fails_by_family),
             "replicas": vw.replicas.get(name, 0),
             "estimates": {k: e.to_dict() for k, e in ests.items()},
         }
+        if name in vw.realized:
+            w["realized"] = vw.realized[name]
         chosen = headline_of(ests, headline)
         if chosen is not None:
             w["headline"] = {"estimator": chosen[0], **chosen[1].to_dict()}

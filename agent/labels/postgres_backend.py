@@ -385,6 +385,20 @@ class PostgresBackend:
         if limit is not None:
             sql += " LIMIT %s"
             args.append(int(limit))
+        return self._labeled(sql, args)
+
+    def labeled_between(self, identity: str, since: float, until: float, limit: int) -> LabeledRows:
+        """Labeled predictions of ``identity`` made in ``[since, until]``, the newest ``limit`` of them:
+        the fleet evaluator's read of a window's labels. One range scan of the index on
+        ``(identity, ts)``, capped in rows and, like every statement, by :data:`STATEMENT_TIMEOUT_MS`."""
+        sql = (
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label"
+            " FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s"
+            " ORDER BY ts DESC, seq DESC, idx DESC LIMIT %s"
+        )
+        return self._labeled(sql, [identity, float(since), float(until), int(limit)])
+
+    def _labeled(self, sql: str, args: list[Any]) -> LabeledRows:
         try:
             self._ensure_schema()
             with self._tx() as conn:
