@@ -33,7 +33,7 @@ from tests.support.waiting import poll
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "digits"
 WINDOWS = ["5m", "15m"]
-SAMPLE_RATE = 0.3
+SAMPLE_RATE = 0.6
 pytestmark = [pytest.mark.needs("prometheus"), pytest.mark.needs("postgresql"), pytest.mark.timeout(600)]
 
 
@@ -89,6 +89,7 @@ def parts(digits_model: dict[str, Any], postgres: PostgresServer, tmp_path: Path
             "refresh_seconds": 1,
             "query_timeout_seconds": 2,
             "lookback_seconds": 60,
+            "stale_after_seconds": 30,  # a refresh waits up to the store's timeouts while it is down
             "selector": 'job="icos-agent"',
         }
         fleet = AgentProcess(tmp_path, fleet_cfg, env=env)
@@ -256,7 +257,12 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
         ok = b["fleet"]["labels"]["last_error"] and WITH_LABELS not in w.get("estimates", {WITH_LABELS: 1})
         return b if ok and not b["fleet"]["stale"] and w["n"] == total else None
 
-    down = poll(label_free_only, timeout=90, what="label-free estimates while the store is down")
+    down = poll(
+        label_free_only,
+        timeout=90,
+        what="label-free estimates while the store is down",
+        explain=lambda: (_estimates(fleet.url)["fleet"], fleet.log_path.read_text()[-3000:]),
+    )
     assert down["fleet"]["labels"]["last_error"].startswith("unreachable")
     assert down["windows"]["5m"]["headline"]["estimator"] == label_free["estimator"]
     assert scrape(fleet.url).value("icos_fleet_label_errors_total", model=MODEL, reason="unreachable") >= 1
