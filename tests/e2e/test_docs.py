@@ -79,6 +79,7 @@ def _fleet_exported() -> dict[str, set[str]]:
         refresh_seconds=0.1,
         errors={"unreachable": 0},
         stale=False,
+        label_errors={"unreachable": 0},
     )
     out: dict[str, set[str]] = {}
     for fam in FleetCollector(lambda: snap).collect():

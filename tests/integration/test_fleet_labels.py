@@ -84,6 +84,7 @@ def parts(digits_model: dict[str, Any], postgres: PostgresServer, tmp_path: Path
         started += replicas
         prom = PrometheusServer(tmp_path, {})
         fleet_cfg = config("fleet", "fleet")
+        fleet_cfg["model"] = {"name": MODEL, "version": "1"}  # the model's identity comes from the bundle
         fleet_cfg["fleet"] = {
             "prometheus_url": prom.url,
             "refresh_seconds": 1,
@@ -175,8 +176,10 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
         got = [str(r["id"]) for r in body["requests"]]
         return got if got and len(got) == drawn_by_all() else []
 
-    for rep in replicas:
-        poll(lambda rep=rep: _estimates(rep.url)["total_judged"] >= len(x), what="every replica judged its traffic")
+    def all_judged() -> bool:
+        return all(_estimates(rep.url)["total_judged"] >= len(x) for rep in replicas)
+
+    poll(all_judged, what="every replica judged its traffic")
     sample = poll(listed, what="every replica's labeling sample in the shared store")
     assert len(set(sample)) == len(sample) and {t.split("-")[0] for t in sample} == {"r0", "r1", "r2"}
     # labels for every prediction: the sample's enter with_labels, all of them the realized accuracy
@@ -189,11 +192,11 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
     want = prediction_powered_accuracy(total, float(f.sum()), float((f * f).sum()), f[drawn], correct[drawn])
     assert want is not None
 
-    def fleet_has_labels() -> dict[str, Any] | None:
+    def fleet_has_labels() -> dict[str, Any]:
         body = _estimates(fleet.url)
         w = body["windows"].get("5m")
         ok = w and w["n"] == total and w["estimates"].get(WITH_LABELS, {}).get("n_labels") == len(sample)
-        return body if ok and w["realized"]["n"] == total else None
+        return body if ok and w["realized"]["n"] == total else {}
 
     body = poll(fleet_has_labels, timeout=90, what="the fleet's with_labels on every label")
     for window in WINDOWS:
@@ -251,11 +254,11 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
     postgres: PostgresServer = parts["postgres"]
     postgres.stop()
 
-    def label_free_only() -> dict[str, Any] | None:
+    def label_free_only() -> dict[str, Any]:
         b = _estimates(fleet.url)
         w = b["windows"].get("5m", {})
         ok = b["fleet"]["labels"]["last_error"] and WITH_LABELS not in w.get("estimates", {WITH_LABELS: 1})
-        return b if ok and not b["fleet"]["stale"] and w["n"] == total else None
+        return b if ok and not b["fleet"]["stale"] and w["n"] == total else {}
 
     down = poll(
         label_free_only,
@@ -274,3 +277,69 @@ def _check_metrics(m: Scrape, est: dict[str, Any]) -> None:
     labels = {"model": MODEL, "version": "1", "estimator": WITH_LABELS, "window": "5m"}
     for suffix, key in (("", "value"), ("_lower", "lower"), ("_upper", "upper")):
         assert m.value(f"icos_fleet_estimated_accuracy_ratio{suffix}", **labels) == pytest.approx(est[key])
+
+
+def test_fleet_labels_read_one_capped_time_range_of_one_identity(postgres: PostgresServer) -> None:
+    """What the fleet reads of the store: the labeled predictions of its identity made within its longest
+    window before ``at`` (none later, none of another identity), each window's labeling-sample sums from
+    the sampled ones only; and when the row cap cuts the read short, the windows reaching back past the
+    oldest row read get no labels (the rows kept are the newest, not a random share of the window)."""
+    from agent.estimation.calibration import EstimatorCalibration
+    from agent.estimation.statistics import WindowStats
+    from agent.fleet.labels import FleetLabels
+    from agent.labels.postgres_backend import PostgresBackend
+    from agent.labels.rows import PendingBatch
+    from agent.labels.store import PredictionStore
+
+    cal = EstimatorCalibration(
+        tpr=0.6, fpr=0.05, n_wrong=100, n_right=900, accuracy=0.9, avg_conf=0.92, atc_threshold=0.7
+    )
+    at = 100_000.0
+    rng = np.random.default_rng(1)
+    store = PredictionStore(None, max_predictions=10_000, max_age_seconds=1e12, store_url=postgres.url)
+    store.open()
+    # (request id, age before `at`, identity): 1000 s (outside both windows), 600 s (15m only), 100 s
+    # (both), another identity's, and one made after `at`
+    made = [
+        ("old", 1000.0, "m:b"),
+        ("mid", 600.0, "m:b"),
+        ("new", 100.0, "m:b"),
+        ("else", 100.0, "x:y"),
+        ("late", -5.0, "m:b"),
+    ]
+    truth: dict[str, int] = {}
+    probs: dict[str, np.ndarray] = {}
+    for rid, age, identity in made:
+        p = rng.dirichlet(np.ones(3), 6).astype(np.float32)
+        store.enqueue(
+            PendingBatch(rid, at - age, identity, p, p.argmax(axis=1), np.zeros(6, np.int8), sampled=np.arange(0, 6, 2))
+        )
+        probs[rid] = p
+        truth.update({f"{rid}:{i}": int(rng.integers(3)) for i in range(6)})
+    store.flush(now=at)
+    assert store.apply_labels(sorted(truth.items()), now=at).n_accepted == len(truth)
+    store.stop()
+
+    def lab(rids: list[str]) -> WindowStats:
+        f = np.concatenate([probs[r].max(axis=1)[::2] for r in rids]).astype(np.float64)
+        y = np.array([probs[r].argmax(axis=1)[i] == truth[f"{r}:{i}"] for r in rids for i in range(0, 6, 2)])
+        return WindowStats.of_labeled_sample(f, y)
+
+    backend = PostgresBackend(postgres.url, max_predictions=10_000, max_age_seconds=1e12, pool_size=1)
+    backend.open()
+    try:
+        windows = {"5m": 300.0, "15m": 900.0}
+        read = FleetLabels(backend, "m:b", windows, cap=1000, classes=["a", "b", "c"], per_class_cap=20).read(at, cal)
+        assert read.rows == 12 and read.truncated == ()
+        for name, rids in (("5m", ["new"]), ("15m", ["mid", "new"])):
+            want, got = lab(rids), read.sums[name]
+            assert got.lab_n == want.lab_n == 3 * len(rids)
+            assert got.lab_y_sum == want.lab_y_sum and got.lab_f_sum == pytest.approx(want.lab_f_sum)
+            realized = read.realized[name]
+            assert realized is not None and realized.n == 6 * len(rids) and realized.classes is not None
+        # a cap of 8 rows keeps the newest 8 (6 of "new", 2 of "mid"): 15m reaches back past them
+        capped = FleetLabels(backend, "m:b", windows, cap=8).read(at, cal)
+        assert capped.rows == 8 and capped.truncated == ("15m",)
+        assert set(capped.sums) == {"5m"} and capped.sums["5m"].lab_n == 3
+    finally:
+        backend.close()
