@@ -8,6 +8,9 @@
   chosen (as an agent's ``icos_headline_accuracy_ratio``);
 * ``icos_fleet_estimated_accuracy_samples{model,version,window}`` — predictions behind them;
 * ``icos_fleet_replicas{model,version,window}`` — replicas that exported in the window;
+* ``icos_fleet_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE)
+  precision, recall and F1 per predicted class of all replicas' predictions (classes ``_macro`` and
+  ``_weighted``: their means), from the per-class sums the replicas export up to their class cap;
 * ``icos_fleet_last_success_timestamp_seconds{model}``, ``icos_fleet_refresh_duration_seconds{model}``,
   ``icos_fleet_stale{model}`` (1 when the estimates are older than the stale limit: Prometheus
   unreachable, failing or answering what the evaluator refuses), ``icos_fleet_restarted_replicas{model}``;
@@ -25,10 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.prometheus import EstimatePoint, SnapshotCollector, headline_families
+from exporters.prometheus import EstimatePoint, SnapshotCollector, class_metric_rows, headline_families
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class FleetVersion:
     replicas: Mapping[str, int]
     #: per window, the headline estimate (its ``estimator`` the one chosen)
     headline: Sequence[EstimatePoint] = ()
+    #: per window, the label-free per-class figures (``per_class``, ``macro``, ``weighted``)
+    classes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,12 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
             "icos_fleet_estimated_accuracy_samples", "Predictions of all replicas in the window.", labels=wl
         )
         replicas = GaugeMetricFamily("icos_fleet_replicas", "Replicas that exported in the window.", labels=wl)
+        per_class = GaugeMetricFamily(
+            "icos_fleet_estimated_class_metric",
+            "Label-free (CBPE) precision, recall and F1 of all replicas' predictions per predicted class; "
+            "class _macro and _weighted: their means.",
+            labels=["model", "version", "window", "class", "metric"],
+        )
         for v in snap.versions:
             for e in v.estimates:
                 lv = [snap.model, v.version, e.estimator, e.window]
@@ -90,7 +102,10 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
                 samples.add_metric([snap.model, v.version, window], n)
             for window, k in v.replicas.items():
                 replicas.add_metric([snap.model, v.version, window], k)
-        yield from (value, lower, upper, samples, replicas)
+            for window, figures in v.classes.items():
+                for cls, metric, x in class_metric_rows(figures):
+                    per_class.add_metric([snap.model, v.version, window, cls, metric], x)
+        yield from (value, lower, upper, samples, replicas, per_class)
         rows = [([snap.model, v.version], e) for v in snap.versions for e in v.headline]
         yield from headline_families("icos_fleet_", rows, "of the whole fleet")
         mismatch = GaugeMetricFamily(

@@ -109,7 +109,9 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
         if store is not None
         else None
     )
-    evaluator = FleetEvaluator(settings, rt.calibration, rt.bundle_label, api, headline=rt.headline, labels=labels)
+    evaluator = FleetEvaluator(
+        settings, rt.calibration, rt.bundle_label, api, headline=rt.headline, labels=labels, classes=rt.classes
+    )
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(FleetCollector(evaluator.snapshot))
     loop = RefreshLoop(evaluator, settings.fleet.refresh_seconds)

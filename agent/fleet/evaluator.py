@@ -21,7 +21,7 @@ import asyncio
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
@@ -50,6 +51,8 @@ class VersionWindows:
     replicas: dict[str, int]
     #: per window, the ``realized`` section of the labeled predictions in it (the store's labels)
     realized: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per window, the label-free per-class figures (CBPE) of the replicas' summed per-class sums
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +82,7 @@ class FleetEvaluator:
         clock: Callable[[], float] = time.time,
         headline: str = RECOMMENDED_ESTIMATOR,
         labels: FleetLabels | None = None,
+        classes: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.headline = headline  # the bundle's headline estimator, as the replicas report it
@@ -88,10 +92,12 @@ class FleetEvaluator:
         self.api = api
         self.clock = clock
         self.windows = {name: parse_duration(name) for name in settings.windows.time}
+        #: the model's class names (the per-class figures; none: not computed)
+        self.classes = list(classes)
+        self.per_class = len(self.classes) <= settings.metrics.per_class_label_cap
         fleet = settings.fleet
-        self.scope = FleetScope(
-            self.model, bundle_label, StatSchema.of_bundle(calibration), fleet.selector, fleet.max_versions
-        )
+        schema = StatSchema.of_bundle(calibration, len(self.classes) if self.classes else None)
+        self.scope = FleetScope(self.model, bundle_label, schema, fleet.selector, fleet.max_versions)
         self.result: FleetResult | None = None
         #: failed refreshes by reason (every reason from the start, so that a rise is visible)
         self.errors: dict[str, int] = dict.fromkeys(REASONS, 0)
@@ -207,8 +213,22 @@ class FleetEvaluator:
         bad = {v for v, _ in out.mismatches}
         for version, wins in per_version.items():
             if version not in bad:
-                out.versions[version] = VersionWindows(wins, replicas.get(version, {}))
+                out.versions[version] = VersionWindows(wins, replicas.get(version, {}), classes=self._classes(wins))
         out.seconds = time.perf_counter() - t0
+        return out
+
+    def _classes(self, wins: dict[str, tuple[WindowStats, dict[str, Estimate]]]) -> dict[str, dict[str, Any]]:
+        """Per window, CBPE's per-class figures from the summed per-class sums (where the replicas
+        export them: up to their class cap)."""
+        out: dict[str, dict[str, Any]] = {}
+        if not self.classes:
+            return out
+        for name, (s, _) in wins.items():
+            figures = window_class_metrics(
+                s.cbpe_predicted, s.cbpe_true_positive, s.cbpe_support, self.classes, per_class=self.per_class
+            )
+            if figures is not None:
+                out[name] = figures
         return out
 
     def refresh(self) -> bool:
@@ -320,7 +340,7 @@ class FleetEvaluator:
                     for window, (_, ests) in vw.windows.items()
                     if (chosen := headline_of(ests, self.headline)) is not None
                 ]
-                versions.append(FleetVersion(version, points, samples, dict(vw.replicas), headline))
+                versions.append(FleetVersion(version, points, samples, dict(vw.replicas), headline, vw.classes))
         return FleetSnapshot(
             model=self.model,
             versions=versions,
@@ -363,6 +383,8 @@ def _windows_json(vw: VersionWindows, headline: str) -> dict[str, Any]:
             "replicas": vw.replicas.get(name, 0),
             "estimates": {k: e.to_dict() for k, e in ests.items()},
         }
+        if name in vw.classes:
+            w["classes"] = {"estimated": vw.classes[name]}
         if name in vw.realized:
             w["realized"] = vw.realized[name]
         chosen = headline_of(ests, headline)

@@ -23,7 +23,9 @@ import pytest
 from sklearn.metrics import precision_recall_fscore_support
 
 from agent.dataplane.admission import prediction_ids
+from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
+from agent.estimation.statistics import WindowStats
 from tests.support.agent_process import AgentProcess
 from tests.support.metrics import Scrape, scrape
 from tests.support.postgres import PostgresServer
@@ -149,6 +151,7 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
     ids: list[str] = []
     conf: list[np.ndarray] = []
     predicted: list[np.ndarray] = []
+    probabilities: list[np.ndarray] = []
     right: list[np.ndarray] = []
     truth: dict[str, int] = {}
     with httpx.Client(timeout=30) as client:
@@ -159,6 +162,7 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
                 ids += res["ids"]
                 conf.append(res["probabilities"].max(axis=1).astype(np.float64))
                 predicted.append(res["label"].reshape(-1).astype(np.int64))
+                probabilities.append(res["probabilities"])
                 right.append(predicted[-1] == ys)
                 truth.update(zip(res["ids"], ys.tolist(), strict=True))
     f, correct = np.concatenate(conf), np.concatenate(right)
@@ -224,12 +228,27 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
             assert c["precision"] == pytest.approx(precision[k]) and c["recall"] == pytest.approx(recall[k])
             assert c["f1"] == pytest.approx(f1[k])
 
+    # the label-free per-class figures (CBPE) of the fleet: one agent's on all the traffic
+    union = WindowStats()
+    union.add_class_sums(np.concatenate(probabilities), np.concatenate(predicted))
+    names = [str(k) for k in range(10)]
+    one_agent = window_class_metrics(union.cbpe_predicted, union.cbpe_true_positive, union.cbpe_support, names)
+    assert one_agent is not None
+    for window in WINDOWS:
+        estimated = body["windows"][window]["classes"]["estimated"]
+        for name in names:
+            for metric in ("precision", "recall", "f1"):
+                assert abs(estimated["per_class"][name][metric] - one_agent["per_class"][name][metric]) <= 1e-4
+        assert estimated["macro"]["f1"] == pytest.approx(one_agent["macro"]["f1"], abs=1e-4)
+
     # the replicas' own with_labels mix the fleet's labels with their own traffic: not the fleet's figure
     own = [_estimates(rep.url)["windows"]["5m"]["estimates"].get(WITH_LABELS) for rep in replicas]
     print("replicas' own with_labels:", [round(e["value"], 4) if e else None for e in own])
 
     m = scrape(fleet.url)
     _check_metrics(m, body["windows"]["5m"]["estimates"][WITH_LABELS])
+    f1_of_3 = m.value("icos_fleet_estimated_class_metric", model=MODEL, window="5m", **{"class": "3", "metric": "f1"})
+    assert f1_of_3 == pytest.approx(body["windows"]["5m"]["classes"]["estimated"]["per_class"]["3"]["f1"])
 
     # the recorded headline takes with_labels where its interval is the narrower, and names it
     w5 = body["windows"]["5m"]
