@@ -139,11 +139,11 @@ class FleetEvaluator:
         try:
             read = self.labels.read(result.at, self.calibration)
         except StoreUnavailable as exc:
-            reason = error_reason(exc)
-            with self._lock:
-                self.label_errors[reason] += 1
-                self.labels_error = f"{reason}: {printable(str(exc), 500)}"
-            log.warning("fleet: reading the labels failed (%s); label-free estimates only: %s", reason, exc)
+            self._labels_failed(error_reason(exc), str(exc))
+            return
+        except Exception as exc:  # e.g. rows the store should not hold: that part fails, not the refresh
+            log.exception("fleet: the labels read from the store could not be used")
+            self._labels_failed("failed", f"{type(exc).__name__}: {exc}")
             return
         windows = dict(vw.windows)
         for name, lab in read.sums.items():
@@ -230,6 +230,12 @@ class FleetEvaluator:
             if figures is not None:
                 out[name] = figures
         return out
+
+    def _labels_failed(self, reason: str, message: str) -> None:
+        with self._lock:
+            self.label_errors[reason] += 1
+            self.labels_error = f"{reason}: {printable(message, 500)}"
+        log.warning("fleet: reading the labels failed (%s); label-free estimates only: %s", reason, message)
 
     def refresh(self) -> bool:
         """Evaluate now; on any failure keep the last result and count the failure under its reason.

@@ -286,6 +286,8 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
         explain=lambda: (_estimates(fleet.url)["fleet"], fleet.log_path.read_text()[-3000:]),
     )
     assert down["fleet"]["labels"]["last_error"].startswith("unreachable")
+    # the store's password is in neither the answer nor the log
+    assert postgres.PASSWORD not in str(down) and postgres.PASSWORD not in fleet.log_path.read_text()
     assert down["windows"]["5m"]["headline"]["estimator"] == label_free["estimator"]
     assert scrape(fleet.url).value("icos_fleet_label_errors_total", model=MODEL, reason="unreachable") >= 1
     postgres.start()
