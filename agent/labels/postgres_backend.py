@@ -389,12 +389,13 @@ class PostgresBackend:
 
     def labeled_between(self, identity: str, since: float, until: float, limit: int) -> LabeledRows:
         """Labeled predictions of ``identity`` made in ``[since, until]``, the newest ``limit`` of them:
-        the fleet evaluator's read of a window's labels. One range scan of the index on
-        ``(identity, ts)``, capped in rows and, like every statement, by :data:`STATEMENT_TIMEOUT_MS`."""
+        the fleet evaluator's read of a window's labels. One backward range scan of the index on
+        ``(identity, ts)`` that stops at the cap (ordered by ``ts`` alone, so no sort of the whole range:
+        which of several predictions of one time the cap keeps does not matter), and, like every
+        statement, bounded by :data:`STATEMENT_TIMEOUT_MS`."""
         sql = (
             "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label"
-            " FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s"
-            " ORDER BY ts DESC, seq DESC, idx DESC LIMIT %s"
+            " FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s ORDER BY ts DESC LIMIT %s"
         )
         return self._labeled(sql, [identity, float(since), float(until), int(limit)])
 
