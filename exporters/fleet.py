@@ -2,7 +2,7 @@
 
 * ``icos_fleet_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
   ``icos_fleet_estimated_accuracy_ratio_lower`` / ``_upper`` — every estimator on the sum of all
-  replicas' window statistics;
+  replicas' window statistics (``with_labels`` when the evaluator reads the shared store's labels);
 * ``icos_fleet_headline_accuracy_ratio{model,version,estimator,window}`` with ``_lower`` / ``_upper``
   and ``icos_fleet_headline_accuracy_samples`` — the fleet's headline, ``estimator`` naming the one
   chosen (as an agent's ``icos_headline_accuracy_ratio``);
@@ -69,7 +69,9 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
     def families(self, snap: FleetSnapshot) -> Iterator[Metric]:
         labels = ["model", "version", "estimator", "window"]
         value = GaugeMetricFamily(
-            "icos_fleet_estimated_accuracy_ratio", "Estimated accuracy of the whole fleet (label-free).", labels=labels
+            "icos_fleet_estimated_accuracy_ratio",
+            "Estimated accuracy of the whole fleet, every estimator (with_labels: with the shared store's labels).",
+            labels=labels,
         )
         lower = GaugeMetricFamily(
             "icos_fleet_estimated_accuracy_ratio_lower",
