@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml requirements.lock | $(BIN)/python
 
 venv: $(STAMP)
 
-# Debian packages the tests use: prometheus (promtool and a real server), npm (dashboard type-check),
+# Debian packages the tests use: prometheus (promtool and a real server), victoria-metrics (the fleet
+# evaluator's second query backend), npm (dashboard type-check),
 # chromium (demo report), postgresql; and the en_US.UTF-8 locale, without which onnxruntime cannot load
 # text pipelines exported by skl2onnx (Debian's locales, then localedef). Installed only when running as
 # root and missing; otherwise those tests skip with a message naming this step (under CI=true a missing
@@ -46,6 +47,9 @@ mlserver-venv:
 kserve-venv:
 	@PYTHON=$(PYTHON) bash .ci/side-venv.sh kserve "its gRPC client, for the gRPC tests" 2
 
+label-studio-venv:
+	@PYTHON=$(PYTHON) bash .ci/side-venv.sh label-studio "label-studio-sdk, for the labeling-loop test" 2
+
 # @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck).
 grafana-typecheck:
 	@bash .ci/grafana-typecheck.sh
@@ -60,7 +64,7 @@ lint: venv
 
 # Every install step first; one that fails stops here with its own error. Then the whole suite,
 # with the 15 slowest tests listed at the end.
-test: venv system-tools lint mlserver-venv kserve-venv grafana-typecheck
+test: venv system-tools lint mlserver-venv kserve-venv label-studio-venv grafana-typecheck
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 # Unit and property tests: what runs in-process (fewer generated examples than `make test`).

@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# victoria-metrics: the fleet evaluator's second query backend (tests/support/victoria.py).
+command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
 # npm: installs @grafana/schema + typescript (deploy/grafana/typecheck) to type-check the dashboard.
 command -v npm >/dev/null 2>&1 || need+=(npm)
 # chromium: headless rendering of the demo report (tests/e2e/test_demo_report_chromium.py).
@@ -50,6 +52,8 @@ if [ ${#need[@]} -gt 0 ]; then
   done
   # The Debian package starts a server on :9090 where an init system runs; the tests start their own.
   if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi
+  # Likewise victoria-metrics on :8428.
+  if command -v systemctl >/dev/null 2>&1; then systemctl stop victoria-metrics >/dev/null 2>&1 || true; fi
   # Likewise the postgresql package's cluster on :5432; the tests start their own in a temporary directory.
   if command -v systemctl >/dev/null 2>&1; then systemctl stop postgresql >/dev/null 2>&1 || true; fi
 fi

@@ -10,35 +10,60 @@ predictions gets the true labels of ``n`` of them, drawn uniformly at random, fo
   (what a user without the agent's estimate would report);
 * ``avg_conf`` — the label-free average confidence, for reference (no interval).
 
+* ``active`` — active labeling (:mod:`agent.estimation.active`): the same expected number of
+  labels, each prediction drawn with probability growing with the calibrated predictor's uncertainty
+  (:class:`agent.estimation.correctness.CorrectnessModel`, fitted on the model's calibration split and
+  judged by its oracle, as ``icos-agent fit`` does), estimated by the inverse-probability-weighted
+  prediction-powered accuracy. The traffic's mean uncertainty is the window's own (a steady rate).
+
 Prints, per model and ``n``: the mean absolute error over all windows, the worst scenario's mean
 absolute error, the interval coverage (share of windows whose 95% interval holds the truth) over all
 windows and on the scenario where it is lowest, and the mean interval half-width; then the targets
-at 200 labels per window (worst scenario's error ≤ 0.05, coverage ≥ 90% on every scenario). The
+at 200 labels per window (worst scenario's error ≤ 0.05, coverage ≥ 90% on every scenario); then
+"how many labels do I need": per model, the labels ``active`` needs (interpolated on its half-width
+curve) to reach the mean half-width of uniform sampling's ``with_labels`` at 100 and 200 labels
+(target: at most half), with ``active``'s lowest scenario coverage and worst scenario error. The
 estimate uses the model's confidence and the labels only, not ``shift_aware``'s calibration, so the
 estimator benchmark's held-out-kind protocol changes nothing here. The label-free estimators on the
 same scenarios are in the estimator benchmark (docs/estimation.md).
 
     python -m bench.bench_labels [--models mnist,digits,tabular] [--reps 100] [--size 1000] [--labels 25,50,100,200,500]
+        [--out docs/labels.md]
     python -m bench labels
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from agent.estimation.active import active_accuracy, draw_probabilities, rate_for, uncertainty
+from agent.estimation.correctness import CorrectnessModel
 from agent.estimation.intervals import wilson
-from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
+from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
 from bench.estimators.harness import Config, draw_window, scenario_pool, scenarios_for, stable_seed
-from bench.estimators.subjects import LOADERS
+from bench.estimators.subjects import LOADERS, Subject
+from bench.generated_docs import END, provenance, write_block
+from invariants.fitting import fit_oracle
+from invariants.oracle import Oracle
 
-METHODS = (WITH_LABELS, "labels_only", "avg_conf")
+ACTIVE = "active"
+METHODS = (WITH_LABELS, ACTIVE, "labels_only", "avg_conf")
+#: label counts of ``active`` besides ``--labels``: the curve its half-width is interpolated on
+ACTIVE_GRID = (25, 35, 50, 70, 100, 140, 200)
+#: uniform sampling's label counts whose half-width ``active`` is asked to reach
+NEED_AT = (100, 200)
+#: the target: ``active`` reaches uniform's half-width with at most this share of its labels
+TARGET_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -53,6 +78,29 @@ class Result:
     truth: float
 
 
+def fit_predictor(subject: Subject, cfg: Config) -> tuple[Oracle, CorrectnessModel]:
+    """The subject's oracle and calibrated correctness predictor, as ``icos-agent fit`` fits them
+    (TDI and ADI on the training and validation splits, the predictor on the calibration split)."""
+    m = subject.model
+    train_x, val_x = m.prepare_array(subject.train_x), m.prepare_array(subject.val_x)
+    val_pred = m.predict_batched(val_x)
+    fitted = fit_oracle(
+        m.features(train_x),
+        subject.train_y,
+        m.features(val_x),
+        subject.val_y,
+        val_pred.probabilities,
+        idi=None,
+        params=replace(cfg.fit, seed=cfg.seed),
+    )
+    oracle = Oracle(None, fitted.oracle.tdi, fitted.oracle.adi)
+    idx = fitted.calibration_index
+    cal_x, cal_y = val_x[idx], subject.val_y[idx]
+    cal_pred = m.predict_batched(cal_x)
+    res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.predicted)
+    return oracle, CorrectnessModel.fit(cal_pred.confidences, cal_pred.predicted == cal_y, res.failed)
+
+
 def run_model(
     name: str, cfg: Config, label_counts: tuple[int, ...], say: Callable[[str], None] = print
 ) -> list[Result]:
@@ -60,12 +108,16 @@ def run_model(
     subject = LOADERS[name]()
     m = subject.model
     test_x = m.prepare_array(subject.test_x)
+    oracle, predictor = fit_predictor(subject, cfg)
+    active_counts = tuple(sorted(set(label_counts) | set(ACTIVE_GRID)))
     out: list[Result] = []
     for sc in scenarios_for(subject):
         t0 = time.perf_counter()
         pool_x, pool_y, seg_len, class_index = scenario_pool(subject, sc, cfg, test_x)
         pred = m.predict_batched(pool_x)
         correct_pool = pred.predicted == pool_y
+        failed = oracle.judge(m.features(pool_x), pred.probabilities, pred.predicted).failed
+        f_pool = predictor.predict(pred.confidences, failed)
         for rep in range(cfg.reps):
             rng = np.random.default_rng(stable_seed(cfg.seed, name, sc.name, rep, "labels"))
             idx = draw_window(rng, sc, cfg.size, seg_len, class_index)
@@ -82,6 +134,15 @@ def run_model(
                 k = int(correct[s].sum())
                 lo, hi = wilson(k, len(s))
                 out.append(Result(name, sc.name, n, "labels_only", k / len(s), lo, hi, truth))
+            f = f_pool[idx]
+            mean_u = float(uncertainty(f).mean())
+            for n in active_counts:
+                pi = draw_probabilities(f, rate_for(f, n / len(idx), mean_u), mean_u)
+                s = np.flatnonzero(rng.random(len(idx)) < pi)
+                a = active_accuracy(f, s, correct[s], pi[s])
+                if a is None:  # no prediction drawn: the window has no label-assisted estimate
+                    a = LabeledEstimate(0.0, 0.0, 1.0, len(idx), 0)
+                out.append(Result(name, sc.name, n, ACTIVE, a.value, a.lower, a.upper, truth))
         say(f"[{name}] {sc.name:28s} pool accuracy {float(correct_pool.mean()):.3f} ({time.perf_counter() - t0:.1f}s)")
     return out
 
@@ -159,6 +220,68 @@ def targets(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def labels_needed(rows: list[Row], at: int) -> tuple[float, float, float] | None:
+    """``(uniform's half-width at ``at`` labels, the labels active needs for it, their share of
+    ``at``)`` for one model's rows: active's half-width is interpolated linearly in log–log
+    between the two counts around it (``inf`` when even its largest count is too few)."""
+    uni = [r for r in rows if r[1] == at and r[2] == WITH_LABELS]
+    curve = sorted((r[1], r[7]) for r in rows if r[2] == ACTIVE)
+    if not uni or len(curve) < 2:
+        return None
+    goal = uni[0][7]
+    need = math.inf
+    for (n0, h0), (n1, h1) in itertools.pairwise(curve):
+        if h1 <= goal <= h0 and h0 > h1 > 0:
+            t = (math.log(h0) - math.log(goal)) / (math.log(h0) - math.log(h1))
+            need = math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
+            break
+    if curve[0][1] <= goal:
+        need = float(curve[0][0])  # at most the smallest count measured
+    return goal, need, need / at
+
+
+def needs_table(rows: list[Row]) -> str:
+    """Per model and uniform label count of :data:`NEED_AT`: the labels ``active`` needs for the same
+    mean half-width, and ``active``'s lowest scenario coverage and worst scenario error there."""
+    lines = [
+        f"| model | uniform labels | uniform half-width | labels active needs (target ≤ {TARGET_SHARE:.0%}) |"
+        " active's lowest scenario coverage | active's worst scenario error |",
+        "|---|---|---|---|---|---|",
+    ]
+    by = {(r[0], r[1], r[2]): r for r in rows}
+    for model in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == model]
+        for at in NEED_AT:
+            got, act = labels_needed(mine, at), by.get((model, at, ACTIVE))
+            if got is None or act is None:
+                continue
+            goal, need, share = got
+            verdict = "PASS" if share <= TARGET_SHARE else "FAIL"
+            needed = "more than measured" if math.isinf(need) else f"{need:.0f} ({share:.0%}) {verdict}"
+            cover = "PASS" if act[6] >= TARGET_COVERAGE else "FAIL"
+            worst = "" if at != TARGET_ACTIVE_ERROR_AT else (" PASS" if act[4] <= TARGET_WORST else " FAIL")
+            lines.append(f"| {model} | {at} | {goal:.3f} | {needed} | {act[6]:.0%} {cover} | {act[4]:.3f}{worst} |")
+    return "\n".join(lines)
+
+
+#: active's worst scenario error target (≤ :data:`TARGET_WORST`) is at this many labels
+TARGET_ACTIVE_ERROR_AT = 100
+DOC_HEADING = "## How many labels do I need"
+
+
+def _write_doc(path: Path, command: str, generated: str) -> None:
+    """Rewrite the generated block under :data:`DOC_HEADING` (the page and section made if missing)."""
+    begin = f"<!-- BEGIN GENERATED: {command} -->"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Labels\n"
+    if begin not in text:
+        if DOC_HEADING not in text:
+            text = text.rstrip() + f"\n\n{DOC_HEADING}\n\n"
+        head = text.index(DOC_HEADING) + len(DOC_HEADING)
+        text = text[:head] + f"\n\n{begin}\n{END}\n" + text[head:].lstrip("\n")
+        path.write_text(text, encoding="utf-8")
+    write_block(path, begin, generated)
+
+
 def _counts(spec: str) -> tuple[int, ...] | None:
     try:
         values = tuple(int(v) for v in spec.split(",") if v.strip())
@@ -174,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1000, help="predictions per window (default 1000)")
     ap.add_argument("--labels", default="25,50,100,200,500", help="labeled predictions per window (comma-separated)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the tables into this page (docs/labels.md)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in LOADERS]
@@ -188,12 +312,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         results += run_model(name, cfg, counts, say=lambda s: print(s, file=sys.stderr, flush=True))
     rows = summary(results)
-    print(table(rows))
+    parts = [table(rows)]
     if TARGET_LABELS in counts:
-        print(f"\nTargets ({TARGET_LABELS} labels per window of {args.size}):\n")
-        print(targets(rows))
+        parts.append(f"Targets ({TARGET_LABELS} labels per window of {args.size}):\n\n{targets(rows)}")
+    parts.append(
+        f"How many labels active sampling needs for uniform sampling's interval (windows of {args.size},"
+        f" {args.reps} per scenario):\n\n{needs_table(rows)}"
+    )
     took = time.perf_counter() - t0
-    print(f"\n{len(results)} estimates in {took:.0f}s ({args.reps} windows of {args.size} per scenario)")
+    parts.append(f"{len(results)} estimates in {took:.0f}s ({args.reps} windows of {args.size} per scenario)")
+    out = "\n\n".join(parts)
+    print(out)
+    if args.out is not None:
+        command = "python -m bench.bench_labels --out " + str(args.out)
+        root = Path(__file__).resolve().parent.parent
+        _write_doc(args.out, command, provenance(command, root) + "\n\n" + out)
     return 0
 
 

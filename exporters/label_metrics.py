@@ -49,6 +49,7 @@ LABEL_OUTCOMES = ("accepted", "unknown", "duplicate", "corrected", "invalid")
 PROBABILITY_METRICS = ("mae", "mse", "rmse")
 #: why predictions were not stored (``icos_prediction_store_dropped_total{reason}``)
 STORE_DROP_REASONS = ("queue_full", "write_failed", "invalid")
+KEPT_INPUT_DROP_REASONS = ("too_large", "evicted")
 #: what failed in the store (``icos_prediction_store_errors_total{operation}``)
 STORE_OPERATIONS = ("open", "write", "read", "corrupt")
 
@@ -181,6 +182,16 @@ class LabelMetrics:
             "those still without a label.",
             registry=registry,
         )
+
+        self.kept_inputs_dropped = Counter(
+            "icos_kept_inputs_dropped",
+            "Inputs of sampled predictions not kept or dropped later (labels.keep_sampled_inputs), by reason "
+            "(too_large: over labels.max_kept_input_bytes; evicted: the oldest, past labels.max_kept_inputs_bytes).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in KEPT_INPUT_DROP_REASONS:
+            self.kept_inputs_dropped.labels(reason)
 
     def count_labels(self, counts: Mapping[str, int]) -> None:
         for outcome, n in counts.items():

@@ -7,6 +7,9 @@ name). Rows are posted to ``POST /v1/labels`` in chunks; the summary adds up the
 (accepted, unknown, duplicate, corrected, invalid). ``--requests N`` prints the newest ``N`` sampled predictions
 still without a label (``GET /v1/labels/requests``) as CSV (``id,timestamp``), ready for a labeling job.
 
+``labels export`` and ``labels import`` take the sample, with its kept inputs, to a labeling tool and
+its annotations back (:mod:`agent.commands.label_studio`).
+
 Where the agent requires the labelers' token (``ICOS_AGENT_LABELS_TOKEN`` set on the agent), the command
 sends it from the same environment variable, or from ``--token-file`` (e.g. a mounted Secret).
 """
@@ -22,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agent.commands.label_studio import export_tasks, image_shape_arg, labels_of_export, read_export
 from agent.config.settings import LABELS_TOKEN_ENV, labels_token
 from agent.errors import UserError
 
@@ -30,8 +34,8 @@ OUTCOMES = ("accepted", "unknown", "duplicate", "corrected", "invalid")
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("labels", help="send delayed true labels (CSV or JSON lines) to a running agent")
-    p.add_argument("--url", required=True, help="the agent's base URL, e.g. http://127.0.0.1:8080")
-    what = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--url", help="the agent's base URL, e.g. http://127.0.0.1:8080")
+    what = p.add_mutually_exclusive_group()
     what.add_argument("--file", help="labels to send: .csv (with a header) or .jsonl (one object per line)")
     what.add_argument(
         "--requests",
@@ -51,6 +55,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
+    tools = p.add_subparsers(dest="labels_action", metavar="{export,import}")
+    exp = tools.add_parser("export", help="write the labeling sample with its inputs as labeling-tool tasks")
+    _common(exp)
+    exp.add_argument("--format", choices=["label-studio"], default="label-studio", help="the tool (label-studio)")
+    exp.add_argument("--out", type=Path, required=True, help="the folder to write tasks, config and images into")
+    exp.add_argument("--limit", type=int, default=1000, help="predictions at most, newest first (1-1000)")
+    exp.add_argument("--inline-images", action="store_true", help="images as PNG data URIs in the tasks")
+    exp.add_argument(
+        "--image-shape",
+        type=image_shape_arg,
+        help="reshape flat numeric inputs into images, e.g. 8x8 (default: only inputs shaped as images are)",
+    )
+    exp.add_argument(
+        "--image-url-prefix",
+        default="/data/local-files/?d=",
+        help="prefix of the images' paths inside --out in the tasks (default: Label Studio's local files, "
+        "with LOCAL_FILES_DOCUMENT_ROOT set to --out)",
+    )
+    exp.set_defaults(func=run_export)
+    imp = tools.add_parser("import", help="post the annotations of a Label Studio JSON export as labels")
+    _common(imp)
+    imp.add_argument("file", type=Path, help="Label Studio's JSON export of the tasks")
+    imp.add_argument("--chunk-size", type=int, default=1000, help="labels per request (default: 1000)")
+    imp.set_defaults(func=run_import)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="the agent's base URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default: 30)")
+    p.add_argument("--token-file", type=Path, help=f"the labelers' bearer token (default: ${LABELS_TOKEN_ENV})")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
 
 def _label_value(text: str) -> int | str:
@@ -142,13 +177,68 @@ def send_labels(
 
 def label_requests(url: str, limit: int, timeout: float, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The agent's ``GET /v1/labels/requests?limit=...`` entries (``id``, ``timestamp``)."""
+    return list(sample_listing(url, limit, timeout, headers)["requests"])
+
+
+def sample_listing(
+    url: str, limit: int, timeout: float, headers: dict[str, str] | None = None, inputs: bool = False
+) -> dict[str, Any]:
+    """The agent's ``GET /v1/labels/requests`` answer (with ``inputs``: the kept inputs and the classes)."""
     import httpx
 
     endpoint = url.rstrip("/") + "/v1/labels/requests"
-    answer = _answer(
-        endpoint, lambda: httpx.get(endpoint, params={"limit": limit}, timeout=timeout, headers=headers or {})
+    params: dict[str, Any] = {"limit": limit, "inputs": "true" if inputs else "false"}
+    answer = _answer(endpoint, lambda: httpx.get(endpoint, params=params, timeout=timeout, headers=headers or {}))
+    return dict(answer)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if not 1 <= args.limit <= 1000:
+        raise UserError("--limit must be from 1 to 1000")
+    listing = sample_listing(args.url, args.limit, args.timeout, auth_headers(args.token_file), inputs=True)
+    if listing["requests"] and all(e.get("inputs") is None for e in listing["requests"]):
+        raise UserError(
+            "the agent kept no inputs of its labeling sample: turn on labels.keep_sampled_inputs "
+            "(inputs are kept from then on)"
+        )
+    summary = export_tasks(
+        listing,
+        args.out,
+        inline_images=args.inline_images,
+        image_shape=args.image_shape,
+        url_prefix=args.image_url_prefix,
     )
-    return list(answer["requests"])
+    summary["truncated"] = bool(listing.get("truncated"))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{summary['tasks']} {summary['kind']} tasks written to {args.out} (tasks.json, labeling_config.xml); "
+            f"{summary['without_inputs']} sampled predictions without kept inputs"
+        )
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    if args.chunk_size < 1:
+        raise UserError("--chunk-size must be at least 1")
+    exported = read_export(args.file)
+    headers = auth_headers(args.token_file)
+    classes = [str(c) for c in sample_listing(args.url, 1, args.timeout, headers, inputs=True)["classes"]]
+    labels, counts = labels_of_export(exported, classes)
+    summary = send_labels(
+        args.url, iter(labels), chunk_size=args.chunk_size, timeout=args.timeout, progress=False, headers=headers
+    )
+    summary["without_annotation"] = counts["without_annotation"]
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{summary['sent']} labels sent: "
+            + ", ".join(f"{summary[k]} {k}" for k in OUTCOMES)
+            + f"; {counts['without_annotation']} tasks without an annotation"
+        )
+    return 0
 
 
 def _answer(endpoint: str, call: Callable[[], Any]) -> Any:
@@ -173,6 +263,8 @@ def _answer(endpoint: str, call: Callable[[], Any]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url is None or (args.file is None and args.requests is None):
+        raise UserError("labels: give --url and --file or --requests, or use labels export / labels import")
     if args.requests is not None:
         if not 1 <= args.requests <= 1000:
             raise UserError("--requests must be from 1 to 1000")

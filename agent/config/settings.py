@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
+from agent.config.sampling import LabelSampling
 from agent.core.durations import parse_duration
 from agent.errors import UserError
 from invariants.untrusted import safe_load_yaml
@@ -201,7 +202,7 @@ class SecurityConfig(_Section):
     allowed_roots: list[Path] = Field(default_factory=list)
 
 
-class LabelsConfig(_Section):
+class LabelsConfig(LabelSampling):
     """Delayed labels (:mod:`agent.labels.service`): the prediction store and recalibration."""
 
     enabled: bool = True
@@ -242,10 +243,17 @@ class LabelsConfig(_Section):
         0.01,
         ge=0,
         le=1,
-        description="share of predictions drawn uniformly at random into the labeling sample (listed by "
-        "`GET /v1/labels/requests`); their labels give the estimator `with_labels`, valid whatever the shift "
-        "(0: no sample)",
+        description="with `labels.sampling: uniform`, the share of predictions drawn uniformly at random into "
+        "the labeling sample (listed by `GET /v1/labels/requests`); their labels give the estimator "
+        "`with_labels`, valid whatever the shift (0: no sample)",
     )
+    keep_sampled_inputs: bool = Field(
+        False,
+        description="keep the inputs of sampled predictions for labeling (`GET /v1/labels/requests?inputs=true`, "
+        "`icos-agent labels export`): user data, bounded by the two settings below",
+    )
+    max_kept_input_bytes: int = Field(65_536, ge=64, le=1 << 24, description="larger encoded inputs are not kept")
+    max_kept_inputs_bytes: int = Field(1 << 26, ge=1024, le=1 << 36, description="all kept inputs; the oldest go first")
     fleet_refresh_seconds: float = Field(
         10.0,
         gt=0,
@@ -294,7 +302,7 @@ class FleetConfig(_Section):
 
     prometheus_url: str | None = Field(
         None,
-        description="base URL of a Prometheus-compatible HTTP API (Prometheus, Thanos Query, Mimir's "
+        description="base URL of a Prometheus-compatible HTTP API (Prometheus, VictoriaMetrics, Thanos Query, Mimir's "
         "/prometheus prefix); /api/v1/query is appended",
     )
     refresh_seconds: float = Field(30.0, ge=1, le=3600, description="seconds between two evaluations of the fleet")

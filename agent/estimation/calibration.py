@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.correctness import CorrectnessModel, correctness_or_none
 from agent.estimation.evidence import HeadlineEvidence
 from agent.estimation.layout import MEAN_CONFIDENCE
 from agent.estimation.reference import InputReference
@@ -114,6 +115,9 @@ class EstimatorCalibration:
     ``cbpe`` estimator, :func:`~agent.estimation.trust.confidence_offsets`; empty in older bundles).
     ``headline``: why the bundle's headline estimator was chosen
     (:class:`~agent.estimation.evidence.HeadlineEvidence`; None in bundles fitted before the choice).
+    ``correctness``: the calibrated per-prediction probability of being correct that active labeling
+    draws by and ``with_labels`` corrects (:mod:`agent.estimation.correctness`; None in bundles fitted
+    before it: the raw confidence stands in, :attr:`predictor` says which).
     """
 
     tpr: float
@@ -126,6 +130,7 @@ class EstimatorCalibration:
     shift: ShiftCalibration | None = None
     conf_offsets: tuple[float, ...] = ()
     headline: HeadlineEvidence | None = None
+    correctness: CorrectnessModel | None = None
 
     @property
     def n(self) -> int:
@@ -137,8 +142,23 @@ class EstimatorCalibration:
         keep raw confidence near clean data, see :data:`~agent.estimation.trust.MIN_CALIBRATION_ERRORS`)."""
         return self.n_wrong < MIN_CALIBRATION_ERRORS
 
+    @property
+    def predictor(self) -> str:
+        """Which per-prediction predictor :meth:`predicted_correct` uses: ``calibrated`` or ``confidence``."""
+        return "confidence" if self.correctness is None else "calibrated"
+
+    def predicted_correct(self, confidences: np.ndarray, verdicts: np.ndarray) -> np.ndarray:
+        """Per prediction, the probability that it is correct: the calibrated model of the bundle, or
+        the top-class probability for bundles without one. ``verdicts``: oracle codes (0 = pass)."""
+        conf = np.asarray(confidences, dtype=np.float64).reshape(-1)
+        if self.correctness is None:
+            return conf
+        return self.correctness.predict(conf, np.asarray(verdicts).reshape(-1) != 0)
+
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = {k: getattr(self, k) for k in _BASE_FIELDS}
+        if self.correctness is not None:
+            d["correctness"] = self.correctness.to_dict()
         if self.conf_offsets:
             d["conf_offsets"] = list(self.conf_offsets)
         if self.shift is not None:
@@ -168,6 +188,7 @@ class EstimatorCalibration:
             shift=_shift_or_none(d.get("shift")),
             conf_offsets=tuple(float(v) for v in d.get("conf_offsets") or ()),  # type: ignore[attr-defined]
             headline=_evidence_or_none(d.get("headline")),
+            correctness=correctness_or_none(d.get("correctness")),
         )
 
     @classmethod
@@ -191,6 +212,7 @@ class EstimatorCalibration:
             avg_conf=float(conf.mean()),
             atc_threshold=atc_threshold(conf, float(ok.mean())),
             conf_offsets=confidence_offsets(conf, ok),
+            correctness=CorrectnessModel.fit(conf, ok, fail) if len(fail) == len(conf) else None,
         )
 
 

@@ -61,8 +61,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from agent.estimation.active import active_of_sums
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01, wilson
 from agent.estimation.layout import N_VERDICTS
@@ -108,7 +109,7 @@ class ShiftAwareEstimate(Estimate):
 
     trust: Trust | None = None
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | str]:
         return Estimate.to_dict(self)
 
 
@@ -203,6 +204,22 @@ def _shift_aware(stats: WindowStats, calibration: EstimatorCalibration) -> Estim
 
 @register_estimator(WITH_LABELS, needs_labels=True)
 def _with_labels(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
+    if stats.lab_ipw_n == stats.lab_n and stats.pcorrect_n == stats.n:
+        est = active_of_sums(
+            stats.n,
+            stats.pcorrect_sum,
+            stats.lab_ipw_n,
+            stats.lab_ipw_f_sum,
+            stats.lab_ipw_w_sum,
+            stats.lab_ipw_wy_sum,
+            stats.lab_ipw_wf_sum,
+            stats.lab_ipw_v_sum,
+            stats.lab_ipw_vf_sum,
+            stats.lab_ipw_vy_sum,
+            stats.lab_ipw_vyf_sum,
+            stats.lab_ipw_vff_sum,
+        )
+        return None if est is None else replace(est, predictor=calibration.predictor, weighted=True)
     return prediction_powered_of_sums(
         stats.n,
         stats.conf_sum,

@@ -125,9 +125,8 @@ class HeadlineEvidence:
 
 #: Why a bundle's headline comes without evidence.
 NO_EVIDENCE_MODEL = (
-    "shift_aware is the headline of a model bundle, calibrated on corrupted copies of the calibration split; "
-    "the headline is chosen from evidence for table bundles only (measuring shift_aware out of sample would "
-    "refit it once per fold)"
+    "the bundle was fitted before headlines were chosen from evidence, or from too few calibration rows to choose "
+    "on; shift_aware, calibrated on corrupted copies of the calibration split, is its headline"
 )
 NO_EVIDENCE_TABLE = (
     "the bundle was fitted before headlines were chosen from evidence, or from too few calibration rows to choose on"

@@ -21,6 +21,11 @@ has, held out from what they were calibrated on:
    :data:`SUPPORT` of :data:`BOOTSTRAP` resamples of the windows (kind by kind): a small data set gives
    noisy windows, and the default is then kept rather than a winner by chance.
 
+A model bundle (:func:`choose_model_headline`) measures ``shift_aware`` the same way: its regressions and
+trust model are refitted on each fold's complement of the calibration split and its corrupted copies
+(:meth:`~agent.estimation.shifts.CalibrationSets.fit` with ``rows``), and the windows add a
+``corruption`` kind drawn from the corrupted copies of the held-out rows.
+
 The final estimators are calibrated on the whole split as before; the evidence (every candidate's
 mean, worst and per-kind error, the windows' count and size) is kept in the bundle
 (:class:`~agent.estimation.evidence.HeadlineEvidence`). Everything is seeded by ``fit --seed``.
@@ -37,7 +42,8 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimator_names
 from agent.estimation.evidence import EstimatorErrors, HeadlineEvidence
 from agent.estimation.shift_fitting import JudgedSet
-from agent.estimation.shift_windows import Window, WindowPlanner
+from agent.estimation.shift_windows import Window, WindowPlanner, tilt_coordinates
+from agent.estimation.shifts import CalibrationSets
 from agent.estimation.statistics import SampleExtras, WindowStats
 
 #: Folds of the calibration split (each measured by estimators calibrated on the others).
@@ -242,3 +248,24 @@ def choose_headline(
     """:func:`measure` then :func:`choose`; None when the calibration split is too small to choose on."""
     measured = measure(clean, shifted, coords, calibrate, seed=seed)
     return None if measured is None else choose(measured, seed=seed, exclude=exclude)
+
+
+def choose_model_headline(
+    sets: CalibrationSets,
+    features: np.ndarray | None,
+    *,
+    seed: int,
+    exclude: Mapping[str, str] | None = None,
+) -> HeadlineEvidence | None:
+    """The headline of a model bundle from evidence: :func:`choose_headline` on the calibration split
+    ``sets`` was fitted from (``features``: the oracle's view of its rows, for the tilts), every
+    estimator, ``shift_aware`` included, calibrated on the other folds. Costs one more ``shift_aware``
+    fit per fold, on that fold's complement, without the refits behind its interval."""
+    clean = sets.clean
+    failed = np.asarray(clean.verdicts) != 0
+
+    def calibrate(rows: np.ndarray) -> EstimatorCalibration:
+        classic = EstimatorCalibration.fit(clean.confidences[rows], clean.correct[rows], failed[rows])
+        return classic.with_shift(sets.fit(seed, rows, interval=False))  # only its values are measured
+
+    return choose_headline(clean, sets.shifted, tilt_coordinates(features), calibrate, seed=seed, exclude=exclude)

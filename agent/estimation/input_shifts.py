@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agent.estimation.calibration import ShiftCalibration
 from agent.estimation.reference import InputReference
 from agent.estimation.shift_fitting import JudgedSet
 from agent.estimation.shifts import (
@@ -234,35 +233,3 @@ def input_calibration_sets(
         shifted.append(judged(name, *_corrupted_viewed(model, corruptions[name], x_cal, s, rng, rule_inputs)))
     clean = judged("clean", clean_pred, cal_f, rule_values(x_cal, rule_inputs))
     return CalibrationSets(clean, shifted, reference)
-
-
-def fit_input_shift_aware(
-    model: OnnxClassifier,
-    oracle: Oracle,
-    x_cal: Inputs,
-    y_cal: np.ndarray,
-    *,
-    train_x: Inputs,
-    train_features: np.ndarray | None = None,
-    metadata: Mapping[str, np.ndarray] | None = None,
-    rule_inputs: frozenset[str] = frozenset(),
-    feature_names: Sequence[str] | None = None,
-    n_sets: int | None,
-    seed: int,
-) -> ShiftCalibration | None:
-    """The ``shift_aware`` calibration of a model of named inputs (None when no corruption applies; see
-    :func:`input_calibration_sets`)."""
-    sets = input_calibration_sets(
-        model,
-        oracle,
-        x_cal,
-        y_cal,
-        train_x=train_x,
-        train_features=train_features,
-        metadata=metadata,
-        rule_inputs=rule_inputs,
-        feature_names=feature_names,
-        n_sets=n_sets,
-        seed=seed,
-    )
-    return None if sets is None else sets.fit(seed)

@@ -18,7 +18,7 @@ class Estimate:
     upper: float
     n: int
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | str]:
         return {"value": self.value, "lower": self.lower, "upper": self.upper, "n": self.n}
 
 

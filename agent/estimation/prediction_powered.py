@@ -57,9 +57,20 @@ class LabeledEstimate(Estimate):
 
     n_labels: int = 0
     power: float = 1.0
+    #: the per-prediction predictor ``f``: ``confidence`` (the top-class probability) or ``calibrated``
+    #: (the bundle's :mod:`~agent.estimation.correctness` model)
+    predictor: str = "confidence"
+    #: whether the labels were weighted by their draw probabilities (:mod:`agent.estimation.active`)
+    weighted: bool = False
 
-    def to_dict(self) -> dict[str, float | int]:
-        return {**super().to_dict(), "n_labels": self.n_labels, "lambda": self.power}
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {
+            **super().to_dict(),
+            "n_labels": self.n_labels,
+            "lambda": self.power,
+            "predictor": self.predictor,
+            "weighted": self.weighted,
+        }
 
 
 def rectifier_variance(residuals: np.ndarray, shift: float, z: float = Z95) -> float:

@@ -514,24 +514,24 @@ def judge_shifted_sets(
 
 @dataclass(frozen=True)
 class CalibrationSets:
-    """What ``shift_aware`` is fitted from: the judged clean calibration split, its judged corrupted copies
-    (row ``i`` of every copy is row ``i`` of the split, corrupted) and the reference the window
-    statistics compare with. The headline's choice reuses them (:mod:`agent.estimation.headline_choice`)."""
+    """What ``shift_aware`` is fitted from, and the headline's choice reuses: the judged clean calibration
+    split, its judged corrupted copies (row ``i`` of each is row ``i`` of the split) and the reference."""
 
     clean: JudgedSet
     shifted: list[JudgedSet]
     reference: InputReference
 
-    def fit(self, seed: int, rows: np.ndarray | None = None) -> ShiftCalibration:
-        """The ``shift_aware`` calibration from these sets (only their ``rows``, when given: the clean
-        statistics of the reference are then those rows' too, so nothing of the other rows is learnt)."""
+    def fit(self, seed: int, rows: np.ndarray | None = None, *, interval: bool = True) -> ShiftCalibration:
+        """``shift_aware``'s calibration from these sets' ``rows`` (all by default; the reference's clean
+        statistics are those rows'); ``interval=False`` skips the refits behind its interval's error term."""
+        folds = 3 if interval else 0
         if rows is None:
-            return fit_shift_calibration(self.clean, self.shifted, self.reference, seed=seed)
+            return fit_shift_calibration(self.clean, self.shifted, self.reference, folds=folds, seed=seed)
         clean = self.clean.take(rows)
         reference = self.reference
         if clean.extras is not None:
             reference = reference.with_clean(clean.extras.pca_error, clean.extras.label, clean.confidences)
-        return fit_shift_calibration(clean, [s.take(rows) for s in self.shifted], reference, seed=seed)
+        return fit_shift_calibration(clean, [s.take(rows) for s in self.shifted], reference, folds=folds, seed=seed)
 
 
 def calibration_sets(

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.active import weighted_sums
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CELLS, N_PCA_BINS, cell_counts, clip_index
 from agent.estimation.reference import InputReference
@@ -195,6 +196,26 @@ class WindowStats:
     lab_f_sq_sum: float = field(default=0.0, metadata=_agent_only())
     lab_y_sum: float = field(default=0.0, metadata=_agent_only())
     lab_yf_sum: float = field(default=0.0, metadata=_agent_only())
+    #: The calibrated per-prediction probability of being correct
+    #: (:meth:`~agent.estimation.calibration.EstimatorCalibration.predicted_correct`): the predictions
+    #: it was computed for and its sum, the label-free side of the weighted ``with_labels``
+    #: (:mod:`agent.estimation.active`). Exported: a fleet adds them over replicas.
+    pcorrect_n: int = 0
+    pcorrect_sum: float = 0.0
+    #: The labeled side of the weighted ``with_labels``: the labeled predictions of the labeling sample
+    #: whose draw probability ``π`` was kept, and over them Σf, Σw, ΣwY, Σwf, Σv, Σvf, ΣvY, ΣvYf and
+    #: Σvf² (``f`` the predictor above, ``w = 1/π``, ``v = (1 − π)/π²``; see
+    #: :func:`agent.estimation.active.weighted_sums`). Filled by :meth:`of_labeled_sample`. Agent-only.
+    lab_ipw_n: int = field(default=0, metadata=_agent_only())
+    lab_ipw_f_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_w_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_wy_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_wf_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_v_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_vf_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_vy_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_vyf_sum: float = field(default=0.0, metadata=_agent_only())
+    lab_ipw_vff_sum: float = field(default=0.0, metadata=_agent_only())
 
     @classmethod
     def from_batch(
@@ -223,23 +244,50 @@ class WindowStats:
         )
         if probabilities is not None:
             out.add_class_sums(probabilities, labels)
+        out.add_predictor_sums(calibration, confidences, verdicts)
         return out
 
+    def add_predictor_sums(
+        self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
+    ) -> None:
+        """Fill ``pcorrect_*`` from the calibration's per-prediction predictor of being correct."""
+        f = calibration.predicted_correct(confidences, verdicts)
+        self.pcorrect_n, self.pcorrect_sum = len(f), float(f.sum())
+
     @classmethod
-    def of_labeled_sample(cls, confidence: np.ndarray, correct: np.ndarray) -> WindowStats:
+    def of_labeled_sample(
+        cls,
+        confidence: np.ndarray,
+        correct: np.ndarray,
+        *,
+        predicted_correct: np.ndarray | None = None,
+        draw_probability: np.ndarray | None = None,
+    ) -> WindowStats:
         """The ``lab_*`` sums of labeled predictions of the labeling sample: their top-class
-        probabilities and whether each was right (everything else empty)."""
+        probabilities and whether each was right (everything else empty). With every prediction's
+        ``draw_probability`` (in (0, 1]) and ``predicted_correct`` (the calibration's predictor), the
+        weighted ``lab_ipw_*`` sums too; a sample where some probability is unknown (NaN: stored before
+        draw probabilities were kept) has none, and ``with_labels`` uses the unweighted form."""
         f = np.asarray(confidence, dtype=np.float64).reshape(-1)
         y = np.asarray(correct, dtype=np.float64).reshape(-1)
         if len(f) != len(y):
             raise ValueError(f"{len(f)} confidences for {len(y)} labels")
-        return cls(
+        out = cls(
             lab_n=int(len(y)),
             lab_f_sum=float(f.sum()),
             lab_f_sq_sum=float((f * f).sum()),
             lab_y_sum=float(y.sum()),
             lab_yf_sum=float((y * f).sum()),
         )
+        if draw_probability is None or predicted_correct is None or not len(y):
+            return out
+        p = np.asarray(draw_probability, dtype=np.float64).reshape(-1)
+        if len(p) != len(y) or not bool(((p > 0) & (p <= 1)).all()):  # NaN fails both comparisons
+            return out
+        sums = weighted_sums(predicted_correct, y, p)
+        for name, value in zip(_IPW_FIELDS, sums, strict=True):
+            setattr(out, name, value)
+        return out
 
     def add_class_sums(self, probabilities: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Fill the ``cbpe_*`` sums from the samples' probability vectors ``[N, K]`` and predicted
@@ -402,6 +450,21 @@ _PLAN: tuple[tuple[str, str], ...] = tuple(
 _FAMILY_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
     name: tuple((fam, f"{name}:{fam}") for fam in FAMILIES) for name, kind in _PLAN if kind == "family"
 }
+
+
+#: the ``lab_ipw_*`` fields in the order of :func:`agent.estimation.active.weighted_sums`
+_IPW_FIELDS = (
+    "lab_ipw_n",
+    "lab_ipw_f_sum",
+    "lab_ipw_w_sum",
+    "lab_ipw_wy_sum",
+    "lab_ipw_wf_sum",
+    "lab_ipw_v_sum",
+    "lab_ipw_vf_sum",
+    "lab_ipw_vy_sum",
+    "lab_ipw_vyf_sum",
+    "lab_ipw_vff_sum",
+)
 
 
 def _default(f: Field[Any]) -> Any:

@@ -175,8 +175,8 @@ class FleetEvaluator:
         out = FleetResult(at)
         per_version: dict[str, dict[str, tuple[WindowStats, dict[str, Estimate]]]] = {}
         replicas: dict[str, dict[str, int]] = {}
-        for name, seconds in self.windows.items():
-            sums = await window_sums(self.api, self.scope, at, seconds, fleet.lookback_seconds)
+        every = await window_sums(self.api, self.scope, at, self.windows, fleet.lookback_seconds)
+        for name, sums in every.items():
             out.queries += sums.queries
             out.restarted_replicas = max(out.restarted_replicas, sums.restarted_replicas)
             out.unknown |= sums.unknown

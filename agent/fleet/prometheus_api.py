@@ -21,9 +21,9 @@ import json
 import math
 import re
 from array import array
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import httpx
 
@@ -49,6 +49,12 @@ Reason = Literal[
     "internal",  # any other exception: a bug of the evaluator
 ]
 REASONS: tuple[str, ...] = get_args(Reason)
+#: Queries of one refresh in flight at once (``PrometheusAPI(max_concurrent=…)``): the store answers
+#: them on several cores, while the evaluator holds at most this many answers, each bounded.
+MAX_CONCURRENT = 4
+T = TypeVar("T")
+#: How the query API writes a raw sample that is a staleness marker (a series gone at a failed scrape).
+STALE = "NaN"
 #: Characters of an API's own error message (or of any text it sent) kept in ``last_error``.
 MESSAGE_CHARS = 200
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -148,6 +154,7 @@ class PrometheusAPI:
         *,
         max_response_bytes: int = 8 * 1024 * 1024,
         max_series: int = 20_000,
+        max_concurrent: int = MAX_CONCURRENT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
@@ -156,21 +163,31 @@ class PrometheusAPI:
         self.timeout = timeout
         self.max_response_bytes = max_response_bytes
         self.max_series = max_series
+        self.max_concurrent = max(1, max_concurrent)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
         self.queries = 0
 
     @contextlib.asynccontextmanager
     async def connected(self) -> AsyncIterator[PrometheusAPI]:
-        """One pooled client for the queries made inside (closed on the way out, also on a deadline)."""
+        """One pooled client for the queries made inside (closed on the way out, also on a deadline);
+        at most ``max_concurrent`` of them in flight at once."""
+        limits = httpx.Limits(max_connections=self.max_concurrent, max_keepalive_connections=self.max_concurrent)
         async with httpx.AsyncClient(
-            base_url=self.base_url, timeout=self.timeout, transport=self._transport, follow_redirects=False
+            base_url=self.base_url,
+            timeout=self.timeout,
+            transport=self._transport,
+            follow_redirects=False,
+            limits=limits,
         ) as client:
             self._client = client
+            self._slots = asyncio.Semaphore(self.max_concurrent)
             try:
                 yield self
             finally:
                 self._client = None
+                self._slots = None
 
     async def _body(self, expr: str, at: float) -> tuple[int, bytes]:
         """The status and the whole body of one query, within its deadline and the byte bound."""
@@ -178,7 +195,9 @@ class PrometheusAPI:
             raise RuntimeError("PrometheusAPI queried outside connected()")
         self.queries += 1
         cap = self.max_response_bytes
-        data = {"query": expr, "time": f"{at:.3f}"}
+        # nocache: VictoriaMetrics otherwise answers a query for the last -search.latencyOffset (30 s)
+        # as of that long ago, and from its cache of answers; Prometheus and the others ignore it
+        data = {"query": expr, "time": f"{at:.3f}", "nocache": "1"}
         headers = {"Accept-Encoding": "identity"}  # a compressed answer could expand far past the bound
         try:
             async with asyncio.timeout(self.timeout):
@@ -208,31 +227,46 @@ class PrometheusAPI:
         return f"the answer is larger than fleet.max_response_bytes ({self.max_response_bytes} bytes): {what}"
 
     async def _query(self, expr: str, at: float, kind: str) -> list[Any]:
-        """The ``result`` list of a successful answer of ``kind`` (``vector`` or ``matrix``)."""
-        status, raw = await self._body(expr, at)
+        """The ``result`` list of a successful answer of ``kind`` (``vector`` or ``matrix``). A slot is
+        held from the request to the parse: at most ``max_concurrent`` bodies are held at once."""
+        if self._slots is None:
+            raise RuntimeError("PrometheusAPI queried outside connected()")
+        async with self._slots:
+            status, raw = await self._body(expr, at)
+            return self._result(status, raw, kind)
+
+    def _result(self, status: int, raw: bytes, kind: str) -> list[Any]:
+        """The checked ``result`` of one body (parsed with nothing else awaited meanwhile)."""
+        body: Any
+        data: Any = None
+        result: Any = None
         try:
             body = _parse(raw)
         except (ValueError, RecursionError) as exc:
             raise QueryError("malformed", f"HTTP {status}: not a JSON answer ({printable(exc, 80)})") from None
-        if not isinstance(body, dict):
-            raise QueryError("malformed", f"HTTP {status}: the answer is not a JSON object")
-        if status != 200 or body.get("status") != "success":
-            raise QueryError(
-                "error_answer",
-                f"HTTP {status}: {printable(body.get('errorType', ''), 40)} {printable(body.get('error', ''))}".strip(),
-            )
-        data = body.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-            raise QueryError("malformed", "the answer's data is not an object with a result list")
-        if data.get("resultType") != kind:
-            raise QueryError("malformed", f"expected a {kind}, got {printable(data.get('resultType'), 40)}")
-        result: list[Any] = data["result"]
-        if len(result) > self.max_series:
-            raise QueryError(
-                "too_many_series",
-                f"the answer holds {len(result)} series, more than fleet.max_series ({self.max_series})",
-            )
-        return result
+        try:
+            if not isinstance(body, dict):
+                raise QueryError("malformed", f"HTTP {status}: the answer is not a JSON object")
+            if status != 200 or body.get("status") != "success":
+                why = f"{printable(body.get('errorType', ''), 40)} {printable(body.get('error', ''))}"
+                raise QueryError("error_answer", f"HTTP {status}: {why}".strip())
+            data = body.get("data")
+            if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+                raise QueryError("malformed", "the answer's data is not an object with a result list")
+            if data.get("resultType") != kind:
+                raise QueryError("malformed", f"expected a {kind}, got {printable(data.get('resultType'), 40)}")
+            result = data["result"]
+            if len(result) > self.max_series:
+                raise QueryError(
+                    "too_many_series",
+                    f"the answer holds {len(result)} series, more than fleet.max_series ({self.max_series})",
+                )
+            return result
+        except QueryError:
+            # refused: a traceback keeping this frame must not keep the document (with several
+            # queries in flight, another may parse its own before this failure ends the refresh)
+            body = data = result = None
+            raise
 
     async def vector(self, expr: str, at: float) -> list[Sample]:
         """The instant vector of ``expr`` at ``at``."""
@@ -262,17 +296,37 @@ class PrometheusAPI:
             result.clear()
 
 
+async def concurrently(*awaitables: Awaitable[T]) -> list[T]:
+    """The results of ``awaitables`` run at once, in their order. The first failure is raised as itself
+    (its reason is what is counted), the others are cancelled and awaited first: none outlives the
+    refresh's client."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _series(r: object) -> Series:
-    """One series of a matrix answer, its points in two float arrays."""
+    """One series of a matrix answer, its points in two float arrays. A raw sample ``"NaN"`` is a
+    staleness marker (VictoriaMetrics returns them among raw samples, after a failed scrape; Prometheus
+    leaves them out): it holds no value and is skipped, as ``last_over_time`` and ``resets`` skip it.
+    Any other value that is not a finite number is refused."""
     if not isinstance(r, dict) or not isinstance(r.get("values"), list):
         raise QueryError("malformed", "a matrix series is not {metric, values: [[time, value], ...]}")
     times, values = array("d"), array("d")
+    last = -math.inf
     for point in r["values"]:
         if not isinstance(point, list) or len(point) != 2:
             raise QueryError("malformed", "a matrix point is not [time, value]")
         t = _number(point[0], "a sample's time")
-        if times and t <= times[-1]:
+        if t <= last:
             raise QueryError("malformed", "a series' sample times do not increase")
+        last = t
+        if point[1] == STALE:
+            continue
         times.append(t)
         values.append(_number(point[1], "a sample's value"))
     return Series(label_set(r.get("metric")), times, values)

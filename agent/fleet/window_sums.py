@@ -27,11 +27,12 @@ with counter values; other bundles' series are read for their ``n`` only (to tel
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, printable
+from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, concurrently, printable
 from agent.fleet.stat_schema import MAX_EXACT, RefusedAnswer, StatSchema
 
 #: The replicas' counter of additive window statistics (``exporters.prometheus.AgentMetrics``).
@@ -187,55 +188,109 @@ def replica_labels(labels: LabelSet) -> LabelSet:
 
 
 async def window_sums(
-    api: PrometheusAPI, scope: FleetScope, at: float, window_s: float, lookback_s: float
-) -> WindowSums:
-    """The fleet's window statistic over ``(at − window_s, at]`` (see the module docstring); raises
-    :class:`~agent.fleet.prometheus_api.RefreshError`."""
+    api: PrometheusAPI, scope: FleetScope, at: float, windows: Mapping[str, float], lookback_s: float
+) -> dict[str, WindowSums]:
+    """The fleet's statistic of every window ``name → seconds`` over ``(at − seconds, at]`` (see the
+    module docstring); raises :class:`~agent.fleet.prometheus_api.RefreshError`.
+
+    Every aggregating query runs at once (``api.max_concurrent`` in flight). The restarts are read
+    once, over the longest window: a replica that restarted within a shorter window restarted within
+    the longest, and its raw samples over the longest hold those of every shorter one, so each window
+    takes its share of them (samples from ``at − seconds − lookback_s`` on, as the store's range
+    selectors do) instead of asking the store again; a store scans every series for each ``resets``.
+    What the restarted replicas add is summed in one order whatever order they answer in."""
+    if not windows:
+        return {}
+    at = round(at, 3)  # the time the store is asked for (milliseconds): the client's edges are its edges
     sel = selector(scope.model, scope.extra)
-    full = _ms(window_s + lookback_s)
     by = ", ".join((*GROUP_LABELS, "stat"))
-    q0 = api.queries
-    out = WindowSums()
-    reader = _Reader(scope, out)
-    for sign, expr in (
-        (1.0, f"sum by ({by}) (last_over_time({sel}[{full}]))"),
-        (-1.0, f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))"),
-    ):
-        for s in await api.vector(expr, at):
-            key = reader.accept(s.labels)
-            if key is not None:
-                reader.add(*key, s.value, sign)
-    restarted = await api.vector(f"count without (stat) (resets({sel}[{full}]) > 0)", at)
-    replicas = sorted({replica_labels(s.labels) for s in restarted})
-    out.restarted_replicas = len(replicas)
-    start = at - window_s
-    for replica in replicas:
-        reader.group(dict(replica))
-        matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
-        raw = await api.matrix(f"{sel[:-1]},{matchers}}}[{full}]", at)
-        resets = reset_times(raw)
-        for series in raw:
-            if tuple((k, v) for k, v in series.labels if k != "stat") != replica:
-                raise QueryError("malformed", "a restarted replica's samples hold a series of another replica")
-            key = reader.accept(series.labels)
-            if key is None or not series.values:
-                continue
-            group, stat = key
-            for v in (min(series.values), max(series.values)):
-                reader.check(group, stat, v)
-            if stat in scope.schema.counts and not all(v.is_integer() for v in series.values):
-                raise RefusedAnswer("bad_value", f"count {stat} has counter values that are not whole")
-            # its share of the two sums above (last value minus the baseline) is replaced by the
-            # increments read sample by sample
-            baseline = [v for t, v in series.points if t <= start]
-            last = series.values[-1] - (baseline[-1] if baseline else 0.0)
-            stats = reader.sums.setdefault(group, {})
-            stats[stat] = stats.get(stat, 0.0) + series_increment(series.points, start, resets) - last
     n_sel = selector(scope.model, scope.extra, stat="n")
-    for s in await api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at):
-        group = reader.group(dict(s.labels))
-        _count("a replica count", s.value)
-        out.replicas[group] = int(s.value)
-    out.stats = reader.sums
-    out.queries = api.queries - q0
+    longest = _ms(max(windows.values()) + lookback_s)
+    asked = []
+    for window_s in windows.values():
+        asked += [
+            api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(window_s + lookback_s)}]))", at),
+            api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))", at),
+            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at),
+        ]
+    asked.append(api.vector(f"count without (stat) (resets({sel}[{longest}]) > 0)", at))
+    answers = await concurrently(*asked)
+    outs = {name: WindowSums() for name in windows}
+    readers = {name: _Reader(scope, outs[name]) for name in windows}
+    for i, name in enumerate(windows):
+        reader, (plus, minus, counted) = readers[name], answers[3 * i : 3 * i + 3]
+        for sign, answer in ((1.0, plus), (-1.0, minus)):
+            for s in answer:
+                key = reader.accept(s.labels)
+                if key is not None:
+                    reader.add(*key, s.value, sign)
+        for s in counted:
+            group = reader.group(dict(s.labels))
+            _count("a replica count", s.value)
+            outs[name].replicas[group] = int(s.value)
+        outs[name].queries = 3
+    replicas = sorted({replica_labels(s.labels) for s in answers[-1]})
+    shares: dict[str, dict[LabelSet, list[tuple[GroupKey, str, float]]]] = {name: {} for name in windows}
+    todo = iter(replicas)
+
+    async def read_restarted() -> None:
+        for replica in todo:  # one iterator shared by the readers: each replica is read once
+            for reader in readers.values():  # its labels checked before they go into a query
+                reader.group(dict(replica))
+            matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
+            raw = await api.matrix(f"{sel[:-1]},{matchers}}}[{longest}]", at)
+            for name, window_s in windows.items():
+                start = at - window_s
+                share = _restarted_share(readers[name], replica, raw, start, start - lookback_s)
+                if share is not None:
+                    shares[name][replica] = share
+
+    await concurrently(*(read_restarted() for _ in range(min(api.max_concurrent, len(replicas)))))
+    for name in windows:
+        reader = readers[name]
+        for replica in replicas:
+            for group, stat, delta in shares[name].get(replica, ()):
+                stats = reader.sums.setdefault(group, {})
+                stats[stat] = stats.get(stat, 0.0) + delta
+        outs[name].restarted_replicas = len(shares[name])
+        outs[name].stats = reader.sums
+    # the restarts' queries are the longest window's
+    outs[max(windows, key=lambda name: windows[name])].queries += 1 + len(replicas)
+    return outs
+
+
+def _restarted_share(
+    reader: _Reader, replica: LabelSet, raw: list[Series], start: float, first: float
+) -> list[tuple[GroupKey, str, float]] | None:
+    """What a restarted replica's raw samples from ``first`` on change in one window's two sums: per
+    statistic, its increments read sample by sample (a reset counting from zero) minus its share of
+    them (last value minus the baseline); None when it did not restart within them (its share of the
+    sums is then exact)."""
+    within = [_from(series, first) for series in raw]
+    resets = reset_times(within)
+    if not resets:
+        return None
+    out = []
+    for series in within:
+        if tuple((k, v) for k, v in series.labels if k != "stat") != replica:
+            raise QueryError("malformed", "a restarted replica's samples hold a series of another replica")
+        key = reader.accept(series.labels)
+        if key is None or not series.values:
+            continue
+        group, stat = key
+        for v in (min(series.values), max(series.values)):
+            reader.check(group, stat, v)
+        if stat in reader.scope.schema.counts and not all(v.is_integer() for v in series.values):
+            raise RefusedAnswer("bad_value", f"count {stat} has counter values that are not whole")
+        baseline = [v for t, v in series.points if t <= start]
+        last = series.values[-1] - (baseline[-1] if baseline else 0.0)
+        out.append((group, stat, series_increment(series.points, start, resets) - last))
     return out
+
+
+def _from(series: Series, first: float) -> Series:
+    """``series``'s samples at or after ``first`` (a range selector's samples from its start on)."""
+    i = bisect.bisect_left(series.times, first)
+    if i == 0:
+        return series
+    return Series(series.labels, series.times[i:], series.values[i:])

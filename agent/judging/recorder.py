@@ -37,6 +37,8 @@ class JudgedBatch:
     #: The inputs of the full ``shift_aware`` model for these predictions as float64 ``[n, 5]``
     #: columns (:func:`agent.estimation.statistics.extras_columns`; None without a shift calibration).
     extras: np.ndarray | None = None
+    #: The request's prepared inputs (None when the work was recorded without them).
+    inputs: Inputs | None = None
 
 
 #: Receives every judged request that has an id (the prediction store); called while recording, so
@@ -113,6 +115,7 @@ class Recorder:
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
+        stats.add_predictor_sums(rt.calibration, conf, verdicts)
         # the count window keeps the vectors themselves (size × K floats): only within the class cap
         per_class = len(rt.classes) <= self.metrics.per_class_label_cap
         self.windows.record(
@@ -153,6 +156,6 @@ class Recorder:
                 part = cols[start : start + n] if cols is not None else None
                 start += n
                 if w.request_id is not None and w.verdicts is not None:
-                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part)
+                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs)
                     for judged_sink in self.judged_sinks:
                         judged_sink(batch)

@@ -194,6 +194,7 @@ class CountWindow:
         if shift is not None and has.all():
             extras = _extras_of_columns(ext)
             out = WindowStats.of_samples(v, c, calibration.atc_threshold, extras, shift.reference)
+            out.add_predictor_sums(calibration, c, v)
         else:
             out = WindowStats.from_batch(v, c, calibration)
         n = self.count  # the sums do not depend on the order: the filled slots as they lie

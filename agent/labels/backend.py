@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agent.labels.kept_inputs import KeptInput, KeptMap
 from agent.labels.rows import (
     CorruptRow,
     LabeledRows,
@@ -89,6 +90,13 @@ class StoreBackend(Protocol):
         """``(prediction id, prediction time)`` of the newest predictions of the labeling sample that
         have no label yet, newest first (see :func:`unlabeled_sample`)."""
 
+    def keep_inputs(self, rows: Sequence[KeptInput], max_total_bytes: int) -> int:
+        """Keep the inputs of sampled predictions already written; drop the oldest past
+        ``max_total_bytes``; returns how many were dropped."""
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        """The kept inputs of these prediction ids (those that have some)."""
+
     def put_calibration(self, identity: str, value_json: str) -> None: ...
 
     def get_calibration(self, identity: str) -> str | None: ...
@@ -113,6 +121,7 @@ class JoinedLabels:
     predicted_by_identity: dict[str, list[int | None]] = field(default_factory=dict)
     sampled_by_identity: dict[str, list[bool]] = field(default_factory=dict)
     label_by_identity: dict[str, list[int]] = field(default_factory=dict)
+    draw_p_by_identity: dict[str, list[float | None]] = field(default_factory=dict)
 
     def outcome(self) -> LabelOutcome:
         accepted = [
@@ -124,6 +133,7 @@ class JoinedLabels:
                     self.predicted_by_identity[k],
                     self.sampled_by_identity[k],
                     self.label_by_identity[k],
+                    self.draw_p_by_identity[k],
                 ),
             )
             for k, v in self.by_identity.items()
@@ -185,6 +195,7 @@ def join_labels(
             confidence = float(probs.max()) if len(probs) else 0.0
             correct = predicted == label
             sampled = (row.seq, idx) in in_sample
+            draw_p = row.draw_probability(idx) if sampled else None
             values = (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs)) + (
                 label,
                 now,
@@ -194,6 +205,7 @@ def join_labels(
                 predicted,
                 int(sampled),
                 source,
+                draw_p,
             )
             (replacing if corrects else inserts).append(values)
             if corrects:
@@ -205,6 +217,7 @@ def join_labels(
             out.predicted_by_identity.setdefault(row.identity, []).append(predicted)
             out.sampled_by_identity.setdefault(row.identity, []).append(sampled)
             out.label_by_identity.setdefault(row.identity, []).append(label)
+            out.draw_p_by_identity.setdefault(row.identity, []).append(draw_p)
         if inserts:
             insert(inserts, False)
         if replacing:

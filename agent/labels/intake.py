@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from agent.config.settings import LabelsConfig
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
+from agent.labels.kept_inputs import KeptMap
 from agent.labels.rows import LabelOutcome, split_prediction_id
 from agent.labels.store import PredictionStore
 from agent.protocol.inference import MAX_REQUEST_ID_BYTES
@@ -221,14 +222,42 @@ class LabelIntake:
         self.pending.wake(hurry=True)
         await self.store.wait_written(request_ids, self.pending.holds, self.config.commit_timeout_seconds)
 
-    async def requests(self, limit: int) -> dict[str, Any]:
+    async def requests(self, limit: int, inputs: bool = False) -> dict[str, Any]:
         """``GET /v1/labels/requests``: the newest predictions of the labeling sample without a label
-        (those answered a moment ago included: what is on its way to the store is waited for)."""
+        (those answered a moment ago included: what is on its way to the store is waited for). With
+        ``inputs``, each carries its kept inputs, predicted class and its probability (``inputs`` null
+        where none were kept), and the listing stops before :data:`MAX_INPUTS_LISTING_BYTES` of inputs
+        (``truncated``)."""
         await self._wait({*self.pending.held_ids(), *self.store.unwritten_ids()})
-        identity = self.runtimes.current.identity
-        rows: list[tuple[str, float]] = await self.run(self.store.label_requests, identity, limit)
-        return {
-            "sample_rate": self.config.sample_rate,
-            "n": len(rows),
-            "requests": [{"id": pid, "timestamp": ts} for pid, ts in rows],
-        }
+        rt = self.runtimes.current
+        rows: list[tuple[str, float]] = await self.run(self.store.label_requests, rt.identity, limit)
+        entries: list[dict[str, Any]] = [{"id": pid, "timestamp": ts} for pid, ts in rows]
+        out: dict[str, Any] = {"sample_rate": self.config.sample_rate, "sampling": self.config.sampling}
+        if inputs:
+            kept: KeptMap = await self.run(self.store.kept_inputs, [pid for pid, _ in rows])
+            entries, truncated = with_inputs(entries, kept, rt.classes)
+            out.update(classes=list(rt.classes), keep_sampled_inputs=self.config.keep_sampled_inputs)
+            out["truncated"] = truncated
+        return {**out, "n": len(entries), "requests": entries}
+
+
+#: A listing with inputs stops before this many bytes of encoded inputs, whatever its ``limit``.
+MAX_INPUTS_LISTING_BYTES = 16 << 20
+
+
+def with_inputs(entries: list[dict[str, Any]], kept: KeptMap, classes: list[str]) -> tuple[list[dict[str, Any]], bool]:
+    """The listing's entries with their kept inputs, cut before :data:`MAX_INPUTS_LISTING_BYTES`."""
+    out: list[dict[str, Any]] = []
+    size = 0
+    for e in entries:
+        got = kept.get(e["id"])
+        if got is None:
+            out.append({**e, "predicted": None, "confidence": None, "inputs": None})
+            continue
+        k, confidence, data = got
+        size += len(data)
+        if size > MAX_INPUTS_LISTING_BYTES:
+            return out, True
+        name = classes[k] if 0 <= k < len(classes) else str(k)
+        out.append({**e, "predicted": name, "confidence": confidence, "inputs": json.loads(data)})
+    return out, False

@@ -39,7 +39,16 @@ from agent.labels.backend import (
     label_filter,
     unlabeled_sample,
 )
-from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, RequestRow, SampleRow, _extras_row
+from agent.labels.kept_inputs import EVICT_OLDEST, KeptInput, KeptMap
+from agent.labels.rows import (
+    LabeledRows,
+    LabelOutcome,
+    PendingBatch,
+    RequestRow,
+    SampleRow,
+    _extras_row,
+    split_prediction_id,
+)
 from agent.labels.sqlite_schema import request_rows
 from exporters.redaction import redact_text, redact_uri
 
@@ -91,14 +100,28 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX icos_labels_labeled_at ON icos_labels(labeled_at)",
         ),
     ),
+    (
+        4,
+        (  # the kept inputs of sampled predictions (agent.labels.kept_inputs), gone with their request
+            "CREATE TABLE icos_inputs ("
+            " seq BIGINT NOT NULL REFERENCES icos_requests(seq) ON DELETE CASCADE, idx INTEGER NOT NULL,"
+            " nbytes INTEGER NOT NULL, predicted INTEGER NOT NULL, confidence DOUBLE PRECISION NOT NULL,"
+            " data TEXT NOT NULL, PRIMARY KEY(seq, idx))",
+            # active labeling: the draw probability of each sampled index, and of each labeled prediction
+            "ALTER TABLE icos_requests ADD COLUMN sampled_p BYTEA",
+            "ALTER TABLE icos_labels ADD COLUMN draw_p DOUBLE PRECISION",
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
+#: What :meth:`PostgresBackend._labeled` decodes, in its order (one list for every read of labels).
+_LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled, source)"
-    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " sq_err, extras, predicted, sampled, source, draw_p)"
+    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (seq, idx) DO NOTHING"
 )
 #: A correction: the newer label replaces the row of the same prediction.
@@ -251,11 +274,13 @@ class PostgresBackend:
                 conn.cursor() as cur,
                 cur.copy(
                     "COPY icos_requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras,"
-                    " sampled) FROM STDIN"
+                    " sampled, sampled_p) FROM STDIN"
                 ) as copy,
             ):
-                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled in rows:
-                    copy.write_row((rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled))
+                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p in rows:
+                    copy.write_row(
+                        (rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p)
+                    )
             written = sum(b.n for b in batches)
             self._add_counts(conn, written - replaced, -labels_gone)
         self.rows += written - replaced
@@ -377,10 +402,8 @@ class PostgresBackend:
         return n
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
-        sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label"
-            " FROM icos_labels WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
-        )
+        sql = f"SELECT {_LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s"  # noqa: S608
+        sql += " ORDER BY ts DESC, seq DESC, idx DESC"
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
             sql += " LIMIT %s"
@@ -388,16 +411,10 @@ class PostgresBackend:
         return self._labeled(sql, args)
 
     def labeled_between(self, identity: str, since: float, until: float, limit: int) -> LabeledRows:
-        """Labeled predictions of ``identity`` made in ``[since, until]``, the newest ``limit`` of them:
-        the fleet evaluator's read of a window's labels. One backward range scan of the index on
-        ``(identity, ts)`` that stops at the cap (ordered by ``ts`` alone, so no sort of the whole range:
-        which of several predictions of one time the cap keeps does not matter), and, like every
-        statement, bounded by :data:`STATEMENT_TIMEOUT_MS`."""
-        sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label"
-            " FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s ORDER BY ts DESC LIMIT %s"
-        )
-        return self._labeled(sql, [identity, float(since), float(until), int(limit)])
+        """The newest ``limit`` labeled predictions of ``identity`` made in ``[since, until]`` (the fleet's
+        read): a backward scan of the ``(identity, ts)`` index stopping at the cap (by ``ts`` alone: no sort)."""
+        sql = f"SELECT {_LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s"  # noqa: S608
+        return self._labeled(sql + " ORDER BY ts DESC LIMIT %s", [identity, float(since), float(until), int(limit)])
 
     def _labeled(self, sql: str, args: list[Any]) -> LabeledRows:
         try:
@@ -414,6 +431,7 @@ class PostgresBackend:
             [r[8] for r in rows],
             [bool(r[9]) for r in rows],
             [int(r[10]) for r in rows],
+            [r[11] for r in rows],
         )
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
@@ -428,6 +446,48 @@ class PostgresBackend:
         except StoreUnavailable:
             self.on_error("read")
             raise
+
+    # -- kept inputs of sampled predictions -----------------------------------------------------
+    def keep_inputs(self, rows: Sequence[KeptInput], max_total_bytes: int) -> int:
+        self._ensure_schema()
+        with self._tx() as conn:
+            found = conn.execute(
+                "SELECT rid, MAX(seq) FROM icos_requests WHERE rid = ANY(%s) GROUP BY rid",
+                (sorted({r.request_id for r in rows}),),
+            ).fetchall()
+            seqs = {str(rid): int(seq) for rid, seq in found}
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO icos_inputs(seq, idx, nbytes, predicted, confidence, data)"
+                    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (seq, idx) DO NOTHING",
+                    [
+                        (seqs[r.request_id], r.index, len(r.data), r.predicted, r.confidence, r.data)
+                        for r in rows
+                        if r.request_id in seqs
+                    ],
+                )
+            excess = _count_of(conn, "SELECT COALESCE(SUM(nbytes), 0) - %s FROM icos_inputs", (max_total_bytes,))
+            if excess <= 0:
+                return 0
+            with conn.cursor() as cur:
+                cur.execute(EVICT_OLDEST.format(table="icos_inputs", mark="%s"), (excess,))  # type: ignore[arg-type]
+                return int(cur.rowcount)
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        pairs = [split_prediction_id(pid) for pid in ids]
+        try:
+            self._ensure_schema()
+            with self._tx() as conn:
+                found = conn.execute(
+                    "SELECT r.rid, i.idx, i.predicted, i.confidence, i.data FROM icos_inputs i"
+                    " JOIN icos_requests r ON r.seq = i.seq"
+                    " WHERE (r.rid, i.idx) IN (SELECT * FROM unnest(%s::text[], %s::int[]))",
+                    ([p[0] for p in pairs], [p[1] for p in pairs]),
+                ).fetchall()
+        except StoreUnavailable:
+            self.on_error("read")
+            raise
+        return {f"{rid}:{idx}": (int(k), float(c), str(data)) for rid, idx, k, c, data in found}
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:

@@ -129,8 +129,20 @@ def realized_window(
         estimates=ests,
         abs_errors={k: abs(e.value - acc) for k, e in ests.items()},
         probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
-        sample=WindowStats.of_labeled_sample(rows.confidence[rows.sampled], rows.correct[rows.sampled]),
+        sample=_labeled_sample(rows, calibration),
         classes=_class_figures(rows, classes, per_class),
+    )
+
+
+def _labeled_sample(rows: LabeledRows, calibration: EstimatorCalibration) -> WindowStats:
+    """The ``lab_*`` sums of the labeling sample among ``rows`` (weighted ones where every draw
+    probability is known), with the calibration's per-prediction predictor."""
+    s = rows.sampled
+    return WindowStats.of_labeled_sample(
+        rows.confidence[s],
+        rows.correct[s],
+        predicted_correct=calibration.predicted_correct(rows.confidence[s], rows.verdict[s]),
+        draw_probability=rows.draw_probability[s],  # type: ignore[index]
     )
 
 

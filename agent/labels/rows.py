@@ -9,7 +9,7 @@ on demand. The per-sample extras codec (:data:`agent.estimation.statistics.EXTRA
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,6 +97,11 @@ class PendingBatch:
     extras: SampleExtras | np.ndarray | None = None
     #: the indices of the request's predictions drawn into the labeling sample (None: none drawn)
     sampled: np.ndarray | None = None
+    #: the request's inputs by name, one row per prediction, when the inputs of sampled predictions are kept
+    #: (``labels.keep_sampled_inputs``); encoded by the store's writer, off the request path
+    inputs: Mapping[str, np.ndarray] | None = None
+    #: the probability each of ``sampled`` was drawn with (same order; None: not kept)
+    sampled_p: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -123,6 +128,9 @@ class LabeledRows:
     sampled: np.ndarray | None = None
     #: int64 [N]: the true class (``None`` given: all unknown, -1)
     label: np.ndarray | None = None
+    #: float64 [N]: the probability the prediction was drawn into the labeling sample with, NaN where
+    #: unknown (not drawn, or stored before draw probabilities were kept; ``None`` given: all NaN)
+    draw_probability: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
@@ -133,6 +141,8 @@ class LabeledRows:
             object.__setattr__(self, "sampled", np.zeros(len(self.timestamp), dtype=bool))
         if self.label is None:
             object.__setattr__(self, "label", np.full(len(self.timestamp), -1, dtype=np.int64))
+        if self.draw_probability is None:
+            object.__setattr__(self, "draw_probability", np.full(len(self.timestamp), np.nan))
 
     @property
     def n(self) -> int:
@@ -163,6 +173,7 @@ class LabeledRows:
         predicted: Sequence[int | None] | None = None,
         sampled: Sequence[bool] | None = None,
         label: Sequence[int] | None = None,
+        draw_probability: Sequence[float | None] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
         one extras row (5 floats, NaN when absent), one predicted class (None when unknown), whether it
@@ -182,6 +193,9 @@ class LabeledRows:
             np.asarray([-1 if v is None else v for v in predicted], np.int64) if predicted is not None else None,
             np.asarray(sampled, bool).reshape(len(rows)) if sampled is not None else None,
             np.asarray(label, np.int64).reshape(len(rows)) if label is not None else None,
+            np.asarray([np.nan if p is None else p for p in draw_probability], np.float64)
+            if draw_probability is not None
+            else None,
         )
 
 
@@ -234,6 +248,8 @@ class RequestRow:
     extras_blob: bytes | None
     #: little-endian int32 indices of the request's predictions in the labeling sample (None: none)
     sampled_blob: bytes | None = None
+    #: little-endian float64 draw probabilities of those indices, same order (None: not kept)
+    sampled_p_blob: bytes | None = None
 
     @classmethod
     def of(cls, r: Sequence[Any]) -> RequestRow:
@@ -245,6 +261,20 @@ class RequestRow:
     def sampled(self) -> np.ndarray:
         """The indices of this row's live predictions that are in the labeling sample."""
         return sample_indices(self.sampled_blob, self.lo, self.hi)
+
+    def draw_probability(self, idx: int) -> float | None:
+        """The probability prediction ``idx`` was drawn into the labeling sample with (None: not drawn,
+        or not kept)."""
+        if not isinstance(self.sampled_blob, bytes) or not isinstance(self.sampled_p_blob, bytes):
+            return None
+        idx_all = np.frombuffer(self.sampled_blob, dtype=SAMPLED_DTYPE) if len(self.sampled_blob) % 4 == 0 else None
+        if idx_all is None or len(self.sampled_p_blob) != 8 * len(idx_all):
+            return None
+        hit = np.flatnonzero(idx_all == idx)
+        if not len(hit):
+            return None
+        p = float(np.frombuffer(self.sampled_p_blob, dtype="<f8")[hit[0]])
+        return p if 0.0 < p <= 1.0 else None
 
     def prediction(self, idx: int) -> tuple[int, int, np.ndarray, np.ndarray]:
         """``(predicted class, verdict, probabilities [K], extras row [5] (NaN when none))`` of index ``idx``."""

@@ -20,7 +20,9 @@ request path). Later, true labels arrive by id:
   give every time window the estimator ``with_labels`` (prediction-powered inference,
   :mod:`agent.estimation.prediction_powered`): valid whatever the shift because the sample is
   uniform. Labels of predictions outside the sample count for the realized accuracy and
-  recalibration, not for ``with_labels``.
+  recalibration, not for ``with_labels``. With ``labels.keep_sampled_inputs``, ``?inputs=true`` adds
+  each one's kept inputs, predicted class and probability (:mod:`agent.labels.kept_inputs`), what
+  ``icos-agent labels export`` turns into labeling-tool tasks.
 * ``POST /v1/recalibrate`` (admin bearer token) — refits the estimator calibration from the stored
   labeled predictions (:mod:`agent.labels.recalibration`).
 
@@ -208,6 +210,9 @@ class LabelService:
             },
             "calibration": {"source": self.recalibrator.source, **calibration_fields(rt.calibration)},
             "sample_rate": c.sample_rate,
+            "sampling": c.sampling,
+            "per_window": c.per_window if c.sampling == "active" else None,
+            "predictor": rt.calibration.predictor,
             "min_recalibration_samples": c.min_recalibration_samples,
             "auto_recalibrate_every": c.auto_recalibrate_every,
             "last_recalibration": self.recalibrator.last,

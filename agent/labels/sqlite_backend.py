@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
 from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, label_filter, unlabeled_sample
+from agent.labels.kept_inputs import KeptInput, KeptMap, SQLiteKeptInputs
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
 from agent.labels.sqlite_schema import (
     INSERT_LABEL,
@@ -130,7 +131,7 @@ class SQLiteBackend:
                 replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
                 db.executemany(
                     "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
-                    " extras, sampled) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " extras, sampled, sampled_p) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 db.execute("COMMIT")
@@ -269,7 +270,7 @@ class SQLiteBackend:
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
         sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label "
+            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p "
             "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
         )
         args: list[Any] = [identity, float("-inf") if since is None else since]
@@ -289,6 +290,7 @@ class SQLiteBackend:
             [r[8] for r in rows],
             [bool(r[9]) for r in rows],
             [int(r[10]) for r in rows],
+            [r[11] for r in rows],
         )
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
@@ -300,6 +302,28 @@ class SQLiteBackend:
                     lambda seqs: labeled_indices(db, seqs),
                     limit,
                 )
+        except (sqlite3.Error, OSError) as exc:
+            self.on_error("read")
+            raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
+
+    # -- kept inputs of sampled predictions -----------------------------------------------------
+    def keep_inputs(self, rows: Sequence[KeptInput], max_total_bytes: int) -> int:
+        with self._lock:
+            db = self.conn()
+            db.execute("BEGIN")
+            try:
+                dropped = SQLiteKeptInputs.write(db, rows, max_total_bytes)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        return dropped
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        try:
+            with self._lock:
+                return SQLiteKeptInputs.read(self.conn(), ids)
         except (sqlite3.Error, OSError) as exc:
             self.on_error("read")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc

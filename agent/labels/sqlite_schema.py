@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from agent.estimation.statistics import EXTRAS_DTYPE, EXTRAS_FIELDS, extras_columns
+from agent.labels.kept_inputs import SQLITE_SCHEMA as KEPT_INPUTS_SCHEMA
 from agent.labels.rows import PREDICTED_DTYPE, SAMPLED_DTYPE, PendingBatch, RequestRow, SampleRow, split_prediction_id
 
 log = logging.getLogger("icos_agent.labels")
@@ -45,16 +46,18 @@ _ADDED_COLUMNS = (
     ("requests", "sampled", "BLOB"),  # the labeling sample
     ("labels", "sampled", "INTEGER NOT NULL DEFAULT 0"),
     ("labels", "source", "TEXT"),  # who gave the label (NULL: before sources were kept)
+    ("requests", "sampled_p", "BLOB"),  # the draw probability of each sampled index (float64)
+    ("labels", "draw_p", "REAL"),  # the probability the prediction was drawn with (NULL: unknown)
 )
 #: indexes on added columns, created after the columns exist
 _INDEXES = ("CREATE INDEX IF NOT EXISTS requests_sampled ON requests(identity, ts) WHERE sampled IS NOT NULL",)
 INSERT_LABEL = (
     "INSERT INTO labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled, source) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " sq_err, extras, predicted, sampled, source, draw_p) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 #: A correction: the newer label replaces the row of the same prediction.
 REPLACE_LABEL = INSERT_LABEL.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled"
+_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
 
 
 def init_schema(db: sqlite3.Connection) -> None:
@@ -69,6 +72,8 @@ def init_schema(db: sqlite3.Connection) -> None:
             if column not in {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         for stmt in _INDEXES:
+            db.execute(stmt)
+        for stmt in KEPT_INPUTS_SCHEMA:  # the kept inputs of sampled predictions (a table of their own)
             db.execute(stmt)
         if "predictions" in tables:
             n = _convert_per_prediction_rows(db)
@@ -89,7 +94,7 @@ def last_per_request(batches: list[PendingBatch]) -> list[PendingBatch]:
 
 def request_rows(
     batches: Sequence[PendingBatch],
-) -> list[tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None, bytes | None]]:
+) -> list[tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None, bytes | None, bytes | None]]:
     """The ``requests`` values (after ``rid, start=0, lo=0``) of queued batches. The arrays of all
     batches are converted and serialised together and cut into one BLOB per request, so a request
     costs a few bytes slices, not a dozen small numpy calls."""
@@ -115,7 +120,7 @@ def request_rows(
             extras[i] = blob
     return [
         (b.request_id, b.n, float(b.timestamp), b.identity, k, predicted[i], verdicts[i], probs[i], extras[i])
-        + (_sampled_blob(b),)
+        + (_sampled_blob(b), _sampled_p_blob(b))
         for i, (b, k) in enumerate(zip(batches, ks, strict=True))
     ]
 
@@ -125,6 +130,13 @@ def _sampled_blob(b: PendingBatch) -> bytes | None:
     if b.sampled is None or not np.size(b.sampled):
         return None
     return np.asarray(b.sampled, dtype=SAMPLED_DTYPE).reshape(-1).tobytes()
+
+
+def _sampled_p_blob(b: PendingBatch) -> bytes | None:
+    """The draw probabilities of the batch's sampled predictions (float64), NULL when not given."""
+    if b.sampled is None or b.sampled_p is None or np.size(b.sampled_p) != np.size(b.sampled) or not np.size(b.sampled):
+        return None
+    return np.asarray(b.sampled_p, dtype="<f8").reshape(-1).tobytes()
 
 
 def _extras_of(b: PendingBatch) -> np.ndarray | None:
@@ -242,7 +254,7 @@ def _convert_per_prediction_rows(db: sqlite3.Connection) -> int:
                 db.execute(
                     REPLACE_LABEL,
                     (seq, idx, identity, ts, verdict, confidence, int(predicted == label), k)
-                    + (label, labeled_at, a, s, ext, predicted, 0, None),
+                    + (label, labeled_at, a, s, ext, predicted, 0, None, None),
                 )
             moved += 1
     db.execute("DROP TABLE predictions")

@@ -39,7 +39,9 @@ their labels. Labels live in their own table (``labels``, one row per labeled pr
 the request row and the index) with a copy of what the realized windows and recalibration read (and
 whether the prediction was in the labeling sample), so reading labeled predictions never decodes
 request rows. Evicting a request deletes its labels. ``calibration`` keeps an estimator calibration
-refitted from labels, per model identity.
+refitted from labels, per model identity. ``inputs`` keeps the inputs of sampled predictions when
+``labels.keep_sampled_inputs`` is on (:mod:`agent.labels.kept_inputs`), written after their requests
+and bounded in bytes.
 
 A label may arrive for a prediction that is still on its way to the store (answered a moment ago):
 :meth:`wait_written` waits, bounded, until the requests it names have left the queue, written or
@@ -67,6 +69,7 @@ from typing import Literal
 from agent.core.os_threads import name_os_thread
 from agent.labels.backend import StoreBackend, StoreUnavailable, StoreUnreachable
 from agent.labels.in_flight import InFlight
+from agent.labels.kept_inputs import KeptInput, KeptInputsPolicy, KeptMap, kept_inputs
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, batch_problem
 from agent.labels.sqlite_backend import STORE_FILE, SQLiteBackend
 from agent.labels.sqlite_schema import last_per_request
@@ -96,6 +99,8 @@ class PredictionStore:
         on_error: Callable[[str], None] = lambda _op: None,
         on_drop: Callable[[int, str], None] = lambda _n, _reason: None,
         on_buffered: Callable[[int], None] = lambda _n: None,
+        kept: KeptInputsPolicy = KeptInputsPolicy(),
+        on_inputs_dropped: Callable[[int, str], None] = lambda _n, _reason: None,
     ) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.max_predictions = int(max_predictions)
@@ -106,6 +111,9 @@ class PredictionStore:
         self.on_error = on_error
         self.on_drop = on_drop
         self.on_buffered = on_buffered
+        #: whether the inputs of sampled predictions are kept, and their byte bounds
+        self.kept = kept
+        self.on_inputs_dropped = on_inputs_dropped
         self.backend: StoreBackend
         if store_url:
             from agent.labels.postgres_backend import PostgresBackend  # psycopg only when configured
@@ -280,7 +288,33 @@ class PredictionStore:
         kept = {id(b) for b in batches}
         self._settle([b.request_id for b in taken if id(b) in kept or batch_problem(b) is None], ok=True)
         self._settle([b.request_id for b in taken if id(b) not in kept and batch_problem(b) is not None], ok=False)
+        if self.kept.enabled:  # after the acknowledgements: a request never waits for its inputs
+            self._keep_inputs(batches)
         return written
+
+    def _keep_inputs(self, batches: list[PendingBatch]) -> None:
+        """Write the inputs of the sampled predictions of written batches, within the byte bounds
+        (counted when not kept); a failure loses only these inputs."""
+        rows: list[KeptInput] = []
+        too_large = 0
+        for b in batches:
+            got, over = kept_inputs(
+                b.request_id, b.inputs, b.sampled, b.predicted, b.probabilities, self.kept.max_input_bytes
+            )
+            rows += got
+            too_large += over
+        if too_large:
+            self.on_inputs_dropped(too_large, "too_large")
+        if not rows:
+            return
+        try:
+            evicted = self.backend.keep_inputs(rows, self.kept.max_total_bytes)
+        except Exception as exc:  # noqa: BLE001 - the predictions are written; their inputs are optional
+            self.on_error("write")
+            log.warning("keeping sampled inputs failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return
+        if evicted:
+            self.on_inputs_dropped(evicted, "evicted")
 
     def _unreachable(self, taken: list[PendingBatch], exc: Exception) -> None:
         n = sum(b.n for b in taken)
@@ -446,6 +480,10 @@ class PredictionStore:
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
         """``(prediction id, time)`` of the newest sampled predictions of ``identity`` still without a label."""
         return self.backend.label_requests(identity, limit)
+
+    def kept_inputs(self, ids: Sequence[str]) -> KeptMap:
+        """The kept inputs (with the predicted class and its probability) of these prediction ids."""
+        return self.backend.kept_inputs(ids) if ids else {}
 
     # -- refitted calibrations -------------------------------------------------------------------
     def put_calibration(self, identity: str, value_json: str) -> None:

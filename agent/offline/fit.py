@@ -12,10 +12,11 @@ import numpy as np
 from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import TABLE_HEADLINE
-from agent.estimation.input_shifts import fit_input_shift_aware
-from agent.estimation.reliability import weak_oracle
-from agent.estimation.shifts import fit_shift_aware
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, TABLE_HEADLINE
+from agent.estimation.headline_choice import choose_model_headline
+from agent.estimation.input_shifts import input_calibration_sets
+from agent.estimation.reliability import ORACLE_ESTIMATORS, weak_oracle
+from agent.estimation.shifts import CalibrationSets, calibration_sets
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
@@ -137,6 +138,30 @@ def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
     return out
 
 
+def _calibrate_shift_and_choose(
+    est_cal: EstimatorCalibration, sets: CalibrationSets, features: np.ndarray, seed: int, say: Progress
+) -> EstimatorCalibration:
+    """``est_cal`` with the ``shift_aware`` calibration fitted on ``sets`` and the headline chosen from
+    evidence (:func:`~agent.estimation.headline_choice.choose_model_headline`; ``shift_aware`` stays
+    unless another estimator clearly does better out of sample)."""
+    est_cal = est_cal.with_shift(sets.fit(seed))
+    say("choosing the headline estimator on simulated shifts of the calibration split (shift_aware refitted per fold)")
+    weak = {k: "the oracle separates right from wrong poorly" for k in ORACLE_ESTIMATORS if weak_oracle(est_cal)}
+    evidence = choose_model_headline(sets, features, seed=seed, exclude=weak)
+    reason = evidence.reason if evidence is not None else "too few calibration rows to choose on"
+    say(f"headline estimator {evidence.chosen if evidence else RECOMMENDED_ESTIMATOR}: {reason}")
+    return est_cal.with_headline(evidence)
+
+
+def _manifest_headline(est_cal: EstimatorCalibration) -> str | None:
+    """The headline the manifest names: None (``shift_aware``, the default) unless the evidence chose
+    another; the table headline without a ``shift_aware`` calibration."""
+    if est_cal.shift is None:
+        return TABLE_HEADLINE
+    chosen = est_cal.headline.chosen if est_cal.headline is not None else RECOMMENDED_ESTIMATOR
+    return None if chosen == RECOMMENDED_ESTIMATOR else chosen
+
+
 def fit_bundle(
     model: OnnxClassifier,
     train: Dataset,
@@ -218,7 +243,7 @@ def fit_bundle(
         and single.fixed
     ):
         say("calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)")
-        shift = fit_shift_aware(
+        sets: CalibrationSets | None = calibration_sets(
             model,
             fitted.oracle,
             val_x[single.name][cal_idx],
@@ -229,13 +254,13 @@ def fit_bundle(
             n_sets=params.shift_sets,
             seed=params.seed,
         )
-        est_cal = est_cal.with_shift(shift)
+        sets_features = val_f[cal_idx]
     else:
         say("calibrating the shift-aware estimator on corrupted copies of the calibration split (per input kind)")
         large = isinstance(train_x, LazySource)  # image files: a bounded share of the calibration split
         shift_idx = _subset(len(cal_idx), LARGE_CALIBRATION, rng) if large else np.arange(len(cal_idx))
         cal_shift = cal_idx[np.sort(shift_idx)]
-        shift_inputs = fit_input_shift_aware(
+        sets = input_calibration_sets(
             model,
             fitted.oracle,
             val_x.take(cal_shift),
@@ -248,10 +273,11 @@ def fit_bundle(
             n_sets=params.shift_sets or (LARGE_SETS if large else None),
             seed=params.seed,
         )
-        if shift_inputs is not None:
-            est_cal = est_cal.with_shift(shift_inputs)
-        else:
+        sets_features = val_f[cal_shift]
+        if sets is None:
             say("shift-aware calibration: no corruption applies to these inputs; the headline is doc")
+    if sets is not None:
+        est_cal = _calibrate_shift_and_choose(est_cal, sets, sets_features, params.seed, say)
     single_numeric = single is not None and not single.is_string and single.fixed
     bundle = Bundle(
         model_sha256=model.sha256,
@@ -265,7 +291,7 @@ def fit_bundle(
         calibration=fitted.calibration,
         estimator_calibration=est_cal.to_dict(),
         decision_threshold=model.decision_threshold,
-        headline=None if est_cal.shift is not None else TABLE_HEADLINE,
+        headline=_manifest_headline(est_cal),
         inputs=None if single_numeric else model.signature.to_list(),
         feature_view=view.to_dict(),
     )

@@ -30,6 +30,7 @@ from agent.dataplane.plane import DataPlane
 from agent.dataplane.policy import BatchedRecording, CommitRecording, Recording, ServingPolicy
 from agent.dataplane.proxy import ProxyMode
 from agent.dataplane.runtimes import RuntimeHolder
+from agent.estimation.trust import FULL_TRUST
 from agent.judging.loop import LoopRecorder, VerdictBatcher
 from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import Recorder
@@ -48,7 +49,7 @@ from agent.server.listeners import Listeners
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
 from exporters.label_metrics import LabelMetrics, RealizedCollector
-from exporters.prometheus import AgentMetrics, EstimatesCollector
+from exporters.prometheus import AgentMetrics, EstimatesCollector, Snapshot
 from exporters.upstream_metrics import UpstreamMetrics
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class Agent:
         )
         self.label_metrics = LabelMetrics(registry)
         self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
-        self.sample = LabelingSample(self.store, s.labels.sample_rate, self.label_metrics)
+        self.sample = LabelingSample.of(s.labels, self.store, self.label_metrics)
         recorder = Recorder(
             self.windows,
             self.metrics,
@@ -154,7 +155,7 @@ class Agent:
             section=self.realized.section,
             per_class_cap=self.metrics.per_class_label_cap,
         )
-        registry.register(EstimatesCollector(lambda: self.report.snapshot(self.runtimes.current, time.time())))
+        registry.register(EstimatesCollector(self._estimates_snapshot))
         #: True from the end of :meth:`start` to the beginning of :meth:`stop`.
         self.started = False
         #: The event loop the agent runs in (set at start).
@@ -176,6 +177,15 @@ class Agent:
                 srv.limit_concurrency,
                 self.body_budget,
             )
+
+    def _estimates_snapshot(self) -> Snapshot:
+        """The estimates a scrape exports; a window outside the calibrated range (trust distance above
+        :data:`~agent.estimation.trust.FULL_TRUST`) makes active sampling spend its budget sooner for
+        a tenth of the budget window."""
+        snap = self.report.snapshot(self.runtimes.current, time.time())
+        if any(w.trust_distance is not None and w.trust_distance > FULL_TRUST for w in snap.windows):
+            self.sample.boost(self.settings.labels.budget_seconds / 10.0)
+        return snap
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""

@@ -73,7 +73,7 @@ def labels_router(labels: LabelService) -> APIRouter:
         return json_response(await labels.describe())
 
     @r.get("/v1/labels/requests", summary="The labeling sample: predictions whose true label is wanted, newest first")
-    async def label_requests(request: Request, limit: str = "100") -> Response:
+    async def label_requests(request: Request, limit: str = "100", inputs: str = "false") -> Response:
         enabled()
         require_labeler(request)
         n = int(limit) if limit.isdigit() and len(limit) <= 6 else 0
@@ -81,7 +81,9 @@ def labels_router(labels: LabelService) -> APIRouter:
             raise ClientError(
                 f"'limit' must be an integer from 1 to {MAX_LABEL_REQUESTS}", status=400, reason="invalid_parameter"
             )
-        return json_response(await labels.intake.requests(n))
+        if inputs not in ("true", "false"):
+            raise ClientError("'inputs' must be true or false", status=400, reason="invalid_parameter")
+        return json_response(await labels.intake.requests(n, inputs=inputs == "true"))
 
     @r.post("/v1/recalibrate", summary="Admin: refit the estimator calibration from delayed labels (bearer token)")
     async def recalibrate(request: Request) -> Response:

@@ -29,7 +29,10 @@ ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, a
   it says otherwise), with `value`, `lower`, `upper` (a 95% interval).
 * `estimates`: every estimator's `value`, `lower`, `upper` and `n`; an estimate marked `unreliable` (with the
   reason: an interval wider than 0.5, or an oracle that separates right from wrong predictions poorly) says
-  too little to be read as a number. `with_labels` appears once sampled predictions have labels (`n_labels`).
+  too little to be read as a number. `with_labels` appears once sampled predictions have labels (`n_labels`),
+  with `weighted` (each label weighted by the inverse of its draw probability, under active sampling) and
+  `predictor`: `calibrated` (the bundle's per-prediction probability of being correct) or `confidence` (the
+  top-class probability: bundles fitted before the calibrated predictor, or unweighted labels).
 * `trust`: how far the window lies from the data `shift_aware` was calibrated on: `distance` (0 near the
   calibration windows, above 1 outside them), `calibrated` (inside the calibrated range), `drift` (how far
   the window moved from the clean calibration split, in units of its own sampling error) and `weight` (the

@@ -90,8 +90,10 @@ def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -
     assert set(report["trust"]) == {"distance", "calibrated", "drift", "weight"}
     assert report["trust"]["calibrated"] is True and 0.0 <= report["trust"]["distance"] <= 1.0
     assert report["calibration"]["too_few_errors"] is False and report["calibration"]["n_wrong"] >= 10
-    # a model bundle's headline is shift_aware, without evidence, and the report says why
-    assert report["headline_evidence"] is None and "shift_aware" in report["headline_note"]
+    # a model bundle's headline is chosen from evidence too, shift_aware measured out of sample beside the others
+    evidence = report["headline_evidence"]
+    assert report["headline"] == evidence["chosen"] and evidence["default"] == "shift_aware"
+    assert {"shift_aware", "cbpe", "avg_conf"} <= set(evidence["errors"]) and "corruption" in evidence["kinds"]
 
 
 def test_check_with_a_few_labels_and_per_class_metrics(bundle_dir: Path, data_dir: Path) -> None:

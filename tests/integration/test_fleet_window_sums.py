@@ -1,12 +1,13 @@
-"""The fleet's sums against a real Prometheus holding hand-made replica series (backfilled with
-``promtool tsdb create-blocks-from openmetrics``): replicas joining, leaving and restarting, two
-versions side by side, and statistics of several bundles, which are refused rather than mixed."""
+"""The fleet's sums against a real store holding hand-made replica series: Prometheus (backfilled with
+``promtool tsdb create-blocks-from openmetrics``) and VictoriaMetrics (``/api/v1/import/prometheus``),
+which must give the same sums: replicas joining, leaving and restarting, two versions side by side,
+and statistics of several bundles, which are refused rather than mixed."""
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -16,8 +17,8 @@ from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.prometheus_api import PrometheusAPI
 from tests.support.prometheus import PrometheusServer
 from tests.support.requirements import require
+from tests.support.victoria import VictoriaMetricsServer
 
-pytestmark = pytest.mark.needs("prometheus", "promtool")
 STEP = 15  # seconds between two scrapes
 END = (int(time.time()) // 60 - 10) * 60  # ten minutes ago, on a minute
 AT = END - 5  # the refresh runs between two scrapes
@@ -25,7 +26,7 @@ AT = END - 5  # the refresh runs between two scrapes
 STEPS = 121
 
 
-def _series() -> dict[tuple[str, str, str], list[float | None]]:
+def _series() -> dict[tuple[str, str, str], Sequence[float | None]]:
     ramp = [float(10 * i) for i in range(STEPS)]  # 10 predictions per scrape
     joined = [None] * 100 + [float(10 * i) for i in range(1, 22)]  # born 5 minutes before the end
     left = [float(10 * i) for i in range(110)] + [None] * 11  # gone 2.5 minutes before the end
@@ -56,16 +57,36 @@ _STATS: dict[str, Callable[[float], float]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("fleet-sums")
-    lines = ["# TYPE icos_window_stat counter"]
+def _samples() -> Iterator[tuple[str, float, int]]:
+    """(series, value, unix time) of every sample."""
     for (version, bundle, inst), values in _series().items():
         for stat, value in _STATS.items():
             labels = f'model="m",version="{version}",bundle="{bundle}",instance="{inst}",job="icos-agent",stat="{stat}"'
             for i, v in enumerate(values):
                 if v is not None:
-                    lines.append(f"icos_window_stat_total{{{labels}}} {value(v):.6f} {END - STEP * (STEPS - 1 - i)}")
+                    yield f"icos_window_stat_total{{{labels}}}", value(v), END - STEP * (STEPS - 1 - i)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("prometheus", marks=pytest.mark.needs("prometheus", "promtool")),
+        pytest.param("victoria-metrics", marks=pytest.mark.needs("victoria-metrics")),
+    ],
+)
+def prometheus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The store's URL, holding :func:`_samples`."""
+    root = tmp_path_factory.mktemp("fleet-sums")
+    if request.param == "victoria-metrics":
+        vm = VictoriaMetricsServer(root).start()
+        try:
+            vm.import_text("".join(f"{name} {v:.6f} {t * 1000}\n" for name, v, t in _samples()).encode())
+            yield vm.url
+        finally:
+            vm.stop()
+        return
+    lines = ["# TYPE icos_window_stat counter"]
+    lines += [f"{name} {v:.6f} {t}" for name, v, t in _samples()]
     lines.append("# EOF")
     (root / "series.om").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (root / "tsdb").mkdir()

@@ -19,11 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from agent.cli import main as cli_main
 from agent.data.datasets import Splits
+from agent.estimation.active import active_accuracy
+from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.labels.postgres_backend import MIGRATIONS, SCHEMA_VERSION
-from agent.labels.rows import PendingBatch
+from agent.labels.rows import PendingBatch, split_prediction_id
 from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.app import create_app
+from invariants.bundle import Bundle
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
 from tests.support.postgres import PostgresServer
@@ -32,11 +35,14 @@ from tests.support.v2 import post_labels, send_traffic
 from tests.support.waiting import wait_until
 
 
-def batch(rid: str, n: int, ts: float, sampled: list[int] | None, identity: str = "m:b") -> PendingBatch:
+def batch(
+    rid: str, n: int, ts: float, sampled: list[int] | None, identity: str = "m:b", draw_p: list[float] | None = None
+) -> PendingBatch:
     rng = np.random.default_rng(n)
     p = rng.dirichlet(np.ones(3), n).astype(np.float32)
     s = np.asarray(sampled) if sampled is not None else None
-    return PendingBatch(rid, ts, identity, p, p.argmax(axis=1), np.zeros(n, np.int8), sampled=s)
+    sp = np.asarray(draw_p) if draw_p is not None else None
+    return PendingBatch(rid, ts, identity, p, p.argmax(axis=1), np.zeros(n, np.int8), sampled=s, sampled_p=sp)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -76,6 +82,25 @@ def test_the_sample_is_stored_listed_until_labeled_and_flagged_on_labels(store: 
     store.enqueue(batch("c", 2, 105.0, None))
     store.flush(now=140.0)
     assert store.label_requests("m:b", 100) == [("d:2", 104.0)]
+
+
+def test_draw_probabilities_are_kept_with_their_labels(store: PredictionStore) -> None:
+    store.enqueue(batch("a", 4, 100.0, [1, 3], draw_p=[0.25, 0.75]))
+    store.enqueue(batch("b", 3, 101.0, [0]))  # drawn without a kept probability (uniform sampling)
+    store.flush(now=110.0)
+    out = store.apply_labels([("a:3", 0), ("a:1", 1), ("a:2", 0), ("b:0", 1)], now=120.0)
+    assert out.n_accepted == 4
+    accepted = dict(out.accepted)["m:b"].draw_probability
+    assert accepted is not None and accepted[:2].tolist() == [0.75, 0.25] and np.isnan(accepted[2:]).all()
+    rows = store.labeled_rows("m:b")  # a:1, a:2, a:3, b:0 (by time, then position)
+    assert rows.draw_probability is not None and rows.sampled is not None
+    got = rows.draw_probability.tolist()
+    assert got[0] == 0.25 and np.isnan(got[1]) and got[2] == 0.75 and np.isnan(got[3])
+    assert rows.sampled.tolist() == [True, False, True, True]
+    # a correction keeps the draw probability
+    assert store.apply_labels([("a:1", 0)], now=130.0, replace=True).corrected == ["a:1"]
+    again = store.labeled_rows("m:b").draw_probability
+    assert again is not None and again[0] == 0.25
 
 
 def test_a_store_file_from_before_the_sample_is_upgraded(tmp_path: Path) -> None:
@@ -128,7 +153,7 @@ def test_a_postgres_store_of_the_first_schema_is_migrated(postgres: PostgresServ
     s.flush(now=210.0)
     with psycopg.connect(postgres.url) as conn:
         assert conn.execute("SELECT MAX(version) FROM icos_store_schema").fetchone() == (SCHEMA_VERSION,)
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     assert s.label_requests("m:b", 10) == [("new:1", 200.0)]
     assert s.apply_labels([("old:0", 0), ("new:1", 1)], now=220.0).n_accepted == 2
     rows = s.labeled_rows("m:b")
@@ -164,6 +189,11 @@ def test_served_agent_lists_its_sample_and_estimates_with_labels(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "id,timestamp" and [line.split(",")[0] for line in lines[1:]] == ids
     assert cli_main(["labels", "--url", srv.url, "--requests", "0"]) == 2
+    # inputs are kept only when asked (labels.keep_sampled_inputs): the export says so
+    with_inputs = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": 5, "inputs": "true"}).json()
+    assert with_inputs["keep_sampled_inputs"] is False and [r["inputs"] for r in with_inputs["requests"]] == [None] * 5
+    assert cli_main(["labels", "export", "--url", srv.url, "--out", str(tmp_path / "tasks")]) == 2
+    assert "labels.keep_sampled_inputs" in capsys.readouterr().err
 
     # labels for the sample and for 100 predictions outside it: only the sample's enter with_labels
     outside = [pid for pid in traffic["ids"].tolist() if pid not in set(ids)][:100]
@@ -210,8 +240,65 @@ def test_no_sample_at_rate_zero(
     settings = stateful_settings(mnist_bundle_dir, tmp_path, labels={"sample_rate": 0.0})
     srv = run_server(create_app(settings, CollectorRegistry()))
     traffic = send_traffic(srv.url, mnist_splits.test.x[:200])
-    assert httpx.get(f"{srv.url}/v1/labels/requests").json() == {"sample_rate": 0.0, "n": 0, "requests": []}
+    assert httpx.get(f"{srv.url}/v1/labels/requests").json() == {
+        "sample_rate": 0.0,
+        "sampling": "uniform",
+        "n": 0,
+        "requests": [],
+    }
     y = mnist_splits.test.y[:200]
     post_labels(srv.url, [{"id": str(pid), "label": int(t)} for pid, t in zip(traffic["ids"], y, strict=True)])
     est = httpx.get(f"{srv.url}/v1/estimates").json()["windows"]["5m"]
     assert est["realized"]["n"] == 200 and WITH_LABELS not in est["estimates"]
+
+
+def test_served_agent_under_active_sampling_weights_its_labels(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
+) -> None:
+    """Active sampling with a budget larger than the traffic: every prediction is drawn with a probability
+    of its own (uncertain ones more often), kept in the store with its label, and ``with_labels`` is the
+    inverse-probability-weighted estimate of the window computed from the stored predictions and draws."""
+    labels = {"sampling": "active", "per_window": 100_000, "budget_window": "5m"}
+    settings = stateful_settings(mnist_bundle_dir, tmp_path, labels=labels)
+    srv = run_server(create_app(settings, CollectorRegistry()))
+    x, y = mnist_splits.test.x[:1000], mnist_splits.test.y[:1000]
+    traffic = send_traffic(srv.url, x)
+    truth = dict(zip(traffic["ids"].tolist(), y.tolist(), strict=True))
+    listed = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": 1000}).json()
+    assert listed["sampling"] == "active"
+    ids = [r["id"] for r in listed["requests"]]
+    assert 200 < len(ids) < 1000  # every π at least the floor's share, and below 1 for confident ones
+    post_labels(srv.url, [{"id": pid, "label": truth[pid]} for pid in ids])
+
+    def windows() -> dict[str, Any]:
+        return dict(httpx.get(f"{srv.url}/v1/estimates").json()["windows"])
+
+    assert wait_until(lambda: windows()["5m"]["n"] == 1000 and WITH_LABELS in windows()["5m"]["estimates"])
+    e = windows()["5m"]["estimates"][WITH_LABELS]
+    assert e["weighted"] is True and e["predictor"] == "calibrated" and e["n_labels"] == len(ids)
+
+    # the same estimate from what the store holds: every prediction's probabilities and verdict, and
+    # the draw probability of every labeled one
+    calibration = EstimatorCalibration.from_dict(Bundle.load(mnist_bundle_dir).estimator_calibration)
+    db = sqlite3.connect(tmp_path / STORE_FILE)
+    requests = {r[0]: r[1:] for r in db.execute("SELECT rid, start, k, verdict, probs, seq FROM requests")}
+    drawn = {(seq, idx): p for seq, idx, p in db.execute("SELECT seq, idx, draw_p FROM labels")}
+    db.close()
+    f, pi, correct, labeled = [], [], [], []
+    for i, pid in enumerate(traffic["ids"].tolist()):
+        rid, idx = split_prediction_id(pid)
+        start, k, verdict, probs, seq = requests[rid]
+        j = idx - start
+        conf = float(np.frombuffer(probs, "<f4")[j * k : (j + 1) * k].max())
+        f.append(float(calibration.predicted_correct(np.array([conf]), np.frombuffer(verdict, np.int8)[j : j + 1])[0]))
+        if (seq, idx) in drawn:
+            labeled.append(i)
+            pi.append(drawn[(seq, idx)])
+            correct.append(traffic["labels"][i] == y[i])
+    assert len(labeled) == len(ids) and 0 < min(pi) < max(pi) <= 1
+    want = active_accuracy(np.array(f), np.array(labeled), np.array(correct), np.array(pi))
+    assert want is not None
+    assert e["value"] == pytest.approx(want.value, abs=1e-6)
+    assert e["lower"] == pytest.approx(want.lower, abs=1e-6) and e["upper"] == pytest.approx(want.upper, abs=1e-6)
+    accuracy = float(np.mean(traffic["labels"] == y))
+    assert e["lower"] - 0.01 <= accuracy <= e["upper"] + 0.01

@@ -49,7 +49,14 @@ def test_schema_from_an_empty_database_reopen_and_retention(postgres: PostgresSe
         with conn.transaction():
             assert migrate(conn) == SCHEMA_VERSION  # applied once: a second run finds it current
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'icos_%'")}
-    assert tables == {"icos_store_schema", "icos_requests", "icos_labels", "icos_calibration", "icos_store_counts"}
+    assert tables == {
+        "icos_store_schema",
+        "icos_requests",
+        "icos_labels",
+        "icos_calibration",
+        "icos_store_counts",
+        "icos_inputs",
+    }
     for i in range(30):  # 150 predictions, 100 kept: the oldest whole requests go
         s.enqueue(batch(f"r{i}", 5, 100.0 + i, seed=i))
     assert s.flush(now=200.0) == 150

@@ -36,12 +36,14 @@ class PrometheusServer:
     """``prometheus`` with ``config`` (a prometheus.yml as a mapping) and its TSDB in ``directory``;
     :meth:`stop` returns the end of its log (stderr)."""
 
-    def __init__(self, directory: Path, config: dict[str, Any], retention: str | None = "1h") -> None:
+    def __init__(
+        self, directory: Path, config: dict[str, Any], retention: str | None = "1h", port: int | None = None
+    ) -> None:
         self.binary: str = require("prometheus")
         self.dir = directory
         self.config = config
         self.retention = retention
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = directory / f"prometheus-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None

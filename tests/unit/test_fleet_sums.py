@@ -105,3 +105,46 @@ def _unbinned(ref: InputReference) -> InputReference:
     from dataclasses import replace
 
     return replace(ref, leaf_bins=0)
+
+
+def test_a_raw_nan_is_a_staleness_marker_and_skipped_any_other_non_finite_value_refused() -> None:
+    """VictoriaMetrics returns a failed scrape's staleness marker among a range selector's raw samples."""
+    from agent.fleet.prometheus_api import QueryError, _series
+
+    s = _series({"metric": {"stat": "n"}, "values": [[1, "5"], [2, "NaN"], [3, "0"], [4, "2"]]})
+    assert list(s.points) == [(1.0, 5.0), (3.0, 0.0), (4.0, 2.0)]
+    assert series_increment(s.points, 0.5) == 5 + 0 + 2  # the reset after the marker counts from zero
+    with pytest.raises(QueryError) as refused:
+        _series({"metric": {}, "values": [[1, "5"], [2, "+Inf"]]})
+    assert refused.value.reason == "bad_value"
+    with pytest.raises(QueryError) as refused:
+        _series({"metric": {}, "values": [[1, "5"], [2, "NaN"], [2, "6"]]})
+    assert refused.value.reason == "malformed"
+
+
+def test_queries_at_once_fail_with_the_first_failure_itself_and_cancel_the_rest() -> None:
+    """A refresh's failure is counted under its own reason, and no query outlives the refresh."""
+    import asyncio
+
+    from agent.fleet.prometheus_api import QueryError, concurrently
+
+    cancelled: list[bool] = []
+
+    async def slow() -> int:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return 0
+
+    async def fail() -> int:
+        raise QueryError("timeout", "one query past its deadline")
+
+    async def run() -> None:
+        with pytest.raises(QueryError) as refused:
+            await concurrently(slow(), fail())
+        assert refused.value.reason == "timeout" and cancelled == [True]
+        assert await concurrently(asyncio.sleep(0, 1), asyncio.sleep(0, 2)) == [1, 2]
+
+    asyncio.run(asyncio.wait_for(run(), 10))

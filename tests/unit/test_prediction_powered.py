@@ -209,6 +209,8 @@ def test_power_tuned_estimate_and_interval_by_hand(
         "n": len(f),
         "n_labels": len(lab),
         "lambda": est.power,
+        "predictor": "confidence",
+        "weighted": False,
     }
 
 
