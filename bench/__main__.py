@@ -14,6 +14,7 @@ BENCHMARKS = {
     "estimators": "bench.estimators.__main__",
     "soak": "bench.soak.__main__",
     "fleet": "bench.bench_fleet",
+    "fleet_labels": "bench.bench_fleet_labels",
     "labels": "bench.bench_labels",
     "hostile_files": "bench.hostile_files",
     "hostile_serving": "bench.bench_hostile_serving",

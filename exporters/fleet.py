@@ -2,18 +2,24 @@
 
 * ``icos_fleet_estimated_accuracy_ratio{model,version,estimator,window}`` and its 95% bounds
   ``icos_fleet_estimated_accuracy_ratio_lower`` / ``_upper`` — every estimator on the sum of all
-  replicas' window statistics;
+  replicas' window statistics (``with_labels`` when the evaluator reads the shared store's labels);
 * ``icos_fleet_headline_accuracy_ratio{model,version,estimator,window}`` with ``_lower`` / ``_upper``
   and ``icos_fleet_headline_accuracy_samples`` — the fleet's headline, ``estimator`` naming the one
   chosen (as an agent's ``icos_headline_accuracy_ratio``);
 * ``icos_fleet_estimated_accuracy_samples{model,version,window}`` — predictions behind them;
 * ``icos_fleet_replicas{model,version,window}`` — replicas that exported in the window;
+* ``icos_fleet_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE)
+  precision, recall and F1 per predicted class of all replicas' predictions (classes ``_macro`` and
+  ``_weighted``: their means), from the per-class sums the replicas export up to their class cap;
 * ``icos_fleet_last_success_timestamp_seconds{model}``, ``icos_fleet_refresh_duration_seconds{model}``,
   ``icos_fleet_stale{model}`` (1 when the estimates are older than the stale limit: Prometheus
   unreachable, failing or answering what the evaluator refuses), ``icos_fleet_restarted_replicas{model}``;
 * ``icos_fleet_query_errors_total{model,reason}`` — failed refreshes by reason (a fixed set, every
   one exported from the start); ``icos_fleet_unknown_stats_total{model}`` — series of statistics the
   evaluator's bundle does not define, ignored;
+* ``icos_fleet_label_errors_total{model,reason}`` — failed reads of the shared store's labels
+  (``unreachable``, ``failed``; exported only when the evaluator reads labels): the label-free
+  estimates go on, ``with_labels`` is missing until a read succeeds;
 * ``icos_fleet_bundle_mismatch{model,version,reason}`` — 1 for a version left out: ``mixed`` (its
   replicas export statistics of several bundles) or ``other_bundle`` (not the evaluator's bundle).
 """
@@ -21,11 +27,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.prometheus import EstimatePoint, SnapshotCollector, headline_families
+from exporters.prometheus import EstimatePoint, SnapshotCollector, class_metric_rows, headline_families
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class FleetVersion:
     replicas: Mapping[str, int]
     #: per window, the headline estimate (its ``estimator`` the one chosen)
     headline: Sequence[EstimatePoint] = ()
+    #: per window, the label-free per-class figures (``per_class``, ``macro``, ``weighted``)
+    classes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,8 @@ class FleetSnapshot:
     stale: bool
     restarted_replicas: int = 0
     unknown_stats_total: int = 0
+    #: failed reads of the store's labels by reason (empty: labels are not read)
+    label_errors: Mapping[str, int] = field(default_factory=dict)
 
 
 class FleetCollector(SnapshotCollector[FleetSnapshot]):
@@ -58,7 +69,9 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
     def families(self, snap: FleetSnapshot) -> Iterator[Metric]:
         labels = ["model", "version", "estimator", "window"]
         value = GaugeMetricFamily(
-            "icos_fleet_estimated_accuracy_ratio", "Estimated accuracy of the whole fleet (label-free).", labels=labels
+            "icos_fleet_estimated_accuracy_ratio",
+            "Estimated accuracy of the whole fleet, every estimator (with_labels: with the shared store's labels).",
+            labels=labels,
         )
         lower = GaugeMetricFamily(
             "icos_fleet_estimated_accuracy_ratio_lower",
@@ -75,6 +88,12 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
             "icos_fleet_estimated_accuracy_samples", "Predictions of all replicas in the window.", labels=wl
         )
         replicas = GaugeMetricFamily("icos_fleet_replicas", "Replicas that exported in the window.", labels=wl)
+        per_class = GaugeMetricFamily(
+            "icos_fleet_estimated_class_metric",
+            "Label-free (CBPE) precision, recall and F1 of all replicas' predictions per predicted class; "
+            "class _macro and _weighted: their means.",
+            labels=["model", "version", "window", "class", "metric"],
+        )
         for v in snap.versions:
             for e in v.estimates:
                 lv = [snap.model, v.version, e.estimator, e.window]
@@ -85,7 +104,10 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
                 samples.add_metric([snap.model, v.version, window], n)
             for window, k in v.replicas.items():
                 replicas.add_metric([snap.model, v.version, window], k)
-        yield from (value, lower, upper, samples, replicas)
+            for window, figures in v.classes.items():
+                for cls, metric, x in class_metric_rows(figures):
+                    per_class.add_metric([snap.model, v.version, window, cls, metric], x)
+        yield from (value, lower, upper, samples, replicas, per_class)
         rows = [([snap.model, v.version], e) for v in snap.versions for e in v.headline]
         yield from headline_families("icos_fleet_", rows, "of the whole fleet")
         mismatch = GaugeMetricFamily(
@@ -131,6 +153,15 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
         )
         unknown.add_metric(m, snap.unknown_stats_total)
         yield unknown
+        if snap.label_errors:
+            label_errors = CounterMetricFamily(
+                "icos_fleet_label_errors",
+                "Failed reads of the shared prediction store's labels (with_labels missing until one succeeds).",
+                labels=["model", "reason"],
+            )
+            for reason, count in snap.label_errors.items():
+                label_errors.add_metric([snap.model, reason], count)
+            yield label_errors
         stale = GaugeMetricFamily(
             "icos_fleet_stale", "1 when the served estimates are older than the stale limit.", labels=["model"]
         )

@@ -229,8 +229,9 @@ class LabelsConfig(LabelSampling):
     store_url: SecretStr | None = Field(
         None,
         description="a `postgresql://` URL: keep predictions and labels in PostgreSQL shared by every replica "
-        "(null: SQLite in `state_dir`); prefer the environment variable `ICOS_AGENT_LABELS__STORE_URL` or "
-        "`labels.store_url_file` over the config file; its password is never shown",
+        "(null: SQLite in `state_dir`); `mode: fleet` reads the fleet's labels from it (its `with_labels`); "
+        "prefer the environment variable `ICOS_AGENT_LABELS__STORE_URL` or `labels.store_url_file` over the "
+        "config file; its password is never shown",
     )
     store_url_file: Path | None = Field(
         None,

@@ -181,11 +181,12 @@ class WindowStats:
     #: CBPE's per-class sums (:mod:`agent.estimation.class_metrics`) over the samples whose probability
     #: vectors were passed: their count, predictions per predicted class, the predicted class's
     #: probability per predicted class (expected true positives) and every class's probability
-    #: (expected support). Agent-only: not exported for the fleet evaluator (:func:`stat_items`).
-    cbpe_n: int = field(default=0, metadata=_agent_only())
-    cbpe_predicted: list[int] = field(default_factory=list, metadata=_agent_only())
-    cbpe_true_positive: list[float] = field(default_factory=list, metadata=_agent_only())
-    cbpe_support: list[float] = field(default_factory=list, metadata=_agent_only())
+    #: (expected support). Exported like the class counts (up to the class cap), so that the fleet
+    #: evaluator gives the fleet's per-class figures.
+    cbpe_n: int = 0
+    cbpe_predicted: list[int] = field(default_factory=list)
+    cbpe_true_positive: list[float] = field(default_factory=list)
+    cbpe_support: list[float] = field(default_factory=list)
     #: The labeled side of PPI++ (:mod:`agent.estimation.prediction_powered`): the predictions of the
     #: labeling sample in the window whose true label arrived, their count, and the sums of their
     #: top-class probability ``f``, of ``f²``, of ``Y = 1{correct}`` and of ``Y·f``. Never filled by
@@ -471,10 +472,12 @@ def _default(f: Field[Any]) -> Any:
     return f.default_factory() if callable(f.default_factory) else f.default
 
 
+#: CBPE's per-class sums (filled only up to the class cap).
+CBPE_STATS: tuple[str, ...] = ("cbpe_predicted", "cbpe_true_positive", "cbpe_support")
 #: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
-CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf")
+CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf", *CBPE_STATS)
 #: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
-INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", *CLASS_STATS)
+INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", "class_counts", "class_conf")
 
 
 def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True) -> Iterator[tuple[str, float]]:
@@ -485,7 +488,7 @@ def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True)
     ``inputs=False`` leaves out the vectors of the per-sample inputs (:data:`INPUT_STATS`) and reports
     ``n_ext`` and ``n_cls`` as 0 (a reader then uses the reduced model): for bundles fitted before the
     leaves were binned, whose leaf counts would be one series per leaf. Agent-only statistics (the
-    ``cbpe_*`` per-class sums) are never exported.
+    labeled sample's ``lab_*`` sums, which come from the shared store) are never exported.
 
     These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
     rebuilds the statistic of all replicas (:func:`stats_from_items`)."""

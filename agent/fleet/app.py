@@ -1,13 +1,18 @@
 """The fleet evaluator's HTTP app: ``GET /v1/estimates``, ``GET /metrics`` and health, with the refresh
 loop in one background thread (started and stopped by the app's lifespan). The refresh runs its own
 event loop in that thread, so the app's loop (liveness, metrics) never waits on the API; what the
-refresh parses is bounded (``fleet.max_response_bytes``), which bounds how long it holds the GIL."""
+refresh parses is bounded (``fleet.max_response_bytes``), which bounds how long it holds the GIL.
+
+With a shared prediction store (``labels.store_url`` or ``labels.store_url_file``, the replicas' own
+settings, its password as secret as theirs), the evaluator reads the fleet's labels from it
+(:mod:`agent.fleet.labels`); ``labels.enabled: false`` or no store URL: label-free estimates only."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import FastAPI
@@ -19,9 +24,13 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.os_threads import name_os_thread
 from agent.fleet.evaluator import FleetEvaluator
+from agent.fleet.labels import FleetLabels
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.judging.runtime import load_runtime
 from exporters.fleet import FleetCollector
+
+if TYPE_CHECKING:
+    from agent.labels.postgres_backend import PostgresBackend
 
 log = logs.get("fleet")
 
@@ -53,6 +62,24 @@ class RefreshLoop:
             self._thread.join(timeout)
 
 
+def _open_store(settings: AgentSettings) -> PostgresBackend | None:
+    """The shared store the fleet's labels are read from, or None (labels off, or no PostgreSQL URL).
+    Opening never fails on a server that is down: reads fail, counted, until it is back."""
+    url = settings.labels.database_url() if settings.labels.enabled else None
+    if url is None:
+        return None
+    from agent.labels.postgres_backend import PostgresBackend  # psycopg only when configured
+
+    store = PostgresBackend(
+        url,
+        max_predictions=settings.labels.max_predictions,
+        max_age_seconds=settings.labels.max_age_seconds,
+        pool_size=min(settings.labels.pool_size, 2),
+    )
+    store.open()
+    return store
+
+
 def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None = None) -> FastAPI:
     """Build the fleet evaluator's app; loads the bundle now (raises :class:`UserError`)."""
     fleet = settings.fleet
@@ -69,7 +96,22 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
         max_response_bytes=fleet.max_response_bytes,
         max_series=fleet.max_series,
     )
-    evaluator = FleetEvaluator(settings, rt.calibration, rt.bundle_label, api, headline=rt.headline)
+    store = _open_store(settings)
+    labels = (
+        FleetLabels(
+            store,
+            rt.identity,
+            settings.window_seconds,
+            settings.labels.max_predictions,
+            rt.classes,
+            settings.metrics.per_class_label_cap,
+        )
+        if store is not None
+        else None
+    )
+    evaluator = FleetEvaluator(
+        settings, rt.calibration, rt.bundle_label, api, headline=rt.headline, labels=labels, classes=rt.classes
+    )
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(FleetCollector(evaluator.snapshot))
     loop = RefreshLoop(evaluator, settings.fleet.refresh_seconds)
@@ -81,6 +123,8 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
             yield
         finally:
             await anyio.to_thread.run_sync(loop.stop)
+            if store is not None:
+                await anyio.to_thread.run_sync(store.close)
 
     app = FastAPI(title="icos-agent fleet evaluator", lifespan=lifespan)
     app.state.fleet = evaluator

@@ -7,6 +7,12 @@ evaluator's bundle consistent (:class:`~agent.fleet.stat_schema.StatSchema`), al
 (marked stale once older than ``fleet.stale_after_seconds``), counts the failure under its reason
 and shows it in ``last_error``. Statistics of two bundles under one model version are never added:
 that version gets no estimate and a ``icos_fleet_bundle_mismatch`` series instead.
+
+With the shared prediction store configured (``labels.store_url``), the labels of the evaluator's model
+(its configured version) are read after the sums (:mod:`agent.fleet.labels`) and added to each time
+window's statistics, so the estimators include the fleet's ``with_labels``. A store that fails fails
+that part only: counted by reason (``icos_fleet_label_errors_total``), shown in ``labels.last_error``,
+the label-free estimates served as usual.
 """
 
 from __future__ import annotations
@@ -15,17 +21,19 @@ import asyncio
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics import WindowStats
+from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
@@ -41,6 +49,10 @@ class VersionWindows:
 
     windows: dict[str, tuple[WindowStats, dict[str, Estimate]]]
     replicas: dict[str, int]
+    #: per window, the ``realized`` section of the labeled predictions in it (the store's labels)
+    realized: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per window, the label-free per-class figures (CBPE) of the replicas' summed per-class sums
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +81,8 @@ class FleetEvaluator:
         api: PrometheusAPI,
         clock: Callable[[], float] = time.time,
         headline: str = RECOMMENDED_ESTIMATOR,
+        labels: FleetLabels | None = None,
+        classes: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.headline = headline  # the bundle's headline estimator, as the replicas report it
@@ -78,10 +92,12 @@ class FleetEvaluator:
         self.api = api
         self.clock = clock
         self.windows = {name: parse_duration(name) for name in settings.windows.time}
+        #: the model's class names (the per-class figures; none: not computed)
+        self.classes = list(classes)
+        self.per_class = len(self.classes) <= settings.metrics.per_class_label_cap
         fleet = settings.fleet
-        self.scope = FleetScope(
-            self.model, bundle_label, StatSchema.of_bundle(calibration), fleet.selector, fleet.max_versions
-        )
+        schema = StatSchema.of_bundle(calibration, len(self.classes) if self.classes else None)
+        self.scope = FleetScope(self.model, bundle_label, schema, fleet.selector, fleet.max_versions)
         self.result: FleetResult | None = None
         #: failed refreshes by reason (every reason from the start, so that a rise is visible)
         self.errors: dict[str, int] = dict.fromkeys(REASONS, 0)
@@ -89,6 +105,13 @@ class FleetEvaluator:
         self.last_error: str | None = None
         self.last_error_reason: Reason | None = None
         self.last_attempt: float | None = None
+        self.labels = labels
+        #: failed reads of the store's labels by reason, and the last one's message (None after a success)
+        self.label_errors: dict[str, int] = dict.fromkeys(LABEL_ERROR_REASONS, 0)
+        self.labels_error: str | None = None
+        #: labeled predictions of the last read, and windows left without labels by the row cap
+        self.labels_read = 0
+        self.labels_truncated: tuple[str, ...] = ()
         self._lock = threading.Lock()
 
     @property
@@ -99,10 +122,42 @@ class FleetEvaluator:
         """One evaluation of every window at ``at``, within ``fleet.refresh_timeout_seconds`` (raises
         :class:`RefreshError`). Runs its own event loop: call it from a thread without one."""
         try:
-            return asyncio.run(self._evaluate_by_deadline(at))
+            result = asyncio.run(self._evaluate_by_deadline(at))
         except BaseException as exc:
             _release_frames(exc)
             raise
+        self._add_labels(result)
+        return result
+
+    def _add_labels(self, result: FleetResult) -> None:
+        """The store's labels added to the windows of the evaluator's model version (see the module
+        docstring); a failed read leaves the label-free estimates as they are."""
+        version = self.settings.model.version
+        vw = result.versions.get(version)
+        if self.labels is None or vw is None:
+            return
+        try:
+            read = self.labels.read(result.at, self.calibration)
+        except StoreUnavailable as exc:
+            self._labels_failed(error_reason(exc), str(exc))
+            return
+        except Exception as exc:  # e.g. rows the store should not hold: that part fails, not the refresh
+            log.exception("fleet: the labels read from the store could not be used")
+            self._labels_failed("failed", f"{type(exc).__name__}: {exc}")
+            return
+        windows = dict(vw.windows)
+        for name, lab in read.sums.items():
+            if name in windows:
+                stats = windows[name][0] + lab
+                windows[name] = (stats, estimate_all(stats, self.calibration))
+        realized = {
+            name: w.to_dict() if w is not None else {"n": 0} for name, w in read.realized.items() if name in windows
+        }
+        result.versions[version] = replace(vw, windows=windows, realized=realized)
+        with self._lock:
+            self.labels_error = None
+            self.labels_read = read.rows
+            self.labels_truncated = read.truncated
 
     async def _evaluate_by_deadline(self, at: float) -> FleetResult:
         limit = self.settings.fleet.refresh_timeout_seconds
@@ -158,9 +213,29 @@ class FleetEvaluator:
         bad = {v for v, _ in out.mismatches}
         for version, wins in per_version.items():
             if version not in bad:
-                out.versions[version] = VersionWindows(wins, replicas.get(version, {}))
+                out.versions[version] = VersionWindows(wins, replicas.get(version, {}), classes=self._classes(wins))
         out.seconds = time.perf_counter() - t0
         return out
+
+    def _classes(self, wins: dict[str, tuple[WindowStats, dict[str, Estimate]]]) -> dict[str, dict[str, Any]]:
+        """Per window, CBPE's per-class figures from the summed per-class sums (where the replicas
+        export them: up to their class cap)."""
+        out: dict[str, dict[str, Any]] = {}
+        if not self.classes:
+            return out
+        for name, (s, _) in wins.items():
+            figures = window_class_metrics(
+                s.cbpe_predicted, s.cbpe_true_positive, s.cbpe_support, self.classes, per_class=self.per_class
+            )
+            if figures is not None:
+                out[name] = figures
+        return out
+
+    def _labels_failed(self, reason: str, message: str) -> None:
+        with self._lock:
+            self.label_errors[reason] += 1
+            self.labels_error = f"{reason}: {printable(message, 500)}"
+        log.warning("fleet: reading the labels failed (%s); label-free estimates only: %s", reason, message)
 
     def refresh(self) -> bool:
         """Evaluate now; on any failure keep the last result and count the failure under its reason.
@@ -237,10 +312,22 @@ class FleetEvaluator:
                 "query_errors": {k: v for k, v in self.errors.items() if v},
                 "unknown_stats_total": self.unknown_stats_total,
                 "mismatches": [{"version": mv, "reason": why} for mv, why in sorted(r.mismatches)] if r else [],
+                "labels": self._labels_json(),
             },
             "versions": {name: _windows_json(vw, self.headline) for name, vw in r.versions.items()}
             if r is not None
             else {},
+        }
+
+    def _labels_json(self) -> dict[str, Any]:
+        """The state of the store's labels: whether they are read, how many, and the last failure."""
+        return {
+            "enabled": self.labels is not None,
+            "version": self.settings.model.version if self.labels is not None else None,
+            "read": self.labels_read,
+            "truncated_windows": list(self.labels_truncated),
+            "last_error": self.labels_error,
+            "errors": {k: v for k, v in self.label_errors.items() if v},
         }
 
     def snapshot(self) -> FleetSnapshot:
@@ -259,7 +346,7 @@ class FleetEvaluator:
                     for window, (_, ests) in vw.windows.items()
                     if (chosen := headline_of(ests, self.headline)) is not None
                 ]
-                versions.append(FleetVersion(version, points, samples, dict(vw.replicas), headline))
+                versions.append(FleetVersion(version, points, samples, dict(vw.replicas), headline, vw.classes))
         return FleetSnapshot(
             model=self.model,
             versions=versions,
@@ -270,6 +357,7 @@ class FleetEvaluator:
             stale=self.stale(),
             restarted_replicas=r.restarted_replicas if r is not None else 0,
             unknown_stats_total=self.unknown_stats_total,
+            label_errors=dict(self.label_errors) if self.labels is not None else {},
         )
 
 
@@ -296,10 +384,15 @@ def _windows_json(vw: VersionWindows, headline: str) -> dict[str, Any]:
         w: dict[str, Any] = {
             "n": stats.n,
             "fails": stats.fails,
+            "n_labels": stats.lab_n,
             "fails_by_family": dict(stats.fails_by_family),
             "replicas": vw.replicas.get(name, 0),
             "estimates": {k: e.to_dict() for k, e in ests.items()},
         }
+        if name in vw.classes:
+            w["classes"] = {"estimated": vw.classes[name]}
+        if name in vw.realized:
+            w["realized"] = vw.realized[name]
         chosen = headline_of(ests, headline)
         if chosen is not None:
             w["headline"] = {"estimator": chosen[0], **chosen[1].to_dict()}

@@ -62,16 +62,21 @@ class StatSchema:
     inputs: bool
 
     @classmethod
-    def of_bundle(cls, calibration: EstimatorCalibration) -> StatSchema:
-        """The names replicas judging with ``calibration`` export."""
-        return cls.of_reference(calibration.shift.reference if calibration.shift is not None else None)
+    def of_bundle(cls, calibration: EstimatorCalibration, n_classes: int | None = None) -> StatSchema:
+        """The names replicas judging with ``calibration`` export (``n_classes``: the model's classes,
+        for the per-class sums of bundles without an input reference)."""
+        return cls.of_reference(calibration.shift.reference if calibration.shift is not None else None, n_classes)
 
     @classmethod
-    def of_reference(cls, ref: InputReference | None) -> StatSchema:
+    def of_reference(cls, ref: InputReference | None, n_classes: int | None = None) -> StatSchema:
         """The names replicas export whose bundle's input reference is ``ref`` (None: no
-        ``shift_aware`` part; see :func:`stat_items`)."""
+        ``shift_aware`` part; see :func:`stat_items`) and whose model has ``n_classes`` classes (None:
+        the reference's)."""
         inputs = ref is None or ref.leaf_bins > 0
         full = WindowStats()
+        k = n_classes if n_classes is not None else ref.n_classes if ref is not None else 0
+        full.cbpe_predicted = [0] * k
+        full.cbpe_true_positive = full.cbpe_support = [0.0] * k
         if ref is not None:
             full.leaves = [0] * ref.n_leaf_bins
             full.class_counts = [0] * ref.n_classes
@@ -174,3 +179,16 @@ class _Checks:
         for i in range(max(len(counts), len(confs))):
             count, conf = counts[i] if i < len(counts) else 0, confs[i] if i < len(confs) else 0.0
             self.at_most(conf, count, f"the confidence sum of class {i} exceeds its count")
+        self.cbpe()
+
+    def cbpe(self) -> None:
+        """CBPE's per-class sums: predictions per predicted class add up to ``cbpe_n`` (at most ``n``),
+        the predicted class's probability is at most one per prediction, every class's at most one."""
+        s = self.s
+        self.require(s.cbpe_n <= s.n, f"cbpe_n {s.cbpe_n} > n {s.n}")
+        if s.cbpe_predicted:
+            self.adds_up(sum(s.cbpe_predicted), s.cbpe_n, "the CBPE predictions per class (to cbpe_n)")
+        for i, tp in enumerate(s.cbpe_true_positive):
+            count = s.cbpe_predicted[i] if i < len(s.cbpe_predicted) else 0
+            self.at_most(tp, count, f"the expected true positives of class {i} exceed its predictions")
+        self.at_most(sum(s.cbpe_support), s.cbpe_n, "the expected supports exceed cbpe_n")

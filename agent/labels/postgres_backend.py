@@ -115,6 +115,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
+#: What :meth:`PostgresBackend._labeled` decodes, in its order (one list for every read of labels).
+_LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
 _REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
@@ -400,14 +402,21 @@ class PostgresBackend:
         return n
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
-        sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
-            " FROM icos_labels WHERE identity = %s AND ts >= %s ORDER BY ts DESC, seq DESC, idx DESC"
-        )
+        sql = f"SELECT {_LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s"  # noqa: S608
+        sql += " ORDER BY ts DESC, seq DESC, idx DESC"
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
             sql += " LIMIT %s"
             args.append(int(limit))
+        return self._labeled(sql, args)
+
+    def labeled_between(self, identity: str, since: float, until: float, limit: int) -> LabeledRows:
+        """The newest ``limit`` labeled predictions of ``identity`` made in ``[since, until]`` (the fleet's
+        read): a backward scan of the ``(identity, ts)`` index stopping at the cap (by ``ts`` alone: no sort)."""
+        sql = f"SELECT {_LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s"  # noqa: S608
+        return self._labeled(sql + " ORDER BY ts DESC LIMIT %s", [identity, float(since), float(until), int(limit)])
+
+    def _labeled(self, sql: str, args: list[Any]) -> LabeledRows:
         try:
             self._ensure_schema()
             with self._tx() as conn:

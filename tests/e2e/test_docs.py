@@ -73,12 +73,21 @@ def _fleet_exported() -> dict[str, set[str]]:
 
     snap = FleetSnapshot(
         model="mnist",
-        versions=[FleetVersion("1", [EstimatePoint("shift_aware", "5m", 0.9, 0.8, 0.95, 10)], {"5m": 10}, {"5m": 3})],
+        versions=[
+            FleetVersion(
+                "1",
+                [EstimatePoint("shift_aware", "5m", 0.9, 0.8, 0.95, 10)],
+                {"5m": 10},
+                {"5m": 3},
+                classes={"5m": {"macro": {"precision": 0.9, "recall": 0.8, "f1": 0.85}}},
+            )
+        ],
         mismatches=[("2", "mixed")],
         last_success=1.0,
         refresh_seconds=0.1,
         errors={"unreachable": 0},
         stale=False,
+        label_errors={"unreachable": 0},
     )
     out: dict[str, set[str]] = {}
     for fam in FleetCollector(lambda: snap).collect():

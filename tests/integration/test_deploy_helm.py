@@ -374,3 +374,14 @@ def test_prediction_store_url_comes_from_an_existing_secret(tmp_path: Path, monk
     assert config.load_settings(f).labels.database_url() == "postgresql://icos:pw@db:5432/icos"
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmError):
         chart.validate_schema({"predictionStore": {"existingSecret": "pg", "key": ""}})
+    # the fleet evaluator reads the same store (the fleet's with_labels), its URL from the same Secret
+    fleet_on = {"fleet": {"enabled": True, "prometheusUrl": "http://prometheus.monitoring:9090"}}
+    for store, want in (({}, None), ({"predictionStore": {"existingSecret": "pg"}}, {"name": "pg", "key": "url"})):
+        fleet = next(
+            d
+            for d in render({**fleet_on, **store})
+            if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-fleet")
+        )
+        env = {e["name"]: e for e in fleet["spec"]["template"]["spec"]["containers"][0]["env"]}
+        got = env.get("ICOS_AGENT_LABELS__STORE_URL")
+        assert (got["valueFrom"]["secretKeyRef"] if got else None) == want

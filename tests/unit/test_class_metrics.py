@@ -91,7 +91,7 @@ def test_window_sums_give_the_expected_metrics_of_the_whole_window_whatever_the_
     """A live window's CBPE figures come from additive sums: summed over batches (and bucket
     differences) they equal the figures of the expected confusion matrix of all its samples."""
     from agent.estimation.class_metrics import window_class_metrics
-    from agent.estimation.statistics import WindowStats, stat_items
+    from agent.estimation.statistics import WindowStats, stat_items, stats_from_items
 
     rng = np.random.default_rng(3)
     p, pred, _ = _calibrated(rng, 900, 4)
@@ -120,8 +120,12 @@ def test_window_sums_give_the_expected_metrics_of_the_whole_window_whatever_the_
     assert means is not None and set(means) == {"macro", "weighted"}
     assert window_class_metrics(total.cbpe_predicted, total.cbpe_true_positive, total.cbpe_support, names[:3]) is None
     assert window_class_metrics([], [], [], names) is None
-    # the per-class sums stay in the agent: the fleet's exported statistics do not carry them
-    assert not any(name.startswith("cbpe") for name, _ in stat_items(total))
+    # exported for the fleet (up to the class cap): the fleet rebuilds the same sums, so the same figures
+    rebuilt = stats_from_items(dict(stat_items(total)))
+    assert (rebuilt.cbpe_n, rebuilt.cbpe_predicted) == (total.cbpe_n, total.cbpe_predicted)
+    assert rebuilt.cbpe_true_positive == pytest.approx(total.cbpe_true_positive)
+    assert rebuilt.cbpe_support == pytest.approx(total.cbpe_support)
+    assert not any(name.startswith("cbpe_") and ":" in name for name, _ in stat_items(total, classes=False))
     assert WindowStats.from_dict(total.to_dict()) == total
 
 

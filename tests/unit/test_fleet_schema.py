@@ -45,7 +45,9 @@ def _stats(ref: InputReference, seed: int, n: int = 400) -> WindowStats:
         pca_error=rng.random(n) * 0.4,
         label=rng.integers(0, 10, n),
     )
-    return WindowStats.of_samples(rng.integers(0, 4, n), rng.random(n), 0.7, extras, ref)
+    out = WindowStats.of_samples(rng.integers(0, 4, n), rng.random(n), 0.7, extras, ref)
+    out.add_class_sums(rng.dirichlet(np.ones(ref.n_classes), n), extras.label)
+    return out
 
 
 REF = _reference()
@@ -66,6 +68,8 @@ def test_the_windows_of_real_predictions_pass_and_come_back_whole() -> None:
     assert set(items) <= SCHEMA.names
     got = SCHEMA.window(items, 1e6, "w")
     want = a + b
+    assert (got.cbpe_n, got.cbpe_predicted) == (want.cbpe_n, want.cbpe_predicted) and got.cbpe_n == 800
+    assert got.cbpe_support == pytest.approx(want.cbpe_support)
     assert (got.n, got.fails, got.cells, got.leaves, got.class_counts) == (
         want.n,
         want.fails,
@@ -91,6 +95,10 @@ def test_the_windows_of_real_predictions_pass_and_come_back_whole() -> None:
         (lambda d: d.update({"class_conf:3": d["class_counts:3"] + 5}), "class 3"),
         (lambda d: d.update(tdi_agree=d["n_ext"] + 1), "tdi_agree"),
         (lambda d: d.update(n_ext=d["n"] + 1), "n_ext"),
+        (lambda d: d.update(cbpe_n=d["n"] + 1), "cbpe_n"),
+        (lambda d: d.update({"cbpe_predicted:0": d["cbpe_predicted:0"] + 1}), "CBPE predictions per class"),
+        (lambda d: d.update({"cbpe_true_positive:2": d["cbpe_predicted:2"] + 3}), "true positives of class 2"),
+        (lambda d: d.update({"cbpe_support:1": d["cbpe_n"] + 5}), "expected supports"),
     ],
 )
 def test_a_window_no_predictions_can_have_is_refused(change: object, message: str) -> None:
@@ -185,3 +193,9 @@ def test_an_exception_no_check_foresaw_is_counted_as_internal() -> None:
 
 def test_a_schema_is_built_from_a_calibration_without_shift_part() -> None:
     assert StatSchema.of_bundle(CAL) == StatSchema.of_reference(None)
+    # the model's classes size its per-class sums (the replicas export them up to their class cap)
+    three = StatSchema.of_bundle(CAL, 3)
+    assert three.known("cbpe_support:2") and "cbpe_predicted:2" in three.counts
+    with pytest.raises(RefusedAnswer) as err:
+        three.known("cbpe_support:3")
+    assert err.value.reason == "bad_stat"
