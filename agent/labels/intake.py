@@ -252,7 +252,7 @@ def with_inputs(entries: list[dict[str, Any]], kept: KeptMap, classes: list[str]
     for e in entries:
         got = kept.get(e["id"])
         if got is None:
-            out.append({**e, "predicted": None, "confidence": None, "inputs": None})
+            out.append({**e, **dict.fromkeys(("predicted", "confidence", "inputs"))})  # none kept
             continue
         k, confidence, data = got
         size += len(data)

@@ -267,7 +267,9 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
 
     def recorded() -> list[dict[str, Any]]:
         res = prom.query(f'icos:headline_accuracy:ratio5m{{model="{MODEL}"}}')
-        return res if len(res) == 1 and res[0]["metric"].get("estimator") == chosen else []
+        # until the evaluator's series is fresh in the rules, the agents' own headline is recorded
+        fresh = len(res) == 1 and res[0]["metric"].get("source") == "fleet"
+        return res if fresh and res[0]["metric"].get("estimator") == chosen else []
 
     rec = poll(recorded, what=f"the recorded headline from {chosen}")
     print(f"recorded headline: {rec[0]['metric']} = {rec[0]['value'][1]}")
