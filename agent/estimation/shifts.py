@@ -567,34 +567,3 @@ def calibration_sets(
         exclude=exclude,
     )
     return CalibrationSets(clean, shifted, reference)
-
-
-def fit_shift_aware(
-    model: OnnxClassifier,
-    oracle: Oracle,
-    x_cal: np.ndarray,
-    y_cal: np.ndarray,
-    *,
-    train_x: np.ndarray,
-    metadata: Mapping[str, np.ndarray] | None = None,
-    feature_names: Sequence[str] | None = None,
-    n_sets: int | None,
-    seed: int,
-    families: Sequence[str] = FAMILIES,
-    exclude: Collection[str] = (),
-) -> ShiftCalibration:
-    """The ``shift_aware`` calibration of a model and its oracle (see :func:`fit_shift_calibration`)."""
-    sets = calibration_sets(
-        model,
-        oracle,
-        x_cal,
-        y_cal,
-        train_x=train_x,
-        metadata=metadata,
-        feature_names=feature_names,
-        n_sets=n_sets,
-        seed=seed,
-        families=families,
-        exclude=exclude,
-    )
-    return sets.fit(seed)

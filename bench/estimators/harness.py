@@ -16,7 +16,7 @@ some of the same kind as scenarios of the suite. So every scenario is also estim
 of a kind the calibration has not seen.
 
 ``shift_aware``'s calibration is a random draw (corruption strengths, windows, trees; all from
-``fit_shift_aware``'s seed). Every scenario is also estimated with the calibrations of
+``calibration_sets``' seed). Every scenario is also estimated with the calibrations of
 :attr:`Config.calibration_seeds` (records named by :func:`seeded_name`), so the report shows how far
 the shipped figures depend on that draw.
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimate_window
-from agent.estimation.shifts import fit_shift_aware
+from agent.estimation.shifts import calibration_sets
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
 from bench.estimators.scenarios import (
@@ -274,16 +274,16 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         meta = {"form": form_metadata(cal_y, parts)} if parts else None
         res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.predicted, metadata=meta)
         cal = EstimatorCalibration.fit(cal_pred.confidences, cal_pred.predicted == cal_y, res.failed)
-        shift = fit_shift_aware(
+        shift = calibration_sets(
             m, oracle, cal_x, cal_y, train_x=train_x, metadata=meta, n_sets=params.shift_sets, seed=params.seed
-        )
+        ).fit(params.seed)
         variants.append(_Variant(idi_name, oracle, cal.with_shift(shift), parts))
         if idi_name == "none" and cfg.held_out:
             kin_sets = sorted({sc.calibration_kin for sc in scenarios_for(subject)} - {()})
             for k, kin in enumerate(kin_sets, 1):
                 say(f"[{subject.name}] calibrating without {', '.join(kin)} ({k}/{len(kin_sets)})")
                 held[kin] = cal.with_shift(
-                    fit_shift_aware(
+                    calibration_sets(
                         m,
                         oracle,
                         cal_x,
@@ -292,14 +292,14 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                         n_sets=params.shift_sets,
                         seed=params.seed,
                         exclude=kin,
-                    )
+                    ).fit(params.seed)
                 )
         if idi_name == "none":
             extra = [s for s in dict.fromkeys(cfg.calibration_seeds) if s != cfg.seed]
             for k, s in enumerate(extra, 1):
                 say(f"[{subject.name}] calibrating with seed {s} ({k}/{len(extra)})")
                 seeded[s] = cal.with_shift(
-                    fit_shift_aware(m, oracle, cal_x, cal_y, train_x=train_x, n_sets=params.shift_sets, seed=s)
+                    calibration_sets(m, oracle, cal_x, cal_y, train_x=train_x, n_sets=params.shift_sets, seed=s).fit(s)
                 )
     say(
         f"[{subject.name}] oracle fitted and calibrated in {time.perf_counter() - t0:.1f}s "

@@ -10,6 +10,7 @@ import httpx
 import yaml
 
 from tests.support.ports import free_port
+from tests.support.processes import read_log, stop_process
 from tests.support.requirements import require
 from tests.support.waiting import wait_http_ready
 
@@ -64,17 +65,11 @@ class PrometheusServer:
         return self
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return read_log(self.log_path)
 
     def stop(self) -> str:
         """Stop the server (SIGTERM, then SIGKILL after 20 s); the last 3,000 characters of its log."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         return self.log()[-3000:]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
