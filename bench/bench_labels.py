@@ -41,7 +41,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,10 +50,9 @@ from agent.estimation.active import DEFAULT_FLOOR, active_accuracy, draw_probabi
 from agent.estimation.correctness import CorrectnessModel
 from agent.estimation.intervals import wilson
 from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
-from bench.estimators.harness import Config, draw_window, scenario_pool, scenarios_for, stable_seed
+from bench.estimators.harness import Config, draw_window, fit_subject, scenario_pool, scenarios_for, stable_seed
 from bench.estimators.subjects import LOADERS, Subject
 from bench.generated_docs import END, provenance, write_block
-from invariants.fitting import fit_oracle
 from invariants.oracle import Oracle
 
 ACTIVE = "active"
@@ -81,23 +80,10 @@ class Result:
 def fit_predictor(subject: Subject, cfg: Config) -> tuple[Oracle, CorrectnessModel]:
     """The subject's oracle and calibrated correctness predictor, as ``icos-agent fit`` fits them
     (TDI and ADI on the training and validation splits, the predictor on the calibration split)."""
-    m = subject.model
-    train_x, val_x = m.prepare_array(subject.train_x), m.prepare_array(subject.val_x)
-    val_pred = m.predict_batched(val_x)
-    fitted = fit_oracle(
-        m.features(train_x),
-        subject.train_y,
-        m.features(val_x),
-        subject.val_y,
-        val_pred.probabilities,
-        idi=None,
-        params=replace(cfg.fit, seed=cfg.seed),
-    )
-    oracle = Oracle(None, fitted.oracle.tdi, fitted.oracle.adi)
-    idx = fitted.calibration_index
-    cal_x, cal_y = val_x[idx], subject.val_y[idx]
-    cal_pred = m.predict_batched(cal_x)
-    res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.predicted)
+    fit = fit_subject(subject, cfg)
+    oracle = Oracle(None, fit.fitted.oracle.tdi, fit.fitted.oracle.adi)
+    cal_pred, cal_y = fit.cal_pred, fit.cal_y
+    res = oracle.judge(subject.model.features(fit.cal_x), cal_pred.probabilities, cal_pred.predicted)
     return oracle, CorrectnessModel.fit(cal_pred.confidences, cal_pred.predicted == cal_y, res.failed)
 
 

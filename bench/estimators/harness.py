@@ -40,6 +40,7 @@ from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, est
 from agent.estimation.shifts import calibration_sets
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
+from agent.model.classifier import Prediction
 from bench.estimators.scenarios import (
     ImageSpec,
     Scenario,
@@ -50,7 +51,7 @@ from bench.estimators.scenarios import (
 )
 from bench.estimators.subjects import Subject, form_metadata, idi_yaml
 from invariants.fit_params import FitParams
-from invariants.fitting import fit_oracle
+from invariants.fitting import FittedOracle, fit_oracle
 from invariants.idi import IdiRuleSet
 from invariants.oracle import Oracle
 
@@ -244,13 +245,26 @@ def scenario_pool(
     return pool_x, pool_y, copies * len(base_x), class_index
 
 
-def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
-    t0 = time.perf_counter()
+@dataclass(frozen=True)
+class SubjectFit:
+    """A subject's oracle fitted as ``icos-agent fit`` fits it (TDI on train, ADI on part of val), the
+    prepared splits and the held-out calibration split with its predictions."""
+
+    train_x: np.ndarray
+    val_x: np.ndarray
+    val_pred: Prediction
+    fitted: FittedOracle
+    cal_idx: np.ndarray
+    cal_x: np.ndarray
+    cal_y: np.ndarray
+    cal_pred: Prediction
+
+
+def fit_subject(subject: Subject, cfg: Config) -> SubjectFit:
+    """:class:`SubjectFit` of ``subject`` with the benchmark's fit parameters and seed."""
     m = subject.model
     train_x, val_x = m.prepare_array(subject.train_x), m.prepare_array(subject.val_x)
-    test_x = m.prepare_array(subject.test_x)
     val_pred = m.predict_batched(val_x)
-    params = replace(cfg.fit, seed=cfg.seed)
     fitted = fit_oracle(
         m.features(train_x),
         subject.train_y,
@@ -258,13 +272,25 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         subject.val_y,
         val_pred.probabilities,
         idi=None,
-        params=params,
+        params=replace(cfg.fit, seed=cfg.seed),
     )
+    cal_idx = fitted.calibration_index
+    cal_x = val_x[cal_idx]
+    return SubjectFit(
+        train_x, val_x, val_pred, fitted, cal_idx, cal_x, subject.val_y[cal_idx], m.predict_batched(cal_x)
+    )
+
+
+def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
+    t0 = time.perf_counter()
+    m = subject.model
+    test_x = m.prepare_array(subject.test_x)
+    params = replace(cfg.fit, seed=cfg.seed)
+    fit = fit_subject(subject, cfg)
+    train_x, val_pred, fitted = fit.train_x, fit.val_pred, fit.fitted
+    cal_idx, cal_x, cal_y, cal_pred = fit.cal_idx, fit.cal_x, fit.cal_y, fit.cal_pred
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
     assert tdi is not None  # fit_oracle always builds the TDI tree
-    cal_idx = fitted.calibration_index
-    cal_x, cal_y = val_x[cal_idx], subject.val_y[cal_idx]
-    cal_pred = m.predict_batched(cal_x)
     variants: list[_Variant] = []
     held: dict[tuple[str, ...], EstimatorCalibration] = {}  # calibrations without a scenario's kin
     seeded: dict[int, EstimatorCalibration] = {}  # calibrations of other seeds

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 from sklearn.metrics import precision_recall_fscore_support
 
-from agent.dataplane.admission import prediction_ids
 from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.estimation.statistics import WindowStats
@@ -30,6 +29,7 @@ from tests.support.agent_process import AgentProcess
 from tests.support.metrics import Scrape, scrape
 from tests.support.postgres import PostgresServer
 from tests.support.prometheus import FAST, PrometheusServer
+from tests.support.v2 import decoded_answer
 from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,11 +126,7 @@ def _infer(client: httpx.Client, url: str, x: np.ndarray, rid: str) -> dict[str,
     }
     r = client.post(f"{url}/v2/models/{MODEL}/infer", json=body)
     assert r.status_code == 200, r.text
-    out = r.json()
-    res: dict[str, Any] = {"ids": prediction_ids(out["id"], out["parameters"]["icos_prediction_count"])}
-    for t in out["outputs"]:
-        res[t["name"]] = np.asarray(t["data"]).reshape(t["shape"])
-    return res
+    return decoded_answer(r.json())
 
 
 def _estimates(url: str) -> dict[str, Any]:

@@ -42,9 +42,13 @@ def infer(url: str, x: np.ndarray, rid: str, outputs: tuple[str, ...]) -> dict[s
     """POST a JSON request; its prediction ids and the outputs as arrays (asserts a 200)."""
     r = httpx.post(f"{url}{INFER}", json=infer_body(x, outputs, rid), timeout=30)
     assert r.status_code == 200, r.text
-    out = r.json()
-    res: dict[str, Any] = {"ids": prediction_ids(out["id"], out["parameters"]["icos_prediction_count"])}
-    for t in out["outputs"]:
+    return decoded_answer(r.json())
+
+
+def decoded_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """A JSON inference answer's prediction ids and its outputs as arrays."""
+    res: dict[str, Any] = {"ids": prediction_ids(answer["id"], answer["parameters"]["icos_prediction_count"])}
+    for t in answer["outputs"]:
         res[t["name"]] = np.asarray(t["data"]).reshape(t["shape"])
     return res
 
