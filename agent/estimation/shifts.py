@@ -370,29 +370,6 @@ def calibration_family(
     return family, None
 
 
-def shifted_sets(
-    x: np.ndarray,
-    input_shape: Sequence[int],
-    *,
-    train_x: np.ndarray,
-    n_sets: int | None = None,
-    seed: int = 0,
-    families: Sequence[str] = FAMILIES,
-    exclude: Collection[str] = (),
-) -> list[ShiftedSet]:
-    """``n_sets`` corrupted copies of ``x`` (the model's prepared inputs), cycling through the
-    transformations of ``families`` (minus the set names in ``exclude``); each transformation's
-    strengths are spread evenly over (0, 1] (1 = label-breaking for most inputs). By default 8
-    copies per transformation, and at least 88.
-
-    ``train_x`` (prepared training inputs) gives the pixel range or the per-feature statistics.
-    All copies at once: for large inputs take them one at a time from :func:`iter_shifted_sets`.
-    """
-    return list(
-        iter_shifted_sets(x, input_shape, train_x=train_x, n_sets=n_sets, seed=seed, families=families, exclude=exclude)
-    )
-
-
 def iter_shifted_sets(
     x: np.ndarray,
     input_shape: Sequence[int],
@@ -403,8 +380,12 @@ def iter_shifted_sets(
     families: Sequence[str] = FAMILIES,
     exclude: Collection[str] = (),
 ) -> Iterator[ShiftedSet]:
-    """The copies of :func:`shifted_sets`, the same ones in the same order, made one at a time: 88
-    corrupted copies of a calibration split of 224×224 images held at once are gigabytes."""
+    """``n_sets`` corrupted copies of ``x`` (the model's prepared inputs), cycling through the
+    transformations of ``families`` (minus the set names in ``exclude``); each transformation's
+    strengths are spread evenly over (0, 1] (1 = label-breaking for most inputs). By default 8
+    copies per transformation, and at least 88. ``train_x`` (prepared training inputs) gives the pixel
+    range or the per-feature statistics. Made one at a time: 88 corrupted copies of a calibration
+    split of 224×224 images held at once are gigabytes."""
     rng = np.random.default_rng(seed)
     xs = np.asarray(x, dtype=np.float32)
     family, clip = calibration_family(input_shape, train_x, families)

@@ -4,12 +4,18 @@ transformations at strengths spread over (0, 1] per transformation."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
 
-from agent.estimation.shifts import AUDIT_RANGES, AUDIT_TABLE_RANGES, image_corruptions, shifted_sets
+from agent.estimation.shifts import AUDIT_RANGES, AUDIT_TABLE_RANGES, ShiftedSet, image_corruptions, iter_shifted_sets
 from agent.perturb.transforms import TRANSFORMS
+
+
+def shifted_sets(*args: Any, **kwargs: Any) -> list[ShiftedSet]:
+    """Every corrupted copy at once (small inputs here)."""
+    return list(iter_shifted_sets(*args, **kwargs))
 
 
 def _digits_like(n: int = 40, seed: int = 0) -> np.ndarray:
