@@ -13,9 +13,13 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-fast lint venv python-version system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
 
-$(BIN)/python:
+# First of all: an interpreter older than pyproject.toml's requires-python stops here, in one line.
+python-version:
+	@PYTHON=$(PYTHON) bash .ci/python-version.sh
+
+$(BIN)/python: | python-version
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 

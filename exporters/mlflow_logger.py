@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -391,7 +391,7 @@ class MlflowLogger:
         return run_id
 
     def _deliver_snapshot(self, client: Any, experiment_id: str, record: RunRecord) -> str:
-        day = datetime.fromtimestamp(record.finished_at, tz=timezone.utc).date().isoformat()
+        day = datetime.fromtimestamp(record.finished_at, tz=UTC).date().isoformat()
         series = series_key(record.model_name, record.model_version, day)
         existing = self._find_runs(client, experiment_id, TAG_SERIES, series)
         created = not existing

@@ -258,7 +258,7 @@ class Bundle:
         _check_threshold(self.decision_threshold, len(self.classes))
         if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or (target / MANIFEST).exists())):
             raise BundleError(f"{target}: exists and is not an invariant bundle; refusing to overwrite it")
-        created_at = self.created_at or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+        created_at = self.created_at or _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         payload = self._payload()
         digests = {name: sha256_bytes(data) for name, data in payload.items()}
         try:

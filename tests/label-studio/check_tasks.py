@@ -57,7 +57,7 @@ def annotate(folder: Path, answers: dict[str, list[dict[str, Any]]], out: Path) 
     for task_id, task in enumerate(tasks, 1):
         annotations = []
         for a in answers.get(task["data"]["icos_id"], []):
-            at = datetime.datetime.fromtimestamp(a["at"], tz=datetime.timezone.utc)
+            at = datetime.datetime.fromtimestamp(a["at"], tz=datetime.UTC)
             regions = [] if a["cancelled"] else li.create_regions({"label": a["choice"]})
             result = [json.loads(r.to_json()) for r in regions]
             ann = Annotation(
