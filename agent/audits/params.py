@@ -25,23 +25,31 @@ def _duration(text: str) -> float:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields are errors; each field's docstring is its description (docs/configuration.md)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 # -- audit parameters ----------------------------------------------------------------------------
 class CommonParams(_Strict):
-    label_free: bool = Field(False, description="ignore labels: accuracy means agreement with the model's own labels")
-    max_samples: int | None = Field(
-        2000, ge=1, description="use at most this many inputs (a seeded random subset); null = all"
-    )
+    label_free: bool = False
+    """ignore labels: accuracy means agreement with the model's own labels"""
+
+    max_samples: int | None = Field(2000, ge=1)
+    """use at most this many inputs (a seeded random subset); null = all"""
+
     batch_size: int = Field(256, ge=1, le=65536)
+    """inputs per model call during the audit"""
 
 
 class DScoreParams(CommonParams):
     """D-Score §IV: ``n × n`` regions, translation hyper-parameter ``t``."""
 
     n: int = Field(3, ge=1, le=16)
+    """the grid is `n × n` regions (D-Score §IV)"""
+
     t: float = Field(5.0, gt=0)
+    """translation hyper-parameter `t` (D-Score eq. 2)"""
 
 
 #: Without an explicit ``k``, this share of the data's cells is mutated per repetition: a fixed count
@@ -54,10 +62,19 @@ class MutationParams(CommonParams):
     cells, so the size scales with the table), operators DEC/IMP/SGN/DIG."""
 
     k: int | None = Field(None, ge=1)
+    """cells mutated per repetition, split equally between the operators; null = `cell_share` of the cells"""
+
     cell_share: float = Field(DEFAULT_CELL_SHARE, gt=0, le=1)
+    """share of the data's cells mutated per repetition when `k` is null (0 < share ≤ 1)"""
+
     repetitions: int = Field(5, ge=1, le=1000)
+    """repetitions per operator (mean and std are reported)"""
+
     operators: list[str] = Field(default_factory=lambda: list(MUTATION_OPERATORS))
+    """mutation operators among DEC, IMP, SGN, DIG"""
+
     seed: int = Field(0, ge=0)
+    """seed of the mutations"""
 
     @field_validator("operators")
     @classmethod
@@ -76,10 +93,20 @@ class MetamorphicParams(CommonParams):
     model has, :data:`agent.audits.relations.DEFAULT_RELATIONS`), order of composition, seed."""
 
     transformations: list[str | dict[str, Any]] | None = None
+    """transformations (names or `{name: ..., param: ...}`); null: shift, brightness, contrast, gaussian_noise, blur
+    for images; scale, noise for tables"""
+
     order: int = Field(1, ge=1, le=4)
+    """1: each transformation alone; higher: compositions of that many"""
+
     seed: int = Field(0, ge=0)
+    """seed of the random transformation parameters"""
+
     allow_flips: bool = False
+    """allow `hflip`/`vflip` (only when a flip keeps the label)"""
+
     max_compositions: int | None = Field(None, ge=1)
+    """at most this many higher-order compositions (seeded choice)"""
 
 
 # -- scheduling ----------------------------------------------------------------------------------
@@ -92,9 +119,16 @@ class AuditData(_Strict):
     """
 
     source: Literal["reference", "live"] = "reference"
+    """`reference`: a data file; `live`: the reservoir of recent live inputs (label-free)"""
+
     path: Path | None = None
+    """the data file (`.npz` x/y, CSV, Parquet) when `source` is `reference`"""
+
     label_column: str | None = None
+    """label column of a CSV/Parquet file"""
+
     min_samples: int = Field(50, ge=1)
+    """`live`: the run is skipped until the reservoir holds this many inputs"""
 
     @model_validator(mode="after")
     def _needs_path(self) -> AuditData:
@@ -110,13 +144,14 @@ class AuditDataLimits(_Strict):
     parsed (a file past one fails its audit with an error naming the setting). The data stays in the
     agent's memory between runs, so the byte bound is lower than the CLI's `--max-data-bytes` (2 GiB)."""
 
-    max_bytes: int = Field(
-        256 * 1024**2,
-        ge=1,
-        description="bytes of data held from one reference file (arrays' declared sizes; a table's rows x columns x 8)",
-    )
-    max_rows: int = Field(DEFAULT_MAX_ROWS, ge=1, description="samples or rows of a reference file")
-    max_columns: int = Field(DEFAULT_MAX_COLUMNS, ge=1, description="columns of a CSV or Parquet reference file")
+    max_bytes: int = Field(256 * 1024**2, ge=1)
+    """bytes of data held from one reference file (arrays' declared sizes; a table's rows x columns x 8)"""
+
+    max_rows: int = Field(DEFAULT_MAX_ROWS, ge=1)
+    """samples or rows of a reference file"""
+
+    max_columns: int = Field(DEFAULT_MAX_COLUMNS, ge=1)
+    """columns of a CSV or Parquet reference file"""
 
     def limits(self) -> DataLimits:
         names = LimitNames(*(f"audits.data_limits.{f}" for f in ("max_bytes", "max_rows", "max_columns")))
@@ -125,10 +160,19 @@ class AuditDataLimits(_Strict):
 
 class _Schedule(_Strict):
     cron: str | None = None
+    """run on this cron schedule (5 fields, UTC); exactly one of `cron` and `interval`"""
+
     interval: str | None = None
+    """run every this long (`30m`, `6h`); exactly one of `cron` and `interval`"""
+
     time_budget: str = "10m"
+    """past this the run stops at its next step with status `timeout`"""
+
     data: AuditData | None = None
+    """this audit's data (default: `audits.reference`, else the live reservoir)"""
+
     mlflow: bool = True
+    """log this audit's runs to MLflow"""
 
     @field_validator("interval", "time_budget")
     @classmethod
@@ -160,26 +204,27 @@ class _Schedule(_Strict):
 
 
 class DScoreJob(_Schedule, DScoreParams):
-    pass
+    """D-Score audit (``docs/audits.md``). Present = scheduled."""
 
 
 class MutationJob(_Schedule, MutationParams):
-    pass
+    """Data-mutation audit (``docs/audits.md``). Present = scheduled."""
 
 
 class MetamorphicJob(_Schedule, MetamorphicParams):
-    pass
+    """Metamorphic audit (``docs/audits.md``). Present = scheduled."""
 
 
 class ReservoirConfig(_Strict):
-    size: int = Field(1000, ge=0, le=1_000_000, description="live inputs kept for label-free audits; 0 = off")
-    horizon: str = Field("1h", description="the sample covers inputs of at most about this age")
-    max_sample_bytes: int = Field(
-        64 * 1024,
-        ge=1,
-        description="a live input whose text and dynamic-length rows (token ids) exceed this many bytes is not "
-        "kept: the reservoir holds at most size x max_sample_bytes of them (fixed-shape numbers are not counted)",
-    )
+    size: int = Field(1000, ge=0, le=1_000_000)
+    """live inputs kept for label-free audits; 0 = off"""
+
+    horizon: str = "1h"
+    """the sample covers inputs of at most about this age"""
+
+    max_sample_bytes: int = Field(64 * 1024, ge=1)
+    """a live input whose text and dynamic-length rows (token ids) exceed this many bytes is not kept: the reservoir
+    holds at most size x max_sample_bytes of them (fixed-shape numbers are not counted)"""
 
     @field_validator("horizon")
     @classmethod
@@ -194,5 +239,10 @@ class AuditMlflowConfig(_Strict):
     directory is set, else audits are not logged. Unreachable → spooled in ``<state_dir>``."""
 
     enabled: bool = True
+    """log audit runs to MLflow"""
+
     tracking_uri: str | None = None
+    """null: `sqlite:///<state_dir>/mlflow.db` when a state directory is set, else no logging"""
+
     experiment: str = Field("icos-agent", min_length=1)
+    """MLflow experiment of the audit runs"""

@@ -1,50 +1,40 @@
-"""The ``labels`` settings of the labeling sample's draws (part of :class:`agent.config.settings.LabelsConfig`):
+"""The ``labels`` settings of the labeling sample's draws (part of :class:`agent.config.labels.LabelsConfig`):
 uniform or active sampling, and the budget of labels per window (:mod:`agent.labels.sample`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from agent.config.section import Section
 from agent.core.durations import parse_duration
 
 
-class LabelSampling(BaseModel):
+class LabelSampling(Section):
     """How predictions are drawn into the labeling sample (``labels.sample_rate`` stays with the other
     ``labels`` settings: it predates the choice)."""
 
-    model_config = ConfigDict(extra="forbid")
+    sampling: Literal["active", "uniform"] | None = None
+    """how predictions are drawn into the labeling sample: `active` (each with a probability growing with the
+    bundle's predicted uncertainty that it is correct, `labels.per_window` expected per `labels.budget_window`;
+    every label weighted by its inverse probability) or `uniform` (each with probability `labels.sample_rate`);
+    null: `uniform` when `labels.sample_rate` is set, else `active`"""
 
-    sampling: Literal["active", "uniform"] | None = Field(
-        None,
-        description="how predictions are drawn into the labeling sample: `active` (each with a probability "
-        "growing with the bundle's predicted uncertainty that it is correct, `labels.per_window` expected per "
-        "`labels.budget_window`; every label weighted by its inverse probability) or `uniform` (each with "
-        "probability `labels.sample_rate`); null: `uniform` when `labels.sample_rate` is set, else `active`",
-    )
-    per_window: int = Field(
-        200,
-        ge=1,
-        le=1_000_000,
-        description="with active sampling, the labels to draw per `labels.budget_window` (expected; the "
-        "traffic rate is measured and smoothed)",
-    )
-    budget_window: str = Field("1h", description="the window `labels.per_window` is counted over (e.g. `1h`)")
-    active_floor: float = Field(
-        0.5,  # agent.estimation.active.DEFAULT_FLOOR
-        gt=0,
-        le=1,
-        description="with active sampling, the share of the budget drawn uniformly: every prediction is drawn "
-        "with probability at least this share of the mean rate",
-    )
-    boost_factor: float = Field(
-        2.0,
-        ge=1,
-        le=100,
-        description="with active sampling, how much faster the budget is spent while the trust signal says "
-        "the label-free estimate of a window is outside its calibrated range",
-    )
+    per_window: int = Field(200, ge=1, le=1_000_000)
+    """with active sampling, the labels to draw per `labels.budget_window` (expected; the traffic rate is measured
+    and smoothed)"""
+
+    budget_window: str = "1h"
+    """the window `labels.per_window` is counted over (e.g. `1h`)"""
+
+    active_floor: float = Field(0.5, gt=0, le=1)  # agent.estimation.active.DEFAULT_FLOOR
+    """with active sampling, the share of the budget drawn uniformly: every prediction is drawn with probability at
+    least this share of the mean rate"""
+
+    boost_factor: float = Field(2.0, ge=1, le=100)
+    """with active sampling, how much faster the budget is spent while the trust signal says the label-free estimate
+    of a window is outside its calibrated range"""
 
     @model_validator(mode="after")
     def _sampling(self) -> LabelSampling:

@@ -1,5 +1,9 @@
 """Configuration of ``icos-agent serve``: a YAML file plus ``ICOS_AGENT_`` environment overrides.
 
+:class:`AgentSettings` is the root; its sections live with their concern (:mod:`.model`, :mod:`.server`,
+:mod:`.estimates`, :mod:`.labels`, :mod:`.fleet`, and :mod:`agent.audits.config` for ``audits``), each field
+documented by its docstring, from which ``docs/gen_config.py`` writes docs/configuration.md.
+
 Precedence (highest first): environment variables (``ICOS_AGENT_SERVER__PORT=9000``; ``__`` separates
 nested fields), the YAML file, the defaults below. Secrets (the admin bearer token) are read from the
 environment only (``ICOS_AGENT_ADMIN_TOKEN``) and never from the file.
@@ -12,16 +16,20 @@ one line per problem, each naming the field, e.g.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
-from agent.config.sampling import LabelSampling
+from agent.config.estimates import JudgingConfig, MetricsConfig, StateConfig, WindowsConfig
+from agent.config.fleet import FleetConfig
+from agent.config.labels import LabelsConfig
+from agent.config.model import BundleConfig, ModelConfig
+from agent.config.section import Section
+from agent.config.server import ObserveConfig, ServerConfig, UpstreamConfig
 from agent.core.durations import parse_duration
 from agent.errors import UserError
 from invariants.untrusted import safe_load_yaml
@@ -34,344 +42,13 @@ LABELS_TOKEN_ENV = "ICOS_AGENT_LABELS_TOKEN"
 SECRET_ENVS = (ADMIN_TOKEN_ENV, LABELS_TOKEN_ENV)
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelConfig(_Section):
-    name: str = Field("model", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    version: str = Field("1", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    path: Path | None = None
-    uri: str | None = Field(None, pattern=r"^(models|runs|mlflow-artifacts|https?|s3|gs|file):.+")
-    tracking_uri: str | None = None
-    scores_output: str | None = None
-    scores_kind: Literal["auto", "logits", "probabilities"] = "auto"
-    classes: list[str] | None = None
-
-
-class BundleConfig(_Section):
-    path: Path | None = None
-
-
-class ServerConfig(_Section):
-    host: str = "0.0.0.0"  # noqa: S104 - a sidecar listens on the pod network
-    port: int = Field(8080, ge=1, le=65535)
-    metrics_port: int | None = Field(None, ge=1, le=65535)
-    admin_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="a port of its own for the admin API (reload, recalibrate, triggered audits): "
-        "when set, those endpoints answer only there (404 on server.port) and that port answers only "
-        "them and the health checks, so a NetworkPolicy can admit its callers alone; null keeps them on server.port",
-    )
-    grpc_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="port of the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`, "
-        "serve and proxy modes; 8081 is the usual choice beside Triton's and KServe's); null: HTTP only. "
-        "Request messages are bounded by `server.max_body_bytes`",
-    )
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
-    max_inflight_bytes: int = Field(
-        256 * 1024 * 1024,
-        ge=1024,
-        description="bytes of request bodies (HTTP) and messages (gRPC) held at once; a request that does not fit "
-        'is answered 503 with `Retry-After` (`icos_connections_refused_total{reason="bytes_in_flight"}`), so a '
-        "burst of large requests cannot hold gigabytes; one request always fits an idle server",
-    )
-    max_batch: int = Field(1024, ge=1)
-    max_tensor_elements: int = Field(1 << 24, ge=1)
-    threads: int = Field(8, ge=1, le=256)
-    blas_threads: int = Field(1, ge=1, le=256)
-    graceful_timeout_seconds: float = Field(20.0, gt=0)
-    access_log: bool = False
-    max_metadata_value_bytes: int = Field(1024, ge=1, le=1 << 20)
-    limit_concurrency: int = Field(512, ge=1, le=1_000_000)
-    timeout_keep_alive_seconds: int = Field(5, ge=1, le=3600)
-    header_timeout_seconds: float = Field(10.0, gt=0, le=3600)
-    body_timeout_seconds: float = Field(
-        60.0,
-        gt=0,
-        le=3600,
-        description="a request body not complete this many seconds after its head closes the connection "
-        '(icos_connections_refused_total{reason="body_timeout"}); bounds how long a client that dribbles '
-        "its body holds a request slot",
-    )
-    max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
-
-
-class UpstreamConfig(_Section):
-    url: str | None = None
-    model_name: str | None = None
-    timeout_seconds: float = Field(10.0, gt=0, le=600)
-    scores_output: str | None = None
-    max_response_bytes: int = Field(
-        64 * 1024 * 1024,
-        ge=1024,
-        le=1 << 32,
-        description="largest upstream answer the agent reads (its declared length and the bytes streamed); "
-        "a larger one answers 502 and is never buffered past this",
-    )
-    ready_interval_seconds: float = Field(
-        2.0,
-        ge=0.05,
-        le=300,
-        description="how often the agent asks the upstream whether its model is ready "
-        "(`GET /v2/models/{upstream.model_name}/ready`, in the background); the agent's own readiness "
-        "(`/v2/health/ready`, gRPC `ServerReady`/`ModelReady`) follows the last answer",
-    )
-    ready_timeout_seconds: float = Field(
-        1.0,
-        gt=0,
-        le=60,
-        description="bound on one readiness check of the upstream: no 200 within it counts as not ready",
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://[^\s/]+", v):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.rstrip("/") if v else v
-
-
-class WindowsConfig(_Section):
-    time: list[str] = Field(default_factory=lambda: ["5m", "1h"])
-    count: int | None = Field(1000, ge=1, le=10_000_000)
-
-    @field_validator("time")
-    @classmethod
-    def _durations(cls, v: list[str]) -> list[str]:
-        seen: set[float] = set()
-        for item in v:
-            seconds = parse_duration(item)
-            if seconds < 1:
-                raise ValueError(f"window {item!r} is shorter than one second")
-            if seconds in seen:
-                raise ValueError(f"window {item!r} is listed twice")
-            seen.add(seconds)
-        return [s.strip() for s in v]
-
-
-class MetricsConfig(_Section):
-    per_class_label_cap: int = Field(20, ge=0, le=1000)
-
-
-class JudgingConfig(_Section):
-    sample_rate: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="share of requests judged when their client does not ask for `icos_verdict` (drawn uniformly "
-        "at random per request): bounds the agent's cost whatever the traffic; the estimates and their intervals "
-        "rest on the judged predictions (`n`), the others are counted in `icos_unjudged_predictions_total` and not "
-        "stored for delayed labels. Verdicts a client asks for are always computed; `labels.durability: commit` "
-        "judges every request",
-    )
-
-
-class ObserveConfig(_Section):
-    queue_size: int = Field(1000, ge=1)
-    event_ttl_seconds: float = Field(60.0, gt=0)
-    event_buffer: int = Field(10_000, ge=1)
-    max_pending_bytes: int = Field(
-        64 * 1024 * 1024,
-        ge=1024,
-        description="bytes of decoded CloudEvents waiting for their pair; an event that would pass it is "
-        "refused with 429 and `Retry-After`, so unpaired events cannot fill the pod's memory",
-    )
-    max_metadata_bytes: int = Field(
-        4 * 1024 * 1024,
-        ge=1024,
-        description="per-sample metadata of one observation or request event, counted as numpy stores it "
-        "(samples × longest value, summed over fields); refused with 413 before it is allocated",
-    )
-    workers: int = Field(1, ge=1, le=32)
-
-
-class StateConfig(_Section):
-    flush_interval_seconds: float = Field(10.0, gt=0)
-
-
-class SecurityConfig(_Section):
+class SecurityConfig(Section):
     """``allowed_roots``: when not empty, every model, bundle and audit data path (in the file and in
     reload requests) must lie under one of these directories after symlinks are resolved."""
 
     allowed_roots: list[Path] = Field(default_factory=list)
-
-
-class LabelsConfig(LabelSampling):
-    """Delayed labels (:mod:`agent.labels.service`): the prediction store and recalibration."""
-
-    enabled: bool = True
-    max_predictions: int = Field(200_000, ge=100, le=100_000_000)
-    max_age: str = "7d"
-    flush_interval_seconds: float = Field(1.0, gt=0, le=600)
-    queue_limit: int = Field(100_000, ge=1000)
-    max_batch: int = Field(10_000, ge=1, le=1_000_000)
-    min_recalibration_samples: int = Field(200, ge=10)
-    auto_recalibrate_every: int | None = Field(None, ge=10)
-    durability: Literal["batched", "commit"] = Field(
-        "batched",
-        description="`batched`: predictions are committed every flush interval, after the answer (a SIGKILL "
-        "loses at most that interval's, gauge `icos_prediction_store_queued`); `commit`: a request is "
-        "answered only after its predictions are committed (group commit across concurrent requests)",
-    )
-    commit_timeout_seconds: float = Field(
-        5.0,
-        gt=0,
-        le=300,
-        description="in `commit` mode, how long a request waits for its commit before it is answered 503 "
-        "(`prediction_store_unavailable`)",
-    )
-    store_url: SecretStr | None = Field(
-        None,
-        description="a `postgresql://` URL: keep predictions and labels in PostgreSQL shared by every replica "
-        "(null: SQLite in `state_dir`); `mode: fleet` reads the fleet's labels from it (its `with_labels`); "
-        "prefer the environment variable `ICOS_AGENT_LABELS__STORE_URL` or `labels.store_url_file` over the "
-        "config file; its password is never shown",
-    )
-    store_url_file: Path | None = Field(
-        None,
-        description="a file holding the `postgresql://` URL (e.g. a mounted Kubernetes Secret), read at start "
-        "instead of `labels.store_url`",
-    )
-    pool_size: int = Field(4, ge=1, le=64, description="PostgreSQL connections per replica at most")
-    sample_rate: float = Field(
-        0.01,
-        ge=0,
-        le=1,
-        description="with `labels.sampling: uniform`, the share of predictions drawn uniformly at random into "
-        "the labeling sample (listed by `GET /v1/labels/requests`); their labels give the estimator "
-        "`with_labels`, valid whatever the shift (0: no sample)",
-    )
-    keep_sampled_inputs: bool = Field(
-        False,
-        description="keep the inputs of sampled predictions for labeling (`GET /v1/labels/requests?inputs=true`, "
-        "`icos-agent labels export`): user data, bounded by the two settings below",
-    )
-    max_kept_input_bytes: int = Field(65_536, ge=64, le=1 << 24, description="larger encoded inputs are not kept")
-    max_kept_inputs_bytes: int = Field(1 << 26, ge=1024, le=1 << 36, description="all kept inputs; the oldest go first")
-    fleet_refresh_seconds: float = Field(
-        10.0,
-        gt=0,
-        le=3600,
-        description="with a shared store, how often the realized windows re-read the labels every replica received",
-    )
-
-    @model_validator(mode="after")
-    def _store_url(self) -> LabelsConfig:
-        if self.store_url is not None and self.store_url_file is not None:
-            raise ValueError("set labels.store_url or labels.store_url_file, not both")
-        url = self.store_url.get_secret_value() if self.store_url is not None else None
-        if url is not None and not url.startswith(("postgresql://", "postgres://")):
-            raise ValueError("labels.store_url must be a postgresql:// URL")
-        return self
-
-    def database_url(self) -> str | None:
-        """The store's PostgreSQL URL (from ``store_url`` or read from ``store_url_file``), or None."""
-        if self.store_url is not None:
-            return self.store_url.get_secret_value().strip() or None
-        if self.store_url_file is None:
-            return None
-        try:
-            text = self.store_url_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise UserError(f"labels.store_url_file: cannot read {self.store_url_file}: {exc.strerror}") from exc
-        if not text.startswith(("postgresql://", "postgres://")):
-            raise UserError(f"labels.store_url_file: {self.store_url_file} does not hold a postgresql:// URL")
-        return text
-
-    @field_validator("max_age")
-    @classmethod
-    def _age(cls, v: str) -> str:
-        if parse_duration(v) < 1:
-            raise ValueError(f"{v!r} is shorter than one second")
-        return v.strip()
-
-    @property
-    def max_age_seconds(self) -> float:
-        return parse_duration(self.max_age)
-
-
-class FleetConfig(_Section):
-    """``mode: fleet``: the evaluator that sums every replica's ``icos_window_stat_total`` from a
-    Prometheus-compatible API and serves the fleet's estimates (:mod:`agent.fleet`)."""
-
-    prometheus_url: str | None = Field(
-        None,
-        description="base URL of a Prometheus-compatible HTTP API (Prometheus, VictoriaMetrics, Thanos Query, Mimir's "
-        "/prometheus prefix); /api/v1/query is appended",
-    )
-    refresh_seconds: float = Field(30.0, ge=1, le=3600, description="seconds between two evaluations of the fleet")
-    query_timeout_seconds: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="total deadline of one query to the API: connecting, sending and reading its whole answer "
-        '(icos_fleet_query_errors_total{reason="timeout"})',
-    )
-    refresh_timeout_seconds: float = Field(
-        60.0,
-        gt=0,
-        le=3600,
-        description="total deadline of one refresh (every query of every window, and the estimators); a refresh "
-        'past it fails (icos_fleet_query_errors_total{reason="deadline"}) and the last estimates are kept, so '
-        "a slow or dripping API cannot hold the evaluator longer",
-    )
-    max_response_bytes: int = Field(
-        8 * 1024 * 1024,
-        ge=64 * 1024,
-        le=1 << 30,
-        description="largest answer of the API read (its declared length and the bytes streamed); a larger one "
-        'fails the refresh (reason="too_large") without being buffered past this. Parsing an answer costs up '
-        "to about 15 times its size in memory; a restarted replica's raw samples are the largest legitimate "
-        "answer (docs/scaling.md)",
-    )
-    max_series: int = Field(
-        20_000,
-        ge=100,
-        le=1_000_000,
-        description='most series in one answer of the API; more fail the refresh (reason="too_many_series")',
-    )
-    max_versions: int = Field(
-        16,
-        ge=1,
-        le=1000,
-        description="most model versions in one window's answers (each one is estimated and exported); more fail "
-        'the refresh (reason="too_many_versions")',
-    )
-    selector: str = Field(
-        "",
-        pattern=r'^[A-Za-z0-9_]+(=|!=|=~|!~)"[^"\\]*"(,[A-Za-z0-9_]+(=|!=|=~|!~)"[^"\\]*")*$|^$',
-        description='further label matchers of the replicas\' series, e.g. namespace="prod",job="icos-agent"',
-    )
-    lookback_seconds: float = Field(
-        300.0,
-        ge=1,
-        le=86_400,
-        description="how far before a window's start a replica's last counter value is looked for "
-        "(Prometheus's default lookback is 5 minutes)",
-    )
-    stale_after_seconds: float | None = Field(
-        None,
-        gt=0,
-        description="age of the last successful evaluation after which estimates are marked stale "
-        "(default: three refresh periods)",
-    )
-
-    @field_validator("prometheus_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.rstrip("/") if v else v
-
-    @property
-    def stale_seconds(self) -> float:
-        return self.stale_after_seconds or 3 * self.refresh_seconds
+    """when not empty, every model, bundle and audit data path (in the file and in reload requests) must lie under
+    one of these directories, symlinks resolved"""
 
 
 class AgentSettings(BaseSettings):
@@ -382,9 +59,13 @@ class AgentSettings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         case_sensitive=False,
+        use_attribute_docstrings=True,
     )
 
     mode: Literal["serve", "proxy", "observe", "fleet"] = "serve"
+    """`serve`: the agent runs the ONNX model; `proxy`: forwards V2 requests to `upstream` and judges its answers;
+    `observe`: judges predictions posted to `/v1/observe`"""
+
     model: ModelConfig = Field(default_factory=ModelConfig)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -397,8 +78,14 @@ class AgentSettings(BaseSettings):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     labels: LabelsConfig = Field(default_factory=LabelsConfig)
     state_dir: Path | None = None
+    """directory for state: estimate windows, the prediction store of delayed labels, the MLflow spool and the
+    default MLflow store `sqlite:///<state_dir>/mlflow.db`; one agent per directory (`serve` locks
+    `<state_dir>/icos-agent.lock`, a second agent on it does not start)"""
+
     audits: AuditsConfig = Field(default_factory=AuditsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """level of the JSON log lines on stderr"""
+
     fleet: FleetConfig = Field(default_factory=FleetConfig)
 
     @model_validator(mode="after")
