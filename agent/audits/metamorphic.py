@@ -50,7 +50,6 @@ from agent.model.inputs import Inputs, InputSpec, Signature
 from agent.perturb.transforms import TRANSFORMS, TransformContext
 
 __all__ = [
-    "MetamorphicConfigError",
     "TransformSpec",
     "apply_relation",
     "apply_to_inputs",
@@ -62,10 +61,6 @@ __all__ = [
 
 PredictProba = Callable[[Any], np.ndarray]
 Z95 = 1.959963984540054
-
-
-class MetamorphicConfigError(AuditError):
-    """The transformation configuration is invalid (unknown name/parameter, unsafe flip, ...)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +86,7 @@ class TransformSpec:
 def _input_names(name: str, value: Any) -> tuple[str, ...]:
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list | tuple) or not names or not all(isinstance(n, str) and n for n in names):
-        raise MetamorphicConfigError(f"'input' of transformation {name!r} must be an input name or a list of them")
+        raise AuditError(f"'input' of transformation {name!r} must be an input name or a list of them")
     return tuple(names)
 
 
@@ -104,7 +99,7 @@ def parse_specs(
     Flips are refused unless ``flips_safe`` is declared. Duplicate labels get a numeric suffix.
     """
     if not items:
-        raise MetamorphicConfigError("no transformations configured")
+        raise AuditError("no transformations configured")
     specs: list[TransformSpec] = []
     seen: dict[str, int] = {}
     for item in items:
@@ -121,39 +116,37 @@ def parse_specs(
                 inputs = _input_names(str(name), body.pop("input"))
             nested = body.pop("params", None)
             if nested is not None and not isinstance(nested, Mapping):
-                raise MetamorphicConfigError(f"'params' of transformation {name!r} must be a mapping")
+                raise AuditError(f"'params' of transformation {name!r} must be a mapping")
             params = {**(dict(nested) if nested else {}), **body}
         else:
-            raise MetamorphicConfigError(f"cannot read transformation spec {item!r}")
+            raise AuditError(f"cannot read transformation spec {item!r}")
         if not isinstance(name, str) or name not in RELATIONS:
-            raise MetamorphicConfigError(f"unknown transformation {name!r}; choose from {', '.join(RELATIONS)}")
+            raise AuditError(f"unknown transformation {name!r}; choose from {', '.join(RELATIONS)}")
         info = RELATIONS[name]
         if info.is_flip and not flips_safe:
-            raise MetamorphicConfigError(
+            raise AuditError(
                 f"{name} is not label-preserving in general (a flipped 6 may read as 9); "
                 "declare flips safe for this data set to use it"
             )
         unknown = sorted(set(params) - set(info.defaults))
         if unknown:
-            raise MetamorphicConfigError(
-                f"unknown parameter(s) {unknown} for {name}; it takes {sorted(info.defaults) or 'none'}"
-            )
+            raise AuditError(f"unknown parameter(s) {unknown} for {name}; it takes {sorted(info.defaults) or 'none'}")
         clean: dict[str, float] = {}
         for key, value in params.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise MetamorphicConfigError(f"parameter {key} of {name} must be a finite number, got {value!r}")
+                raise AuditError(f"parameter {key} of {name} must be a finite number, got {value!r}")
             if value < 0 and key != "fill":
-                raise MetamorphicConfigError(f"parameter {key} of {name} must be >= 0, got {value}")
+                raise AuditError(f"parameter {key} of {name} must be >= 0, got {value}")
             if key == "strength" and value > 1:
-                raise MetamorphicConfigError(f"parameter strength of {name} must be <= 1, got {value}")
+                raise AuditError(f"parameter strength of {name} must be <= 1, got {value}")
             if key == "vocab" and not float(value).is_integer():
-                raise MetamorphicConfigError(f"parameter vocab of {name} must be a whole number of ids")
+                raise AuditError(f"parameter vocab of {name} must be a whole number of ids")
             clean[key] = float(value)
         if name == "shift" and not float(clean.get("max_pixels", 2)).is_integer():
-            raise MetamorphicConfigError("shift max_pixels must be a whole number of pixels")
+            raise AuditError("shift max_pixels must be a whole number of pixels")
         base = label or name
         if "+" in base:
-            raise MetamorphicConfigError(f"transformation label {base!r} must not contain '+'")
+            raise AuditError(f"transformation label {base!r} must not contain '+'")
         seen[base] = seen.get(base, 0) + 1
         specs.append(TransformSpec(name, clean, base if seen[base] == 1 else f"{base}_{seen[base]}", inputs))
     return specs
@@ -166,13 +159,13 @@ def build_relations(
     distinct specs, applied in configuration order; ``max_compositions`` keeps a seeded random
     subset of them."""
     if order < 1:
-        raise MetamorphicConfigError(f"order must be >= 1, got {order}")
+        raise AuditError(f"order must be >= 1, got {order}")
     if order > len(specs):
-        raise MetamorphicConfigError(f"order {order} needs at least {order} transformations, got {len(specs)}")
+        raise AuditError(f"order {order} needs at least {order} transformations, got {len(specs)}")
     combos = list(itertools.combinations(specs, order))
     if max_compositions is not None:
         if max_compositions < 1:
-            raise MetamorphicConfigError(f"max_compositions must be >= 1, got {max_compositions}")
+            raise AuditError(f"max_compositions must be >= 1, got {max_compositions}")
         if max_compositions < len(combos):
             rng = np.random.default_rng([seed, 0x5EED])
             keep = sorted(rng.choice(len(combos), size=max_compositions, replace=False).tolist())
@@ -195,10 +188,10 @@ def apply_relation(x: np.ndarray, relation: Sequence[TransformSpec], seed: int, 
     out = np.asarray(x, dtype=np.float64)
     for spec in relation:
         if spec.name not in TRANSFORMS:
-            raise MetamorphicConfigError(f"{spec.name} transforms {RELATIONS[spec.name].kind} inputs, not an array")
+            raise AuditError(f"{spec.name} transforms {RELATIONS[spec.name].kind} inputs, not an array")
         info = TRANSFORMS[spec.name]
         if info.images_only and out.ndim < 3:
-            raise MetamorphicConfigError(f"{spec.name} needs images [N, (C,) H, W]; the data has shape {list(x.shape)}")
+            raise AuditError(f"{spec.name} needs images [N, (C,) H, W]; the data has shape {list(x.shape)}")
         out = info.fn(out, rng, ctx, spec.resolved())
     return out.astype(x.dtype, copy=False) if x.dtype.kind == "f" else out
 
@@ -225,12 +218,12 @@ def check_applies(
     specs: Sequence[TransformSpec], kinds: InputKinds, flips_safe: bool = False
 ) -> dict[str, tuple[str, ...]]:
     """The inputs each spec transforms (by label); a spec that fits no input of the model raises a
-    one-line :class:`MetamorphicConfigError` naming the relations that apply."""
+    one-line :class:`~agent.audits.report.AuditError` naming the relations that apply."""
     where: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         why = not_applicable(spec.name, kinds, spec.inputs)
         if why is not None:
-            raise MetamorphicConfigError(
+            raise AuditError(
                 f"{why}; relations that apply to this model: {', '.join(applicable(kinds, flips_safe)) or 'none'}"
             )
         where[spec.label] = targets(spec.name, kinds, spec.inputs)

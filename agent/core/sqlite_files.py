@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.errors import DamagedData
 
-class DamagedFile(Exception):
+
+class DamagedFile(DamagedData):
     """The SQLite file is damaged (the message says how): move it aside and start anew."""
 
 

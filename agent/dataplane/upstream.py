@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 
 from agent.core import logs
+from agent.errors import Unavailable
 from agent.protocol import v2
 
 log = logs.get("proxy")
@@ -58,7 +59,7 @@ _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 _NAME = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}")
 
 
-class UpstreamError(Exception):
+class UpstreamError(Unavailable):
     """The upstream could not answer. ``reason`` is a bounded label for metrics."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:

@@ -47,6 +47,7 @@ from agent.demo.live import LiveView
 from agent.demo.record import DemoRecord, PhaseStats
 from agent.demo.report import write_report
 from agent.demo.traffic import Phase, build_phases
+from agent.errors import Abort
 from agent.model.classifier import OnnxClassifier, default_model_path
 from exporters.redaction import redact_uri
 from exporters.run_record import RunRecord
@@ -81,8 +82,8 @@ class DemoOptions:
         return 0.0 if self.quick else 10.0
 
 
-class _Terminated(Exception):
-    pass
+class _Terminated(Abort):
+    """SIGTERM: the demo stops its agent and exits 143."""
 
 
 def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 import httpx
 
-from agent.errors import UserError
+from agent.errors import Unavailable, UserError
 
 #: A series' labels, sorted (hashable; ``__name__`` dropped).
 LabelSet = tuple[tuple[str, str], ...]
@@ -60,7 +60,7 @@ MESSAGE_CHARS = 200
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
-class RefreshError(Exception):
+class RefreshError(Unavailable):
     """A refresh failed; ``reason`` is one of :data:`REASONS`."""
 
     def __init__(self, reason: Reason, message: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agent.errors import Unavailable
 from agent.labels.kept_inputs import KeptInput, KeptMap
 from agent.labels.rows import (
     CorruptRow,
@@ -37,7 +38,7 @@ SAMPLE_PAGE = 500  # sampled request rows read per statement by unlabeled_sample
 SAMPLE_PAGES = 20  # at most this many pages: a listing reads at most 10,000 request rows
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(Unavailable):
     """The store could not be read or written (the message says why)."""
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import DamagedData
 from agent.estimation.statistics import EXTRAS_DTYPE as _EXTRAS_DTYPE
 from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_from_columns
 from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
@@ -28,7 +29,7 @@ SAMPLED_DTYPE = "<i4"
 SampleRow = tuple[int, str, int, int, float, Any]
 
 
-class CorruptRow(ValueError):
+class CorruptRow(DamagedData, ValueError):
     """A stored row whose BLOBs do not match its counts (a damaged page of the file)."""
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.errors import UserError
 from agent.model.inputs import Inputs, InputSpec, Signature
 
 #: Widest view the trees are grown on; wider ones are projected to this many columns.
@@ -47,7 +48,7 @@ NGRAMS = (2, 3)
 VIEW_KINDS = ("raw", "pooled", "embedding", "hashed")
 
 
-class ViewError(ValueError):
+class ViewError(UserError, ValueError):
     """A view that cannot be built for this model (e.g. no dense layer to take an embedding from)."""
 
 

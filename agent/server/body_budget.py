@@ -18,10 +18,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from agent.errors import Unavailable
+
 TRIM_AFTER_BYTES = 64 * 1024 * 1024
 
 
-class ServerBusy(Exception):
+class ServerBusy(Unavailable):
     """The request's bytes do not fit the budget now: answered 503 with ``Retry-After``."""
 
     def __init__(self, size: int, budget: int) -> None:

@@ -32,6 +32,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from agent.errors import Abort
+
 log = logging.getLogger("icos_agent.http")
 
 #: Seconds between two log records about refused or timed-out connections.
@@ -50,7 +52,7 @@ _BUSY = _refusal(
 )
 
 
-class HeadTooLarge(Exception):
+class HeadTooLarge(Abort):
     """A request head past ``server.max_head_bytes``, raised from a parser callback."""
 
 

@@ -7,11 +7,12 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent.errors import Abort
 from agent.server.body_budget import BodyBudget, ServerBusy
 from agent.server.responses import send_error
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(Abort):
     """Raised from the limited ``receive`` once the body passes the limit (caught by the middleware)."""
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.audits.metamorphic import MetamorphicConfigError, apply_to_inputs, check_applies, parse_specs
+from agent.audits.metamorphic import apply_to_inputs, check_applies, parse_specs
 from agent.audits.modalities import input_kinds
 from agent.audits.relations import RelationContext, applicable, default_relations
+from agent.audits.report import AuditError
 from agent.model.inputs import Inputs, InputSpec, Signature
 
 TABLE = Signature(
@@ -115,7 +116,7 @@ def test_channels_last_images_are_shifted_along_height_and_width() -> None:
 )
 def test_relations_that_do_not_apply_are_refused_naming_those_that_do(items: list[object], message: str) -> None:
     kinds = input_kinds(TABLE, _table())
-    with pytest.raises(MetamorphicConfigError, match="relations that apply to this model: scale, noise, typos") as exc:
+    with pytest.raises(AuditError, match="relations that apply to this model: scale, noise, typos") as exc:
         check_applies(parse_specs(items), kinds)  # type: ignore[arg-type]
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
@@ -129,5 +130,5 @@ def test_relations_that_do_not_apply_are_refused_naming_those_that_do(items: lis
     ],
 )
 def test_bad_parameters_are_refused(items: list[object], message: str) -> None:
-    with pytest.raises(MetamorphicConfigError, match=message):
+    with pytest.raises(AuditError, match=message):
         parse_specs(items)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from agent.audits.dscore.masking import insert_region_masks
 from agent.audits.dscore.run import heatmaps_png, run_dscore, run_dscore_separate_sessions
-from agent.audits.dscore.scores import DScoreError, feature_distribution, g_bound, score, score_from_distributions
+from agent.audits.dscore.scores import feature_distribution, g_bound, score, score_from_distributions
 from agent.audits.dscore.translation import (
     augment,
     pad_resize,
@@ -23,6 +23,7 @@ from agent.audits.dscore.translation import (
     translate,
     translation_padding,
 )
+from agent.audits.report import AuditError
 from invariants.onnx_session import OnnxSession
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,9 +249,9 @@ def test_degenerate_feature_distribution_is_uniform_and_flagged() -> None:
 
 
 def test_score_rejects_non_square_and_mismatched_sizes() -> None:
-    with pytest.raises(DScoreError):
+    with pytest.raises(AuditError):
         score(0.9, [0.8] * 8, [0.5] * 8, n_classes=10)
-    with pytest.raises(DScoreError):
+    with pytest.raises(AuditError):
         score(0.9, [0.8] * 9, [0.5] * 4, n_classes=10)
 
 
@@ -418,13 +419,13 @@ def test_model_without_conv_is_refused() -> None:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(DScoreError, match="model has no Conv nodes; D-Score needs a convolutional model"):
+    with pytest.raises(AuditError, match="model has no Conv nodes; D-Score needs a convolutional model"):
         insert_region_masks(model.SerializeToString())
 
 
 def test_dynamic_spatial_size_needs_input_hw() -> None:
     model = tiny_cnn(dynamic=True)
-    with pytest.raises(DScoreError, match="input_hw"):
+    with pytest.raises(AuditError, match="input_hw"):
         insert_region_masks(model)
     masked = insert_region_masks(model, input_hw=(8, 8))
     assert [(s.height, s.width) for s in masked.slots] == [(8, 8), (4, 4)]

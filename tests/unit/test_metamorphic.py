@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from agent.audits.metamorphic import (
-    MetamorphicConfigError,
     apply_relation,
     build_relations,
     parse_specs,
     run_metamorphic_audit,
     wilson_interval,
 )
+from agent.audits.report import AuditError
 from agent.perturb.transforms import TransformContext
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def test_brightness_clips_to_the_data_range() -> None:
 def test_flips_are_refused_unless_declared_safe(digits_model: tuple[object, np.ndarray]) -> None:
     predict, x = digits_model
     for flip in ("hflip", "vflip"):
-        with pytest.raises(MetamorphicConfigError, match="declare flips safe"):
+        with pytest.raises(AuditError, match="declare flips safe"):
             run_metamorphic_audit(predict, x, transformations=[flip])  # type: ignore[arg-type]
     r = run_metamorphic_audit(predict, x, transformations=["hflip", "vflip"], flips_safe=True)  # type: ignore[arg-type]
     assert r.params["flips_safe"] and r.metrics["hflip_violation_rate"] > 0
@@ -170,12 +170,12 @@ def test_flips_are_refused_unless_declared_safe(digits_model: tuple[object, np.n
     ],
 )
 def test_bad_configs_are_refused(items: list[object], message: str) -> None:
-    with pytest.raises(MetamorphicConfigError, match=message):
+    with pytest.raises(AuditError, match=message):
         parse_specs(items)  # type: ignore[arg-type]
 
 
 def test_order_larger_than_the_set_is_refused() -> None:
-    with pytest.raises(MetamorphicConfigError, match="order 3"):
+    with pytest.raises(AuditError, match="order 3"):
         build_relations(parse_specs(["shift", "blur"]), 3, 0)
 
 
@@ -196,7 +196,7 @@ def test_table_relations(iris_model: tuple[object, np.ndarray]) -> None:
     assert rates["no_scale"] == 0.0
     assert rates["scale"] < 0.05 and rates["noise"] < 0.1
     assert rates["noise_2"] > 0.3  # duplicate names get a suffix
-    with pytest.raises(MetamorphicConfigError, match="needs images"):
+    with pytest.raises(AuditError, match="needs images"):
         run_metamorphic_audit(predict, x, transformations=["rotation"])  # type: ignore[arg-type]
 
 

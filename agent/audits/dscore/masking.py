@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from agent.audits.dscore.scores import DScoreError
 from agent.audits.dscore.translation import region_bounds
+from agent.audits.report import AuditError
 
 
 @dataclass(frozen=True)
@@ -73,35 +73,35 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
     try:
         model = onnx.load_from_string(model_bytes)
     except Exception as exc:  # protobuf DecodeError and friends
-        raise DScoreError(f"not an ONNX model: {exc}") from exc
+        raise AuditError(f"not an ONNX model: {exc}") from exc
     graph = model.graph
     conv_idx = {i for i, nd in enumerate(graph.node) if nd.op_type == "Conv" and nd.domain in ("", "ai.onnx")}
     if not conv_idx:
-        raise DScoreError("model has no Conv nodes; D-Score needs a convolutional model")
+        raise AuditError("model has no Conv nodes; D-Score needs a convolutional model")
     init_names = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in init_names]
     if len(inputs) != 1:
-        raise DScoreError(f"D-Score needs a model with exactly one input, found {len(inputs)}")
+        raise AuditError(f"D-Score needs a model with exactly one input, found {len(inputs)}")
     inp = inputs[0]
     in_dims = inp.type.tensor_type.shape.dim
     if len(in_dims) != 4:
-        raise DScoreError(f"D-Score needs an image input [N, C, H, W], got rank {len(in_dims)}")
+        raise AuditError(f"D-Score needs an image input [N, C, H, W], got rank {len(in_dims)}")
     if input_hw is not None:
         for axis, size in zip((2, 3), input_hw, strict=True):
             dim = in_dims[axis]
             if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
-                raise DScoreError(f"input_hw={tuple(input_hw)} contradicts the model's fixed input size")
+                raise AuditError(f"input_hw={tuple(input_hw)} contradicts the model's fixed input size")
             dim.Clear()
             dim.dim_value = int(size)
     hw = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in in_dims[2:]]
     if hw[0] is None or hw[1] is None:
-        raise DScoreError(
+        raise AuditError(
             f"model input {inp.name!r} has a dynamic spatial size; pass input_hw=(H, W) to fix it for D-Score"
         )
     try:
         inferred = shape_inference.infer_shapes(model)
     except Exception as exc:
-        raise DScoreError(f"ONNX shape inference failed: {exc}") from exc
+        raise AuditError(f"ONNX shape inference failed: {exc}") from exc
     shapes: dict[str, list[int | None]] = {}
     for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
         shapes[vi.name] = _static_dims(vi.type)
@@ -141,10 +141,10 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
         out = node.output[0]
         dims = shapes.get(conv_out, [])
         if len(dims) != 4:
-            raise DScoreError(f"Conv {label!r} is not a 2-D convolution with a known output shape (got {dims})")
+            raise AuditError(f"Conv {label!r} is not a 2-D convolution with a known output shape (got {dims})")
         h, w = dims[2], dims[3]
         if h is None or w is None:
-            raise DScoreError(
+            raise AuditError(
                 f"cannot infer the spatial size of Conv {label!r}'s output; pass input_hw=(H, W) to fix it"
             )
         k = len(slots)

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from agent.audits.dscore.masking import MaskedModel, bake_masks, insert_region_masks
-from agent.audits.dscore.scores import DScoreError, DScoreResult, score
+from agent.audits.dscore.scores import DScoreResult, score
 from agent.audits.dscore.translation import PadResize, translation_padding
-from agent.audits.report import AuditResult, ProgressFn
+from agent.audits.report import AuditError, AuditResult, ProgressFn
 from invariants.onnx_session import OnnxSession
 
 
@@ -85,7 +85,7 @@ def _pick_output(session: OnnxSession, output_name: str | None) -> str:
     names = [o.name for o in session.outputs]
     if output_name is not None:
         if output_name not in names:
-            raise DScoreError(f"output {output_name!r} is not an output of the model ({', '.join(names)})")
+            raise AuditError(f"output {output_name!r} is not an output of the model ({', '.join(names)})")
         return output_name
     floats = [o for o in session.outputs if o.dtype.kind == "f" and len(o.shape) == 2]
     if len(floats) == 1:
@@ -93,7 +93,7 @@ def _pick_output(session: OnnxSession, output_name: str | None) -> str:
     by_name = {o.name: o for o in floats}
     if "probabilities" in by_name:
         return "probabilities"
-    raise DScoreError(f"cannot tell which output holds the class scores ({', '.join(names)}); set output_name")
+    raise AuditError(f"cannot tell which output holds the class scores ({', '.join(names)}); set output_name")
 
 
 RunFn = Callable[[np.ndarray, "int | None"], np.ndarray]
@@ -116,11 +116,11 @@ def _evaluate(
     with ``region`` deleted.
     """
     if x.ndim != 4:
-        raise DScoreError(f"D-Score needs images [N, C, H, W], got shape {list(x.shape)}")
+        raise AuditError(f"D-Score needs images [N, C, H, W], got shape {list(x.shape)}")
     if len(x) == 0:
-        raise DScoreError("no samples to score")
+        raise AuditError("no samples to score")
     if y is not None and len(y) != len(x):
-        raise DScoreError(f"{len(x)} samples but {len(y)} labels")
+        raise AuditError(f"{len(x)} samples but {len(y)} labels")
     h, w = x.shape[2], x.shape[3]
     n2 = n * n
     shifters = [PadResize.build(h, w, *translation_padding(i, n, t, h, w)) for i in range(n2)]
@@ -160,11 +160,11 @@ def _evaluate(
 
 def _check_args(n: int, t: float, batch_size: int) -> None:
     if n < 1:
-        raise DScoreError(f"n must be >= 1, got {n}")
+        raise AuditError(f"n must be >= 1, got {n}")
     if t <= 0:
-        raise DScoreError(f"t must be positive, got {t}")
+        raise AuditError(f"t must be positive, got {t}")
     if batch_size < 1:
-        raise DScoreError(f"batch_size must be >= 1, got {batch_size}")
+        raise AuditError(f"batch_size must be >= 1, got {batch_size}")
 
 
 def run_dscore(

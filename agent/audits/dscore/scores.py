@@ -17,14 +17,10 @@ from agent.audits.report import AuditError
 Floats = Sequence[float] | np.ndarray
 
 
-class DScoreError(AuditError):
-    """The model or data cannot be scored with D-Score (message says why)."""
-
-
 def _grid_n(count: int, what: str) -> int:
     n = math.isqrt(count)
     if n < 1 or n * n != count:
-        raise DScoreError(f"{what} must hold n² values for an n×n grid, got {count}")
+        raise AuditError(f"{what} must hold n² values for an n×n grid, got {count}")
     return n
 
 
@@ -55,7 +51,7 @@ def attention_distribution(translated_accuracies: Floats) -> tuple[np.ndarray, b
 def g_bound(n: int, n_classes: int) -> float:
     """Eq. 5: ``g(n) = 2·sqrt(n² − 1)/n³ + (1/n)·(c − 1)/c``, the upper bound of v_robust."""
     if n < 1 or n_classes < 2:
-        raise DScoreError(f"g(n) needs n >= 1 and at least 2 classes (n={n}, c={n_classes})")
+        raise AuditError(f"g(n) needs n >= 1 and at least 2 classes (n={n}, c={n_classes})")
     return 2.0 * math.sqrt(n * n - 1) / n**3 + (1.0 / n) * (n_classes - 1) / n_classes
 
 
@@ -113,7 +109,7 @@ def score_from_distributions(
     f = np.asarray(feature_dist, dtype=np.float64)
     a = np.asarray(translated_accuracies, dtype=np.float64)
     if f.shape != a.shape or f.ndim != 1:
-        raise DScoreError(f"feature distribution ({f.shape}) and translated accuracies ({a.shape}) differ in size")
+        raise AuditError(f"feature distribution ({f.shape}) and translated accuracies ({a.shape}) differ in size")
     n = _grid_n(len(f), "the feature distribution")
     n2 = n * n
     a_hat = float(base_accuracy)
@@ -156,7 +152,7 @@ def score(
     """Eqs. 1-7 from raw accuracies: ``f_b`` (= â), the ``n²`` variant accuracies ``f_i`` and the
     ``n²`` translated-set accuracies ``a_i`` (all fractions in [0, 1])."""
     if len(variant_accuracies) != len(translated_accuracies):
-        raise DScoreError(
+        raise AuditError(
             f"{len(variant_accuracies)} variant accuracies but {len(translated_accuracies)} translated accuracies"
         )
     f_tilde, fallback = feature_distribution(base_accuracy, variant_accuracies)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.audits.dscore.scores import DScoreError, DScoreResult
+from agent.audits.dscore.scores import DScoreResult
+from agent.audits.report import AuditError
 
 
 def region_bounds(region: int, n: int, height: int, width: int) -> tuple[int, int, int, int]:
@@ -18,7 +19,7 @@ def region_bounds(region: int, n: int, height: int, width: int) -> tuple[int, in
     Boundaries are ``floor(i·H/n)``; regions are numbered row-major from the upper-left corner.
     """
     if not 0 <= region < n * n:
-        raise DScoreError(f"region {region} is outside 0..{n * n - 1}")
+        raise AuditError(f"region {region} is outside 0..{n * n - 1}")
     r, c = divmod(region, n)
     return (r * height) // n, ((r + 1) * height) // n, (c * width) // n, ((c + 1) * width) // n
 
@@ -35,14 +36,14 @@ def translation_padding(region: int, n: int, t: float, height: int, width: int) 
     region 7 counted from 1, i.e. ``region=6`` here) this is ``(u, 2u, 2u, u)``.
     """
     if t <= 0:
-        raise DScoreError(f"t must be positive, got {t}")
+        raise AuditError(f"t must be positive, got {t}")
     if not 0 <= region < n * n:
-        raise DScoreError(f"region {region} is outside 0..{n * n - 1}")
+        raise AuditError(f"region {region} is outside 0..{n * n - 1}")
     r, c = divmod(region, n)
     u_h = _round_half_up(height / t)
     u_w = _round_half_up(width / t)
     if u_h == 0 and u_w == 0 and n > 1:
-        raise DScoreError(f"t={t} is too large for {height}×{width} images: the padding unit rounds to 0 pixels")
+        raise AuditError(f"t={t} is too large for {height}×{width} images: the padding unit rounds to 0 pixels")
     return r * u_h, (n - 1 - r) * u_h, c * u_w, (n - 1 - c) * u_w
 
 
