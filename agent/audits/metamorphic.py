@@ -340,55 +340,19 @@ def run_metamorphic_audit(
     conf0 = base[rows, labels]
     any_violation = np.zeros(n, dtype=bool)
     per_relation: list[dict[str, Any]] = []
-    metrics: dict[str, float] = {}
-    total_violations = 0
     drops: list[np.ndarray] = []
     for done, relation in enumerate(relations, start=1):
-        name = _relation_name(relation)
         moved = apply_to_inputs(batch, relation, seed, ctx, where)
         probs = _predict(predict, moved, batch_size)
         violated = probs.argmax(axis=1) != labels
-        conf1 = probs[rows, labels]
-        change = conf1 - conf0
-        v = int(violated.sum())
-        lower, upper = wilson_interval(v, n)
-        key = _key(name)
-        values = {
-            "violation_rate": v / n,
-            "violation_rate_lower": lower,
-            "violation_rate_upper": upper,
-            "mean_confidence_drop": float(-change.mean()),
-            "wilcoxon_p": _wilcoxon_p(change),
-        }
-        per_relation.append(
-            {
-                "relation": name,
-                "key": key,
-                "transformations": [s.describe() for s in relation],
-                "inputs": sorted({i for s in relation for i in where[s.label]}),
-                "n": n,
-                "violations": v,
-                **values,
-            }
-        )
-        metrics.update({f"{key}_{m}": val for m, val in values.items()})
+        change = probs[rows, labels] - conf0
+        per_relation.append(_relation_outcome(relation, where, violated, change))
         any_violation |= violated
-        total_violations += v
         drops.append(-change)
         if progress is not None:
             progress(done, len(relations))
-    pairs = n * len(relations)
-    lower, upper = wilson_interval(total_violations, pairs)
-    rates = [r["violation_rate"] for r in per_relation]
-    worst = per_relation[int(np.argmax(rates))]["relation"]
-    overall = {
-        "overall_violation_rate": total_violations / pairs,
-        "overall_violation_rate_lower": lower,
-        "overall_violation_rate_upper": upper,
-        "overall_mean_confidence_drop": float(np.concatenate(drops).mean()),
-        "max_violation_rate": float(max(rates)),
-        "any_violation_rate": float(any_violation.mean()),
-    }
+    metrics = {f"{r['key']}_{m}": r[m] for r in per_relation for m in _RELATION_METRICS}
+    overall, totals = _overall(per_relation, drops, any_violation)
     params = {
         "order": order,
         "seed": seed,
@@ -401,8 +365,61 @@ def run_metamorphic_audit(
     }
     details = {
         "relations": per_relation,
-        "overall": {**overall, "n_pairs": pairs, "violations": total_violations, "worst_relation": worst},
+        "overall": {**overall, **totals},
         "violation_definition": "predicted label of the transformed input differs from that of the original",
         "confidence_definition": "probability of the original input's predicted label",
     }
     return AuditResult("metamorphic", params, {**overall, **metrics}, details)
+
+
+#: The metrics of one relation, each ``<relation>_<metric>`` in the result's metrics.
+_RELATION_METRICS = (
+    "violation_rate",
+    "violation_rate_lower",
+    "violation_rate_upper",
+    "mean_confidence_drop",
+    "wilcoxon_p",
+)
+
+
+def _relation_outcome(
+    relation: Sequence[TransformSpec], where: Mapping[str, Sequence[str]], violated: np.ndarray, change: np.ndarray
+) -> dict[str, Any]:
+    """One relation's row of the details: which inputs it moved, its violations and confidence change."""
+    n = len(violated)
+    v = int(violated.sum())
+    lower, upper = wilson_interval(v, n)
+    name = _relation_name(relation)
+    return {
+        "relation": name,
+        "key": _key(name),
+        "transformations": [s.describe() for s in relation],
+        "inputs": sorted({i for s in relation for i in where[s.label]}),
+        "n": n,
+        "violations": v,
+        "violation_rate": v / n,
+        "violation_rate_lower": lower,
+        "violation_rate_upper": upper,
+        "mean_confidence_drop": float(-change.mean()),
+        "wilcoxon_p": _wilcoxon_p(change),
+    }
+
+
+def _overall(
+    per_relation: list[dict[str, Any]], drops: list[np.ndarray], any_violation: np.ndarray
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The metrics pooled over the relations, and the counts behind them (for the details)."""
+    pairs = sum(r["n"] for r in per_relation)
+    total_violations = sum(r["violations"] for r in per_relation)
+    lower, upper = wilson_interval(total_violations, pairs)
+    rates = [r["violation_rate"] for r in per_relation]
+    worst = per_relation[int(np.argmax(rates))]["relation"]
+    overall = {
+        "overall_violation_rate": total_violations / pairs,
+        "overall_violation_rate_lower": lower,
+        "overall_violation_rate_upper": upper,
+        "overall_mean_confidence_drop": float(np.concatenate(drops).mean()),
+        "max_violation_rate": float(max(rates)),
+        "any_violation_rate": float(any_violation.mean()),
+    }
+    return overall, {"n_pairs": pairs, "violations": total_violations, "worst_relation": worst}

@@ -236,76 +236,81 @@ def _audit_section(kind: str, outcome: dict[str, Any] | None, images: dict[str, 
     if status != "success" or not result:
         parts.append(f"<p>{_e(outcome.get('error') or 'no result')}</p>")
         return "\n".join(parts)
-    m = result.get("metrics", {})
-    if kind == "dscore":
-        parts.append(
-            _table(
-                [
-                    "D-Score (eq. 6)",
-                    "fitness (eq. 3)",
-                    "robustness (eq. 4)",
-                    "base accuracy",
-                    "g(n) (eq. 5)",
-                    "p (eq. 7)",
-                ],
-                [
-                    [
-                        _fmt(m.get(k))
-                        for k in ("dscore", "fitness", "robustness", "base_accuracy", "g", "augmentation_probability")
-                    ]
-                ],
-            )
-        )
-    elif kind == "mutation":
-        summary = result.get("details", {}).get("summary", {})
-        rows = []
-        for g, v in summary.items():
-            if isinstance(v, dict) and "mae" in v:
-                rows.append(
-                    [g]
-                    + [
-                        f"{v[k]['change_pct_mean']:+.2f} ± {v[k]['change_pct_std']:.2f}"
-                        if v[k]["change_pct_mean"] is not None
-                        else "-"
-                        for k in ("mae", "mse", "rmse", "accuracy")
-                    ]
-                )
-        base = result.get("details", {}).get("baseline", {})
-        parts.append(
-            "<p>Baseline: "
-            + ", ".join(f"{k.upper()} {_fmt(base.get(k), 4)}" for k in ("mae", "mse", "rmse", "accuracy"))
-            + f"; k = {_e(result.get('params', {}).get('k'))} cells per repetition, "
-            f"{_e(result.get('params', {}).get('repetitions'))} repetitions.</p>"
-        )
-        parts.append(_table(["operator", "MAE change %", "MSE change %", "RMSE change %", "accuracy change %"], rows))
-    else:
-        rels = result.get("details", {}).get("relations", [])
-        rows = [
-            [
-                r["relation"],
-                r["n"],
-                f"{r['violation_rate']:.3f} "
-                f"[{_fmt(r.get('violation_rate_lower'))}, {_fmt(r.get('violation_rate_upper'))}]",
-                _fmt(r.get("mean_confidence_drop"), 4),
-                "-" if r.get("wilcoxon_p") is None else f"{r['wilcoxon_p']:.2g}",
-            ]
-            for r in rels
-        ]
-        rows.append(
-            [
-                "all (pooled)",
-                "",
-                f"{m.get('overall_violation_rate', 0):.3f} [{_fmt(m.get('overall_violation_rate_lower'))}, "
-                f"{_fmt(m.get('overall_violation_rate_upper'))}]",
-                _fmt(m.get("overall_mean_confidence_drop"), 4),
-                "",
-            ]
-        )
-        parts.append(_table(["relation", "n", "violation rate [95% CI]", "mean confidence drop", "Wilcoxon p"], rows))
-        parts.append(f"<p>Inputs violating at least one relation: {_fmt(m.get('any_violation_rate'))}.</p>")
+    parts += {"dscore": _dscore_html, "mutation": _mutation_html, "metamorphic": _metamorphic_html}[kind](result)
     if kind in images:
         parts.append(f'<img src="{images[kind]}" alt="{title} results">')
     return "\n".join(parts)
+
+
+def _dscore_html(result: dict[str, Any]) -> list[str]:
+    m = result.get("metrics", {})
+    keys = ("dscore", "fitness", "robustness", "base_accuracy", "g", "augmentation_probability")
+    return [
+        _table(
+            [
+                "D-Score (eq. 6)",
+                "fitness (eq. 3)",
+                "robustness (eq. 4)",
+                "base accuracy",
+                "g(n) (eq. 5)",
+                "p (eq. 7)",
+            ],
+            [[_fmt(m.get(k)) for k in keys]],
+        )
+    ]
+
+
+def _mutation_html(result: dict[str, Any]) -> list[str]:
+    summary = result.get("details", {}).get("summary", {})
+    rows = []
+    for g, v in summary.items():
+        if isinstance(v, dict) and "mae" in v:
+            rows.append(
+                [g]
+                + [
+                    f"{v[k]['change_pct_mean']:+.2f} ± {v[k]['change_pct_std']:.2f}"
+                    if v[k]["change_pct_mean"] is not None
+                    else "-"
+                    for k in ("mae", "mse", "rmse", "accuracy")
+                ]
+            )
+    base = result.get("details", {}).get("baseline", {})
+    return [
+        "<p>Baseline: "
+        + ", ".join(f"{k.upper()} {_fmt(base.get(k), 4)}" for k in ("mae", "mse", "rmse", "accuracy"))
+        + f"; k = {_e(result.get('params', {}).get('k'))} cells per repetition, "
+        f"{_e(result.get('params', {}).get('repetitions'))} repetitions.</p>",
+        _table(["operator", "MAE change %", "MSE change %", "RMSE change %", "accuracy change %"], rows),
+    ]
+
+
+def _metamorphic_html(result: dict[str, Any]) -> list[str]:
+    m = result.get("metrics", {})
+    rels = result.get("details", {}).get("relations", [])
+    rows = [
+        [
+            r["relation"],
+            r["n"],
+            f"{r['violation_rate']:.3f} [{_fmt(r.get('violation_rate_lower'))}, {_fmt(r.get('violation_rate_upper'))}]",
+            _fmt(r.get("mean_confidence_drop"), 4),
+            "-" if r.get("wilcoxon_p") is None else f"{r['wilcoxon_p']:.2g}",
+        ]
+        for r in rels
+    ]
+    rows.append(
+        [
+            "all (pooled)",
+            "",
+            f"{m.get('overall_violation_rate', 0):.3f} [{_fmt(m.get('overall_violation_rate_lower'))}, "
+            f"{_fmt(m.get('overall_violation_rate_upper'))}]",
+            _fmt(m.get("overall_mean_confidence_drop"), 4),
+            "",
+        ]
+    )
+    return [
+        _table(["relation", "n", "violation rate [95% CI]", "mean confidence drop", "Wilcoxon p"], rows),
+        f"<p>Inputs violating at least one relation: {_fmt(m.get('any_violation_rate'))}.</p>",
+    ]
 
 
 def write_report(record: DemoRecord, report_dir: Path, commands: Sequence[tuple[str, str]]) -> Path:

@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -29,7 +30,7 @@ import numpy as np
 
 from agent.audits.config import AUDIT_KINDS
 from agent.audits.runner import fit_record, open_logger
-from agent.data.datasets import mnist_splits
+from agent.data.datasets import Split, mnist_splits
 from agent.demo.agent_process import (
     CONFIG_FILE,
     LOG_FILE,
@@ -285,34 +286,10 @@ def _run(opts: DemoOptions, t_start: float) -> int:
     # MLflow's first use of a store takes seconds (import, migrations): log the fit while traffic runs.
     fit_logging = _Background(_log_fit_and_snapshots, state, log_fit, model, None)
 
-    reference = state / "reference.npz"
-    np.savez(reference, x=splits.test.x, y=splits.test.y)
-    port = opts.port or free_port()
-    config_path = state / CONFIG_FILE
-    write_config(
-        config_path,
-        agent_config(
-            model_path=model_path.resolve(),
-            bundle_dir=fit.bundle_dir,
-            state_dir=state,
-            reference=reference,
-            port=port,
-            count_window=opts.phase_size,
-            quick=opts.quick,
-        ),
-    )
+    config_path, port = _write_agent_config(opts, state, model_path, fit, splits.test)
     clear_window_state(state)
     phases = build_phases(splits.test.x, splits.test.y, opts.phase_size, opts.seed)
-    record = DemoRecord(window=f"last{opts.phase_size}", window_size=opts.phase_size)
-    record.phases = [PhaseStats(p.key, p.name, p.description, p.n) for p in phases]
-    cal = fit.bundle.calibration
-    record.info = {
-        "model": model_path.name,
-        "sha256": model.sha256,
-        "tpr": cal.tpr,
-        "fpr": cal.fpr,
-        "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-    }
+    record = _new_record(opts, phases, model_path, model.sha256, fit)
     agent = AgentProcess(config_path, port, state / LOG_FILE)
     say(f"starting the agent: {sys.executable} -m agent serve --config {config_path}")
     with agent:
@@ -330,12 +307,7 @@ def _run(opts: DemoOptions, t_start: float) -> int:
             replay(client, phases, record, view, opts, labels=labels)
             view.finish(record)
             fit_runs = fit_logging.result()
-            say("robustness audits, run by the agent (POST /v1/audits/{kind}?wait=true):")
-            for kind in AUDIT_KINDS:
-                outcome = client.run_audit(kind)
-                record.audits[kind] = outcome
-                record.mlflow_runs[kind] = (outcome.get("mlflow") or {}).get("run_id")
-                say(_audit_line(kind, outcome))
+            _run_audits(client, record, say)
             snap_runs = _log_fit_and_snapshots(state, FitOutcome(fit.bundle, fit.bundle_dir, False), model, record)
             if "fit" in fit_runs:
                 record.mlflow_runs = {"fit": fit_runs["fit"], **record.mlflow_runs}
@@ -356,6 +328,54 @@ def _run(opts: DemoOptions, t_start: float) -> int:
         finally:
             client.close()
     return 0 if ok else 1
+
+
+def _write_agent_config(
+    opts: DemoOptions, state: Path, model_path: Path, fit: FitOutcome, test: Split
+) -> tuple[Path, int]:
+    """The agent's config file (and the reference data its audits read), in ``state``; its path and port."""
+    reference = state / "reference.npz"
+    np.savez(reference, x=test.x, y=test.y)
+    port = opts.port or free_port()
+    config_path = state / CONFIG_FILE
+    write_config(
+        config_path,
+        agent_config(
+            model_path=model_path.resolve(),
+            bundle_dir=fit.bundle_dir,
+            state_dir=state,
+            reference=reference,
+            port=port,
+            count_window=opts.phase_size,
+            quick=opts.quick,
+        ),
+    )
+    return config_path, port
+
+
+def _new_record(opts: DemoOptions, phases: list[Phase], model_path: Path, sha256: str, fit: FitOutcome) -> DemoRecord:
+    """The record of this run, before any traffic: the phases, the model and its bundle's calibration."""
+    record = DemoRecord(window=f"last{opts.phase_size}", window_size=opts.phase_size)
+    record.phases = [PhaseStats(p.key, p.name, p.description, p.n) for p in phases]
+    cal = fit.bundle.calibration
+    record.info = {
+        "model": model_path.name,
+        "sha256": sha256,
+        "tpr": cal.tpr,
+        "fpr": cal.fpr,
+        "when": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+    }
+    return record
+
+
+def _run_audits(client: AgentClient, record: DemoRecord, say: Callable[[str], None]) -> None:
+    """Every audit kind, run by the agent and waited for, into ``record``."""
+    say("robustness audits, run by the agent (POST /v1/audits/{kind}?wait=true):")
+    for kind in AUDIT_KINDS:
+        outcome = client.run_audit(kind)
+        record.audits[kind] = outcome
+        record.mlflow_runs[kind] = (outcome.get("mlflow") or {}).get("run_id")
+        say(_audit_line(kind, outcome))
 
 
 def _report(record: DemoRecord, report_dir: Path, commands: list[tuple[str, str]]) -> Path:

@@ -68,7 +68,6 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
     """
     # onnx stays out of start-up until a D-Score audit runs
     import onnx
-    from onnx import helper, shape_inference
 
     try:
         model = onnx.load_from_string(model_bytes)
@@ -78,6 +77,14 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
     conv_idx = {i for i, nd in enumerate(graph.node) if nd.op_type == "Conv" and nd.domain in ("", "ai.onnx")}
     if not conv_idx:
         raise AuditError("model has no Conv nodes; D-Score needs a convolutional model")
+    inp, hw = _image_input(graph, input_hw)
+    shapes, elem_types = _inferred_types(model)
+    slots = _insert_masks(graph, _mask_points(graph, conv_idx), shapes, elem_types)
+    return MaskedModel(model.SerializeToString(), inp.name, hw, tuple(slots))
+
+
+def _image_input(graph: Any, input_hw: tuple[int, int] | None) -> tuple[Any, tuple[int, int]]:
+    """The graph's one image input ``[N, C, H, W]`` and its spatial size (``input_hw`` fixing a dynamic one)."""
     init_names = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in init_names]
     if len(inputs) != 1:
@@ -98,27 +105,35 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
         raise AuditError(
             f"model input {inp.name!r} has a dynamic spatial size; pass input_hw=(H, W) to fix it for D-Score"
         )
+    return inp, (int(hw[0]), int(hw[1]))
+
+
+def _inferred_types(model: Any) -> tuple[dict[str, list[int | None]], dict[str, int]]:
+    """Every tensor's static dimensions and element type, by ONNX shape inference."""
+    from onnx import shape_inference
+
     try:
         inferred = shape_inference.infer_shapes(model)
     except Exception as exc:
         raise AuditError(f"ONNX shape inference failed: {exc}") from exc
+    infos = [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
     shapes: dict[str, list[int | None]] = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
+    for vi in infos:
         shapes[vi.name] = _static_dims(vi.type)
-    elem_types: dict[str, int] = {
-        vi.name: vi.type.tensor_type.elem_type
-        for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]
-    }
-    used = {name for nd in graph.node for name in (*nd.input, *nd.output)} | {i.name for i in graph.input}
-    # Where each Conv's mask goes: after the Conv, or after its ReLU when that ReLU is the Conv's only
-    # consumer (ReLU(0) = 0 and the mask is 0/1, so the result is the same, and onnxruntime keeps
-    # its fused Conv+ReLU kernel).
+    elem_types: dict[str, int] = {vi.name: vi.type.tensor_type.elem_type for vi in infos}
+    return shapes, elem_types
+
+
+def _mask_points(graph: Any, conv_idx: set[int]) -> dict[int, tuple[str, str]]:
+    """Where each Conv's mask goes, ``{node index: (conv label, conv output)}``: after the Conv, or after its
+    ReLU when that ReLU is the Conv's only consumer (ReLU(0) = 0 and the mask is 0/1, so the result is the
+    same, and onnxruntime keeps its fused Conv+ReLU kernel)."""
     consumers: dict[str, list[int]] = {}
     for i, nd in enumerate(graph.node):
         for name in nd.input:
             consumers.setdefault(name, []).append(i)
     graph_outputs = {o.name for o in graph.output}
-    mask_at: dict[int, tuple[str, str]] = {}  # node index -> (conv label, conv output)
+    mask_at: dict[int, tuple[str, str]] = {}
     for i in sorted(conv_idx):
         conv = graph.node[i]
         out = conv.output[0]
@@ -129,6 +144,20 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
             if nxt.op_type in _ZERO_PRESERVING and nxt.domain in ("", "ai.onnx") and len(nxt.output) == 1:
                 at = users[0]
         mask_at[at] = (conv.name or out, out)
+    return mask_at
+
+
+def _insert_masks(
+    graph: Any,
+    mask_at: dict[int, tuple[str, str]],
+    shapes: dict[str, list[int | None]],
+    elem_types: dict[str, int],
+) -> list[MaskSlot]:
+    """Rewrite ``graph``'s nodes with a ``Mul`` by a new mask input after each node of ``mask_at``."""
+    import onnx
+    from onnx import helper
+
+    used = {name for nd in graph.node for name in (*nd.input, *nd.output)} | {i.name for i in graph.input}
     slots: list[MaskSlot] = []
     new_nodes: list[onnx.NodeProto] = []
     for idx, original in enumerate(graph.node):
@@ -159,7 +188,7 @@ def insert_region_masks(model_bytes: bytes, *, input_hw: tuple[int, int] | None 
         slots.append(MaskSlot(mask_name, label, h, w, np.dtype(helper.tensor_dtype_to_np_dtype(elem))))
     del graph.node[:]
     graph.node.extend(new_nodes)
-    return MaskedModel(model.SerializeToString(), inp.name, (int(hw[0]), int(hw[1])), tuple(slots))
+    return slots
 
 
 def bake_masks(masked: MaskedModel, feeds: dict[str, np.ndarray]) -> bytes:

@@ -282,24 +282,7 @@ def mutate(
         raise AuditError(f"operators listed twice: {list(ops)}")
     if k < 0:
         raise AuditError(f"k must be >= 0, got {k}")
-    if isinstance(data, pd.DataFrame):
-        cols = list(columns) if columns is not None else list(data.select_dtypes(include="number").columns)
-        bad = [c for c in cols if c not in data.columns or not pd.api.types.is_numeric_dtype(data[c])]
-        bad += [c for c in cols if c in data.columns and pd.api.types.is_bool_dtype(data[c])]
-        if bad:
-            raise AuditError(f"columns not numeric or missing: {bad}")
-        orig = data[cols].to_numpy(dtype=np.float64, copy=True)
-        labels: list[int | str] = list(cols)
-        col_dtypes = [data[c].dtype if data[c].dtype.kind == "f" else np.dtype(np.float64) for c in cols]
-    else:
-        arr = np.asarray(data)
-        if arr.dtype.kind not in "fiu" or arr.ndim == 0:
-            raise AuditError(f"cannot mutate an array of dtype {arr.dtype} and shape {arr.shape}")
-        orig = arr.reshape(len(arr), -1).astype(np.float64)
-        labels = list(range(orig.shape[1]))
-        col_dtypes = [arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)] * orig.shape[1]
-    if orig.shape[0] == 0 or orig.shape[1] == 0:
-        raise AuditError("no numeric cells to mutate")
+    orig, labels, col_dtypes = _cells(data, columns)
 
     rng = np.random.default_rng(seed)
     values = orig.copy()
@@ -321,26 +304,8 @@ def mutate(
                 break
             i, j = divmod(int(pool[pick]), n_cols)
             old = float(orig[i, j])
-            value_dtype = col_dtypes[j]
             try:
-                if op == "DEC":
-                    new, detail = _dec(old, rng, None, None, value_dtype)
-                elif op == "SGN":
-                    new, detail = sgn(old), ""
-                elif op == "DIG":
-                    new, detail = _dig(old, rng, value_dtype)
-                else:
-                    assert cumsum is not None
-                    options = [(0.0, "zero")]
-                    if i >= 1:
-                        options += [
-                            (float(orig[i - 1, j]), "previous"),
-                            (float(cumsum[i - 1, j] / i), "mean_of_previous"),
-                        ]
-                    new, detail = _imp_pick(old, options, rng)
-                stored = float(np.asarray(new, dtype=value_dtype))
-                if stored == old:
-                    raise NotApplicable(f"{op} result {new} equals the value in {value_dtype}", "no_effect")
+                stored, detail = _mutated_cell(op, orig, cumsum, i, j, col_dtypes[j], rng)
             except NotApplicable as exc:
                 log.skipped.append(SkippedCell(i, labels[j], op, exc.code, str(exc)))
                 continue
@@ -348,7 +313,69 @@ def mutate(
             used[i, j] = True
             done += 1
             log.applied.append(MutationRecord(i, labels[j], op, old, stored, detail))
+    return _like(data, values, labels), log
 
+
+def _cells(
+    data: np.ndarray | pd.DataFrame, columns: Sequence[str] | None
+) -> tuple[np.ndarray, list[int | str], list[np.dtype]]:
+    """The mutable cells as float64 ``[rows, columns]``, each column's label and the dtype its values take."""
+    if isinstance(data, pd.DataFrame):
+        cols = list(columns) if columns is not None else list(data.select_dtypes(include="number").columns)
+        bad = [c for c in cols if c not in data.columns or not pd.api.types.is_numeric_dtype(data[c])]
+        bad += [c for c in cols if c in data.columns and pd.api.types.is_bool_dtype(data[c])]
+        if bad:
+            raise AuditError(f"columns not numeric or missing: {bad}")
+        orig = data[cols].to_numpy(dtype=np.float64, copy=True)
+        labels: list[int | str] = list(cols)
+        col_dtypes = [data[c].dtype if data[c].dtype.kind == "f" else np.dtype(np.float64) for c in cols]
+    else:
+        arr = np.asarray(data)
+        if arr.dtype.kind not in "fiu" or arr.ndim == 0:
+            raise AuditError(f"cannot mutate an array of dtype {arr.dtype} and shape {arr.shape}")
+        orig = arr.reshape(len(arr), -1).astype(np.float64)
+        labels = list(range(orig.shape[1]))
+        col_dtypes = [arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)] * orig.shape[1]
+    if orig.shape[0] == 0 or orig.shape[1] == 0:
+        raise AuditError("no numeric cells to mutate")
+    return orig, labels, col_dtypes
+
+
+def _mutated_cell(
+    op: str,
+    orig: np.ndarray,
+    cumsum: np.ndarray | None,
+    i: int,
+    j: int,
+    value_dtype: np.dtype,
+    rng: np.random.Generator,
+) -> tuple[float, str]:
+    """The new value of cell ``(i, j)`` under ``op`` as ``value_dtype`` stores it, and how it was chosen;
+    :class:`NotApplicable` when ``op`` cannot change it."""
+    old = float(orig[i, j])
+    if op == "DEC":
+        new, detail = _dec(old, rng, None, None, value_dtype)
+    elif op == "SGN":
+        new, detail = sgn(old), ""
+    elif op == "DIG":
+        new, detail = _dig(old, rng, value_dtype)
+    else:
+        assert cumsum is not None
+        options = [(0.0, "zero")]
+        if i >= 1:
+            options += [
+                (float(orig[i - 1, j]), "previous"),
+                (float(cumsum[i - 1, j] / i), "mean_of_previous"),
+            ]
+        new, detail = _imp_pick(old, options, rng)
+    stored = float(np.asarray(new, dtype=value_dtype))
+    if stored == old:
+        raise NotApplicable(f"{op} result {new} equals the value in {value_dtype}", "no_effect")
+    return stored, detail
+
+
+def _like(data: Data, values: np.ndarray, labels: list[int | str]) -> Data:
+    """``values`` in the type and dtypes of ``data`` (integers stay integers while every value is whole)."""
     if isinstance(data, pd.DataFrame):
         out = data.copy()
         for j, col in enumerate(labels):
@@ -358,11 +385,11 @@ def mutate(
                 out[col] = column.astype(src.dtype)
             else:
                 out[col] = column
-        return out, log  # type: ignore[return-value]
+        return out  # type: ignore[return-value]
     arr = np.asarray(data)
     out_arr = values.reshape(arr.shape)
     if arr.dtype.kind == "f":
         out_arr = out_arr.astype(arr.dtype)
     elif np.all(values == np.trunc(values)):
         out_arr = out_arr.astype(arr.dtype)
-    return out_arr, log  # type: ignore[return-value]
+    return out_arr  # type: ignore[return-value]

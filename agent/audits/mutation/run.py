@@ -101,6 +101,29 @@ def repeat_groups(
     return runs
 
 
+def _cells_of(
+    x: np.ndarray | Inputs, mutable: Sequence[str] | None
+) -> tuple[Inputs | None, list[str], np.ndarray | pd.DataFrame]:
+    """What is mutated: ``x`` itself (one array), or the table of ``x``'s ``mutable`` inputs (with their names)."""
+    batch = x if isinstance(x, Inputs) else None
+    names = list(mutable) if mutable is not None else list(batch) if batch is not None else []
+    if batch is not None and not names:
+        raise AuditError("no numeric input to mutate")
+    data: np.ndarray | pd.DataFrame = table_of(batch, names) if batch is not None else np.asarray(x)
+    return batch, names, data
+
+
+def _truth_and_baseline(clean: np.ndarray, y: np.ndarray | None, n: int) -> tuple[np.ndarray, dict[str, float]]:
+    """The labels the errors are measured against (the model's own on the ``n`` clean inputs when ``y`` is
+    None) and the clean inputs' errors."""
+    if clean.ndim != 2 or len(clean) != n:
+        raise AuditError(f"predict_proba must return [N, K] probabilities, got shape {list(clean.shape)}")
+    truth = clean.argmax(axis=1) if y is None else np.asarray(y)
+    if len(truth) != n:
+        raise AuditError(f"{n} samples but {len(truth)} labels")
+    return truth, probability_errors(clean, truth)
+
+
 def run_mutation_audit(
     predict_proba: PredictProba,
     x: np.ndarray | Inputs,
@@ -133,20 +156,11 @@ def run_mutation_audit(
     """
     if repetitions < 1:
         raise AuditError(f"repetitions must be >= 1, got {repetitions}")
-    batch = x if isinstance(x, Inputs) else None
-    names = list(mutable) if mutable is not None else list(batch) if batch is not None else []
-    if batch is not None and not names:
-        raise AuditError("no numeric input to mutate")
-    data: np.ndarray | pd.DataFrame = table_of(batch, names) if batch is not None else np.asarray(x)
+    batch, names, data = _cells_of(x, mutable)
     n = batch.n if batch is not None else len(data)
     clean = _predict(predict_proba, batch if batch is not None else data, batch_size)
-    if clean.ndim != 2 or len(clean) != n:
-        raise AuditError(f"predict_proba must return [N, K] probabilities, got shape {list(clean.shape)}")
+    truth, baseline = _truth_and_baseline(clean, y, n)
     label_free = y is None
-    truth = clean.argmax(axis=1) if y is None else np.asarray(y)
-    if len(truth) != n:
-        raise AuditError(f"{n} samples but {len(truth)} labels")
-    baseline = probability_errors(clean, truth)
     ops = tuple(o.upper() for o in operators)
 
     def evaluate(mutated: Any) -> dict[str, float]:
