@@ -11,7 +11,7 @@ A D-Score audit needs ``2n² + 1`` passes over the data (base model, ``n²`` reg
 and prints ``audit / plain`` (target ≤ 1.5) and ``separate / audit``. Each timing is the median
 of ``--repeats`` interleaved runs.
 
-    .venv/bin/python bench/bench_dscore.py [--data mnist5k|digits] [--model M.onnx] [--n 3] [--repeats 3]
+    .venv/bin/python -m bench.bench_dscore [--data mnist5k|digits] [--model M.onnx] [--n 3] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -19,18 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agent.audits.dscore.run import run_dscore, run_dscore_separate_sessions
+from agent.data.datasets import digits, mnist5k
+from invariants.onnx_session import OnnxSession
 
-from agent.audits.dscore.run import run_dscore, run_dscore_separate_sessions  # noqa: E402
-from agent.data.datasets import digits, mnist5k  # noqa: E402
-from invariants.onnx_session import OnnxSession  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def plain_passes(model_bytes: bytes, x: np.ndarray, passes: int, batch_size: int) -> float:

@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.http_exchange import exchange
 
-from bench.http_exchange import exchange  # noqa: E402 - run as a script too
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:

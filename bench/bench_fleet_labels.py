@@ -26,15 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the agent, and tests.support.postgres: the tests' throwaway PostgreSQL server
+from agent.estimation.calibration import EstimatorCalibration
+from agent.fleet.labels import FleetLabels
+from agent.labels.postgres_backend import PostgresBackend
+from agent.labels.rows import PendingBatch
+from agent.labels.store import PredictionStore
+from bench.generated_docs import provenance, write_block
 
-from agent.estimation.calibration import EstimatorCalibration  # noqa: E402
-from agent.fleet.labels import FleetLabels  # noqa: E402
-from agent.labels.postgres_backend import PostgresBackend  # noqa: E402
-from agent.labels.rows import PendingBatch  # noqa: E402
-from agent.labels.store import PredictionStore  # noqa: E402
-from bench.generated_docs import provenance, write_block  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 K = 10
 IDENTITY = "0123456789abcdef:fedcba9876543210"

@@ -7,7 +7,7 @@
   Target ≤ 60 s on 2 cores. The baseline printed beside it is one epoch of model inference over the
   same inputs, measured in the same run.
 
-Run: ``python -m bench oracle`` (or ``python bench/bench_oracle.py``).
+Run: ``python -m bench oracle`` (or ``python -m bench.bench_oracle``), from the repository root.
 """
 
 from __future__ import annotations

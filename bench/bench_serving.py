@@ -26,7 +26,7 @@ ratios; proxy mode's added p50 (target ≤ 1 ms); then the agent's resident memo
 (target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
 imported on the serve path (it must not be).
 
-    .venv/bin/python bench/bench_serving.py [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
+    .venv/bin/python -m bench.bench_serving [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
         [--model mnist|resnet|resnet224|all] [--protocol http|grpc|both] [--no-proxy]
         [--server-cpus 0-7 --client-cpus 8-15]
     .venv/bin/python -m bench serving
@@ -49,14 +49,13 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.generated_docs import provenance, write_block
+from bench.grpc_load import drive_grpc, grpc_request
+from bench.http_exchange import exchange
+from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy
+from bench.serving_report import THREAD_GROUPS, markdown, print_results
 
-from bench.generated_docs import provenance, write_block  # noqa: E402
-from bench.grpc_load import drive_grpc, grpc_request  # noqa: E402 - run as a script too
-from bench.http_exchange import exchange  # noqa: E402
-from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy  # noqa: E402
-from bench.serving_report import THREAD_GROUPS, markdown, print_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The block of docs/serving.md this benchmark rewrites (``--out docs/serving.md``).
 DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_serving --out docs/serving.md -->"

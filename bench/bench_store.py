@@ -29,11 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the agent, and tests.support.postgres: the tests' throwaway PostgreSQL server
-
-from agent.labels.rows import PendingBatch  # noqa: E402
-from agent.labels.store import PredictionStore  # noqa: E402
+from agent.labels.rows import PendingBatch
+from agent.labels.store import PredictionStore
 
 K = 10
 

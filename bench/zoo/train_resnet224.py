@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,12 +37,8 @@ import torch
 from onnx import TensorProto, helper
 from torch import nn
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench.zoo.images import PATTERNS, generate, nchw_float  # noqa: E402
-from invariants.onnx_session import OnnxSession  # noqa: E402
+from bench.zoo.images import PATTERNS, generate, nchw_float
+from invariants.onnx_session import OnnxSession
 
 OUT_DIR = Path(__file__).resolve().parent / "models"
 COMMAND = "python -m bench.zoo.train_resnet224"

@@ -8,22 +8,19 @@ import ast
 import dataclasses
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from agent.cli import build_parser, main
+from agent.commands.fit import fit_params_of
+from agent.errors import UserError
+from bench.nannyml_style import CAR_FEATURES, car_loan
+from invariants.fit_params import MODEL, SOURCES, TABLE, FitParams, FitParamsError, field_docs, flag_name, knobs
 
-from agent.cli import build_parser, main  # noqa: E402
-from agent.commands.fit import fit_params_of  # noqa: E402
-from agent.errors import UserError  # noqa: E402
-from bench.nannyml_style import CAR_FEATURES, car_loan  # noqa: E402
-from invariants.fit_params import MODEL, SOURCES, TABLE, FitParams, FitParamsError, field_docs, flag_name, knobs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 FIELDS = dataclasses.fields(FitParams)
 #: A value other than the default for every field, each accepted by the table and the model fits.

@@ -5,27 +5,24 @@ back; text pipelines exported the usual way load where the en_US.UTF-8 locale ex
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.zoo import NAMES, ZooModel, build  # noqa: E402
-from bench.zoo.core import Split  # noqa: E402
-from bench.zoo.files import read_image_folder, write_image_folder, write_npy, write_npz_shards  # noqa: E402
-from bench.zoo.string_locale import (  # noqa: E402
+from bench.zoo import NAMES, ZooModel, build
+from bench.zoo.core import Split
+from bench.zoo.files import read_image_folder, write_image_folder, write_npy, write_npz_shards
+from bench.zoo.string_locale import (
     MISSING_LOCALE_MARK,
     PORTABLE_LOCALE,
     default_locale_missing,
     locale_error,
     normalizer_model,
 )
-from invariants.onnx_session import OnnxSession  # noqa: E402
+from invariants.onnx_session import OnnxSession
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Under ``CI=true`` a missing locale is an error, not a skip: nothing a CI run needs may silently skip.
 CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
