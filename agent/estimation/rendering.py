@@ -7,11 +7,13 @@ A window is estimated once (:func:`window_entry`: every estimator, the trust sig
 from one :func:`~agent.estimation.estimators.estimate_window` call, and CBPE's label-free per-class
 figures from the same statistics) and rendered from that entry: :meth:`WindowEntry.to_json` for the
 documents, :func:`snapshot_points` for the metrics. An estimate reads the same everywhere
-(:func:`estimate_json`): rounded to six decimals and marked ``unreliable`` with the reason when it says
-too little to be read as a number (:mod:`agent.estimation.reliability`). What the bundle says about
-every window (the headline estimator and the evidence for it, the oracle's TPR/FPR, the reference
-accuracy) is :func:`bundle_json`. What only one server knows (an agent's realized windows of delayed
-labels, the fleet's replicas per window) is added to a window as a section of its own.
+(:func:`estimate_json`): marked ``unreliable`` with the reason when it says too little to be read as a
+number (:mod:`agent.estimation.reliability`), and, in the documents served over HTTP, rounded to six
+decimals for the person reading them (``check --json`` keeps every digit: programs compute from it).
+What the bundle says about every window (the headline estimator and the evidence for it, the oracle's
+TPR/FPR, the reference accuracy) is :func:`bundle_json`. What only one server knows (an agent's
+realized windows of delayed labels, the fleet's replicas per window) is added to a window as a
+section of its own.
 """
 
 from __future__ import annotations
@@ -30,23 +32,30 @@ from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
 from exporters.prometheus import EstimatePoint, WindowPoint
 
-#: Decimals of an estimate in the JSON documents (a person reads them; the metrics keep every digit).
+#: Decimals of an estimate in the documents served over HTTP (a person reads them; the metrics and
+#: ``check --json`` keep every digit).
 DECIMALS = 6
 
 
-def estimate_json(name: str, e: Estimate, calibration: EstimatorCalibration) -> dict[str, Any]:
-    """Estimator ``name``'s estimate ``e``: its fields rounded to :data:`DECIMALS`, marked ``unreliable``
-    (with the reason) when it says too little to be read as a number."""
-    d: dict[str, Any] = {k: round(v, DECIMALS) if isinstance(v, float) else v for k, v in e.to_dict().items()}
+def estimate_json(
+    name: str, e: Estimate, calibration: EstimatorCalibration, *, decimals: int | None = DECIMALS
+) -> dict[str, Any]:
+    """Estimator ``name``'s estimate ``e``: its fields rounded to ``decimals`` (None: every digit), marked
+    ``unreliable`` (with the reason) when it says too little to be read as a number."""
+    d: dict[str, Any] = {
+        k: round(v, decimals) if decimals is not None and isinstance(v, float) else v for k, v in e.to_dict().items()
+    }
     why = unreliable(name, e, calibration)
     if why is not None:
         d["unreliable"] = why
     return d
 
 
-def estimates_json(estimates: Mapping[str, Estimate], calibration: EstimatorCalibration) -> dict[str, dict[str, Any]]:
+def estimates_json(
+    estimates: Mapping[str, Estimate], calibration: EstimatorCalibration, *, decimals: int | None = DECIMALS
+) -> dict[str, dict[str, Any]]:
     """Every estimator's estimate (:func:`estimate_json`), in the registry's order."""
-    return {k: estimate_json(k, e, calibration) for k, e in estimates.items()}
+    return {k: estimate_json(k, e, calibration, decimals=decimals) for k, e in estimates.items()}
 
 
 def headline_json(headline: tuple[str, Estimate]) -> dict[str, Any]:

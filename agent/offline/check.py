@@ -146,7 +146,7 @@ def check_report(
         "headline": headline_estimator(bundle.headline),
         **evidence_section(cal.headline, shift_aware=cal.shift is not None),
         "verdicts": judged.result.counts(),
-        "estimates": estimates_json(estimates, cal),
+        "estimates": estimates_json(estimates, cal, decimals=None),
         "calibration": calibration_summary(cal),
     }
     if WITH_LABELS in estimates:

@@ -194,7 +194,7 @@ class _Tally:
             "n": self.n,
             "headline": headline,
             "verdicts": {name: int(c) for name, c in zip(VERDICTS, self.verdicts, strict=True)},
-            "estimates": estimates_json(estimates, calibration),
+            "estimates": estimates_json(estimates, calibration, decimals=None),
         }
         if WITH_LABELS in estimates and self.revealed is not None:
             out["estimates"][WITH_LABELS].update(n_labels=self.revealed.size, seed=self.revealed.seed)
