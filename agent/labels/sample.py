@@ -53,7 +53,7 @@ def open_prediction_store(config: LabelsConfig, state_dir: Path | None, metrics:
         on_error=lambda op: metrics.store_errors.labels(op).inc(),
         on_drop=lambda n, reason: metrics.store_dropped.labels(reason).inc(n),
         on_buffered=metrics.store_buffered.inc,
-        kept=KeptInputsPolicy(config.keep_sampled_inputs, config.max_kept_input_bytes, config.max_kept_inputs_bytes),
+        kept=KeptInputsPolicy.of(config),
         on_inputs_dropped=lambda n, reason: metrics.kept_inputs_dropped.labels(reason).inc(n),
     )
 
