@@ -6,8 +6,10 @@ oldest predictions, walking the requests by ``seq`` and cutting into one request
 rises: the predictions below it are gone). A request's labels go with it. The statements are the same
 in SQLite and PostgreSQL but for their tables' names and their parameter mark
 (:class:`EvictionStatements`); they run in the caller's transaction, on anything that executes a
-statement and answers a DB-API cursor (``sqlite3.Connection``, ``psycopg.Connection``). Who may evict
-when, and how each backend keeps its counts, stays with the backend.
+statement and answers a DB-API cursor (``sqlite3.Connection``, ``psycopg.Connection``). The old
+requests' predictions are counted from the rows the delete returns (``RETURNING``: SQLite 3.35 or
+later), never by a count before it that a concurrent writer could make wrong. Who may evict when, and
+how each backend keeps its counts, stays with the backend.
 """
 
 from __future__ import annotations
