@@ -307,7 +307,7 @@ def _measure(
     print(f"  baseline increase() sums, same windows: {base_best:.3f} s; ratio refresh/baseline {best / base_best:.2f}")
     errors, base_errors = {}, {}
     for name in WINDOWS:
-        stats, ests = version.windows[name]
+        stats, ests = version.windows[name].stats, version.windows[name].estimates
         errors[name], base_errors[name] = stats.n - truth[name], base_n[name] - truth[name]
         head = ests.get("shift_aware") or ests.get("icos")
         print(

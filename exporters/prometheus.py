@@ -337,6 +337,20 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry, *, per_class_label_cap: int = 20) -> None:
         self.registry = registry
         self.per_class_label_cap = per_class_label_cap
+        self._judging_metrics(registry)
+        self._refusal_metrics(registry)
+        self._observe_metrics(registry)
+        self.model_info = Gauge(
+            "icos_model_info", "The model being judged (constant 1).", ["model", "version", "sha256"], registry=registry
+        )
+        self._state_metrics(registry)
+        self.window_stats = WindowStatsCollector()
+        registry.register(self.window_stats)
+        self._info_labels: tuple[str, str, str] | None = None
+        self._cache: dict[tuple[str, str, int], _Children] = {}
+
+    def _judging_metrics(self, registry: CollectorRegistry) -> None:
+        """What is judged: predictions, verdicts, predicted classes, and the time the model and the oracle take."""
         self.predictions = Counter(
             "icos_predictions", "Predictions judged by the oracle.", ["model", "version"], registry=registry
         )
@@ -371,6 +385,9 @@ class AgentMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+
+    def _refusal_metrics(self, registry: CollectorRegistry) -> None:
+        """Requests and connections refused, and failed calls to the upstream (every reason from the start)."""
         self.invalid_requests = Counter(
             "icos_invalid_requests",
             "Requests rejected as malformed or invalid, by reason.",
@@ -391,6 +408,9 @@ class AgentMetrics:
             ["reason"],
             registry=registry,
         )
+
+    def _observe_metrics(self, registry: CollectorRegistry) -> None:
+        """Observe mode's queue and CloudEvents."""
         self.observe_queue_length = Gauge(
             "icos_observe_queue_length", "Observe mode: batches waiting to be judged.", registry=registry
         )
@@ -412,9 +432,9 @@ class AgentMetrics:
             ["reason"],
             registry=registry,
         )
-        self.model_info = Gauge(
-            "icos_model_info", "The model being judged (constant 1).", ["model", "version", "sha256"], registry=registry
-        )
+
+    def _state_metrics(self, registry: CollectorRegistry) -> None:
+        """Writes of the state directory, and state set aside at start."""
         self.state_write_failures = Counter(
             "icos_state_write_failures",
             "Failed writes of the state directory (read-only, full, unreadable); serving goes on.",
@@ -438,10 +458,6 @@ class AgentMetrics:
         )
         for what in ("windows", "pending", "document", "file"):
             self.state_quarantined.labels(what)
-        self.window_stats = WindowStatsCollector()
-        registry.register(self.window_stats)
-        self._info_labels: tuple[str, str, str] | None = None
-        self._cache: dict[tuple[str, str, int], _Children] = {}
 
     def set_model(self, model: str, version: str, sha256: str, classes: Sequence[str]) -> None:
         """Declare the current model (after start or reload); pre-creates the series at zero."""

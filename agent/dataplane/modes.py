@@ -6,7 +6,11 @@
   (:mod:`agent.dataplane.observe_intake`); inference requests are refused.
 
 Each mode admits a request (validates it against the model), predicts (or has the upstream predict),
-and answers; judging and recording between the last two are the dataplane's.
+and answers; judging and recording between the last two are the dataplane's. A mode also says what it
+needs around the requests, so that the agent never asks which mode it runs: what it starts and stops
+with the agent (proxy mode's upstream client and readiness checks, observe mode's intake workers), what
+follows a reload (proxy mode reads the upstream's metadata again), whether the agent runs the model
+(:attr:`Mode.runs_model`) and whether the judge queue's background thread records its predictions.
 """
 
 from __future__ import annotations
@@ -28,18 +32,25 @@ from agent.dataplane.admission import (
     admit,
 )
 from agent.dataplane.metadata import model_metadata_of
+from agent.dataplane.observe_intake import ObserveIntake
 from agent.dataplane.policy import Placement
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
+from agent.judging.state import StateStore
 from agent.judging.verdicts import JudgeWork
 from agent.model.classifier import Prediction
 from agent.protocol.inference import InferRequest, InferResponse, Tensor, tensor
 
 
 class Mode(Protocol):
-    """What the dataplane asks of a mode."""
+    """What the dataplane and the agent ask of a mode."""
 
     name: str
+    #: the agent runs the model itself on the request path (serve mode)
+    runs_model: bool
+    #: the judge queue's background thread records the requests' predictions (observe mode's intake
+    #: workers record theirs themselves)
+    background_judging: bool
 
     async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
         """Validate the request against the model (raises the client's errors)."""
@@ -55,6 +66,28 @@ class Mode(Protocol):
 
     def not_ready(self) -> str | None:
         """Why the mode cannot answer now (proxy mode: its upstream is not ready); ``None`` when it can."""
+
+    async def start(self, store: StateStore | None) -> None:
+        """Start what the mode runs beside the requests (``store``: the state directory's, when there is one)."""
+
+    async def stop(self, store: StateStore | None) -> None:
+        """Stop it, once no request is served any more (what is left is saved in ``store``)."""
+
+    async def after_reload(self) -> None:
+        """Follow a reload that swapped the runtime."""
+
+
+class _NothingAround:
+    """A mode that runs nothing beside its requests and needs nothing after a reload."""
+
+    async def start(self, store: StateStore | None) -> None:
+        return None
+
+    async def stop(self, store: StateStore | None) -> None:
+        return None
+
+    async def after_reload(self) -> None:
+        return None
 
 
 def _run_model(admitted: Admitted) -> tuple[Prediction, float]:
@@ -81,10 +114,12 @@ def agent_outputs(admitted: Admitted, work: JudgeWork) -> dict[str, Tensor]:
     return out
 
 
-class ServeMode:
+class ServeMode(_NothingAround):
     """The agent runs the model: the outputs are its probabilities, predicted class and verdicts."""
 
     name = "serve"
+    runs_model = True
+    background_judging = True
 
     async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
         assert rt.classifier is not None
@@ -121,10 +156,24 @@ class ServeMode:
         return None
 
 
-class ObserveMode:
-    """Predictions come to ``POST /v1/observe``; inference requests are refused (404)."""
+class ObserveMode(_NothingAround):
+    """Predictions come to ``POST /v1/observe`` (its :attr:`intake`, whose workers judge and record
+    them); inference requests are refused (404)."""
 
     name = "observe"
+    runs_model = False
+    background_judging = False
+
+    def __init__(self, intake: ObserveIntake) -> None:
+        self.intake = intake
+
+    async def start(self, store: StateStore | None) -> None:
+        """Take the batches a previous run saved in ``store``, then start the intake's workers."""
+        await self.intake.start(store)
+
+    async def stop(self, store: StateStore | None) -> None:
+        """Judge what is queued (bounded by the graceful timeout) and save the rest in ``store``."""
+        await self.intake.stop(store)
 
     async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
         raise ClientError(

@@ -33,6 +33,7 @@ from agent.dataplane.policy import Placement
 from agent.dataplane.upstream import UpstreamClient, UpstreamError, UpstreamModel
 from agent.dataplane.upstream_readiness import UpstreamReadiness
 from agent.judging.runtime import Runtime
+from agent.judging.state import StateStore
 from agent.judging.verdicts import JudgeWork
 from agent.model.inputs import rule_values
 from agent.protocol import v2
@@ -159,6 +160,8 @@ class ProxyMode:
     ready while the upstream's model is (:class:`~agent.dataplane.upstream_readiness.UpstreamReadiness`)."""
 
     name = "proxy"
+    runs_model = False
+    background_judging = True
 
     def __init__(self, settings: AgentSettings, metrics: UpstreamMetrics) -> None:
         s = settings
@@ -203,14 +206,19 @@ class ProxyMode:
         reason = self.readiness.reason
         return None if reason is None else f"upstream not ready: {reason}"
 
-    async def start(self) -> None:
+    async def start(self, store: StateStore | None) -> None:
         """Check the upstream's readiness now (and read its metadata when it is ready), then every
         ``upstream.ready_interval_seconds`` in the background."""
         await self.readiness.start()
 
-    async def stop(self) -> None:
+    async def stop(self, store: StateStore | None) -> None:
+        """Stop the readiness checks and close the upstream client."""
         await self.readiness.stop()
         await self.upstream.aclose()
+
+    async def after_reload(self) -> None:
+        """Read the upstream's metadata again: the new model may take or answer other tensors."""
+        await self.refresh()
 
     async def refresh(self, at_start: bool = False) -> UpstreamModel:
         """Read the upstream's server and model metadata. At start (or when the upstream becomes ready)

@@ -29,30 +29,35 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.class_metrics import window_class_metrics
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, headline_of
-from agent.estimation.intervals import Estimate
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.statistics import WindowStats
 from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
 from exporters.fleet import FleetSnapshot, FleetVersion
-from exporters.prometheus import EstimatePoint
 
 log = logs.get("fleet")
 
 
 @dataclass(frozen=True)
 class VersionWindows:
-    """One model version's statistic and estimates per window, and the replicas behind them."""
+    """One model version's windows, each estimated once from the replicas' summed statistics
+    (:class:`~agent.estimation.rendering.WindowEntry`: estimates, trust signal, headline and the
+    label-free per-class figures, where the replicas export per-class sums), and the replicas behind them."""
 
-    windows: dict[str, tuple[WindowStats, dict[str, Estimate]]]
+    windows: dict[str, WindowEntry]
     replicas: dict[str, int]
     #: per window, the ``realized`` section of the labeled predictions in it (the store's labels)
     realized: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: per window, the label-free per-class figures (CBPE) of the replicas' summed per-class sums
-    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def sections(self, name: str) -> dict[str, Any]:
+        """What only the fleet knows of window ``name``: its replicas, and its labels' ``realized``."""
+        out: dict[str, Any] = {"replicas": self.replicas.get(name, 0)}
+        if name in self.realized:
+            out["realized"] = self.realized[name]
+        return out
 
 
 @dataclass
@@ -94,7 +99,7 @@ class FleetEvaluator:
         self.windows = {name: parse_duration(name) for name in settings.windows.time}
         #: the model's class names (the per-class figures; none: not computed)
         self.classes = list(classes)
-        self.per_class = len(self.classes) <= settings.metrics.per_class_label_cap
+        self.per_class_cap = settings.metrics.per_class_label_cap
         fleet = settings.fleet
         schema = StatSchema.of_bundle(calibration, len(self.classes) if self.classes else None)
         self.scope = FleetScope(self.model, bundle_label, schema, fleet.selector, fleet.max_versions)
@@ -148,8 +153,7 @@ class FleetEvaluator:
         windows = dict(vw.windows)
         for name, lab in read.sums.items():
             if name in windows:
-                stats = windows[name][0] + lab
-                windows[name] = (stats, estimate_all(stats, self.calibration))
+                windows[name] = self._entry(name, windows[name].stats + lab)
         realized = {
             name: w.to_dict() if w is not None else {"n": 0} for name, w in read.realized.items() if name in windows
         }
@@ -173,7 +177,7 @@ class FleetEvaluator:
         t0 = time.perf_counter()
         fleet = self.settings.fleet
         out = FleetResult(at)
-        per_version: dict[str, dict[str, tuple[WindowStats, dict[str, Estimate]]]] = {}
+        per_version: dict[str, dict[str, WindowEntry]] = {}
         replicas: dict[str, dict[str, int]] = {}
         every = await window_sums(self.api, self.scope, at, self.windows, fleet.lookback_seconds)
         for name, sums in every.items():
@@ -196,8 +200,7 @@ class FleetEvaluator:
                 elif seen != {self.bundle_label}:
                     out.mismatches.add((version, "other_bundle"))
                 else:
-                    stats = checked[version]
-                    per_version.setdefault(version, {})[name] = (stats, estimate_all(stats, self.calibration))
+                    per_version.setdefault(version, {})[name] = self._entry(name, checked[version])
                     replicas.setdefault(version, {})[name] = sums.replicas.get(
                         (self.model, version, self.bundle_label), 0
                     )
@@ -213,23 +216,16 @@ class FleetEvaluator:
         bad = {v for v, _ in out.mismatches}
         for version, wins in per_version.items():
             if version not in bad:
-                out.versions[version] = VersionWindows(wins, replicas.get(version, {}), classes=self._classes(wins))
+                out.versions[version] = VersionWindows(wins, replicas.get(version, {}))
         out.seconds = time.perf_counter() - t0
         return out
 
-    def _classes(self, wins: dict[str, tuple[WindowStats, dict[str, Estimate]]]) -> dict[str, dict[str, Any]]:
-        """Per window, CBPE's per-class figures from the summed per-class sums (where the replicas
-        export them: up to their class cap)."""
-        out: dict[str, dict[str, Any]] = {}
-        if not self.classes:
-            return out
-        for name, (s, _) in wins.items():
-            figures = window_class_metrics(
-                s.cbpe_predicted, s.cbpe_true_positive, s.cbpe_support, self.classes, per_class=self.per_class
-            )
-            if figures is not None:
-                out[name] = figures
-        return out
+    def _entry(self, name: str, stats: WindowStats) -> WindowEntry:
+        """Window ``name`` of the summed ``stats`` estimated as an agent estimates its own; the
+        per-class figures where the replicas export per-class sums (up to their class cap)."""
+        return window_entry(
+            name, stats, self.calibration, self.headline, self.classes, per_class_cap=self.per_class_cap
+        )
 
     def _labels_failed(self, reason: str, message: str) -> None:
         with self._lock:
@@ -295,12 +291,11 @@ class FleetEvaluator:
         now = self.clock()
         r = self.result
         v = self.version_of(version)
-        windows = _windows_json(r.versions[v], self.headline) if r is not None and v is not None else {}
+        windows = self._windows_json(r.versions[v]) if r is not None and v is not None else {}
         return {
             "model": {"name": self.model, "version": v or version or self.settings.model.version},
-            "headline": self.headline,
+            **bundle_json(self.headline, self.calibration),
             "windows": windows,
-            "oracle": {"tpr": self.calibration.tpr, "fpr": self.calibration.fpr},
             "timestamp": r.at if r is not None else None,
             "fleet": {
                 "bundle": self.bundle_label,
@@ -314,10 +309,13 @@ class FleetEvaluator:
                 "mismatches": [{"version": mv, "reason": why} for mv, why in sorted(r.mismatches)] if r else [],
                 "labels": self._labels_json(),
             },
-            "versions": {name: _windows_json(vw, self.headline) for name, vw in r.versions.items()}
-            if r is not None
-            else {},
+            "versions": {name: self._windows_json(vw) for name, vw in r.versions.items()} if r is not None else {},
         }
+
+    def _windows_json(self, vw: VersionWindows) -> dict[str, Any]:
+        """The windows as an agent reports them (:meth:`~agent.estimation.rendering.WindowEntry.to_json`),
+        each with its replicas and, from the store's labels, its ``realized`` section."""
+        return {name: entry.to_json(self.calibration, vw.sections(name)) for name, entry in vw.windows.items()}
 
     def _labels_json(self) -> dict[str, Any]:
         """The state of the store's labels: whether they are read, how many, and the last failure."""
@@ -335,18 +333,12 @@ class FleetEvaluator:
         versions = []
         if r is not None:
             for version, vw in r.versions.items():
-                points = [
-                    EstimatePoint(est, window, e.value, e.lower, e.upper, e.n)
-                    for window, (_, ests) in vw.windows.items()
-                    for est, e in ests.items()
-                ]
-                samples = {window: stats.n for window, (stats, _) in vw.windows.items()}
-                headline = [
-                    EstimatePoint(chosen[0], window, chosen[1].value, chosen[1].lower, chosen[1].upper, chosen[1].n)
-                    for window, (_, ests) in vw.windows.items()
-                    if (chosen := headline_of(ests, self.headline)) is not None
-                ]
-                versions.append(FleetVersion(version, points, samples, dict(vw.replicas), headline, vw.classes))
+                points = snapshot_points(vw.windows.values())
+                samples = {w.window: w.n for w in points.windows}
+                classes = {w.window: w.classes for w in points.windows if w.classes is not None}
+                versions.append(
+                    FleetVersion(version, points.estimates, samples, dict(vw.replicas), points.headline, classes)
+                )
         return FleetSnapshot(
             model=self.model,
             versions=versions,
@@ -375,26 +367,3 @@ def _release_frames(exc: BaseException) -> None:
         seen.add(id(e))
         traceback.clear_frames(e.__traceback__)
         todo += [e.__cause__, e.__context__]
-
-
-def _windows_json(vw: VersionWindows, headline: str) -> dict[str, Any]:
-    """The windows as an agent reports them, each with the fleet's headline (as ``icos_fleet_headline_*``)."""
-    out: dict[str, Any] = {}
-    for name, (stats, ests) in vw.windows.items():
-        w: dict[str, Any] = {
-            "n": stats.n,
-            "fails": stats.fails,
-            "n_labels": stats.lab_n,
-            "fails_by_family": dict(stats.fails_by_family),
-            "replicas": vw.replicas.get(name, 0),
-            "estimates": {k: e.to_dict() for k, e in ests.items()},
-        }
-        if name in vw.classes:
-            w["classes"] = {"estimated": vw.classes[name]}
-        if name in vw.realized:
-            w["realized"] = vw.realized[name]
-        chosen = headline_of(ests, headline)
-        if chosen is not None:
-            w["headline"] = {"estimator": chosen[0], **chosen[1].to_dict()}
-        out[name] = w
-    return out

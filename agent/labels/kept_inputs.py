@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.config.settings import LabelsConfig
+
 #: SQLite: the table, and triggers so that a deleted or cut request row takes its inputs along
 SQLITE_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS inputs (seq INTEGER NOT NULL, idx INTEGER NOT NULL, nbytes INTEGER NOT NULL,"
@@ -46,13 +48,21 @@ class KeptInput:
     data: str
 
 
+_LABELS = LabelsConfig.model_fields
+
+
 @dataclass(frozen=True)
 class KeptInputsPolicy:
-    """Whether inputs are kept, and the byte bounds (``labels.*`` settings)."""
+    """Whether inputs are kept, and the byte bounds (the ``labels.*`` settings; their defaults)."""
 
-    enabled: bool = False
-    max_input_bytes: int = 65_536
-    max_total_bytes: int = 67_108_864
+    enabled: bool = _LABELS["keep_sampled_inputs"].default
+    max_input_bytes: int = _LABELS["max_kept_input_bytes"].default
+    max_total_bytes: int = _LABELS["max_kept_inputs_bytes"].default
+
+    @classmethod
+    def of(cls, config: LabelsConfig) -> KeptInputsPolicy:
+        """The policy of ``labels`` settings."""
+        return cls(config.keep_sampled_inputs, config.max_kept_input_bytes, config.max_kept_inputs_bytes)
 
 
 def _encode_array(a: np.ndarray) -> dict[str, Any]:

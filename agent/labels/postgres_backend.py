@@ -12,7 +12,8 @@ Any failure to reach the server — refused, dropped, or a statement slower than
 :data:`STATEMENT_TIMEOUT_MS` — raises :class:`StoreUnreachable`: the store keeps the write queued and
 tries again. Retention: every replica may evict, one at a time (``pg_try_advisory_xact_lock``), at most
 every ``evict_interval`` seconds: requests older than the age bound, then, past ``max_predictions``
-predictions in the whole table, the oldest ones (their labels with them). The counts behind
+predictions in the whole table, the oldest ones (their labels with them; the policy and its
+statements are the SQLite backend's: :mod:`agent.labels.eviction`). The counts behind
 ``icos_prediction_store_predictions`` are the whole table's, as of the last eviction pass: every
 writer adds what it wrote to its own row of ``icos_store_counts`` in the same transaction, so no
 full-table count is ever needed. The URL's password is never logged: :attr:`location` is redacted.
@@ -39,6 +40,7 @@ from agent.labels.backend import (
     label_filter,
     unlabeled_sample,
 )
+from agent.labels.eviction import Evicted, EvictionStatements, Retention, evict
 from agent.labels.kept_inputs import EVICT_OLDEST, KeptInput, KeptMap
 from agent.labels.rows import (
     LabeledRows,
@@ -55,6 +57,8 @@ from exporters.redaction import redact_text, redact_uri
 log = logging.getLogger("icos_agent.labels")
 
 STATEMENT_TIMEOUT_MS = 10_000
+#: Seconds between two eviction passes of one replica (each pass scans the oldest requests of the fleet).
+EVICT_INTERVAL_SECONDS = 10.0
 CONNECT_TIMEOUT_S = 5
 _LOCK_SCHEMA = 0x1C05_0001  # advisory lock keys of the agent
 _LOCK_EVICT = 0x1C05_0002
@@ -114,6 +118,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+POSTGRES_EVICTION = EvictionStatements("icos_requests", "icos_labels", "%s")
 
 #: What :meth:`PostgresBackend._labeled` decodes, in its order (one list for every read of labels).
 _LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
@@ -163,13 +168,12 @@ class PostgresBackend:
         *,
         max_predictions: int,
         max_age_seconds: float,
-        pool_size: int = 4,
-        evict_interval: float = 10.0,
+        pool_size: int,
+        evict_interval: float = EVICT_INTERVAL_SECONDS,
         on_error: Callable[[str], None] = lambda _op: None,
     ) -> None:
         self._url = url
-        self.max_predictions = max_predictions
-        self.max_age_seconds = max_age_seconds
+        self.retention = Retention(max_predictions, max_age_seconds)
         self.pool_size = pool_size
         self.evict_interval = evict_interval
         self.on_error = on_error
@@ -308,43 +312,33 @@ class PostgresBackend:
             with self._tx() as conn:
                 got = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_EVICT,)).fetchone()
                 if got and got[0]:
-                    gone = self._evict_locked(conn, now - self.max_age_seconds)
+                    gone = self._evict_locked(conn, now)
             self._count()
         except StoreUnavailable as exc:
             log.debug("eviction postponed", extra={"error": str(exc)})
         return gone
 
-    def _evict_locked(self, conn: psycopg.Connection[Any], cutoff: float) -> int:
-        """Evict by age, fold the other writers' count rows into ours, then evict by count."""
-        labels = _count_of(
-            conn,
-            "WITH g AS (DELETE FROM icos_labels WHERE seq IN (SELECT seq FROM icos_requests WHERE ts < %s)"
-            " RETURNING 1) SELECT COUNT(*) FROM g",
-            (cutoff,),
-        )
-        gone = _count_of(
-            conn,
-            "WITH g AS (DELETE FROM icos_requests WHERE ts < %s RETURNING hi - lo AS n)"
-            " SELECT COALESCE(SUM(n), 0) FROM g",
-            (cutoff,),
-        )
-        conn.execute(
-            "INSERT INTO icos_store_counts(writer, predictions, labeled) VALUES (%s, 0, 0) ON CONFLICT DO NOTHING",
-            (self._writer,),
-        )
-        conn.execute(
-            "WITH g AS (DELETE FROM icos_store_counts WHERE writer <> %s RETURNING predictions, labeled)"
-            " UPDATE icos_store_counts SET predictions = predictions + (SELECT COALESCE(SUM(predictions), 0) FROM g),"
-            " labeled = labeled + (SELECT COALESCE(SUM(labeled), 0) FROM g) WHERE writer = %s",
-            (self._writer, self._writer),
-        )
-        total = _count_of(
-            conn, "SELECT predictions - %s FROM icos_store_counts WHERE writer = %s", (gone, self._writer)
-        )
-        excess = total - self.max_predictions
-        cut_gone, cut_labels = _evict_oldest(conn, excess) if excess > 0 else (0, 0)
-        self._add_counts(conn, -(gone + cut_gone), -(labels + cut_labels))
-        return gone + cut_gone
+    def _evict_locked(self, conn: psycopg.Connection[Any], now: float) -> int:
+        """Evict (:mod:`agent.labels.eviction`), the count bound read from the count rows once the old
+        requests are gone and the other writers' rows folded into ours."""
+
+        def total_after(aged: Evicted) -> int:
+            conn.execute(
+                "INSERT INTO icos_store_counts(writer, predictions, labeled) VALUES (%s, 0, 0) ON CONFLICT DO NOTHING",
+                (self._writer,),
+            )
+            conn.execute(
+                "WITH g AS (DELETE FROM icos_store_counts WHERE writer <> %s RETURNING predictions, labeled)"
+                " UPDATE icos_store_counts SET predictions = predictions + (SELECT COALESCE(SUM(predictions), 0)"
+                " FROM g), labeled = labeled + (SELECT COALESCE(SUM(labeled), 0) FROM g) WHERE writer = %s",
+                (self._writer, self._writer),
+            )
+            sql = "SELECT predictions - %s FROM icos_store_counts WHERE writer = %s"
+            return _count_of(conn, sql, (aged.predictions, self._writer))
+
+        gone = evict(conn, POSTGRES_EVICTION, self.retention, now, total_after)
+        self._add_counts(conn, -gone.predictions, -gone.labels)
+        return gone.predictions
 
     def _count(self) -> None:
         with self._tx() as conn:
@@ -557,43 +551,3 @@ def _insert_labels(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], r
 def _count_of(conn: psycopg.Connection[Any], sql: str, args: tuple[Any, ...]) -> int:
     row = conn.execute(sql, args).fetchone()  # type: ignore[call-overload]  # fixed text
     return int(row[0]) if row is not None and row[0] is not None else 0
-
-
-def _evict_oldest(conn: psycopg.Connection[Any], excess: int) -> tuple[int, int]:
-    """Evict the oldest ``excess`` predictions, walking the requests by ``seq`` (cutting into one
-    request if need be, as the SQLite backend does); returns ``(predictions, labels)`` deleted."""
-    whole_upto: int | None = None
-    cut: tuple[int, int] | None = None
-    left, after = excess, -1
-    while left > 0:
-        page = conn.execute(
-            "SELECT seq, lo, hi FROM icos_requests WHERE seq > %s ORDER BY seq LIMIT 1000", (after,)
-        ).fetchall()
-        if not page:
-            break
-        for seq, lo, hi in page:
-            live = int(hi) - int(lo)
-            if live <= left:
-                whole_upto, left = int(seq), left - live
-            else:
-                cut, left = (int(seq), int(lo) + left), 0
-            if left == 0:
-                break
-        after = int(page[-1][0])
-    labels = 0
-    if whole_upto is not None:
-        labels += _count_of(
-            conn,
-            "WITH g AS (DELETE FROM icos_labels WHERE seq <= %s RETURNING 1) SELECT COUNT(*) FROM g",
-            (whole_upto,),
-        )
-        conn.execute("DELETE FROM icos_requests WHERE seq <= %s", (whole_upto,))
-    if cut is not None:
-        seq, lo = cut
-        labels += _count_of(
-            conn,
-            "WITH g AS (DELETE FROM icos_labels WHERE seq = %s AND idx < %s RETURNING 1) SELECT COUNT(*) FROM g",
-            (seq, lo),
-        )
-        conn.execute("UPDATE icos_requests SET lo = %s WHERE seq = %s", (lo, seq))
-    return excess - left, labels

@@ -16,8 +16,8 @@ prediction store's writer with its draws (and, under active sampling, their draw
   traffic's rate, mean uncertainty and the share lost to probabilities clipped at 1 as exponentially
   decayed sums (time constant a tenth of the window, corrected for the start-up as an EWMA's bias is).
   While :meth:`LabelingSample.boost` is on (the trust signal says a window lies outside the
-  calibration's range), the rate is multiplied by ``labels.boost_factor``: the budget is spent sooner,
-  where the label-free estimate is least to be believed.
+  calibration's range: :mod:`agent.labels.boost` looks on a timer), the rate is multiplied by
+  ``labels.boost_factor``: the budget is spent sooner, where the label-free estimate is least to be believed.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def open_prediction_store(config: LabelsConfig, state_dir: Path | None, metrics:
         on_error=lambda op: metrics.store_errors.labels(op).inc(),
         on_drop=lambda n, reason: metrics.store_dropped.labels(reason).inc(n),
         on_buffered=metrics.store_buffered.inc,
-        kept=KeptInputsPolicy(config.keep_sampled_inputs, config.max_kept_input_bytes, config.max_kept_inputs_bytes),
+        kept=KeptInputsPolicy.of(config),
         on_inputs_dropped=lambda n, reason: metrics.kept_inputs_dropped.labels(reason).inc(n),
     )
 
@@ -140,6 +140,12 @@ class LabelingSample:
         until = (time.monotonic() if now is None else now) + max(float(seconds), 0.0)
         with self._lock:
             self._boost_until = max(self._boost_until, until)
+
+    def boosted(self, now: float | None = None) -> bool:
+        """Whether the draws are boosted now (``now``: :func:`time.monotonic`, as :meth:`boost` takes it)."""
+        t = time.monotonic() if now is None else now
+        with self._lock:
+            return t < self._boost_until
 
     def _draw(self, batch: JudgedBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
         n = len(batch.predicted)

@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
 from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, label_filter, unlabeled_sample
+from agent.labels.eviction import EvictionStatements, Retention, evict
 from agent.labels.kept_inputs import KeptInput, KeptMap, SQLiteKeptInputs
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
 from agent.labels.sqlite_schema import (
@@ -39,6 +40,7 @@ from agent.labels.sqlite_schema import (
 log = logging.getLogger("icos_agent.labels")
 
 STORE_FILE = "predictions.sqlite3"
+SQLITE_EVICTION = EvictionStatements("requests", "labels", "?")
 
 
 class SQLiteBackend:
@@ -56,8 +58,7 @@ class SQLiteBackend:
         on_error: Callable[[str], None] = lambda _op: None,
     ) -> None:
         self.directory = directory
-        self.max_predictions = max_predictions
-        self.max_age_seconds = max_age_seconds
+        self.retention = Retention(max_predictions, max_age_seconds)
         self.full_sync = full_sync
         self.on_error = on_error
         self.persistent = False
@@ -146,77 +147,30 @@ class SQLiteBackend:
         return written
 
     def evict(self, now: float) -> int:
-        cutoff = now - self.max_age_seconds
-        if self._oldest_ts >= cutoff and self.rows <= self.max_predictions:
-            return 0  # nothing is over a bound: no statement at all
+        """Evict what is over the bounds (:mod:`agent.labels.eviction`); no statement at all while
+        nothing is."""
+        if self._oldest_ts >= self.retention.cutoff(now) and self.rows <= self.retention.max_predictions:
+            return 0
         try:
             with self._lock:
                 db = self.conn()
                 db.execute("BEGIN")
                 try:
-                    gone = self._evict_older(db, cutoff) + self._evict_beyond_count(db)
+                    gone = evict(db, SQLITE_EVICTION, self.retention, now, lambda aged: self.rows - aged.predictions)
                     db.execute("COMMIT")
                 except BaseException:
                     db.execute("ROLLBACK")
                     raise
+                self.rows -= gone.predictions
+                self.labeled -= gone.labels
+                row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
+                self._oldest_ts = float("inf") if row[0] is None else float(row[0])
         except (sqlite3.Error, OSError, StoreUnavailable) as exc:
             self.on_error("write")
             log.warning("evicting predictions failed", extra={"error": str(exc)})
             self._refresh_counts()
             return 0
-        return gone
-
-    def _evict_older(self, db: sqlite3.Connection, cutoff: float) -> int:
-        n, oldest = db.execute(
-            "SELECT COALESCE(SUM(hi - lo), 0), MIN(ts) FROM requests WHERE ts < ?", (cutoff,)
-        ).fetchone()
-        if int(n) == 0 and oldest is None:
-            row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
-            self._oldest_ts = float("inf") if row[0] is None else float(row[0])
-            return 0
-        self.labeled -= db.execute(
-            "DELETE FROM labels WHERE seq IN (SELECT seq FROM requests WHERE ts < ?)", (cutoff,)
-        ).rowcount
-        db.execute("DELETE FROM requests WHERE ts < ?", (cutoff,))
-        self.rows -= int(n)
-        row = db.execute("SELECT MIN(ts) FROM requests").fetchone()
-        self._oldest_ts = float("inf") if row[0] is None else float(row[0])
-        return int(n)
-
-    def _evict_beyond_count(self, db: sqlite3.Connection) -> int:
-        """Keep exactly the newest ``max_predictions`` predictions, cutting into a request if need be."""
-        excess = self.rows - self.max_predictions
-        if excess <= 0:
-            return 0
-        whole_upto: int | None = None  # delete request rows with seq <= this
-        cut: tuple[int, int] | None = None  # (seq, new lo) of a request evicted in part
-        left = excess
-        after = -1
-        while left > 0:
-            page = db.execute(
-                "SELECT seq, lo, hi FROM requests WHERE seq > ? ORDER BY seq LIMIT 1000", (after,)
-            ).fetchall()
-            if not page:
-                break
-            for seq, lo, hi in page:
-                live = int(hi) - int(lo)
-                if live <= left:
-                    whole_upto, left = int(seq), left - live
-                else:
-                    cut, left = (int(seq), int(lo) + left), 0
-                if left == 0:
-                    break
-            after = int(page[-1][0])
-        if whole_upto is not None:
-            self.labeled -= db.execute("DELETE FROM labels WHERE seq <= ?", (whole_upto,)).rowcount
-            db.execute("DELETE FROM requests WHERE seq <= ?", (whole_upto,))
-        if cut is not None:
-            seq, lo = cut
-            self.labeled -= db.execute("DELETE FROM labels WHERE seq = ? AND idx < ?", (seq, lo)).rowcount
-            db.execute("UPDATE requests SET lo = ? WHERE seq = ?", (lo, seq))
-        gone = excess - left
-        self.rows -= gone
-        return gone
+        return gone.predictions
 
     def _refresh_counts(self) -> None:
         try:

@@ -5,7 +5,8 @@ The request pipeline hands every judged request to :meth:`PredictionStore.enqueu
 appends it to a memory-bounded queue (at most ``queue_limit`` predictions; beyond that a batch is
 dropped and counted). A background thread writes the queue in one transaction and evicts what is
 over the bounds: predictions older than ``max_age_seconds`` and, past ``max_predictions``
-predictions, the oldest ones. Two durability modes (``labels.durability``):
+predictions, the oldest ones (:mod:`agent.labels.eviction`, one policy for both backends). Two
+durability modes (``labels.durability``):
 
 * ``batched`` — the writer commits every ``flush_interval`` seconds. A request is answered before its
   predictions are committed, so an agent killed with SIGKILL loses what was queued: at most one flush
@@ -14,8 +15,9 @@ predictions, the oldest ones. Two durability modes (``labels.durability``):
 * ``commit`` — acknowledge after commit: the request waits (:meth:`committed`) until a transaction
   holding its predictions has committed. The writer commits as soon as something is queued and
   everything that arrived during one commit goes into the next (group commit), so one commit serves
-  many concurrent requests. A request whose predictions cannot be committed within
-  ``commit_timeout`` (the store failing or unreachable) is refused with 503: it was not acknowledged.
+  many concurrent requests (:mod:`agent.labels.commit_waits`). A request whose predictions cannot be
+  committed within ``commit_timeout`` (the store failing or unreachable) is refused with 503: it was
+  not acknowledged.
 
 Backends (:class:`agent.labels.backend.StoreBackend`): SQLite in the state directory
 (:mod:`agent.labels.sqlite_backend`, the default) or PostgreSQL shared by replicas
@@ -56,18 +58,18 @@ on the store in ``batched`` mode. The row and batch types are in :mod:`agent.lab
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from agent.config.settings import LabelsConfig
 from agent.core.os_threads import name_os_thread
 from agent.labels.backend import StoreBackend, StoreUnavailable, StoreUnreachable
+from agent.labels.commit_waits import CommitWaits
 from agent.labels.in_flight import InFlight
 from agent.labels.kept_inputs import KeptInput, KeptInputsPolicy, KeptMap, kept_inputs
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, batch_problem
@@ -77,7 +79,12 @@ from agent.labels.sqlite_schema import last_per_request
 log = logging.getLogger("icos_agent.labels")
 
 Durability = Literal["batched", "commit"]
-SETTLED_MEMORY = 65_536  # outcomes of commits kept for requests that ask after the fact
+
+
+def _setting(name: str) -> Any:
+    """The default of ``labels.<name>``: stated once, on the setting."""
+    return LabelsConfig.model_fields[name].default
+
 
 __all__ = ["STORE_FILE", "Durability", "PredictionStore", "StoreUnavailable", "StoreUnreachable"]
 
@@ -91,11 +98,11 @@ class PredictionStore:
         *,
         max_predictions: int,
         max_age_seconds: float,
-        queue_limit: int = 100_000,
-        flush_interval: float = 1.0,
-        durability: Durability = "batched",
+        queue_limit: int = _setting("queue_limit"),
+        flush_interval: float = _setting("flush_interval_seconds"),
+        durability: Durability = _setting("durability"),
         store_url: str | None = None,
-        pool_size: int = 4,
+        pool_size: int = _setting("pool_size"),
         on_error: Callable[[str], None] = lambda _op: None,
         on_drop: Callable[[int, str], None] = lambda _n, _reason: None,
         on_buffered: Callable[[int], None] = lambda _n: None,
@@ -144,10 +151,8 @@ class PredictionStore:
         #: the database could not be reached at the last write; retried after ``_retry_at``
         self.unreachable = False
         self._retry_at = 0.0
-        # commit mode: requests waiting for their commit, and outcomes nobody waited for yet
-        self._wait_lock = threading.Lock()
-        self._waiters: dict[str, deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]]] = {}
-        self._settled: OrderedDict[str, bool] = OrderedDict()
+        #: commit mode: requests waiting for their commit, and outcomes nobody waited for yet
+        self.commits = CommitWaits()
         #: every mode: batches per request id queued or being written, and who waits for them
         self.in_flight = InFlight()
 
@@ -328,7 +333,7 @@ class PredictionStore:
         self.on_error("write")
         self.on_buffered(n)
         self._put_back(taken)
-        self._fail_all_waiters()
+        self.commits.fail_all()
 
     def _storable(self, batches: list[PendingBatch]) -> list[PendingBatch]:
         """The batches that can be written; the others are counted as ``invalid`` and logged (one line)."""
@@ -352,51 +357,12 @@ class PredictionStore:
     async def committed(self, request_id: str, timeout: float) -> bool:
         """Wait until the predictions of ``request_id`` are committed (``commit`` mode): ``True`` once
         they are, ``False`` when they were dropped, the database is unreachable, or ``timeout`` passed."""
-        loop = asyncio.get_running_loop()
-        with self._wait_lock:
-            if request_id in self._settled:
-                return self._settled.pop(request_id)
-            if self.unreachable:
-                return False
-            fut: asyncio.Future[bool] = loop.create_future()
-            entry = (loop, fut)
-            self._waiters.setdefault(request_id, deque()).append(entry)
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            with self._wait_lock:
-                q = self._waiters.get(request_id)
-                if q is not None:
-                    with contextlib.suppress(ValueError):
-                        q.remove(entry)
-                    if not q:
-                        del self._waiters[request_id]
-            return False
+        return await self.commits.wait(request_id, timeout, unreachable=self.unreachable)
 
     def _settle(self, request_ids: Sequence[str], *, ok: bool) -> None:
         """Tell the requests waiting for these ids whether their commit happened (``commit`` mode)."""
-        if self.durability != "commit" or not request_ids:
-            return
-        with self._wait_lock:
-            for rid in request_ids:
-                q = self._waiters.get(rid)
-                if q:
-                    loop, fut = q.popleft()
-                    if not q:
-                        del self._waiters[rid]
-                    _resolve_from_thread(loop, fut, ok)
-                else:
-                    self._settled[rid] = ok
-                    self._settled.move_to_end(rid)
-                    if len(self._settled) > SETTLED_MEMORY:
-                        self._settled.popitem(last=False)
-
-    def _fail_all_waiters(self) -> None:
-        with self._wait_lock:
-            waiting, self._waiters = self._waiters, {}
-        for q in waiting.values():
-            for loop, fut in q:
-                _resolve_from_thread(loop, fut, False)
+        if self.durability == "commit" and request_ids:
+            self.commits.settle(request_ids, ok=ok)
 
     # -- labels for predictions on their way ------------------------------------------------------
     def holds(self, request_id: str) -> bool:
@@ -450,7 +416,7 @@ class PredictionStore:
                 extra={"predictions": self._queued},
             )
             self.on_drop(self._queued, "write_failed")
-        self._fail_all_waiters()
+        self.commits.fail_all()
         self.backend.close()
 
     # -- labels ----------------------------------------------------------------------------------
@@ -494,12 +460,3 @@ class PredictionStore:
 
     def delete_calibration(self, identity: str) -> None:
         self.backend.delete_calibration(identity)
-
-
-def _resolve_from_thread(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[bool], ok: bool) -> None:
-    def resolve() -> None:
-        if not fut.done():
-            fut.set_result(ok)
-
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-        loop.call_soon_threadsafe(resolve)

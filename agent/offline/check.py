@@ -23,9 +23,8 @@ from agent.estimation.class_metrics import expected_confusion, expected_roc_auc,
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.intervals import Estimate
 from agent.estimation.prediction_powered import WITH_LABELS
-from agent.estimation.reliability import unreliable
+from agent.estimation.rendering import estimates_json, trust_json
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
@@ -74,15 +73,6 @@ def judge(
         feature_names=bundle.feature_names,
     )
     return Judged(pred, result, rules, feats)
-
-
-def _entry(name: str, e: Estimate, cal: EstimatorCalibration) -> dict[str, Any]:
-    """An estimate of the report, marked ``unreliable`` with the reason when it says too little."""
-    d: dict[str, Any] = {"value": e.value, "lower": e.lower, "upper": e.upper}
-    why = unreliable(name, e, cal)
-    if why is not None:
-        d["unreliable"] = why
-    return d
 
 
 def calibration_summary(cal: EstimatorCalibration) -> dict[str, Any]:
@@ -156,13 +146,13 @@ def check_report(
         "headline": headline_estimator(bundle.headline),
         **evidence_section(cal.headline, shift_aware=cal.shift is not None),
         "verdicts": judged.result.counts(),
-        "estimates": {k: _entry(k, e, cal) for k, e in estimates.items()},
+        "estimates": estimates_json(estimates, cal, decimals=None),
         "calibration": calibration_summary(cal),
     }
     if WITH_LABELS in estimates:
-        report["estimates"][WITH_LABELS] = {**estimates[WITH_LABELS].to_dict(), "seed": seed}
+        report["estimates"][WITH_LABELS]["seed"] = seed
     if window.trust is not None:
-        report["trust"] = window.trust.to_dict()
+        report["trust"] = trust_json(window.trust)
     report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)
     if y is not None:
         correct = pred.predicted == y

@@ -36,6 +36,7 @@ from agent.estimation.evidence import evidence_section
 from agent.estimation.headline_choice import CONFIDENCE_DEFAULT, choose_headline
 from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.reliability import ORACLE_ESTIMATORS, weak_oracle
+from agent.estimation.rendering import estimates_json
 from agent.estimation.shift_fitting import JudgedSet
 from agent.estimation.shift_windows import tilt_coordinates
 from agent.estimation.statistics import WindowStats
@@ -193,7 +194,7 @@ class _Tally:
             "n": self.n,
             "headline": headline,
             "verdicts": {name: int(c) for name, c in zip(VERDICTS, self.verdicts, strict=True)},
-            "estimates": {k: {"value": e.value, "lower": e.lower, "upper": e.upper} for k, e in estimates.items()},
+            "estimates": estimates_json(estimates, calibration, decimals=None),
         }
         if WITH_LABELS in estimates and self.revealed is not None:
             out["estimates"][WITH_LABELS].update(n_labels=self.revealed.size, seed=self.revealed.seed)

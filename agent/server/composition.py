@@ -5,7 +5,10 @@ Read top to bottom, :class:`Agent` says who sees what: the recorder hands judged
 prediction store's sampler and live inputs to the audits' reservoir; the dataplane runs the mode
 (serve, proxy, observe) under the serving policy (placement, and recording batched or committed);
 observe mode's intake records through the same judge queue; the report reads the windows and the
-realized windows of delayed labels.
+realized windows of delayed labels. What differs between the modes is asked of the mode
+(:class:`~agent.dataplane.modes.Mode`: what it starts and stops, what follows a reload, whether the
+agent runs the model), never which mode it is; the label budget's boost runs on its own timer
+(:mod:`agent.labels.boost`), not inside a scrape.
 """
 
 from __future__ import annotations
@@ -30,13 +33,13 @@ from agent.dataplane.plane import DataPlane
 from agent.dataplane.policy import BatchedRecording, CommitRecording, Recording, ServingPolicy
 from agent.dataplane.proxy import ProxyMode
 from agent.dataplane.runtimes import RuntimeHolder
-from agent.estimation.trust import FULL_TRUST
 from agent.judging.loop import LoopRecorder, VerdictBatcher
 from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import Recorder
 from agent.judging.runtime import Runtime
 from agent.judging.window_state import WindowState
 from agent.judging.windows import WindowSet
+from agent.labels.boost import BudgetBoost
 from agent.labels.intake import LabelIntake
 from agent.labels.recalibration import Recalibrator
 from agent.labels.sample import LabelingSample, open_prediction_store
@@ -69,78 +72,15 @@ class Agent:
         self.registry = registry
         #: Ports bound before the start (``icos-agent serve``); without them each server binds its own.
         self.listeners = listeners if listeners is not None else Listeners()
-        # bearer tokens, and one throttle of failed guesses per client for both
-        throttle = FailureThrottle()
-        self.admin_gate = TokenGate({"admin": admin_token()}, throttle)
-        labeler = labels_token()
-        self.labels_gate = TokenGate({"labels": labeler, "admin": admin_token() if labeler else None}, throttle)
-        self.limiter = anyio.CapacityLimiter(s.server.threads)
-        #: bytes of request bodies held at once, HTTP and gRPC; memory handed back after a burst
-        self.body_budget = BodyBudget(s.server.max_inflight_bytes, on_idle_after_burst=self._hand_back_memory)
-        self._handing_back = threading.Lock()
+        self._build_access()
         self.metrics = AgentMetrics(registry, per_class_label_cap=s.metrics.per_class_label_cap)
         self.windows = WindowSet(s.window_seconds, s.windows.count)
-        self.mode: Mode = (
-            ProxyMode(s, UpstreamMetrics(registry))
-            if s.mode == "proxy"
-            else ObserveMode()
-            if s.mode == "observe"
-            else ServeMode()
-        )
-        after_reload = self.mode.refresh if isinstance(self.mode, ProxyMode) else None
-        self.runtimes = RuntimeHolder(runtime, s, self.windows, self.metrics, after_reload)
+        self.runtimes = RuntimeHolder(runtime, s, self.windows, self.metrics, self._after_reload)
         self.audits = AuditJobs(
             s.audits, registry, lambda: self.runtimes.current, s.state_dir, lambda: self.window_state.store
         )
-        self.label_metrics = LabelMetrics(registry)
-        self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
-        self.sample = LabelingSample.of(s.labels, self.store, self.label_metrics)
-        recorder = Recorder(
-            self.windows,
-            self.metrics,
-            judged_sinks=[self.sample.on_judged] if s.labels.enabled else [],
-            input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
-        )
-        self.judge_queue = JudgeQueue(recorder)
-        # answered but not committed, at scrape time: queued for the store, or still in the judge queue
-        self.label_metrics.store_queued.set_function(lambda: self.store.queued + self.judge_queue.pending_samples())
-        # delayed labels: in through the intake (which waits for predictions still on their way instead
-        # of draining the judge queue), into the realized windows; recalibration refits from the store
-        self.realized = RealizedTracker(s, self.store, self.runtimes)
-        registry.register(RealizedCollector(self.realized.snapshot))
-        recalibrator = Recalibrator(s.labels, self.store, self.runtimes, self.label_metrics, self.run)
-        intake = LabelIntake(
-            s.labels,
-            self.store,
-            self.runtimes,
-            self.judge_queue,
-            self.label_metrics,
-            self.run,
-            on_accepted=self.realized.add_accepted,
-        )
-        self.labels = LabelService(
-            s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
-        )
-        self.loop_recorder = LoopRecorder(self.judge_queue)
-        self.verdicts = VerdictBatcher(self.run)
-        recording: Recording = (
-            CommitRecording(self.judge_queue, self.labels.acknowledge)
-            if s.labels.enabled and s.labels.durability == "commit"
-            else BatchedRecording(
-                self.verdicts,
-                self.loop_recorder,
-                self.judge_queue,
-                s.judging.sample_rate,
-                self.metrics.unjudged.inc,
-            )
-        )
-        self.policy = ServingPolicy(self.run, recording, has_model=s.mode == "serve")
-        self.plane = DataPlane(self.runtimes, self.mode, self.policy)
-        self.observe = (
-            ObserveIntake(s, self.runtimes, self.judge_queue, self.metrics, self.run, recording)
-            if s.mode == "observe"
-            else None
-        )
+        self._build_labels()
+        self._build_dataplane()
         self.window_state = WindowState(
             s.state_dir,
             self.windows,
@@ -164,28 +104,99 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         #: The V2 gRPC service on ``server.grpc_port`` (grpc is imported only when the port is set);
         #: started after the agent's own parts and stopped before them.
-        self.grpc: GrpcService | None = None
-        if s.server.grpc_port is not None:
-            from agent.server.grpc_server import GrpcService
+        self.grpc: GrpcService | None = self._grpc_service()
 
-            srv = s.server
-            self.grpc = GrpcService(
-                self.plane,
-                self.metrics,
-                self.ready,
-                srv.max_body_bytes,
-                srv.limit_concurrency,
-                self.body_budget,
+    def _build_access(self) -> None:
+        """Bearer tokens (one throttle of failed guesses per client for both), the worker threads'
+        limit and the budget of request bodies held at once."""
+        s = self.settings
+        throttle = FailureThrottle()
+        self.admin_gate = TokenGate({"admin": admin_token()}, throttle)
+        labeler = labels_token()
+        self.labels_gate = TokenGate({"labels": labeler, "admin": admin_token() if labeler else None}, throttle)
+        self.limiter = anyio.CapacityLimiter(s.server.threads)
+        #: bytes of request bodies held at once, HTTP and gRPC; memory handed back after a burst
+        self.body_budget = BodyBudget(s.server.max_inflight_bytes, on_idle_after_burst=self._hand_back_memory)
+        self._handing_back = threading.Lock()
+
+    def _build_labels(self) -> None:
+        """The recorder and its judge queue, the prediction store and its labeling sample (boosted on a
+        timer, :mod:`agent.labels.boost`), and the delayed labels: in through the intake (which waits for
+        predictions still on their way instead of draining the judge queue), into the realized windows;
+        recalibration refits from the store."""
+        s, registry = self.settings, self.registry
+        self.label_metrics = LabelMetrics(registry)
+        self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
+        self.sample = LabelingSample.of(s.labels, self.store, self.label_metrics)
+        self.boost = BudgetBoost(self.sample, self.windows, lambda: self.runtimes.current, s.labels.budget_seconds)
+        recorder = Recorder(
+            self.windows,
+            self.metrics,
+            judged_sinks=[self.sample.on_judged] if s.labels.enabled else [],
+            input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
+        )
+        self.judge_queue = JudgeQueue(recorder)
+        # answered but not committed, at scrape time: queued for the store, or still in the judge queue
+        self.label_metrics.store_queued.set_function(lambda: self.store.queued + self.judge_queue.pending_samples())
+        self.realized = RealizedTracker(s, self.store, self.runtimes)
+        registry.register(RealizedCollector(self.realized.snapshot))
+        recalibrator = Recalibrator(s.labels, self.store, self.runtimes, self.label_metrics, self.run)
+        intake = LabelIntake(
+            s.labels,
+            self.store,
+            self.runtimes,
+            self.judge_queue,
+            self.label_metrics,
+            self.run,
+            on_accepted=self.realized.add_accepted,
+        )
+        self.labels = LabelService(
+            s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
+        )
+
+    def _build_dataplane(self) -> None:
+        """How predictions are recorded (committed before the answer, or batched), the mode and the
+        dataplane that runs it under the serving policy."""
+        s = self.settings
+        self.loop_recorder = LoopRecorder(self.judge_queue)
+        self.verdicts = VerdictBatcher(self.run)
+        recording: Recording = (
+            CommitRecording(self.judge_queue, self.labels.acknowledge)
+            if s.labels.enabled and s.labels.durability == "commit"
+            else BatchedRecording(
+                self.verdicts,
+                self.loop_recorder,
+                self.judge_queue,
+                s.judging.sample_rate,
+                self.metrics.unjudged.inc,
             )
+        )
+        #: Observe mode's intake of ``POST /v1/observe`` (None in the other modes).
+        self.observe = (
+            ObserveIntake(s, self.runtimes, self.judge_queue, self.metrics, self.run, recording)
+            if s.mode == "observe"
+            else None
+        )
+        self.mode = mode_of(s, self.registry, self.observe)
+        self.policy = ServingPolicy(self.run, recording, has_model=self.mode.runs_model)
+        self.plane = DataPlane(self.runtimes, self.mode, self.policy)
+
+    def _grpc_service(self) -> GrpcService | None:
+        srv = self.settings.server
+        if srv.grpc_port is None:
+            return None
+        from agent.server.grpc_server import GrpcService
+
+        return GrpcService(
+            self.plane, self.metrics, self.ready, srv.max_body_bytes, srv.limit_concurrency, self.body_budget
+        )
+
+    async def _after_reload(self) -> None:
+        await self.mode.after_reload()
 
     def _estimates_snapshot(self) -> Snapshot:
-        """The estimates a scrape exports; a window outside the calibrated range (trust distance above
-        :data:`~agent.estimation.trust.FULL_TRUST`) makes active sampling spend its budget sooner for
-        a tenth of the budget window."""
-        snap = self.report.snapshot(self.runtimes.current, time.time())
-        if any(w.trust_distance is not None and w.trust_distance > FULL_TRUST for w in snap.windows):
-            self.sample.boost(self.settings.labels.budget_seconds / 10.0)
-        return snap
+        """The estimates a scrape exports."""
+        return self.report.snapshot(self.runtimes.current, time.time())
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the worker threads (``server.threads`` at most)."""
@@ -228,16 +239,15 @@ class Agent:
             self.grpc.bind(s.server.host, s.server.grpc_port)
         memory.configure_allocator()
         store = await self.run(self.window_state.open)
-        if isinstance(self.mode, ProxyMode):
-            await self.mode.start()
-        if self.observe is not None:
-            await self.observe.start(store)
-        else:
+        await self.mode.start(store)
+        if self.mode.background_judging:
             self.judge_queue.start()
         if s.state_dir is not None:
             self._tasks.append(
                 asyncio.create_task(self.window_state.flush_loop(s.state.flush_interval_seconds, self.run))
             )
+        if s.labels.enabled and self.boost.active:
+            self._tasks.append(asyncio.create_task(self.boost.loop(self.run)))
         if s.server.metrics_port is not None:
             self._metrics_server = MetricsPortServer(self.registry, self.run)
             await self._metrics_server.start(s.server.host, s.server.metrics_port, self.listeners.metrics)
@@ -257,8 +267,7 @@ class Agent:
         self.started = False  # readiness answers false from now on
         if self.grpc is not None:  # first: calls in flight finish while the agent still judges
             await self.grpc.stop(self.settings.server.graceful_timeout_seconds)
-        if self.observe is not None:
-            await self.observe.stop(self.window_state.store)
+        await self.mode.stop(self.window_state.store)  # no request is served any more
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -269,8 +278,6 @@ class Agent:
         await anyio.to_thread.run_sync(self.judge_queue.stop)  # record what is still pending
         await self.labels.stop()
         await self.audits.stop()
-        if isinstance(self.mode, ProxyMode):
-            await self.mode.stop()
         await anyio.to_thread.run_sync(self.window_state.close)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
@@ -282,3 +289,14 @@ def _in_worker(fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn`` in a worker thread named ``icos-worker`` for the OS (see :mod:`agent.core.os_threads`)."""
     name_os_thread_once("icos-worker")
     return fn(*args)
+
+
+def mode_of(settings: AgentSettings, registry: CollectorRegistry, intake: ObserveIntake | None) -> Mode:
+    """The mode of ``settings.mode``: proxy mode's upstream metrics in ``registry``; observe mode takes
+    its ``intake``."""
+    if settings.mode == "proxy":
+        return ProxyMode(settings, UpstreamMetrics(registry))
+    if settings.mode == "observe":
+        assert intake is not None
+        return ObserveMode(intake)
+    return ServeMode()

@@ -36,7 +36,7 @@ class InferFastPath:
         self.metrics = metrics
         self.limit = limit
         self.budget = budget
-        self.serving = plane.mode.name == "serve"
+        self.serving = plane.mode.runs_model
 
     def match(self, scope: Scope) -> re.Match[str] | None:
         if self.serving and scope["type"] == "http" and scope["method"] == "POST":

@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -106,6 +107,113 @@ class _QuietLogger:
         return getattr(self._logger, name)
 
 
+@dataclass(frozen=True)
+class _Bounds:
+    """One server's connection bounds, shared by its connections (see :func:`bounded_protocol`)."""
+
+    header_timeout: float
+    max_head_bytes: int
+    body_timeout: float | None
+    throttled: _Throttled
+    #: the 431 answer to a head past ``max_head_bytes``
+    too_large: bytes
+
+
+class _BoundedProtocol(HttpToolsProtocol):
+    """The httptools protocol under :attr:`bounds` (set on the subclass :func:`bounded_protocol` makes)."""
+
+    bounds: _Bounds
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _QuietLogger(self.logger, self.bounds.throttled)  # type: ignore[assignment]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._head_size = 0
+        self._head_too_large = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+            self.bounds.throttled.note("limit_concurrency")
+            transport.write(_BUSY)
+            transport.close()
+            return
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        self._cancel_body_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_size = 0
+        if self._head_timer is None:  # the next request on a kept-alive connection
+            self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        super().on_headers_complete()
+        if self.bounds.body_timeout is not None:
+            self._body_timer = self.loop.call_later(self.bounds.body_timeout, self._body_timeout)
+
+    def on_message_complete(self) -> None:
+        self._cancel_body_timer()
+        super().on_message_complete()
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout(self) -> None:
+        # The app's receive() then reports a disconnect; its request ends without an answer.
+        self._body_timer = None
+        if not self.transport.is_closing():
+            self.bounds.throttled.note("body_timeout")
+            self.transport.close()
+
+    def _count_head(self, n: int) -> None:
+        # the parser hands the head over in pieces as it arrives: stop before storing more
+        self._head_size += n
+        if self._head_size > self.bounds.max_head_bytes:
+            self._head_too_large = True
+            raise HeadTooLarge(self.bounds.max_head_bytes)  # the parser stops; uvicorn answers with send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._head_too_large:
+            super().send_400_response(msg)
+            return
+        self.bounds.throttled.note("max_head_bytes")
+        self._cancel_head_timer()
+        self.transport.write(self.bounds.too_large)
+        self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.bounds.header_timeout, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.bounds.throttled.note("header_timeout")
+            self.transport.close()
+
+
 def bounded_protocol(
     header_timeout: float,
     max_head_bytes: int,
@@ -115,100 +223,12 @@ def bounded_protocol(
     """The httptools protocol class with a head timeout, a head size bound, a body timeout and refusal
     at the connection limit (``uvicorn.Config.limit_concurrency``); ``on_refused`` counts each refusal
     by reason (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``, ``body_timeout``)."""
-    throttled = _Throttled(on_refused)
     too_large = _refusal(
         b"HTTP/1.1 431 Request Header Fields Too Large",
         f"request head larger than {max_head_bytes} bytes (server.max_head_bytes)",
     )
 
-    class BoundedHttpToolsProtocol(HttpToolsProtocol):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.logger = _QuietLogger(self.logger, throttled)  # type: ignore[assignment]
-            self._head_timer: asyncio.TimerHandle | None = None
-            self._body_timer: asyncio.TimerHandle | None = None
-            self._head_size = 0
-            self._head_too_large = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
-                throttled.note("limit_concurrency")
-                transport.write(_BUSY)
-                transport.close()
-                return
-            self._arm_head_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_head_timer()
-            self._cancel_body_timer()
-            super().connection_lost(exc)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._head_size = 0
-            if self._head_timer is None:  # the next request on a kept-alive connection
-                self._arm_head_timer()
-
-        def on_url(self, url: bytes) -> None:
-            self._count_head(len(url))
-            super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count_head(len(name) + len(value) + 4)
-            super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._cancel_head_timer()
-            super().on_headers_complete()
-            if body_timeout is not None:
-                self._body_timer = self.loop.call_later(body_timeout, self._body_timeout)
-
-        def on_message_complete(self) -> None:
-            self._cancel_body_timer()
-            super().on_message_complete()
-
-        def _cancel_body_timer(self) -> None:
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-
-        def _body_timeout(self) -> None:
-            # The app's receive() then reports a disconnect; its request ends without an answer.
-            self._body_timer = None
-            if not self.transport.is_closing():
-                throttled.note("body_timeout")
-                self.transport.close()
-
-        def _count_head(self, n: int) -> None:
-            # the parser hands the head over in pieces as it arrives: stop before storing more
-            self._head_size += n
-            if self._head_size > max_head_bytes:
-                self._head_too_large = True
-                raise HeadTooLarge(max_head_bytes)  # the parser stops; uvicorn answers with send_400_response
-
-        def send_400_response(self, msg: str) -> None:
-            if not self._head_too_large:
-                super().send_400_response(msg)
-                return
-            throttled.note("max_head_bytes")
-            self._cancel_head_timer()
-            self.transport.write(too_large)
-            self.transport.close()
-
-        def _arm_head_timer(self) -> None:
-            self._cancel_head_timer()
-            self._head_timer = self.loop.call_later(header_timeout, self._head_timeout)
-
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_timeout(self) -> None:
-            self._head_timer = None
-            if not self.transport.is_closing():
-                throttled.note("header_timeout")
-                self.transport.close()
+    class BoundedHttpToolsProtocol(_BoundedProtocol):
+        bounds = _Bounds(header_timeout, max_head_bytes, body_timeout, _Throttled(on_refused), too_large)
 
     return BoundedHttpToolsProtocol

@@ -24,7 +24,8 @@ from agent.server.responses import json_response
 
 ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, and the count window `last<N>`):
 
-* `n`: predictions judged in the window; `fails`, `fails_by_family`: those the oracle failed, by invariant.
+* `n`: predictions judged in the window; `fails`, `fails_by_family`: those the oracle failed, by invariant;
+  `n_labels`: labeled predictions of the labeling sample among them (time windows).
 * `headline`: the estimate to read first (`estimator` names which: the bundle's headline, `shift_aware` unless
   it says otherwise), with `value`, `lower`, `upper` (a 95% interval).
 * `estimates`: every estimator's `value`, `lower`, `upper` and `n`; an estimate marked `unreliable` (with the

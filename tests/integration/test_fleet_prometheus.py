@@ -202,6 +202,13 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
             for key in ("value", "lower", "upper"):
                 assert abs(mine[est][key] - theirs[est][key]) <= 0.01, (window, est, key, mine[est], theirs[est])
             assert mine[est]["n"] == theirs[est]["n"] == total
+        # one rendering: the fleet reads as one agent, its trust signal and unreliable marks included
+        mine_w, theirs_w = body["windows"][window], ref["windows"][window]
+        assert mine_w["trust"]["calibrated"] == theirs_w["trust"]["calibrated"], (window, mine_w, theirs_w)
+        assert mine_w["trust"]["distance"] == pytest.approx(theirs_w["trust"]["distance"], abs=0.05)
+        marked = {est: e["unreliable"] for est, e in mine.items() if "unreliable" in e}
+        assert set(marked) == {est for est, e in theirs.items() if "unreliable" in e}, (window, marked)
+        print(window, "trust", mine_w["trust"], "unreliable", marked)
     delta = abs(
         body["windows"]["5m"]["estimates"][HEADLINE]["value"] - ref["windows"]["5m"]["estimates"][HEADLINE]["value"]
     )

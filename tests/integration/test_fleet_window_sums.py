@@ -102,7 +102,7 @@ def prometheus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         prom.stop()
 
 
-def _evaluator(url: str, windows: list[str]) -> FleetEvaluator:
+def _evaluator(url: str, windows: list[str], tpr: float = 0.8, fpr: float = 0.05) -> FleetEvaluator:
     settings = AgentSettings.model_validate(
         {
             "mode": "fleet",
@@ -114,8 +114,8 @@ def _evaluator(url: str, windows: list[str]) -> FleetEvaluator:
     )
     cal = EstimatorCalibration.from_dict(
         {
-            "tpr": 0.8,
-            "fpr": 0.05,
+            "tpr": tpr,
+            "fpr": fpr,
             "n_wrong": 100,
             "n_right": 900,
             "accuracy": 0.9,
@@ -128,7 +128,8 @@ def _evaluator(url: str, windows: list[str]) -> FleetEvaluator:
 
 def test_joins_leaves_and_restarts_are_counted_exactly(prometheus: str) -> None:
     result = _evaluator(prometheus, ["10m", "1m"]).evaluate(float(AT))
-    stats10, ests = result.versions["3"].windows["10m"]
+    w10 = result.versions["3"].windows["10m"]
+    stats10, ests = w10.stats, w10.estimates
     # (AT − 10m, AT] holds the scrapes at END − 600 … END − 15 (indices 80 … 119), the baseline is index 79.
     # r1: 1190 − 790; r2 (born at index 100 at 10): 200 from zero; r3 (last sample at index 109): 1090 − 790;
     # r4: 990 − 790 before its reset at index 100, then 0, 3, …, 57 counting from zero
@@ -137,7 +138,7 @@ def test_joins_leaves_and_restarts_are_counted_exactly(prometheus: str) -> None:
     assert result.versions["3"].replicas["10m"] == 4 and result.restarted_replicas == 1
     assert set(ests) >= {"icos", "icos_corrected", "avg_conf", "atc", "doc"}
     assert ests["avg_conf"].value == pytest.approx(0.92, abs=1e-6)
-    stats1, _ = result.versions["3"].windows["1m"]
+    stats1 = result.versions["3"].windows["1m"].stats
     # (AT − 1m, AT]: indices 116 … 119: r1 40, r2 40, r3 gone (its last value at both ends), r4 4 × 3
     assert stats1.n == 40 + 40 + 12
     assert result.versions["3"].replicas["1m"] == 3
@@ -146,9 +147,26 @@ def test_joins_leaves_and_restarts_are_counted_exactly(prometheus: str) -> None:
 def test_versions_side_by_side_and_bundles_never_mixed(prometheus: str) -> None:
     result = _evaluator(prometheus, ["10m"]).evaluate(float(AT))
     assert set(result.versions) == {"3", "4"}  # two versions of our bundle, estimated apart
-    assert result.versions["4"].windows["10m"][0].n == 400
+    assert result.versions["4"].windows["10m"].stats.n == 400
     assert result.mismatches == {("1", "mixed"), ("2", "other_bundle")}
     snap = _evaluator(prometheus, ["10m"])
     assert snap.refresh() and ("1", "mixed") in snap.snapshot().mismatches
     body = snap.estimates("1")
     assert body["windows"] == {} and {"version": "1", "reason": "mixed"} in body["fleet"]["mismatches"]
+
+
+def test_the_fleet_marks_unreliable_estimates_as_an_agent_does(prometheus: str) -> None:
+    """The fleet's ``/v1/estimates`` is rendered as an agent's: under an oracle that separates right from
+    wrong predictions poorly (TPR − FPR 0.1), the estimates resting on its verdicts are marked
+    ``unreliable`` with the reason, the others not; the bundle's reference accuracy is there too."""
+    weak = _evaluator(prometheus, ["10m"], tpr=0.3, fpr=0.2)
+    assert weak.refresh()
+    body = weak.estimates("3")
+    ests = body["windows"]["10m"]["estimates"]
+    for name in ("icos", "icos_corrected"):
+        assert "the oracle separates right from wrong predictions poorly" in ests[name]["unreliable"], ests[name]
+    assert not [name for name in ("avg_conf", "atc", "doc") if "unreliable" in ests[name]]
+    assert body["reference"] == {"accuracy": 0.9} and body["headline_note"]
+    strong = _evaluator(prometheus, ["10m"])
+    assert strong.refresh()
+    assert not [n for n, e in strong.estimates("3")["windows"]["10m"]["estimates"].items() if "unreliable" in e]

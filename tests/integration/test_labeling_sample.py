@@ -302,3 +302,22 @@ def test_served_agent_under_active_sampling_weights_its_labels(
     assert e["lower"] == pytest.approx(want.lower, abs=1e-6) and e["upper"] == pytest.approx(want.upper, abs=1e-6)
     accuracy = float(np.mean(traffic["labels"] == y))
     assert e["lower"] - 0.01 <= accuracy <= e["upper"] + 0.01
+
+
+def test_a_window_outside_the_calibrated_range_boosts_the_label_budget_with_no_scrape(
+    run_server: Callable[..., RunningServer], mnist_bundle_dir: Path, mnist_splits: Splits, tmp_path: Path
+) -> None:
+    """Active sampling spends its budget sooner while a window lies outside the calibrated range, and the
+    agent decides it on its own timer: nothing here ever scrapes ``/metrics``."""
+    labels = {"sampling": "active", "budget_window": "20s"}  # a boost of 2 s, looked at every second
+    srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path, labels=labels), CollectorRegistry()))
+    agent = srv.app.state.agent
+    assert agent.boost.interval == 1.0 and not agent.sample.boosted()
+    # darker, noisy digits: far outside what shift_aware was calibrated on
+    rng = np.random.default_rng(0)
+    x = mnist_splits.test.x[:300].astype(np.float32)
+    drifted = np.clip(x * 0.6 + rng.normal(0, 0.15, x.shape), 0, 1).astype(np.float32)
+    send_traffic(srv.url, drifted)
+    assert wait_until(agent.sample.boosted, timeout=30)
+    trust = httpx.get(f"{srv.url}/v1/estimates").json()["windows"]["5m"]["trust"]
+    assert not trust["calibrated"]

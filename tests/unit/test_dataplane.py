@@ -18,6 +18,7 @@ from agent.config.settings import AgentSettings
 from agent.data.datasets import Splits
 from agent.dataplane.admission import PREDICTION_COUNT, SERVE_OUTPUTS
 from agent.dataplane.modes import Mode, ObserveMode, ServeMode
+from agent.dataplane.observe_intake import ObserveIntake
 from agent.dataplane.plane import DataPlane
 from agent.dataplane.policy import BatchedRecording, ServingPolicy
 from agent.dataplane.runtimes import RuntimeHolder
@@ -77,19 +78,25 @@ def runtime(settings: AgentSettings) -> Runtime:
     return load_runtime(settings)
 
 
-def build(settings: AgentSettings, runtime: Runtime, mode: Mode) -> Plane:
+def build(settings: AgentSettings, runtime: Runtime, mode_name: str = "serve") -> Plane:
     registry = CollectorRegistry()
     metrics = AgentMetrics(registry)
     windows = WindowSet(settings.window_seconds, settings.windows.count)
     queue = JudgeQueue(Recorder(windows, metrics))
     recording = BatchedRecording(VerdictBatcher(_in_thread), LoopRecorder(queue), queue)
-    policy = ServingPolicy(_in_thread, recording, has_model=mode.name == "serve")
-    return Plane(DataPlane(RuntimeHolder(runtime, settings, windows, metrics), mode, policy), windows, queue, registry)
+    runtimes = RuntimeHolder(runtime, settings, windows, metrics)
+    mode: Mode = (
+        ObserveMode(ObserveIntake(settings, runtimes, queue, metrics, _in_thread, recording))
+        if mode_name == "observe"
+        else ServeMode()
+    )
+    policy = ServingPolicy(_in_thread, recording, has_model=mode.runs_model)
+    return Plane(DataPlane(runtimes, mode, policy), windows, queue, registry)
 
 
 @pytest.fixture
 def serve(settings: AgentSettings, runtime: Runtime) -> Plane:
-    return build(settings, runtime, ServeMode())
+    return build(settings, runtime)
 
 
 def request(
@@ -230,7 +237,7 @@ def test_a_clients_mistake_is_its_error_and_records_nothing(
 
 
 def test_observe_mode_refuses_inference(settings: AgentSettings, runtime: Runtime, mnist_splits: Splits) -> None:
-    observe = build(settings, runtime, ObserveMode())
+    observe = build(settings, runtime, "observe")
     with pytest.raises(ClientError) as info:
         observe.infer(request(mnist_splits.test.x[:2]))
     assert (info.value.status, info.value.reason) == (404, "mode") and "POST /v1/observe" in str(info.value)

@@ -47,7 +47,7 @@ def test_one_commit_answers_every_waiting_request(tmp_path: Path) -> None:
 
     async def scenario() -> list[bool]:
         waiting = [asyncio.create_task(s.committed(f"r{i}", timeout=30)) for i in range(20)]
-        await _until(lambda: len(s._waiters) == 20)  # all twenty wait
+        await _until(lambda: len(s.commits.waiting()) == 20)  # all twenty wait
         for i in range(20):
             s.enqueue(batch(f"r{i}"))
         s.flush()  # the writer's next commit
@@ -65,7 +65,7 @@ def test_a_request_is_told_when_its_predictions_are_not_stored(tmp_path: Path) -
     async def scenario() -> tuple[bool, bool, bool, bool]:
         bad = asyncio.create_task(s.committed("bad\ud800", timeout=30))
         late = asyncio.create_task(s.committed("never-sent", timeout=0.2))
-        await _until(lambda: {"bad\ud800", "never-sent"} <= set(s._waiters))
+        await _until(lambda: {"bad\ud800", "never-sent"} <= set(s.commits.waiting()))
         s.enqueue(batch("bad\ud800"))  # text no database can hold: dropped as invalid
         s.enqueue(batch("good"))
         s.flush()
