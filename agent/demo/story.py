@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from agent.audits.config import AUDIT_KINDS
-from agent.audits.runner import fit_record, open_logger
+from agent.audits.runner import open_logger
 from agent.data.datasets import mnist_splits
 from agent.demo.agent_process import (
     CONFIG_FILE,
@@ -48,6 +48,7 @@ from agent.demo.record import DemoRecord, PhaseStats
 from agent.demo.report import write_report
 from agent.demo.traffic import Phase, build_phases
 from agent.model.classifier import OnnxClassifier, default_model_path
+from agent.offline.fit_record import fit_record
 from exporters.redaction import redact_uri
 from exporters.run_record import RunRecord
 

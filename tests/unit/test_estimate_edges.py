@@ -104,12 +104,10 @@ def test_trust_of_reads_only_a_shift_aware_estimate() -> None:
 @pytest.fixture
 def scratch_registry() -> Iterator[None]:
     """Estimators registered by the test are removed after it."""
-    before, needs = dict(estimators.REGISTRY), set(NEEDS_LABELS)
+    before = dict(estimators.REGISTRY)
     yield
     estimators.REGISTRY.clear()
     estimators.REGISTRY.update(before)
-    NEEDS_LABELS.clear()
-    NEEDS_LABELS.update(needs)
 
 
 @pytest.mark.usefixtures("scratch_registry")
