@@ -272,6 +272,10 @@ class CalibrationPlan:
     clean_windows: int = 200
     """Windows of the clean calibration split the trust model's clean statistics come from."""
 
+    trust_points: int = 600
+    """Calibration windows the trust model keeps per model kind to measure a live window's distance from
+    (they are stored in the bundle: this bounds its size)."""
+
     # -- choosing the headline from evidence -------------------------------------------------------------
     headline_folds: int = 2
     """Folds of the calibration split: each is measured by estimators calibrated on the others."""

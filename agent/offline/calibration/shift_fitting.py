@@ -206,7 +206,14 @@ def _fit_trust(
     clean_rows = [_plan_features([clean], w, reference) for w in windows]
     clean_y = np.array([float(np.asarray(clean.correct, bool)[w[0][1]].mean()) for w in windows])
     kinds = {
-        k: KindSupport.fit(x, np.asarray([r[j] for r in clean_rows]), sizes.astype(np.float64), rng, len(clean.correct))
+        k: KindSupport.fit(
+            x,
+            np.asarray([r[j] for r in clean_rows]),
+            sizes.astype(np.float64),
+            rng,
+            len(clean.correct),
+            max_points=plan.trust_points,
+        )
         for j, (k, x) in enumerate(designs.items())
     }
     base = _bases(designs["reduced"], offsets)
