@@ -52,7 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_limit_arguments(p)
     add_preprocess_argument(p)
     p.add_argument("--out", required=True, help="bundle directory to write")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary (with stage_seconds: the seconds each stage of the fit took)",
+    )
     p.add_argument(
         "--mlflow", metavar="URI", help="log the fit as an MLflow run (params, metrics, rules, bundle files)"
     )
