@@ -1,4 +1,5 @@
-"""The parameters of one fit, each default stated once (ICOS paper §5.4, Tables 4 and 5).
+"""The parameters of one fit, each default stated once (ICOS paper §5.4, Tables 4 and 5), and the sizes of
+its calibration (:class:`CalibrationPlan`).
 
 :class:`FitParams` is read by :func:`invariants.fitting.fit_oracle`, the model and table fits of the
 agent, the ``icos-agent fit`` flags (generated from the fields: name, type, default and help), the
@@ -10,6 +11,10 @@ Field metadata (set with :func:`knob`): ``help``, one line for the command line;
 flag's name where it is not the field's (also the name of the parameter in MLflow runs);
 ``when_none``, what a ``None`` default means; ``cite``, where the default comes from; ``applies``,
 the sources (:data:`MODEL`, :data:`TABLE`) a field means something for.
+
+:class:`CalibrationPlan` holds what is not a user's choice: how many samples, corrupted copies, windows,
+folds and resamples the estimators' calibration draws, each with its reason. The offline calibration
+(``agent/offline/calibration/``) and the fit's stages read them there and nowhere else.
 
 This module imports nothing outside the standard library, so the command line can build its flags
 without loading numpy.
@@ -24,7 +29,18 @@ import operator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["MODEL", "SOURCES", "TABLE", "FitParams", "FitParamsError", "field_docs", "flag_name", "knob", "knobs"]
+__all__ = [
+    "MODEL",
+    "SOURCES",
+    "TABLE",
+    "CalibrationPlan",
+    "FitParams",
+    "FitParamsError",
+    "field_docs",
+    "flag_name",
+    "knob",
+    "knobs",
+]
 
 #: A bundle fitted from an ONNX model and its training and validation data.
 MODEL = "model"
@@ -139,8 +155,9 @@ class FitParams:
     )
     """The shift-aware estimator learns how accuracy falls under drift from copies of the calibration
     split, each corrupted with one transformation at one strength (docs/estimation.md). ``None`` leaves
-    the count to the calibration (agent/estimation/shifts.py), which spreads the strengths of every
-    kind of corruption evenly. Fewer copies fit faster and teach the estimator fewer drifts."""
+    the count to the calibration plan (:class:`CalibrationPlan`: a few copies per corruption, whose
+    strengths it spreads evenly; fewer for image files). Fewer copies fit faster and teach the estimator
+    fewer drifts."""
 
     # -- what the invariants read (model fits only) -----------------------------------------------
     features: str | None = knob(
@@ -206,6 +223,82 @@ class FitParams:
         """:meth:`recorded` under the names users give the fields (:func:`flag_name`, e.g. ``trees``):
         the parameters of a fit's MLflow run."""
         return {flag_name(f): getattr(self, f.name) for f in knobs(source)}
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """Every size of the estimators' calibration at ``fit``: samples, corrupted copies, windows, folds and
+    resamples. Each is stated here only, with its reason; the functions that use one default to it."""
+
+    # -- inputs read from files (image folders): each sample costs milliseconds to read and predict -----
+    view_sample: int = 512
+    """Training samples of a file source the feature view is chosen on (the view's categories and widths
+    are read from every training value of an in-memory source)."""
+
+    lazy_train_sample: int = 256
+    """Training samples of a file source that set the corruptions' parameters (the pixel range); the
+    shift-aware reference is still the view of the whole training split, computed once."""
+
+    lazy_calibration: int = 400
+    """Calibration samples of a file source that are corrupted: each corrupted set is one pass of the model
+    over them, and large images cost milliseconds each."""
+
+    lazy_sets: int = 48
+    """Corrupted sets of a file source's calibration samples (``fit --shift-sets`` overrides it)."""
+
+    # -- corrupted copies of the calibration split -------------------------------------------------------
+    sets_per_corruption: int = 8
+    """Copies per corruption: its strengths fall one in each eighth of (0, 1], from harmless to
+    label-breaking, so every corruption covers the continuum."""
+
+    min_sets: int = 88
+    """Fewest corrupted copies in all, when a model's inputs have few corruptions (one per image-kind
+    corruption at the strengths above): the windows need that many sets to mix."""
+
+    # -- the shift-aware regressions (windows drawn from the judged sets) --------------------------------
+    shift_windows: int = 2000
+    """Windows drawn to fit the regressions: enough for 100-300 trees without overfitting one window."""
+
+    window_size: tuple[int, int] = (400, 1600)
+    """Smallest and largest window (samples): the range of live windows the estimate is read on."""
+
+    interval_folds: int = 3
+    """Groups of corruption families held out in turn to measure the regressions' out-of-family error
+    (the interval's model-error term)."""
+
+    min_interval_windows: int = 50
+    """Fewest training windows a held-out group leaves for its refit; a group leaving fewer is skipped."""
+
+    clean_windows: int = 200
+    """Windows of the clean calibration split the trust model's clean statistics come from."""
+
+    trust_points: int = 600
+    """Calibration windows the trust model keeps per model kind to measure a live window's distance from
+    (they are stored in the bundle: this bounds its size)."""
+
+    # -- choosing the headline from evidence -------------------------------------------------------------
+    headline_folds: int = 2
+    """Folds of the calibration split: each is measured by estimators calibrated on the others."""
+
+    windows_per_kind: int = 40
+    """Simulated windows per kind of shift and fold."""
+
+    max_window: int = 1000
+    """Largest simulated window (rows); a smaller fold gives windows of its own size."""
+
+    min_fold_rows: int = 30
+    """Fewest held-out rows per fold for a choice; below it the default headline is kept, without evidence."""
+
+    bootstrap: int = 200
+    """Bootstrap resamples of the windows behind a choice against the default."""
+
+    support: float = 0.95
+    """Share of the resamples in which a candidate must beat the default headline to replace it."""
+
+    def sets_for(self, corruptions: int) -> int:
+        """Corrupted copies when ``fit --shift-sets`` does not say: :attr:`sets_per_corruption` per
+        corruption, at least :attr:`min_sets`."""
+        return max(self.min_sets, self.sets_per_corruption * corruptions)
 
 
 def knobs(source: str | None = None) -> tuple[dataclasses.Field[Any], ...]:

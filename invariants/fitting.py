@@ -93,18 +93,8 @@ def fit_oracle(
     ``val_probabilities`` (a binary model with a decision threshold).
     """
 
-    def say(message: str) -> None:
-        if progress is not None:
-            progress(message)
-
-    val_y = np.asarray(val_y).reshape(-1).astype(np.int64)
-    probs = np.asarray(val_probabilities, dtype=np.float32)
-    if probs.ndim != 2 or probs.shape[0] != val_y.shape[0]:
-        raise ValueError(f"val probabilities of shape {probs.shape} do not match {val_y.shape[0]} val labels")
-    val_flat = np.asarray(val_x)
-    val_flat = val_flat.reshape(val_flat.shape[0], -1) if val_flat.ndim else val_flat
-    if val_flat.shape[0] != val_y.shape[0]:
-        raise ValueError(f"{val_flat.shape[0]} val inputs but {val_y.shape[0]} val labels")
+    say = progress or (lambda _m: None)
+    val_y, probs, val_flat = _checked_validation(val_x, val_y, val_probabilities)
     if class_names is None and idi is not None:
         class_names = idi.classes
 
@@ -151,23 +141,46 @@ def fit_oracle(
     )
     calibration = calibrate(result, wrong[calibration_index])
     say(f"oracle on calibration: TPR {calibration.tpr:.3f}, FPR {calibration.fpr:.3f}, F1 {calibration.f1:.3f}")
-    fit_params: dict[str, Any] = {
-        **params.recorded(),
-        "tdi_criterion": TDI_CRITERION,
-        "adi_criterion": ADI_CRITERION,
-        "n_train": train_n,
-        "n_val": int(val_y.shape[0]),
-        "n_adi_train": int(adi_index.size),
-        "n_calibration": int(calibration_index.size),
-        "n_idi_rules": len(idi.rules) if idi is not None else 0,
-        "n_tdi_leaves": len(tdi.rules),
-        "n_tdi_selected": len(tdi.selected_rules),
-        "val_accuracy": float(1.0 - wrong.mean()) if wrong.size else 0.0,
-    }
+    counts = {"n_train": train_n, "n_val": int(val_y.shape[0]), "n_adi_train": int(adi_index.size)}
     return FittedOracle(
         oracle=oracle,
         calibration=calibration,
         calibration_index=calibration_index,
         params=params,
-        fit_params=fit_params,
+        fit_params=_recorded(params, oracle, counts, calibration_index, wrong),
     )
+
+
+def _checked_validation(
+    val_x: np.ndarray, val_y: np.ndarray, val_probabilities: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The validation labels (int64 ``[N]``), probabilities (float32 ``[N, K]``) and inputs (one row per
+    record), checked to hold as many records each."""
+    val_y = np.asarray(val_y).reshape(-1).astype(np.int64)
+    probs = np.asarray(val_probabilities, dtype=np.float32)
+    if probs.ndim != 2 or probs.shape[0] != val_y.shape[0]:
+        raise ValueError(f"val probabilities of shape {probs.shape} do not match {val_y.shape[0]} val labels")
+    val_flat = np.asarray(val_x)
+    val_flat = val_flat.reshape(val_flat.shape[0], -1) if val_flat.ndim else val_flat
+    if val_flat.shape[0] != val_y.shape[0]:
+        raise ValueError(f"{val_flat.shape[0]} val inputs but {val_y.shape[0]} val labels")
+    return val_y, probs, val_flat
+
+
+def _recorded(
+    params: FitParams, oracle: Oracle, counts: dict[str, int], calibration_index: np.ndarray, wrong: np.ndarray
+) -> dict[str, Any]:
+    """What a bundle records of the fit: the parameters that apply to every fit, the criteria and counts."""
+    tdi = oracle.tdi
+    assert tdi is not None  # fit_oracle always builds it
+    return {
+        **params.recorded(),
+        "tdi_criterion": TDI_CRITERION,
+        "adi_criterion": ADI_CRITERION,
+        **counts,
+        "n_calibration": int(calibration_index.size),
+        "n_idi_rules": len(oracle.idi.rules) if oracle.idi is not None else 0,
+        "n_tdi_leaves": len(tdi.rules),
+        "n_tdi_selected": len(tdi.selected_rules),
+        "val_accuracy": float(1.0 - wrong.mean()) if wrong.size else 0.0,
+    }

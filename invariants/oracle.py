@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from invariants.adi import AlgorithmInvariants
-from invariants.idi import IdiRuleSet
-from invariants.tdi import TrainingInvariants
+if TYPE_CHECKING:  # the oracle holds its parts; what reads only its verdicts loads none of them
+    from invariants.adi import AlgorithmInvariants
+    from invariants.idi import IdiRuleSet
+    from invariants.tdi import TrainingInvariants
 
 __all__ = ["FAMILIES", "VERDICTS", "Oracle", "OracleCalibration", "OracleResult", "Verdict", "calibrate"]
 

@@ -8,8 +8,9 @@
   one-line :class:`AuditError` naming the kinds that do, otherwise); a deadline turns into
   :class:`AuditTimeout` at the next step boundary (a D-Score batch, a mutation repetition, a
   metamorphic relation).
-* :func:`audit_record` / :func:`fit_record` build the MLflow :class:`~exporters.run_record.RunRecord`
-  of an audit or a fit: params, metrics, the JSON report and PNG artifacts, model tags.
+* :func:`audit_record` builds the MLflow :class:`~exporters.run_record.RunRecord` of an audit: params,
+  metrics, the JSON report and PNG artifacts, model tags (:func:`run_params` and :func:`run_metrics` make
+  any mapping fit MLflow's params and metrics; a fit's record is :mod:`agent.offline.fit_record`).
 * :func:`open_logger` builds the :class:`~exporters.mlflow_logger.MlflowLogger` (spool in the state
   directory); the logger imports mlflow only when a run is delivered.
 """
@@ -47,11 +48,12 @@ __all__ = [
     "AuditTimeout",
     "as_inputs",
     "audit_record",
-    "fit_record",
     "load_audit_data",
     "open_logger",
     "prepare_inputs",
     "run_audit",
+    "run_metrics",
+    "run_params",
 ]
 
 #: Seed of the subset drawn when the data holds more than ``max_samples`` inputs.
@@ -256,11 +258,13 @@ def _param_value(value: Any) -> str | int | float | bool:
     return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 3] + "..."
 
 
-def _params(params: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+def run_params(params: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
+    """``params`` as MLflow takes them: plain values, long ones cut, structures as JSON, None left out."""
     return {str(k): _param_value(v) for k, v in params.items() if v is not None}
 
 
-def _metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+def run_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` (flags and anything else left out)."""
     out: dict[str, float] = {}
     for k, v in metrics.items():
         if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
@@ -303,48 +307,12 @@ def audit_record(
     return RunRecord(
         kind=outcome.kind,
         name=f"{outcome.kind} {model_name}"[:250],
-        params=_params(params),
-        metrics=_metrics(metrics),
+        params=run_params(params),
+        metrics=run_metrics(metrics),
         tags=run_tags,
         artifacts=artifacts,
         started_at=outcome.started_at,
         finished_at=outcome.finished_at,
-        model_name=model_name,
-        model_version=model_version,
-        model_sha256=model_sha256,
-    )
-
-
-def fit_record(
-    summary: Mapping[str, Any],
-    params: Mapping[str, Any],
-    bundle_dir: str | Path,
-    *,
-    model_name: str,
-    model_sha256: str,
-    model_version: str = "",
-    started_at: float,
-    finished_at: float,
-) -> RunRecord:
-    """The MLflow run of ``icos-agent fit``: fit parameters, model and oracle metrics, the bundle's
-    small files (manifest, IDI rules, TDI rules with their readable text) and the JSON summary."""
-
-    metrics: dict[str, Any] = {k: v for k, v in summary.items() if not isinstance(v, Mapping)}
-    for k, v in dict(summary.get("calibration") or {}).items():
-        metrics[f"calibration_{k}"] = v
-    artifacts = {"fit_summary.json": json.dumps(jsonable(dict(summary)), indent=2).encode()}
-    root = Path(bundle_dir)
-    for f in sorted(root.rglob("*")):
-        if f.is_file() and f.suffix in (".json", ".yaml", ".yml", ".txt"):
-            artifacts[f"bundle/{f.relative_to(root).as_posix()}"] = f.read_bytes()
-    return RunRecord(
-        kind="fit",
-        name=f"fit {model_name}"[:250],
-        params=_params(params),
-        metrics=_metrics(metrics),
-        artifacts=artifacts,
-        started_at=started_at,
-        finished_at=finished_at,
         model_name=model_name,
         model_version=model_version,
         model_sha256=model_sha256,

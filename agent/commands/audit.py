@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +32,6 @@ from agent.audits.runner import (
     AuditOutcome,
     audit_record,
     default_state_dir,
-    fit_record,
     load_audit_data,
     open_logger,
     run_audit,
@@ -42,7 +40,6 @@ from agent.commands.data_args import add_limit_arguments, data_limits
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
 from exporters.redaction import redact_uri
-from invariants.fit_params import MODEL, TABLE, FitParams
 
 
 def _common(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -190,34 +187,3 @@ def _run_on_model(
     x, y = load_audit_data(args.data, model, label_column=args.label_column, limits=data_limits(args))
     result = run_audit(entry.name, model, x, y, params, progress=progress)
     return result, int(result.params.get("n_samples", len(x))), str(args.data), model_info
-
-
-def log_fit(
-    args: argparse.Namespace, fit_params: FitParams, model: Any, summary: dict[str, Any], started: float
-) -> dict[str, Any]:
-    """Log ``icos-agent fit`` as one MLflow run (see :func:`agent.audits.runner.fit_record`): its input
-    files and the fit parameters that apply to its source, each under its flag's name (``trees``)."""
-    inputs = ("model", "train", "val", "reference", "idi")
-    source = TABLE if args.reference else MODEL
-    params = {k: getattr(args, k) for k in inputs if getattr(args, k, None) is not None}
-    params.update(fit_params.named(source))
-    params = {k: v for k, v in params.items() if v is not None}
-    try:
-        logger = open_logger(
-            args.mlflow, args.experiment, Path(args.state_dir) if args.state_dir else default_state_dir()
-        )
-    except ValueError as exc:
-        raise UserError(f"--mlflow: {exc}") from None
-    record = fit_record(
-        summary,
-        params,
-        args.out,
-        model_name=model.name,
-        model_sha256=model.sha256,
-        started_at=time.time() - (time.perf_counter() - started),
-        finished_at=time.time(),
-    )
-    run_id = logger.log(record)
-    if run_id is None and not args.json:
-        print(f"  MLflow unreachable: run spooled in {logger.spool_dir}", file=sys.stderr)
-    return {"run_id": run_id, "tracking_uri": redact_uri(logger.tracking_uri), "spooled": run_id is None}

@@ -11,7 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, get_args, get_type_hints
 
-from agent.commands.audit import log_fit
 from agent.commands.data_args import (
     add_limit_arguments,
     add_preprocess_argument,
@@ -53,7 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_limit_arguments(p)
     add_preprocess_argument(p)
     p.add_argument("--out", required=True, help="bundle directory to write")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary (with stage_seconds: the seconds each stage of the fit took)",
+    )
     p.add_argument(
         "--mlflow", metavar="URI", help="log the fit as an MLflow run (params, metrics, rules, bundle files)"
     )
@@ -115,7 +118,8 @@ def _check_args(args: argparse.Namespace) -> None:
 def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[Any, Any]:
     """The reference table path: (report, a stand-in for the model in the summary and run record)."""
     from agent.data.tables import default_classes, resolve_columns
-    from agent.offline.tables import fit_table_bundle, read_reference
+    from agent.offline.fit import fit_table_bundle
+    from agent.offline.tables import read_reference
 
     proba = split_columns(args.proba_columns) or []
     limits = data_limits(args)
@@ -192,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         image=image,
         classes=model.classes,
     )
+    # read from an image folder: the bundle records how, and check reads image folders the same way
+    preprocess = image[1].to_dict() if image is not None and hasattr(train.x, "preprocess") else None
     report = fit_bundle(
         model,
         train,
@@ -199,20 +205,22 @@ def run(args: argparse.Namespace) -> int:
         idi_path=args.idi,
         params=params,
         progress=say,
-        features=params.features,
+        preprocess=preprocess,
     )
-    if image is not None and hasattr(train.x, "preprocess"):  # read from an image folder
-        report.bundle.preprocess = image[1].to_dict()  # check reads image folders the same way
     return _finish(args, params, report, model, started)
 
 
 def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any, started: float) -> int:
     """Write the bundle, log the run when asked, print the summary."""
-    from agent.estimation.estimators import headline_estimator
+    from agent.estimation.estimators import estimator_specs, headline_estimator
     from agent.estimation.evidence import evidence_section
     from agent.offline.fit import fit_warnings
+    from agent.offline.fit_record import log_fit
+    from invariants.fit_params import MODEL, TABLE
 
+    saving = time.perf_counter()
     report.bundle.save(args.out)
+    stage_seconds = {**report.stage_seconds, "save": round(time.perf_counter() - saving, 3)}
     cal = report.bundle.calibration
     table = report.bundle.table
     summary: dict[str, Any] = {
@@ -231,9 +239,25 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
         "warnings": fit_warnings(report.calibration),
         "seconds": round(time.perf_counter() - started, 2),
+        "stage_seconds": stage_seconds,
     }
     if args.mlflow:
-        summary["mlflow"] = log_fit(args, params, model, summary, started)
+        run = log_fit(
+            summary,
+            params,
+            source=TABLE if args.reference else MODEL,
+            files={k: getattr(args, k, None) for k in ("model", "train", "val", "reference", "idi")},
+            bundle_dir=args.out,
+            model_name=model.name,
+            model_sha256=model.sha256,
+            tracking_uri=args.mlflow,
+            experiment=args.experiment,
+            state_dir=args.state_dir,
+            started=started,
+        )
+        if run.run_id is None and not args.json:
+            print(f"  MLflow unreachable: run spooled in {run.spool_dir}", file=sys.stderr)
+        summary["mlflow"] = run.to_dict()
     for warning in summary["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
@@ -250,6 +274,7 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
             f"TPR {cal.tpr:.3f}, FPR {cal.fpr:.3f}"
         )
         if table is not None:
-            print(f"  headline estimator: {summary['headline']} (shift_aware needs the model to perturb inputs)")
+            model_only = ", ".join(s.name for s in estimator_specs() if s.needs_model)
+            print(f"  headline estimator: {summary['headline']} ({model_only} needs the model to perturb inputs)")
         print(f"  took {summary['seconds']} s")
     return 0

@@ -1,4 +1,5 @@
-"""Label-free accuracy estimation: the additive window statistics (:mod:`.statistics`), the calibrations
-fitted offline (:mod:`.calibration`, :mod:`.shift_fitting`, :mod:`.shifts`) and the estimators, one registry
-(:mod:`.estimators`). Pure computation: no I/O, no HTTP, no threads.
+"""Label-free accuracy estimation of a window: the additive window statistics (:mod:`.statistics`), the
+calibrations the estimators read (:mod:`.calibration`) and the estimators, one registry of specs
+(:mod:`.estimators`). Pure computation that runs no model: no I/O, no HTTP, no threads; the calibrations are
+fitted by :mod:`agent.offline.calibration`, which does.
 """

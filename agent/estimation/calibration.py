@@ -2,7 +2,7 @@
 
 :class:`EstimatorCalibration` holds the oracle's TPR/FPR and the confidence statistics of the
 classic estimators; its optional :class:`ShiftCalibration` holds the ``shift_aware`` regressions
-(fitted by :func:`agent.estimation.shift_fitting.fit_shift_calibration`).
+(fitted by :func:`agent.offline.calibration.shift_fitting.fit_shift_calibration`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ Estimators:
     verdict shares, agreement with the TDI leaves and leaf distance, input PCA error, margin, the mix
     of predicted classes) to its accuracy, learnt at fit time on windows of corrupted copies of the
     calibration split (a generic family of corruptions and the metamorphic audit's transformations,
-    see :mod:`agent.estimation.shifts`). The forests predict the *residual* accuracy minus mean
+    see :mod:`agent.offline.calibration.corruptions`). The forests predict the *residual* accuracy minus mean
     confidence, so the estimate is the mean confidence corrected by what similar calibration windows
     showed (the AutoEval-style regression of Deng & Zheng, CVPR 2021, on a confidence baseline). Three
     gradient-boosted forests serve windows with all per-sample inputs (``full``), without the
@@ -52,15 +52,19 @@ Estimators:
     from the labels of the labeling sample among its predictions (the ``lab_*`` sums a report adds to
     the window's statistics); absent without labels.
 
-Every estimator is one :func:`register_estimator` entry below, in the order reports list them;
-:data:`ESTIMATORS` and :func:`estimate_all` read the registry. :func:`estimate_window` gives a
-window's estimates and its trust signal from one computation.
+Every estimator is one :func:`register_estimator` entry below, in the order reports list them: an
+:class:`EstimatorSpec`, its formula and what it is — what it needs (labels, the oracle, the model's shift
+calibration), the estimator that stands in where it cannot estimate a window, whether it may be a
+headline and whether it is a default one. Everything that treats estimators differently reads the spec:
+:func:`estimate_all` (labels), :func:`headline_of` (fallbacks), :func:`default_headline` and
+:func:`headline_candidates` (the headline's choice at ``fit``), :mod:`agent.estimation.reliability` (the
+oracle). :func:`estimate_window` gives a window's estimates and its trust signal from one computation.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, replace
 
 from agent.estimation.active import active_of_sums
@@ -76,31 +80,105 @@ from agent.estimation.trust import Trust, confidence_base
 #: ``shift_aware`` calibration in the bundle).
 Estimator = Callable[[WindowStats, EstimatorCalibration], Estimate | None]
 
-#: Every estimator by name, in registration order (the one place an estimator is added).
-REGISTRY: dict[str, Estimator] = {}
-#: The registered estimators that need true labels (they answer nothing for a window without).
-NEEDS_LABELS: set[str] = set()
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What an estimator is: its formula and what it rests on (one :func:`register_estimator` entry)."""
+
+    name: str
+    formula: Estimator
+    #: it estimates only windows holding labeled predictions (the labeling sample's sums)
+    needs_labels: bool = False
+    #: it rests on the oracle's verdicts: not to be read (nor chosen as a headline) where the oracle
+    #: separates right from wrong predictions poorly
+    needs_oracle: bool = False
+    #: its calibration runs the model on corrupted copies of the calibration inputs: only bundles fitted
+    #: with the model (``fit --model``) have it
+    needs_model: bool = False
+    #: the estimator reported in its place where it cannot estimate a window (None: it always can)
+    fallback: str | None = None
+    #: ``fit`` may choose it as a bundle's headline
+    headline: bool = True
+    #: where no evidence chooses another, the headline is the default one of lowest rank the bundle can
+    #: compute (None: never a default)
+    default_rank: int | None = None
 
 
-def register_estimator(name: str, *, needs_labels: bool = False) -> Callable[[Estimator], Estimator]:
-    """Decorator adding an estimator to :data:`REGISTRY` under ``name`` (a name is taken once).
-    ``needs_labels``: it estimates only windows holding labeled predictions (``with_labels``)."""
+#: Every estimator's spec by name, in registration order (the one place an estimator is added).
+REGISTRY: dict[str, EstimatorSpec] = {}
+
+
+class _NeedingLabels(Set[str]):
+    """The registered estimators that need true labels (they answer nothing for a window without): a view
+    of the specs' ``needs_labels``."""
+
+    def __contains__(self, name: object) -> bool:
+        spec = REGISTRY.get(name) if isinstance(name, str) else None
+        return spec is not None and spec.needs_labels
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n, s in REGISTRY.items() if s.needs_labels)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[str]) -> set[str]:  # type: ignore[override]
+        return set(it)
+
+
+NEEDS_LABELS: Set[str] = _NeedingLabels()
+
+
+def register_estimator(
+    name: str,
+    *,
+    needs_labels: bool = False,
+    needs_oracle: bool = False,
+    needs_model: bool = False,
+    fallback: str | None = None,
+    headline: bool | None = None,
+    default_rank: int | None = None,
+) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator's :class:`EstimatorSpec` to :data:`REGISTRY` under ``name`` (a name is
+    taken once); the keywords are the spec's fields. ``headline``: by default every estimator that needs
+    no labels may be one."""
 
     def add(fn: Estimator) -> Estimator:
         if name in REGISTRY:
             raise ValueError(f"estimator {name!r} is already registered")
-        REGISTRY[name] = fn
-        if needs_labels:
-            NEEDS_LABELS.add(name)
+        may_lead = not needs_labels if headline is None else headline
+        REGISTRY[name] = EstimatorSpec(
+            name, fn, needs_labels, needs_oracle, needs_model, fallback, may_lead, default_rank
+        )
         return fn
 
     return add
 
 
+def estimator_specs() -> tuple[EstimatorSpec, ...]:
+    """Every registered estimator's spec, in registration order."""
+    return tuple(REGISTRY.values())
+
+
 def estimator_names(*, label_free: bool = False) -> tuple[str, ...]:
     """The registered estimators' names, in registration order (``label_free``: those that need no
     labels)."""
-    return tuple(n for n in REGISTRY if not (label_free and n in NEEDS_LABELS))
+    return tuple(n for n, s in REGISTRY.items() if not (label_free and s.needs_labels))
+
+
+def headline_candidates(*, with_model: bool = True) -> tuple[str, ...]:
+    """The estimators ``fit`` may choose as a headline, in registration order (``with_model=False``: those
+    a bundle fitted without the model can compute)."""
+    return tuple(n for n, s in REGISTRY.items() if s.headline and (with_model or not s.needs_model))
+
+
+def default_headline(candidates: Collection[str]) -> str:
+    """The headline where no evidence chooses another: the default estimator of lowest rank among
+    ``candidates`` (``shift_aware`` where the bundle has its calibration, else ``cbpe``), the last
+    default when none is among them."""
+    ranked = sorted((s for s in REGISTRY.values() if s.default_rank is not None), key=lambda s: s.default_rank or 0)
+    return next((s.name for s in ranked if s.name in candidates), ranked[-1].name)
 
 
 @dataclass(frozen=True)
@@ -147,7 +225,7 @@ def rogan_gladen(fail_share: float, n: int, cal: EstimatorCalibration) -> Estima
     return Estimate(clip01(acc), clip01(acc - half), clip01(acc + half), n)
 
 
-@register_estimator("icos")
+@register_estimator("icos", needs_oracle=True)
 def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     n = stats.n
     passes = n - stats.fails
@@ -155,7 +233,7 @@ def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(passes / n, lo, hi, n)
 
 
-@register_estimator("icos_corrected")
+@register_estimator("icos_corrected", needs_oracle=True)
 def _icos_corrected(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return rogan_gladen(stats.fails / stats.n, stats.n, calibration)
 
@@ -172,7 +250,7 @@ def _bin_shares(stats: WindowStats) -> list[float]:
     return [sum(stats.cells[v * k + b] for v in range(N_VERDICTS)) / stats.n for b in range(k)]
 
 
-@register_estimator("cbpe")
+@register_estimator("cbpe", default_rank=1)
 def _cbpe(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     shift = confidence_base(_bin_shares(stats), mean, calibration.conf_offsets) - mean
@@ -193,7 +271,7 @@ def _doc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(clip01(mean + shift), clip01(mlo + shift), clip01(mhi + shift), stats.n)
 
 
-@register_estimator("shift_aware")
+@register_estimator("shift_aware", needs_model=True, fallback="doc", default_rank=0)
 def _shift_aware(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
     if calibration.shift is None or sum(stats.cells) != stats.n:
         return None
@@ -249,30 +327,40 @@ def trust_of(shift_aware_estimate: Estimate | None) -> Trust | None:
 #: The built-in label-free estimators (:func:`estimator_names` also lists ``with_labels`` and any
 #: registered later).
 ESTIMATORS: tuple[str, ...] = estimator_names(label_free=True)
-#: The recommended estimator (shown first in reports and dashboards).
-RECOMMENDED_ESTIMATOR = "shift_aware"
-#: The fallback headline where ``shift_aware`` cannot estimate (:func:`headline_of`) and of table
-#: bundles whose manifest names none. Table bundles fitted now name the headline chosen from evidence
-#: (:mod:`agent.estimation.headline_choice`): ``shift_aware`` learns from corrupted copies of the
-#: calibration inputs passed through the model, which a table does not have.
-TABLE_HEADLINE = "doc"
+#: The recommended estimator, the default headline of lowest rank (shown first in reports and dashboards).
+RECOMMENDED_ESTIMATOR = default_headline(estimator_names())
+_STAND_IN = REGISTRY[RECOMMENDED_ESTIMATOR].fallback
+assert _STAND_IN is not None
+#: The estimator standing in for the recommended one where it cannot estimate (:func:`headline_of`), and
+#: the headline of table bundles whose manifest names none. Table bundles fitted now name the headline
+#: chosen from evidence (:mod:`agent.offline.calibration.headline_choice`): ``shift_aware`` learns from
+#: corrupted copies of the calibration inputs passed through the model, which a table does not have.
+TABLE_HEADLINE: str = _STAND_IN
 
 
-def headline_estimator(bundle_headline: str | None) -> str:
-    """The estimator reports show first: the one a bundle names, else :data:`RECOMMENDED_ESTIMATOR`."""
-    return bundle_headline or RECOMMENDED_ESTIMATOR
+def headline_estimator(bundle_headline: str | None, *, with_model: bool = True) -> str:
+    """The estimator reports show first: the one a bundle names, else :data:`RECOMMENDED_ESTIMATOR`
+    (``with_model=False``, a bundle fitted from a table: :data:`TABLE_HEADLINE`)."""
+    return bundle_headline or (RECOMMENDED_ESTIMATOR if with_model else TABLE_HEADLINE)
 
 
 def headline_of(estimates: Mapping[str, Estimate], headline: str) -> tuple[str, Estimate] | None:
     """The window's headline estimate and the estimator that gave it: ``headline`` (the bundle's), or,
-    where it cannot estimate the window (``shift_aware`` of a bundle without a shift calibration),
-    :data:`TABLE_HEADLINE`, the best estimator that needs only the predictions. Never a weaker one:
-    ``None`` when neither has an estimate (an empty window). What the agent and the fleet evaluator
-    export as ``icos_headline_accuracy_ratio`` / ``icos_fleet_headline_accuracy_ratio``."""
-    for name in dict.fromkeys((headline, TABLE_HEADLINE)):
+    where it cannot estimate the window, the estimator its spec names as its ``fallback`` (``doc`` for
+    ``shift_aware`` of a bundle without a shift calibration: the best estimator that needs only the
+    predictions), and so on; a name no estimator is registered under falls back to
+    :data:`TABLE_HEADLINE`. Never a weaker one: ``None`` when none of them has an estimate (an empty
+    window). What the agent and the fleet evaluator export as ``icos_headline_accuracy_ratio`` /
+    ``icos_fleet_headline_accuracy_ratio``."""
+    tried: set[str] = set()
+    name: str | None = headline
+    while name is not None and name not in tried:
         est = estimates.get(name)
         if est is not None:
             return name, est
+        tried.add(name)
+        spec = REGISTRY.get(name)
+        name = spec.fallback if spec is not None else TABLE_HEADLINE
     return None
 
 
@@ -281,10 +369,10 @@ def estimate_all(stats: WindowStats, calibration: EstimatorCalibration) -> dict[
     if stats.n <= 0:
         return {}
     out: dict[str, Estimate] = {}
-    for name, estimator in REGISTRY.items():
-        if name in NEEDS_LABELS and stats.lab_n <= 0:
+    for name, spec in REGISTRY.items():
+        if spec.needs_labels and stats.lab_n <= 0:
             continue
-        est = estimator(stats, calibration)
+        est = spec.formula(stats, calibration)
         if est is not None:
             out[name] = est
     return out
@@ -303,4 +391,5 @@ class WindowEstimates:
 def estimate_window(stats: WindowStats, calibration: EstimatorCalibration) -> WindowEstimates:
     """A window's estimates and trust signal, each estimator computed once."""
     estimates = estimate_all(stats, calibration)
-    return WindowEstimates(stats, estimates, trust_of(estimates.get("shift_aware")))
+    trust = next((t for e in estimates.values() if (t := trust_of(e)) is not None), None)
+    return WindowEstimates(stats, estimates, trust)

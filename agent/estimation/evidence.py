@@ -1,7 +1,7 @@
 """Why a bundle's headline estimator is its headline: the evidence recorded at ``fit`` (JSON-able).
 
-:func:`agent.estimation.headline_choice.choose_headline` measures every label-free estimator on
-windows of held-out reference rows under simulated shifts (:mod:`agent.estimation.shift_windows`)
+:func:`agent.offline.calibration.headline_choice.choose_headline` measures every label-free estimator on
+windows of held-out reference rows under simulated shifts (:mod:`agent.offline.calibration.shift_windows`)
 and keeps its choice and the figures it rests on here. The bundle stores it in its estimator
 calibration (``estimator_calibration.headline``), and ``check`` and ``GET /v1/estimates`` show it next
 to the headline. Bundles fitted before it have none and keep the headline their manifest names.
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The criterion the choice minimises (:mod:`agent.estimation.headline_choice`).
+#: The criterion the choice minimises (:mod:`agent.offline.calibration.headline_choice`).
 CRITERION = "largest over kinds of shift of the mean absolute error relative to the best estimator's in that kind"
 
 

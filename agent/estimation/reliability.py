@@ -3,22 +3,22 @@ instead of showing it as if it were as good as the others.
 
 * an interval wider than :data:`WIDE_INTERVAL` (the estimate could be almost anything: ``icos_corrected``
   under a weak oracle gives ``0.069 [0.000, 0.575]``);
-* ``icos`` and ``icos_corrected`` when the oracle separates right from wrong predictions poorly on the
-  calibration split (TPR − FPR below :data:`WEAK_ORACLE`): the share of failures then says little about
-  the accuracy, whatever its interval.
+* the estimators that rest on the oracle's verdicts (their spec's ``needs_oracle``: ``icos`` and
+  ``icos_corrected``) when the oracle separates right from wrong predictions poorly on the calibration
+  split (TPR − FPR below :data:`WEAK_ORACLE`): the share of failures then says little about the accuracy,
+  whatever its interval.
 """
 
 from __future__ import annotations
 
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import REGISTRY
 from agent.estimation.intervals import Estimate
 
 #: Intervals wider than this say too little to be read as an estimate.
 WIDE_INTERVAL = 0.5
 #: An oracle whose TPR − FPR on the calibration split is below this separates right from wrong poorly.
 WEAK_ORACLE = 0.2
-#: The estimators that rest on the oracle's verdicts.
-ORACLE_ESTIMATORS = ("icos", "icos_corrected")
 
 
 def weak_oracle(calibration: EstimatorCalibration) -> bool:
@@ -27,7 +27,8 @@ def weak_oracle(calibration: EstimatorCalibration) -> bool:
 
 def unreliable(name: str, estimate: Estimate, calibration: EstimatorCalibration) -> str | None:
     """Why ``name``'s ``estimate`` should not be read as a number (None: it can be)."""
-    if name in ORACLE_ESTIMATORS and weak_oracle(calibration):
+    spec = REGISTRY.get(name)
+    if spec is not None and spec.needs_oracle and weak_oracle(calibration):
         return (
             f"the oracle separates right from wrong predictions poorly (TPR {calibration.tpr:.2f}, "
             f"FPR {calibration.fpr:.2f} on the calibration split)"

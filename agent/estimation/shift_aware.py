@@ -1,6 +1,6 @@
 """The ``shift_aware`` estimate of a window: its feature vector and the calibrated regressions.
 
-See :mod:`agent.estimation.estimators` for the method and :mod:`agent.estimation.shift_fitting` for
+See :mod:`agent.estimation.estimators` for the method and :mod:`agent.offline.calibration.shift_fitting` for
 how the regressions and their interval tables are fitted.
 """
 

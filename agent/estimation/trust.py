@@ -38,11 +38,10 @@ from typing import Any
 import numpy as np
 
 from agent.estimation.layout import CONF_EDGES, N_CONF_BINS, conf_bins, floored_scales
+from invariants.fit_params import CalibrationPlan
 
 #: Nearest calibration windows the trust distance averages over.
 NEIGHBOURS = 5
-#: Calibration windows kept per model kind for the trust distance (bounds the bundle's size).
-MAX_POINTS = 600
 #: Pseudo-samples pulling a confidence bin's accuracy offset toward 0 (bins with few samples).
 OFFSET_PRIOR = 20.0
 #: Fewer wrong predictions than this in the calibration split and the confidence offsets (and the
@@ -172,13 +171,20 @@ class KindSupport:
 
     @classmethod
     def fit(
-        cls, windows: np.ndarray, clean: np.ndarray, clean_n: np.ndarray, rng: np.random.Generator, n_clean: int = 0
+        cls,
+        windows: np.ndarray,
+        clean: np.ndarray,
+        clean_n: np.ndarray,
+        rng: np.random.Generator,
+        n_clean: int = 0,
+        *,
+        max_points: int = CalibrationPlan.trust_points,
     ) -> KindSupport:
         """From the feature vectors of the calibration windows and of windows resampled from the clean
         split (``clean_n``: their sizes; ``n_clean``: the split's size)."""
         x = np.asarray(windows, dtype=np.float64)
         scale = floored_scales(x.std(axis=0), 1e-6)
-        keep = rng.permutation(len(x))[:MAX_POINTS]
+        keep = rng.permutation(len(x))[:max_points]
         pts = x[keep] / scale
         d = np.sqrt(((pts[:, None, :] - pts[None, :, :]) ** 2).sum(axis=2))
         np.fill_diagonal(d, np.inf)

@@ -18,7 +18,7 @@ import numpy as np
 from agent.config.settings import AgentSettings
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import headline_estimator
+from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, headline_estimator
 from agent.model.classifier import (
     Batch,
     ModelLoadError,
@@ -76,8 +76,8 @@ class Runtime:
     max_metadata_value_bytes: int = 1024
     #: Binary models: class 1 is predicted from this probability on (the bundle's); None is argmax.
     decision_threshold: float | None = None
-    #: The estimator shown first (the bundle's headline, ``shift_aware`` unless it says otherwise).
-    headline: str = "shift_aware"
+    #: The estimator shown first (the bundle's headline, the recommended one unless it says otherwise).
+    headline: str = RECOMMENDED_ESTIMATOR
     #: Model inputs the IDI rules read (``{input: ...}`` conditions), passed with the metadata.
     input_fields: frozenset[str] = frozenset()
     #: The model's inputs (from the model in serve mode, from the bundle otherwise).
@@ -164,6 +164,82 @@ def _load_bundle(bpath: Path, sha: str | None, model_bytes: bytes | None, mpath:
         raise
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    """What :func:`_load_model_and_bundle` read: the bundle, the model's digest, the classifier (serve mode),
+    the model's inputs and the bundle's feature view."""
+
+    bundle: Bundle
+    sha: str | None
+    classifier: OnnxClassifier | None
+    signature: Signature
+    view: FeatureView
+
+
+def _model_bytes(settings: AgentSettings, mpath: Path | None) -> tuple[bytes | None, str | None]:
+    """The model file's bytes (serve mode: the model runs here) and its digest (any mode naming one)."""
+    if settings.mode == "serve":
+        if mpath is None:
+            raise UserError("model.path is required in serve mode: set it in the config, or ICOS_AGENT_MODEL__PATH")
+        model_bytes = read_model_file(mpath)
+        return model_bytes, sha256_bytes(model_bytes)
+    if mpath is not None:
+        if not mpath.is_file():
+            raise UserError(f"model.path: file not found: {mpath}")
+        return None, _file_sha256(mpath)
+    return None, None
+
+
+def _load_model_and_bundle(settings: AgentSettings, mpath: Path | None, bpath: Path) -> _Loaded:
+    """The model (serve mode) and the bundle checked against it; the model's own errors first: they name
+    the file to fix. Raises the loaders' errors (:func:`load_runtime` names them)."""
+    m = settings.model
+    model_bytes, sha = _model_bytes(settings, mpath)
+    if settings.mode != "observe":
+        _refuse_table_bundle(bpath, settings.mode)
+    bundle = _load_bundle(bpath, sha, model_bytes, mpath)
+    signature = (
+        Signature.from_list(bundle.inputs)
+        if bundle.inputs
+        else Signature.of_array(_single_input_name(bundle.feature_view), bundle.input_shape)
+    )
+    view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
+    classifier: OnnxClassifier | None = None
+    if model_bytes is not None:  # built whole: the runtime never changes its classifier
+        classifier = OnnxClassifier(
+            model_bytes,
+            path=str(mpath),
+            name=m.name,
+            scores_output=m.scores_output,
+            scores_kind=m.scores_kind,
+            classes=m.classes,
+            max_batch=settings.server.max_batch,
+            decision_threshold=bundle.decision_threshold,
+            view=view,
+        )
+        signature = classifier.signature
+    elif view.extra_outputs:
+        raise UserError(
+            f"bundle {bpath} reads the model's own representation ({view.embedding!r}), which mode "
+            f"{settings.mode!r} cannot see (the model runs elsewhere): refit it with "
+            "`icos-agent fit --features raw` (or pooled, hashed)"
+        )
+    return _Loaded(bundle, sha, classifier, signature, view)
+
+
+def _classes(settings: AgentSettings, loaded: _Loaded) -> list[str]:
+    """The class names: the model's (checked against the bundle's count), else the configured or the bundle's."""
+    if loaded.classifier is None:
+        return list(settings.model.classes) if settings.model.classes else list(loaded.bundle.classes)
+    classes = loaded.classifier.classes
+    if len(loaded.bundle.classes) != len(classes):
+        raise UserError(
+            f"bundle has {len(loaded.bundle.classes)} classes but the model has {len(classes)}: it was fitted for "
+            "another model; refit it with `icos-agent fit --model` on this one"
+        )
+    return classes
+
+
 def load_runtime(
     settings: AgentSettings,
     *,
@@ -177,78 +253,31 @@ def load_runtime(
     bpath = Path(bundle_path) if bundle_path is not None else settings.bundle.path
     if bpath is None:
         raise UserError("bundle.path is not set: set it in the config, or ICOS_AGENT_BUNDLE__PATH")
-    classifier: OnnxClassifier | None = None
-    sha: str | None = None
     try:
-        model_bytes: bytes | None = None
-        if settings.mode == "serve":
-            if mpath is None:
-                raise UserError("model.path is required in serve mode: set it in the config, or ICOS_AGENT_MODEL__PATH")
-            model_bytes = read_model_file(mpath)
-            sha = sha256_bytes(model_bytes)
-        elif mpath is not None:
-            if not mpath.is_file():
-                raise UserError(f"model.path: file not found: {mpath}")
-            sha = _file_sha256(mpath)
-        if settings.mode != "observe":  # the model's own errors first: they name the file to fix
-            _refuse_table_bundle(bpath, settings.mode)
-        bundle = _load_bundle(bpath, sha, model_bytes, mpath)
-        signature = (
-            Signature.from_list(bundle.inputs)
-            if bundle.inputs
-            else Signature.of_array(_single_input_name(bundle.feature_view), bundle.input_shape)
-        )
-        view = view_of_bundle(bundle.feature_view, bundle.feature_names, signature)
-        if model_bytes is not None:  # built whole: the runtime never changes its classifier
-            classifier = OnnxClassifier(
-                model_bytes,
-                path=str(mpath),
-                name=m.name,
-                scores_output=m.scores_output,
-                scores_kind=m.scores_kind,
-                classes=m.classes,
-                max_batch=settings.server.max_batch,
-                decision_threshold=bundle.decision_threshold,
-                view=view,
-            )
-            signature = classifier.signature
-        elif view.extra_outputs:
-            raise UserError(
-                f"bundle {bpath} reads the model's own representation ({view.embedding!r}), which mode "
-                f"{settings.mode!r} cannot see (the model runs elsewhere): refit it with "
-                "`icos-agent fit --features raw` (or pooled, hashed)"
-            )
+        loaded = _load_model_and_bundle(settings, mpath, bpath)
     except ModelLoadError as exc:
         where = "" if model_path is not None else ": check model.path (in the config, or ICOS_AGENT_MODEL__PATH)"
         raise UserError(f"{exc}{where}") from exc
     except (BundleError, ViewError) as exc:
         raise UserError(str(exc)) from exc
-    cal_dict = bundle.estimator_calibration
-    if not cal_dict:
+    bundle, signature = loaded.bundle, loaded.signature
+    if not bundle.estimator_calibration:
         raise UserError(f"bundle {bpath} has no estimator calibration; refit it with `icos-agent fit`")
-    calibration = EstimatorCalibration.from_dict(cal_dict)
+    calibration = EstimatorCalibration.from_dict(bundle.estimator_calibration)
     single = signature.single
     input_shape = tuple(int(d) for d in single.shape if d is not None) if single is not None and single.fixed else ()
-    if classifier is not None:
-        classes = classifier.classes
-        if len(bundle.classes) != len(classes):
-            raise UserError(
-                f"bundle has {len(bundle.classes)} classes but the model has {len(classes)}: it was fitted for "
-                "another model; refit it with `icos-agent fit --model` on this one"
-            )
-    else:
-        classes = list(m.classes) if m.classes else list(bundle.classes)
+    classes = _classes(settings, loaded)
     idi = bundle.idi
     manifest = Path(bpath) / "manifest.json"
     metadata_only = idi is None or all(c.subject == "field" for r in idi.rules for c in r.conditions)
     # TDI + ADI compiled into one ONNX graph: same verdicts as bundle.oracle(), a fraction of the cost
-    oracle = CompiledOracle(bundle.oracle(), view.width, len(classes))
+    oracle = CompiledOracle(bundle.oracle(), loaded.view.width, len(classes))
     return Runtime(
         name=m.name,
         version=version or m.version,
         mode=settings.mode,
-        classifier=classifier,
-        input_name=single.name if single is not None and (classifier is not None or bundle.inputs) else None,
+        classifier=loaded.classifier,
+        input_name=single.name if single is not None and (loaded.classifier is not None or bundle.inputs) else None,
         input_shape=input_shape,
         classes=classes,
         bundle=bundle,
@@ -257,7 +286,7 @@ def load_runtime(
         calibration=calibration,
         metadata_fields=frozenset(idi.metadata_fields) if idi is not None else frozenset(),
         input_fields=frozenset(idi.input_fields) if idi is not None else frozenset(),
-        model_sha256=sha or bundle.model_sha256 or "",
+        model_sha256=loaded.sha or bundle.model_sha256 or "",
         bundle_digest=_file_sha256(manifest) if manifest.is_file() else (bundle.model_sha256 or ""),
         scores_kind=m.scores_kind,
         max_batch=settings.server.max_batch,
@@ -268,7 +297,7 @@ def load_runtime(
         decision_threshold=bundle.decision_threshold,
         headline=headline_estimator(bundle.headline),
         signature=signature,
-        view=view,
+        view=loaded.view,
     )
 
 

@@ -13,6 +13,7 @@ All ONNX execution goes through :class:`invariants.onnx_session.OnnxSession`.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -260,6 +261,12 @@ class OnnxClassifier:
             decision_threshold=self.decision_threshold,
             view=view,
         )
+
+    def with_decision_threshold(self, decision_threshold: float | None) -> OnnxClassifier:
+        """The same model (the same session) predicting with ``decision_threshold``; this one is unchanged."""
+        other = copy.copy(self)
+        other.decision_threshold = decision_threshold
+        return other
 
     # -- the single input of models that have one (older callers) --------------------------------
     @property

@@ -1,3 +1,5 @@
-"""The work behind ``icos-agent fit`` (:mod:`.fit`: invariants and estimator calibration into a bundle) and
-``icos-agent check`` (:mod:`.check`: verdicts and every estimate for a data file).
+"""The work behind ``icos-agent fit`` (:mod:`.fit`, in the stages of :mod:`.fit_stages`: invariants and
+estimator calibration into a bundle; :mod:`.calibration`: the calibration that runs the model) and
+``icos-agent check`` (:mod:`.check`: verdicts and every estimate for a data file; :mod:`.tables` for tables
+of any model's predictions), both reading a model through :mod:`.viewing`.
 """

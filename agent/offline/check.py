@@ -21,15 +21,14 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
-from agent.estimation.estimators import estimate_window, headline_estimator
+from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.prediction_powered import WITH_LABELS
 from agent.estimation.rendering import estimates_json, trust_json
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
-from agent.offline.fit import predict_and_view, source_of
+from agent.offline.viewing import predict_and_view, source_of
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult, calibrate
@@ -64,7 +63,8 @@ def judge(
     xp = source_of(model, x)  # in memory, or read from files a batch at a time
     if bundle.idi is not None and bundle.idi.input_fields and isinstance(xp, Inputs):
         metadata = {**(metadata or {}), **rule_values(xp, bundle.idi.input_fields)}
-    pred, feats = predict_and_view(model, xp, "predict")
+    viewed = predict_and_view(model, xp, "predict")
+    pred, feats = viewed.prediction, viewed.features
     result, rules = CompiledOracle(bundle.oracle(), model.n_features, model.n_classes).judge_with_rules(
         feats,
         pred.probabilities,
@@ -149,8 +149,8 @@ def check_report(
         "estimates": estimates_json(estimates, cal, decimals=None),
         "calibration": calibration_summary(cal),
     }
-    if WITH_LABELS in estimates:
-        report["estimates"][WITH_LABELS]["seed"] = seed
+    for name in (n for n in estimates if n in NEEDS_LABELS):  # the revealed labels' seed with their estimate
+        report["estimates"][name]["seed"] = seed
     if window.trust is not None:
         report["trust"] = trust_json(window.trust)
     report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)

@@ -1,16 +1,17 @@
 """``fit`` and ``check`` for any model, from tables of its predictions (no ONNX model needed).
 
-A reference table (features, predicted probabilities, labels) replaces the model and its training and
-validation files: its rows are split, stratified by label, into a training part (the TDIs) and a
-validation part, which :func:`invariants.fitting.fit_oracle` splits again into ADI training and the
-calibration split, exactly as for a model's bundle. Everything that needs only predictions is fitted:
-IDI (user rules), TDI, ADI, the oracle's TPR/FPR and the classic estimators (``icos``,
-``icos_corrected``, ``avg_conf``, ``cbpe``, ``atc``, ``doc``). ``shift_aware`` is not: it learns from
-corrupted copies of the calibration inputs passed through the model. The bundle's headline is chosen
-among the others from their errors on simulated shifts of the calibration split
-(:mod:`agent.estimation.headline_choice`; ``cbpe`` unless another clearly does better), and the
-evidence is kept in the bundle. Bundles fitted before the choice keep their manifest's headline
-(:data:`~agent.estimation.estimators.TABLE_HEADLINE` when it names none).
+A reference table (features, predicted probabilities, labels, :func:`read_reference`) replaces the model
+and its training and validation files (:func:`agent.offline.fit.fit_table_bundle`): its rows are split,
+stratified by label, into a training part (the TDIs) and a validation part, which
+:func:`invariants.fitting.fit_oracle` splits again into ADI training and the calibration split, exactly as
+for a model's bundle. Everything that needs only predictions is fitted: IDI (user rules), TDI, ADI, the
+oracle's TPR/FPR and the classic estimators (``icos``, ``icos_corrected``, ``avg_conf``, ``cbpe``,
+``atc``, ``doc``). ``shift_aware`` is not: it learns from corrupted copies of the calibration inputs
+passed through the model. The bundle's headline is chosen among the others from their errors on
+simulated shifts of the calibration split (:mod:`agent.offline.calibration.headline_choice`; ``cbpe``
+unless another clearly does better), and the evidence is kept in the bundle. Bundles fitted before the
+choice keep their manifest's headline (:data:`~agent.estimation.estimators.TABLE_HEADLINE` when it
+names none).
 
 ``check`` streams the production table in bounded batches and adds up the window statistics
 (:class:`~agent.estimation.statistics.WindowStats` are additive), so a file of any length is judged
@@ -19,7 +20,7 @@ in the memory of one batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,25 +32,14 @@ from agent.data.limits import DataLimits
 from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import TABLE_HEADLINE, estimate_all
+from agent.estimation.estimators import NEEDS_LABELS, estimate_all, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.headline_choice import CONFIDENCE_DEFAULT, choose_headline
-from agent.estimation.prediction_powered import WITH_LABELS
-from agent.estimation.reliability import ORACLE_ESTIMATORS, weak_oracle
 from agent.estimation.rendering import estimates_json
-from agent.estimation.shift_fitting import JudgedSet
-from agent.estimation.shift_windows import tilt_coordinates
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
-from agent.offline.fit import FitReport
-from invariants.bundle import Bundle, TableSource
+from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
-from invariants.fit_params import TABLE, FitParams
-from invariants.fitting import fit_oracle, stratified_split
-from invariants.idi import IdiRuleSet
 from invariants.oracle import VERDICTS
-
-Progress = Callable[[str], None]
 
 
 def read_reference(
@@ -67,89 +57,6 @@ def read_reference(
         np.concatenate([p.probabilities for p in parts]),
         None if any(y is None for y in ys) else np.concatenate([y for y in ys if y is not None]),
         {m: np.concatenate([p.metadata[m] for p in parts]) for m in columns.metadata},
-    )
-
-
-def fit_table_bundle(
-    ref: TableBatch,
-    columns: TableColumns,
-    classes: Sequence[str],
-    *,
-    idi_path: str | Path | None = None,
-    params: FitParams = FitParams(),
-    progress: Progress | None = None,
-) -> FitReport:
-    """Fit IDI/TDI/ADI and the estimators from a reference table (paper §4, §5.4)."""
-    say = progress or (lambda _m: None)
-    if ref.y is None:
-        raise UserError("fit needs labels: name the reference table's label column (--label-column)")
-    threshold = params.decision_threshold
-    if threshold is not None and len(classes) != 2:
-        raise UserError(f"--decision-threshold applies to binary models only; this one has {len(classes)} classes")
-    if ref.probabilities.shape[1] != len(classes):
-        raise UserError(f"{ref.probabilities.shape[1]} probability columns but {len(classes)} classes")
-    y = label_indices(ref.y, classes)
-    predicted = predicted_classes_of(ref.probabilities, threshold)
-    val_idx, train_idx = stratified_split(y, params.train_fraction, params.seed)
-    if len(train_idx) == 0 or len(val_idx) < 4:
-        raise UserError(f"{len(y)} reference rows are too few to split into training and validation parts")
-    say(f"reference: {len(y)} rows, {len(train_idx)} for the TDIs, {len(val_idx)} for the ADIs and calibration")
-    idi = IdiRuleSet.load(idi_path, list(classes)) if idi_path else None
-    val_meta = {k: v[val_idx] for k, v in ref.metadata.items()}
-    try:
-        fitted = fit_oracle(
-            ref.x[train_idx],
-            y[train_idx],
-            ref.x[val_idx],
-            y[val_idx],
-            ref.probabilities[val_idx],
-            idi=idi,
-            val_metadata=val_meta or None,
-            params=params,
-            feature_names=list(columns.features),
-            class_names=list(classes),
-            progress=say,
-            val_predicted=predicted[val_idx],
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
-    tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
-    assert tdi is not None and adi is not None  # fit_oracle always builds both
-    cal = val_idx[fitted.calibration_index]
-    result = fitted.oracle.judge(
-        ref.x[cal],
-        ref.probabilities[cal],
-        predicted[cal],
-        metadata={k: v[fitted.calibration_index] for k, v in val_meta.items()} or None,
-        feature_names=list(columns.features),
-    )
-    conf = label_confidences(ref.probabilities[cal], predicted[cal])
-    clean = JudgedSet("clean", np.asarray(result.verdict), conf, predicted[cal] == y[cal], y[cal])
-    est_cal, headline = _calibrate_and_choose(clean, ref.x[cal], params.seed, say)
-    bundle = Bundle(
-        model_sha256=None,
-        input_shape=[len(columns.features)],
-        classes=list(classes),
-        feature_names=list(columns.features),
-        fit_params={**fitted.fit_params, **params.recorded(TABLE), "source": TABLE},
-        idi=idi,
-        tdi=tdi,
-        adi=adi,
-        calibration=fitted.calibration,
-        estimator_calibration=est_cal.to_dict(),
-        table=TableSource(columns.proba, columns.features, columns.label),
-        decision_threshold=threshold,
-        headline=headline,
-    )
-    correct = predicted == y
-    return FitReport(
-        bundle=bundle,
-        calibration=est_cal,
-        train_accuracy=float(correct[train_idx].mean()),
-        val_accuracy=float(correct[val_idx].mean()),
-        n_rules=len(tdi.rules),
-        n_selected=len(tdi.selected_rules),
-        coverage=float(tdi.coverage(ref.x[val_idx])),
     )
 
 
@@ -196,8 +103,10 @@ class _Tally:
             "verdicts": {name: int(c) for name, c in zip(VERDICTS, self.verdicts, strict=True)},
             "estimates": estimates_json(estimates, calibration, decimals=None),
         }
-        if WITH_LABELS in estimates and self.revealed is not None:
-            out["estimates"][WITH_LABELS].update(n_labels=self.revealed.size, seed=self.revealed.seed)
+        labeled = [n for n in estimates if n in NEEDS_LABELS] if self.revealed is not None else []
+        for name in labeled:  # the estimators of the revealed labels say how many and how they were drawn
+            assert self.revealed is not None
+            out["estimates"][name].update(n_labels=self.revealed.size, seed=self.revealed.seed)
         if self.labeled and self.labeled == self.n:
             accuracy = self.correct / self.labeled
             tp, fp, tn, fn = (int(v) for v in self.confusion)
@@ -256,26 +165,6 @@ class _Reservoir:
         return WindowStats.of_labeled_sample(self.conf[: self.size], self.right[: self.size])
 
 
-def _calibrate_and_choose(
-    clean: JudgedSet, features: np.ndarray, seed: int, say: Callable[[str], None]
-) -> tuple[EstimatorCalibration, str]:
-    """The classic estimators calibrated on the whole calibration split ``clean`` (its rows'
-    ``features``), carrying the evidence of the headline chosen on its simulated shifts, and that
-    headline (``cbpe`` when the split is too small to choose on)."""
-    say("choosing the headline estimator on simulated shifts of the calibration split (shift_aware needs a model)")
-    failed = np.asarray(clean.verdicts) != 0
-
-    def calibrate(rows: np.ndarray) -> EstimatorCalibration:
-        return EstimatorCalibration.fit(clean.confidences[rows], clean.correct[rows], failed[rows])
-
-    est_cal = EstimatorCalibration.fit(clean.confidences, clean.correct, failed)
-    weak = {k: "the oracle separates right from wrong poorly" for k in ORACLE_ESTIMATORS if weak_oracle(est_cal)}
-    evidence = choose_headline(clean, [], tilt_coordinates(features), calibrate, seed=seed, exclude=weak)
-    headline = evidence.chosen if evidence is not None else CONFIDENCE_DEFAULT
-    say(f"headline estimator {headline}: {evidence.reason if evidence else 'too few calibration rows to choose'}")
-    return est_cal.with_headline(evidence), headline
-
-
 def _take(batch: TableBatch, rows: slice) -> TableBatch:
     return TableBatch(
         batch.x[rows],
@@ -312,7 +201,7 @@ def check_table_report(
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
     n_classes = len(bundle.classes)
     oracle = CompiledOracle(bundle.oracle(), len(columns.features), n_classes)
-    headline = bundle.headline or TABLE_HEADLINE
+    headline = headline_estimator(bundle.headline, with_model=False)
     total = _Tally(revealed=_Reservoir(labels, seed, 0) if labels else None)
     chunks: list[_Tally] = []
     batches = iter_table(path, columns, batch_rows=batch_rows, desc="check", limits=limits)

@@ -1,6 +1,7 @@
 """Perturbations of text, categories and token ids, by name: the metamorphic audit's transformations for
 these inputs (LAMPION §3: a label-preserving change must keep the model's label) and the drifts the
-accuracy estimators calibrate on (:mod:`agent.estimation.input_shifts`), so both perturb data the same way.
+accuracy estimators calibrate on (:mod:`agent.offline.calibration.input_corruptions`), so both perturb data
+the same way.
 
 Every function takes values ``[N, ...]`` (text as an object array of ``str``; categories likewise; token
 ids as integers with a mask), a strength in ``[0, 1]`` (the share of characters, words, rows or tokens

@@ -2,7 +2,7 @@
 
 Shared by the metamorphic audit (:mod:`agent.audits.metamorphic`, LAMPION §3: a transformed input
 must keep the oracle's label) and the calibration shifts of the accuracy estimators
-(:mod:`agent.estimation.shifts`), so both perturb data the same way.
+(:mod:`agent.offline.calibration.corruptions`), so both perturb data the same way.
 
 * images ``[N, C, H, W]`` (or ``[N, H, W]``): ``shift``, ``brightness``, ``contrast``,
   ``gaussian_noise``, ``rotation``, ``blur``, ``hflip``/``vflip`` (flips only when declared safe);

@@ -37,10 +37,10 @@ import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimate_window
-from agent.estimation.shifts import calibration_sets
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
 from agent.model.classifier import Prediction
+from agent.offline.calibration.sets import calibration_sets
 from bench.estimators.scenarios import (
     ImageSpec,
     Scenario,

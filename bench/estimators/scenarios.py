@@ -6,7 +6,7 @@ drawn from the shifted pool (see :mod:`bench.estimators.sampling`), optionally w
 (label shift).
 
 The transformations are this module's own code, with strengths fixed below. The agent's
-calibration (:mod:`agent.estimation.shifts`) uses a generic family of corruptions (elastic warps,
+calibration (:mod:`agent.offline.calibration.corruptions`) uses a generic family of corruptions (elastic warps,
 occlusion, pixelation, gamma, salt-and-pepper, feature dropout ...) and the metamorphic audit's
 transformations at random strengths; several scenarios are of the same *kind* as an audit
 transformation (Gaussian noise, pixel shifts, brightness/contrast, rotation, blur). Every scenario
@@ -95,7 +95,7 @@ class Scenario:
     strength: str
     transform: Transform | None = None
     prior_alpha: float | None = None
-    #: Calibration sets of the same kind of shift (``agent.estimation.shifts`` set names).
+    #: Calibration sets of the same kind of shift (``agent.offline.calibration.corruptions`` set names).
     calibration_kin: tuple[str, ...] = ()
     #: Keep only the pool samples this selects (a subpopulation: a natural covariate shift).
     select: Callable[[np.ndarray], np.ndarray] | None = None

@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.estimation.shifts import AUDIT_RANGES, AUDIT_TABLE_RANGES, ShiftedSet, image_corruptions, iter_shifted_sets
+from agent.offline.calibration.corruptions import (
+    AUDIT_RANGES,
+    AUDIT_TABLE_RANGES,
+    ShiftedSet,
+    image_corruptions,
+    iter_shifted_sets,
+)
 from agent.perturb.transforms import TRANSFORMS
 
 
@@ -80,7 +86,7 @@ def test_smooth_fields_of_large_images_are_drawn_coarse_and_stay_smooth() -> Non
     millisecond instead of tens), keeping its range and smoothness; small images keep the exact field."""
     from scipy import ndimage
 
-    from agent.estimation.shifts import _smooth_field
+    from agent.offline.calibration.corruptions import _smooth_field
 
     rng = np.random.default_rng(0)
     small = _smooth_field(np.random.default_rng(1), -1.0, 1.0, 28, 28, 0.12)

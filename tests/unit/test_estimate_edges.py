@@ -104,12 +104,10 @@ def test_trust_of_reads_only_a_shift_aware_estimate() -> None:
 @pytest.fixture
 def scratch_registry() -> Iterator[None]:
     """Estimators registered by the test are removed after it."""
-    before, needs = dict(estimators.REGISTRY), set(NEEDS_LABELS)
+    before = dict(estimators.REGISTRY)
     yield
     estimators.REGISTRY.clear()
     estimators.REGISTRY.update(before)
-    NEEDS_LABELS.clear()
-    NEEDS_LABELS.update(needs)
 
 
 @pytest.mark.usefixtures("scratch_registry")
@@ -130,6 +128,46 @@ def test_register_estimator_adds_once_and_marks_the_label_needing_ones() -> None
     assert "test_labelled" not in est and est["test_free"].value == 0.25
     with pytest.raises(ValueError, match="already registered"):
         register_estimator("test_free")(_free)
+
+
+@pytest.mark.usefixtures("scratch_registry")
+def test_what_an_estimator_is_lives_in_its_spec_and_every_consumer_reads_it() -> None:
+    """A toy estimator that rests on the oracle, stands in for nothing itself but falls back to ``doc``, and
+    is the default headline of lowest rank: reliability marks, headline fallbacks, the headline's default and
+    candidates and the fit's eligibility follow its spec, not its name."""
+    from agent.estimation.estimators import default_headline, estimator_specs, headline_candidates
+    from agent.offline.calibration.headline_choice import ineligible
+
+    @register_estimator("test_oracle_led", needs_oracle=True, fallback="doc", default_rank=-1)
+    def _never(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
+        return None
+
+    @register_estimator("test_model_led", needs_model=True, headline=False)
+    def _half(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
+        return Estimate(0.5, 0.4, 0.6, stats.n)
+
+    spec = estimator_specs()[-2]
+    assert (spec.name, spec.needs_oracle, spec.fallback, spec.headline) == ("test_oracle_led", True, "doc", True)
+    narrow = Estimate(0.5, 0.45, 0.55, 100)
+    weak = _cal(tpr=0.3, fpr=0.2)
+    assert "poorly" in str(unreliable("test_oracle_led", narrow, weak))
+    assert unreliable("test_oracle_led", narrow, _cal()) is None
+    assert unreliable("test_model_led", narrow, weak) is None
+    assert list(ineligible(weak)) == ["icos", "icos_corrected", "test_oracle_led"] and ineligible(_cal()) == {}
+    est = estimate_all(_window([0.9, 0.8]), _cal())
+    assert "test_oracle_led" not in est and headline_of(est, "test_oracle_led") == ("doc", est["doc"])
+    assert default_headline(estimator_names()) == "test_oracle_led"
+    assert default_headline(ESTIMATORS) == RECOMMENDED_ESTIMATOR
+    assert default_headline(headline_candidates(with_model=False)) == "test_oracle_led"
+    assert "test_model_led" not in headline_candidates() and RECOMMENDED_ESTIMATOR in headline_candidates()
+    assert RECOMMENDED_ESTIMATOR not in headline_candidates(with_model=False)
+    assert default_headline([c for c in ESTIMATORS if c != RECOMMENDED_ESTIMATOR]) == "cbpe"
+
+
+def test_a_headline_no_estimator_is_registered_under_falls_back_to_the_table_headline() -> None:
+    doc = Estimate(0.7, 0.6, 0.8, 50)
+    assert headline_of({"doc": doc}, "an_estimator_of_a_newer_fit") == (TABLE_HEADLINE, doc)
+    assert headline_estimator(None, with_model=False) == TABLE_HEADLINE
 
 
 def test_reliability_marks_start_strictly_above_their_thresholds() -> None:

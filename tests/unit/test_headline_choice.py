@@ -12,9 +12,9 @@ from agent.cli import main
 from agent.data.tables import resolve_columns
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.evidence import HeadlineEvidence
-from agent.estimation.headline_choice import choose_headline, measure
-from agent.estimation.shift_fitting import JudgedSet
-from agent.estimation.shift_windows import KINDS, WindowPlanner, tilt_coordinates
+from agent.offline.calibration.headline_choice import choose_headline, measure
+from agent.offline.calibration.judged import JudgedSet
+from agent.offline.calibration.shift_windows import KINDS, WindowPlanner, tilt_coordinates
 from agent.offline.tables import check_table_report
 from bench.nannyml_style import CAR_FEATURES, car_loan
 from invariants.bundle import Bundle

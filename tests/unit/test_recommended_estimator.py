@@ -27,9 +27,10 @@ from agent.estimation.layout import (
 )
 from agent.estimation.reference import InputReference
 from agent.estimation.shift_aware import class_features, shift_aware, window_features
-from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
 from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.estimation.tree_ensemble import TreeEnsemble
+from agent.offline.calibration.judged import JudgedSet
+from agent.offline.calibration.shift_fitting import fit_shift_calibration
 
 D = 6
 N_RULES = 5

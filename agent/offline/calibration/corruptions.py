@@ -1,9 +1,9 @@
-"""Labeled shifted data for calibrating the accuracy estimators (used by ``icos-agent fit``).
+"""The corruptions of the calibration split that ``shift_aware`` learns from (used by ``icos-agent fit``).
 
 The validation data has labels; corrupting it with transformations whose label is known (the
 original one) gives labeled examples of how the model, the oracle and the confidence behave
 when the operational data drifts. The estimators are calibrated on these examples (see
-:mod:`agent.estimation.estimators`, estimator ``shift_aware``).
+:mod:`agent.estimation.estimators`, estimator ``shift_aware``, and :mod:`agent.offline.calibration.sets`).
 
 Two families, each applied at random strengths from harmless to label-breaking so the
 calibration sees a continuum from in-distribution to badly shifted data:
@@ -24,22 +24,13 @@ the generic family and ``audit:<transformation>`` for the audit family.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agent.estimation.calibration import ShiftCalibration
-from agent.estimation.reference import InputReference
-from agent.estimation.shift_fitting import JudgedSet, fit_shift_calibration
-from agent.estimation.statistics import SampleExtras
-from agent.model.classifier import Prediction
 from agent.perturb.transforms import TRANSFORMS, TransformContext
-
-if TYPE_CHECKING:
-    from agent.model.classifier import OnnxClassifier
-    from invariants.oracle import Oracle
+from invariants.fit_params import CalibrationPlan
 
 Corruption = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]
 
@@ -56,7 +47,7 @@ class ShiftedSet:
 # -- images ([N, C, H, W] or [N, H, W] in the model's raw scale) -------------------------------------
 
 
-def _as_nchw(x: np.ndarray) -> np.ndarray:
+def as_nchw(x: np.ndarray) -> np.ndarray:
     if x.ndim == 3:
         return x[:, None]
     return x
@@ -370,6 +361,17 @@ def calibration_family(
     return family, None
 
 
+def schedule(names: Sequence[str], n_sets: int | None, rng: np.random.Generator) -> list[tuple[str, float]]:
+    """The corrupted copies to make, in order: ``(corruption, strength)`` for ``n_sets`` copies (by default
+    :meth:`~invariants.fit_params.CalibrationPlan.sets_for` the corruptions), the corruptions ``names``
+    taking turns; each corruption's strengths fall one in each of equal slices of (0, 1] (random within
+    the slice), so each covers the whole continuum from harmless to label-breaking."""
+    total = n_sets if n_sets is not None else CalibrationPlan().sets_for(len(names))
+    per_name = [total // len(names) + (1 if i < total % len(names) else 0) for i in range(len(names))]
+    strengths = [rng.permutation((np.arange(c) + rng.uniform(0.1, 0.9, c)) / max(c, 1)) for c in per_name]
+    return [(names[k % len(names)], float(strengths[k % len(names)][k // len(names)])) for k in range(total)]
+
+
 def iter_shifted_sets(
     x: np.ndarray,
     input_shape: Sequence[int],
@@ -381,26 +383,18 @@ def iter_shifted_sets(
     exclude: Collection[str] = (),
 ) -> Iterator[ShiftedSet]:
     """``n_sets`` corrupted copies of ``x`` (the model's prepared inputs), cycling through the
-    transformations of ``families`` (minus the set names in ``exclude``); each transformation's
-    strengths are spread evenly over (0, 1] (1 = label-breaking for most inputs). By default 8
-    copies per transformation, and at least 88. ``train_x`` (prepared training inputs) gives the pixel
-    range or the per-feature statistics. Made one at a time: 88 corrupted copies of a calibration
-    split of 224×224 images held at once are gigabytes."""
+    transformations of ``families`` (minus the set names in ``exclude``) at the strengths of
+    :func:`schedule` (by default :class:`~invariants.fit_params.CalibrationPlan`'s few copies per
+    transformation). ``train_x`` (prepared training inputs) gives the pixel range or the per-feature
+    statistics. Made one at a time: 88 corrupted copies of a calibration split of 224×224 images held at
+    once are gigabytes."""
     rng = np.random.default_rng(seed)
     xs = np.asarray(x, dtype=np.float32)
     family, clip = calibration_family(input_shape, train_x, families)
     names = sorted(set(family) - set(exclude))
     if not names:
         raise ValueError("no calibration transformation left")
-    if n_sets is None:
-        n_sets = max(88, 8 * len(names))
-    # every transformation gets its own strengths, one in each of equal slices of (0, 1] (random
-    # within the slice), so each covers the whole continuum from harmless to label-breaking
-    per_name = [n_sets // len(names) + (1 if i < n_sets % len(names) else 0) for i in range(len(names))]
-    strengths = [rng.permutation((np.arange(c) + rng.uniform(0.1, 0.9, c)) / max(c, 1)) for c in per_name]
-    for k in range(n_sets):
-        name = names[k % len(names)]
-        s = float(strengths[k % len(names)][k // len(names)])
+    for name, s in schedule(names, n_sets, rng):
         yield ShiftedSet(name, s, _corrupt(family[name], xs, s, rng, input_shape, clip))
 
 
@@ -414,137 +408,9 @@ def _corrupt(
 ) -> np.ndarray:
     """``fn`` at strength ``s`` on prepared inputs ``xs`` (float32, same shape back)."""
     if clip is not None:
-        img = _as_nchw(xs.reshape((len(xs), *input_shape)))
+        img = as_nchw(xs.reshape((len(xs), *input_shape)))
         res = np.clip(fn(img.astype(np.float64), s, rng), *clip).reshape(xs.shape)
     else:
         flat = xs.reshape(len(xs), -1).astype(np.float64)
         res = fn(flat, s, rng).reshape(xs.shape)
     return res.astype(np.float32)
-
-
-def input_reference(model: OnnxClassifier, oracle: Oracle, train_x: np.ndarray, x_cal: np.ndarray) -> InputReference:
-    """The PCA of the training inputs, the TDI leaf table and the clean per-class confidences
-    ``shift_aware`` compares live windows with."""
-    tdi = oracle.tdi
-    train_f = _viewed(model, train_x)[1]
-    pred, cal_f = _viewed(model, x_cal)
-    return InputReference.fit(
-        train_f,
-        cal_f,
-        per_feature_scale=not is_image_input(model.input_shape) or model.view.kind != "raw",
-        rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
-        rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
-        train_rules=tdi.rule_index(train_f) if tdi is not None else None,
-        clean_labels=pred.predicted,
-        clean_confidences=pred.confidences,
-        n_classes=model.n_classes,
-    )
-
-
-def _viewed(model: OnnxClassifier, x: np.ndarray, batch_size: int = 512) -> tuple[Prediction, np.ndarray]:
-    """Predictions (without the extra outputs) and the feature view of a single input's array, in batches."""
-    inputs = model.prepare_file(x)
-    preds, feats = [], []
-    for batch in inputs.batches(batch_size):
-        p = model.predict_prepared(batch)
-        feats.append(model.features(batch, p))
-        preds.append(Prediction(p.probabilities, p.predicted))
-    return Prediction.concatenate(preds), np.concatenate(feats)
-
-
-def judge_shifted_sets(
-    model: OnnxClassifier,
-    oracle: Oracle,
-    x_cal: np.ndarray,
-    y_cal: np.ndarray,
-    *,
-    train_x: np.ndarray,
-    reference: InputReference,
-    metadata: Mapping[str, np.ndarray] | None = None,
-    feature_names: Sequence[str] | None = None,
-    n_sets: int | None = None,
-    seed: int = 0,
-    families: Sequence[str] = FAMILIES,
-    exclude: Collection[str] = (),
-) -> tuple[JudgedSet, list[JudgedSet]]:
-    """Judge the clean calibration split and ``n_sets`` corrupted copies of it with the oracle.
-
-    ``x_cal``/``train_x`` are prepared model inputs, ``y_cal`` class indices; ``metadata`` (IDI fields
-    of the calibration samples) is kept for every copy, since a corruption does not change where an
-    input comes from. Every set carries the per-sample inputs of the full ``shift_aware`` model.
-    """
-    tdi = oracle.tdi
-
-    def judged(name: str, x: np.ndarray) -> JudgedSet:
-        pred, feats = _viewed(model, x)
-        result = oracle.judge(
-            feats, pred.probabilities, pred.predicted, metadata=metadata or None, feature_names=feature_names
-        )
-        rules = tdi.rule_index(feats) if tdi is not None else np.zeros(len(x), dtype=np.int64)
-        extras = SampleExtras.compute(pred.probabilities, pred.predicted, feats, rules, reference)
-        return JudgedSet(name, result.verdict, pred.confidences, pred.predicted == y_cal, np.asarray(y_cal), extras)
-
-    clean = judged("clean", x_cal)
-    # judged as they are made: only one corrupted copy exists at a time
-    shape = model.input_shape
-    sets = iter_shifted_sets(
-        x_cal, shape, train_x=train_x, n_sets=n_sets, seed=seed, families=families, exclude=exclude
-    )
-    return clean, [judged(s.name, s.x.astype(x_cal.dtype, copy=False)) for s in sets]
-
-
-@dataclass(frozen=True)
-class CalibrationSets:
-    """What ``shift_aware`` is fitted from, and the headline's choice reuses: the judged clean calibration
-    split, its judged corrupted copies (row ``i`` of each is row ``i`` of the split) and the reference."""
-
-    clean: JudgedSet
-    shifted: list[JudgedSet]
-    reference: InputReference
-
-    def fit(self, seed: int, rows: np.ndarray | None = None, *, interval: bool = True) -> ShiftCalibration:
-        """``shift_aware``'s calibration from these sets' ``rows`` (all by default; the reference's clean
-        statistics are those rows'); ``interval=False`` skips the refits behind its interval's error term."""
-        folds = 3 if interval else 0
-        if rows is None:
-            return fit_shift_calibration(self.clean, self.shifted, self.reference, folds=folds, seed=seed)
-        clean = self.clean.take(rows)
-        reference = self.reference
-        if clean.extras is not None:
-            reference = reference.with_clean(clean.extras.pca_error, clean.extras.label, clean.confidences)
-        return fit_shift_calibration(clean, [s.take(rows) for s in self.shifted], reference, folds=folds, seed=seed)
-
-
-def calibration_sets(
-    model: OnnxClassifier,
-    oracle: Oracle,
-    x_cal: np.ndarray,
-    y_cal: np.ndarray,
-    *,
-    train_x: np.ndarray,
-    metadata: Mapping[str, np.ndarray] | None = None,
-    feature_names: Sequence[str] | None = None,
-    n_sets: int | None,
-    seed: int,
-    families: Sequence[str] = FAMILIES,
-    exclude: Collection[str] = (),
-) -> CalibrationSets:
-    """The judged clean and corrupted calibration sets of a model and its oracle, and their reference;
-    ``n_sets`` and ``seed`` are the fit's (:attr:`~invariants.fit_params.FitParams.shift_sets`,
-    :attr:`~invariants.fit_params.FitParams.seed`)."""
-    reference = input_reference(model, oracle, train_x, x_cal)
-    clean, shifted = judge_shifted_sets(
-        model,
-        oracle,
-        x_cal,
-        y_cal,
-        train_x=train_x,
-        reference=reference,
-        metadata=metadata,
-        feature_names=feature_names,
-        n_sets=n_sets,
-        seed=seed,
-        families=families,
-        exclude=exclude,
-    )
-    return CalibrationSets(clean, shifted, reference)

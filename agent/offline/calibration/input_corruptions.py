@@ -1,13 +1,15 @@
-"""Labeled shifted data for models whose inputs are not one numeric tensor: several named inputs, text,
-categories, token ids (used by ``icos-agent fit``; one numeric tensor goes through :mod:`agent.estimation.shifts`).
+"""The corruptions of models whose inputs are not one numeric tensor: several named inputs, text,
+categories, token ids (used by ``icos-agent fit``; one numeric tensor is corrupted as a whole by
+:mod:`agent.offline.calibration.corruptions`).
 
 As for images and tables, the calibration split is copied and each copy corrupted with one transformation
-at one strength, from harmless to label-breaking; the ``shift_aware`` estimator then learns how accuracy
-moves with the window statistics over these copies (:func:`~agent.estimation.shift_fitting.fit_shift_calibration`).
-The transformations follow each input's kind:
+at one strength, from harmless to label-breaking (:func:`agent.offline.calibration.sets.input_calibration_sets`);
+the ``shift_aware`` estimator then learns how accuracy moves with the window statistics over these copies
+(:func:`~agent.offline.calibration.shift_fitting.fit_shift_calibration`). The transformations follow each
+input's kind:
 
 * numeric columns (a table's inputs, ``[N, 1]`` or ``[N, D]``): the table corruptions of
-  :mod:`agent.estimation.shifts` on all of them together (generic and audit families);
+  :mod:`agent.offline.calibration.corruptions` on all of them together (generic and audit families);
 * images: the image corruptions, input by input;
 * free text: :data:`agent.perturb.text.TEXT_TRANSFORMS` (typos, case, white space, punctuation, dropped and
   shuffled words, drifted vocabulary);
@@ -19,30 +21,21 @@ Set names are ``<input kind>:<transformation>``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agent.estimation.reference import InputReference
-from agent.estimation.shift_fitting import JudgedSet
-from agent.estimation.shifts import (
-    CalibrationSets,
-    _as_nchw,
+from agent.model.classifier import OnnxClassifier
+from agent.model.inputs import Inputs
+from agent.model.views import is_image, is_token_ids
+from agent.offline.calibration.corruptions import (
+    as_nchw,
     audit_image_corruptions,
     audit_table_corruptions,
     image_corruptions,
     tabular_corruptions,
 )
-from agent.estimation.statistics import SampleExtras
-from agent.model.classifier import Prediction
-from agent.model.inputs import Inputs, rule_values
-from agent.model.views import is_image, is_token_ids
 from agent.perturb.text import TEXT_TRANSFORMS, category_swap, token_drop, token_swap, truncate, unseen_category
-
-if TYPE_CHECKING:
-    from agent.model.classifier import OnnxClassifier
-    from invariants.oracle import Oracle
 
 #: A corruption of a batch of inputs at a strength in [0, 1].
 InputCorruption = Callable[[Inputs, float, np.random.Generator], Inputs]
@@ -67,7 +60,7 @@ def _table_corruption(names: list[str], fn: Callable[..., np.ndarray]) -> InputC
 def _image_corruption(name: str, fn: Callable[..., np.ndarray], clip: tuple[float, float]) -> InputCorruption:
     def run(x: Inputs, s: float, rng: np.random.Generator) -> Inputs:
         arr = x[name]
-        img = _as_nchw(np.asarray(arr, dtype=np.float64))
+        img = as_nchw(np.asarray(arr, dtype=np.float64))
         out = np.clip(fn(img, s, rng), *clip).reshape(arr.shape)
         return x.replace(name, out.astype(arr.dtype, copy=False))
 
@@ -141,95 +134,3 @@ def input_corruptions(
             for kind in ("token_swap", "token_drop", "truncate"):
                 out[f"{name}:{kind}"] = _token_corruption(name, mask, kind, vocab)
     return out
-
-
-def _viewed(model: OnnxClassifier, x: Inputs) -> tuple[Prediction, np.ndarray]:
-    preds, feats = [], []
-    for batch in x.batches(model.signature.batch_rows()):
-        p = model.predict_prepared(batch)
-        feats.append(model.features(batch, p))
-        preds.append(Prediction(p.probabilities, p.predicted))
-    return Prediction.concatenate(preds), np.concatenate(feats)
-
-
-def _corrupted_viewed(
-    model: OnnxClassifier,
-    corrupt: InputCorruption,
-    x: Inputs,
-    strength: float,
-    rng: np.random.Generator,
-    rule_inputs: frozenset[str],
-) -> tuple[Prediction, np.ndarray, dict[str, np.ndarray]]:
-    """Predictions, view and the rules' named inputs of ``x`` corrupted a batch at a time, so that a
-    corrupted copy of large inputs (hundreds of 224×224 images, in float64 while they are transformed)
-    never exists whole."""
-    preds, feats, values = [], [], []
-    for batch in x.batches(model.signature.batch_rows()):
-        shifted = corrupt(batch, strength, rng)
-        p, f = _viewed(model, shifted)
-        preds.append(p)
-        feats.append(f)
-        values.append(rule_values(shifted, rule_inputs))
-    named = {k: np.concatenate([v[k] for v in values]) for k in values[0]} if values else {}
-    return Prediction.concatenate(preds), np.concatenate(feats), named
-
-
-def input_calibration_sets(
-    model: OnnxClassifier,
-    oracle: Oracle,
-    x_cal: Inputs,
-    y_cal: np.ndarray,
-    *,
-    train_x: Inputs,
-    train_features: np.ndarray | None = None,
-    metadata: Mapping[str, np.ndarray] | None = None,
-    rule_inputs: frozenset[str] = frozenset(),
-    feature_names: Sequence[str] | None = None,
-    n_sets: int | None,
-    seed: int,
-) -> CalibrationSets | None:
-    """The judged clean and corrupted calibration sets of a model of named inputs, and their reference
-    (None when no corruption applies).
-
-    ``train_x`` sets the corruptions' parameters (pixel range, column spreads, vocabulary) and may be a
-    sample; ``train_features``, the view of the whole training split when ``fit`` has it, is the reference
-    the window statistics compare with (without it: the view of ``train_x``)."""
-    corruptions = input_corruptions(model, train_x)
-    if not corruptions:
-        return None
-    tdi = oracle.tdi
-    rng = np.random.default_rng(seed)
-    train_f = train_features if train_features is not None else _viewed(model, train_x)[1]
-    clean_pred, cal_f = _viewed(model, x_cal)
-    reference = InputReference.fit(
-        train_f,
-        cal_f,
-        per_feature_scale=True,
-        rule_label=[r.label for r in tdi.rules] if tdi is not None else (),
-        rule_selected=[r.selected for r in tdi.rules] if tdi is not None else (),
-        train_rules=tdi.rule_index(train_f) if tdi is not None else None,
-        clean_labels=clean_pred.predicted,
-        clean_confidences=clean_pred.confidences,
-        n_classes=model.n_classes,
-    )
-
-    def judged(name: str, pred: Prediction, feats: np.ndarray, named: Mapping[str, np.ndarray]) -> JudgedSet:
-        meta = {**(metadata or {}), **named}
-        result = oracle.judge(
-            feats, pred.probabilities, pred.predicted, metadata=meta or None, feature_names=feature_names
-        )
-        rules = tdi.rule_index(feats) if tdi is not None else np.zeros(len(feats), dtype=np.int64)
-        extras = SampleExtras.compute(pred.probabilities, pred.predicted, feats, rules, reference)
-        return JudgedSet(name, result.verdict, pred.confidences, pred.predicted == y_cal, np.asarray(y_cal), extras)
-
-    names = sorted(corruptions)
-    total = n_sets if n_sets is not None else max(88, 8 * len(names))
-    per_name = [total // len(names) + (1 if i < total % len(names) else 0) for i in range(len(names))]
-    strengths = [rng.permutation((np.arange(c) + rng.uniform(0.1, 0.9, c)) / max(c, 1)) for c in per_name]
-    shifted = []
-    for k in range(total):
-        name = names[k % len(names)]
-        s = float(strengths[k % len(names)][k // len(names)])
-        shifted.append(judged(name, *_corrupted_viewed(model, corruptions[name], x_cal, s, rng, rule_inputs)))
-    clean = judged("clean", clean_pred, cal_f, rule_values(x_cal, rule_inputs))
-    return CalibrationSets(clean, shifted, reference)

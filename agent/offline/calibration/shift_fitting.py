@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -13,34 +13,8 @@ from agent.estimation.shift_aware import window_features
 from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.estimation.tree_ensemble import TreeEnsemble
 from agent.estimation.trust import KindSupport, TrustModel, confidence_base, confidence_offsets
-
-#: Windows of the clean calibration split the trust model's clean statistics come from.
-CLEAN_WINDOWS = 200
-
-
-@dataclass(frozen=True)
-class JudgedSet:
-    """One labeled calibration set: oracle verdicts, top-class probabilities, correctness, true
-    classes (for label-shift resampling) and the optional per-sample inputs of the full model."""
-
-    name: str
-    verdicts: np.ndarray
-    confidences: np.ndarray
-    correct: np.ndarray
-    y: np.ndarray | None = None
-    extras: SampleExtras | None = None
-
-    def take(self, idx: np.ndarray) -> JudgedSet:
-        """The same set restricted to the rows ``idx``."""
-        return JudgedSet(
-            self.name,
-            np.asarray(self.verdicts)[idx],
-            np.asarray(self.confidences)[idx],
-            np.asarray(self.correct)[idx],
-            None if self.y is None else np.asarray(self.y)[idx],
-            None if self.extras is None else self.extras.take(idx),
-        )
-
+from agent.offline.calibration.judged import JudgedSet
+from invariants.fit_params import CalibrationPlan
 
 #: Edges of the predicted-accuracy bins of the interval's model-error term.
 Q_EDGES: tuple[float, ...] = (0.5, 0.75, 0.9)
@@ -103,14 +77,16 @@ def fit_shift_calibration(
     shifted: list[JudgedSet],
     reference: InputReference,
     *,
-    n_windows: int = 2000,
-    window_size: tuple[int, int] = (400, 1600),
-    folds: int = 3,
+    plan: CalibrationPlan = CalibrationPlan(),
+    n_windows: int | None = None,
+    folds: int | None = None,
     seed: int = 0,
 ) -> ShiftCalibration:
-    """Fit ``shift_aware`` on windows drawn from the clean calibration split and its corrupted copies.
+    """Fit ``shift_aware`` on windows drawn from the clean calibration split and its corrupted copies
+    (``plan``: the windows' count and sizes, the folds; ``n_windows`` and ``folds`` override its
+    :attr:`~invariants.fit_params.CalibrationPlan.shift_windows` and ``interval_folds``, 0 folds: no interval).
 
-    * ``n_windows`` windows (sizes in ``window_size``) are drawn: one corrupted set, or a mixture of
+    * ``n_windows`` windows (sizes in the plan's ``window_size``) are drawn: one corrupted set, or a mixture of
       2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
       shift), a tenth clean; each gives the additive statistics a live window would hold and its
       true accuracy;
@@ -123,16 +99,15 @@ def fit_shift_calibration(
       it and evaluated on the windows made only of it (and clean data). The 95% quantiles of those
       out-of-family errors per predicted-accuracy bin are the interval's model-error term.
     """
+    n_windows = plan.shift_windows if n_windows is None else n_windows
+    folds = plan.interval_folds if folds is None else folds
     sets = [clean, *shifted]
     rng = np.random.default_rng(seed)
-    plans = _window_plan(sets, n_windows, rng, window_size)
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    truth, fams = [], []
-    for plan in plans:
-        rows.append(_plan_features(sets, plan, reference))
-        truth.append(float(np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in plan]).mean()))
-        fams.append({sets[k].name for k, _ in plan})
-    y = np.asarray(truth)
+    windows = _window_plan(sets, n_windows, rng, plan.window_size)
+    rows = [_plan_features(sets, w, reference) for w in windows]
+    y = np.asarray(
+        [float(np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in w]).mean()) for w in windows]
+    )
     designs = {k: np.asarray([r[j] for r in rows]) for j, k in enumerate(("full", "inputs", "reduced"))}
     # residual target: what the trees learn is how far accuracy falls below (or rises above) the
     # mean confidence, so a window unlike any calibration window keeps the confidence's estimate
@@ -140,22 +115,11 @@ def fit_shift_calibration(
     base = designs["full"][:, MEAN_CONFIDENCE]
     models = {k: TreeEnsemble.fit(X, y - base, seed=seed) for k, X in designs.items()}
     families = sorted({s.name for s in shifted} - {clean.name})
+    fams = [{sets[k].name for k, _ in w} for w in windows]
     groups = [set(families[i::folds]) for i in range(min(folds, len(families)))]
-    preds: dict[str, list[np.ndarray]] = {k: [] for k in designs}
-    resid: dict[str, list[np.ndarray]] = {k: [] for k in designs}
-    for g in groups:
-        train = np.array([not (f & g) for f in fams])
-        test = np.array([bool(f & g) and f <= g | {clean.name} for f in fams])
-        if train.sum() < 50 or not test.any():
-            continue
-        for k, X in designs.items():
-            tree = TreeEnsemble.fit(X[train], y[train] - base[train], n_trees=100, rate=0.075, seed=seed)
-            m = tree.predict(X[test]) + base[test]
-            preds[k].append(np.clip(m, 0, 1))
-            resid[k].append(np.clip(m, 0, 1) - y[test])
-    cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
-    q = {k: _interval_table(cat(preds[k]), cat(resid[k])) for k in designs}
-    trust = _fit_trust(clean, reference, designs, y, window_size, rng)
+    held_out = _held_out_errors(designs, y, base, fams, groups, clean.name, plan.min_interval_windows, seed)
+    q = {k: _interval_table(*held_out[k]) for k in designs}
+    trust = _fit_trust(clean, reference, designs, y, plan, rng)
     return ShiftCalibration(
         full=models["full"],
         inputs=models["inputs"],
@@ -166,10 +130,39 @@ def fit_shift_calibration(
         q_reduced=q["reduced"],
         reference=reference,
         families=tuple(families),
-        lofo_mae=float(np.mean(np.abs(cat(resid["full"])))) if resid["full"] else 0.0,
+        lofo_mae=float(np.mean(np.abs(held_out["full"][1]))) if len(held_out["full"][1]) else 0.0,
         target="residual",
         trust=trust,
     )
+
+
+def _held_out_errors(
+    designs: dict[str, np.ndarray],
+    y: np.ndarray,
+    base: np.ndarray,
+    fams: list[set[str]],
+    groups: list[set[str]],
+    clean: str,
+    min_windows: int,
+    seed: int,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per design, the predicted accuracies and residuals of the windows made only of one held-out group
+    of corruption families (and clean data), by the models refitted (100 trees at a higher rate, to save
+    time) on the windows without it; a group leaving fewer than ``min_windows`` training windows is skipped."""
+    preds: dict[str, list[np.ndarray]] = {k: [] for k in designs}
+    resid: dict[str, list[np.ndarray]] = {k: [] for k in designs}
+    for g in groups:
+        train = np.array([not (f & g) for f in fams])
+        test = np.array([bool(f & g) and f <= g | {clean} for f in fams])
+        if train.sum() < min_windows or not test.any():
+            continue
+        for k, X in designs.items():
+            tree = TreeEnsemble.fit(X[train], y[train] - base[train], n_trees=100, rate=0.075, seed=seed)
+            m = tree.predict(X[test]) + base[test]
+            preds[k].append(np.clip(m, 0, 1))
+            resid[k].append(np.clip(m, 0, 1) - y[test])
+    cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
+    return {k: (cat(preds[k]), cat(resid[k])) for k in designs}
 
 
 def _plan_features(
@@ -202,18 +195,25 @@ def _fit_trust(
     reference: InputReference,
     designs: dict[str, np.ndarray],
     y: np.ndarray,
-    window_size: tuple[int, int],
+    plan: CalibrationPlan,
     rng: np.random.Generator,
 ) -> TrustModel:
     """The trust model (:mod:`agent.estimation.trust`): the calibration windows' support per model
     kind, the clean split's window statistics and the confidence estimate's errors."""
     offsets = confidence_offsets(clean.confidences, clean.correct)
-    sizes = rng.integers(window_size[0], window_size[1] + 1, CLEAN_WINDOWS)
-    plans = [[(0, rng.integers(0, len(clean.correct), int(m)))] for m in sizes]
-    clean_rows = [_plan_features([clean], p, reference) for p in plans]
-    clean_y = np.array([float(np.asarray(clean.correct, bool)[p[0][1]].mean()) for p in plans])
+    sizes = rng.integers(plan.window_size[0], plan.window_size[1] + 1, plan.clean_windows)
+    windows = [[(0, rng.integers(0, len(clean.correct), int(m)))] for m in sizes]
+    clean_rows = [_plan_features([clean], w, reference) for w in windows]
+    clean_y = np.array([float(np.asarray(clean.correct, bool)[w[0][1]].mean()) for w in windows])
     kinds = {
-        k: KindSupport.fit(x, np.asarray([r[j] for r in clean_rows]), sizes.astype(np.float64), rng, len(clean.correct))
+        k: KindSupport.fit(
+            x,
+            np.asarray([r[j] for r in clean_rows]),
+            sizes.astype(np.float64),
+            rng,
+            len(clean.correct),
+            max_points=plan.trust_points,
+        )
         for j, (k, x) in enumerate(designs.items())
     }
     base = _bases(designs["reduced"], offsets)

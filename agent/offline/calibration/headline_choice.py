@@ -4,11 +4,12 @@ No label-free estimator is best under every shift, and which one is best for a g
 how its confidence, its oracle and its errors move together. So ``fit`` measures them on the data it
 has, held out from what they were calibrated on:
 
-1. The calibration split (labeled rows held out of the ADI forest) is cut into :data:`FOLDS` folds,
+1. The calibration split (labeled rows held out of the ADI forest) is cut into folds
+   (:class:`~invariants.fit_params.CalibrationPlan` holds every count of this module),
    stratified by right/wrong predictions. For each fold, every estimator is calibrated on the other
    folds (``calibrate``: the classic estimators' offsets, thresholds and TPR/FPR, and ``shift_aware``'s
    regressions where the bundle has them), and measured on windows of the fold's rows under simulated
-   shifts (:class:`~agent.estimation.shift_windows.WindowPlanner`). No window holds a row its
+   shifts (:class:`~agent.offline.calibration.shift_windows.WindowPlanner`). No window holds a row its
    estimators were calibrated on (cross-fitting: each estimate is out of sample).
 2. Each candidate's criterion is its worst relative regret over the kinds of window: per kind of shift,
    its mean absolute error over the windows of that kind divided by the lowest such mean among the
@@ -16,14 +17,17 @@ has, held out from what they were calibrated on:
    guards against the drift that hurts it most compared with what was achievable there; a ratio, not
    a difference, so that one kind where every estimator errs a lot (a strong change of the class
    prior) does not decide alone; a mean over windows is not the luck of one draw.
-3. The candidate with the lowest criterion is chosen when it beats the default (``shift_aware`` where
-   the bundle has it, else ``cbpe``, the estimators built for the bundle's kind) in at least
-   :data:`SUPPORT` of :data:`BOOTSTRAP` resamples of the windows (kind by kind): a small data set gives
-   noisy windows, and the default is then kept rather than a winner by chance.
+3. The candidate with the lowest criterion is chosen when it beats the default
+   (:func:`~agent.estimation.estimators.default_headline`: ``shift_aware`` where the bundle has it, else
+   ``cbpe``, the estimators built for the bundle's kind) in at least the plan's ``support`` share of its
+   ``bootstrap`` resamples of the windows (kind by kind): a small data set gives noisy windows, and the
+   default is then kept rather than a winner by chance. Only estimators whose spec may be a headline
+   are candidates, and those resting on the oracle are not eligible where it is weak
+   (:func:`ineligible`).
 
 A model bundle (:func:`choose_model_headline`) measures ``shift_aware`` the same way: its regressions and
 trust model are refitted on each fold's complement of the calibration split and its corrupted copies
-(:meth:`~agent.estimation.shifts.CalibrationSets.fit` with ``rows``), and the windows add a
+(:meth:`~agent.offline.calibration.sets.CalibrationSets.fit` with ``rows``), and the windows add a
 ``corruption`` kind drawn from the corrupted copies of the held-out rows.
 
 The final estimators are calibrated on the whole split as before; the evidence (every candidate's
@@ -39,29 +43,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimator_names
+from agent.estimation.estimators import default_headline, estimate_all, estimator_specs, headline_candidates
 from agent.estimation.evidence import EstimatorErrors, HeadlineEvidence
-from agent.estimation.shift_fitting import JudgedSet
-from agent.estimation.shift_windows import Window, WindowPlanner, tilt_coordinates
-from agent.estimation.shifts import CalibrationSets
+from agent.estimation.reliability import weak_oracle
 from agent.estimation.statistics import SampleExtras, WindowStats
+from agent.offline.calibration.judged import JudgedSet
+from agent.offline.calibration.sets import CalibrationSets
+from agent.offline.calibration.shift_windows import Window, WindowPlanner, tilt_coordinates
+from invariants.fit_params import CalibrationPlan
 
-#: Folds of the calibration split (each measured by estimators calibrated on the others).
-FOLDS = 2
-#: Windows per kind of shift and fold.
-WINDOWS_PER_KIND = 40
-#: Largest window (rows); a smaller fold gives windows of its own size.
-MAX_WINDOW = 1000
-#: Fewest held-out rows per fold for a choice; below it the default is kept, without evidence.
-MIN_FOLD_ROWS = 30
-#: Bootstrap resamples of the windows, and the share of them in which a candidate must beat the default.
-BOOTSTRAP = 200
-SUPPORT = 0.95
 #: Smallest mean error a ratio divides by (an estimator exact on one kind of window does not make every
 #: other one infinitely worse there).
 ERROR_FLOOR = 0.002
-#: The default headline of a bundle without ``shift_aware``.
-CONFIDENCE_DEFAULT = "cbpe"
 
 #: Calibrates the estimators on the given rows of the calibration split.
 Calibrate = Callable[[np.ndarray], EstimatorCalibration]
@@ -111,23 +104,25 @@ def measure(
     calibrate: Calibrate,
     *,
     seed: int,
-    folds: int = FOLDS,
-    windows_per_kind: int = WINDOWS_PER_KIND,
-    max_window: int = MAX_WINDOW,
+    plan: CalibrationPlan = CalibrationPlan(),
+    windows_per_kind: int | None = None,
 ) -> Measured | None:
-    """Every label-free estimator on simulated windows of each fold of ``clean``'s rows, calibrated on
-    the other folds (see the module docstring); None when a fold would hold fewer than
-    :data:`MIN_FOLD_ROWS` rows. ``shifted``: corrupted copies of the same rows (``corruption`` windows);
-    ``coords``: the rows' tilt coordinates (:func:`~agent.estimation.shift_windows.tilt_coordinates`)."""
-    n = len(clean.correct)
-    if clean.y is None or n < folds * MIN_FOLD_ROWS:
+    """Every headline candidate (:func:`~agent.estimation.estimators.headline_candidates`) on simulated
+    windows of each fold of ``clean``'s rows, calibrated on the other folds (see the module docstring);
+    None when a fold would hold fewer than the plan's ``min_fold_rows`` rows. ``shifted``: corrupted copies
+    of the same rows (``corruption`` windows); ``coords``: the rows' tilt coordinates
+    (:func:`~agent.offline.calibration.shift_windows.tilt_coordinates`); ``windows_per_kind`` overrides the
+    plan's."""
+    n, folds, max_window = len(clean.correct), plan.headline_folds, plan.max_window
+    per_kind = plan.windows_per_kind if windows_per_kind is None else windows_per_kind
+    if clean.y is None or n < folds * plan.min_fold_rows:
         return None
     rng = np.random.default_rng(seed)
     fold = fold_of(clean.correct, folds, rng)
     planner = WindowPlanner(coords, clean.confidences, clean.y, len(shifted))
     sets = [clean, *shifted]
     correct = [np.asarray(s.correct, dtype=bool) for s in sets]
-    names = estimator_names(label_free=True)
+    names = headline_candidates()
     kinds: list[str] = []
     truth: list[float] = []
     values: dict[str, list[float]] = {name: [] for name in names}
@@ -136,7 +131,7 @@ def measure(
         held = np.flatnonzero(fold == f)
         calibration = calibrate(np.flatnonzero(fold != f))
         size = min(size, len(held))
-        for window in planner.plan(held, windows_per_kind * len(planner.kinds), min(max_window, len(held)), rng):
+        for window in planner.plan(held, per_kind * len(planner.kinds), min(max_window, len(held)), rng):
             estimates = estimate_all(window_stats(sets, window, calibration), calibration)
             kinds.append(window.kind)
             truth.append(float(np.concatenate([correct[k][i] for k, i in window.parts]).mean()))
@@ -161,23 +156,32 @@ def _per_kind(errors: np.ndarray, by_kind: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _support(
-    errors: np.ndarray, by_kind: Sequence[np.ndarray], best: int, default: int, rng: np.random.Generator
+    errors: np.ndarray, by_kind: Sequence[np.ndarray], best: int, default: int, rng: np.random.Generator, resamples: int
 ) -> float:
-    """Share of bootstrap resamples (windows resampled within each kind) in which candidate ``best``
-    has a lower criterion than candidate ``default`` (``errors``: ``[candidates, windows]``)."""
+    """Share of ``resamples`` bootstrap resamples (windows resampled within each kind) in which candidate
+    ``best`` has a lower criterion than candidate ``default`` (``errors``: ``[candidates, windows]``)."""
     wins = 0
-    for _ in range(BOOTSTRAP):
+    for _ in range(resamples):
         ratios = _ratios(_per_kind(errors, [rng.choice(rows, len(rows)) for rows in by_kind]))
         wins += int(ratios[best] < ratios[default])
-    return wins / BOOTSTRAP
+    return wins / resamples
 
 
-def default_headline(candidates: Sequence[str]) -> str:
-    """``shift_aware`` where the bundle has it, else ``cbpe``."""
-    return RECOMMENDED_ESTIMATOR if RECOMMENDED_ESTIMATOR in candidates else CONFIDENCE_DEFAULT
+def ineligible(calibration: EstimatorCalibration) -> dict[str, str]:
+    """The candidates not eligible as a headline with this calibration, with the reason: those resting on
+    the oracle (their spec's ``needs_oracle``) where it separates right from wrong poorly."""
+    if not weak_oracle(calibration):
+        return {}
+    return {s.name: "the oracle separates right from wrong poorly" for s in estimator_specs() if s.needs_oracle}
 
 
-def choose(measured: Measured, *, seed: int, exclude: Mapping[str, str] | None = None) -> HeadlineEvidence:
+def choose(
+    measured: Measured,
+    *,
+    seed: int,
+    exclude: Mapping[str, str] | None = None,
+    plan: CalibrationPlan = CalibrationPlan(),
+) -> HeadlineEvidence:
     """The headline and its evidence from the measured windows (see the module docstring). ``exclude``:
     estimators measured but not eligible, with the reason (kept in the evidence's notes)."""
     order = list(dict.fromkeys(measured.kinds.tolist()))
@@ -198,8 +202,9 @@ def choose(measured: Measured, *, seed: int, exclude: Mapping[str, str] | None =
     support = 1.0
     if best != default and default in candidates:
         rng = np.random.default_rng([seed, 1])
-        support = _support(matrix, by_kind, candidates.index(best), candidates.index(default), rng)
-    chosen = best if support >= SUPPORT or default not in candidates else default
+        resamples = plan.bootstrap
+        support = _support(matrix, by_kind, candidates.index(best), candidates.index(default), rng, resamples)
+    chosen = best if support >= plan.support or default not in candidates else default
     return HeadlineEvidence(
         chosen=chosen,
         default=default,
@@ -212,18 +217,20 @@ def choose(measured: Measured, *, seed: int, exclude: Mapping[str, str] | None =
         seed=seed,
         kinds={k: int((measured.kinds == k).sum()) for k in order},
         errors=errors,
-        reason=_reason(chosen, default, best, {k: v for k, v in errors.items() if k in candidates}, support),
+        reason=_reason(chosen, default, best, {k: v for k, v in errors.items() if k in candidates}, support, plan),
         notes=tuple(f"{k} not eligible: {v}" for k, v in excluded.items()),
     )
 
 
-def _reason(chosen: str, default: str, best: str, errors: dict[str, EstimatorErrors], support: float) -> str:
+def _reason(
+    chosen: str, default: str, best: str, errors: dict[str, EstimatorErrors], support: float, plan: CalibrationPlan
+) -> str:
     """The choice in one sentence."""
     if chosen != best:
         return (
             f"{best} errs least in its worst kind of shift relative to the best estimator there "
             f"({errors[best].ratio:.2f}x, {chosen} {errors[chosen].ratio:.2f}x) but beats {chosen} in only "
-            f"{support:.0%} of resamples (fewer than {SUPPORT:.0%}), so {chosen} stays"
+            f"{support:.0%} of resamples (fewer than {plan.support:.0%}), so {chosen} stays"
         )
     runner = min((n for n in errors if n != chosen), key=lambda n: errors[n].ratio, default=None)
     text = (
@@ -244,10 +251,21 @@ def choose_headline(
     *,
     seed: int,
     exclude: Mapping[str, str] | None = None,
+    plan: CalibrationPlan = CalibrationPlan(),
 ) -> HeadlineEvidence | None:
     """:func:`measure` then :func:`choose`; None when the calibration split is too small to choose on."""
-    measured = measure(clean, shifted, coords, calibrate, seed=seed)
-    return None if measured is None else choose(measured, seed=seed, exclude=exclude)
+    measured = measure(clean, shifted, coords, calibrate, seed=seed, plan=plan)
+    return None if measured is None else choose(measured, seed=seed, exclude=exclude, plan=plan)
+
+
+def classic_calibration(clean: JudgedSet) -> Calibrate:
+    """Calibrates the estimators that need only the judged predictions on rows of ``clean``."""
+    failed = np.asarray(clean.verdicts) != 0
+
+    def calibrate(rows: np.ndarray) -> EstimatorCalibration:
+        return EstimatorCalibration.fit(clean.confidences[rows], clean.correct[rows], failed[rows])
+
+    return calibrate
 
 
 def choose_model_headline(
@@ -256,16 +274,17 @@ def choose_model_headline(
     *,
     seed: int,
     exclude: Mapping[str, str] | None = None,
+    plan: CalibrationPlan = CalibrationPlan(),
 ) -> HeadlineEvidence | None:
     """The headline of a model bundle from evidence: :func:`choose_headline` on the calibration split
     ``sets`` was fitted from (``features``: the oracle's view of its rows, for the tilts), every
     estimator, ``shift_aware`` included, calibrated on the other folds. Costs one more ``shift_aware``
     fit per fold, on that fold's complement, without the refits behind its interval."""
-    clean = sets.clean
-    failed = np.asarray(clean.verdicts) != 0
+    classic = classic_calibration(sets.clean)
 
     def calibrate(rows: np.ndarray) -> EstimatorCalibration:
-        classic = EstimatorCalibration.fit(clean.confidences[rows], clean.correct[rows], failed[rows])
-        return classic.with_shift(sets.fit(seed, rows, interval=False))  # only its values are measured
+        fitted = classic(rows)
+        return fitted.with_shift(sets.fit(seed, rows, interval=False, plan=plan))  # only its values are measured
 
-    return choose_headline(clean, sets.shifted, tilt_coordinates(features), calibrate, seed=seed, exclude=exclude)
+    coords = tilt_coordinates(features)
+    return choose_headline(sets.clean, sets.shifted, coords, calibrate, seed=seed, exclude=exclude, plan=plan)
