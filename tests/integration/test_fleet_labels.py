@@ -27,7 +27,7 @@ from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_
 from agent.estimation.statistics import WindowStats
 from tests.support.agent_process import AgentProcess
 from tests.support.metrics import Scrape, scrape
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresDatabase
 from tests.support.prometheus import FAST, PrometheusServer
 from tests.support.v2 import decoded_answer
 from tests.support.waiting import poll
@@ -70,7 +70,7 @@ def digits_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture
-def parts(digits_model: dict[str, Any], postgres: PostgresServer, tmp_path: Path) -> Iterator[dict[str, Any]]:
+def parts(digits_model: dict[str, Any], postgres: PostgresDatabase, tmp_path: Path) -> Iterator[dict[str, Any]]:
     env = {"ICOS_AGENT_LABELS__STORE_URL": postgres.url}  # the password from the environment, as deployed
 
     def config(name: str, mode: str = "serve") -> dict[str, Any]:
@@ -272,7 +272,7 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
     assert rec[0]["metric"]["source"] == "fleet"
 
     # the store down: with_labels goes, counted; the label-free estimates stay fresh
-    postgres: PostgresServer = parts["postgres"]
+    postgres: PostgresDatabase = parts["postgres"]
     postgres.stop()
 
     def label_free_only() -> dict[str, Any]:
@@ -302,7 +302,7 @@ def _check_metrics(m: Scrape, est: dict[str, Any]) -> None:
         assert m.value(f"icos_fleet_estimated_accuracy_ratio{suffix}", **labels) == pytest.approx(est[key])
 
 
-def test_fleet_labels_read_one_capped_time_range_of_one_identity(postgres: PostgresServer) -> None:
+def test_fleet_labels_read_one_capped_time_range_of_one_identity(postgres: PostgresDatabase) -> None:
     """What the fleet reads of the store: the labeled predictions of its identity made within its longest
     window before ``at`` (none later, none of another identity), each window's labeling-sample sums from
     the sampled ones only; and when the row cap cuts the read short, the windows reaching back past the

@@ -19,7 +19,8 @@ import pytest
 import tritonclient.http as th
 
 from invariants.oracle import VERDICTS
-from tests.support.inprocess import RunningServer, start_server
+from tests.support.agents import Agents
+from tests.support.inprocess import RunningServer
 from tests.support.mlserver import running_mlserver, train_in_mlserver
 from tests.support.settings import mnist_app
 
@@ -78,8 +79,8 @@ def digits_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def agent(mlserver: str, digits_bundle: Path) -> Iterator[RunningServer]:
-    srv = start_server(
+def agent(mlserver: str, digits_bundle: Path, module_agents: Agents) -> RunningServer:
+    return module_agents.serve(
         mnist_app(
             digits_bundle,
             "proxy",
@@ -87,8 +88,6 @@ def agent(mlserver: str, digits_bundle: Path) -> Iterator[RunningServer]:
             upstream={"url": f"http://{mlserver}", "timeout_seconds": 30},
         )
     )
-    yield srv
-    srv.stop()
 
 
 def _test_images(n: int) -> np.ndarray:
