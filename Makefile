@@ -1,6 +1,7 @@
 # icos-agent — the two commands a new user needs:
 #   make demo   install into .venv and show the agent estimating accuracy on live traffic
 #   make test   install what the tests need (Python packages, and system tools when run as root), run them
+#               in parallel workers (PYTEST_WORKERS, default 4: most tests wait on servers they started)
 # and while working on the code:
 #   make test-fast   the unit and property tests only (no servers started as processes; under 2 minutes)
 
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-fast lint venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-prerequisites test-fast lint venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +51,9 @@ kserve-venv:
 label-studio-venv:
 	@PYTHON=$(PYTHON) bash .ci/side-venv.sh label-studio "label-studio-sdk, for the labeling-loop test" 2
 
-# @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck).
-grafana-typecheck:
+# @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck; npm
+# itself comes from system-tools).
+grafana-typecheck: system-tools
 	@bash .ci/grafana-typecheck.sh
 
 demo: venv
@@ -62,10 +64,19 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Every install step first; one that fails stops here with its own error. Then the whole suite,
-# with the 15 slowest tests listed at the end.
-test: venv system-tools lint mlserver-venv kserve-venv label-studio-venv grafana-typecheck
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+# Parallel workers for `make test` (pytest-xdist). The suite waits on servers more than it computes, so
+# more workers than cores pays; each worker takes a whole module (--dist loadscope), whose module
+# fixtures (an agent, MLServer, an MLflow server) then start once.
+PYTEST_WORKERS ?= 4
+
+# Every install step and the lint first, side by side (each step's output kept together); one that
+# fails stops here with its own error. Then the whole suite, with the 15 slowest tests listed at the end.
+test: test-prerequisites
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
+
+test-prerequisites:
+	@$(MAKE) --no-print-directory -j 8 --output-sync=target \
+	  venv system-tools lint mlserver-venv kserve-venv label-studio-venv grafana-typecheck
 
 # Unit and property tests: what runs in-process (fewer generated examples than `make test`).
 test-fast: venv

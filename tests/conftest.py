@@ -25,6 +25,7 @@ from agent.data.datasets import mnist_splits as _mnist_splits
 from agent.model.classifier import OnnxClassifier, default_model_path
 from tests.support.agents import Agents
 from tests.support.demo import DemoRun, run_demo
+from tests.support.digits import fit_digits_logreg
 from tests.support.inprocess import RunningServer, start_server
 from tests.support.mnist import fit_mnist_bundle
 from tests.support.once import once_per_run
@@ -58,6 +59,14 @@ def mnist_bundle_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.F
         return {"bundle": str(fit_mnist_bundle(root, model, splits))}
 
     return Path(once_per_run(tmp_path_factory, "mnist-bundle", fit)["bundle"])
+
+
+@pytest.fixture(scope="session")
+def digits_logreg(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A logistic regression on scikit-learn's digits as ONNX (``model``) and its bundle (``bundle``),
+    made once per run (read-only); :mod:`tests.support.digits`."""
+    made = once_per_run(tmp_path_factory, "digits-logreg", fit_digits_logreg)
+    return {name: Path(path) for name, path in made.items()}
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.estimation.statistics import WindowStats
 from tests.support.agent_process import AgentProcess
+from tests.support.digits import digits
 from tests.support.metrics import Scrape, scrape
 from tests.support.postgres import PostgresDatabase
 from tests.support.prometheus import FAST, PrometheusServer
@@ -44,29 +45,10 @@ pytestmark = [pytest.mark.needs("prometheus"), pytest.mark.needs("postgresql"), 
 
 
 @pytest.fixture(scope="module")
-def digits_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def digits_model(digits_logreg: dict[str, Path]) -> dict[str, Any]:
     """A logistic regression on sklearn digits, exported by skl2onnx, with its bundle; and held-out rows."""
-    from skl2onnx import to_onnx
-    from sklearn.datasets import load_digits
-    from sklearn.linear_model import LogisticRegression
-
-    from agent.data.files import Dataset
-    from agent.model.classifier import OnnxClassifier
-    from agent.offline.fit import fit_bundle
-    from invariants.fit_params import FitParams
-
-    root = tmp_path_factory.mktemp("digits-fleet")
-    x, y = load_digits(return_X_y=True)
-    x = x.astype(np.float32)
-    clf = LogisticRegression(max_iter=2000).fit(x[:900], y[:900])
-    exported = to_onnx(clf, x[:1], options={id(clf): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
-    (root / "digits.onnx").write_bytes(exported.SerializeToString())
-    model = OnnxClassifier.load(root / "digits.onnx", name=MODEL)
-    report = fit_bundle(
-        model, Dataset(x[:900], y[:900]), Dataset(x[900:1400], y[900:1400]), params=FitParams(n_estimators=20)
-    )
-    report.bundle.save(root / "bundle")
-    return {"model": root / "digits.onnx", "bundle": root / "bundle", "x": x[1400:], "y": y[1400:]}
+    x, y = digits()
+    return {**digits_logreg, "x": x[1400:], "y": y[1400:]}
 
 
 @pytest.fixture
