@@ -65,14 +65,15 @@ lint: venv
 	$(BIN)/lint-imports
 
 # Parallel workers for `make test` (pytest-xdist). The suite waits on servers more than it computes, so
-# more workers than cores pays; each worker takes a whole module (--dist loadscope), whose module
-# fixtures (an agent, MLServer, an MLflow server) then start once.
+# more workers than cores pays. --dist loadgroup: a module whose tests share a module fixture (an agent,
+# MLServer, an MLflow server) runs whole on one worker, so that fixture starts once; the other tests are
+# spread one by one (tests/support/parallel.py).
 PYTEST_WORKERS ?= 4
 
 # Every install step and the lint first, side by side (each step's output kept together); one that
 # fails stops here with its own error. Then the whole suite, with the 15 slowest tests listed at the end.
 test: test-prerequisites
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 test-prerequisites:
 	@$(MAKE) --no-print-directory -j 8 --output-sync=target \

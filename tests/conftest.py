@@ -29,6 +29,7 @@ from tests.support.digits import fit_digits_logreg
 from tests.support.inprocess import RunningServer, start_server
 from tests.support.mnist import fit_mnist_bundle
 from tests.support.once import once_per_run
+from tests.support.parallel import ParallelPlan, in_background
 from tests.support.postgres import PostgresDatabase, PostgresServer, fresh_database, running_postgres
 from tests.support.requirements import CI, REQUIREMENTS, missing_requirements, require
 
@@ -117,11 +118,22 @@ def postgres(postgres_server: PostgresServer) -> Iterator[PostgresDatabase]:
         yield db
 
 
+def _demo(factory: pytest.TempPathFactory) -> DemoRun:
+    return DemoRun.from_json(once_per_run(factory, "demo", lambda root: run_demo(root).to_json()))
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """``python -m agent demo --quick --no-live`` with its state and report in a fresh directory, run
-    once per run however many xdist workers read it (read-only)."""
-    return DemoRun.from_json(once_per_run(tmp_path_factory, "demo", lambda root: run_demo(root).to_json()))
+    once per run however many xdist workers read it (read-only); started in the background when the
+    session begins (:mod:`tests.support.parallel`)."""
+    return _demo(tmp_path_factory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _demo_in_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The demo starts beside the suite when a collected test reads it; the session's end waits for it."""
+    yield from in_background(request.session, lambda: _demo(tmp_path_factory))
 
 
 # -- hooks --------------------------------------------------------------------------------------------
@@ -141,6 +153,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(ParallelPlan(), "icos-parallel-plan")
     names = ", ".join(sorted(REQUIREMENTS))
     config.addinivalue_line("markers", f"needs(*names): servers or tools the test needs, of: {names}")
     worker = getattr(config, "workerinput", None)
