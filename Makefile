@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-prerequisites test-fast lint venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-installs test-fast lint venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,14 +70,19 @@ lint: venv
 # spread one by one (tests/support/parallel.py).
 PYTEST_WORKERS ?= 4
 
-# Every install step and the lint first, side by side (each step's output kept together); one that
-# fails stops here with its own error. Then the whole suite, with the 15 slowest tests listed at the end.
-test: test-prerequisites
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
+# What the tests need installed. Each step is skipped when up to date (a stamp of its lock file);
+# they wait on the network and run side by side, each step's output kept together.
+TEST_INSTALLS := venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck
+SIDE_BY_SIDE  := $(MAKE) --no-print-directory -j 8 --output-sync=target
 
-test-prerequisites:
-	@$(MAKE) --no-print-directory -j 8 --output-sync=target \
-	  venv system-tools lint mlserver-venv kserve-venv label-studio-venv grafana-typecheck
+test-installs:
+	@$(SIDE_BY_SIDE) $(TEST_INSTALLS)
+
+# Every install step and the lint first, side by side; one that fails stops here with its own error.
+# Then the whole suite, with the 15 slowest tests listed at the end.
+test:
+	@$(SIDE_BY_SIDE) $(TEST_INSTALLS) lint
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # Unit and property tests: what runs in-process (fewer generated examples than `make test`).
 test-fast: venv
