@@ -1,7 +1,7 @@
 # icos-agent — the two commands a new user needs:
 #   make demo   install into .venv and show the agent estimating accuracy on live traffic
 #   make test   install what the tests need (Python packages, and system tools when run as root), run them
-#               in parallel workers (PYTEST_WORKERS, default 4: most tests wait on servers they started)
+#               in parallel workers (PYTEST_WORKERS, default 3)
 # and while working on the code:
 #   make test-fast   the unit and property tests only (no servers started as processes; under 2 minutes)
 
@@ -64,11 +64,11 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Parallel workers for `make test` (pytest-xdist). The suite waits on servers more than it computes, so
-# more workers than cores pays. --dist loadgroup: a module whose tests share a module fixture (an agent,
-# MLServer, an MLflow server) runs whole on one worker, so that fixture starts once; the other tests are
-# spread one by one (tests/support/parallel.py).
-PYTEST_WORKERS ?= 4
+# Parallel workers for `make test` (pytest-xdist): one more than two cores, since a test waits on the
+# servers it started part of the time. --dist loadgroup: a module whose tests share a module fixture (an
+# agent, MLServer, an MLflow server) runs whole on one worker, so that fixture starts once; the other
+# tests are spread one by one (tests/support/parallel.py).
+PYTEST_WORKERS ?= 3
 
 # What the tests need installed. Each step is skipped when up to date (a stamp of its lock file);
 # they wait on the network and run side by side, each step's output kept together.
