@@ -1,4 +1,4 @@
-"""The demo (``python -m agent demo --quick --no-live``), run once per session for tests/e2e."""
+"""The demo (``python -m agent demo --quick --no-live``), run once per run for tests/e2e."""
 
 from __future__ import annotations
 
