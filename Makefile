@@ -1,6 +1,7 @@
 # icos-agent — the two commands a new user needs:
 #   make demo   install into .venv and show the agent estimating accuracy on live traffic
 #   make test   install what the tests need (Python packages, and system tools when run as root), run them
+#               in parallel workers (PYTEST_WORKERS, default 3)
 # and while working on the code:
 #   make test-fast   the unit and property tests only (no servers started as processes; under 2 minutes)
 
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-fast lint venv python-version system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-installs test-fast lint venv python-version system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
 
 # First of all: an interpreter older than pyproject.toml's requires-python stops here, in one line.
 python-version:
@@ -54,8 +55,9 @@ kserve-venv:
 label-studio-venv:
 	@PYTHON=$(PYTHON) bash .ci/side-venv.sh label-studio "label-studio-sdk, for the labeling-loop test" 2
 
-# @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck).
-grafana-typecheck:
+# @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck; npm
+# itself comes from system-tools).
+grafana-typecheck: system-tools
 	@bash .ci/grafana-typecheck.sh
 
 demo: venv
@@ -66,10 +68,25 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Every install step first; one that fails stops here with its own error. Then the whole suite,
-# with the 15 slowest tests listed at the end.
-test: venv system-tools lint mlserver-venv kserve-venv label-studio-venv grafana-typecheck
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+# Parallel workers for `make test` (pytest-xdist): one more than two cores, since a test waits on the
+# servers it started part of the time. --dist loadgroup: a module whose tests share a module fixture (an
+# agent, MLServer, an MLflow server) runs whole on one worker, so that fixture starts once; the other
+# tests are spread one by one (tests/support/parallel.py).
+PYTEST_WORKERS ?= 3
+
+# What the tests need installed. Each step is skipped when up to date (a stamp of its lock file);
+# they wait on the network and run side by side, each step's output kept together.
+TEST_INSTALLS := venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck
+SIDE_BY_SIDE  := $(MAKE) --no-print-directory -j 8 --output-sync=target
+
+test-installs:
+	@$(SIDE_BY_SIDE) $(TEST_INSTALLS)
+
+# Every install step and the lint first, side by side; one that fails stops here with its own error.
+# Then the whole suite, with the 15 slowest tests listed at the end.
+test:
+	@$(SIDE_BY_SIDE) $(TEST_INSTALLS) lint
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # Unit and property tests: what runs in-process (fewer generated examples than `make test`).
 test-fast: venv

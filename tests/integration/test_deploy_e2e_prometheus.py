@@ -10,7 +10,6 @@ with ``for: 0s`` (waiting 15 minutes is no test), so the expressions are the shi
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import yaml
 
 from agent.data.datasets import Splits
 from agent.model.classifier import OnnxClassifier, default_model_path
+from tests.support.agents import Agents
 from tests.support.ports import free_port
 from tests.support.waiting import wait_http_ready
 
@@ -55,30 +55,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> str:
 
 
 @pytest.fixture
-def agent(mnist_bundle_dir: Path, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    port, metrics_port = free_port(), free_port()
+def agent(agents: Agents, mnist_bundle_dir: Path, tmp_path: Path) -> tuple[str, int]:
+    metrics_port = free_port()
     cfg = {
         "mode": "serve",
         "model": {"name": "mnist", "version": "1", "path": str(default_model_path())},
         "bundle": {"path": str(mnist_bundle_dir)},
-        "server": {"host": "127.0.0.1", "port": port, "metrics_port": metrics_port, "threads": 2},
+        "server": {"metrics_port": metrics_port, "threads": 2},
         "windows": {"time": ["5m", "1h"], "count": 1000},
         "state_dir": str(tmp_path / "state"),
     }
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "serve", "--config", str(path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        wait_http_ready(f"http://127.0.0.1:{port}/v2/health/ready", timeout=60)
-        yield f"http://127.0.0.1:{port}", metrics_port
-    finally:
-        _stop(proc)
+    return agents.process(cfg).url, metrics_port
 
 
 @pytest.fixture

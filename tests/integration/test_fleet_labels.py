@@ -26,8 +26,9 @@ from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.estimation.statistics import WindowStats
 from tests.support.agent_process import AgentProcess
+from tests.support.digits import digits
 from tests.support.metrics import Scrape, scrape
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresDatabase
 from tests.support.prometheus import FAST, PrometheusServer
 from tests.support.v2 import decoded_answer
 from tests.support.waiting import poll
@@ -44,33 +45,14 @@ pytestmark = [pytest.mark.needs("prometheus"), pytest.mark.needs("postgresql"), 
 
 
 @pytest.fixture(scope="module")
-def digits_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def digits_model(digits_logreg: dict[str, Path]) -> dict[str, Any]:
     """A logistic regression on sklearn digits, exported by skl2onnx, with its bundle; and held-out rows."""
-    from skl2onnx import to_onnx
-    from sklearn.datasets import load_digits
-    from sklearn.linear_model import LogisticRegression
-
-    from agent.data.files import Dataset
-    from agent.model.classifier import OnnxClassifier
-    from agent.offline.fit import fit_bundle
-    from invariants.fit_params import FitParams
-
-    root = tmp_path_factory.mktemp("digits-fleet")
-    x, y = load_digits(return_X_y=True)
-    x = x.astype(np.float32)
-    clf = LogisticRegression(max_iter=2000).fit(x[:900], y[:900])
-    exported = to_onnx(clf, x[:1], options={id(clf): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
-    (root / "digits.onnx").write_bytes(exported.SerializeToString())
-    model = OnnxClassifier.load(root / "digits.onnx", name=MODEL)
-    report = fit_bundle(
-        model, Dataset(x[:900], y[:900]), Dataset(x[900:1400], y[900:1400]), params=FitParams(n_estimators=20)
-    )
-    report.bundle.save(root / "bundle")
-    return {"model": root / "digits.onnx", "bundle": root / "bundle", "x": x[1400:], "y": y[1400:]}
+    x, y = digits()
+    return {**digits_logreg, "x": x[1400:], "y": y[1400:]}
 
 
 @pytest.fixture
-def parts(digits_model: dict[str, Any], postgres: PostgresServer, tmp_path: Path) -> Iterator[dict[str, Any]]:
+def parts(digits_model: dict[str, Any], postgres: PostgresDatabase, tmp_path: Path) -> Iterator[dict[str, Any]]:
     env = {"ICOS_AGENT_LABELS__STORE_URL": postgres.url}  # the password from the environment, as deployed
 
     def config(name: str, mode: str = "serve") -> dict[str, Any]:
@@ -272,7 +254,7 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
     assert rec[0]["metric"]["source"] == "fleet"
 
     # the store down: with_labels goes, counted; the label-free estimates stay fresh
-    postgres: PostgresServer = parts["postgres"]
+    postgres: PostgresDatabase = parts["postgres"]
     postgres.stop()
 
     def label_free_only() -> dict[str, Any]:
@@ -302,7 +284,7 @@ def _check_metrics(m: Scrape, est: dict[str, Any]) -> None:
         assert m.value(f"icos_fleet_estimated_accuracy_ratio{suffix}", **labels) == pytest.approx(est[key])
 
 
-def test_fleet_labels_read_one_capped_time_range_of_one_identity(postgres: PostgresServer) -> None:
+def test_fleet_labels_read_one_capped_time_range_of_one_identity(postgres: PostgresDatabase) -> None:
     """What the fleet reads of the store: the labeled predictions of its identity made within its longest
     window before ``at`` (none later, none of another identity), each window's labeling-sample sums from
     the sampled ones only; and when the row cap cuts the read short, the windows reaching back past the

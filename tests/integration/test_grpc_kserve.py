@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import tritonclient.http as th
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from tests.support.agent_process import AgentProcess
+from tests.support.agents import Agents
 from tests.support.ports import free_port
 from tests.support.requirements import require
 
@@ -25,7 +25,8 @@ OUTPUTS = ("probabilities", "label", "icos_verdict")
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
+def agent(module_agents: Agents, mnist_bundle_dir: Path) -> tuple[AgentProcess, int]:
+    """Stopped with SIGTERM after the module: it must exit with 0."""
     require("kserve")
     port = free_port()
     config = {
@@ -34,9 +35,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> I
         "bundle": {"path": str(mnist_bundle_dir)},
         "server": {"grpc_port": port},
     }
-    proc = AgentProcess(tmp_path_factory.mktemp("kserve"), config).start()
-    yield proc, port
-    assert proc.terminate() == 0
+    return module_agents.process(config, name="kserve", graceful=True), port
 
 
 def test_kserve_grpc_client_gets_what_http_answers(

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from tests.support.agent_process import AgentProcess
+from tests.support.agents import Agents
 from tests.support.inprocess import RunningServer
 from tests.support.ports import free_port
 from tests.support.settings import upstream_app
@@ -43,11 +44,10 @@ def _config(bundle: Path, grpc_port: int, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
+def agent(module_agents: Agents, mnist_bundle_dir: Path) -> tuple[AgentProcess, int]:
+    """Stopped with SIGTERM after the module: it must exit with 0."""
     port = free_port()
-    proc = AgentProcess(tmp_path_factory.mktemp("grpc"), _config(mnist_bundle_dir, port)).start()
-    yield proc, port
-    assert proc.terminate() == 0
+    return module_agents.process(_config(mnist_bundle_dir, port), name="grpc", graceful=True), port
 
 
 @pytest.fixture(scope="module")

@@ -23,26 +23,17 @@ from agent.estimation.active import active_accuracy
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.labels.postgres_backend import MIGRATIONS, SCHEMA_VERSION
-from agent.labels.rows import PendingBatch, split_prediction_id
+from agent.labels.rows import split_prediction_id
 from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.app import create_app
 from invariants.bundle import Bundle
+from tests.support.batches import batch
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresDatabase
 from tests.support.settings import stateful_settings
 from tests.support.v2 import post_labels, send_traffic
 from tests.support.waiting import wait_until
-
-
-def batch(
-    rid: str, n: int, ts: float, sampled: list[int] | None, identity: str = "m:b", draw_p: list[float] | None = None
-) -> PendingBatch:
-    rng = np.random.default_rng(n)
-    p = rng.dirichlet(np.ones(3), n).astype(np.float32)
-    s = np.asarray(sampled) if sampled is not None else None
-    sp = np.asarray(draw_p) if draw_p is not None else None
-    return PendingBatch(rid, ts, identity, p, p.argmax(axis=1), np.zeros(n, np.int8), sampled=s, sampled_p=sp)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -135,7 +126,7 @@ def test_a_store_file_from_before_the_sample_is_upgraded(tmp_path: Path) -> None
     s.stop()
 
 
-def test_a_postgres_store_of_the_first_schema_is_migrated(postgres: PostgresServer) -> None:  # noqa: F811
+def test_a_postgres_store_of_the_first_schema_is_migrated(postgres: PostgresDatabase) -> None:  # noqa: F811
     with psycopg.connect(postgres.url) as conn, conn.transaction():
         conn.execute("CREATE TABLE icos_store_schema (version INTEGER NOT NULL, applied DOUBLE PRECISION)")
         for stmt in MIGRATIONS[0][1]:

@@ -24,7 +24,7 @@ from agent.estimation.prediction_powered import WITH_LABELS
 from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.access import MAX_FAILURES
 from agent.server.app import create_app
-from tests.integration.test_labeling_sample import batch
+from tests.support.batches import batch
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
 from tests.support.settings import stateful_settings

@@ -25,6 +25,7 @@ import pytest
 
 from agent.data.datasets import Splits
 from tests.support.agent_process import AgentProcess
+from tests.support.agents import Agents
 from tests.support.v2 import verdict_body
 
 TIMEOUT_SECONDS = 2.0
@@ -145,9 +146,7 @@ def upstream() -> Iterator[RawUpstream]:
 
 
 @pytest.fixture(scope="module")
-def agent(
-    tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path, upstream: RawUpstream
-) -> Iterator[AgentProcess]:
+def agent(mnist_bundle_dir: Path, upstream: RawUpstream, module_agents: Agents) -> AgentProcess:
     cfg = {
         "mode": "proxy",
         "model": {"name": "mnist"},
@@ -156,9 +155,7 @@ def agent(
         "server": {"threads": 4},
         "audits": {"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
     }
-    proc = AgentProcess(tmp_path_factory.mktemp("proxy-bounds"), cfg).start()
-    yield proc
-    proc.kill()
+    return module_agents.process(cfg, name="proxy-bounds")
 
 
 def _body(splits: Splits, kind: str) -> dict[str, Any]:

@@ -19,7 +19,8 @@ import pytest
 import tritonclient.http as th
 
 from invariants.oracle import VERDICTS
-from tests.support.inprocess import RunningServer, start_server
+from tests.support.agents import Agents
+from tests.support.inprocess import RunningServer
 from tests.support.mlserver import running_mlserver, train_in_mlserver
 from tests.support.settings import mnist_app
 
@@ -53,33 +54,14 @@ def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def digits_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A bundle for the same logistic regression, trained here and exported to ONNX."""
-    from skl2onnx import to_onnx
-    from sklearn.datasets import load_digits
-    from sklearn.linear_model import LogisticRegression
-
-    from agent.data.files import Dataset
-    from agent.model.classifier import OnnxClassifier
-    from agent.offline.fit import fit_bundle
-    from invariants.fit_params import FitParams
-
-    root = tmp_path_factory.mktemp("digits-bundle")
-    x, y = load_digits(return_X_y=True)
-    x = x.astype(np.float32)
-    clf = LogisticRegression(max_iter=2000).fit(x[:900], y[:900])
-    onnx_model = to_onnx(clf, x[:1], options={id(clf): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
-    (root / "digits.onnx").write_bytes(onnx_model.SerializeToString())
-    model = OnnxClassifier.load(root / "digits.onnx", name=MODEL)
-    train, val = Dataset(x[:900], y[:900]), Dataset(x[900:1400], y[900:1400])
-    report = fit_bundle(model, train, val, params=FitParams(n_estimators=20))
-    report.bundle.save(root / "bundle")
-    return root / "bundle"
+def digits_bundle(digits_logreg: dict[str, Path]) -> Path:
+    """A bundle for the same logistic regression, trained and exported to ONNX once per run."""
+    return digits_logreg["bundle"]
 
 
 @pytest.fixture(scope="module")
-def agent(mlserver: str, digits_bundle: Path) -> Iterator[RunningServer]:
-    srv = start_server(
+def agent(mlserver: str, digits_bundle: Path, module_agents: Agents) -> RunningServer:
+    return module_agents.serve(
         mnist_app(
             digits_bundle,
             "proxy",
@@ -87,8 +69,6 @@ def agent(mlserver: str, digits_bundle: Path) -> Iterator[RunningServer]:
             upstream={"url": f"http://{mlserver}", "timeout_seconds": 30},
         )
     )
-    yield srv
-    srv.stop()
 
 
 def _test_images(n: int) -> np.ndarray:

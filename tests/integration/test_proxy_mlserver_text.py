@@ -24,7 +24,8 @@ import tritonclient.http as th
 from agent.cli import main as cli_main
 from bench.zoo import ZooModel, build
 from invariants.oracle import VERDICTS
-from tests.support.inprocess import RunningServer, start_server
+from tests.support.agents import Agents
+from tests.support.inprocess import RunningServer
 from tests.support.mlserver import running_mlserver, train_in_mlserver
 from tests.support.settings import mnist_app
 from tests.support.v2 import post_labels
@@ -87,8 +88,8 @@ def bundle(zoo: ZooModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def agent(mlserver: str, bundle: Path) -> Iterator[RunningServer]:
-    srv = start_server(
+def agent(mlserver: str, bundle: Path, module_agents: Agents) -> RunningServer:
+    return module_agents.serve(
         mnist_app(
             bundle,
             "proxy",
@@ -97,8 +98,6 @@ def agent(mlserver: str, bundle: Path) -> Iterator[RunningServer]:
             labels={"enabled": True},
         )
     )
-    yield srv
-    srv.stop()
 
 
 def _input(texts: list[str], binary: bool) -> th.InferInput:

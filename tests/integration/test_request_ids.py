@@ -4,7 +4,6 @@ listing of the labeling sample grow with the batch (the agent runs on loopback, 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,6 +12,7 @@ import pytest
 
 from agent.labels.backend import MAX_LISTING_BYTES, unlabeled_sample
 from agent.protocol import v2
+from tests.support.agents import Agents
 from tests.support.inprocess import RunningServer, settle, start_server
 from tests.support.settings import mnist_app
 
@@ -20,10 +20,10 @@ INFER = "/v2/models/mnist/infer"
 
 
 @pytest.fixture(scope="module")
-def agent(mnist_bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    srv = start_server(mnist_app(mnist_bundle_dir, state=tmp_path_factory.mktemp("ids"), labels={"sample_rate": 1.0}))
-    yield srv
-    srv.stop()
+def agent(module_agents: Agents, mnist_bundle_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    return module_agents.serve(
+        mnist_app(mnist_bundle_dir, state=tmp_path_factory.mktemp("ids"), labels={"sample_rate": 1.0})
+    )
 
 
 def _binary_request(rid: str, n: int) -> tuple[bytes, dict[str, str]]:

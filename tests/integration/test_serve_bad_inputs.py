@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support.inprocess import RunningServer, start_server
+from tests.support.agents import Agents
+from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
 from tests.support.settings import mnist_app
 
@@ -201,10 +202,8 @@ CASES: list[Case] = [
 
 
 @pytest.fixture(scope="module")
-def agent(mnist_bundle_dir: Path) -> Iterator[RunningServer]:
-    srv = start_server(mnist_app(mnist_bundle_dir, server={"max_body_bytes": 256 * 1024, "max_batch": 16}))
-    yield srv
-    srv.stop()
+def agent(module_agents: Agents, mnist_bundle_dir: Path) -> RunningServer:
+    return module_agents.serve(mnist_app(mnist_bundle_dir, server={"max_body_bytes": 256 * 1024, "max_batch": 16}))
 
 
 def invalid_counts(url: str) -> dict[str, float]:

@@ -7,7 +7,7 @@ before the burst)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from agent.model.classifier import default_model_path
 from tests.support.agent_process import AgentProcess
+from tests.support.agents import Agents
 from tests.support.ports import free_port
 from tests.support.v2 import infer_body
 from tests.support.waiting import wait_until
@@ -36,8 +37,7 @@ def rss_mib(pid: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
-    d = tmp_path_factory.mktemp("bursts")
+def agent(module_agents: Agents, mnist_bundle_dir: Path) -> tuple[AgentProcess, int]:
     grpc_port = free_port()
     config = {
         "mode": "serve",
@@ -52,11 +52,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> I
         "labels": {"enabled": False},
         "audits": {"mlflow": {"enabled": False}},
     }
-    proc = AgentProcess(d, config).start()
-    try:
-        yield proc, grpc_port
-    finally:
-        proc.kill()
+    return module_agents.process(config, name="bursts"), grpc_port
 
 
 def _burst(send_one: Callable[[], Any], n: int = 16) -> list[Any]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import resource
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.model.classifier import default_model_path
 from tests.support.agent_process import AgentProcess
+from tests.support.agents import Agents
 
 FLOOD = 300
 LIMIT = 64
@@ -30,7 +30,7 @@ def _nofile_256() -> None:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> Iterator[AgentProcess]:
+def agent(module_agents: Agents, mnist_bundle_dir: Path) -> AgentProcess:
     cfg = {
         "model": {"name": "mnist", "path": str(default_model_path())},
         "bundle": {"path": str(mnist_bundle_dir)},
@@ -43,9 +43,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path) -> I
         },
         "audits": {"reservoir": {"size": 0}, "mlflow": {"enabled": False}},
     }
-    proc = AgentProcess(tmp_path_factory.mktemp("connections"), cfg, preexec_fn=_nofile_256).start()
-    yield proc
-    proc.kill()
+    return module_agents.process(cfg, name="connections", preexec_fn=_nofile_256)
 
 
 def _connect(agent: AgentProcess) -> socket.socket:

@@ -19,6 +19,7 @@ from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from agent.server.app import create_app
 from agent.server.metrics_port import MAX_CONNECTIONS
+from tests.support.agents import Agents
 from tests.support.inprocess import RunningServer, settle, start_server
 from tests.support.metrics import Scrape, metric, scrape
 from tests.support.ports import free_port
@@ -34,10 +35,8 @@ def serve_settings(bundle: Path) -> AgentSettings:
 
 
 @pytest.fixture(scope="module")
-def agent(mnist_bundle_dir: Path) -> Iterator[RunningServer]:
-    srv = start_server(create_app(serve_settings(mnist_bundle_dir), CollectorRegistry()))
-    yield srv
-    srv.stop()
+def agent(module_agents: Agents, mnist_bundle_dir: Path) -> RunningServer:
+    return module_agents.serve(create_app(serve_settings(mnist_bundle_dir), CollectorRegistry()))
 
 
 @pytest.fixture(scope="module")

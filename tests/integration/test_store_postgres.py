@@ -19,7 +19,7 @@ from agent.labels.rows import PendingBatch
 from agent.labels.store import PredictionStore
 from agent.model.classifier import OnnxClassifier, default_model_path
 from tests.support.agent_process import AgentProcess
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresDatabase, PostgresServer
 from tests.support.traffic import Clients
 from tests.support.waiting import wait_until
 
@@ -42,7 +42,7 @@ def pg_store(url: str, **kw: float) -> PredictionStore:
     return s
 
 
-def test_schema_from_an_empty_database_reopen_and_retention(postgres: PostgresServer) -> None:  # noqa: F811
+def test_schema_from_an_empty_database_reopen_and_retention(postgres: PostgresDatabase) -> None:  # noqa: F811
     s = pg_store(postgres.url, max_predictions=100)
     with psycopg.connect(postgres.url) as conn:
         assert conn.execute("SELECT MAX(version) FROM icos_store_schema").fetchone() == (SCHEMA_VERSION,)
@@ -94,7 +94,7 @@ def _config(bundle: Path, durability: str = "batched") -> dict[str, object]:
 
 def test_two_replicas_share_predictions_and_labels(
     tmp_path: Path,
-    postgres: PostgresServer,  # noqa: F811
+    postgres: PostgresDatabase,  # noqa: F811
     mnist_bundle_dir: Path,
     mnist_splits: Splits,
     mnist_model: OnnxClassifier,
@@ -156,7 +156,7 @@ def test_two_replicas_share_predictions_and_labels(
 
 def test_postgres_outage_during_traffic_is_buffered_and_recovered(
     tmp_path: Path,
-    postgres: PostgresServer,  # noqa: F811
+    postgres: PostgresDatabase,  # noqa: F811
     mnist_bundle_dir: Path,
     mnist_splits: Splits,
 ) -> None:
@@ -201,7 +201,7 @@ def test_postgres_outage_during_traffic_is_buffered_and_recovered(
 
 def test_commit_mode_refuses_with_503_while_postgres_is_down(
     tmp_path: Path,
-    postgres: PostgresServer,  # noqa: F811
+    postgres: PostgresDatabase,  # noqa: F811
     mnist_bundle_dir: Path,
     mnist_splits: Splits,
 ) -> None:

@@ -21,7 +21,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.inprocess import RunningServer, start_server
+from tests.support.agents import Agents
+from tests.support.inprocess import RunningServer
 from tests.support.settings import mnist_app
 
 EXAMPLES = int(os.environ.get("ICOS_SCHEMATHESIS_EXAMPLES", "20"))
@@ -30,15 +31,15 @@ HUGE_DIMENSIONS = [[10**30, 1], [2**63], [2**31, 2**31], [-1, 784], [1] * 40]
 
 
 @pytest.fixture(scope="module", params=["serve", "observe"])
-def agent(request: pytest.FixtureRequest, mnist_bundle_dir: Path) -> Iterator[RunningServer]:
-    old = os.environ.pop("ICOS_AGENT_ADMIN_TOKEN", None)
-    srv = start_server(
-        mnist_app(mnist_bundle_dir, request.param, server={"max_body_bytes": 256 * 1024, "max_batch": 16})
-    )
-    yield srv
-    srv.stop()
-    if old is not None:
-        os.environ["ICOS_AGENT_ADMIN_TOKEN"] = old
+def agent(request: pytest.FixtureRequest, module_agents: Agents, mnist_bundle_dir: Path) -> Iterator[RunningServer]:
+    old = os.environ.pop("ICOS_AGENT_ADMIN_TOKEN", None)  # read when the app is made
+    try:
+        yield module_agents.serve(
+            mnist_app(mnist_bundle_dir, request.param, server={"max_body_bytes": 256 * 1024, "max_batch": 16})
+        )
+    finally:
+        if old is not None:
+            os.environ["ICOS_AGENT_ADMIN_TOKEN"] = old
 
 
 def make_hostile(body: Any, how: str) -> Any:

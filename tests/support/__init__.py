@@ -8,8 +8,13 @@
 * :mod:`.v2` — V2 request bodies, CloudEvents headers, requests and label posts;
 * :mod:`.traffic` — concurrent clients recording which predictions were acknowledged;
 * :mod:`.metrics` — a ``/metrics`` exposition, parsed;
-* :mod:`.prometheus`, :mod:`.postgres`, :mod:`.mlflow` — real servers, started and stopped;
+* :mod:`.prometheus`, :mod:`.postgres`, :mod:`.mlflow` — real servers, started and stopped (PostgreSQL: one
+  per test process, a fresh database per test);
 * :mod:`.mounts` — small tmpfs file systems and unwritable directories for fault tests;
 * :mod:`.requirements` — servers and tools a test needs: a skip locally, an error under ``CI=true``;
-* :mod:`.mnist` — the bundle fitted once per session; :mod:`.demo` — the demo run once per session.
+* :mod:`.agents` — agents started for a test or a module and stopped after it (``agents``, ``module_agents``);
+* :mod:`.mnist` — the shared MNIST bundle; :mod:`.digits` — the digits model and its bundle;
+  :mod:`.demo` — the demo; each made once per run (:mod:`.once`, however many xdist workers);
+* :mod:`.batches` — prediction batches for the store's tests;
+* :mod:`.parallel` — the xdist plan: modules that share a fixture stay on one worker, the demo in the background.
 """

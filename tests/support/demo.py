@@ -1,11 +1,12 @@
-"""The demo (``python -m agent demo --quick --no-live``), run once per session for tests/e2e."""
+"""The demo (``python -m agent demo --quick --no-live``), run once per run for tests/e2e."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support.agent_process import clean_env
 
@@ -21,6 +22,14 @@ class DemoRun:
     returncode: int
     stdout: str
     stderr: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as a JSON-able mapping (shared between test processes)."""
+        return {**asdict(self), "state_dir": str(self.state_dir), "report_dir": str(self.report_dir)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DemoRun:
+        return cls(**{**data, "state_dir": Path(data["state_dir"]), "report_dir": Path(data["report_dir"])})
 
 
 def run_demo(root: Path) -> DemoRun:

@@ -1,4 +1,4 @@
-"""The bundle the suite shares: the shipped MNIST CNN fitted once per session (conftest's
+"""The bundle the suite shares: the shipped MNIST CNN fitted once per run (conftest's
 ``mnist_bundle_dir``), with an IDI rule on a ``form`` metadata field (the ICOS paper's example)."""
 
 from __future__ import annotations

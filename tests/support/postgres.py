@@ -1,5 +1,6 @@
 """A throwaway PostgreSQL server for tests and benchmarks: ``initdb`` in a temporary directory and
-``postgres`` on a free loopback port, stopped (and started again) at will.
+``postgres`` on a free loopback port, stopped (and started again) at will; and a database of a test's own
+on a server that a test process shares (:class:`PostgresDatabase`, the ``postgres`` fixture).
 
 Debian's ``postgresql`` package puts the server binaries in ``/usr/lib/postgresql/<version>/bin``
 (requirement ``postgresql``). ``initdb`` refuses to run as root, so as root the cluster belongs to the
@@ -64,6 +65,24 @@ class PostgresServer:
         subprocess.run(self._cmd(*createdb), check=True, capture_output=True, timeout=60)
         return self
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _client(self, program: str, *args: str) -> None:
+        """Run a client program (``createdb``, ``dropdb``) as the cluster's owner over its socket."""
+        cmd = [str(self.bindir / program), "-h", str(self.sock), "-p", str(self.port), "-U", self.USER, *args]
+        subprocess.run(self._cmd(*cmd), check=True, capture_output=True, timeout=60)
+
+    def database(self, name: str) -> PostgresDatabase:
+        """A new, empty database ``name`` (owned by :attr:`USER`) on this server."""
+        self._client("createdb", name)
+        return PostgresDatabase(self, name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop ``name``, disconnecting whoever is still connected to it."""
+        self._client("dropdb", "--force", name)
+
     def _ready(self) -> bool:
         probe = [str(self.bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)]
         if subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode == 0:
@@ -98,6 +117,43 @@ class PostgresServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class PostgresDatabase:
+    """A database of a test's own on a server shared by the tests of one process: the test sees an empty
+    database and leaves nothing behind for the next. :meth:`stop` and :meth:`start` stop and start the
+    whole server (a process runs one test at a time; the ``postgres`` fixture starts it again after a
+    test that left it down)."""
+
+    USER = PostgresServer.USER
+    PASSWORD = PostgresServer.PASSWORD
+
+    def __init__(self, server: PostgresServer, name: str) -> None:
+        self.server = server
+        self.name = name
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.USER}:{self.PASSWORD}@127.0.0.1:{self.server.port}/{self.name}"
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.server.stop(timeout)
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.server.start(timeout)
+
+
+@contextlib.contextmanager
+def fresh_database(server: PostgresServer, name: str) -> Iterator[PostgresDatabase]:
+    """A new database ``name`` on ``server`` for the block; afterwards the server runs again (if the block
+    stopped it) and the database is dropped."""
+    db = server.database(name)
+    try:
+        yield db
+    finally:
+        if not server.running:
+            server.start()
+        server.drop_database(name)
 
 
 @contextlib.contextmanager
