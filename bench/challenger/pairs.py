@@ -1,7 +1,8 @@
 """Model versions with known truth, built as users build them, grouped by data set ("families").
 
-* ``mnist`` (development): the shipped CNN, a narrower CNN, the shipped recipe with another seed and
-  the shipped recipe retrained on drifted data (``train_challengers.py`` beside this file).
+* ``mnist`` (development: the estimator's design was chosen on it): the shipped CNN, a narrower CNN, the
+  shipped recipe with another seed and the shipped recipe retrained on drifted data (``models/``, trained
+  by ``models/train.py``).
 * ``digits`` (held out): the shipped digits CNN and a perceptron of about the same accuracy.
 * ``tabular`` (held out): the estimator benchmark's skl2onnx MLP, the same pipeline with another seed,
   and the pipeline retrained on the training data plus a drifted copy (a third of the features offset
@@ -21,7 +22,8 @@ import numpy as np
 from agent.model.classifier import OnnxClassifier
 from bench.estimators.subjects import Subject, digits, mnist, tabular
 
-HERE = Path(__file__).resolve().parent
+#: The seeded challenger models (``python -m bench.challenger.models.train`` rebuilds them).
+MODELS = Path(__file__).resolve().parent / "models"
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class Family:
 
 
 def _onnx(name: str) -> OnnxClassifier:
-    return OnnxClassifier.load(HERE / f"{name}.onnx", name=name)
+    return OnnxClassifier.load(MODELS / f"{name}.onnx", name=name)
 
 
 def _mnist() -> Family:

@@ -1,6 +1,6 @@
-"""Train the challenger CNNs of the paired-comparison study and export them to ONNX (needs torch).
+"""Train the challenger models of the champion/challenger benchmark and export them to ONNX (needs torch).
 
-Run from the repository root: ``python -m bench.research_paired.train_challengers``. Every model is
+Run from the repository root: ``python -m bench.challenger.models.train [NAME]``. Every model is
 trained on the train split of :func:`agent.data.datasets.mnist_splits` only (validation and test
 never seen), seeded, single-threaded and deterministic, so the ``.onnx`` files beside this script
 are reproduced byte for byte on the same torch build:
@@ -26,7 +26,7 @@ from scipy import ndimage
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parents[1]
+REPO_ROOT = HERE.parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
