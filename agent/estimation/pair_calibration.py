@@ -195,3 +195,24 @@ class PairCalibration:
             int(d.get("rows", 0)),
             float(d.get("disagreement_rate", 0.0)),
         )
+
+
+
+def pair_of_bundle(pair: Mapping[str, Any] | None, champion_sha256: str | None) -> PairCalibration:
+    """The comparison a challenger's bundle holds (its manifest's ``pair``), checked against the champion (its
+    model's digest, when both know one); raises ``ValueError`` saying what is wrong and how to fit one."""
+    if pair is None:
+        raise ValueError(
+            "it holds no comparison with a champion: refit it with `icos-agent fit ... --champion CHAMPION.onnx` "
+            "(or --champion-proba-columns for a table)"
+        )
+    try:
+        out = PairCalibration.from_dict(pair)
+    except TypeError as exc:
+        raise ValueError(f"pair calibration: {exc}") from None
+    if out.champion_sha256 and champion_sha256 and out.champion_sha256 != champion_sha256:
+        raise ValueError(
+            f"it was fitted against champion {out.champion_sha256[:12]}, not this champion ({champion_sha256[:12]}): "
+            "refit it with `icos-agent fit ... --champion` on this one"
+        )
+    return out

@@ -28,6 +28,7 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import headline_estimator
 from agent.estimation.pair_calibration import PairCalibration
+from agent.estimation.pair_calibration import pair_of_bundle as _checked
 from agent.estimation.paired import PairSums
 from agent.estimation.rendering import PairedModel, paired_entry
 from agent.estimation.statistics import WindowStats
@@ -37,23 +38,12 @@ from invariants.compiled import CompiledOracle
 
 
 def pair_of_bundle(bundle: Bundle, where: str, champion_sha256: str | None) -> PairCalibration:
-    """The comparison a challenger's bundle holds, checked against the champion (its model's digest, when
-    both know one); raises :class:`UserError` saying how to fit one."""
-    if bundle.pair is None:
-        raise UserError(
-            f"challenger bundle {where} holds no comparison with a champion: refit it with "
-            "`icos-agent fit ... --champion CHAMPION.onnx` (or --champion-proba-columns for a table)"
-        )
+    """The comparison a challenger's bundle holds, checked against the champion; a :class:`UserError` naming
+    the bundle otherwise."""
     try:
-        pair = PairCalibration.from_dict(bundle.pair)
+        return _checked(bundle.pair, champion_sha256)
     except ValueError as exc:
         raise UserError(f"challenger bundle {where}: {exc}") from None
-    if pair.champion_sha256 and champion_sha256 and pair.champion_sha256 != champion_sha256:
-        raise UserError(
-            f"challenger bundle {where} was fitted against champion {pair.champion_sha256[:12]}, not this champion "
-            f"({champion_sha256[:12]}): refit it with `icos-agent fit ... --champion` on this one"
-        )
-    return pair
 
 
 @dataclass
