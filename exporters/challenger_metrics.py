@@ -175,6 +175,8 @@ class ChallengerMetrics:
         )
         for reason in DROP_REASONS:
             self.dropped.labels(challenger, reason)
+        self._dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._lock = threading.Lock()
         self.cpu = Counter(
             "icos_challenger_cpu_seconds",
             "CPU time of the challenger's thread (its model, its oracle and the paired statistics).",
@@ -196,3 +198,10 @@ class ChallengerMetrics:
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped.labels(self.challenger, reason).inc(n)
+        with self._lock:
+            self._dropped[reason] = self._dropped.get(reason, 0) + n
+
+    def dropped_counts(self) -> dict[str, int]:
+        """Requests dropped so far, by reason (what ``icos_challenger_dropped_total`` counts)."""
+        with self._lock:
+            return dict(self._dropped)

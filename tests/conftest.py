@@ -1,6 +1,7 @@
 """Fixtures and hooks of the whole suite. Helpers live in :mod:`tests.support` (import them from there).
 
-Fixtures: the shipped MNIST CNN, its data split and a bundle fitted once per session; ``run_server``
+Fixtures: the shipped MNIST CNN, its data split and a bundle fitted once per session (and one of a
+challenger of it); ``run_server``
 (agents served in-process, stopped after the test); ``postgres`` (a server of the test's own); the
 demo, run once per session.
 
@@ -21,6 +22,7 @@ import pytest
 from agent.data.datasets import Splits
 from agent.data.datasets import mnist_splits as _mnist_splits
 from agent.model.classifier import OnnxClassifier, default_model_path
+from tests.support.challenger import fit_challenger_bundle
 from tests.support.demo import DemoRun, run_demo
 from tests.support.inprocess import RunningServer, start_server
 from tests.support.mnist import fit_mnist_bundle
@@ -47,6 +49,13 @@ def mnist_bundle_dir(
 ) -> Path:
     """A bundle fitted once per session for the shipped CNN (ADI with 30 trees; IDI on ``form``)."""
     return fit_mnist_bundle(tmp_path_factory.mktemp("mnist-bundle"), mnist_model, mnist_splits)
+
+
+@pytest.fixture(scope="session")
+def challenger_bundle_dir(tmp_path_factory: pytest.TempPathFactory, mnist_splits: Splits) -> Path:
+    """The bundle of the shipped CNN's recipe retrained on drifted data, fitted once per session as the
+    challenger of the shipped CNN (``fit --champion``, :mod:`tests.support.challenger`)."""
+    return fit_challenger_bundle(tmp_path_factory.mktemp("challenger-bundle"), mnist_splits, default_model_path())
 
 
 @pytest.fixture
