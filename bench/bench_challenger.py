@@ -18,7 +18,9 @@ Exits 1 when a target fails.
         [--labels 100] [--seed 0] [--scenarios] [--json FILE] [--out docs/challenger.md]
 
 ``--quick``: the digits and tabular families, 6 windows per scenario and 24 corrupted copies per pair (about
-a minute; the integration test runs it).
+a minute; the integration test runs it). ``--example`` runs docs/challenger.md's worked example instead
+(:mod:`bench.challenger.example`: ``icos-agent fit`` and ``check --challenger`` as a user runs them) and, with
+``--out``, writes its block.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from bench.challenger.example import example
 from bench.challenger.pairs import FAMILIES
 from bench.challenger.report import Summary
 from bench.challenger.run import Record, run_family
@@ -39,6 +42,7 @@ from bench.generated_docs import provenance, write_block
 ROOT = Path(__file__).resolve().parents[1]
 #: The block of docs/challenger.md this benchmark rewrites (``--out docs/challenger.md``).
 DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_challenger --out docs/challenger.md -->"
+EXAMPLE_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_challenger --example --out docs/challenger.md -->"
 
 
 def _say(message: str) -> None:
@@ -56,7 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", action="store_true", help="also print every (pair, scenario)")
     ap.add_argument("--json", type=Path, default=None, help="write every record here")
     ap.add_argument("--out", type=Path, default=None, help="also write the tables into this page (docs/challenger.md)")
+    ap.add_argument("--example", action="store_true", help="run the worked example of docs/challenger.md instead")
     args = ap.parse_args(argv)
+    if args.example:
+        text = example()
+        print(text)
+        if args.out is not None:
+            command = f"python -m bench.bench_challenger --example --out {args.out}"
+            write_block(args.out, EXAMPLE_BEGIN, provenance(command, ROOT) + "\n\n" + text)
+        return 0
     names = (args.families or ("digits,tabular" if args.quick else ",".join(FAMILIES))).split(",")
     unknown = [n for n in names if n not in FAMILIES]
     if unknown or args.size < 2 or args.labels < 1:

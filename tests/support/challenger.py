@@ -10,22 +10,13 @@ import numpy as np
 
 from agent.cli import main
 from agent.data.datasets import Splits
+from bench.challenger.example import drifted
+
+__all__ = ["CHALLENGER_MODEL", "drifted", "fit_challenger_bundle"]
 
 #: The challenger: the shipped recipe retrained on the training split plus a drifted copy of it
 #: (``python -m bench.challenger.models.train mnist_drift`` rebuilds it).
 CHALLENGER_MODEL = Path(__file__).resolve().parents[2] / "bench" / "challenger" / "models" / "mnist_drift.onnx"
-
-
-def drifted(x: np.ndarray, seed: int = 3, degrees: float = 35.0) -> np.ndarray:
-    """MNIST images rotated by up to ``degrees`` (one draw per image, seeded): the champion loses accuracy
-    there, the challenger less."""
-    from scipy import ndimage
-
-    rng = np.random.default_rng(seed)
-    out = np.empty_like(x)
-    for i, img in enumerate(x[:, 0]):
-        out[i, 0] = np.clip(ndimage.rotate(img, rng.uniform(-degrees, degrees), reshape=False, order=1), 0, 255)
-    return out.astype(np.float32)
 
 
 def fit_challenger_bundle(root: Path, splits: Splits, champion: Path, shift_sets: int = 24) -> Path:
