@@ -103,7 +103,7 @@ class ChallengerCollector(SnapshotCollector[ChallengerSnapshot]):
             for role, side in (("champion", w.champion), ("challenger", w.challenger)):
                 if side is not None:
                     _add(acc, [*lv, role, side.estimator], side)
-        yield from (*diff, *acc, agreement, samples)
+        yield from (f for f in (*diff, *acc, agreement, samples) if f.samples)  # the fleet has no headlines
 
 
 def _bounded(name: str, what: str, labels: list[str]) -> tuple[GaugeMetricFamily, ...]:
