@@ -38,7 +38,7 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.os_threads import name_os_thread
 from agent.errors import UserError
-from agent.estimation.pair_calibration import PairCalibration, pair_of_bundle
+from agent.estimation.pair_calibration import Disagreements, PairCalibration, pair_of_bundle
 from agent.estimation.paired import PairSums
 from agent.estimation.rendering import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
 from agent.estimation.statistics import WindowStats, extras_from_columns, sample_extras
@@ -240,11 +240,8 @@ class Challenger:
             t0 = time.thread_time()
             try:
                 self.process(take)
-            except Exception:  # the challenger fails alone: its requests go on to the store unpaired
-                log.exception("the challenger failed on %d request(s); they are not paired", len(take))
-                self.metrics.drop("error", len(take))
-                for batch in take:
-                    self._hand_on(batch, None)
+            except Exception:  # a bug: the thread goes on with the next requests
+                log.exception("the challenger's thread raised on %d request(s)", len(take))
             finally:
                 self.metrics.cpu.inc(time.thread_time() - t0)
                 self._release(take)
@@ -281,32 +278,59 @@ class Challenger:
         return out
 
     def process(self, batches: Sequence[JudgedBatch]) -> None:
-        """Predict, judge and record paired requests (the thread's work; called directly by tests)."""
-        done = self._predict(batches)
+        """Predict, judge and record paired requests (the thread's work; called directly by tests). A request
+        whose recording fails is handed on unpaired, alone."""
+        try:
+            done = self._predict(batches)
+        except Exception:  # the challenger fails alone: its requests go on to the store unpaired
+            log.exception("the challenger failed on %d request(s); they are not paired", len(batches))
+            self.metrics.drop("error", len(batches))
+            for batch in batches:
+                self._hand_on(batch, None)
+            return
         per_class = len(self.runtime.classes) <= self.per_class_cap
         for p in done:
-            b, w = p.batch, p.work
-            if self._identity != b.rt.identity:  # a reload to another champion model or bundle
-                if self._identity is not None:
-                    self.windows.reset()
-                    if self.draws is not None:
-                        self.draws.reset()
-                self._identity = b.rt.identity
-            self._champion = (b.rt.name, b.rt.version)
-            dis = self.pair.disagreements(b.probabilities, w.probabilities, b.predicted, w.predicted)
-            sums = PairSums.of_disagreements(w.n, dis)
-            verdicts = w.verdicts_or_raise()
-            extras = sample_extras(self.runtime.calibration, w.probabilities, w.predicted, w.features, w.tdi_rules)
-            challenger = _stats(self.runtime, w.probabilities, w.predicted, verdicts, extras, per_class)
-            self.windows.record(PairedStats(_champion_stats(b, per_class), challenger, sums), b.timestamp)
-            self.metrics.predictions.labels(b.rt.name, b.rt.version, self.config.version).inc(w.n)
-            self.metrics.stats.add((b.rt.name, b.rt.version, self.runtime.bundle_label), sums.items())
-            prefer = self.draws.preference(w.n, dis.rows) if self.draws is not None and self.forward else None
-            drawn, pi = self._hand_on(b, prefer)
-            if self.draws is not None:
-                self.draws.remember(
-                    b.request_id, b.timestamp, drawn, pi, dis.rows, b.predicted[dis.rows], w.predicted[dis.rows], dis.g
-                )
+            try:
+                dis = self._record(p, per_class)
+            except Exception:
+                log.exception("the challenger could not record request %s; it is not paired", p.batch.request_id)
+                self.metrics.drop("error")
+                self._hand_on(p.batch, None)
+                continue
+            try:
+                self._label(p, dis)
+            except Exception:  # already in the windows; the labels of its disagreements are not preferred
+                log.exception("the challenger could not hand request %s on to the labeling sample", p.batch.request_id)
+
+    def _record(self, p: _Predicted, per_class: bool) -> Disagreements:
+        """Add one paired request to the windows and the metrics; its disagreements."""
+        b, w = p.batch, p.work
+        if self._identity != b.rt.identity:  # a reload to another champion model or bundle
+            if self._identity is not None:
+                self.windows.reset()
+                if self.draws is not None:
+                    self.draws.reset()
+            self._identity = b.rt.identity
+        dis = self.pair.disagreements(b.probabilities, w.probabilities, b.predicted, w.predicted)
+        sums = PairSums.of_disagreements(w.n, dis)
+        verdicts = w.verdicts_or_raise()
+        extras = sample_extras(self.runtime.calibration, w.probabilities, w.predicted, w.features, w.tdi_rules)
+        challenger = _stats(self.runtime, w.probabilities, w.predicted, verdicts, extras, per_class)
+        self.windows.record(PairedStats(_champion_stats(b, per_class), challenger, sums), b.timestamp)
+        self.metrics.predictions.labels(b.rt.name, b.rt.version, self.config.version).inc(w.n)
+        self.metrics.stats.add((b.rt.name, b.rt.version, self.runtime.bundle_label), sums.items())
+        return dis
+
+    def _label(self, p: _Predicted, dis: Disagreements) -> None:
+        """Hand the champion's request on to the labeling sample, preferring its disagreements, and remember
+        those drawn."""
+        b, w = p.batch, p.work
+        prefer = self.draws.preference(w.n, dis.rows) if self.draws is not None and self.forward else None
+        drawn, pi = self._hand_on(b, prefer)
+        if self.draws is not None:
+            self.draws.remember(
+                b.request_id, b.timestamp, drawn, pi, dis.rows, b.predicted[dis.rows], w.predicted[dis.rows], dis.g
+            )
 
     def on_labels(self, labels: list[tuple[str, int]], outcome: Any) -> None:
         """Labels applied by the label intake: those of drawn disagreements give them their outcome."""

@@ -58,10 +58,12 @@ class DisagreementDraws:
         disagreements ``rows``, 0 elsewhere (None: no preference)."""
         if self.budget is None:
             return None
+        out = np.zeros(n)
+        if not len(rows):  # the budget counts disagreements only
+            return out
         t = time.monotonic() if now is None else now
         with self._lock:
             pi = self.budget.probabilities(np.full(len(rows), 0.5), t)
-        out = np.zeros(n)
         out[rows] = pi
         return out
 

@@ -22,6 +22,8 @@ def _outcome(unknown: list[str] = (), duplicate: list[str] = ()) -> LabelOutcome
 def test_a_preference_is_the_budget_on_the_disagreements_and_nothing_elsewhere() -> None:
     start = time.monotonic()  # the budget's clock
     draws = DisagreementDraws(per_window=10, window_seconds=100.0, max_kept=1000, max_age_seconds=3600)
+    none = draws.preference(3, np.zeros(0, dtype=np.int64), now=start + 0.5)  # no disagreement seen yet
+    assert none is not None and np.all(none == 0)
     prefer = draws.preference(6, np.array([1, 4]), now=start + 1.0)
     assert prefer is not None and prefer.shape == (6,)
     assert np.all(prefer[[0, 2, 3, 5]] == 0) and np.all(prefer[[1, 4]] > 0) and prefer[1] == prefer[4]
