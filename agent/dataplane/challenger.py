@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,9 @@ log = logs.get("challenger")
 
 #: Requests the challenger's thread takes at most per model call.
 MAX_BATCH_REQUESTS = 64
+#: Seconds the thread waits, once a request arrived, for more to predict and record together (as the judge
+#: queue lingers): a model, oracle and window update per call, not per request.
+LINGER_SECONDS = 0.05
 #: Seconds the thread takes at most to predict what is queued when the agent stops.
 STOP_SECONDS = 10.0
 #: Hands a champion's judged request on to the labeling sample (with a preference per prediction); returns
@@ -105,23 +108,6 @@ def _stats(
         stats.add_class_sums(probabilities, predicted)
     stats.add_predictor_sums(rt.calibration, conf, verdicts)
     return stats
-
-
-def _champion_stats(batch: JudgedBatch, per_class: bool) -> WindowStats:
-    extras = None
-    if batch.extras is not None:
-        extras = replace(extras_from_columns(batch.extras), label=np.asarray(batch.predicted, dtype=np.int64))
-    return _stats(
-        batch.rt, batch.probabilities, batch.predicted, np.asarray(batch.verdicts, np.int8), extras, per_class
-    )
-
-
-@dataclass(frozen=True)
-class _Predicted:
-    """The challenger's judged predictions of one paired request."""
-
-    batch: JudgedBatch
-    work: JudgeWork
 
 
 class Challenger:
@@ -235,6 +221,12 @@ class Challenger:
                     self._cond.wait()
                 if not self._queue:
                     return
+                deadline = time.monotonic() + LINGER_SECONDS  # more requests per model and oracle call
+                while not self._stopping and len(self._queue) < MAX_BATCH_REQUESTS:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 take = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH_REQUESTS))]
                 self.metrics.queue.set(len(self._queue))
             t0 = time.thread_time()
@@ -256,9 +248,9 @@ class Challenger:
                     self._held.pop(b.request_id, None)
 
     # -- the work --------------------------------------------------------------------------------------
-    def _predict(self, batches: Sequence[JudgedBatch]) -> list[_Predicted]:
+    def _predict(self, batches: Sequence[JudgedBatch]) -> list[JudgeWork]:
         """The challenger's model on every request's inputs (one call where their shapes allow), its oracle on
-        the predictions (one call for the requests without metadata)."""
+        the predictions (one call for the requests without metadata); one judged work per request."""
         rt = self.runtime
         classifier = rt.classifier
         assert classifier is not None
@@ -267,70 +259,90 @@ class Challenger:
         pred = classifier.predict_prepared(x)
         self.metrics.inference.observe(time.perf_counter() - t0)
         features = classifier.features(x, pred)
-        out, start = [], 0
+        works, start = [], 0
         for b in batches:
-            n = len(b.predicted)
-            rows = slice(start, start + n)
-            start += n
-            work = JudgeWork(rt, features[rows], pred.probabilities[rows], pred.predicted[rows], b.metadata, None)
-            out.append(_Predicted(b, work))
-        judge([p.work for p in out])
-        return out
+            rows = slice(start, start + len(b.predicted))
+            start += len(b.predicted)
+            works.append(
+                JudgeWork(rt, features[rows], pred.probabilities[rows], pred.predicted[rows], b.metadata, None)
+            )
+        judge(works)
+        return works
 
     def process(self, batches: Sequence[JudgedBatch]) -> None:
-        """Predict, judge and record paired requests (the thread's work; called directly by tests). A request
-        whose recording fails is handed on unpaired, alone."""
+        """Predict, judge and record paired requests (the thread's work; called directly by tests): their
+        statistics added once per champion runtime, then each request handed on to the labeling sample. Requests
+        whose prediction or recording fails are handed on unpaired, never twice."""
         try:
-            done = self._predict(batches)
+            works = self._predict(batches)
         except Exception:  # the challenger fails alone: its requests go on to the store unpaired
             log.exception("the challenger failed on %d request(s); they are not paired", len(batches))
             self.metrics.drop("error", len(batches))
             for batch in batches:
                 self._hand_on(batch, None)
             return
-        per_class = len(self.runtime.classes) <= self.per_class_cap
-        for p in done:
+        groups: dict[int, list[int]] = {}
+        for i, b in enumerate(batches):  # one group per champion runtime (a reload may fall in between)
+            groups.setdefault(id(b.rt), []).append(i)
+        for rows in groups.values():
+            group = [(batches[i], works[i]) for i in rows]
             try:
-                dis = self._record(p, per_class)
+                dis, offsets = self._record(group)
             except Exception:
-                log.exception("the challenger could not record request %s; it is not paired", p.batch.request_id)
-                self.metrics.drop("error")
-                self._hand_on(p.batch, None)
+                log.exception("the challenger could not record %d request(s); they are not paired", len(group))
+                self.metrics.drop("error", len(group))
+                for b, _ in group:
+                    self._hand_on(b, None)
                 continue
-            try:
-                self._label(p, dis)
-            except Exception:  # already in the windows; the labels of its disagreements are not preferred
-                log.exception("the challenger could not hand request %s on to the labeling sample", p.batch.request_id)
+            for k, (b, w) in enumerate(group):
+                try:
+                    self._label(b, w, dis, int(offsets[k]))
+                except Exception:  # in the windows already; its disagreements are not preferred for labels
+                    log.exception("the challenger could not hand request %s on to the labeling sample", b.request_id)
 
-    def _record(self, p: _Predicted, per_class: bool) -> Disagreements:
-        """Add one paired request to the windows and the metrics; its disagreements."""
-        b, w = p.batch, p.work
-        if self._identity != b.rt.identity:  # a reload to another champion model or bundle
+    def _record(self, group: Sequence[tuple[JudgedBatch, JudgeWork]]) -> tuple[Disagreements, np.ndarray]:
+        """Add paired requests of one champion runtime to the windows and the metrics, together; their
+        disagreements and where each request starts in them."""
+        rt = group[0][0].rt
+        if self._identity != rt.identity:  # a reload to another champion model or bundle
             if self._identity is not None:
                 self.windows.reset()
                 if self.draws is not None:
                     self.draws.reset()
-            self._identity = b.rt.identity
-        dis = self.pair.disagreements(b.probabilities, w.probabilities, b.predicted, w.predicted)
-        sums = PairSums.of_disagreements(w.n, dis)
-        verdicts = w.verdicts_or_raise()
-        extras = sample_extras(self.runtime.calibration, w.probabilities, w.predicted, w.features, w.tdi_rules)
-        challenger = _stats(self.runtime, w.probabilities, w.predicted, verdicts, extras, per_class)
-        self.windows.record(PairedStats(_champion_stats(b, per_class), challenger, sums), b.timestamp)
-        self.metrics.predictions.labels(b.rt.name, b.rt.version, self.config.version).inc(w.n)
-        self.metrics.stats.add((b.rt.name, b.rt.version, self.runtime.bundle_label), sums.items())
-        return dis
+            self._identity = rt.identity
+        bs, ws = [b for b, _ in group], [w for _, w in group]
+        offsets = np.cumsum([0, *(len(b.predicted) for b in bs)])
+        pa, la = np.concatenate([b.probabilities for b in bs]), np.concatenate([b.predicted for b in bs])
+        pb, lb = np.concatenate([w.probabilities for w in ws]), np.concatenate([w.predicted for w in ws])
+        dis = self.pair.disagreements(pa, pb, la, lb)
+        per_class = len(self.runtime.classes) <= self.per_class_cap
+        extras_a = None
+        if all(b.extras is not None for b in bs):
+            cols = np.concatenate([b.extras for b in bs if b.extras is not None])
+            extras_a = replace(extras_from_columns(cols), label=np.asarray(la, dtype=np.int64))
+        verdicts_a = np.concatenate([np.asarray(b.verdicts, dtype=np.int8) for b in bs])
+        champion = _stats(rt, pa, la, verdicts_a, extras_a, per_class)
+        rules = [w.tdi_rules for w in ws if w.tdi_rules is not None]
+        tdi: np.ndarray | None = np.concatenate(rules) if len(rules) == len(ws) else None
+        features = np.concatenate([w.features for w in ws])
+        extras_b = sample_extras(self.runtime.calibration, pb, lb, features, tdi)
+        verdicts_b = np.concatenate([np.asarray(w.verdicts_or_raise(), dtype=np.int8) for w in ws])
+        challenger = _stats(self.runtime, pb, lb, verdicts_b, extras_b, per_class)
+        sums = PairSums.of_disagreements(len(pa), dis)
+        self.windows.record(PairedStats(champion, challenger, sums), max(b.timestamp for b in bs))
+        self.metrics.predictions.labels(rt.name, rt.version, self.config.version).inc(len(pa))
+        self.metrics.stats.add((rt.name, rt.version, self.runtime.bundle_label), sums.items())
+        return dis, offsets
 
-    def _label(self, p: _Predicted, dis: Disagreements) -> None:
-        """Hand the champion's request on to the labeling sample, preferring its disagreements, and remember
-        those drawn."""
-        b, w = p.batch, p.work
-        prefer = self.draws.preference(w.n, dis.rows) if self.draws is not None and self.forward else None
+    def _label(self, b: JudgedBatch, w: JudgeWork, dis: Disagreements, start: int) -> None:
+        """Hand one champion request on to the labeling sample, preferring its disagreements (those of ``dis``
+        from ``start`` on, within the request), and remember those drawn."""
+        inside = (dis.rows >= start) & (dis.rows < start + w.n)
+        rows, g = dis.rows[inside] - start, dis.g[inside]
+        prefer = self.draws.preference(w.n, rows) if self.draws is not None and self.forward else None
         drawn, pi = self._hand_on(b, prefer)
         if self.draws is not None:
-            self.draws.remember(
-                b.request_id, b.timestamp, drawn, pi, dis.rows, b.predicted[dis.rows], w.predicted[dis.rows], dis.g
-            )
+            self.draws.remember(b.request_id, b.timestamp, drawn, pi, rows, b.predicted[rows], w.predicted[rows], g)
 
     def on_labels(self, labels: list[tuple[str, int]], outcome: Any) -> None:
         """Labels applied by the label intake: those of drawn disagreements give them their outcome."""
