@@ -139,6 +139,7 @@ class Challenger:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._idle = False  # the thread waits for work (a new request must wake it)
         self._identity: str | None = None
         #: the champion (name, version) of the last paired request (the metrics' labels)
         self._champion = ("", "")
@@ -168,7 +169,9 @@ class Challenger:
                 full = False
                 self._queue.append(batch)
                 self._held[batch.request_id] += 1
-                self._cond.notify()
+                if self._idle or len(self._queue) >= MAX_BATCH_REQUESTS:  # a lingering thread needs no wake-up
+                    self._idle = False
+                    self._cond.notify()
             self.metrics.queue.set(len(self._queue))
         if full:
             self.metrics.drop("queue_full" if not self._stopping else "stopping")
@@ -218,7 +221,9 @@ class Challenger:
         while True:
             with self._cond:
                 while not self._queue and not self._stopping:
+                    self._idle = True
                     self._cond.wait()
+                self._idle = False
                 if not self._queue:
                     return
                 deadline = time.monotonic() + LINGER_SECONDS  # more requests per model and oracle call
