@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry
 
 from agent.data.datasets import Splits
 from agent.dataplane.challenger import Challenger, load_challenger
-from agent.model.classifier import OnnxClassifier
+from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.server.app import create_app
 from exporters.challenger_metrics import ChallengerMetrics
 from tests.support.challenger import CHALLENGER_MODEL, drifted
 from tests.support.inprocess import RunningServer, settle
 from tests.support.metrics import scrape
-from tests.support.settings import WINDOWS_5M_1H, mnist_app, mnist_settings
+from tests.support.settings import WINDOWS_5M_1H, mnist_app, mnist_settings, upstream_app
 from tests.support.v2 import estimates, post_labels, send_traffic
 from tests.support.waiting import poll
 
@@ -159,6 +159,29 @@ def test_in_observe_mode_the_challenger_runs_on_the_observed_inputs(
         assert r.status_code in (200, 202), r.text
     window = _paired(srv.url, 200)
     assert window["disagreements"] == int((traffic["champion"][:200] != traffic["challenger"][:200]).sum())
+
+
+def test_in_proxy_mode_the_challenger_runs_on_the_forwarded_inputs(
+    run_server: Callable[..., RunningServer],
+    mnist_bundle_dir: Path,
+    challenger_bundle_dir: Path,
+    traffic: dict[str, np.ndarray],
+) -> None:
+    """The champion answers from the upstream; the challenger runs here on the inputs the agent forwarded."""
+    up = run_server(upstream_app(mnist_bundle_dir))
+    proxy = mnist_app(
+        mnist_bundle_dir,
+        "proxy",
+        model={"name": "mnist", "path": str(default_model_path())},
+        upstream={"url": up.url, "model_name": "mnist-upstream"},
+        labels={"enabled": False},
+        challenger=_challenger(challenger_bundle_dir),
+    )
+    srv = run_server(proxy)
+    sent = send_traffic(srv.url, traffic["x"][:300])
+    np.testing.assert_array_equal(sent["labels"], traffic["champion"][:300])
+    window = _paired(srv.url, 300)
+    assert window["disagreements"] == int((traffic["champion"][:300] != traffic["challenger"][:300]).sum())
 
 
 def test_a_full_queue_drops_and_counts_and_the_champion_never_waits(
