@@ -283,13 +283,7 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         "stage_seconds": stage_seconds,
     }
     if report.pair is not None:
-        pair = report.pair
-        summary["champion"] = {
-            "sha256": pair.champion_sha256,
-            "disagreement_rate": pair.disagreement_rate,
-            "corrupted_sets": pair.corrupted_sets,
-            "model_error": list(pair.error),
-        }
+        summary["champion"] = _champion_summary(report.pair)
     if args.mlflow:
         run = log_fit(
             summary,
@@ -326,10 +320,23 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
             model_only = ", ".join(s.name for s in estimator_specs() if s.needs_model)
             print(f"  headline estimator: {summary['headline']} ({model_only} needs the model to perturb inputs)")
         if report.pair is not None:
-            p = report.pair
-            print(
-                f"  challenger of the champion: they disagree on {p.disagreement_rate:.1%} of the validation rows; "
-                f"comparison calibrated on {p.corrupted_sets} corrupted copies"
-            )
+            print(_champion_line(report.pair))
         print(f"  took {summary['seconds']} s")
     return 0
+
+
+def _champion_summary(pair: Any) -> dict[str, Any]:
+    """``fit --json``'s ``champion``: the comparison with the champion recorded in the bundle."""
+    return {
+        "sha256": pair.champion_sha256,
+        "disagreement_rate": pair.disagreement_rate,
+        "corrupted_sets": pair.corrupted_sets,
+        "model_error": list(pair.error),
+    }
+
+
+def _champion_line(pair: Any) -> str:
+    return (
+        f"  challenger of the champion: they disagree on {pair.disagreement_rate:.1%} of the validation rows; "
+        f"comparison calibrated on {pair.corrupted_sets} corrupted copies"
+    )
