@@ -25,13 +25,10 @@ import torch
 from scipy import ndimage
 from torch import nn
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from agent.data.datasets import Split, digits_splits, mnist_splits
+from models.train_cnn import RECIPES, MnistCnn, Recipe, Scale, export, train
 
-from agent.data.datasets import Split, digits_splits, mnist_splits  # noqa: E402
-from models.train_cnn import RECIPES, MnistCnn, Recipe, Scale, export, train  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 class SmallCnn(nn.Module):
