@@ -26,9 +26,13 @@ ratios; proxy mode's added p50 (target ≤ 1 ms); then the agent's resident memo
 (target ≤ 300 MB) and its time from process start to ready (target ≤ 3 s), and whether mlflow was
 imported on the serve path (it must not be).
 
+``--challenger-share S`` (with ``--model mnist``) measures instead what a challenger on a share ``S`` of the
+requests costs the champion (its serving CPU per request and p50 latency, target: within 5%) and itself, per
+prediction (:mod:`bench.serving_challenger`); ``--out`` then writes docs/challenger.md's block.
+
     .venv/bin/python -m bench.bench_serving [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
         [--model mnist|resnet|resnet224|all] [--protocol http|grpc|both] [--no-proxy]
-        [--server-cpus 0-7 --client-cpus 8-15]
+        [--server-cpus 0-7 --client-cpus 8-15] [--challenger-share 0.1 [--challenger-bundle DIR]]
     .venv/bin/python -m bench serving
 """
 
@@ -52,6 +56,8 @@ import numpy as np
 from bench.generated_docs import provenance, write_block
 from bench.grpc_load import drive_grpc, grpc_request
 from bench.http_exchange import exchange
+from bench.serving_challenger import fit_challenger_bundle, measure_challenger
+from bench.serving_challenger import report as challenger_report
 from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy
 from bench.serving_report import THREAD_GROUPS, markdown, print_results
 
@@ -270,6 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resnet224-bundle", help="bundle directory for the 224×224 ResNet (default: fit one)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-mode measurement")
     ap.add_argument(
+        "--challenger-share",
+        type=float,
+        metavar="S",
+        help="with --model mnist: measure the champion's cost with a challenger on this share of its requests "
+        "(and the challenger's own) instead",
+    )
+    ap.add_argument("--challenger-bundle", help="the challenger's bundle, fitted with --champion (default: fit one)")
+    ap.add_argument(
         "--out",
         type=Path,
         metavar="DOC",
@@ -286,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
     env["ICOS_AGENT_ORT_THREADS"] = "1"
+    if args.challenger_share is not None:
+        return run_challenger(args, argv, env, pin)
     names = list(MODELS) if args.model == "all" else [args.model]
     bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle, "resnet224": args.resnet224_bundle}
     everything = {name: run_model(args, MODELS[name], bundles[name], env, pin) for name in names}
@@ -299,6 +315,47 @@ def main(argv: list[str] | None = None) -> int:
     for name, results in everything.items():
         print(f"== model {name} ({MODELS[name].file_name}) ==")
         print_results(results)
+    return 0
+
+
+#: The block of docs/challenger.md the challenger setting rewrites (``--challenger-share 0.1 --out ...``).
+CHALLENGER_DOC_BEGIN = (
+    "<!-- BEGIN GENERATED: python -m bench.bench_serving --model mnist --challenger-share 0.1 "
+    "--out docs/challenger.md -->"
+)
+
+
+def run_challenger(args: argparse.Namespace, argv: list[str] | None, env: dict[str, str], pin: Any) -> int:
+    """The challenger setting (:mod:`bench.serving_challenger`)."""
+    if args.model != "mnist" or not 0 < args.challenger_share <= 1:
+        print("error: --challenger-share in (0, 1] applies to --model mnist", file=sys.stderr)
+        return 2
+    bm = MODELS["mnist"]
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = ensure_bundle(args.bundle, Path(tmp))
+        if args.challenger_bundle:
+            challenger = Path(args.challenger_bundle)
+        else:
+            challenger = fit_challenger_bundle(Path(tmp) / "challenger", bm.path)
+        results = measure_challenger(
+            lambda cfg, name: start_agent(cfg, Path(tmp) / name, env, pin),
+            stop_process,
+            _drive,
+            cpu_seconds,
+            request_bytes,
+            lambda port: agent_config("serve", bm, bundle, port, None),
+            (free_port(), free_port()),
+            challenger,
+            bm.data().test.x,
+            share=args.challenger_share,
+            seconds=args.seconds,
+            rounds=args.rounds,
+        )
+    text = challenger_report(results)
+    if args.out is not None:
+        command = "python -m bench.bench_serving " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_block(args.out, CHALLENGER_DOC_BEGIN, provenance(command, ROOT) + "\n\n" + text)
+    print(json.dumps(results, indent=2) if args.json else text)
     return 0
 
 

@@ -18,7 +18,9 @@ Files (DESIGN.md, "Invariant bundle"):
   inputs: name, V2 datatype and shape per sample of each, for models other than a single numeric
   input), ``feature_view`` (what the invariants read of a sample: chosen at ``fit`` and interpreted
   by the agent; without it, the single input's raw values) and ``preprocess`` (how an image file
-  became the model's input at ``fit``: size, scale, mean/std, layout; the same at ``check``);
+  became the model's input at ``fit``: size, scale, mean/std, layout; the same at ``check``) and ``pair``
+  (a challenger's comparison with a champion, fitted with ``fit --champion``: the champion's digest and
+  the paired difference's calibration, a JSON object the agent interprets);
 * ``idi.yaml`` — only when IDIs exist;
 * ``tdi.json`` — the tree arrays and the leaf table;
 * ``adi.onnx`` — the random forest.
@@ -171,6 +173,9 @@ class Bundle:
     feature_view: dict[str, Any] | None = None
     #: how image files became the model's input at fit (a JSON object the agent interprets)
     preprocess: dict[str, Any] | None = None
+    #: this model as a challenger of a champion: the paired difference's calibration (a JSON object the
+    #: agent interprets)
+    pair: dict[str, Any] | None = None
 
     @classmethod
     def from_fitted(
@@ -241,6 +246,8 @@ class Bundle:
             manifest["feature_view"] = dict(self.feature_view)
         if self.preprocess is not None:
             manifest["preprocess"] = dict(self.preprocess)
+        if self.pair is not None:
+            manifest["pair"] = dict(self.pair)
         manifest["manifest_sha256"] = _manifest_digest(manifest)
         return manifest
 
@@ -383,6 +390,7 @@ class Bundle:
             inputs=manifest.get("inputs"),
             feature_view=manifest.get("feature_view"),
             preprocess=manifest.get("preprocess"),
+            pair=manifest.get("pair"),
         )
 
 
@@ -464,7 +472,7 @@ def _check_manifest_types(manifest: Mapping[str, Any]) -> None:
         )
     ):
         raise bad("inputs", "a list of {name, datatype, shape} objects")
-    for key in ("feature_view", "preprocess"):
+    for key in ("feature_view", "preprocess", "pair"):
         if key in manifest and not isinstance(manifest[key], dict):
             raise bad(key, "an object")
     if "decision_threshold" in manifest:

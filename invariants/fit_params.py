@@ -295,6 +295,24 @@ class CalibrationPlan:
     support: float = 0.95
     """Share of the resamples in which a candidate must beat the default headline to replace it."""
 
+    # -- a challenger's pair with its champion (``fit --champion``) ----------------------------------
+    pair_folds: int = 5
+    """Groups of corruption kinds held out in turn: the disagreement model refitted without each, and
+    windows of the held-out kinds give the paired difference's model-error term (out of kind, as a live
+    drift is)."""
+
+    pair_windows_per_fold: int = 400
+    """Windows drawn from the held-out kinds per fold (one kind each, a fifth clean, a third under a
+    random class prior): enough for a 99% quantile per disagreement-rate bin."""
+
+    pair_window_size: tuple[int, int] = (300, 1600)
+    """Smallest and largest window of paired predictions the model-error term is measured on."""
+
+    pair_error_level: float = 0.99
+    """Quantile of the model error per disagreement-rate bin: the 95% interval of the difference then
+    holds on more than 95% of held-out windows (at 0.95 it called the wrong version better on 1% of
+    windows, at 0.99 on 0.3%: python -m bench.bench_challenger)."""
+
     def sets_for(self, corruptions: int) -> int:
         """Corrupted copies when ``fit --shift-sets`` does not say: :attr:`sets_per_corruption` per
         corruption, at least :attr:`min_sets`."""

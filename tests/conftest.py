@@ -1,9 +1,9 @@
 """Fixtures and hooks of the whole suite. Helpers live in :mod:`tests.support` (import them from there).
 
-Fixtures: the shipped MNIST CNN, its data split and a bundle fitted once per run; ``run_server``
-(apps served in-process, stopped after the test); ``agents`` and ``module_agents`` (agents in-process or
-as processes, stopped after the test or the module); ``postgres`` (a database of the test's own on a
-server shared by the process's tests); the demo, run once per run.
+Fixtures: the shipped MNIST CNN, its data split and a bundle fitted once per run (and one of a
+challenger of it); ``run_server`` (apps served in-process, stopped after the test); ``agents`` and
+``module_agents`` (agents in-process or as processes, stopped after the test or the module); ``postgres``
+(a database of the test's own on a server shared by the process's tests); the demo, run once per run.
 
 Hooks: ``@pytest.mark.needs("promtool")`` probes a requirement before the test (it skips without it);
 under ``CI=true`` every skip is an error naming what was missing and the ``make`` step that installs
@@ -24,6 +24,7 @@ from agent.data.datasets import Splits
 from agent.data.datasets import mnist_splits as _mnist_splits
 from agent.model.classifier import OnnxClassifier, default_model_path
 from tests.support.agents import Agents
+from tests.support.challenger import fit_challenger_bundle
 from tests.support.demo import DemoRun, run_demo
 from tests.support.digits import fit_digits_logreg
 from tests.support.inprocess import RunningServer, start_server
@@ -68,6 +69,18 @@ def digits_logreg(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made once per run (read-only); :mod:`tests.support.digits`."""
     made = once_per_run(tmp_path_factory, "digits-logreg", fit_digits_logreg)
     return {name: Path(path) for name, path in made.items()}
+
+
+@pytest.fixture(scope="session")
+def challenger_bundle_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The bundle of the shipped CNN's recipe retrained on drifted data, fitted once per run as the
+    challenger of the shipped CNN (``fit --champion``, :mod:`tests.support.challenger`; read-only)."""
+
+    def fit(root: Path) -> dict[str, Any]:
+        splits = request.getfixturevalue("mnist_splits")
+        return {"bundle": str(fit_challenger_bundle(root, splits, default_model_path()))}
+
+    return Path(once_per_run(tmp_path_factory, "challenger-bundle", fit)["bundle"])
 
 
 @pytest.fixture

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from agent.commands.data_args import add_limit_arguments, data_limits, image_reading, metadata_to_read
-from agent.commands.model_args import add_model_arguments, load_model
+from agent.commands.model_args import add_model_arguments, load_model, split_columns
 from agent.errors import UserError
+
+if TYPE_CHECKING:
+    from agent.offline.paired_check import ChallengerCheck
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -39,6 +43,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=int,
         default=16384,
         help="table-based bundles: rows read at once (bounds memory whatever the file's length; default 16384)",
+    )
+    p.add_argument(
+        "--challenger",
+        metavar="MODEL",
+        help="another version's ONNX model, compared with --model on the same data: the `challenger` section "
+        "(its accuracy minus the model's, with a 95%% interval); needs --challenger-bundle",
+    )
+    p.add_argument(
+        "--challenger-bundle",
+        metavar="BUNDLE",
+        help="the challenger's bundle, fitted with `fit --champion` (for table-based bundles: `fit --reference "
+        "... --champion-proba-columns`); with --labels N, N labels of the versions' disagreements are revealed "
+        "for the label-assisted difference",
+    )
+    p.add_argument(
+        "--challenger-proba-columns",
+        metavar="COLS",
+        help="table-based bundles: the challenger's probability columns in the data (default: those its bundle "
+        "was fitted on)",
     )
     add_limit_arguments(p)
     p.set_defaults(func=run)
@@ -118,7 +141,36 @@ def format_report(report: dict[str, object]) -> str:
         )
     lines.append("* headline estimator")
     lines.extend(format_chunks(report))
+    lines.extend(format_challenger(report.get("challenger")))
     return "\n".join(lines)
+
+
+def format_challenger(section: object) -> list[str]:
+    """The ``challenger`` section in a few lines: the agreement, the difference and what it decides, each
+    version's headline, and the truth when known."""
+    if not isinstance(section, dict):
+        return []
+    lines = [f"challenger: agrees with the model on {section['agreement']:.1%} of {section['n']} predictions"]
+    for role in ("champion", "challenger"):
+        h = section.get(role)
+        if isinstance(h, dict):
+            lines.append(f"  {role:<11}{h['value']:>9.3f}   [{h['lower']:.3f}, {h['upper']:.3f}]  ({h['estimator']})")
+    for name, d in section.get("differences", {}).items():
+        verdict = "better" if d["lower"] > 0 else "worse" if d["upper"] < 0 else "undecided"
+        labels = f", {d['n_labels']} labels" if "n_labels" in d else ""
+        lines.append(
+            f"  difference {d['value']:>+8.3f}   [{d['lower']:+.3f}, {d['upper']:+.3f}]  ({name}{labels}): "
+            f"challenger {verdict}" + (" with 95% confidence" if verdict != "undecided" else "")
+        )
+        if "unreliable" in d:
+            lines.append(f"    unreliable: {d['unreliable']}")
+    truth = section.get("truth")
+    if isinstance(truth, dict):
+        lines.append(
+            f"  true difference {truth['difference']:+.3f} (champion {truth['champion']:.3f}, "
+            f"challenger {truth['challenger']:.3f})"
+        )
+    return lines
 
 
 def check_table(args: argparse.Namespace) -> dict[str, object]:
@@ -140,7 +192,7 @@ def check_table(args: argparse.Namespace) -> dict[str, object]:
         require_label=args.label_column is not None,
         limits=data_limits(args),
     )
-    return check_table_report(
+    report = check_table_report(
         bundle,
         args.data,
         columns,
@@ -150,6 +202,40 @@ def check_table(args: argparse.Namespace) -> dict[str, object]:
         labels=args.labels,
         seed=args.seed,
     )
+    if args.challenger_bundle:
+        from agent.offline.paired_check import check_table_pair
+
+        report["challenger"] = check_table_pair(
+            bundle,
+            Bundle.load(args.challenger_bundle),
+            args.challenger_bundle,
+            args.data,
+            columns,
+            split_columns(args.challenger_proba_columns),
+            batch_rows=args.batch_rows,
+            limits=data_limits(args),
+            labels=args.labels,
+            seed=args.seed,
+        )
+    return report
+
+
+def _challenger(args: argparse.Namespace) -> ChallengerCheck | None:
+    """The challenger the flags name (a model and its bundle), or None."""
+    from agent.model.classifier import OnnxClassifier
+    from agent.offline.paired_check import ChallengerCheck
+    from invariants.bundle import Bundle
+
+    if not args.challenger:
+        if args.challenger_bundle:
+            raise UserError("--challenger-bundle needs --challenger MODEL (the challenger's ONNX model)")
+        return None
+    if not args.challenger_bundle:
+        raise UserError("--challenger needs --challenger-bundle (the challenger's bundle, `fit --champion`)")
+    model = OnnxClassifier.load(args.challenger)
+    bundle = Bundle.load(args.challenger_bundle, expected_model_sha256=model.sha256)
+    model.decision_threshold = bundle.decision_threshold
+    return ChallengerCheck(model, bundle, args.challenger_bundle)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
     from invariants.bundle import Bundle
 
     if not args.model:
+        if args.challenger:
+            raise UserError(
+                "--challenger compares ONNX models: with a table-based bundle give --challenger-bundle only"
+            )
         if Bundle.table_source(args.bundle) is None:
             raise UserError(f"--model is required: bundle {args.bundle} was fitted from an ONNX model")
         report = check_table(args)
@@ -180,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         image=image_reading(model, None, bundle.preprocess),
         classes=model.classes,
     )
-    report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed)
+    challenger = _challenger(args)
+    report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed, challenger=challenger)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

@@ -51,6 +51,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--metadata", nargs="*", default=[], help="metadata columns/arrays for IDIs")
     add_limit_arguments(p)
     add_preprocess_argument(p)
+    p.add_argument(
+        "--champion",
+        metavar="MODEL",
+        help="fit this model as the challenger of the champion MODEL (ONNX, the same inputs and classes): the "
+        "comparison's calibration, on the validation data and the corrupted copies of it, is recorded in the "
+        "bundle, for `check --challenger` and the `challenger:` settings of `serve`",
+    )
+    p.add_argument(
+        "--champion-proba-columns",
+        metavar="COLS",
+        help="with --reference: the champion's probability columns in the same table (the comparison is "
+        "calibrated on its rows alone: no model to corrupt inputs for)",
+    )
     p.add_argument("--out", required=True, help="bundle directory to write")
     p.add_argument(
         "--json",
@@ -106,7 +119,11 @@ def _check_args(args: argparse.Namespace) -> None:
             raise UserError("--reference needs --proba-columns (the predicted probability columns)")
         if not args.label_column:
             raise UserError("--reference needs --label-column (the reference table's labels)")
+        if args.champion:
+            raise UserError("--champion names an ONNX champion; with --reference give --champion-proba-columns")
     else:
+        if args.champion_proba_columns:
+            raise UserError("--champion-proba-columns applies to --reference; with --model give --champion MODEL")
         missing = [f for f in ("model", "train", "val") if not getattr(args, f)]
         if missing:
             raise UserError(
@@ -122,12 +139,20 @@ def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[A
     from agent.offline.tables import read_reference
 
     proba = split_columns(args.proba_columns) or []
+    champion = split_columns(args.champion_proba_columns) or []
     limits = data_limits(args)
+    features = split_columns(args.feature_columns)
+    if features is None and champion:  # the champion's columns are no features of the challenger
+        from agent.data.tables import table_schema
+
+        schema = table_schema(args.reference, limits)
+        taken = {*proba, *champion, *args.metadata, args.label_column}
+        features = [c for c in schema if c not in taken and schema[c]]
     columns, skipped = resolve_columns(
         args.reference,
         proba=proba,
         label=args.label_column,
-        features=split_columns(args.feature_columns),
+        features=features,
         metadata=args.metadata,
         require_label=True,
         limits=limits,
@@ -136,6 +161,15 @@ def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[A
         say(f"non-numeric columns left out of the features: {', '.join(skipped)} (encode them as numbers to use them)")
     classes = split_columns(args.classes) or default_classes(proba)
     ref = read_reference(args.reference, columns, args.batch_rows, limits)
+    champion_probabilities = None
+    if champion:
+        if len(champion) != len(proba):
+            raise UserError(f"--champion-proba-columns names {len(champion)} columns, --proba-columns {len(proba)}")
+        from agent.data.tables import TableColumns
+
+        champion_probabilities = read_reference(
+            args.reference, TableColumns(tuple(champion), (), args.label_column), args.batch_rows, limits
+        ).probabilities
     report = fit_table_bundle(
         ref,
         columns,
@@ -143,6 +177,7 @@ def _fit_table(args: argparse.Namespace, params: FitParams, say: Any) -> tuple[A
         idi_path=args.idi,
         params=params,
         progress=say,
+        champion_probabilities=champion_probabilities,
     )
     return report, SimpleNamespace(name=Path(args.reference).stem, sha256="")
 
@@ -173,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
         report, model = _fit_table(args, params, say)
         return _finish(args, params, report, model, started)
     model = load_model(args)
+    champion = None
+    if args.champion:
+        from agent.model.classifier import OnnxClassifier
+
+        champion = OnnxClassifier.load(args.champion, name=Path(args.champion).stem)
     limits = data_limits(args)
     rules = _rule_fields(args, model.classes)
     image = image_reading(model, args.preprocess)
@@ -206,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         params=params,
         progress=say,
         preprocess=preprocess,
+        champion=champion,
     )
     return _finish(args, params, report, model, started)
 
@@ -241,6 +282,8 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         "seconds": round(time.perf_counter() - started, 2),
         "stage_seconds": stage_seconds,
     }
+    if report.pair is not None:
+        summary["champion"] = _champion_summary(report.pair)
     if args.mlflow:
         run = log_fit(
             summary,
@@ -276,5 +319,24 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         if table is not None:
             model_only = ", ".join(s.name for s in estimator_specs() if s.needs_model)
             print(f"  headline estimator: {summary['headline']} ({model_only} needs the model to perturb inputs)")
+        if report.pair is not None:
+            print(_champion_line(report.pair))
         print(f"  took {summary['seconds']} s")
     return 0
+
+
+def _champion_summary(pair: Any) -> dict[str, Any]:
+    """``fit --json``'s ``champion``: the comparison with the champion recorded in the bundle."""
+    return {
+        "sha256": pair.champion_sha256,
+        "disagreement_rate": pair.disagreement_rate,
+        "corrupted_sets": pair.corrupted_sets,
+        "model_error": list(pair.error),
+    }
+
+
+def _champion_line(pair: Any) -> str:
+    return (
+        f"  challenger of the champion: they disagree on {pair.disagreement_rate:.1%} of the validation rows; "
+        f"comparison calibrated on {pair.corrupted_sets} corrupted copies"
+    )

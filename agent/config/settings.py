@@ -1,8 +1,8 @@
 """Configuration of ``icos-agent serve``: a YAML file plus ``ICOS_AGENT_`` environment overrides.
 
 :class:`AgentSettings` is the root; its sections live with their concern (:mod:`.model`, :mod:`.server`,
-:mod:`.estimates`, :mod:`.labels`, :mod:`.fleet`, and :mod:`agent.audits.config` for ``audits``), each field
-documented by its docstring, from which ``docs/gen_config.py`` writes docs/configuration.md.
+:mod:`.estimates`, :mod:`.labels`, :mod:`.fleet`, :mod:`.challenger`, and :mod:`agent.audits.config` for
+``audits``), each field documented by its docstring, from which ``docs/gen_config.py`` writes docs/configuration.md.
 
 Precedence (highest first): environment variables (``ICOS_AGENT_SERVER__PORT=9000``; ``__`` separates
 nested fields), the YAML file, the defaults below. Secrets (the admin bearer token) are read from the
@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.audits.config import AuditsConfig
+from agent.config.challenger import ChallengerConfig
 from agent.config.estimates import JudgingConfig, MetricsConfig, StateConfig, WindowsConfig
 from agent.config.fleet import FleetConfig
 from agent.config.labels import LabelsConfig
@@ -87,6 +88,7 @@ class AgentSettings(BaseSettings):
     """level of the JSON log lines on stderr"""
 
     fleet: FleetConfig = Field(default_factory=FleetConfig)
+    challenger: ChallengerConfig = Field(default_factory=ChallengerConfig)
 
     @model_validator(mode="after")
     def _mode_needs(self) -> AgentSettings:
@@ -103,6 +105,8 @@ class AgentSettings(BaseSettings):
             raise ValueError(
                 "fleet.prometheus_url is required in fleet mode (environment: ICOS_AGENT_FLEET__PROMETHEUS_URL)"
             )
+        if self.challenger.enabled and self.mode != "fleet" and self.challenger.model_path is None:
+            raise ValueError(f"challenger.model_path is required with challenger.bundle_path in {self.mode} mode")
         if self.mode == "proxy" and self.upstream.url is None:
             raise ValueError("upstream.url is required in proxy mode")
         if self.server.metrics_port is not None and self.server.metrics_port == self.server.port:
@@ -265,7 +269,13 @@ def path_problem(path: str | os.PathLike[str], roots: list[Path]) -> str | None:
 
 def configured_paths(s: AgentSettings) -> list[tuple[str, Path]]:
     """``(field, path)`` of every file the agent reads: model, bundle, audit data."""
-    out = [(f, p) for f, p in (("model.path", s.model.path), ("bundle.path", s.bundle.path)) if p is not None]
+    named = (
+        ("model.path", s.model.path),
+        ("bundle.path", s.bundle.path),
+        ("challenger.model_path", s.challenger.model_path),
+        ("challenger.bundle_path", s.challenger.bundle_path),
+    )
+    out = [(f, p) for f, p in named if p is not None]
     if s.audits.reference is not None and s.audits.reference.path is not None:
         out.append(("audits.reference.path", s.audits.reference.path))
     for kind, job in s.audits.jobs().items():
@@ -280,6 +290,8 @@ def _resolve_paths(s: AgentSettings, base: Path) -> AgentSettings:
 
     s.model.path = fix(s.model.path)
     s.bundle.path = fix(s.bundle.path)
+    s.challenger.model_path = fix(s.challenger.model_path)
+    s.challenger.bundle_path = fix(s.challenger.bundle_path)
     s.state_dir = fix(s.state_dir)
     s.labels.store_url_file = fix(s.labels.store_url_file)
     s.security.allowed_roots = [r if r.is_absolute() else base / r for r in s.security.allowed_roots]

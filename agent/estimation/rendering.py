@@ -13,7 +13,9 @@ decimals for the person reading them (``check --json`` keeps every digit: progra
 What the bundle says about every window (the headline estimator and the evidence for it, the oracle's
 TPR/FPR, the reference accuracy) is :func:`bundle_json`. What only one server knows (an agent's
 realized windows of delayed labels, the fleet's replicas per window) is added to a window as a
-section of its own.
+section of its own. A challenger's comparison with the champion on the same requests is estimated once per
+window too (:func:`paired_entry`) and rendered as the ``challenger`` section (:func:`challenger_json`) and as
+the ``icos_challenger_*`` metrics (:func:`paired_points`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
 from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
+from agent.estimation.pair_calibration import PairCalibration
+from agent.estimation.paired import Difference, PairSums, best_of, differences
 from agent.estimation.reliability import unreliable
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
+from exporters.challenger_metrics import PairedPoint
 from exporters.prometheus import EstimatePoint, WindowPoint
 
 #: Decimals of an estimate in the documents served over HTTP (a person reads them; the metrics and
@@ -180,4 +185,103 @@ def snapshot_points(entries: Iterable[WindowEntry]) -> SnapshotPoints:
         out.estimates.extend(_point(est, entry.name, e) for est, e in entry.estimates.items())
         if entry.headline is not None:
             out.headline.append(_point(entry.headline[0], entry.name, entry.headline[1]))
+    return out
+
+
+# -- a challenger beside the champion ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedModel:
+    """One version of a pair as its window is estimated: its bundle's calibration and headline estimator."""
+
+    calibration: EstimatorCalibration
+    headline: str
+
+
+@dataclass(frozen=True)
+class PairedEntry:
+    """One window of paired predictions estimated once: the pair's sums, every difference, and each version's
+    headline on the paired predictions (None where only the pair's sums are known: the fleet)."""
+
+    name: str
+    pair: PairSums
+    differences: dict[str, Difference]
+    champion: tuple[str, Estimate] | None = None
+    challenger: tuple[str, Estimate] | None = None
+    #: why the label-free difference should not be read as a number (None: it can be)
+    label_free_caveat: str | None = None
+
+    def difference_json(self, name: str, d: Difference, decimals: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            k: round(v, decimals) if decimals is not None and isinstance(v, float) else v
+            for k, v in d.to_dict().items()
+        }
+        if name == "label_free" and self.label_free_caveat is not None:
+            out["unreliable"] = self.label_free_caveat
+        return out
+
+    def to_json(self, *, decimals: int | None = DECIMALS) -> dict[str, Any]:
+        """The window in a ``challenger`` section: the paired predictions and their agreement, the difference
+        reported first (``difference``: labeled when the window has labeled disagreements) and every one, and
+        each version's headline."""
+        out: dict[str, Any] = {
+            "n": self.pair.n,
+            "disagreements": self.pair.n_dis,
+            "agreement": round(self.pair.agreement, decimals) if decimals is not None else self.pair.agreement,
+        }
+        best = best_of(self.differences)
+        if best is not None:
+            out["difference"] = {"estimator": best[0], **self.difference_json(*best, decimals)}
+        out["differences"] = {k: self.difference_json(k, d, decimals) for k, d in self.differences.items()}
+        for role, headline in (("champion", self.champion), ("challenger", self.challenger)):
+            if headline is not None:
+                out[role] = headline_json(headline)
+        return out
+
+
+def _caveat(pair: PairCalibration) -> str | None:
+    if pair.corrupted_sets > 0:
+        return None
+    return (
+        "the pair was calibrated on clean rows only (no model to corrupt inputs for): under a covariate shift "
+        "its interval may not hold; labels drawn on the disagreements settle it"
+    )
+
+
+def paired_entry(
+    name: str,
+    pair: PairSums,
+    calibration: PairCalibration,
+    champion: tuple[WindowStats, PairedModel] | None = None,
+    challenger: tuple[WindowStats, PairedModel] | None = None,
+) -> PairedEntry:
+    """Window ``name`` of paired predictions estimated from the pair's sums (labeled ones included) with the
+    pair's ``calibration``, and each version's headline from its statistics on the paired predictions."""
+
+    def headline(side: tuple[WindowStats, PairedModel] | None) -> tuple[str, Estimate] | None:
+        if side is None or side[0].n == 0:
+            return None
+        stats, model = side
+        return headline_of(estimate_window(stats, model.calibration).estimates, model.headline)
+
+    return PairedEntry(
+        name, pair, differences(pair, calibration), headline(champion), headline(challenger), _caveat(calibration)
+    )
+
+
+def challenger_json(
+    info: Mapping[str, Any], entries: Iterable[PairedEntry], *, decimals: int | None = DECIMALS
+) -> dict[str, Any]:
+    """The ``challenger`` section of ``/v1/estimates``: what the challenger is (``info``) and every window."""
+    return {**info, "windows": {e.name: e.to_json(decimals=decimals) for e in entries}}
+
+
+def paired_points(entries: Iterable[PairedEntry]) -> list[PairedPoint]:
+    """Every window as the ``icos_challenger_*`` collectors export it."""
+    out = []
+    for e in entries:
+        diffs = [EstimatePoint(k, e.name, d.value, d.lower, d.upper, d.n) for k, d in e.differences.items()]
+        sides = [_point(h[0], e.name, h[1]) if h is not None else None for h in (e.champion, e.challenger)]
+        out.append(PairedPoint(e.name, e.pair.n, e.pair.agreement, diffs, sides[0], sides[1]))
     return out

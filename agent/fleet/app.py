@@ -23,10 +23,12 @@ from agent.config.model_source import fetch_model
 from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.os_threads import name_os_thread
+from agent.fleet.challenger import FleetChallenger
 from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.labels import FleetLabels
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.judging.runtime import load_runtime
+from exporters.challenger_metrics import ChallengerCollector
 from exporters.fleet import FleetCollector
 
 if TYPE_CHECKING:
@@ -110,10 +112,19 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
         else None
     )
     evaluator = FleetEvaluator(
-        settings, rt.calibration, rt.bundle_label, api, headline=rt.headline, labels=labels, classes=rt.classes
+        settings,
+        rt.calibration,
+        rt.bundle_label,
+        api,
+        headline=rt.headline,
+        labels=labels,
+        classes=rt.classes,
+        challenger=FleetChallenger.of_settings(settings, rt.model_sha256),
     )
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(FleetCollector(evaluator.snapshot))
+    if evaluator.challenger is not None:
+        registry.register(ChallengerCollector(evaluator.challenger_snapshot, prefix="icos_fleet_"))
     loop = RefreshLoop(evaluator, settings.fleet.refresh_seconds)
 
     @contextlib.asynccontextmanager

@@ -59,6 +59,8 @@ class FleetScope:
     schema: StatSchema
     extra: str = ""
     max_versions: int = 16
+    #: the counter family read (a challenger's pair sums are ``icos_challenger_stat_total``)
+    metric: str = STAT_METRIC
 
 
 @dataclass
@@ -81,12 +83,12 @@ def quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def selector(model: str, extra: str = "", **labels: str) -> str:
-    """``icos_window_stat_total{model="…", <extra>, <labels>}``."""
+def selector(model: str, extra: str = "", metric: str = STAT_METRIC, **labels: str) -> str:
+    """``icos_window_stat_total{model="…", <extra>, <labels>}`` (or another ``metric``)."""
     parts = [f"model={quote(model)}", *(f"{k}={quote(v)}" for k, v in labels.items())]
     if extra:
         parts.append(extra)
-    return f"{STAT_METRIC}{{{','.join(parts)}}}"
+    return f"{metric}{{{','.join(parts)}}}"
 
 
 def _ms(seconds: float) -> str:
@@ -202,9 +204,9 @@ async def window_sums(
     if not windows:
         return {}
     at = round(at, 3)  # the time the store is asked for (milliseconds): the client's edges are its edges
-    sel = selector(scope.model, scope.extra)
+    sel = selector(scope.model, scope.extra, scope.metric)
     by = ", ".join((*GROUP_LABELS, "stat"))
-    n_sel = selector(scope.model, scope.extra, stat="n")
+    n_sel = selector(scope.model, scope.extra, scope.metric, stat="n")
     longest = _ms(max(windows.values()) + lookback_s)
     asked = []
     for window_s in windows.values():

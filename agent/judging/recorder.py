@@ -8,8 +8,9 @@ for delayed labels, the audits' reservoir of live inputs), for many requests at 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,11 +40,13 @@ class JudgedBatch:
     extras: np.ndarray | None = None
     #: The request's prepared inputs (None when the work was recorded without them).
     inputs: Inputs | None = None
+    #: The request's metadata (the fields IDI rules read; None without)
+    metadata: Mapping[str, Any] | None = None
 
 
 #: Receives every judged request that has an id (the prediction store); called while recording, so
-#: it must only enqueue.
-JudgedSink = Callable[[JudgedBatch], None]
+#: it must only enqueue (what it returns is not read).
+JudgedSink = Callable[[JudgedBatch], object]
 #: Receives the features of every recorded batch.
 FeatureSink = Callable[[np.ndarray], None]
 #: Receives the prepared inputs of every recorded request with its runtime (the audits' reservoir of live
@@ -156,6 +159,8 @@ class Recorder:
                 part = cols[start : start + n] if cols is not None else None
                 start += n
                 if w.request_id is not None and w.verdicts is not None:
-                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs)
+                    batch = JudgedBatch(
+                        rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, w.metadata
+                    )
                     for judged_sink in self.judged_sinks:
                         judged_sink(batch)

@@ -18,6 +18,12 @@ prediction store's writer with its draws (and, under active sampling, their draw
   While :meth:`LabelingSample.boost` is on (the trust signal says a window lies outside the
   calibration's range: :mod:`agent.labels.boost` looks on a timer), the rate is multiplied by
   ``labels.boost_factor``: the budget is spent sooner, where the label-free estimate is least to be believed.
+
+A challenger run beside the champion (:mod:`agent.dataplane.challenger`) hands the sample the requests it
+paired once it has predicted them, with a *preference*: a probability each disagreement of the two versions
+is drawn with at least (where a label decides which is right). A prediction is still drawn once, with the
+larger of the two probabilities, and every draw then keeps its probability (in ``uniform`` sampling too), so
+``with_labels`` and the paired difference both weight each label by the inverse of its probability.
 """
 
 from __future__ import annotations
@@ -117,23 +123,28 @@ class LabelingSample:
         metrics: LabelMetrics,
         budget: ActiveBudget | None = None,
         boost_factor: float = 1.0,
+        keep_probabilities: bool = False,
     ) -> None:
         self.store = store
         self.rate = rate
         self.metrics = metrics
         self.budget = budget
         self.boost_factor = float(boost_factor)
+        #: every draw keeps its probability (a challenger's preference makes uniform draws unequal)
+        self.keep_probabilities = keep_probabilities
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()  # drawn from OS entropy, never from the request
 
     @classmethod
-    def of(cls, config: LabelsConfig, store: PredictionStore, metrics: LabelMetrics) -> LabelingSample:
-        """The sample of ``labels`` settings."""
+    def of(
+        cls, config: LabelsConfig, store: PredictionStore, metrics: LabelMetrics, keep_probabilities: bool = False
+    ) -> LabelingSample:
+        """The sample of ``labels`` settings (``keep_probabilities``: a challenger prefers disagreements)."""
         if config.sampling == "active":
             budget = ActiveBudget(config.per_window, config.budget_seconds, config.active_floor)
-            return cls(store, 0.0, metrics, budget, config.boost_factor)
-        return cls(store, config.sample_rate, metrics)
+            return cls(store, 0.0, metrics, budget, config.boost_factor, keep_probabilities)
+        return cls(store, config.sample_rate, metrics, keep_probabilities=keep_probabilities)
 
     def boost(self, seconds: float, now: float | None = None) -> None:
         """Raise active draw probabilities by the boost factor for the next ``seconds``."""
@@ -147,25 +158,33 @@ class LabelingSample:
         with self._lock:
             return t < self._boost_until
 
-    def _draw(self, batch: JudgedBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def _draw(self, batch: JudgedBatch, prefer: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         n = len(batch.predicted)
         if self.budget is None:
-            if self.rate <= 0:
+            if self.rate <= 0 and prefer is None:
                 return None, None
-            # uniform draws keep no probability: with_labels is then the unweighted PPI++ of equal draws
-            return np.flatnonzero(self._rng.random(n) < self.rate), None
+            if prefer is None and not self.keep_probabilities:
+                # uniform draws keep no probability: with_labels is then the unweighted PPI++ of equal draws
+                return np.flatnonzero(self._rng.random(n) < self.rate), None
+            pi = np.full(n, self.rate) if prefer is None else np.maximum(self.rate, prefer)
+            drawn = np.flatnonzero(self._rng.random(n) < pi)
+            return drawn, pi[drawn]
         conf = label_confidences(batch.probabilities, batch.predicted)  # as the windows take it
         f = batch.rt.calibration.predicted_correct(conf, batch.verdicts)
         now = time.monotonic()
         with self._lock:
             boost = self.boost_factor if now < self._boost_until else 1.0
             pi = self.budget.probabilities(f, now, boost)
+            if prefer is not None:
+                pi = np.maximum(pi, prefer)
             drawn = np.flatnonzero(self._rng.random(n) < pi)
         return drawn, pi[drawn]
 
-    def on_judged(self, batch: JudgedBatch) -> None:
-        """Judged-batch sink (called while recording, so it only enqueues)."""
-        sampled, probability = self._draw(batch)
+    def on_judged(self, batch: JudgedBatch, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Judged-batch sink (called while recording, so it only enqueues). ``prefer``: per prediction, the
+        probability it is drawn with at least (a challenger's preference for the disagreements). Returns the
+        indices drawn and their draw probabilities (None: not kept)."""
+        sampled, probability = self._draw(batch, prefer)
         if sampled is not None and len(sampled):
             self.metrics.label_sample.inc(len(sampled))
         else:
@@ -184,3 +203,4 @@ class LabelingSample:
                 sampled_p=probability,
             )
         )
+        return (sampled, probability) if sampled is not None else (np.zeros(0, dtype=np.int64), None)

@@ -6,6 +6,8 @@ Per-class precision, recall and F1 (and ROC AUC for two classes) are reported la
 of ``N`` predictions drawn uniformly at random (``seed``), as a labeling sample would in production:
 ``estimates.with_labels`` is the prediction-powered accuracy from them
 (:mod:`agent.estimation.prediction_powered`) and ``classes.with_labels`` their realized per-class metrics.
+With a challenger (``check --challenger``), the report's ``challenger`` section compares it with the model on
+the same data (:mod:`agent.offline.paired_check`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from agent.estimation.class_metrics import expected_confusion, expected_roc_auc,
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.rendering import estimates_json, trust_json
+from agent.estimation.rendering import PairedModel, estimates_json, trust_json
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
+from agent.offline.paired_check import ChallengerCheck
 from agent.offline.viewing import predict_and_view, source_of
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
@@ -110,9 +113,11 @@ def check_report(
     *,
     labels: int = 0,
     seed: int = 0,
+    challenger: ChallengerCheck | None = None,
 ) -> dict[str, Any]:
     """Verdicts and estimates for a batch; truth and oracle quality when labels are present; with
-    ``labels`` > 0 also the label-assisted estimate from that many randomly revealed labels."""
+    ``labels`` > 0 also the label-assisted estimate from that many randomly revealed labels; with a
+    ``challenger``, its comparison with the model (``labels`` of its disagreements revealed)."""
     if labels and data.y is None:
         raise UserError("--labels reveals true labels of the data: the data has none (give y or --label-column)")
     if labels < 0 or labels > len(data):
@@ -131,6 +136,10 @@ def check_report(
     )
     pred = judged.prediction
     y = label_indices(data.y, model.classes) if data.y is not None else None
+    paired = None
+    if challenger is not None:
+        champion = (pred, stats, PairedModel(cal, headline_estimator(bundle.headline)))
+        paired = challenger.report(judge, data.x, meta, champion, model.sha256, y, labels=labels, seed=seed)
     idx: np.ndarray | None = None
     if y is not None and labels:
         # the revealed labels join the statistics as a labeling sample would: with_labels is then one
@@ -154,6 +163,8 @@ def check_report(
     if window.trust is not None:
         report["trust"] = trust_json(window.trust)
     report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)
+    if paired is not None:
+        report["challenger"] = paired
     if y is not None:
         correct = pred.predicted == y
         if idx is not None:

@@ -9,12 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from agent.data.files import Dataset
 from agent.data.tables import TableBatch, TableColumns
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.pair_calibration import PairCalibration
 from agent.estimation.reliability import weak_oracle
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier
+from agent.offline.fit_pair import pair_of_model, pair_of_table
 from agent.offline.fit_stages import (
     ModelFitInputs,
     Written,
@@ -34,6 +38,8 @@ Progress = Callable[[str], None]
 
 #: The stages of a fit, in order: what :attr:`FitReport.stage_seconds` times.
 STAGES = ("read", "oracle", "calibrate", "headline", "write")
+#: The stage a challenger fitted with its champion runs last (``fit --champion``).
+PAIR_STAGE = "pair"
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class FitReport:
     n_selected: int
     coverage: float
     stage_seconds: Mapping[str, float] = field(default_factory=dict)
+    #: the comparison with the champion (``fit --champion``), recorded in the bundle
+    pair: PairCalibration | None = None
 
 
 _R = TypeVar("_R")
@@ -66,7 +74,11 @@ class _Clock:
         self.seconds[stage] = round(time.perf_counter() - started, 3)
         return out
 
-    def report(self, written: Written, calibration: EstimatorCalibration) -> FitReport:
+    def report(
+        self, written: Written, calibration: EstimatorCalibration, pair: PairCalibration | None = None
+    ) -> FitReport:
+        if pair is not None:
+            written.bundle.pair = pair.to_dict()
         return FitReport(
             bundle=written.bundle,
             calibration=calibration,
@@ -76,6 +88,7 @@ class _Clock:
             n_selected=written.n_selected,
             coverage=written.coverage,
             stage_seconds=dict(self.seconds),
+            pair=pair,
         )
 
 
@@ -89,13 +102,15 @@ def fit_bundle(
     progress: Progress | None = None,
     preprocess: Mapping[str, Any] | None = None,
     plan: CalibrationPlan = CalibrationPlan(),
+    champion: OnnxClassifier | None = None,
 ) -> FitReport:
     """Fit IDI/TDI/ADI for ``model`` and calibrate the oracle and estimators (paper §4, §5.4).
 
     ``params.decision_threshold`` is the model's (its labels are what the invariants judge; ``model`` itself
     is not changed); ``params.features`` the feature view the invariants read (None chooses one from the
     model's signature, :func:`~agent.model.view_choice.choose_view`); ``preprocess``: how image files became
-    the model's inputs, recorded in the bundle.
+    the model's inputs, recorded in the bundle; ``champion``: the model this one is a challenger of, the
+    comparison with it calibrated (the ``pair`` stage) and recorded in the bundle.
     """
     say = progress or (lambda _m: None)
     inputs = ModelFitInputs(model, train, val, idi_path, params, plan, preprocess)
@@ -105,7 +120,8 @@ def fit_bundle(
     calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
     chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
     written = clock.run("write", model_report, inputs, data, oracle, chosen)
-    return clock.report(written, chosen.calibration)
+    pair = clock.run(PAIR_STAGE, pair_of_model, inputs, data, champion, say) if champion is not None else None
+    return clock.report(written, chosen.calibration, pair)
 
 
 def fit_table_bundle(
@@ -117,9 +133,12 @@ def fit_table_bundle(
     params: FitParams = FitParams(),
     progress: Progress | None = None,
     plan: CalibrationPlan = CalibrationPlan(),
+    champion_probabilities: np.ndarray | None = None,
 ) -> FitReport:
     """Fit IDI/TDI/ADI and the estimators from a reference table (paper §4, §5.4): the stages of a model's
-    fit, without ``shift_aware`` (it needs the model); see :mod:`agent.offline.tables`."""
+    fit, without ``shift_aware`` (it needs the model); see :mod:`agent.offline.tables`.
+    ``champion_probabilities`` (a champion's probabilities of the same rows): the comparison with it is
+    calibrated too (the ``pair`` stage)."""
     say = progress or (lambda _m: None)
     clock = _Clock()
     data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
@@ -127,7 +146,12 @@ def fit_table_bundle(
     calibrated = clock.run("calibrate", calibrate_table, data, oracle)
     chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
     written = clock.run("write", table_report, data, columns, params, oracle, chosen)
-    return clock.report(written, chosen.calibration)
+    pair = (
+        clock.run(PAIR_STAGE, pair_of_table, ref, champion_probabilities, data.y, params, plan)
+        if champion_probabilities is not None
+        else None
+    )
+    return clock.report(written, chosen.calibration, pair)
 
 
 def fit_warnings(calibration: EstimatorCalibration) -> list[str]:

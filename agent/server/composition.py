@@ -5,7 +5,8 @@ Read top to bottom, :class:`Agent` says who sees what: the recorder hands judged
 prediction store's sampler and live inputs to the audits' reservoir; the dataplane runs the mode
 (serve, proxy, observe) under the serving policy (placement, and recording batched or committed);
 observe mode's intake records through the same judge queue; the report reads the windows and the
-realized windows of delayed labels. What differs between the modes is asked of the mode
+realized windows of delayed labels; a challenger, when configured, sees the judged requests first and hands
+them on to the sample (:mod:`agent.dataplane.challenger`). What differs between the modes is asked of the mode
 (:class:`~agent.dataplane.modes.Mode`: what it starts and stops, what follows a reload, whether the
 agent runs the model), never which mode it is; the label budget's boost runs on its own timer
 (:mod:`agent.labels.boost`), not inside a scrape.
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import AgentSettings, admin_token, labels_token
 from agent.core import logs, memory
 from agent.core.os_threads import name_os_thread_once
+from agent.dataplane.challenger import Challenger, PendingWithChallenger, load_challenger
 from agent.dataplane.modes import Mode, ObserveMode, ServeMode
 from agent.dataplane.observe_intake import ObserveIntake
 from agent.dataplane.plane import DataPlane
@@ -40,7 +42,8 @@ from agent.judging.runtime import Runtime
 from agent.judging.window_state import WindowState
 from agent.judging.windows import WindowSet
 from agent.labels.boost import BudgetBoost
-from agent.labels.intake import LabelIntake
+from agent.labels.intake import LabelIntake, PendingJudgement
+from agent.labels.paired_labels import DisagreementDraws
 from agent.labels.recalibration import Recalibrator
 from agent.labels.sample import LabelingSample, open_prediction_store
 from agent.labels.service import LabelService
@@ -51,6 +54,7 @@ from agent.server.body_budget import BodyBudget
 from agent.server.listeners import Listeners
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
+from exporters.challenger_metrics import ChallengerCollector, ChallengerMetrics
 from exporters.label_metrics import LabelMetrics, RealizedCollector
 from exporters.prometheus import AgentMetrics, EstimatesCollector, Snapshot
 from exporters.upstream_metrics import UpstreamMetrics
@@ -94,6 +98,7 @@ class Agent:
             labeled=self.realized.labeled_sums,
             section=self.realized.section,
             per_class_cap=self.metrics.per_class_label_cap,
+            challenger=self.challenger.section if self.challenger is not None else None,
         )
         registry.register(EstimatesCollector(self._estimates_snapshot))
         #: True from the end of :meth:`start` to the beginning of :meth:`stop`.
@@ -127,15 +132,25 @@ class Agent:
         s, registry = self.settings, self.registry
         self.label_metrics = LabelMetrics(registry)
         self.store = open_prediction_store(s.labels, s.state_dir, self.label_metrics)
-        self.sample = LabelingSample.of(s.labels, self.store, self.label_metrics)
+        self.sample = LabelingSample.of(
+            s.labels, self.store, self.label_metrics, keep_probabilities=s.challenger.enabled
+        )
         self.boost = BudgetBoost(self.sample, self.windows, lambda: self.runtimes.current, s.labels.budget_seconds)
+        #: A challenger beside the champion (None without one): it sees the judged requests first.
+        self.challenger = self._build_challenger()
+        judged = self.challenger.on_judged if self.challenger is not None else self.sample.on_judged
         recorder = Recorder(
             self.windows,
             self.metrics,
-            judged_sinks=[self.sample.on_judged] if s.labels.enabled else [],
+            judged_sinks=[judged] if s.labels.enabled or self.challenger is not None else [],
             input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
         )
         self.judge_queue = JudgeQueue(recorder)
+        pending: PendingJudgement = (
+            PendingWithChallenger(self.judge_queue, self.challenger)
+            if self.challenger is not None
+            else self.judge_queue
+        )
         # answered but not committed, at scrape time: queued for the store, or still in the judge queue
         self.label_metrics.store_queued.set_function(lambda: self.store.queued + self.judge_queue.pending_samples())
         self.realized = RealizedTracker(s, self.store, self.runtimes)
@@ -145,14 +160,35 @@ class Agent:
             s.labels,
             self.store,
             self.runtimes,
-            self.judge_queue,
+            pending,
             self.label_metrics,
             self.run,
             on_accepted=self.realized.add_accepted,
+            on_labeled=self.challenger.on_labels if self.challenger is not None else None,
         )
         self.labels = LabelService(
             s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
         )
+
+    def _build_challenger(self) -> Challenger | None:
+        """The challenger of ``challenger:`` settings, its metrics and, with delayed labels, its preference for
+        the disagreements in the labeling sample."""
+        s = self.settings
+        if not s.challenger.enabled or s.mode == "fleet":
+            return None
+        runtime, pair = load_challenger(s, self.runtimes.current)
+        metrics = ChallengerMetrics(self.registry, s.challenger.version)
+        draws = None
+        if s.labels.enabled:
+            longest = max(s.window_seconds.values(), default=s.labels.budget_seconds)
+            draws = DisagreementDraws(
+                s.challenger.labels_per_window, s.labels.budget_seconds, s.labels.max_predictions, longest
+            )
+        challenger = Challenger(
+            s, runtime, pair, metrics, forward=self.sample.on_judged if s.labels.enabled else None, draws=draws
+        )
+        self.registry.register(ChallengerCollector(lambda: challenger.snapshot(self.runtimes.current, time.time())))
+        return challenger
 
     def _build_dataplane(self) -> None:
         """How predictions are recorded (committed before the answer, or batched), the mode and the
@@ -240,6 +276,8 @@ class Agent:
         memory.configure_allocator()
         store = await self.run(self.window_state.open)
         await self.mode.start(store)
+        if self.challenger is not None:
+            self.challenger.start()
         if self.mode.background_judging:
             self.judge_queue.start()
         if s.state_dir is not None:
@@ -276,6 +314,8 @@ class Agent:
         self._tasks.clear()
         self.loop_recorder.close()
         await anyio.to_thread.run_sync(self.judge_queue.stop)  # record what is still pending
+        if self.challenger is not None:  # what it holds goes on to the store before the store stops
+            await anyio.to_thread.run_sync(self.challenger.stop)
         await self.labels.stop()
         await self.audits.stop()
         await anyio.to_thread.run_sync(self.window_state.close)

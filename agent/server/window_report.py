@@ -12,7 +12,8 @@ per-class figures (CBPE) come from the same statistics. Each window's headline (
 estimator, or ``doc`` where it cannot estimate the window:
 :func:`~agent.estimation.estimators.headline_of`) is reported under ``headline`` in the JSON and as
 ``icos_headline_accuracy_ratio`` with the estimator that gave it. Sections (e.g. ``realized`` from
-delayed labels) are added to the JSON only.
+delayed labels) are added to the JSON only, and so is a challenger's comparison with the champion (the
+``challenger`` section, :mod:`agent.dataplane.challenger`).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ class WindowReport:
         labeled: AddedStats = _no_stats,
         section: EstimateSection = _no_section,
         per_class_cap: int,
+        challenger: Callable[[Runtime, float], Mapping[str, Any]] | None = None,
     ) -> None:
         self.windows = windows
         self.labeled = labeled
         self.section = section
         self.per_class_cap = per_class_cap
+        self.challenger = challenger
 
     def windows_of(self, rt: Runtime, now: float) -> list[WindowEntry]:
         """Every window's statistics estimated once (see the module docstring)."""
@@ -72,7 +75,7 @@ class WindowReport:
     def document(self, rt: Runtime, now: float) -> dict[str, Any]:
         """The ``GET /v1/estimates`` body."""
         sections = self.section(rt, now)
-        return {
+        doc = {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
             **bundle_json(rt.headline, rt.calibration),
             "total_judged": self.windows.total,
@@ -82,6 +85,9 @@ class WindowReport:
             },
             "timestamp": now,
         }
+        if self.challenger is not None:
+            doc["challenger"] = self.challenger(rt, now)
+        return doc
 
     def snapshot(self, rt: Runtime, now: float) -> Snapshot:
         """What the estimates collector exports at a scrape."""

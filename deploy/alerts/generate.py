@@ -107,7 +107,11 @@ HEADLINE_MATCH = "or on (namespace, model, version)"
 def headline_rules(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """``icos:headline_accuracy:ratio<window><bound>`` from an ordered list of sources: per namespace, model
     and version, the first source with a headline, labelled ``source`` (``label_replace``), so the choice
-    stays one list in the source file (a new source is one more entry)."""
+    stays one list in the source file (a new source is one more entry). An entry may name another ``record``
+    prefix and the labels ``by`` which the first source is chosen (a challenger's difference: per
+    challenger too)."""
+    prefix = spec.get("record", "icos:headline_accuracy:ratio")
+    match = f"or on ({', '.join(spec['by'])})" if "by" in spec else HEADLINE_MATCH
     rules = []
     for window in spec["windows"]:
         for bound in HEADLINE_BOUNDS:
@@ -116,8 +120,8 @@ def headline_rules(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 expr = source["expr"].replace("[[bound]]", bound).replace("[[window]]", window).strip()
                 body = "".join("  " + line + "\n" for line in expr.splitlines())
                 parts.append(f'label_replace(\n{body}  , "source", "{source["source"]}", "", ""\n)')
-            record = f"icos:headline_accuracy:ratio{window}{bound}"
-            rules.append({"record": record, "expr": ("\n" + HEADLINE_MATCH + "\n").join(parts) + "\n"})
+            record = f"{prefix}{window}{bound}"
+            rules.append({"record": record, "expr": ("\n" + match + "\n").join(parts) + "\n"})
     return rules
 
 

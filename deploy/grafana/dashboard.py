@@ -114,6 +114,63 @@ def _band_overrides() -> list[dict[str, Any]]:
     ]
 
 
+def _challenger_panels(p: list[dict[str, Any]], y: int) -> int:
+    """A challenger beside the champion: the difference in accuracy with its interval, the agreement, and the
+    challenger's own cost and drops. Returns the next free row."""
+    p.append(_row("Champion and challenger", y))
+    y += 1
+    legend = "{{challenger}} vs {{model}} {{version}}"
+    p.append(
+        _timeseries(
+            "Challenger minus champion accuracy (1h)",
+            [
+                (f"icos:challenger_difference:ratio1h{{{SEL}}}", legend + " {{estimator}} ({{source}})"),
+                (f"icos:challenger_difference:ratio1h_lower{{{SEL}}}", legend + " lower"),
+                (f"icos:challenger_difference:ratio1h_upper{{{SEL}}}", legend + " upper"),
+            ],
+            (0, y, 10, 8),
+            unit="percentunit",
+            description="The challenger's accuracy minus the champion's on the same requests and its 95% interval "
+            "(recording rule icos:challenger_difference:ratio1h: the fleet's, or a replica's with labels on the "
+            "disagreements, or the replicas' label-free mean). Above 0 with its whole interval: "
+            "IcosChallengerBetter; below: IcosChallengerWorse.",
+            overrides=_band_overrides(),
+        )
+    )
+    p.append(
+        _timeseries(
+            "Agreement with the champion",
+            [(f'max by (model, version, challenger) (icos_challenger_agreement_ratio{{{SEL}, window="1h"}})', legend)],
+            (10, y, 7, 8),
+            unit="percentunit",
+            minmax=(0.0, 1.0),
+            description="Share of paired predictions on which both versions predict the same class (the difference "
+            "lives on the others).",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Challenger cost and drops",
+            [
+                (
+                    f"sum by (challenger) (rate(icos_challenger_cpu_seconds_total{{{NS}}}[$__rate_interval])) / "
+                    f"sum by (challenger) (rate(icos_challenger_predictions_total{{{NS}}}[$__rate_interval]))",
+                    "{{challenger}} CPU s per prediction",
+                ),
+                (
+                    f"sum by (challenger, reason) (rate(icos_challenger_dropped_total{{{NS}}}[$__rate_interval]))",
+                    "{{challenger}} dropped/s {{reason}}",
+                ),
+            ],
+            (17, y, 7, 8),
+            description="The challenger's own CPU time per prediction (its thread: model, oracle, paired "
+            "statistics) and the requests it did not predict, by reason (queue_full: raise challenger.queue_limit "
+            "or lower challenger.share).",
+        )
+    )
+    return y + 8
+
+
 def panels() -> list[dict[str, Any]]:
     w = 'window=~"$window"'
     p: list[dict[str, Any]] = []
@@ -312,6 +369,7 @@ def panels() -> list[dict[str, Any]]:
             )
     p.append(_timeseries("Latency quantiles per batch", lat, (8, y, 16, 8), unit="s"))
     y += 8
+    y = _challenger_panels(p, y)
     p.append(_row("Robustness audits", y))
     y += 1
     p.append(

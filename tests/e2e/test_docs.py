@@ -96,6 +96,35 @@ def _fleet_exported() -> dict[str, set[str]]:
     return out
 
 
+def _challenger_exported() -> dict[str, set[str]]:
+    """``{metric: labels}`` of a challenger beside the champion (an agent's and the fleet evaluator's), from
+    its metrics and a snapshot with every part."""
+    from prometheus_client import CollectorRegistry
+
+    from exporters.challenger_metrics import ChallengerCollector, ChallengerMetrics, ChallengerSnapshot, PairedPoint
+    from exporters.prometheus import EstimatePoint
+
+    e = EstimatePoint("label_free", "5m", 0.01, -0.02, 0.04, 100)
+    snap = ChallengerSnapshot("mnist", "1", "v2", [PairedPoint("5m", 100, 0.9, [e], e, e)])
+    fleet = ChallengerSnapshot("mnist", "1", "v2", [PairedPoint("5m", 100, 0.9, [e])])  # label-free sums only
+    registry = CollectorRegistry()
+    metrics = ChallengerMetrics(registry, "v2")
+    metrics.stats.add(("mnist", "1", "abc"), [("n", 100.0)])
+    metrics.predictions.labels("mnist", "1", "v2").inc()
+    registry.register(ChallengerCollector(lambda: snap))
+    registry.register(ChallengerCollector(lambda: fleet, prefix="icos_fleet_"))
+    from prometheus_client.metrics import MetricWrapperBase
+
+    out: dict[str, set[str]] = {}
+    for collector in list(registry._collector_to_names):
+        if isinstance(collector, MetricWrapperBase):
+            out[collector._name + ("_total" if collector._type == "counter" else "")] = set(collector._labelnames)
+        else:
+            for fam in collector.collect():
+                out[fam.name + ("_total" if fam.type == "counter" else "")] = {k for s in fam.samples for k in s.labels}
+    return out
+
+
 def test_every_exported_metric_is_documented_with_its_labels(
     mnist_bundle_dir: Path, tmp_path: Path, run_server: Callable[..., RunningServer]
 ) -> None:
@@ -122,6 +151,7 @@ def test_every_exported_metric_is_documented_with_its_labels(
         scraped = client.get("/metrics").text
         exported = _exported(app)
     exported.update(_fleet_exported())
+    exported.update(_challenger_exported())
     # proxy mode registers its upstream's readiness metrics too (the app is built, never started)
     upstream = settings.upstream.model_copy(update={"url": srv.url})
     proxy = settings.model_copy(update={"mode": "proxy", "upstream": upstream})

@@ -34,3 +34,23 @@ def test_serving_benchmark_measures_http_grpc_and_proxy(mnist_bundle_dir: Path) 
         assert p["proxy"]["requests_per_s"] > 0 and p["proxy_with_verdict"]["requests_per_s"] > 0
     assert results["agent_exit_code_on_sigterm"] == 0
     assert not results["serve_path_imports"]["mlflow"]
+
+
+def test_serving_benchmark_measures_a_challenger_on_a_share(
+    mnist_bundle_dir: Path, challenger_bundle_dir: Path
+) -> None:
+    """``--challenger-share``: the agent without and with the challenger, each answering every request, and the
+    challenger's own CPU per prediction from its metrics."""
+    argv = ["--model", "mnist", "--challenger-share", "0.5", "--bundle", str(mnist_bundle_dir)]
+    argv += ["--challenger-bundle", str(challenger_bundle_dir), "--seconds", "0.3", "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_serving", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout)
+    assert [s["concurrency"] for s in results["settings"]] == [1, 16]
+    for s in results["settings"]:
+        for run in ("without", "with"):
+            assert s[run]["requests_per_s"] > 0 and s[run]["champion_cpu_ms_per_request"] > 0
+        assert s["without"]["challenger_cpu_ms_per_request"] == 0  # no challenger thread there
+    assert results["challenger_predictions"] > 0 and results["challenger_cpu_ms_per_prediction"] > 0
