@@ -255,6 +255,23 @@ class CalibrationPlan:
     """Fewest corrupted copies in all, when a model's inputs have few corruptions (one per image-kind
     corruption at the strengths above): the windows need that many sets to mix."""
 
+    # -- wide inputs: every corrupted row is one pass of a model over many values ----------------------
+    wide_values: int = 1024
+    """Values per sample above which one numeric tensor is wide (token ids padded to a fixed length, a
+    large image held in memory): a model reading that many per row is often slow on each (attention over
+    thousands of positions, convolutions over a large image), so its corrupted copies are bounded in rows
+    (:attr:`wide_rows`) rather than in count. MNIST's 784 pixels and tables are not wide."""
+
+    wide_rows: int = 4096
+    """Corrupted rows in all (copies × calibration rows) of a wide input: about a minute of a model at 80
+    rows/s. The copies are :meth:`sets_for` the corruptions, fewer where the calibration split would take
+    more rows, and at least :attr:`wide_min_sets`; a calibration split larger than
+    ``wide_rows / wide_min_sets`` rows is sampled down to that."""
+
+    wide_min_sets: int = 24
+    """Fewest corrupted copies of a wide input (three per corruption of a table-like input): fewer would
+    leave the windows too few drifts to mix."""
+
     # -- the shift-aware regressions (windows drawn from the judged sets) --------------------------------
     shift_windows: int = 2000
     """Windows drawn to fit the regressions: enough for 100-300 trees without overfitting one window."""
@@ -299,6 +316,14 @@ class CalibrationPlan:
         """Corrupted copies when ``fit --shift-sets`` does not say: :attr:`sets_per_corruption` per
         corruption, at least :attr:`min_sets`."""
         return max(self.min_sets, self.sets_per_corruption * corruptions)
+
+    def wide_sample_rows(self) -> int:
+        """Calibration rows of a wide input that are corrupted (a larger split is sampled down)."""
+        return max(1, self.wide_rows // self.wide_min_sets)
+
+    def wide_sets(self, corruptions: int, rows: int) -> int:
+        """Corrupted copies of ``rows`` calibration rows of a wide input (see :attr:`wide_rows`)."""
+        return min(self.sets_for(corruptions), max(self.wide_min_sets, self.wide_rows // max(rows, 1)))
 
 
 def knobs(source: str | None = None) -> tuple[dataclasses.Field[Any], ...]:

@@ -24,7 +24,7 @@ from invariants.adi import CRITERION as ADI_CRITERION
 from invariants.adi import AlgorithmInvariants
 from invariants.fit_params import FitParams
 from invariants.idi import IdiRuleSet
-from invariants.oracle import Oracle, OracleCalibration, calibrate
+from invariants.oracle import Oracle, OracleCalibration, OracleResult, calibrate
 from invariants.tdi import CRITERION as TDI_CRITERION
 from invariants.tdi import TrainingInvariants
 
@@ -34,11 +34,13 @@ __all__ = ["FittedOracle", "fit_oracle", "stratified_split"]
 @dataclass
 class FittedOracle:
     """The oracle, its calibration on the held-out part of val, and how it was fitted: ``params``,
-    and ``fit_params``, what a bundle records (the parameters that apply to every fit and counts)."""
+    and ``fit_params``, what a bundle records (the parameters that apply to every fit and counts);
+    ``calibration_result``: the oracle's verdicts on the held-out part (what the calibration counted)."""
 
     oracle: Oracle
     calibration: OracleCalibration
     calibration_index: np.ndarray
+    calibration_result: OracleResult
     params: FitParams
     fit_params: dict[str, Any] = field(default_factory=dict)
 
@@ -142,13 +144,8 @@ def fit_oracle(
     calibration = calibrate(result, wrong[calibration_index])
     say(f"oracle on calibration: TPR {calibration.tpr:.3f}, FPR {calibration.fpr:.3f}, F1 {calibration.f1:.3f}")
     counts = {"n_train": train_n, "n_val": int(val_y.shape[0]), "n_adi_train": int(adi_index.size)}
-    return FittedOracle(
-        oracle=oracle,
-        calibration=calibration,
-        calibration_index=calibration_index,
-        params=params,
-        fit_params=_recorded(params, oracle, counts, calibration_index, wrong),
-    )
+    recorded = _recorded(params, oracle, counts, calibration_index, wrong)
+    return FittedOracle(oracle, calibration, calibration_index, result, params, recorded)
 
 
 def _checked_validation(

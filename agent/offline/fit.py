@@ -15,6 +15,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.reliability import weak_oracle
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier
+from agent.offline.fit_progress import FitMeter, fit_meter
 from agent.offline.fit_stages import (
     ModelFitInputs,
     Written,
@@ -55,14 +56,18 @@ _R = TypeVar("_R")
 
 
 class _Clock:
-    """Runs the stages of one fit and keeps the seconds each took."""
+    """Runs the stages of one fit, keeps the seconds each took and moves the fit's progress bar
+    (:mod:`agent.offline.fit_progress`) as they go."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: FitMeter) -> None:
         self.seconds: dict[str, float] = {}
+        self.meter = meter
 
     def run(self, stage: str, fn: Callable[..., _R], *args: Any) -> _R:
         started = time.perf_counter()
+        self.meter.begin(stage)
         out = fn(*args)
+        self.meter.end()
         self.seconds[stage] = round(time.perf_counter() - started, 3)
         return out
 
@@ -99,12 +104,13 @@ def fit_bundle(
     """
     say = progress or (lambda _m: None)
     inputs = ModelFitInputs(model, train, val, idi_path, params, plan, preprocess)
-    clock = _Clock()
-    data = clock.run("read", read_model_data, inputs, say)
-    oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
-    calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
-    chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
-    written = clock.run("write", model_report, inputs, data, oracle, chosen)
+    with fit_meter(STAGES) as meter:
+        clock = _Clock(meter)
+        data = clock.run("read", read_model_data, inputs, say)
+        oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
+        calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
+        chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+        written = clock.run("write", model_report, inputs, data, oracle, chosen)
     return clock.report(written, chosen.calibration)
 
 
@@ -121,12 +127,13 @@ def fit_table_bundle(
     """Fit IDI/TDI/ADI and the estimators from a reference table (paper §4, §5.4): the stages of a model's
     fit, without ``shift_aware`` (it needs the model); see :mod:`agent.offline.tables`."""
     say = progress or (lambda _m: None)
-    clock = _Clock()
-    data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
-    oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
-    calibrated = clock.run("calibrate", calibrate_table, data, oracle)
-    chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
-    written = clock.run("write", table_report, data, columns, params, oracle, chosen)
+    with fit_meter(STAGES) as meter:
+        clock = _Clock(meter)
+        data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
+        oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
+        calibrated = clock.run("calibrate", calibrate_table, data, oracle)
+        chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+        written = clock.run("write", table_report, data, columns, params, oracle, chosen)
     return clock.report(written, chosen.calibration)
 
 
