@@ -257,10 +257,11 @@ class CalibrationPlan:
 
     # -- wide inputs: every corrupted row is one pass of a model over many values ----------------------
     wide_values: int = 1024
-    """Values per sample above which one numeric tensor is wide (token ids padded to a fixed length, a
-    large image held in memory): a model reading that many per row is often slow on each (attention over
-    thousands of positions, convolutions over a large image), so its corrupted copies are bounded in rows
-    (:attr:`wide_rows`) rather than in count. MNIST's 784 pixels and tables are not wide."""
+    """Values per sample above which one numeric tensor that is not an image is wide (token ids padded to a
+    fixed length, a long vector of counts): a model reading that many per row is often slow on each
+    (attention over thousands of positions), so its corrupted copies are bounded in rows
+    (:attr:`wide_rows`) rather than in count. Tables are not wide; images keep their copies (image files
+    their own bounds, :attr:`lazy_sets`)."""
 
     wide_rows: int = 4096
     """Corrupted rows in all (copies × calibration rows) of a wide input: about a minute of a model at 80

@@ -39,7 +39,7 @@ from agent.model.classifier import OnnxClassifier, label_confidences, predicted_
 from agent.model.inputs import Inputs, rule_values
 from agent.model.view_choice import choose_view
 from agent.model.views import FeatureView, ViewError
-from agent.offline.calibration.corruptions import calibration_family
+from agent.offline.calibration.corruptions import calibration_family, is_image_input
 from agent.offline.calibration.headline_choice import (
     choose_headline,
     choose_model_headline,
@@ -304,7 +304,7 @@ def _tensor_copies(
     """The calibration rows of one numeric tensor that are corrupted, and how many copies
     (``fit --shift-sets``; None: the plan's count for its corruptions): all rows, unless the tensor is
     wide (:attr:`~invariants.fit_params.CalibrationPlan.wide_values`), whose copies are bounded in rows."""
-    if int(np.prod(model.input_shape)) <= plan.wide_values:
+    if is_image_input(model.input_shape) or int(np.prod(model.input_shape)) <= plan.wide_values:
         return cal_idx, params.shift_sets
     keep = plan.wide_sample_rows()
     rows = cal_idx if len(cal_idx) <= keep else cal_idx[subset(len(cal_idx), keep, _resumed(rng_state))]
