@@ -101,10 +101,11 @@ def fit_oracle(
         class_names = idi.classes
 
     train_n = int(np.asarray(train_x).shape[0])
-    say(f"fitting training-data-dependent invariants (decision tree on {train_n} training records)")
+    tdi_x, tdi_y = _tdi_records(train_x, train_y, params)
+    say(f"fitting training-data-dependent invariants (decision tree on {len(tdi_y)} of {train_n} training records)")
     tdi = TrainingInvariants.fit(
-        train_x,
-        train_y,
+        tdi_x,
+        tdi_y,
         confidence=params.confidence,
         support=params.support,
         min_samples_leaf=params.min_samples_leaf,
@@ -146,6 +147,16 @@ def fit_oracle(
     counts = {"n_train": train_n, "n_val": int(val_y.shape[0]), "n_adi_train": int(adi_index.size)}
     recorded = _recorded(params, oracle, counts, calibration_index, wrong)
     return FittedOracle(oracle, calibration, calibration_index, result, params, recorded)
+
+
+def _tdi_records(train_x: np.ndarray, train_y: np.ndarray, params: FitParams) -> tuple[np.ndarray, np.ndarray]:
+    """The training records the TDI tree grows on: all, or a stratified sample of
+    :attr:`~invariants.fit_params.FitParams.tdi_max_records` (seeded)."""
+    y = np.asarray(train_y).reshape(-1)
+    if len(y) <= params.tdi_max_records:
+        return train_x, train_y
+    _, keep = stratified_split(y, params.tdi_max_records / len(y), params.seed)
+    return np.asarray(train_x)[keep], y[keep]
 
 
 def _checked_validation(
