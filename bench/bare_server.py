@@ -4,6 +4,10 @@ loop, raw contents). It decodes the request, runs the model in a worker thread, 
 answers probabilities and label: no validation, no judging. It answers the server and model metadata
 a V2 server does, so a proxy in front of it speaks binary to it.
 
+Both protocols take requests as large as the agent does with its defaults (``server.max_body_bytes``,
+32 MiB): gRPC's own receive limit (4 MB by default) would refuse a batch of 32 images of 3×224×224
+(19 MB) that the agent serves.
+
     python -m bench.bare_server --port 8000 [--grpc-port 8001] --model agent/models/mnist_cnn.onnx
 """
 
@@ -135,6 +139,13 @@ def bare_app(model: BareModel, grpc_port: int | None = None) -> Any:
     return app
 
 
+def max_message_bytes() -> int:
+    """The largest request the agent serves with its defaults (``server.max_body_bytes``)."""
+    from agent.config.server import ServerConfig
+
+    return int(ServerConfig.model_fields["max_body_bytes"].default)
+
+
 async def bare_grpc_server(model: BareModel, port: int) -> Any:
     """The gRPC service on ``port``: ModelInfer (raw contents in and out) and the readiness calls."""
     import grpc
@@ -160,7 +171,9 @@ async def bare_grpc_server(model: BareModel, port: int) -> Any:
             resp.raw_output_contents.extend((p, label))
             return resp
 
-    server = grpc.aio.server()
+    limit = max_message_bytes()
+    options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
+    server = grpc.aio.server(options=options)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Bare(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

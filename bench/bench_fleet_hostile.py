@@ -8,8 +8,13 @@ evaluator's ``last_error``, whether ``icos_fleet_stale`` rose, the growth of its
 RSS before the case (``VmHWM`` reset through ``/proc/<pid>/clear_refs``), and the slowest answer of
 its liveness probe and of ``/metrics``, polled every 0.2 s throughout.
 
-Run: ``python -m bench.bench_fleet_hostile [--bundle DIR] [--cases drip,inf] [--observe 90]``
-(without ``--bundle`` a bundle of the shipped MNIST CNN is fitted first, about a minute).
+Run: ``python -m bench.bench_fleet_hostile [--bundle DIR] [--cases drip,inf] [--observe 90]
+[--max-response-bytes N] [--max-series N] [--agent-root DIR]`` (without ``--bundle`` a bundle of the
+shipped MNIST CNN is fitted first, about a minute). ``--max-response-bytes``/``--max-series`` raise the
+evaluator's bounds (``fleet.max_response_bytes``, ``fleet.max_series``): with 64 MiB and 1,000,000,
+``many_series`` (200,000 series, 33 MB) is parsed instead of refused for its size, the most an evaluator
+configured for a large fleet parses. ``--agent-root DIR`` runs the evaluator of another checkout
+(``PYTHONPATH=DIR``), so the same script measures the code before a change.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import os
 import socket
 import subprocess
 import sys
@@ -66,9 +72,10 @@ def bundle_label(bundle: Path) -> str:
     return hashlib.sha256((bundle / "manifest.json").read_bytes()).hexdigest()[:16]
 
 
-def fleet_config(url: str, bundle: Path, state: Path) -> dict[str, Any]:
-    """The evaluator's configuration; settings this version of the code does not know are left out,
-    so that the same script measures the code before the bounds."""
+def fleet_config(url: str, bundle: Path, state: Path, bounds: dict[str, int] | None = None) -> dict[str, Any]:
+    """The evaluator's configuration (``bounds``: ``max_response_bytes``/``max_series`` when raised);
+    settings this version of the code does not know are left out, so that the same script measures the
+    code before the bounds."""
     fleet: dict[str, Any] = {
         "prometheus_url": url,
         "refresh_seconds": 2,
@@ -76,6 +83,7 @@ def fleet_config(url: str, bundle: Path, state: Path) -> dict[str, Any]:
         "lookback_seconds": 60,
         "stale_after_seconds": 6,
         "refresh_timeout_seconds": 5,
+        **(bounds or {}),
     }
     fleet = {k: v for k, v in fleet.items() if k in FleetConfig.model_fields}
     return {
@@ -137,15 +145,20 @@ class Probe:
 class Evaluator:
     """The evaluator process (stderr to ``<dir>/fleet.log``)."""
 
-    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, config: dict[str, Any], root: Path | None = None) -> None:
         self.port = _free_port()
         config = {**config, "server": {"host": "127.0.0.1", "port": self.port}}
         self.config = directory / "fleet.yaml"
         self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.log = directory / "fleet.log"
+        env = {**os.environ, "PYTHONPATH": str(root)} if root is not None else None
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agent", "serve", "--config", str(self.config)], stdout=log, stderr=log
+                [sys.executable, "-m", "agent", "serve", "--config", str(self.config)],
+                stdout=log,
+                stderr=log,
+                env=env,
+                cwd=root,
             )
 
     @property
@@ -179,10 +192,17 @@ def _errors(body: dict[str, Any]) -> int:
     return int(body["fleet"]["query_errors_total"])
 
 
-def run_case(case: str, api: HostilePrometheus, bundle: Path, observe: float) -> dict[str, Any]:
+def run_case(
+    case: str,
+    api: HostilePrometheus,
+    bundle: Path,
+    observe: float,
+    bounds: dict[str, int] | None = None,
+    root: Path | None = None,
+) -> dict[str, Any]:
     api.mode = "good"
     with tempfile.TemporaryDirectory(prefix="fleet-hostile-") as tmp:
-        ev = Evaluator(Path(tmp), fleet_config(api.url, bundle, Path(tmp) / "state"))
+        ev = Evaluator(Path(tmp), fleet_config(api.url, bundle, Path(tmp) / "state", bounds), root)
         try:
             good = _wait(lambda: (b := ev.estimates()) and b["windows"] and not b["fleet"]["stale"] and b, 120)
             if not good:
@@ -253,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", type=Path, default=None, help="a bundle of the shipped MNIST CNN")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--observe", type=float, default=90.0, help="seconds to wait for a case's outcome")
+    ap.add_argument("--max-response-bytes", type=int, help="fleet.max_response_bytes (default: the setting's)")
+    ap.add_argument("--max-series", type=int, help="fleet.max_series (default: the setting's)")
+    ap.add_argument("--agent-root", type=Path, help="checkout whose evaluator runs (default: this one)")
     args = ap.parse_args(argv)
+    bounds = {k: v for k, v in (("max_response_bytes", args.max_response_bytes), ("max_series", args.max_series)) if v}
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -269,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print("|---|---|---|---|---|---|---|---|---|---|")
             for case in cases:
-                r = run_case(case, api, bundle, args.observe)
+                r = run_case(case, api, bundle, args.observe, bounds, args.agent_root)
                 cells = [r[k] for k in ("case", "outcome", "reason", "last_error", "stale", "seconds")]
                 cells += [r[k] for k in ("rss_growth_mb", "live_max", "metrics_max", "probe_failures")]
                 print("| " + " | ".join(_cell(c) for c in cells) + " |", flush=True)

@@ -24,7 +24,7 @@ from invariants.adi import CRITERION as ADI_CRITERION
 from invariants.adi import AlgorithmInvariants
 from invariants.fit_params import FitParams
 from invariants.idi import IdiRuleSet
-from invariants.oracle import Oracle, OracleCalibration, calibrate
+from invariants.oracle import Oracle, OracleCalibration, OracleResult, calibrate
 from invariants.tdi import CRITERION as TDI_CRITERION
 from invariants.tdi import TrainingInvariants
 
@@ -34,11 +34,13 @@ __all__ = ["FittedOracle", "fit_oracle", "stratified_split"]
 @dataclass
 class FittedOracle:
     """The oracle, its calibration on the held-out part of val, and how it was fitted: ``params``,
-    and ``fit_params``, what a bundle records (the parameters that apply to every fit and counts)."""
+    and ``fit_params``, what a bundle records (the parameters that apply to every fit and counts);
+    ``calibration_result``: the oracle's verdicts on the held-out part (what the calibration counted)."""
 
     oracle: Oracle
     calibration: OracleCalibration
     calibration_index: np.ndarray
+    calibration_result: OracleResult
     params: FitParams
     fit_params: dict[str, Any] = field(default_factory=dict)
 
@@ -99,10 +101,11 @@ def fit_oracle(
         class_names = idi.classes
 
     train_n = int(np.asarray(train_x).shape[0])
-    say(f"fitting training-data-dependent invariants (decision tree on {train_n} training records)")
+    tdi_x, tdi_y = _tdi_records(train_x, train_y, params)
+    say(f"fitting training-data-dependent invariants (decision tree on {len(tdi_y)} of {train_n} training records)")
     tdi = TrainingInvariants.fit(
-        train_x,
-        train_y,
+        tdi_x,
+        tdi_y,
         confidence=params.confidence,
         support=params.support,
         min_samples_leaf=params.min_samples_leaf,
@@ -142,13 +145,18 @@ def fit_oracle(
     calibration = calibrate(result, wrong[calibration_index])
     say(f"oracle on calibration: TPR {calibration.tpr:.3f}, FPR {calibration.fpr:.3f}, F1 {calibration.f1:.3f}")
     counts = {"n_train": train_n, "n_val": int(val_y.shape[0]), "n_adi_train": int(adi_index.size)}
-    return FittedOracle(
-        oracle=oracle,
-        calibration=calibration,
-        calibration_index=calibration_index,
-        params=params,
-        fit_params=_recorded(params, oracle, counts, calibration_index, wrong),
-    )
+    recorded = _recorded(params, oracle, counts, calibration_index, wrong)
+    return FittedOracle(oracle, calibration, calibration_index, result, params, recorded)
+
+
+def _tdi_records(train_x: np.ndarray, train_y: np.ndarray, params: FitParams) -> tuple[np.ndarray, np.ndarray]:
+    """The training records the TDI tree grows on: all, or a stratified sample of
+    :attr:`~invariants.fit_params.FitParams.tdi_max_records` (seeded)."""
+    y = np.asarray(train_y).reshape(-1)
+    if len(y) <= params.tdi_max_records:
+        return train_x, train_y
+    _, keep = stratified_split(y, params.tdi_max_records / len(y), params.seed)
+    return np.asarray(train_x)[keep], y[keep]
 
 
 def _checked_validation(

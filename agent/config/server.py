@@ -75,7 +75,8 @@ class ServerConfig(Section):
     body_timeout_seconds: float = Field(60.0, gt=0, le=3600)
     """a request body not complete this many seconds after its head closes the connection
     (icos_connections_refused_total{reason="body_timeout"}); bounds how long a client that dribbles its body holds
-    a request slot"""
+    a request slot; a gRPC request message not read within it is answered `DEADLINE_EXCEEDED`
+    (icos_invalid_requests_total{reason="body_timeout"})"""
 
     max_head_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     """a larger request head (request line and headers) is answered 431 and its connection closed"""

@@ -32,6 +32,7 @@ from agent.dataplane.admission import (
     admit,
 )
 from agent.dataplane.metadata import model_metadata_of
+from agent.dataplane.model_rows import ModelRows
 from agent.dataplane.observe_intake import ObserveIntake
 from agent.dataplane.policy import Placement
 from agent.errors import ClientError
@@ -121,13 +122,21 @@ class ServeMode(_NothingAround):
     runs_model = True
     background_judging = True
 
+    def __init__(self) -> None:
+        #: one full batch's rows in the model at once (its activations bounded: :mod:`~agent.dataplane.model_rows`)
+        self.model_rows = ModelRows()
+
     async def admit(self, rt: Runtime, request: InferRequest, place: Placement) -> Admitted:
         assert rt.classifier is not None
         admitted: Admitted = await place.run(admit, rt, request, SERVE_OUTPUTS)
         return admitted
 
     async def predict(self, admitted: Admitted, place: Placement) -> Predicted:
-        pred, seconds = await place.run_model(_run_model, admitted)
+        rows = await self.model_rows.take(admitted.x.n, admitted.rt.max_batch)
+        try:
+            pred, seconds = await place.run_model(_run_model, admitted)
+        finally:
+            self.model_rows.give(rows)
         rt = admitted.rt
         features = rt.features(admitted.x, pred)
         work = JudgeWork(

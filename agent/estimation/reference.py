@@ -18,6 +18,24 @@ from agent.estimation.layout import LEAF_BINS, PCA_QUANTILES, floored_scales
 PCA_CHUNK = 64
 #: Pseudo-count pulling a class's clean mean confidence toward the overall clean mean (rare classes).
 CLASS_PRIOR_WEIGHT = 5.0
+#: Features above which the leading components are found by a randomized SVD: the eigendecomposition of
+#: the D×D scatter matrix is O(D³), minutes for a view of thousands of columns.
+EXACT_PCA_MAX = 1024
+
+
+def leading_components(z: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` leading principal directions of the (centred) rows ``z`` ``[N, D]``, as rows ``[k, D]``:
+    the top eigenvectors of ``zᵀz`` for at most :data:`EXACT_PCA_MAX` columns, else a randomized SVD
+    (Halko et al. 2011: seeded, with power iterations; the subspace of the leading components it finds
+    differs from the exact one by far less than a window's sampling error)."""
+    if z.shape[1] <= EXACT_PCA_MAX:
+        # top-k eigenvectors of the D×D scatter matrix (cheaper than an SVD of the N×D data)
+        _, vecs = np.linalg.eigh(z.T @ z)
+        return np.asarray(vecs[:, ::-1][:, :k].T)
+    from sklearn.utils.extmath import randomized_svd
+
+    _, _, vt = randomized_svd(z, k, n_oversamples=10, n_iter=6, random_state=0)
+    return np.asarray(vt[:k])
 
 
 @dataclass(frozen=True)
@@ -185,9 +203,7 @@ class InputReference:
             scale = np.array([max(float(np.abs(tr).max()), 1e-9)])
         z = (tr - center) / scale
         k = int(min(components, z.shape[0], z.shape[1]))
-        # top-k eigenvectors of the D×D scatter matrix (cheaper than an SVD of the N×D data)
-        _, vecs = np.linalg.eigh(z.T @ z)
-        basis = vecs[:, ::-1][:, :k].T
+        basis = leading_components(z, k)
         ref = cls(tuple(center), tuple(scale), tuple(tuple(r) for r in basis), (), (), (), ())
         n_rules = len(rule_label)
         if train_rules is not None and n_rules:

@@ -7,7 +7,11 @@ By default:
   MNIST-sized images), with categorical text columns one-hot: ``raw`` — TDI rules then read as rules about
   the inputs themselves (pixel heatmaps, feature thresholds, categories);
 * larger images, free text and token ids: the model's own ``embedding`` (the input of its last dense
-  layer) where the graph has one, else ``pooled`` images and ``hashed`` text and tokens.
+  layer) where the graph has one, else ``pooled`` images and ``hashed`` text and tokens;
+* a long integer vector of a fixed length (more than :data:`LONG_SEQUENCE` values: token ids padded to the
+  length the model was exported with): the model's ``embedding`` where the graph has one, since a rule on
+  the id at position 517 says nothing and a tree over thousands of positions costs minutes; ``raw``
+  otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from agent.model.views import (
 
 #: Samples read to learn a view's categories and an embedding's width.
 PROBE_SAMPLES = 64
+#: An integer input of one dimension with more values than this per sample is read as a padded sequence.
+LONG_SEQUENCE = 512
 
 
 def categories_of(train: Inputs, signature: Signature) -> dict[str, list[str]]:
@@ -57,6 +63,15 @@ def _raw_size(signature: Signature) -> int | None:
             return None
         total += spec.size or 0
     return total
+
+
+def _long_sequences(signature: Signature) -> list[str]:
+    """The fixed-length integer vectors longer than :data:`LONG_SEQUENCE` (padded token ids)."""
+    return [
+        s.name
+        for s in signature.inputs
+        if not s.is_string and s.fixed and len(s.shape) == 1 and s.dtype.kind in "iu" and (s.size or 0) > LONG_SEQUENCE
+    ]
 
 
 def _embedding_width(model: OnnxClassifier, tensor: str, train: Inputs) -> int:
@@ -86,6 +101,15 @@ def choose_view(
         free_text = [s.name for s in sig.inputs if s.is_string and s.name not in cats]
         tokens = [s.name for s in sig.inputs if is_token_ids(s)]
         large = [s.name for s in sig.inputs if is_image(s) and (s.size or 0) > RAW_MAX_VALUES]
+        sequences = _long_sequences(sig)
+        found = penultimate_tensor(model.model_bytes, model.scores_output) if sequences else None
+        if found is not None:
+            width = _embedding_width(model, found, train)
+            why = (
+                f"{', '.join(sequences)}: integer sequence(s) of more than {LONG_SEQUENCE} values; the model's own "
+                f"representation ({found!r}, {width} values), read in the same run"
+            )
+            return make_view("embedding", sig, embedding=found, embedding_width=width, seed=seed, why=why)
         if raw_size is not None and raw_size <= RAW_MAX_VALUES and not large:
             why = f"{raw_size} numeric value(s) per sample: rules about the inputs themselves"
             return make_view("raw", sig, inputs=encode_inputs("raw", sig), raw_names=feature_names, seed=seed, why=why)

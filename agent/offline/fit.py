@@ -19,6 +19,7 @@ from agent.estimation.reliability import weak_oracle
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier
 from agent.offline.fit_pair import pair_of_model, pair_of_table
+from agent.offline.fit_progress import FitMeter, fit_meter
 from agent.offline.fit_stages import (
     ModelFitInputs,
     Written,
@@ -62,15 +63,24 @@ class FitReport:
 _R = TypeVar("_R")
 
 
-class _Clock:
-    """Runs the stages of one fit and keeps the seconds each took."""
+def _stages(with_pair: bool) -> tuple[str, ...]:
+    """The stages a fit runs: :data:`STAGES`, and :data:`PAIR_STAGE` last when a champion is given."""
+    return (*STAGES, PAIR_STAGE) if with_pair else STAGES
 
-    def __init__(self) -> None:
+
+class _Clock:
+    """Runs the stages of one fit, keeps the seconds each took and moves the fit's progress bar
+    (:mod:`agent.offline.fit_progress`) as they go."""
+
+    def __init__(self, meter: FitMeter) -> None:
         self.seconds: dict[str, float] = {}
+        self.meter = meter
 
     def run(self, stage: str, fn: Callable[..., _R], *args: Any) -> _R:
         started = time.perf_counter()
+        self.meter.begin(stage)
         out = fn(*args)
+        self.meter.end()
         self.seconds[stage] = round(time.perf_counter() - started, 3)
         return out
 
@@ -114,13 +124,14 @@ def fit_bundle(
     """
     say = progress or (lambda _m: None)
     inputs = ModelFitInputs(model, train, val, idi_path, params, plan, preprocess)
-    clock = _Clock()
-    data = clock.run("read", read_model_data, inputs, say)
-    oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
-    calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
-    chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
-    written = clock.run("write", model_report, inputs, data, oracle, chosen)
-    pair = clock.run(PAIR_STAGE, pair_of_model, inputs, data, champion, say) if champion is not None else None
+    with fit_meter(_stages(champion is not None)) as meter:
+        clock = _Clock(meter)
+        data = clock.run("read", read_model_data, inputs, say)
+        oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
+        calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
+        chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+        written = clock.run("write", model_report, inputs, data, oracle, chosen)
+        pair = clock.run(PAIR_STAGE, pair_of_model, inputs, data, champion, say) if champion is not None else None
     return clock.report(written, chosen.calibration, pair)
 
 
@@ -140,17 +151,18 @@ def fit_table_bundle(
     ``champion_probabilities`` (a champion's probabilities of the same rows): the comparison with it is
     calibrated too (the ``pair`` stage)."""
     say = progress or (lambda _m: None)
-    clock = _Clock()
-    data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
-    oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
-    calibrated = clock.run("calibrate", calibrate_table, data, oracle)
-    chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
-    written = clock.run("write", table_report, data, columns, params, oracle, chosen)
-    pair = (
-        clock.run(PAIR_STAGE, pair_of_table, ref, champion_probabilities, data.y, params, plan)
-        if champion_probabilities is not None
-        else None
-    )
+    with fit_meter(_stages(champion_probabilities is not None)) as meter:
+        clock = _Clock(meter)
+        data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
+        oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
+        calibrated = clock.run("calibrate", calibrate_table, data, oracle)
+        chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+        written = clock.run("write", table_report, data, columns, params, oracle, chosen)
+        pair = (
+            clock.run(PAIR_STAGE, pair_of_table, ref, champion_probabilities, data.y, params, plan)
+            if champion_probabilities is not None
+            else None
+        )
     return clock.report(written, chosen.calibration, pair)
 
 

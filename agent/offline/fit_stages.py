@@ -39,6 +39,7 @@ from agent.model.classifier import OnnxClassifier, label_confidences, predicted_
 from agent.model.inputs import Inputs, rule_values
 from agent.model.view_choice import choose_view
 from agent.model.views import FeatureView, ViewError
+from agent.offline.calibration.corruptions import calibration_family, is_image_input
 from agent.offline.calibration.headline_choice import (
     choose_headline,
     choose_model_headline,
@@ -48,6 +49,7 @@ from agent.offline.calibration.headline_choice import (
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.sets import CalibrationSets, calibration_sets, input_calibration_sets
 from agent.offline.calibration.shift_windows import tilt_coordinates
+from agent.offline.fit_progress import expect_rows
 from agent.offline.viewing import LazySource, Viewed, predict_and_view, source_of, subset
 from invariants.adi import AlgorithmInvariants
 from invariants.bundle import Bundle, TableSource
@@ -154,6 +156,7 @@ def read_model_data(inputs: ModelFitInputs, say: Progress) -> ModelData:
     val_metadata = dict(val.metadata)
     if idi is not None and isinstance(val_x, Inputs):  # the rules' named inputs are read with the metadata
         val_metadata.update(rule_values(val_x, idi.input_fields))
+    expect_rows(len(train_x) + len(val_x))
     train_v = predict_and_view(model, train_x, "predict train")
     val_v = predict_and_view(model, val_x, "predict validation")
     data = OracleData(
@@ -258,13 +261,7 @@ def fit_the_oracle(data: OracleData, params: FitParams, say: Progress) -> Oracle
         raise UserError(str(exc)) from exc
     cal = fitted.calibration_index
     probabilities, predicted, y = data.val_probabilities[cal], data.val_predicted[cal], data.val_y[cal]
-    result = fitted.oracle.judge(
-        data.val_features[cal],
-        probabilities,
-        predicted,
-        metadata={k: v[cal] for k, v in data.val_metadata.items()} or None,
-        feature_names=data.feature_names,
-    )
+    result = fitted.calibration_result  # the oracle's verdicts on the split, as its calibration counted them
     clean = JudgedSet(
         "clean", np.asarray(result.verdict), label_confidences(probabilities, predicted), predicted == y, y
     )
@@ -296,6 +293,25 @@ def _resumed(state: Mapping[str, Any]) -> np.random.Generator:
     return rng
 
 
+def _tensor_copies(
+    model: OnnxClassifier,
+    plan: CalibrationPlan,
+    params: FitParams,
+    train_x: np.ndarray,
+    cal_idx: np.ndarray,
+    rng_state: Mapping[str, Any],
+) -> tuple[np.ndarray, int | None]:
+    """The calibration rows of one numeric tensor that are corrupted, and how many copies
+    (``fit --shift-sets``; None: the plan's count for its corruptions): all rows, unless the tensor is
+    wide (:attr:`~invariants.fit_params.CalibrationPlan.wide_values`), whose copies are bounded in rows."""
+    if is_image_input(model.input_shape) or int(np.prod(model.input_shape)) <= plan.wide_values:
+        return cal_idx, params.shift_sets
+    keep = plan.wide_sample_rows()
+    rows = cal_idx if len(cal_idx) <= keep else cal_idx[subset(len(cal_idx), keep, _resumed(rng_state))]
+    corruptions = len(calibration_family(model.input_shape, train_x)[0])
+    return rows, params.shift_sets or plan.wide_sets(corruptions, len(rows))
+
+
 def calibrate_model(inputs: ModelFitInputs, data: ModelData, fit: OracleFit, say: Progress) -> Calibrated:
     """Stage 3 (calibrate): ``shift_aware`` fitted on judged corrupted copies of the calibration split: one
     numeric tensor corrupted whole, else input by input (image files: a sample of the split and of the
@@ -304,19 +320,25 @@ def calibrate_model(inputs: ModelFitInputs, data: ModelData, fit: OracleFit, say
     oracle, cal_idx = fit.fitted.oracle, fit.calibration_index
     train_x, val_x, single = data.train_x, data.val_x, model.signature.single
     if isinstance(train_x, Inputs) and isinstance(val_x, Inputs) and single is not None and _one_numeric_tensor(model):
-        say("calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)")
+        rows, n_sets = _tensor_copies(model, plan, params, train_x[single.name], cal_idx, data.rng_state)
+        say(
+            "calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)"
+            + (f": {n_sets} copies of {len(rows)} rows (wide inputs)" if n_sets is not None else "")
+        )
+        expect_rows(len(rows) * (n_sets or plan.min_sets))
         sets: CalibrationSets | None = calibration_sets(
             model,
             oracle,
-            val_x[single.name][cal_idx],
-            od.val_y[cal_idx],
+            val_x[single.name][rows],
+            od.val_y[rows],
             train_x=train_x[single.name],
-            metadata={k: v[cal_idx] for k, v in od.val_metadata.items()} or None,
+            metadata={k: v[rows] for k, v in od.val_metadata.items()} or None,
             feature_names=od.feature_names,
-            n_sets=params.shift_sets,
+            n_sets=n_sets,
             seed=params.seed,
+            train_features=od.train_features,
+            clean=data.val.take(rows),
         )
-        rows = cal_idx
     else:
         say("calibrating the shift-aware estimator on corrupted copies of the calibration split (per input kind)")
         rng = _resumed(data.rng_state)

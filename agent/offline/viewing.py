@@ -16,6 +16,7 @@ import numpy as np
 
 from agent.model.classifier import OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
+from agent.offline import fit_progress
 
 
 class LazySource:
@@ -65,6 +66,12 @@ class Viewed:
     features: np.ndarray
     rule_values: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def take(self, index: np.ndarray) -> Viewed:
+        """The same pass restricted to the samples ``index``."""
+        return Viewed(
+            self.prediction.take(index), self.features[index], {k: v[index] for k, v in self.rule_values.items()}
+        )
+
 
 def predict_and_view(
     model: OnnxClassifier,
@@ -78,15 +85,17 @@ def predict_and_view(
     """Predictions and the feature view of ``x``, batch by batch (``batch_size``, by default the model's
     :meth:`~agent.model.inputs.Signature.batch_rows`), each batch first changed by ``transform`` when
     given; the model's extra outputs (an embedding) are read into the view and not kept. ``desc`` shows a
-    progress bar on stderr (hidden for short runs); ``rule_inputs``: named inputs whose values the IDI
-    rules read, taken from each (transformed) batch."""
+    progress bar on stderr (hidden for short runs, and inside a fit, whose own bar the rows move:
+    :mod:`agent.offline.fit_progress`); ``rule_inputs``: named inputs whose values the IDI rules read,
+    taken from each (transformed) batch."""
     from tqdm import tqdm
 
     probs: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     feats: list[np.ndarray] = []
     values: list[dict[str, np.ndarray]] = []
-    bar = tqdm(total=len(x), desc=desc, unit="sample", leave=False, mininterval=0.5, delay=1.0, disable=desc is None)
+    quiet = desc is None or fit_progress.current() is not None
+    bar = tqdm(total=len(x), desc=desc, unit="sample", leave=False, mininterval=0.5, delay=1.0, disable=quiet)
     with bar:
         for batch in x.batches(batch_size or model.signature.batch_rows()):
             if transform is not None:
@@ -98,5 +107,6 @@ def predict_and_view(
             if rule_inputs:
                 values.append(rule_values(batch, rule_inputs))
             bar.update(len(p.predicted))
+            fit_progress.rows_done(len(p.predicted))
     named = {k: np.concatenate([v[k] for v in values]) for k in values[0]} if values else {}
     return Viewed(Prediction(np.concatenate(probs), np.concatenate(labels)), np.concatenate(feats), named)

@@ -85,7 +85,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 # -- decoding ----------------------------------------------------------------------------------------
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
     """Separate the JSON header from the binary payload and parse the JSON."""
     if header_length is not None:
         try:
@@ -238,7 +238,7 @@ def decode_tensors(
 
 
 def decode_request(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: str | None = None,
     *,
     max_elements: int | None = DEFAULT_MAX_ELEMENTS,

@@ -1,7 +1,9 @@
 """A bound on the bytes of request bodies the server holds at once (``server.max_inflight_bytes``).
 
-Each request body (HTTP, either path) or request message (gRPC) takes its size from the budget before
-it is read on, and gives it back once answered. A request that does not fit is refused at once with
+Each request body (HTTP, either path) takes its size from the budget before it is read on, and gives it
+back once answered. A gRPC request message's size is known only once it is read, so its call first takes
+the most a message may be (waiting for room, :mod:`agent.server.grpc_server`), reads it, and keeps what the
+message and its parsed copy hold. A request that does not fit is refused at once with
 503 and ``Retry-After`` (:class:`ServerBusy`, counted in
 ``icos_connections_refused_total{reason="bytes_in_flight"}``), so a burst of large requests cannot make
 the process hold gigabytes: what it holds is the budget, plus what the transports buffer before the
@@ -42,6 +44,12 @@ class BodyBudget:
         self.held = 0
         self._peak = 0  # most held since the last hand-back
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_give(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (outside the lock, in the thread that gives) whenever bytes are given back:
+        how a request waiting for room learns of it."""
+        self._listeners.append(listener)
 
     def take(self, size: int) -> None:
         """Take ``size`` bytes, or raise :class:`ServerBusy` (nothing taken)."""
@@ -58,5 +66,7 @@ class BodyBudget:
             burst = self.held == 0 and self._peak > TRIM_AFTER_BYTES
             if self.held == 0:
                 self._peak = 0
+        for listener in self._listeners:
+            listener()
         if burst:
             self.on_idle_after_burst()

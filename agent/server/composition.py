@@ -224,7 +224,13 @@ class Agent:
         from agent.server.grpc_server import GrpcService
 
         return GrpcService(
-            self.plane, self.metrics, self.ready, srv.max_body_bytes, srv.limit_concurrency, self.body_budget
+            self.plane,
+            self.metrics,
+            self.ready,
+            srv.max_body_bytes,
+            srv.limit_concurrency,
+            self.body_budget,
+            body_timeout=srv.body_timeout_seconds,
         )
 
     async def _after_reload(self) -> None:

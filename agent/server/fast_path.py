@@ -61,7 +61,8 @@ class InferFastPath:
                 if declared > 0:
                     self.budget.take(declared)
                     taken = declared
-                chunks = []
+                whole: bytearray | None = None  # the body when it comes in pieces (see _body_of)
+                chunks: list[bytes] = []
                 received = 0
                 more = True
                 while more:
@@ -69,17 +70,25 @@ class InferFastPath:
                     if message["type"] == "http.disconnect":
                         return
                     chunk = message.get("body", b"")
-                    received += len(chunk)
-                    if received > self.limit:
+                    end = received + len(chunk)
+                    if end > self.limit:
                         await self._reject(send)
                         return
-                    if received > taken:  # a chunked body, or one longer than declared
-                        self.budget.take(received - taken)
-                        taken = received
-                    chunks.append(chunk)
+                    if end > taken:  # a chunked body, or one longer than declared
+                        self.budget.take(end - taken)
+                        taken = end
                     more = message.get("more_body", False)
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                del chunks
+                    if whole is None and more and not chunks and 0 < end <= declared:
+                        whole = bytearray(declared)
+                    if whole is not None and end <= declared:
+                        whole[received:end] = chunk
+                    else:
+                        if whole is not None:  # longer than declared: pieces from here on
+                            chunks, whole = [bytes(whole[:received])], None
+                        chunks.append(chunk)
+                    received = end
+                body = _body_of(whole, chunks, received)
+                del chunks, whole
                 content, out_headers = await answer_http(self.plane, body, header_length, m.group(1), m.group(2))
                 del body
                 status = 200
@@ -96,3 +105,12 @@ class InferFastPath:
     async def _reject(self, send: Send) -> None:
         self.metrics.invalid("too_large")
         await send_too_large(send, self.limit)
+
+
+def _body_of(whole: bytearray | None, chunks: list[bytes], received: int) -> bytes | bytearray:
+    """The body read. One that comes in pieces is copied as it comes into one buffer of its declared length
+    (``whole``, ``received`` bytes of it filled): pieces joined at the end would hold it twice; one piece
+    is the body as it came; a body without a declared length is its pieces joined."""
+    if whole is not None:
+        return whole if received == len(whole) else bytes(whole[:received])
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -16,11 +16,26 @@ it, the handler receives the serialised message and checks its size before parsi
 receive limit is set to twice the bound, so no message over that is ever buffered (those are refused
 by gRPC's transport with the same status, before the agent sees them, and are not counted).
 
+Admission before reading: grpc-python reads a unary call's whole message before its handler runs, so 16
+concurrent calls of 32 MB were held (twice: the transport's buffer and its bytes) before any could be
+refused. ``ModelInfer`` is therefore served as a client-streaming handler, which gRPC's wire cannot tell
+from a unary one and whose message is read only when the handler asks: the call first takes the most a
+message may be (the receive limit) from the server's budget of bytes in flight
+(``server.max_inflight_bytes``, shared with HTTP bodies), waiting for room up to :data:`ROOM_WAIT_SECONDS`
+(then ``UNAVAILABLE``, counted under ``icos_connections_refused_total{reason="bytes_in_flight"}``, as HTTP
+answers 503); it then reads the message (within
+``server.body_timeout_seconds``: else ``DEADLINE_EXCEEDED``, ``reason="body_timeout"``) and keeps what the
+message and its parsed copy hold (twice its size). A message not yet read waits in the transport's flow
+control window (BDP probing off, so that window stays small), not in memory. Serving a call this way costs
+about 0.07 ms more CPU than a unary handler (measured on a minimal server).
+
 The service is registered by hand (no generated ``_pb2_grpc`` module, which would import ``grpc`` too).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,14 +50,18 @@ from agent.dataplane.plane import DataPlane
 from agent.errors import ClientError
 from agent.protocol import v2_grpc
 from agent.protocol.grpc_stubs import open_inference_grpc_pb2 as pb
-from agent.server.body_budget import BodyBudget
-from agent.server.errors import answer_of
+from agent.server.body_budget import BodyBudget, ServerBusy
+from agent.server.errors import HttpAnswer, answer_of
 from agent.server.listeners import port_in_use_error
 from exporters.prometheus import AgentMetrics
 
 log = logs.get("grpc")
 
 SERVICE = "inference.GRPCInferenceService"
+#: How long a call waits for room in the budget before it is refused: as long as an HTTP request refused
+#: for the same reason is told to wait before it retries (``Retry-After: 1``); reads of other calls' large
+#: messages, which hold room only until their size is known, end well within it.
+ROOM_WAIT_SECONDS = 1.0
 
 
 class GrpcService:
@@ -58,6 +77,7 @@ class GrpcService:
         max_body_bytes: int,
         limit_concurrency: int,
         budget: BodyBudget,
+        body_timeout: float = 60.0,
     ) -> None:
         self.plane = plane
         self.budget = budget
@@ -65,9 +85,17 @@ class GrpcService:
         self.ready = ready
         self.limit = max_body_bytes
         self.limit_concurrency = limit_concurrency
+        self.body_timeout = body_timeout
         self.server: aio.Server | None = None
         self.port: int | None = None
         self.address = ""
+        #: what a call takes from the budget before its message is read: gRPC's receive limit
+        self.reserve = 2 * max_body_bytes
+        self._room: asyncio.Event | None = None  # set when the budget gives bytes back
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._waiting = 0
+        budget.on_give(self._wake)
 
     def bind(self, host: str, port: int) -> None:
         """Make the server and bind its port (it answers nothing until :meth:`start`); a port in use is
@@ -78,6 +106,8 @@ class GrpcService:
                 ("grpc.max_receive_message_length", 2 * limit),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
+                # a message not yet read stays in the sender (a window of 64 KB), not in this process
+                ("grpc.http2.bdp_probe", 0),
             ],
             maximum_concurrent_rpcs=self.limit_concurrency,
         )
@@ -93,6 +123,9 @@ class GrpcService:
     async def start(self) -> None:
         """Answer calls on the port :meth:`bind` bound."""
         assert self.server is not None, "bind() first"
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._room = asyncio.Event()
         await self.server.start()
         log.info("gRPC V2 service listening", extra={"address": self.address})
 
@@ -118,14 +151,18 @@ class GrpcService:
                 "ModelReady": unary(self.model_ready, pb.ModelReadyRequest),
                 "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest),
                 "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest),
-                # the serialised message: its size is checked before it is parsed (see the module docstring)
-                "ModelInfer": unary(self.model_infer, None),
+                # read by the handler once admitted, serialised: its size is checked before it is parsed
+                "ModelInfer": grpc.stream_unary_rpc_method_handler(
+                    self.model_infer, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
+                ),
             },
         )
 
     async def _abort(self, context: aio.ServicerContext, exc: Exception) -> None:
         """End the call with the table's answer to ``exc`` (counted as HTTP counts it); raises."""
-        answer = answer_of(exc)
+        await self._abort_with(context, answer_of(exc))
+
+    async def _abort_with(self, context: aio.ServicerContext, answer: HttpAnswer) -> None:
         answer.count(self.metrics)
         await context.abort(grpc.StatusCode[answer.grpc_code], answer.message)
 
@@ -151,19 +188,71 @@ class GrpcService:
         except Exception as exc:
             await self._abort(context, exc)
 
-    async def model_infer(self, data: bytes, context: aio.ServicerContext) -> Any:
-        size = len(data)
-        taken = 0
-        failure: Exception | None = None
+    def _wake(self) -> None:
+        """Bytes went back to the budget: calls waiting for room try again."""
+        room, loop = self._room, self._loop
+        if room is None or loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            room.set()
+        elif self._waiting:
+            loop.call_soon_threadsafe(room.set)
+
+    async def _take_room(self, context: aio.ServicerContext) -> int:
+        """Take :attr:`reserve` bytes of the budget before the message is read, waiting for room up to
+        :data:`ROOM_WAIT_SECONDS` (or the call's deadline, if sooner; then :class:`ServerBusy`)."""
+        assert self._room is not None and self._loop is not None, "start() first"
+        left = context.time_remaining()
+        deadline = self._loop.time() + min(ROOM_WAIT_SECONDS, left if left is not None else ROOM_WAIT_SECONDS)
+        while True:
+            self._room.clear()
+            try:
+                self.budget.take(self.reserve)
+                return self.reserve
+            except ServerBusy:
+                wait = deadline - self._loop.time()
+                if wait <= 0:
+                    raise
+            self._waiting += 1
+            try:
+                async with asyncio.timeout(wait):
+                    await self._room.wait()
+            except TimeoutError:
+                raise ServerBusy(self.reserve, self.budget.limit) from None
+            finally:
+                self._waiting -= 1
+
+    async def _read(self, context: aio.ServicerContext) -> bytes:
+        """The call's one request message, within ``server.body_timeout_seconds``."""
         try:
+            async with asyncio.timeout(self.body_timeout):
+                data = await context.read()
+        except TimeoutError:
+            raise ClientError(
+                f"the request message did not arrive within {self.body_timeout:g} s (server.body_timeout_seconds)",
+                status=504,
+                reason="body_timeout",
+            ) from None
+        if not isinstance(data, bytes):  # aio.EOF: the call ended without a message
+            raise ClientError("ModelInfer takes one request message; none came", reason="malformed_message")
+        return data
+
+    async def model_infer(self, _requests: Any, context: aio.ServicerContext) -> Any:
+        taken = 0
+        refusal: HttpAnswer | None = None
+        try:
+            taken = await self._take_room(context)  # before a byte of the message is read
+            data = await self._read(context)
+            size = len(data)
             if size > self.limit:
                 raise ClientError(
                     f"request message is {size} bytes; the limit is {self.limit} (server.max_body_bytes)",
                     status=413,
                     reason="too_large",
                 )
-            self.budget.take(size)  # server.max_inflight_bytes, as HTTP bodies
-            taken = size
+            held = min(taken, 2 * size)  # the message, and its parsed copy
+            self.budget.give(taken - held)
+            taken = held
             async with self.plane.place(size, True) as place:
                 msg = await place.run(v2_grpc.parse_infer_request, data)
                 del data
@@ -172,10 +261,14 @@ class GrpcService:
                 response = await self.plane.infer(request, place)
                 return await place.run(v2_grpc.encode_infer_response, response, request.used_binary)
         except Exception as exc:
-            # the frames behind the error hold the request's buffers: let them go before answering
+            # the frames behind the error hold the request's buffers: let them go before answering, and keep
+            # only the answer (the exception would keep this frame, and the buffers it names, until the
+            # cyclic garbage collector runs: 32 MB per refused request of a burst)
             traceback.clear_frames(exc.__traceback__)
-            failure = exc
+            refusal = answer_of(exc)
+            # the call's abort keeps this frame (its exception's traceback) until the call is collected
+            data = msg = request = None  # type: ignore[assignment]  # noqa: F841
         finally:
             self.budget.give(taken)
-        assert failure is not None
-        await self._abort(context, failure)
+        assert refusal is not None
+        await self._abort_with(context, refusal)

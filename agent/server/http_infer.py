@@ -9,7 +9,7 @@ from agent.protocol import v2
 
 
 async def answer_http(
-    plane: DataPlane, body: bytes, header_length: str | None, model: str, version: str | None
+    plane: DataPlane, body: bytes | bytearray, header_length: str | None, model: str, version: str | None
 ) -> tuple[bytes, dict[str, str]]:
     """The body and headers answering an inference request for ``model`` (and ``version``); raises the
     errors the one error table answers."""

@@ -1,11 +1,12 @@
 """Bursts of large requests against a real agent process, over HTTP and gRPC: the bytes of request
-bodies held at once are bounded (``server.max_inflight_bytes``: beyond it 503 with ``Retry-After``,
-``UNAVAILABLE`` over gRPC, counted), other clients' small requests keep being answered, liveness
-answers, and once the burst is over the process hands its memory back (RSS returns near where it was
-before the burst)."""
+bodies held at once are bounded (``server.max_inflight_bytes``: beyond it 503 with ``Retry-After``;
+a gRPC call waits for room before its message is read, then ``UNAVAILABLE``; counted), other clients'
+small requests keep being answered, liveness answers, and once the burst is over the process hands its
+memory back (RSS returns near where it was before the burst)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -117,7 +118,23 @@ def test_an_http_burst_is_bounded_and_its_memory_comes_back(agent: tuple[AgentPr
     assert wait_until(lambda: rss_mib(proc.pid) < baseline + 150, 30), (baseline, rss_mib(proc.pid))
 
 
-def test_a_grpc_burst_is_bounded_and_its_memory_comes_back(agent: tuple[AgentProcess, int]) -> None:
+def _hold_the_budget(url: str, size: int) -> socket.socket:
+    """A client that declares a body of ``size`` bytes and sends only its first byte: the agent holds that
+    many bytes of its budget (server.max_inflight_bytes) until the connection closes."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)), timeout=30)
+    head = (
+        f"POST /v2/models/mnist/infer HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {size}\r\n\r\n{{"
+    )
+    conn.sendall(head.encode())
+    return conn
+
+
+def test_a_grpc_burst_waits_for_room_unread_and_its_memory_comes_back(agent: tuple[AgentProcess, int]) -> None:
+    """A gRPC call takes room in the budget before its message is read: while the budget is full, 16 calls
+    of 6 MiB wait unread (the process does not grow by their 96 MiB), then are refused UNAVAILABLE naming
+    the budget, counted; once there is room a call is answered, and the memory comes back."""
     proc, grpc_port = agent
     x = np.random.default_rng(1).uniform(0, 255, (BATCH, 1, 28, 28)).astype(np.float32)
     req = service_pb2.ModelInferRequest(model_name="mnist")
@@ -134,17 +151,41 @@ def test_a_grpc_burst_is_bounded_and_its_memory_comes_back(agent: tuple[AgentPro
         except grpc.RpcError as exc:
             return f"{exc.code().name}:{exc.details()}"
 
-    stop, other = threading.Event(), []
-    side = threading.Thread(target=_small_requests_and_probes, args=(proc.url, stop, other))
-    side.start()
+    holders = [_hold_the_budget(proc.url, 8 * MiB) for _ in range(2)]  # the whole budget, in two bodies
+    small = infer_body(np.zeros((1, 1, 28, 28), np.float32))
     try:
-        outcomes = _burst(one)
+        # the budget is held once a small request is refused for it
+        assert wait_until(
+            lambda: httpx.post(f"{proc.url}/v2/models/mnist/infer", json=small, timeout=30).status_code == 503, 30
+        )
+        before = proc.metrics()["icos_connections_refused_total{reason=bytes_in_flight}"]
+        peak = [rss_mib(proc.pid)]
+        done = threading.Event()
+
+        def watch() -> None:
+            for _ in range(100_000):  # bounded; stopped by the event once the burst is answered
+                if done.wait(0.01):
+                    return
+                peak[0] = max(peak[0], rss_mib(proc.pid))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            outcomes = _burst(one)
+        finally:
+            done.set()
+            watcher.join(timeout=30)
+        assert len(outcomes) == 16 and all(
+            o.startswith("UNAVAILABLE:") and "server.max_inflight_bytes" in o for o in outcomes
+        ), outcomes
+        assert peak[0] < baseline + 48, (baseline, peak[0])  # 16 messages of 6 MiB were never read
+        refused = proc.metrics()["icos_connections_refused_total{reason=bytes_in_flight}"] - before
+        assert refused == 16
     finally:
-        stop.set()
-        side.join(timeout=60)
+        for h in holders:
+            h.close()
+    try:
+        assert wait_until(lambda: one() == "OK", 60)  # room again: a call is read and answered
+    finally:
         channel.close()
-    assert outcomes.count("OK") >= 1, outcomes
-    refused = [o for o in outcomes if o != "OK"]
-    assert refused and all(o.startswith("UNAVAILABLE:") and "server.max_inflight_bytes" in o for o in refused)
-    assert other and set(other) == {200}
     assert wait_until(lambda: rss_mib(proc.pid) < baseline + 150, 30), (baseline, rss_mib(proc.pid))

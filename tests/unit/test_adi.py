@@ -7,7 +7,7 @@ import onnx
 import pytest
 from sklearn.ensemble import RandomForestClassifier
 
-from invariants.adi import AlgorithmInvariants
+from invariants.adi import DEFAULT_TARGET_OPSET, MAX_TREE_SAMPLES, AlgorithmInvariants, forest_onnx
 from invariants.fit_params import FitParams
 from invariants.onnx_session import OnnxLoadError
 
@@ -81,7 +81,7 @@ def test_onnx_bytes_round_trip_and_opsets(
     assert again.n_classes == 6 and again.constant is None
     model = onnx.load_model_from_string(adi.onnx_bytes)
     opsets = {o.domain: o.version for o in model.opset_import}
-    assert opsets[""] == 17 and 1 <= opsets["ai.onnx.ml"] <= 3  # skl2onnx takes the lowest opset that suffices
+    assert opsets[""] == 17 and opsets["ai.onnx.ml"] == 1  # the lowest that suffices, as skl2onnx takes it
     assert [o.name for o in model.graph.output] == ["label", "probabilities"]
     assert "ZipMap" not in {n.op_type for n in model.graph.node}
 
@@ -113,3 +113,46 @@ def test_inputs_are_checked(fitted: tuple[AlgorithmInvariants, RandomForestClass
         AlgorithmInvariants.fit(np.full((4, 2), np.nan), np.array([0, 1, 0, 1]))
     with pytest.raises(OnnxLoadError):
         AlgorithmInvariants.from_onnx(b"not an onnx model")
+
+
+@pytest.mark.parametrize(("n", "k"), [(1500, 6), (6000, 2)])
+def test_the_forest_is_written_as_skl2onnx_writes_it(n: int, k: int) -> None:
+    """The numpy converter gives the node skl2onnx's converter gives: every attribute equal (thresholds
+    rounded down to float32 the same way, leaf weights the same), and the same outputs."""
+    from onnx import helper
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+
+    from invariants.onnx_session import OnnxSession
+
+    probs, wrong = synthetic(n, k, seed=3)
+    forest = RandomForestClassifier(n_estimators=12, criterion="entropy", random_state=0).fit(probs, wrong)
+    ref = convert_sklearn(
+        forest,
+        initial_types=[("x", FloatTensorType([None, k]))],
+        options={id(forest): {"zipmap": False}},
+        target_opset=dict(DEFAULT_TARGET_OPSET),
+    )
+    mine = onnx.load_model_from_string(forest_onnx(forest, k, DEFAULT_TARGET_OPSET))
+    (want,), (got,) = ref.graph.node, mine.graph.node
+    assert (got.op_type, got.domain) == (want.op_type, want.domain)
+    expected = {a.name: helper.get_attribute_value(a) for a in want.attribute}
+    assert {a.name: helper.get_attribute_value(a) for a in got.attribute} == expected
+    unseen, _ = synthetic(3000, k, seed=4)
+    a = OnnxSession(ref.SerializeToString()).run({"x": unseen})
+    b = OnnxSession(mine.SerializeToString()).run({"x": unseen})
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_each_tree_of_a_large_validation_set_sees_a_bounded_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above MAX_TREE_SAMPLES rows each tree grows on a bootstrap sample of that many: the forest's size
+    (its ONNX bytes) stops growing with the validation set; below it, every row is drawn as before."""
+    import invariants.adi as adi_module
+
+    monkeypatch.setattr(adi_module, "MAX_TREE_SAMPLES", 1000)
+    probs, wrong = synthetic(8000, seed=5)
+    bounded = AlgorithmInvariants.fit(probs, wrong, n_estimators=5, seed=0)
+    monkeypatch.setattr(adi_module, "MAX_TREE_SAMPLES", 100_000)
+    whole = AlgorithmInvariants.fit(probs, wrong, n_estimators=5, seed=0)
+    assert len(bounded.onnx_bytes) * 3 < len(whole.onnx_bytes)
+    assert MAX_TREE_SAMPLES >= 10_000  # the validation sets of ordinary fits are not sampled

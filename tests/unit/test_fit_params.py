@@ -28,6 +28,7 @@ OTHER: dict[str, Any] = {
     "confidence": 0.95,
     "support": 3,
     "min_samples_leaf": 4,
+    "tdi_max_records": 300,
     "n_estimators": 7,
     "calibration_fraction": 0.4,
     "seed": 5,

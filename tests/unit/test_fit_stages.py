@@ -73,3 +73,23 @@ def test_too_few_validation_records_for_a_calibration_split_is_a_users_mistake(t
     model, x, y = _binary_model(tmp_path)
     with pytest.raises(UserError, match="too few to split"):
         fit_bundle(model, Dataset(x[:400], y[:400]), Dataset(x[400:402], y[400:402]), params=FitParams(n_estimators=5))
+
+
+def test_the_tdi_tree_grows_on_a_bounded_stratified_sample_of_a_large_training_set() -> None:
+    from invariants.fitting import fit_oracle
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3000, 4)).astype(np.float32)
+    y = (x[:, 0] + 0.3 * rng.normal(size=3000) > 0.8).astype(np.int64)  # classes of about 20% and 80%
+    p1 = 1 / (1 + np.exp(-3 * x[:600, 0]))
+    probs = np.stack([1 - p1, p1], axis=1).astype(np.float32)
+    params = FitParams(n_estimators=5, tdi_max_records=1000)
+    fitted = fit_oracle(x, y, x[:600], y[:600], probs, idi=None, params=params)
+    tdi = fitted.oracle.tdi
+    assert tdi is not None
+    assert sum(r.support for r in tdi.rules) == 1000  # the records the tree grew on
+    ones = sum(r.support for r in tdi.rules if r.label == 1)
+    assert abs(ones / 1000 - y.mean()) < 0.05  # stratified: the classes keep their shares (leaves are near pure)
+    assert fitted.fit_params["tdi_max_records"] == 1000 and fitted.fit_params["n_train"] == 3000
+    whole = fit_oracle(x, y, x[:600], y[:600], probs, idi=None, params=FitParams(n_estimators=5))
+    assert whole.oracle.tdi is not None and sum(r.support for r in whole.oracle.tdi.rules) == 3000

@@ -394,8 +394,28 @@ def iter_shifted_sets(
     names = sorted(set(family) - set(exclude))
     if not names:
         raise ValueError("no calibration transformation left")
+    kept = integer_range(x, train_x) if clip is None else None  # images are clipped to their pixel range
     for name, s in schedule(names, n_sets, rng):
-        yield ShiftedSet(name, s, _corrupt(family[name], xs, s, rng, input_shape, clip))
+        out = _corrupt(family[name], xs, s, rng, input_shape, clip)
+        yield ShiftedSet(name, s, out if kept is None else kept(out))
+
+
+def integer_range(x: np.ndarray, train_x: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
+    """For integer inputs that are not images (token ids, codes, counts), what brings a corrupted copy back
+    to them: rounded and kept within the values each position took in training, in ``x``'s type, since a
+    model that looks integers up (an embedding's ``Gather``) fails on one out of its table; None for other
+    inputs."""
+    if np.asarray(x).dtype.kind not in "iu":
+        return None
+    tr = np.asarray(train_x).reshape(len(train_x), -1)
+    lo, hi = tr.min(axis=0), tr.max(axis=0)
+    dtype, shape = np.asarray(x).dtype, np.asarray(x).shape[1:]
+
+    def back(out: np.ndarray) -> np.ndarray:
+        flat = np.clip(np.rint(out.reshape(len(out), -1)), lo, hi)
+        return flat.astype(dtype).reshape(len(out), *shape)
+
+    return back
 
 
 def _corrupt(

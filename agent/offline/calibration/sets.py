@@ -26,12 +26,10 @@ from agent.offline.calibration.corruptions import FAMILIES, is_image_input, iter
 from agent.offline.calibration.input_corruptions import InputCorruption, input_corruptions
 from agent.offline.calibration.judged import JudgedSet, judge_set
 from agent.offline.calibration.shift_fitting import fit_shift_calibration
+from agent.offline.fit_progress import expect_rows
 from agent.offline.viewing import Transform, Viewed, predict_and_view
 from invariants.fit_params import CalibrationPlan
 from invariants.oracle import Oracle
-
-#: Samples per model run when a single tensor's arrays are viewed.
-TENSOR_BATCH = 512
 
 
 @dataclass(frozen=True)
@@ -113,18 +111,24 @@ def calibration_sets(
     seed: int,
     families: Sequence[str] = FAMILIES,
     exclude: Collection[str] = (),
+    train_features: np.ndarray | None = None,
+    clean: Viewed | None = None,
 ) -> CalibrationSets:
     """The judged clean and corrupted calibration sets of a model of one numeric tensor and its oracle, and
     their reference. ``x_cal``/``train_x`` are the prepared tensor's arrays, ``y_cal`` class indices;
     ``n_sets`` and ``seed`` are the fit's (:attr:`~invariants.fit_params.FitParams.shift_sets`,
-    :attr:`~invariants.fit_params.FitParams.seed`)."""
+    :attr:`~invariants.fit_params.FitParams.seed`). ``train_features`` (the view of ``train_x``) and
+    ``clean`` (the model's pass over ``x_cal``), where ``fit`` has them already, spare the model a pass
+    over each. The model runs in the offline batches of its signature
+    (:meth:`~agent.model.inputs.Signature.batch_rows`)."""
 
     def viewed(x: np.ndarray) -> Viewed:
-        return predict_and_view(model, model.prepare_file(x), batch_size=TENSOR_BATCH)
+        return predict_and_view(model, model.prepare_file(x))
 
-    clean = viewed(x_cal)
+    clean = clean if clean is not None else viewed(x_cal)
     per_feature_scale = not is_image_input(model.input_shape) or model.view.kind != "raw"
-    reference = _reference(model, oracle, viewed(train_x).features, clean, per_feature_scale=per_feature_scale)
+    train_f = train_features if train_features is not None else viewed(train_x).features
+    reference = _reference(model, oracle, train_f, clean, per_feature_scale=per_feature_scale)
     sets = iter_shifted_sets(
         x_cal, model.input_shape, train_x=train_x, n_sets=n_sets, seed=seed, families=families, exclude=exclude
     )
@@ -165,8 +169,10 @@ def input_calibration_sets(
     train_f = train_features if train_features is not None else predict_and_view(model, train_x).features
     clean = predict_and_view(model, x_cal, rule_inputs=rule_inputs)
     reference = _reference(model, oracle, train_f, clean, per_feature_scale=True)
+    planned = schedule(sorted(corruptions), n_sets, rng)
+    expect_rows(len(planned) * x_cal.n)
     copies = (
         (name, predict_and_view(model, x_cal, transform=_at(corruptions[name], s, rng), rule_inputs=rule_inputs))
-        for name, s in schedule(sorted(corruptions), n_sets, rng)
+        for name, s in planned
     )
     return _judged_sets(oracle, clean, copies, y_cal, reference, metadata, feature_names)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.estimation.reference import leading_components
+
 #: Every kind of simulated window, in the order they take turns (``corruption`` only with corrupted sets).
 KINDS: tuple[str, ...] = (
     "clean",
@@ -84,8 +86,7 @@ def tilt_coordinates(features: np.ndarray | None) -> np.ndarray:
     z = (f[:, keep] - f[:, keep].mean(axis=0)) / std[keep]
     if z.shape[1] <= MAX_COLUMNS:
         return z
-    _, vecs = np.linalg.eigh(z.T @ z)
-    pcs = z @ vecs[:, ::-1][:, :COMPONENTS]
+    pcs = z @ leading_components(z, COMPONENTS).T
     return pcs / np.maximum(pcs.std(axis=0), 1e-12)
 
 
