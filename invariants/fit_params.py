@@ -289,8 +289,14 @@ class CalibrationPlan:
     min_fold_rows: int = 30
     """Fewest held-out rows per fold for a choice; below it the default headline is kept, without evidence."""
 
-    bootstrap: int = 200
-    """Bootstrap resamples of the windows behind a choice against the default."""
+    bootstrap: int = 100
+    """Resamples of the calibration rows and of the windows behind a choice against the default: each
+    recalibrates the estimators that need only the judged predictions on every fold's resampled rows."""
+
+    min_choice_errors: int = 20
+    """Fewest wrong predictions in the calibration split for a headline other than the default: ten per
+    fold of :attr:`headline_folds`, as many as a correction needs (below them the folds' calibrations and
+    their windows' truth rest on the same handful of errors)."""
 
     support: float = 0.95
     """Share of the resamples in which a candidate must beat the default headline to replace it."""
