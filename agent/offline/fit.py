@@ -15,6 +15,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.reliability import weak_oracle
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier
+from agent.offline.data_advice import ValidationAdvice, validation_advice
 from agent.offline.fit_stages import (
     ModelFitInputs,
     Written,
@@ -49,6 +50,8 @@ class FitReport:
     n_selected: int
     coverage: float
     stage_seconds: Mapping[str, float] = field(default_factory=dict)
+    #: how much labeled validation data the fit needs for its calibration split to hold enough errors
+    validation: ValidationAdvice | None = None
 
 
 _R = TypeVar("_R")
@@ -66,7 +69,7 @@ class _Clock:
         self.seconds[stage] = round(time.perf_counter() - started, 3)
         return out
 
-    def report(self, written: Written, calibration: EstimatorCalibration) -> FitReport:
+    def report(self, written: Written, calibration: EstimatorCalibration, params: FitParams) -> FitReport:
         return FitReport(
             bundle=written.bundle,
             calibration=calibration,
@@ -76,6 +79,7 @@ class _Clock:
             n_selected=written.n_selected,
             coverage=written.coverage,
             stage_seconds=dict(self.seconds),
+            validation=validation_advice(written.val_n, written.val_wrong, params.calibration_fraction),
         )
 
 
@@ -105,7 +109,7 @@ def fit_bundle(
     calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
     chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
     written = clock.run("write", model_report, inputs, data, oracle, chosen)
-    return clock.report(written, chosen.calibration)
+    return clock.report(written, chosen.calibration, params)
 
 
 def fit_table_bundle(
@@ -127,13 +131,14 @@ def fit_table_bundle(
     calibrated = clock.run("calibrate", calibrate_table, data, oracle)
     chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
     written = clock.run("write", table_report, data, columns, params, oracle, chosen)
-    return clock.report(written, chosen.calibration)
+    return clock.report(written, chosen.calibration, params)
 
 
-def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
+def fit_warnings(calibration: EstimatorCalibration, validation: ValidationAdvice | None = None) -> list[str]:
     """What the user should know about the fitted estimator calibration (printed by ``fit``, listed in
     ``fit --json``): a calibration split with too few wrong predictions gives TPR/FPR and per-bin
-    confidence offsets that are noise, so the estimators keep raw confidence near clean data."""
+    confidence offsets that are noise, so the estimators keep raw confidence near clean data, and
+    ``validation`` says how much more labeled validation data would give it enough."""
     out: list[str] = []
     if calibration.too_few_errors:
         out.append(
@@ -151,4 +156,7 @@ def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
         )
     if calibration.shift is not None and calibration.shift.trust is None:
         out.append("the shift-aware calibration has no trust model (no trust signal will be reported)")
+    advice = validation.message() if validation is not None else None
+    if advice is not None:
+        out.append(advice)
     return out

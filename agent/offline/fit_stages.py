@@ -406,6 +406,9 @@ class Written:
     n_rules: int
     n_selected: int
     coverage: float
+    #: validation predictions and the wrong ones among them (how much more data a fit needs)
+    val_n: int = 0
+    val_wrong: int = 0
 
 
 def _invariants(fit: OracleFit) -> tuple[TrainingInvariants, AlgorithmInvariants]:
@@ -424,6 +427,8 @@ def _figures(bundle: Bundle, train_correct: np.ndarray, val_correct: np.ndarray,
         n_rules=len(tdi.rules),
         n_selected=len(tdi.selected_rules),
         coverage=float(tdi.coverage(val_features)),
+        val_n=len(val_correct),
+        val_wrong=int(len(val_correct) - np.count_nonzero(val_correct)),
     )
 
 
