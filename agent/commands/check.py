@@ -61,6 +61,41 @@ def format_chunks(report: dict[str, object]) -> list[str]:
     return lines
 
 
+def format_trust(report: dict[str, object]) -> list[str]:
+    """Is the headline right: the flag (raised, with its reasons and the widened interval, or down), and the
+    trust distance it rests on."""
+    trust, head = report.get("trust"), report.get("headline_estimate")
+    if not isinstance(trust, dict):
+        return []
+    lines = []
+    reasons = [str(r).replace("_", " ") for r in trust.get("reasons", [])]
+    if trust.get("basis") == "flag":
+        if not trust["calibrated"] and isinstance(head, dict):
+            own = head.get("own_interval") or head
+            lines.append(
+                f"FLAG RAISED: the headline may be off by more than {trust['tolerance']:.2f} (estimated probability "
+                f"{trust['probability']:.0%}): {', '.join(reasons)}; its interval is widened to "
+                f"[{head['lower']:.3f}, {head['upper']:.3f}] (its own [{own['lower']:.3f}, {own['upper']:.3f}])"
+            )
+        else:
+            text = (
+                f"flag down: the headline is expected within {trust['tolerance']:.2f} of the truth (estimated "
+                f"probability of a larger error {trust['probability']:.0%})"
+            )
+            if "class_mix" in trust and trust["class_mix"].get("only"):
+                text += "; the class mix changed and nothing else did (label shift): confidence-based estimates hold"
+            lines.append(text + (f"; notes: {', '.join(reasons)}" if reasons else ""))
+    if "distance" in trust:
+        where = "inside" if trust["in_calibrated_range"] else "OUTSIDE"
+        lines.append(
+            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
+            f"{trust['weight']:.0%} of the learnt correction used)"
+        )
+    if trust.get("basis") != "flag" and trust.get("note"):
+        lines.append(f"note: {trust['note']}")
+    return lines
+
+
 def format_report(report: dict[str, object]) -> str:
     lines = [f"{report['n']} predictions judged"]
     verdicts = report["verdicts"]
@@ -71,7 +106,13 @@ def format_report(report: dict[str, object]) -> str:
         lines.append(f"headline {evidence['chosen']} (chosen at fit on simulated shifts): {evidence['reason']}")
     truth = report.get("truth")
     if isinstance(truth, dict):
-        lines.append(f"true accuracy: {truth['accuracy']:.3f}")
+        none = truth.get("none_of_the_classes") or {}
+        extra = (
+            f" ({none['n']} labels, {none['share']:.1%}, say none of the model's classes: counted as wrong)"
+            if none.get("n")
+            else ""
+        )
+        lines.append(f"true accuracy: {truth['accuracy']:.3f}{extra}")
     lines.append(f"{'estimator':<16}{'estimate':>9}{'95% interval':>18}" + ("  abs error" if truth else ""))
     estimates = report["estimates"]
     errors = report.get("abs_error", {})
@@ -103,13 +144,7 @@ def format_report(report: dict[str, object]) -> str:
     oracle = report.get("oracle")
     if isinstance(oracle, dict):
         lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")
-    trust = report.get("trust")
-    if isinstance(trust, dict):
-        where = "inside" if trust["calibrated"] else "OUTSIDE"
-        lines.append(
-            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
-            f"{trust['weight']:.0%} of the learnt correction used)"
-        )
+    lines.extend(format_trust(report))
     calibration = report.get("calibration")
     if isinstance(calibration, dict) and calibration.get("too_few_errors"):
         lines.append(

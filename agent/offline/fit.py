@@ -22,6 +22,7 @@ from agent.offline.fit_stages import (
     calibrate_model,
     calibrate_table,
     choose_headline_of,
+    fit_the_flag,
     fit_the_oracle,
     model_report,
     read_model_data,
@@ -34,7 +35,7 @@ from invariants.fit_params import CalibrationPlan, FitParams
 Progress = Callable[[str], None]
 
 #: The stages of a fit, in order: what :attr:`FitReport.stage_seconds` times.
-STAGES = ("read", "oracle", "calibrate", "headline", "write")
+STAGES = ("read", "oracle", "calibrate", "headline", "flag", "write")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def fit_bundle(
     oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
     calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
     chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+    chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
     written = clock.run("write", model_report, inputs, data, oracle, chosen)
     return clock.report(written, chosen.calibration, params)
 
@@ -130,6 +132,7 @@ def fit_table_bundle(
     oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
     calibrated = clock.run("calibrate", calibrate_table, data, oracle)
     chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+    chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
     written = clock.run("write", table_report, data, columns, params, oracle, chosen)
     return clock.report(written, chosen.calibration, params)
 
