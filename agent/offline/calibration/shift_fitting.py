@@ -174,24 +174,38 @@ def fit_shift(
         target="residual",
         trust=trust,
     )
-    refits = []
+    refits = tuple(_group_refit(calibration, r, clean, designs, y, clean_part, plan, rng) for r in held_out.refits)
+    return ShiftFit(calibration, refits)
+
+
+def _group_refit(
+    calibration: ShiftCalibration,
+    refit: tuple[set[str], dict[str, TreeEnsemble], np.ndarray],
+    clean: JudgedSet,
+    designs: dict[str, np.ndarray],
+    y: np.ndarray,
+    clean_part: _CleanWindows,
+    plan: CalibrationPlan,
+    rng: np.random.Generator,
+) -> GroupRefit:
+    """One refit of the interval as a whole calibration: its regressions, a trust model of the windows it
+    kept, no measured interval (0.5)."""
+    group, trees, train = refit
     unmeasured = (0.5,) * (len(Q_EDGES) + 1)
-    for group, trees, train in held_out.refits:
-        kept = {k: X[train] for k, X in designs.items()}
-        refit = replace(
-            calibration,
-            full=trees["full"],
-            inputs=trees["inputs"],
-            reduced=trees["reduced"],
-            q_full=unmeasured,
-            q_inputs=unmeasured,
-            q_reduced=unmeasured,
-            families=tuple(f for f in families if f not in group),
-            lofo_mae=0.0,
-            trust=_fit_trust(clean, kept, y[train], clean_part, plan, rng),
-        )
-        refits.append(GroupRefit(tuple(sorted(group)), refit))
-    return ShiftFit(calibration, tuple(refits))
+    kept = {k: X[train] for k, X in designs.items()}
+    whole = replace(
+        calibration,
+        full=trees["full"],
+        inputs=trees["inputs"],
+        reduced=trees["reduced"],
+        q_full=unmeasured,
+        q_inputs=unmeasured,
+        q_reduced=unmeasured,
+        families=tuple(f for f in calibration.families if f not in group),
+        lofo_mae=0.0,
+        trust=_fit_trust(clean, kept, y[train], clean_part, plan, rng),
+    )
+    return GroupRefit(tuple(sorted(group)), whole)
 
 
 @dataclass(frozen=True)
