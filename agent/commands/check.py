@@ -51,13 +51,15 @@ def format_chunks(report: dict[str, object]) -> list[str]:
         return []
     headline = str(report.get("headline"))
     lines = [f"per chunk of {report.get('chunk_size')} rows ({headline}):"]
-    lines.append(f"{'rows':>17}{'estimate':>10}{'95% interval':>22}{'truth':>9}{'fails':>8}")
+    lines.append(f"{'rows':>17}{'estimate':>10}{'95% interval':>22}{'truth':>9}{'fails':>8}  flag")
     for c in chunks:
-        e = c["estimates"].get(headline)
+        e = c.get("headline_estimate") or c["estimates"].get(headline)
         est = f"{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]" if e else f"{'-':>10}{'':>22}"
         truth = f"{c['truth']['accuracy']:>9.4f}" if "truth" in c else f"{'-':>9}"
         fails = c["n"] - c["verdicts"].get("pass", 0)
-        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}")
+        trust = c.get("trust") or {}
+        flag = f"  RAISED: {', '.join(trust['reasons'])}" if trust.get("calibrated") is False else ""
+        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}{flag}")
     return lines
 
 
@@ -71,11 +73,16 @@ def format_trust(report: dict[str, object]) -> list[str]:
     reasons = [str(r).replace("_", " ") for r in trust.get("reasons", [])]
     if trust.get("basis") == "flag":
         if not trust["calibrated"] and isinstance(head, dict):
-            own = head.get("own_interval") or head
+            own = head.get("own_interval")
+            interval = f"[{head['lower']:.3f}, {head['upper']:.3f}]"
+            widened = (
+                f"its interval is widened to {interval} (its own [{own['lower']:.3f}, {own['upper']:.3f}])"
+                if own
+                else f"its own interval {interval} is already as wide as the flag asks"
+            )
             lines.append(
                 f"FLAG RAISED: the headline may be off by more than {trust['tolerance']:.2f} (estimated probability "
-                f"{trust['probability']:.0%}): {', '.join(reasons)}; its interval is widened to "
-                f"[{head['lower']:.3f}, {head['upper']:.3f}] (its own [{own['lower']:.3f}, {own['upper']:.3f}])"
+                f"{trust['probability']:.0%}): {', '.join(reasons)}; {widened}"
             )
         else:
             text = (
@@ -86,7 +93,7 @@ def format_trust(report: dict[str, object]) -> list[str]:
                 text += "; the class mix changed and nothing else did (label shift): confidence-based estimates hold"
             lines.append(text + (f"; notes: {', '.join(reasons)}" if reasons else ""))
     if "distance" in trust:
-        where = "inside" if trust["in_calibrated_range"] else "OUTSIDE"
+        where = "inside" if trust["in_calibrated_range"] else "outside"
         lines.append(
             f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
             f"{trust['weight']:.0%} of the learnt correction used)"

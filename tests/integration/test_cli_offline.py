@@ -131,6 +131,17 @@ def test_check_text_output(bundle_dir: Path, data_dir: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "true accuracy" in r.stdout and "icos_corrected" in r.stdout
     assert "trust: distance" in r.stdout and "inside the calibrated range" in r.stdout
+    assert "flag down: the headline is expected within 0.05 of the truth" in r.stdout
+
+
+def test_check_text_output_says_when_the_flag_is_raised(bundle_dir: Path, data_dir: Path, tmp_path: Path) -> None:
+    """Mirrored digits: the text output raises the flag, with its reasons and the headline's interval."""
+    test = np.load(data_dir / "test.npz")
+    np.savez(tmp_path / "mirrored.npz", x=test["x"][..., ::-1], y=test["y"])
+    r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(tmp_path / "mirrored.npz"))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FLAG RAISED:"))
+    assert "may be off by more than 0.05" in line and "interval" in line
 
 
 def test_idi_rules_from_metadata(data_dir: Path) -> None:
