@@ -207,7 +207,8 @@ class FlagModel:
             "scale": list(self.scale),
             "coef": list(self.coef),
             "intercept": self.intercept,
-            "threshold": self.threshold if math.isfinite(self.threshold) else None,
+            # JSON has no infinity: never raised is null, always raised the lowest float
+            "threshold": self.threshold if math.isfinite(self.threshold) else (None if self.threshold > 0 else -1e308),
             "z_gate": self.z_gate,
             "steps": list(self.steps),
             "levels": list(self.levels),

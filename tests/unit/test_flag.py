@@ -131,6 +131,8 @@ def test_the_flag_model_round_trips_and_old_bundles_have_none() -> None:
     model = _model(threshold=math.inf)
     back = FlagModel.from_dict(json.loads(json.dumps(model.to_dict())))
     assert back.features == model.features and back.threshold == math.inf and back.coef == model.coef
+    always = FlagModel.from_dict(json.loads(json.dumps(_model(threshold=-math.inf).to_dict())))
+    assert always.threshold < -1e300  # raised on every window, as before the round trip
     assert flag_or_none(None) is None and flag_or_none({"features": ["from_the_future"]}) is None
     cal = EstimatorCalibration(0.8, 0.1, 25, 100, 0.8, 0.8, 0.7).with_flag(model)
     again = EstimatorCalibration.from_dict(json.loads(json.dumps(cal.to_dict())))

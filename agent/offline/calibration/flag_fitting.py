@@ -129,7 +129,8 @@ def fit_flag_model(
     order = np.argsort(score, kind="stable")
     miss_share = np.cumsum(bad[order]) / np.arange(1, len(bad) + 1)
     ok = np.flatnonzero(miss_share <= RISK)
-    threshold = float(np.nextafter(score[order][ok[-1]], np.inf)) if len(ok) else -np.inf
+    # no prefix of windows holds few enough misses: raise on every window like the fit's
+    threshold = float(np.nextafter(score[order][ok[-1]], np.inf)) if len(ok) else float(score.min())
     clean_z = [w.evidence.mix.z for w in windows if w.kind == "clean" and w.evidence.mix is not None]
     z_gate = float(np.quantile(clean_z, GATE_QUANTILE)) if len(clean_z) >= 20 else 0.0
     levels_arr, steps_arr = np.asarray(levels), np.asarray(steps)
