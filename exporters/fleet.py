@@ -7,6 +7,9 @@
   and ``icos_fleet_headline_accuracy_samples`` — the fleet's headline, ``estimator`` naming the one
   chosen (as an agent's ``icos_headline_accuracy_ratio``);
 * ``icos_fleet_estimated_accuracy_samples{model,version,window}`` — predictions behind them;
+* ``icos_fleet_estimate_flagged{model,version,window,reason}`` — 1 where the fleet's headline may be wrong
+  (the flag is raised on the sum of the replicas' statistics, its interval widened), 0 where not; ``reason``
+  the main evidence (as an agent's ``icos_estimate_flagged``);
 * ``icos_fleet_replicas{model,version,window}`` — replicas that exported in the window;
 * ``icos_fleet_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE)
   precision, recall and F1 per predicted class of all replicas' predictions (classes ``_macro`` and
@@ -32,7 +35,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.prometheus import EstimatePoint, SnapshotCollector, class_metric_rows, headline_families
+from exporters.prometheus import EstimatePoint, SnapshotCollector, class_metric_rows, flag_family, headline_families
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class FleetVersion:
     headline: Sequence[EstimatePoint] = ()
     #: per window, the label-free per-class figures (``per_class``, ``macro``, ``weighted``)
     classes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: per window, whether the flag "this number may be wrong" is raised and its main reason
+    flags: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,10 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
             "class _macro and _weighted: their means.",
             labels=["model", "version", "window", "class", "metric"],
         )
+        flagged = flag_family("icos_fleet_estimate_flagged")
         for v in snap.versions:
+            for window, (up, reason) in v.flags.items():
+                flagged.add_metric([snap.model, v.version, window, reason], float(up))
             for e in v.estimates:
                 lv = [snap.model, v.version, e.estimator, e.window]
                 value.add_metric(lv, e.value)
@@ -107,7 +115,7 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
             for window, figures in v.classes.items():
                 for cls, metric, x in class_metric_rows(figures):
                     per_class.add_metric([snap.model, v.version, window, cls, metric], x)
-        yield from (value, lower, upper, samples, replicas, per_class)
+        yield from (value, lower, upper, samples, replicas, per_class, flagged)
         rows = [([snap.model, v.version], e) for v in snap.versions for e in v.headline]
         yield from headline_families("icos_fleet_", rows, "of the whole fleet")
         mismatch = GaugeMetricFamily(

@@ -23,6 +23,8 @@ Counters (:class:`LabelMetrics`):
 At scrape time (:class:`RealizedCollector`, from a snapshot function), per window:
 
 * ``icos_realized_accuracy_ratio{model,version,window}`` — accuracy of the labeled predictions;
+* ``icos_realized_none_ratio{model,version,window}`` — share of them labeled as none of the model's classes
+  (``__none__``; counted as wrong in the accuracy);
 * ``icos_labeled_samples{model,version,window}`` — labeled predictions behind it;
 * ``icos_estimator_abs_error_ratio{model,version,estimator,window}`` — |estimate − realized
   accuracy|, the estimate computed on the same labeled predictions;
@@ -65,6 +67,8 @@ class RealizedPoint:
     probability_errors: Mapping[str, float] = field(default_factory=dict)
     #: realized per-class figures (``per_class``, absent above the class cap, ``macro``, ``weighted``)
     classes: Mapping[str, Any] | None = None
+    #: share of the labeled predictions labeled as none of the model's classes
+    none_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,11 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
             "MAE, MSE and RMSE of the model's probabilities against the one-hot truth (labeled predictions).",
             labels=["model", "version", "window", "metric"],
         )
+        none = GaugeMetricFamily(
+            "icos_realized_none_ratio",
+            "Share of the window's labeled predictions labeled as none of the model's classes (counted as wrong).",
+            labels=["model", "version", "window"],
+        )
         per_class = GaugeMetricFamily(
             "icos_realized_class_metric",
             "Precision, recall and F1 per class of the labeled predictions of the window; class _macro and "
@@ -112,12 +121,14 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
             for cls, metric, v in class_metric_rows(w.classes):
                 per_class.add_metric([*mv, w.window, cls, metric], v)
             acc.add_metric([*mv, w.window], w.accuracy)
+            none.add_metric([*mv, w.window], w.none_share)
             for est, value in w.abs_errors.items():
                 err.add_metric([*mv, est, w.window], value)
             for metric in PROBABILITY_METRICS:
                 if metric in w.probability_errors:
                     prob.add_metric([*mv, w.window, metric], w.probability_errors[metric])
         yield acc
+        yield none
         yield samples
         yield err
         yield prob

@@ -23,6 +23,10 @@ Metric names (labels):
 * ``icos_estimate_trust_distance{model,version,window}`` — how far the window lies from the windows
   the headline estimator was calibrated on (≤ 1: inside the calibrated range; absent for bundles
   without a trust model).
+* ``icos_estimate_flagged{model,version,window,reason}`` — 1 where the window's headline may be wrong
+  (the flag is raised: its interval is widened), 0 where not; ``reason`` names the main evidence (one of
+  a fixed set, ``none`` when there is none; a flag that is down may still name ``class_mix_changed`` or
+  ``few_calibration_errors``). Absent for bundles without a flag or trust model.
 * ``icos_window_fail_ratio{model,version,window,invariant}`` — share of failed predictions per family.
 * ``icos_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE) precision,
   recall and F1 per class of every window (per class only up to the class cap; ``_macro`` and
@@ -96,6 +100,10 @@ class WindowPoint:
     #: label-free per-class figures (:func:`agent.estimation.class_metrics.window_class_metrics`: a
     #: ``per_class`` mapping, absent above the class cap, and ``macro`` / ``weighted`` means)
     classes: Mapping[str, Any] | None = None
+    #: the flag "this number may be wrong" is raised (None: no flag nor trust model, or an empty window)
+    flagged: bool | None = None
+    #: its main reason (``none`` when it has none)
+    flag_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,16 @@ def headline_families(prefix: str, rows: Iterable[tuple[Sequence[str], EstimateP
         upper.add_metric(lv, e.upper)
         samples.add_metric(lv, e.n)
     return [value, lower, upper, samples]
+
+
+def flag_family(name: str) -> GaugeMetricFamily:
+    """``<name>{model,version,window,reason}``: 1 where the window's headline may be wrong, 0 where not."""
+    return GaugeMetricFamily(
+        name,
+        "1 where the window's headline may be wrong (the flag is raised and its interval widened), else 0; "
+        "reason: the main evidence (none: none).",
+        labels=["model", "version", "window", "reason"],
+    )
 
 
 def class_metric_rows(classes: Mapping[str, Any] | None) -> Iterator[tuple[str, str, float]]:
@@ -262,12 +280,15 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
             "_weighted: their means.",
             labels=["model", "version", "window", "class", "metric"],
         )
+        flagged = flag_family("icos_estimate_flagged")
         for w in snap.windows:
             for cls, metric, v in class_metric_rows(w.classes):
                 per_class.add_metric([*mv, w.window, cls, metric], v)
             samples.add_metric([*mv, w.window], w.n)
             if w.trust_distance is not None:
                 trust.add_metric([*mv, w.window], w.trust_distance)
+            if w.flagged is not None:
+                flagged.add_metric([*mv, w.window, w.flag_reason or "none"], float(w.flagged))
             if w.n > 0:
                 for fam in FAMILIES:
                     fail.add_metric([*mv, w.window, fam], w.fails_by_family.get(fam, 0) / w.n)
@@ -278,6 +299,7 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield samples
         yield fail
         yield trust
+        yield flagged
         yield per_class
         yield from _calibration_families(snap, mv)
 

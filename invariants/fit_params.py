@@ -291,8 +291,10 @@ class CalibrationPlan:
     """Smallest and largest window (samples): the range of live windows the estimate is read on."""
 
     interval_folds: int = 3
-    """Groups of corruption families held out in turn to measure the regressions' out-of-family error
-    (the interval's model-error term)."""
+    """Groups the corruptions of no related group (text, tokens, categories) are dealt into, each held out in
+    turn, as every group of related corruptions is (geometry, resolution, photometry, noise and occlusion of
+    images; noise, scale, missing and swapped values of tables), to measure the regressions' out-of-family
+    error (the interval's model-error term)."""
 
     min_interval_windows: int = 50
     """Fewest training windows a held-out group leaves for its refit; a group leaving fewer is skipped."""
@@ -317,8 +319,14 @@ class CalibrationPlan:
     min_fold_rows: int = 30
     """Fewest held-out rows per fold for a choice; below it the default headline is kept, without evidence."""
 
-    bootstrap: int = 200
-    """Bootstrap resamples of the windows behind a choice against the default."""
+    bootstrap: int = 100
+    """Resamples of the calibration rows and of the windows behind a choice against the default: each
+    recalibrates the estimators that need only the judged predictions on every fold's resampled rows."""
+
+    min_choice_errors: int = 20
+    """Fewest wrong predictions in the calibration split for a headline other than the default: ten per
+    fold of :attr:`headline_folds`, as many as a correction needs (below them the folds' calibrations and
+    their windows' truth rest on the same handful of errors)."""
 
     support: float = 0.95
     """Share of the resamples in which a candidate must beat the default headline to replace it."""
@@ -340,6 +348,22 @@ class CalibrationPlan:
     """Quantile of the model error per disagreement-rate bin: the 95% interval of the difference then
     holds on more than 95% of held-out windows (at 0.95 it called the wrong version better on 1% of
     windows, at 0.99 on 0.3%: python -m bench.bench_challenger)."""
+    # -- the flag "this number may be wrong" ----------------------------------------------------------------
+    flag_corruption_windows: int = 140
+    """Windows of the corruptions a refit of ``shift_aware`` left out, per refit: the shifts the flag learns
+    to tell from, of kinds the estimate was fitted without."""
+
+    flag_windows_per_kind: int = 20
+    """Windows of every simulated shift of the headline's choice (clean, label, tilts, subpopulation,
+    confidence, mixture), per refit: the shifts the flag must not cry wolf on."""
+
+    flag_table_windows_per_kind: int = 40
+    """Windows of every simulated shift per fold of the calibration split, for a bundle without
+    ``shift_aware`` (no refits: the estimators are calibrated on the other fold)."""
+
+    flag_window_size: tuple[int, int] = (300, 1600)
+    """Smallest and largest window the flag is fitted on (a fold's rows at most, for a bundle without
+    ``shift_aware``)."""
 
     def sets_for(self, corruptions: int) -> int:
         """Corrupted copies when ``fit --shift-sets`` does not say: :attr:`sets_per_corruption` per

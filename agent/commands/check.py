@@ -74,13 +74,55 @@ def format_chunks(report: dict[str, object]) -> list[str]:
         return []
     headline = str(report.get("headline"))
     lines = [f"per chunk of {report.get('chunk_size')} rows ({headline}):"]
-    lines.append(f"{'rows':>17}{'estimate':>10}{'95% interval':>22}{'truth':>9}{'fails':>8}")
+    lines.append(f"{'rows':>17}{'estimate':>10}{'95% interval':>22}{'truth':>9}{'fails':>8}  flag")
     for c in chunks:
-        e = c["estimates"].get(headline)
+        e = c.get("headline_estimate") or c["estimates"].get(headline)
         est = f"{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]" if e else f"{'-':>10}{'':>22}"
         truth = f"{c['truth']['accuracy']:>9.4f}" if "truth" in c else f"{'-':>9}"
         fails = c["n"] - c["verdicts"].get("pass", 0)
-        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}")
+        trust = c.get("trust") or {}
+        flag = f"  RAISED: {', '.join(trust['reasons'])}" if trust.get("calibrated") is False else ""
+        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}{flag}")
+    return lines
+
+
+def format_trust(report: dict[str, object]) -> list[str]:
+    """Is the headline right: the flag (raised, with its reasons and the widened interval, or down), and the
+    trust distance it rests on."""
+    trust, head = report.get("trust"), report.get("headline_estimate")
+    if not isinstance(trust, dict):
+        return []
+    lines = []
+    reasons = [str(r).replace("_", " ") for r in trust.get("reasons", [])]
+    if trust.get("basis") == "flag":
+        if not trust["calibrated"] and isinstance(head, dict):
+            own = head.get("own_interval")
+            interval = f"[{head['lower']:.3f}, {head['upper']:.3f}]"
+            widened = (
+                f"its interval is widened to {interval} (its own [{own['lower']:.3f}, {own['upper']:.3f}])"
+                if own
+                else f"its own interval {interval} is already as wide as the flag asks"
+            )
+            lines.append(
+                f"FLAG RAISED: the headline may be off by more than {trust['tolerance']:.2f} (estimated probability "
+                f"{trust['probability']:.0%}): {', '.join(reasons)}; {widened}"
+            )
+        else:
+            text = (
+                f"flag down: the headline is expected within {trust['tolerance']:.2f} of the truth (estimated "
+                f"probability of a larger error {trust['probability']:.0%})"
+            )
+            if "class_mix" in trust and trust["class_mix"].get("only"):
+                text += "; the class mix changed and nothing else did (label shift): confidence-based estimates hold"
+            lines.append(text + (f"; notes: {', '.join(reasons)}" if reasons else ""))
+    if "distance" in trust:
+        where = "inside" if trust["in_calibrated_range"] else "outside"
+        lines.append(
+            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
+            f"{trust['weight']:.0%} of the learnt correction used)"
+        )
+    if trust.get("basis") != "flag" and trust.get("note"):
+        lines.append(f"note: {trust['note']}")
     return lines
 
 
@@ -94,7 +136,13 @@ def format_report(report: dict[str, object]) -> str:
         lines.append(f"headline {evidence['chosen']} (chosen at fit on simulated shifts): {evidence['reason']}")
     truth = report.get("truth")
     if isinstance(truth, dict):
-        lines.append(f"true accuracy: {truth['accuracy']:.3f}")
+        none = truth.get("none_of_the_classes") or {}
+        extra = (
+            f" ({none['n']} labels, {none['share']:.1%}, say none of the model's classes: counted as wrong)"
+            if none.get("n")
+            else ""
+        )
+        lines.append(f"true accuracy: {truth['accuracy']:.3f}{extra}")
     lines.append(f"{'estimator':<16}{'estimate':>9}{'95% interval':>18}" + ("  abs error" if truth else ""))
     estimates = report["estimates"]
     errors = report.get("abs_error", {})
@@ -126,13 +174,7 @@ def format_report(report: dict[str, object]) -> str:
     oracle = report.get("oracle")
     if isinstance(oracle, dict):
         lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")
-    trust = report.get("trust")
-    if isinstance(trust, dict):
-        where = "inside" if trust["calibrated"] else "OUTSIDE"
-        lines.append(
-            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
-            f"{trust['weight']:.0%} of the learnt correction used)"
-        )
+    lines.extend(format_trust(report))
     calibration = report.get("calibration")
     if isinstance(calibration, dict) and calibration.get("too_few_errors"):
         lines.append(

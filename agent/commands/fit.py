@@ -278,7 +278,8 @@ def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any
         "tdi_coverage_val": report.coverage,
         "idi_rules": len(report.bundle.idi.rules) if report.bundle.idi else 0,
         "calibration": {"tpr": cal.tpr, "fpr": cal.fpr, "n": cal.n, "errors": cal.tp + cal.fn},
-        "warnings": fit_warnings(report.calibration),
+        "warnings": fit_warnings(report.calibration, report.validation),
+        "validation_needed": report.validation.to_dict() if report.validation is not None else None,
         "seconds": round(time.perf_counter() - started, 2),
         "stage_seconds": stage_seconds,
     }

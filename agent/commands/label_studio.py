@@ -6,8 +6,9 @@ inputs (``GET /v1/labels/requests?inputs=true``; the agent needs ``labels.keep_s
 writes ``DIR/tasks.json`` (Label Studio's JSON import: one task per prediction, the model's prediction
 as a pre-annotation, the prediction id in ``data.icos_id`` so annotations find their way back),
 ``DIR/labeling_config.xml`` (an ``<Image>``, ``<Text>`` or ``<Table>`` and ``<Choices>`` of the model's
-classes) and, for images, ``DIR/images/*.png`` referenced through ``--image-url-prefix`` (Label Studio's
-local files by default) or, with ``--inline-images``, PNG data URIs in the tasks themselves.
+classes, and "None of these classes", exported as the label ``__none__``) and, for images,
+``DIR/images/*.png`` referenced through ``--image-url-prefix`` (Label Studio's local files by default) or,
+with ``--inline-images``, PNG data URIs in the tasks themselves.
 
 ``import FILE`` reads Label Studio's JSON export and posts one label per task: the choice of its newest
 annotation (``updated_at``, then ``created_at``), skipped (cancelled) annotations ignored. A choice that
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.label_values import NONE_LABEL
 from agent.errors import UserError
 from agent.labels.kept_inputs import decode_sample
 
@@ -100,10 +102,19 @@ def as_table(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return row
 
 
+#: The choice of an input that belongs to none of the model's classes: shown in words, exported as the
+#: reserved label (:data:`~agent.core.label_values.NONE_LABEL`, Label Studio's ``alias``).
+NONE_CHOICE = "None of these classes"
+
+
 def labeling_config(kind: str, classes: list[str]) -> str:
-    """Label Studio's labeling config: the object (``image``, ``text`` or ``table``) and one choice per class."""
+    """Label Studio's labeling config: the object (``image``, ``text`` or ``table``), one choice per class and
+    one for an input of none of them (exported as ``__none__``)."""
     tag = {"image": "Image", "text": "Text", "table": "Table"}[kind]
-    choices = "\n".join(f'    <Choice value="{_xml(c)}"/>' for c in classes)
+    rows = [f'    <Choice value="{_xml(c)}"/>' for c in classes]
+    if NONE_LABEL not in classes:
+        rows.append(f'    <Choice value="{NONE_CHOICE}" alias="{NONE_LABEL}"/>')
+    choices = "\n".join(rows)
     return (
         f'<View>\n  <{tag} name="{kind}" value="${kind}"/>\n'
         f'  <Choices name="{CONTROL}" toName="{kind}" choice="single" showInLine="true">\n{choices}\n'
@@ -217,6 +228,9 @@ def labels_of_export(tasks: object, classes: list[str]) -> tuple[list[dict[str, 
             continue
         if len(choices) != 1:
             raise UserError(f"task {n} ({pid}): {len(choices)} choices in one annotation; one class is expected")
+        if choices[0] in (NONE_CHOICE, NONE_LABEL) and NONE_LABEL not in classes:
+            labels.append({"id": pid, "label": NONE_LABEL})  # an alias-less export says it in words
+            continue
         if choices[0] not in classes:
             unknown[choices[0]] = unknown.get(choices[0], 0) + 1
             continue

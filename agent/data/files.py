@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.core.label_values import NONE_INDEX, NONE_LABEL, none_label_index
 from agent.data.arrays import ArrayFile
 from agent.data.images import ImageSource, Preprocess, is_image_folder
 from agent.data.limits import DataError, DataLimits
@@ -300,15 +301,20 @@ def load_data(
     raise DataError(f"{p}: unsupported data format {suffix!r} (use .npz, .npy, .csv or .parquet)")
 
 
-def label_indices(y: np.ndarray, classes: Sequence[str]) -> np.ndarray:
-    """Map labels given as indices or as class names to class indices."""
+def label_indices(y: np.ndarray, classes: Sequence[str], *, allow_none: bool = False) -> np.ndarray:
+    """Map labels given as indices or as class names to class indices; with ``allow_none``, the label
+    ``"__none__"`` (an input of none of the model's classes, :mod:`agent.core.label_values`) to
+    :data:`~agent.core.label_values.NONE_INDEX` (``check`` reports on such data; ``fit`` cannot fit on it)."""
     arr = np.asarray(y)
     if arr.dtype.kind in "iu":
         if len(arr) and (arr.min() < 0 or arr.max() >= len(classes)):
             raise DataError(f"labels out of range 0..{len(classes) - 1}")
         return arr.astype(np.int64)
     lookup = {c: i for i, c in enumerate(classes)}
+    if allow_none and none_label_index(NONE_LABEL, classes) is not None:
+        lookup[NONE_LABEL] = NONE_INDEX
     unknown = sorted({str(v) for v in arr} - set(lookup))
     if unknown:
-        raise DataError(f"unknown label(s): {', '.join(unknown[:5])} (classes: {', '.join(classes)})")
+        hint = f" ({NONE_LABEL!r}: none of the classes, is for check, not fit)" if NONE_LABEL in unknown else ""
+        raise DataError(f"unknown label(s): {', '.join(unknown[:5])} (classes: {', '.join(classes)}){hint}")
     return np.array([lookup[str(v)] for v in arr], dtype=np.int64)

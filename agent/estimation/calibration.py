@@ -15,6 +15,7 @@ import numpy as np
 
 from agent.estimation.correctness import CorrectnessModel, correctness_or_none
 from agent.estimation.evidence import HeadlineEvidence
+from agent.estimation.flag import FlagModel, flag_or_none
 from agent.estimation.layout import MEAN_CONFIDENCE
 from agent.estimation.reference import InputReference
 from agent.estimation.tree_ensemble import TreeEnsemble
@@ -118,6 +119,8 @@ class EstimatorCalibration:
     ``correctness``: the calibrated per-prediction probability of being correct that active labeling
     draws by and ``with_labels`` corrects (:mod:`agent.estimation.correctness`; None in bundles fitted
     before it: the raw confidence stands in, :attr:`predictor` says which).
+    ``flag``: the model of the flag "this number may be wrong" (:mod:`agent.estimation.flag`; None in
+    bundles fitted before it: the trust distance alone says whether a window is calibrated).
     """
 
     tpr: float
@@ -131,6 +134,7 @@ class EstimatorCalibration:
     conf_offsets: tuple[float, ...] = ()
     headline: HeadlineEvidence | None = None
     correctness: CorrectnessModel | None = None
+    flag: FlagModel | None = None
 
     @property
     def n(self) -> int:
@@ -165,6 +169,8 @@ class EstimatorCalibration:
             d["shift"] = self.shift.to_dict()
         if self.headline is not None:
             d["headline"] = self.headline.to_dict()
+        if self.flag is not None:
+            d["flag"] = self.flag.to_dict()
         return d
 
     def with_shift(self, shift: ShiftCalibration | None) -> EstimatorCalibration:
@@ -174,6 +180,10 @@ class EstimatorCalibration:
     def with_headline(self, evidence: HeadlineEvidence | None) -> EstimatorCalibration:
         """A copy carrying the evidence behind the headline's choice."""
         return replace(self, headline=evidence)
+
+    def with_flag(self, flag: FlagModel | None) -> EstimatorCalibration:
+        """A copy carrying the flag's model."""
+        return replace(self, flag=flag)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> EstimatorCalibration:
@@ -189,6 +199,7 @@ class EstimatorCalibration:
             conf_offsets=tuple(float(v) for v in d.get("conf_offsets") or ()),  # type: ignore[attr-defined]
             headline=_evidence_or_none(d.get("headline")),
             correctness=correctness_or_none(d.get("correctness")),
+            flag=flag_or_none(d.get("flag")),
         )
 
     @classmethod

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.label_values import NONE_INDEX
+
 
 def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> np.ndarray:
     """Realized ``[k, k]`` counts: rows the true class, columns the predicted one."""
@@ -141,8 +143,15 @@ def realized_class_metrics(
     y_true: np.ndarray, y_pred: np.ndarray, k: int, classes: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """Per-class metrics of labeled predictions (as scikit-learn's ``precision_recall_fscore_support``
-    with ``zero_division=0``)."""
-    return metrics_of_confusion(confusion_matrix(y_true, y_pred, k), classes)
+    with ``zero_division=0``). A true label of none of the model's classes
+    (:data:`~agent.core.label_values.NONE_INDEX`) is a false positive of the class predicted, and no
+    class's support."""
+    conf = confusion_matrix(y_true, y_pred, k)
+    t = np.asarray(y_true, dtype=np.int64).reshape(-1)
+    p = np.asarray(y_pred, dtype=np.int64).reshape(-1)
+    none = (t == NONE_INDEX) & (p >= 0) & (p < k)
+    predicted = conf.sum(axis=0) + np.bincount(p[none], minlength=k)[:k]
+    return class_metrics(np.diag(conf), predicted, conf.sum(axis=1), classes)
 
 
 def window_class_metrics(

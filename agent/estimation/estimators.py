@@ -13,7 +13,8 @@ Estimators:
 ``icos_corrected``
     Rogan–Gladen correction of the fail share with the oracle's TPR and FPR measured on a calibration
     split held out of ADI training: with fail share ``r``, accuracy = (TPR − r) / (TPR − FPR), clipped
-    to [0, 1]. 95% interval by the delta method with the binomial variances of ``r``, TPR and FPR.
+    to [0, 1]. 95% interval by the delta method around the clipped value, with Wilson-type variances of
+    ``r``, TPR and FPR (never 0, whatever few errors the split holds).
 ``avg_conf``
     Mean top-class probability. Normal interval for the window's accuracy: the mean's sampling
     variance plus each outcome's Bernoulli variance given its confidence (:func:`_mean_interval`).
@@ -51,6 +52,11 @@ Estimators:
     The prediction-powered accuracy (PPI++, :mod:`agent.estimation.prediction_powered`) of the window
     from the labels of the labeling sample among its predictions (the ``lab_*`` sums a report adds to
     the window's statistics); absent without labels.
+
+Every estimator calibrated on the labeled calibration split (its spec's ``split_calibrated``) has its
+interval combined in quadrature with the split's own Wilson 95% interval of its accuracy
+(:func:`split_floored`): with 3 wrong predictions in 237 the split cannot tell an accuracy of 0.987 from
+one of 0.996, and no estimate calibrated on it may claim to.
 
 Every estimator is one :func:`register_estimator` entry below, in the order reports list them: an
 :class:`EstimatorSpec`, its formula and what it is — what it needs (labels, the oracle, the model's shift
@@ -102,6 +108,9 @@ class EstimatorSpec:
     #: where no evidence chooses another, the headline is the default one of lowest rank the bundle can
     #: compute (None: never a default)
     default_rank: int | None = None
+    #: it is calibrated on the labeled calibration split (offsets, thresholds, rates, regressions): its
+    #: interval is never narrower than what the split can tell of the accuracy (:func:`split_floored`)
+    split_calibrated: bool = False
 
 
 #: Every estimator's spec by name, in registration order (the one place an estimator is added).
@@ -139,6 +148,7 @@ def register_estimator(
     fallback: str | None = None,
     headline: bool | None = None,
     default_rank: int | None = None,
+    split_calibrated: bool = False,
 ) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator's :class:`EstimatorSpec` to :data:`REGISTRY` under ``name`` (a name is
     taken once); the keywords are the spec's fields. ``headline``: by default every estimator that needs
@@ -149,7 +159,7 @@ def register_estimator(
             raise ValueError(f"estimator {name!r} is already registered")
         may_lead = not needs_labels if headline is None else headline
         REGISTRY[name] = EstimatorSpec(
-            name, fn, needs_labels, needs_oracle, needs_model, fallback, may_lead, default_rank
+            name, fn, needs_labels, needs_oracle, needs_model, fallback, may_lead, default_rank, split_calibrated
         )
         return fn
 
@@ -206,8 +216,20 @@ def _mean_interval(stats: WindowStats) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def _wilson_variance(successes: float, n: float) -> float:
+    """The variance of a proportion with Wilson's pseudo-counts, ``p̃(1 − p̃)/(n + z²)`` with
+    ``p̃ = (x + z²/2)/(n + z²)``: never 0 at a proportion of 0 or 1 (the Wald variance of 3 detected
+    errors of 3 is 0, and an interval built on it has no width)."""
+    z2 = Z95 * Z95
+    p = (successes + z2 / 2) / (n + z2)
+    return p * (1 - p) / (n + z2)
+
+
 def rogan_gladen(fail_share: float, n: int, cal: EstimatorCalibration) -> Estimate:
-    """Accuracy = (TPR − r) / (TPR − FPR) with a delta-method interval (clipped to [0, 1]).
+    """Accuracy = (TPR − r) / (TPR − FPR), clipped to [0, 1], with a delta-method interval around the
+    clipped value and Wilson-type variances of ``r``, TPR and FPR (:func:`_wilson_variance`): an estimate
+    past 1 (a window with fewer fails than the calibration's right predictions raise) keeps an interval
+    below 1 instead of ``[1, 1]``.
 
     When TPR ≤ FPR the oracle carries no information and the interval is [0, 1].
     """
@@ -215,14 +237,36 @@ def rogan_gladen(fail_share: float, n: int, cal: EstimatorCalibration) -> Estima
     if denom <= 1e-9 or n == 0:
         return Estimate(clip01(1.0 - fail_share), 0.0, 1.0, n)
     acc = (cal.tpr - fail_share) / denom
-    err = 1.0 - acc
-    var_r = fail_share * (1 - fail_share) / n
-    var_tpr = cal.tpr * (1 - cal.tpr) / cal.n_wrong if cal.n_wrong else 0.25
-    var_fpr = cal.fpr * (1 - cal.fpr) / cal.n_right if cal.n_right else 0.25
-    e = min(max(err, 0.0), 1.0)
+    e = min(max(1.0 - acc, 0.0), 1.0)
+    var_r = _wilson_variance(fail_share * n, n)
+    var_tpr = _wilson_variance(cal.tpr * cal.n_wrong, cal.n_wrong) if cal.n_wrong else 0.25
+    var_fpr = _wilson_variance(cal.fpr * cal.n_right, cal.n_right) if cal.n_right else 0.25
     var = (var_r + e * e * var_tpr + (1 - e) ** 2 * var_fpr) / (denom * denom)
     half = Z95 * math.sqrt(var)
-    return Estimate(clip01(acc), clip01(acc - half), clip01(acc + half), n)
+    value = clip01(acc)
+    return Estimate(value, clip01(value - half), clip01(value + half), n)
+
+
+def split_half_widths(n_wrong: int, n: int) -> tuple[float, float]:
+    """How far below and above the calibration split's accuracy ``1 − n_wrong/n`` its Wilson 95% interval
+    reaches: what the split itself can tell of the accuracy (a split of 3 wrong predictions in 237 cannot
+    tell 0.987 from 0.996)."""
+    if n <= 0:
+        return 1.0, 1.0
+    lo, hi = wilson(n - n_wrong, n)
+    acc = 1.0 - n_wrong / n
+    return max(acc - lo, 0.0), max(hi - acc, 0.0)
+
+
+def split_floored(e: Estimate, calibration: EstimatorCalibration) -> Estimate:
+    """``e`` with each half-width combined in quadrature with the calibration split's own
+    (:func:`split_half_widths`): an estimator calibrated on a split inherits the uncertainty of what the
+    split can tell, so a handful of errors never gives a zero-width interval."""
+    below, above = split_half_widths(calibration.n_wrong, calibration.n)
+    v = e.value
+    lower = v - math.hypot(max(v - e.lower, 0.0), below)
+    upper = v + math.hypot(max(e.upper - v, 0.0), above)
+    return replace(e, lower=clip01(lower), upper=clip01(upper))
 
 
 @register_estimator("icos", needs_oracle=True)
@@ -233,7 +277,7 @@ def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(passes / n, lo, hi, n)
 
 
-@register_estimator("icos_corrected", needs_oracle=True)
+@register_estimator("icos_corrected", needs_oracle=True, split_calibrated=True)
 def _icos_corrected(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return rogan_gladen(stats.fails / stats.n, stats.n, calibration)
 
@@ -250,28 +294,28 @@ def _bin_shares(stats: WindowStats) -> list[float]:
     return [sum(stats.cells[v * k + b] for v in range(N_VERDICTS)) / stats.n for b in range(k)]
 
 
-@register_estimator("cbpe", default_rank=1)
+@register_estimator("cbpe", default_rank=1, split_calibrated=True)
 def _cbpe(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     shift = confidence_base(_bin_shares(stats), mean, calibration.conf_offsets) - mean
     return Estimate(clip01(mean + shift), clip01(mlo + shift), clip01(mhi + shift), stats.n)
 
 
-@register_estimator("atc")
+@register_estimator("atc", split_calibrated=True)
 def _atc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     n = stats.n
     lo, hi = wilson(stats.atc_above, n)
     return Estimate(stats.atc_above / n, lo, hi, n)
 
 
-@register_estimator("doc")
+@register_estimator("doc", split_calibrated=True)
 def _doc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     shift = calibration.accuracy - calibration.avg_conf
     return Estimate(clip01(mean + shift), clip01(mlo + shift), clip01(mhi + shift), stats.n)
 
 
-@register_estimator("shift_aware", needs_model=True, fallback="doc", default_rank=0)
+@register_estimator("shift_aware", needs_model=True, fallback="doc", default_rank=0, split_calibrated=True)
 def _shift_aware(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:
     if calibration.shift is None or sum(stats.cells) != stats.n:
         return None
@@ -374,7 +418,7 @@ def estimate_all(stats: WindowStats, calibration: EstimatorCalibration) -> dict[
             continue
         est = spec.formula(stats, calibration)
         if est is not None:
-            out[name] = est
+            out[name] = split_floored(est, calibration) if spec.split_calibrated else est
     return out
 
 

@@ -197,7 +197,6 @@ class PairCalibration:
         )
 
 
-
 def pair_of_bundle(pair: Mapping[str, Any] | None, champion_sha256: str | None) -> PairCalibration:
     """The comparison a challenger's bundle holds (its manifest's ``pair``), checked against the champion (its
     model's digest, when both know one); raises ``ValueError`` saying what is wrong and how to fit one."""

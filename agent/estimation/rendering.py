@@ -4,8 +4,10 @@ and ``icos_fleet_*`` metrics — so that a fleet user reads what a single-agent 
 and the metrics never disagree.
 
 A window is estimated once (:func:`window_entry`: every estimator, the trust signal and the headline
-from one :func:`~agent.estimation.estimators.estimate_window` call, and CBPE's label-free per-class
-figures from the same statistics) and rendered from that entry: :meth:`WindowEntry.to_json` for the
+from one :func:`~agent.estimation.estimators.estimate_window` call, the flag "this number may be wrong"
+on them (:func:`~agent.estimation.assessment.assess`: ``trust`` with ``calibrated`` and ``reasons``, the
+headline's interval widened where the flag is raised), and CBPE's label-free per-class figures from the
+same statistics) and rendered from that entry: :meth:`WindowEntry.to_json` for the
 documents, :func:`snapshot_points` for the metrics. An estimate reads the same everywhere
 (:func:`estimate_json`): marked ``unreliable`` with the reason when it says too little to be read as a
 number (:mod:`agent.estimation.reliability`), and, in the documents served over HTTP, rounded to six
@@ -24,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.estimation.assessment import Assessment, assess
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
@@ -63,21 +66,38 @@ def estimates_json(
     return {k: estimate_json(k, e, calibration, decimals=decimals) for k, e in estimates.items()}
 
 
-def headline_json(headline: tuple[str, Estimate]) -> dict[str, Any]:
+def headline_json(headline: tuple[str, Estimate], assessment: Assessment | None = None) -> dict[str, Any]:
     """A window's headline: the estimator that gave it and its estimate (every digit, as the
-    ``*_headline_accuracy_ratio`` metrics export it)."""
-    return {"estimator": headline[0], **headline[1].to_dict()}
+    ``*_headline_accuracy_ratio`` metrics export it; its interval widened where the flag is raised), and
+    what the flag says of it (:meth:`~agent.estimation.assessment.Assessment.headline_dict`)."""
+    return {"estimator": headline[0], **headline[1].to_dict(), **(assessment.headline_dict() if assessment else {})}
 
 
-def trust_json(trust: Trust) -> dict[str, Any]:
-    """Where the window lies relative to the headline's calibration windows."""
-    return dict(trust.to_dict())
+def trust_json(assessment: Assessment) -> dict[str, Any]:
+    """Is the window's number right: the flag (``calibrated``, ``reasons``) and the evidence it rests on."""
+    return assessment.to_dict()
+
+
+def flag_sections(window: WindowEstimates, headline: str, calibration: EstimatorCalibration) -> dict[str, Any]:
+    """What ``check`` reports of the flag on its data: ``headline_estimate`` (the headline's estimate, its
+    interval widened where the flag is raised, and ``calibrated``) and ``trust`` (absent for a bundle with
+    neither a flag nor a trust model)."""
+    head = headline_of(window.estimates, headline)
+    assessment = assess(window, head, calibration)
+    if assessment is not None and assessment.headline is not None:
+        head = assessment.headline
+    out: dict[str, Any] = {}
+    if head is not None:
+        out["headline_estimate"] = headline_json(head, assessment)
+    if assessment is not None:
+        out["trust"] = trust_json(assessment)
+    return out
 
 
 @dataclass(frozen=True)
 class WindowEntry:
-    """One window estimated once: its statistics, every estimate and the trust signal, its headline and
-    its label-free per-class figures."""
+    """One window estimated once: its statistics, every estimate and the trust signal, its headline (its
+    interval widened where the flag is raised), the flag and its label-free per-class figures."""
 
     name: str
     window: WindowEstimates
@@ -85,6 +105,8 @@ class WindowEntry:
     classes: dict[str, Any] | None
     #: the headline estimator and its estimate (None for an empty window)
     headline: tuple[str, Estimate] | None
+    #: the flag on the window (None: an empty window, or a bundle with neither a flag nor a trust model)
+    assessment: Assessment | None = None
 
     @property
     def stats(self) -> WindowStats:
@@ -109,9 +131,9 @@ class WindowEntry:
             "estimates": estimates_json(self.estimates, calibration),
         }
         if self.headline is not None:
-            out["headline"] = headline_json(self.headline)
-        if self.trust is not None:
-            out["trust"] = trust_json(self.trust)
+            out["headline"] = headline_json(self.headline, self.assessment)
+        if self.assessment is not None:
+            out["trust"] = trust_json(self.assessment)
         if self.classes is not None:
             out["classes"] = {"estimated": self.classes}
         out.update(sections or {})
@@ -139,7 +161,11 @@ def window_entry(
         classes,
         per_class=len(classes) <= per_class_cap,
     )
-    return WindowEntry(name, window, figures, headline_of(window.estimates, headline))
+    head = headline_of(window.estimates, headline)
+    assessment = assess(window, head, calibration)
+    if assessment is not None:
+        head = assessment.headline
+    return WindowEntry(name, window, figures, head, assessment)
 
 
 def bundle_json(headline: str, calibration: EstimatorCalibration) -> dict[str, Any]:
@@ -168,11 +194,12 @@ def _point(estimator: str, window: str, e: Estimate) -> EstimatePoint:
 
 
 def snapshot_points(entries: Iterable[WindowEntry]) -> SnapshotPoints:
-    """Every estimate, every headline and every window's counts, trust distance and per-class figures."""
+    """Every estimate, every headline and every window's counts, trust distance, flag and per-class figures."""
     out = SnapshotPoints([], [], [])
     for entry in entries:
         trust = entry.trust
         stats = entry.stats
+        a = entry.assessment
         out.windows.append(
             WindowPoint(
                 entry.name,
@@ -180,6 +207,8 @@ def snapshot_points(entries: Iterable[WindowEntry]) -> SnapshotPoints:
                 dict(stats.fails_by_family),
                 trust.distance if trust is not None else None,
                 entry.classes,
+                flagged=None if a is None else not a.calibrated,
+                flag_reason=None if a is None else (a.reasons[0] if a.reasons else "none"),
             )
         )
         out.estimates.extend(_point(est, entry.name, e) for est, e in entry.estimates.items())

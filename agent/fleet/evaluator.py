@@ -362,8 +362,11 @@ class FleetEvaluator:
                 points = snapshot_points(vw.windows.values())
                 samples = {w.window: w.n for w in points.windows}
                 classes = {w.window: w.classes for w in points.windows if w.classes is not None}
+                flags = {
+                    w.window: (w.flagged, w.flag_reason or "none") for w in points.windows if w.flagged is not None
+                }
                 versions.append(
-                    FleetVersion(version, points.estimates, samples, dict(vw.replicas), points.headline, classes)
+                    FleetVersion(version, points.estimates, samples, dict(vw.replicas), points.headline, classes, flags)
                 )
         return FleetSnapshot(
             model=self.model,

@@ -2,13 +2,14 @@
 predictions, and the labeling sample listed for whoever labels (``GET /v1/labels/requests``). Nothing
 here knows HTTP: a body is bytes, a mistake a :class:`~agent.errors.ClientError`.
 
-* ``{"labels": [{"id": "<request id>:<i>", "label": 3 | "cat"}, ...]}`` →
+* ``{"labels": [{"id": "<request id>:<i>", "label": 3 | "cat" | "__none__"}, ...]}`` →
   ``{"accepted": n, "unknown": n, "duplicate": n, "corrected": n, "invalid": n, "problems": [...]}``. A
-  label is a class index or a class name. Unknown ids (never seen, evicted) and invalid entries are
-  counted, never fatal; at most ``labels.max_batch`` labels per body. A label of an already labeled
-  prediction is a ``duplicate`` (the first label stays) unless its sender may correct labels (an
-  authorized labeler, with ``ICOS_AGENT_LABELS_TOKEN`` set): then the newer label replaces the older
-  (``corrected``) and the estimates follow. Every label is stored with its source and time.
+  label is a class index, a class name, or ``"__none__"`` for an input of none of the model's classes
+  (:mod:`agent.core.label_values`: a wrong prediction, reported as its own realized share). Unknown ids
+  (never seen, evicted) and invalid entries are counted, never fatal; at most ``labels.max_batch`` labels
+  per body. A label of an already labeled prediction is a ``duplicate`` (the first label stays) unless its
+  sender may correct labels (an authorized labeler, with ``ICOS_AGENT_LABELS_TOKEN`` set): then the newer
+  label replaces the older (``corrected``) and the estimates follow. Every label is stored with its source and time.
 * A label whose prediction was answered a moment ago may find it still on its way to the store (in
   the judge queue or the store's write queue). The judge queue and the store say which requests they
   still hold, and the label waits for those, bounded by ``labels.commit_timeout_seconds``
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.config.settings import LabelsConfig
+from agent.core.label_values import NONE_LABEL, none_label_index
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
 from agent.labels.kept_inputs import KeptMap
@@ -59,8 +61,12 @@ class PendingJudgement(Protocol):
 
 
 def resolve_label(value: object, classes: list[str]) -> int | None:
-    """A class index from a label given as an index (``3``) or a class name (``"cat"``, ``"3"``)."""
+    """A class index from a label given as an index (``3``) or a class name (``"cat"``, ``"3"``);
+    :data:`~agent.core.label_values.NONE_INDEX` for ``"__none__"`` (none of the model's classes)."""
     k = len(classes)
+    none = none_label_index(value, classes)
+    if none is not None:
+        return none
     if isinstance(value, bool):
         return None
     if isinstance(value, float) and value.is_integer():
@@ -113,7 +119,10 @@ def parse_labels(obj: object, classes: list[str], max_batch: int) -> ParsedLabel
         if label is None:
             out.invalid += 1
             problem(
-                i, pid, f"'label' {e.get('label')!r} is neither a class index 0..{len(classes) - 1} nor a class name"
+                i,
+                pid,
+                f"'label' {e.get('label')!r} is neither a class index 0..{len(classes) - 1}, a class name nor "
+                f"{NONE_LABEL!r} (none of the model's classes)",
             )
             continue
         if pid in seen:

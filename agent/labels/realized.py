@@ -7,7 +7,9 @@ predictions (by prediction time).
 
 For every window, :class:`RealizedWindows` reports on the labeled predictions in it:
 
-* the realized accuracy (share of correct predictions) with its Wilson 95% interval;
+* the realized accuracy (share of correct predictions) with its Wilson 95% interval; a label of none of the
+  model's classes (``__none__``, :mod:`agent.core.label_values`) counts as wrong, and the share of such
+  labels is reported on its own (``none_of_the_classes``);
 * every estimator computed on *the same labeled predictions* (their verdicts and confidences, with
   the runtime's calibration), and its absolute error ``|estimate − realized accuracy|`` — the
   comparison is between equal sets of predictions. When every prediction of the window kept the
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.label_values import NONE_INDEX
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import realized_class_metrics
 from agent.estimation.estimators import estimate_all
@@ -87,6 +90,12 @@ class RealizedWindow:
     sample: WindowStats = field(default_factory=WindowStats)
     #: precision, recall and F1 per class of the labeled predictions (None: class names not given)
     classes: dict[str, Any] | None = None
+    #: labeled predictions whose input belongs to none of the model's classes (label ``__none__``)
+    none_of_the_classes: int = 0
+
+    @property
+    def none_share(self) -> float:
+        return self.none_of_the_classes / self.n if self.n else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +103,7 @@ class RealizedWindow:
             "n_sampled": self.sample.lab_n,
             "correct": self.correct,
             "accuracy": self.accuracy.to_dict(),
+            "none_of_the_classes": {"n": self.none_of_the_classes, "share": self.none_share},
             "estimates": {k: e.to_dict() for k, e in self.estimates.items()},
             "abs_error": dict(self.abs_errors),
             "probability_error": self.probability_errors.to_dict(),
@@ -131,6 +141,7 @@ def realized_window(
         probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
         sample=_labeled_sample(rows, calibration),
         classes=_class_figures(rows, classes, per_class),
+        none_of_the_classes=int(np.count_nonzero(rows.label == NONE_INDEX)) if rows.label is not None else 0,
     )
 
 

@@ -31,7 +31,7 @@ from exporters.label_metrics import LabelMetrics
 
 log = logging.getLogger("icos_agent.labels")
 
-#: Fields of :class:`EstimatorCalibration` refitted from labels (``shift`` stays the bundle's).
+#: Fields of :class:`EstimatorCalibration` refitted from labels (``shift`` and ``flag`` stay the bundle's).
 REFITTED_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
 
 
@@ -109,7 +109,7 @@ class Recalibrator:
             if text is None:
                 return None
             d = json.loads(text)["calibration"]
-            return EstimatorCalibration.from_dict(d).with_shift(rt.calibration.shift)
+            return EstimatorCalibration.from_dict(d).with_shift(rt.calibration.shift).with_flag(rt.calibration.flag)
         except Exception as exc:  # a damaged record only costs the refit
             self.metrics.store_errors.labels("read").inc()
             log.warning("ignoring a saved calibration that cannot be read", extra={"error": str(exc)})
@@ -132,7 +132,8 @@ class Recalibrator:
                 f"the {n} labeled predictions hold no {which} prediction: the oracle's TPR and FPR need both"
             )
         old = rt.calibration
-        new = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0).with_shift(old.shift)
+        new = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0)
+        new = new.with_shift(old.shift).with_flag(old.flag)
         before, after = realized_window(rows, old), realized_window(rows, new)
         assert before is not None and after is not None
         report = {

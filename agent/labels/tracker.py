@@ -133,6 +133,14 @@ class RealizedTracker:
                 points.append(RealizedPoint(name, 0, 0.0))
             else:
                 points.append(
-                    RealizedPoint(name, w.n, w.accuracy.value, w.abs_errors, w.probability_errors.to_dict(), w.classes)
+                    RealizedPoint(
+                        name,
+                        w.n,
+                        w.accuracy.value,
+                        w.abs_errors,
+                        w.probability_errors.to_dict(),
+                        w.classes,
+                        w.none_share,
+                    )
                 )
         return RealizedSnapshot(rt.name, rt.version, points)

@@ -1,5 +1,6 @@
 """Offline work behind ``icos-agent check``: judge a batch with a bundle and report verdicts and every
-estimate (and, when the data has labels, the truth and the oracle's TPR/FPR/F1 as in the ICOS paper §5.3).
+estimate (and, when the data has labels, the truth and the oracle's TPR/FPR/F1 as in the ICOS paper §5.3; a label
+``__none__``, an input of none of the model's classes, counts as wrong and its share is reported).
 
 Per-class precision, recall and F1 (and ROC AUC for two classes) are reported label-free (CBPE,
 :mod:`agent.estimation.class_metrics`) and, with labels, realized. ``labels=N`` reveals the true labels
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.label_values import NONE_INDEX
 from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
@@ -25,7 +27,7 @@ from agent.estimation.class_metrics import expected_confusion, expected_roc_auc,
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.rendering import PairedModel, estimates_json, trust_json
+from agent.estimation.rendering import PairedModel, estimates_json, flag_sections
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
@@ -76,6 +78,12 @@ def judge(
         feature_names=bundle.feature_names,
     )
     return Judged(pred, result, rules, feats)
+
+
+def none_of_the_classes(y: np.ndarray) -> dict[str, float]:
+    """How many labels say "none of the model's classes" (counted as wrong), and their share."""
+    n = int(np.count_nonzero(np.asarray(y) == NONE_INDEX))
+    return {"n": n, "share": n / len(y) if len(y) else 0.0}
 
 
 def calibration_summary(cal: EstimatorCalibration) -> dict[str, Any]:
@@ -135,7 +143,7 @@ def check_report(
         tdi_rules=judged.tdi_rules,
     )
     pred = judged.prediction
-    y = label_indices(data.y, model.classes) if data.y is not None else None
+    y = label_indices(data.y, model.classes, allow_none=True) if data.y is not None else None
     paired = None
     if challenger is not None:
         champion = (pred, stats, PairedModel(cal, headline_estimator(bundle.headline)))
@@ -160,8 +168,7 @@ def check_report(
     }
     for name in (n for n in estimates if n in NEEDS_LABELS):  # the revealed labels' seed with their estimate
         report["estimates"][name]["seed"] = seed
-    if window.trust is not None:
-        report["trust"] = trust_json(window.trust)
+    report.update(flag_sections(window, report["headline"], cal))
     report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)
     if paired is not None:
         report["challenger"] = paired
@@ -172,7 +179,7 @@ def check_report(
             report["classes"]["with_labels"] = sampled["realized"]
         accuracy = float(correct.mean())
         oc = calibrate(judged.result, ~correct)
-        report["truth"] = {"accuracy": accuracy}
+        report["truth"] = {"accuracy": accuracy, "none_of_the_classes": none_of_the_classes(y)}
         report["oracle"] = {
             "tpr": oc.tpr,
             "fpr": oc.fpr,

@@ -18,6 +18,7 @@ from agent.estimation.pair_calibration import PairCalibration
 from agent.estimation.reliability import weak_oracle
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS
 from agent.model.classifier import OnnxClassifier
+from agent.offline.data_advice import ValidationAdvice, validation_advice
 from agent.offline.fit_pair import pair_of_model, pair_of_table
 from agent.offline.fit_progress import FitMeter, fit_meter
 from agent.offline.fit_stages import (
@@ -26,6 +27,7 @@ from agent.offline.fit_stages import (
     calibrate_model,
     calibrate_table,
     choose_headline_of,
+    fit_the_flag,
     fit_the_oracle,
     model_report,
     read_model_data,
@@ -38,7 +40,7 @@ from invariants.fit_params import CalibrationPlan, FitParams
 Progress = Callable[[str], None]
 
 #: The stages of a fit, in order: what :attr:`FitReport.stage_seconds` times.
-STAGES = ("read", "oracle", "calibrate", "headline", "write")
+STAGES = ("read", "oracle", "calibrate", "headline", "flag", "write")
 #: The stage a challenger fitted with its champion runs last (``fit --champion``).
 PAIR_STAGE = "pair"
 
@@ -58,6 +60,8 @@ class FitReport:
     stage_seconds: Mapping[str, float] = field(default_factory=dict)
     #: the comparison with the champion (``fit --champion``), recorded in the bundle
     pair: PairCalibration | None = None
+    #: how much labeled validation data the fit needs for its calibration split to hold enough errors
+    validation: ValidationAdvice | None = None
 
 
 _R = TypeVar("_R")
@@ -85,7 +89,11 @@ class _Clock:
         return out
 
     def report(
-        self, written: Written, calibration: EstimatorCalibration, pair: PairCalibration | None = None
+        self,
+        written: Written,
+        calibration: EstimatorCalibration,
+        params: FitParams,
+        pair: PairCalibration | None = None,
     ) -> FitReport:
         if pair is not None:
             written.bundle.pair = pair.to_dict()
@@ -99,6 +107,7 @@ class _Clock:
             coverage=written.coverage,
             stage_seconds=dict(self.seconds),
             pair=pair,
+            validation=validation_advice(written.val_n, written.val_wrong, params.calibration_fraction),
         )
 
 
@@ -130,9 +139,10 @@ def fit_bundle(
         oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
         calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
         chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+        chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
         written = clock.run("write", model_report, inputs, data, oracle, chosen)
         pair = clock.run(PAIR_STAGE, pair_of_model, inputs, data, champion, say) if champion is not None else None
-    return clock.report(written, chosen.calibration, pair)
+    return clock.report(written, chosen.calibration, params, pair)
 
 
 def fit_table_bundle(
@@ -157,19 +167,21 @@ def fit_table_bundle(
         oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
         calibrated = clock.run("calibrate", calibrate_table, data, oracle)
         chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
+        chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
         written = clock.run("write", table_report, data, columns, params, oracle, chosen)
         pair = (
             clock.run(PAIR_STAGE, pair_of_table, ref, champion_probabilities, data.y, params, plan)
             if champion_probabilities is not None
             else None
         )
-    return clock.report(written, chosen.calibration, pair)
+    return clock.report(written, chosen.calibration, params, pair)
 
 
-def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
+def fit_warnings(calibration: EstimatorCalibration, validation: ValidationAdvice | None = None) -> list[str]:
     """What the user should know about the fitted estimator calibration (printed by ``fit``, listed in
     ``fit --json``): a calibration split with too few wrong predictions gives TPR/FPR and per-bin
-    confidence offsets that are noise, so the estimators keep raw confidence near clean data."""
+    confidence offsets that are noise, so the estimators keep raw confidence near clean data, and
+    ``validation`` says how much more labeled validation data would give it enough."""
     out: list[str] = []
     if calibration.too_few_errors:
         out.append(
@@ -187,4 +199,7 @@ def fit_warnings(calibration: EstimatorCalibration) -> list[str]:
         )
     if calibration.shift is not None and calibration.shift.trust is None:
         out.append("the shift-aware calibration has no trust model (no trust signal will be reported)")
+    advice = validation.message() if validation is not None else None
+    if advice is not None:
+        out.append(advice)
     return out

@@ -8,7 +8,9 @@
 3. **calibrate**: ``shift_aware`` fitted on corrupted copies of the calibration split passed through the
    model (:func:`calibrate_model`; a table has no model to pass them through);
 4. **headline**: the headline chosen from evidence (:func:`choose_headline_of`, both sources);
-5. **write**: the bundle and the figures of the report (:func:`model_report`, :func:`table_report`).
+5. **flag**: the flag "this number may be wrong" fitted on windows of shifts the headline's estimate was
+   fitted without (:func:`fit_the_flag`, both sources);
+6. **write**: the bundle and the figures of the report (:func:`model_report`, :func:`table_report`).
 
 :mod:`agent.offline.fit` runs them in order and times each. The model is never changed: the stages read
 a copy with the fit's decision threshold and view. Every size the calibration draws is the
@@ -34,12 +36,14 @@ from agent.estimation.estimators import (
     default_headline,
     estimator_specs,
     headline_candidates,
+    headline_estimator,
 )
 from agent.model.classifier import OnnxClassifier, label_confidences, predicted_classes_of
 from agent.model.inputs import Inputs, rule_values
 from agent.model.view_choice import choose_view
 from agent.model.views import FeatureView, ViewError
 from agent.offline.calibration.corruptions import calibration_family, is_image_input
+from agent.offline.calibration.flag_fitting import model_flag, table_flag
 from agent.offline.calibration.headline_choice import (
     choose_headline,
     choose_model_headline,
@@ -48,6 +52,7 @@ from agent.offline.calibration.headline_choice import (
 )
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.sets import CalibrationSets, calibration_sets, input_calibration_sets
+from agent.offline.calibration.shift_fitting import ShiftFit
 from agent.offline.calibration.shift_windows import tilt_coordinates
 from agent.offline.fit_progress import expect_rows
 from agent.offline.viewing import LazySource, Viewed, predict_and_view, source_of, subset
@@ -272,12 +277,14 @@ def fit_the_oracle(data: OracleData, params: FitParams, say: Progress) -> Oracle
 @dataclass(frozen=True)
 class Calibrated:
     """Stage 3: the estimators' calibration (``shift_aware``'s where it was fitted), the judged sets it was
-    fitted from (None: no corruption applies, or no model) and the oracle's view of the rows the headline is
-    chosen on (None: nothing to choose on)."""
+    fitted from (None: no corruption applies, or no model), the oracle's view of the rows the headline is
+    chosen on (None: nothing to choose on) and ``shift_aware``'s refits without each group of related
+    corruptions (what the flag is fitted with)."""
 
     calibration: EstimatorCalibration
     sets: CalibrationSets | None = None
     features: np.ndarray | None = None
+    shift: ShiftFit | None = None
 
 
 def calibrate_table(data: TableData, fit: OracleFit) -> Calibrated:
@@ -364,7 +371,8 @@ def calibrate_model(inputs: ModelFitInputs, data: ModelData, fit: OracleFit, say
             say("shift-aware calibration: no corruption applies to these inputs; the headline is doc")
     if sets is None:
         return Calibrated(fit.classic)
-    return Calibrated(fit.classic.with_shift(sets.fit(params.seed, plan=plan)), sets, od.val_features[rows])
+    shift = sets.fit_with_refits(params.seed, plan=plan)
+    return Calibrated(fit.classic.with_shift(shift.calibration), sets, od.val_features[rows], shift)
 
 
 @dataclass(frozen=True)
@@ -418,6 +426,38 @@ def choose_headline_of(
     return Chosen(calibration.with_headline(evidence), headline)
 
 
+def fit_the_flag(
+    data: OracleData,
+    fit: OracleFit,
+    calibrated: Calibrated,
+    chosen: Chosen,
+    params: FitParams,
+    plan: CalibrationPlan,
+    say: Progress,
+) -> Chosen:
+    """Stage 5 (flag): the flag "this number may be wrong" (:mod:`agent.offline.calibration.flag_fitting`):
+    with ``shift_aware``, on the windows its interval's refits estimate of the corruptions each left out and
+    of simulated shifts; without it, on simulated shifts of held-out folds of the calibration split. The
+    flag predicts the chosen headline's error."""
+    calibration = chosen.calibration
+    headline = headline_estimator(chosen.headline, with_model=calibration.shift is not None)
+    k = len(data.classes)
+    if calibrated.sets is not None and calibrated.shift is not None and calibrated.shift.refits:
+        say(f"fitting the flag on {len(calibrated.shift.refits)} refits of shift_aware, each without some corruptions")
+        coords = tilt_coordinates(calibrated.features)
+        flag = model_flag(
+            calibrated.sets, calibrated.shift, calibration, headline, coords, k, seed=params.seed, plan=plan
+        )
+    else:
+        say("fitting the flag on simulated shifts of held-out folds of the calibration split")
+        cal = fit.calibration_index
+        coords = tilt_coordinates(data.val_features[cal])
+        flag = table_flag(fit.clean, data.val_predicted[cal], headline, coords, k, seed=params.seed, plan=plan)
+    if flag is None:
+        say("flag: too few calibration rows to fit it; the trust distance alone marks windows")
+    return Chosen(calibration.with_flag(flag), chosen.headline)
+
+
 @dataclass(frozen=True)
 class Written:
     """Stage 5: the bundle and the figures the fit reports."""
@@ -428,6 +468,9 @@ class Written:
     n_rules: int
     n_selected: int
     coverage: float
+    #: validation predictions and the wrong ones among them (how much more data a fit needs)
+    val_n: int = 0
+    val_wrong: int = 0
 
 
 def _invariants(fit: OracleFit) -> tuple[TrainingInvariants, AlgorithmInvariants]:
@@ -446,6 +489,8 @@ def _figures(bundle: Bundle, train_correct: np.ndarray, val_correct: np.ndarray,
         n_rules=len(tdi.rules),
         n_selected=len(tdi.selected_rules),
         coverage=float(tdi.coverage(val_features)),
+        val_n=len(val_correct),
+        val_wrong=int(len(val_correct) - np.count_nonzero(val_correct)),
     )
 
 

@@ -27,14 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from agent.core.label_values import NONE_INDEX
 from agent.data.files import label_indices
 from agent.data.limits import DataLimits
 from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import NEEDS_LABELS, estimate_all, headline_estimator
+from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.rendering import estimates_json
+from agent.estimation.rendering import estimates_json, flag_sections
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from invariants.bundle import Bundle
@@ -69,6 +70,8 @@ class _Tally:
     verdicts: np.ndarray = field(default_factory=lambda: np.zeros(len(VERDICTS), dtype=np.int64))
     labeled: int = 0
     correct: int = 0
+    #: labels of none of the model's classes among them (counted as wrong)
+    none: int = 0
     #: oracle fail (positive) against model wrong: tp, fp, tn, fn
     confusion: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
     #: the revealed labels (``check --labels``): a uniform sample of this tally's rows
@@ -78,8 +81,9 @@ class _Tally:
     def n(self) -> int:
         return 0 if self.stats is None else self.stats.n
 
-    def add(self, stats: WindowStats, verdicts: np.ndarray, wrong: np.ndarray | None) -> None:
+    def add(self, stats: WindowStats, verdicts: np.ndarray, wrong: np.ndarray | None, none: int = 0) -> None:
         self.stats = stats if self.stats is None else self.stats + stats
+        self.none += none
         self.verdicts += np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS))
         if wrong is not None:
             failed = verdicts != 0
@@ -96,13 +100,16 @@ class _Tally:
         stats = self.stats
         if stats is not None and self.revealed is not None:
             stats = stats + self.revealed.stats()
-        estimates = estimate_all(stats, calibration) if stats is not None else {}
+        window = estimate_window(stats, calibration) if stats is not None else None
+        estimates = window.estimates if window is not None else {}
         out: dict[str, Any] = {
             "n": self.n,
             "headline": headline,
             "verdicts": {name: int(c) for name, c in zip(VERDICTS, self.verdicts, strict=True)},
             "estimates": estimates_json(estimates, calibration, decimals=None),
         }
+        if window is not None:
+            out.update(flag_sections(window, headline, calibration))
         labeled = [n for n in estimates if n in NEEDS_LABELS] if self.revealed is not None else []
         for name in labeled:  # the estimators of the revealed labels say how many and how they were drawn
             assert self.revealed is not None
@@ -110,7 +117,10 @@ class _Tally:
         if self.labeled and self.labeled == self.n:
             accuracy = self.correct / self.labeled
             tp, fp, tn, fn = (int(v) for v in self.confusion)
-            out["truth"] = {"accuracy": accuracy}
+            out["truth"] = {
+                "accuracy": accuracy,
+                "none_of_the_classes": {"n": self.none, "share": self.none / self.labeled},
+            }
             out["oracle"] = {
                 "tpr": tp / (tp + fn) if tp + fn else 0.0,
                 "fpr": fp / (fp + tn) if fp + tn else 0.0,
@@ -224,13 +234,15 @@ def check_table_report(
             features=part.x,
             tdi_rules=rules,
         )
-        wrong = None if part.y is None else label_indices(part.y, bundle.classes) != predicted
-        total.add(stats, verdicts, wrong)
+        truth = None if part.y is None else label_indices(part.y, bundle.classes, allow_none=True)
+        wrong = None if truth is None else truth != predicted
+        none = 0 if truth is None else int(np.count_nonzero(truth == NONE_INDEX))
+        total.add(stats, verdicts, wrong, none)
         if chunk_rows is not None:
             if new_chunk:
                 revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
                 chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
-            chunks[-1].add(stats, verdicts, wrong)
+            chunks[-1].add(stats, verdicts, wrong, none)
         if labels:
             if wrong is None:
                 raise UserError(f"{path}: --labels needs every row labeled; a batch has no labels")

@@ -27,22 +27,28 @@ ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, a
 * `n`: predictions judged in the window; `fails`, `fails_by_family`: those the oracle failed, by invariant;
   `n_labels`: labeled predictions of the labeling sample among them (time windows).
 * `headline`: the estimate to read first (`estimator` names which: the bundle's headline, `shift_aware` unless
-  it says otherwise), with `value`, `lower`, `upper` (a 95% interval).
+  it says otherwise), with `value`, `lower`, `upper` (a 95% interval, widened where the flag is raised) and
+  `calibrated` (the flag is down); where raised, `may_be_wrong` (why, in one sentence) and `own_interval`
+  (the interval before widening).
 * `estimates`: every estimator's `value`, `lower`, `upper` and `n`; an estimate marked `unreliable` (with the
   reason: an interval wider than 0.5, or an oracle that separates right from wrong predictions poorly) says
   too little to be read as a number. `with_labels` appears once sampled predictions have labels (`n_labels`),
   with `weighted` (each label weighted by the inverse of its draw probability, under active sampling) and
   `predictor`: `calibrated` (the bundle's per-prediction probability of being correct) or `confidence` (the
   top-class probability: bundles fitted before the calibrated predictor, or unweighted labels).
-* `trust`: how far the window lies from the data `shift_aware` was calibrated on: `distance` (0 near the
-  calibration windows, above 1 outside them), `calibrated` (inside the calibrated range), `drift` (how far
-  the window moved from the clean calibration split, in units of its own sampling error) and `weight` (the
-  share of `shift_aware`'s learnt correction used: 0 near clean data or outside the calibrated range, where
-  the estimate falls back to the confidence-based one and its interval widens).
+* `trust`: is the number right. `calibrated`: the flag "this number may be wrong" is down; `reasons`: the
+  evidence, largest first (`outside_calibrated_range`, `confidence_shifted`, `oracle_verdicts_shifted`,
+  `inputs_unlike_reference`, `estimators_disagree`, `estimated_drop_large`, `small_window`; and, the flag
+  down or not, `class_mix_changed`: a change of class mix alone, where confidence-based estimates hold, and
+  `few_calibration_errors`); `probability`: that the headline is off by more than `tolerance`; `class_mix`:
+  the class-adjusted test (`changed`, `only`, `class_z`, `residual_z`); and how far the window lies from the
+  data `shift_aware` was calibrated on: `distance` (above 1 outside them), `in_calibrated_range`, `drift` and
+  `weight` (the share of `shift_aware`'s learnt correction used). `basis` is `flag`, or `trust_distance` for
+  bundles fitted before the flag (`calibrated` is then the distance alone, and `note` says so).
 * `classes.estimated`: label-free precision, recall and F1 per class (CBPE: the expected figures if the
   model's probabilities are calibrated), macro and weighted.
 * `realized`: from delayed labels, the accuracy of the labeled predictions of the window and how far each
-  estimator was from it.
+  estimator was from it; `none_of_the_classes`: the labels `__none__` among them (counted as wrong).
 """
 
 

@@ -15,6 +15,11 @@ some of the same kind as scenarios of the suite. So every scenario is also estim
 ``shift_aware`` calibrated *without* its kin (:data:`HELD_OUT`): the error to expect from a drift
 of a kind the calibration has not seen.
 
+Every ``shift_aware`` calibration of the label-free variant (shipped and without each kin) carries the flag
+"this number may be wrong", fitted as ``fit`` fits it (:func:`agent.offline.calibration.flag_fitting.model_flag`
+on the refits behind its interval); the records of ``shift_aware`` and of :data:`HELD_OUT` keep whether it was
+down (``calibrated``) on each window.
+
 ``shift_aware``'s calibration is a random draw (corruption strengths, windows, trees; all from
 ``calibration_sets``' seed). Every scenario is also estimated with the calibrations of
 :attr:`Config.calibration_seeds` (records named by :func:`seeded_name`), so the report shows how far
@@ -35,12 +40,20 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from agent.estimation.assessment import Assessment, assess
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all, estimate_window
+from agent.estimation.estimators import (
+    RECOMMENDED_ESTIMATOR,
+    WindowEstimates,
+    estimate_all,
+    estimate_window,
+    headline_of,
+)
 from agent.estimation.statistics import WindowStats
-from agent.estimation.trust import Trust
 from agent.model.classifier import Prediction
-from agent.offline.calibration.sets import calibration_sets
+from agent.offline.calibration.flag_fitting import model_flag
+from agent.offline.calibration.sets import CalibrationSets, calibration_sets
+from agent.offline.calibration.shift_windows import tilt_coordinates
 from bench.estimators.scenarios import (
     ImageSpec,
     Scenario,
@@ -122,8 +135,8 @@ class Record:
     lower: float
     upper: float
     truth: float
-    #: the window's trust distance and whether it is inside the calibrated range (``shift_aware`` and
-    #: its held-out pseudo-estimator only; NaN / None elsewhere)
+    #: the window's trust distance and whether the flag "this number may be wrong" is down
+    #: (``trust.calibrated``; ``shift_aware`` and its held-out pseudo-estimator only; NaN / None elsewhere)
     trust: float = float("nan")
     calibrated: bool | None = None
 
@@ -167,8 +180,20 @@ class _Pool:
         )
 
 
-def _tr(t: Trust | None) -> tuple[float, bool | None]:
-    return (float("nan"), None) if t is None else (t.distance, t.calibrated)
+def _tr(window: WindowEstimates, calibration: EstimatorCalibration) -> tuple[float, bool | None]:
+    """The trust distance of a window and whether the flag is down on ``shift_aware`` as its headline."""
+    a: Assessment | None = assess(window, headline_of(window.estimates, RECOMMENDED_ESTIMATOR), calibration)
+    distance = window.trust.distance if window.trust is not None else float("nan")
+    return distance, None if a is None else a.calibrated
+
+
+def flagged_calibration(
+    sets: CalibrationSets, classic: EstimatorCalibration, features: np.ndarray, n_classes: int, seed: int
+) -> EstimatorCalibration:
+    """``classic`` with ``shift_aware`` fitted on ``sets`` and the flag fitted as ``fit`` fits it."""
+    shift = sets.fit_with_refits(seed)
+    flag = model_flag(sets, shift, classic, RECOMMENDED_ESTIMATOR, tilt_coordinates(features), n_classes, seed=seed)
+    return classic.with_shift(shift.calibration).with_flag(flag)
 
 
 def stable_seed(*parts: object) -> int:
@@ -300,26 +325,30 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
         meta = {"form": form_metadata(cal_y, parts)} if parts else None
         res = oracle.judge(m.features(cal_x), cal_pred.probabilities, cal_pred.predicted, metadata=meta)
         cal = EstimatorCalibration.fit(cal_pred.confidences, cal_pred.predicted == cal_y, res.failed)
-        shift = calibration_sets(
+        sets = calibration_sets(
             m, oracle, cal_x, cal_y, train_x=train_x, metadata=meta, n_sets=params.shift_sets, seed=params.seed
-        ).fit(params.seed)
-        variants.append(_Variant(idi_name, oracle, cal.with_shift(shift), parts))
+        )
+        cal_features = m.features(cal_x)
+        if idi_name == "none":  # the label-free variant, whose targets the flag is measured against
+            full = flagged_calibration(sets, cal, cal_features, m.n_classes, params.seed)
+        else:
+            full = cal.with_shift(sets.fit(params.seed))
+        variants.append(_Variant(idi_name, oracle, full, parts))
         if idi_name == "none" and cfg.held_out:
             kin_sets = sorted({sc.calibration_kin for sc in scenarios_for(subject)} - {()})
             for k, kin in enumerate(kin_sets, 1):
                 say(f"[{subject.name}] calibrating without {', '.join(kin)} ({k}/{len(kin_sets)})")
-                held[kin] = cal.with_shift(
-                    calibration_sets(
-                        m,
-                        oracle,
-                        cal_x,
-                        cal_y,
-                        train_x=train_x,
-                        n_sets=params.shift_sets,
-                        seed=params.seed,
-                        exclude=kin,
-                    ).fit(params.seed)
+                held_sets = calibration_sets(
+                    m,
+                    oracle,
+                    cal_x,
+                    cal_y,
+                    train_x=train_x,
+                    n_sets=params.shift_sets,
+                    seed=params.seed,
+                    exclude=kin,
                 )
+                held[kin] = flagged_calibration(held_sets, cal, cal_features, m.n_classes, params.seed)
         if idi_name == "none":
             extra = [s for s in dict.fromkeys(cfg.calibration_seeds) if s != cfg.seed]
             for k, s in enumerate(extra, 1):
@@ -354,11 +383,11 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
             for v, verdicts in zip(variants, judged, strict=True):
                 stats = pool.window(verdicts, v.calibration, idx)
                 window = estimate_window(stats, v.calibration)
-                tr = window.trust
+                tr = _tr(window, v.calibration)
                 for name, e in window.estimates.items():
-                    t = tr if name == RECOMMENDED_ESTIMATOR else None
+                    t = tr if name == RECOMMENDED_ESTIMATOR else (float("nan"), None)
                     records.append(
-                        Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth, *_tr(t))
+                        Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth, *t)
                     )
                 if v.name == "none":  # shift_aware again under the label-free pseudo-estimators
                     others = {seeded_name(s): scal for s, scal in seeded.items()}
@@ -367,7 +396,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                     for pseudo, ocal in others.items():
                         ow = estimate_window(stats, ocal)
                         g = ow.estimates.get(RECOMMENDED_ESTIMATOR)
-                        t = ow.trust if pseudo == HELD_OUT else None
+                        t = _tr(ow, ocal) if pseudo == HELD_OUT else (float("nan"), None)
                         if g is not None:
                             records.append(
                                 Record(
@@ -380,7 +409,7 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                                     g.lower,
                                     g.upper,
                                     truth,
-                                    *_tr(t),
+                                    *t,
                                 )
                             )
             for size in extra_sizes:  # shift_aware on windows of other sizes (label-free, shipped seed)

@@ -71,15 +71,67 @@ class Target:
     ok: bool
 
 
-def trust_rates(records: Sequence[Record], model: str, estimator: str) -> tuple[float, int, float, int]:
-    """(share of windows with label-free error > 0.1 whose trust signal is raised, their number,
-    share of in-distribution windows whose signal is raised, their number) for ``estimator``."""
+#: The flag's targets: among windows whose flag is down, the headline within ``DOWN_WITHIN`` of the truth in at
+#: least ``DOWN_SHARE``; among windows whose headline is within ``RIGHT_WITHIN``, the flag raised on at most
+#: ``RIGHT_FLAGGED``; among in-distribution windows, on at most ``IN_DISTRIBUTION_FLAGGED``.
+DOWN_WITHIN, DOWN_SHARE = 0.05, 0.95
+RIGHT_WITHIN, RIGHT_FLAGGED = 0.03, 0.25
+IN_DISTRIBUTION_FLAGGED = 0.05
+
+
+@dataclass(frozen=True)
+class FlagRates:
+    """The flag on ``estimator``'s windows of one model: the share of flag-down windows within 0.05 of the
+    truth, of windows within 0.03 that are flagged, of in-distribution windows flagged, of windows off by more
+    than 0.10 flagged, and how many windows each share is of."""
+
+    down_within: float
+    n_down: int
+    right_flagged: float
+    n_right: int
+    in_distribution: float
+    n_in_distribution: int
+    bad_flagged: float
+    n_bad: int
+
+
+def flag_rates(records: Sequence[Record], model: str, estimator: str) -> FlagRates | None:
+    """The flag's figures for ``estimator``'s label-free records of ``model`` (None: no record carries it)."""
     mine = [r for r in records if r.model == model and r.idi == "none" and r.estimator == estimator]
     mine = [r for r in mine if r.calibrated is not None]
-    bad = [r for r in mine if r.error > 0.1]
+    if not mine:
+        return None
+    down = [r for r in mine if r.calibrated]
+    right = [r for r in mine if r.error <= RIGHT_WITHIN]
     ind = [r for r in mine if r.scenario == "in_distribution"]
-    share = lambda rs: float(np.mean([not r.calibrated for r in rs])) if rs else float("nan")  # noqa: E731
-    return share(bad), len(bad), share(ind), len(ind)
+    bad = [r for r in mine if r.error > 0.10]
+    flagged = lambda rs: float(np.mean([not r.calibrated for r in rs])) if rs else float("nan")  # noqa: E731
+    within = float(np.mean([r.error <= DOWN_WITHIN for r in down])) if down else float("nan")
+    return FlagRates(within, len(down), flagged(right), len(right), flagged(ind), len(ind), flagged(bad), len(bad))
+
+
+def flag_targets(records: Sequence[Record], model: str, estimator: str) -> list[Target]:
+    """The three silent-miss targets of the flag on ``estimator``'s windows of ``model``."""
+    f = flag_rates(records, model, estimator)
+    if f is None:
+        return []
+    return [
+        Target(
+            f"flag down: headline within {DOWN_WITHIN} in ≥ {DOWN_SHARE:.0%}",
+            f"{f.down_within:.1%} of {f.n_down} (flagged: {f.bad_flagged:.0%} of the {f.n_bad} off by > 0.10)",
+            f.n_down == 0 or f.down_within >= DOWN_SHARE,
+        ),
+        Target(
+            f"headline within {RIGHT_WITHIN}: flagged on ≤ {RIGHT_FLAGGED:.0%}",
+            f"{f.right_flagged:.1%} of {f.n_right}",
+            f.n_right == 0 or f.right_flagged <= RIGHT_FLAGGED,
+        ),
+        Target(
+            f"in distribution: flagged on ≤ {IN_DISTRIBUTION_FLAGGED:.0%}",
+            f"{f.in_distribution:.1%} of {f.n_in_distribution}",
+            f.n_in_distribution == 0 or f.in_distribution <= IN_DISTRIBUTION_FLAGGED,
+        ),
+    ]
 
 
 def _scenario_maes(cells: dict[tuple[str, str, str, str], Cell], model: str, estimator: str) -> dict[str, float]:
@@ -92,8 +144,8 @@ def targets(
     """The targets of ``estimator`` (the headline, or it calibrated without each scenario's kind),
     label-free, against the confidence baselines of the same run: images (MNIST, digits) mean MAE ≤
     0.03, worst-scenario MAE ≤ 0.12, no scenario worse than ``avg_conf`` by more than 0.02, coverage
-    ≥ 95%; tables no worse than ``cbpe`` in mean and worst-scenario MAE; the trust signal raised on ≥
-    90% of windows whose error exceeds 0.1 and on ≤ 10% of in-distribution windows."""
+    ≥ 95%; tables no worse than ``cbpe`` in mean and worst-scenario MAE; and the flag's silent-miss targets
+    (:func:`flag_targets`)."""
     rec = overall(cells, model, "none", estimator)
     avg, cbpe = overall(cells, model, "none", "avg_conf"), overall(cells, model, "none", "cbpe")
     if rec is None or avg is None:
@@ -132,17 +184,7 @@ def targets(
             ),
             Target("interval coverage ≥ 95%", f"{rec.coverage:.1%}", rec.coverage >= 0.95),
         ]
-    bad, n_bad, ind, n_ind = trust_rates(records, model, estimator)
-    if n_bad or n_ind:
-        out += [
-            Target(
-                "trust signal raised on ≥ 90% of windows with error > 0.1",
-                f"{bad:.1%} of {n_bad}" if n_bad else "no such window",
-                not n_bad or bad >= 0.9,
-            ),
-            Target("trust signal raised on ≤ 10% of in-distribution windows", f"{ind:.1%} of {n_ind}", ind <= 0.1),
-        ]
-    return out
+    return out + flag_targets(records, model, estimator)
 
 
 def all_targets(cells: dict[tuple[str, str, str, str], Cell], records: Sequence[Record]) -> list[tuple[str, Target]]:

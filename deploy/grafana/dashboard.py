@@ -274,13 +274,28 @@ def panels() -> list[dict[str, Any]]:
     y += 9
     p.append(
         _timeseries(
+            "Estimate may be wrong (1: flag raised, by main reason)",
+            [
+                (f"max by (window, reason) (icos_estimate_flagged{{{SEL}, {w}}})", "{{window}} {{reason}}"),
+                (f"max by (window, reason) (icos_fleet_estimate_flagged{{{SEL}, {w}}})", "fleet {{window}} {{reason}}"),
+            ],
+            (0, y, 12, 7),
+            minmax=(0, 1),
+            description="1 where a window's headline may be off by more than 0.05 (the flag, calibrated at fit on "
+            "shifts the estimate was fitted without): its interval is widened and alert IcosEstimateMayBeWrong "
+            "fires after 30 minutes. The reason names the main evidence; a change of class mix alone reads "
+            "class_mix_changed with the flag down.",
+        )
+    )
+    p.append(
+        _timeseries(
             "Estimate trust distance (> 1: outside the calibrated range)",
             [(f"max by (window) (icos_estimate_trust_distance{{{SEL}, {w}}})", "{{window}}")],
-            (0, y, 24, 7),
+            (12, y, 12, 7),
             description="How far each window lies from the windows the headline estimator was calibrated on, "
             "relative to their own spread (the farthest replica). Up to 1 the learnt correction is used whole; "
-            "from 1 to 2 it is shrunk toward the confidence estimate (cbpe) and the interval widens; alert "
-            "IcosEstimateOutsideCalibratedRange fires after 30 minutes above 1.",
+            "from 1 to 2 it is shrunk toward the confidence estimate (cbpe) and the interval widens. One of the "
+            "flag's pieces of evidence.",
         )
     )
     y += 7

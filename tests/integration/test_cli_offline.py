@@ -86,9 +86,14 @@ def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -
         assert 0.0 <= e["lower"] <= e["value"] <= e["upper"] <= 1.0
     assert 0.9 < report["truth"]["accuracy"] < 1.0
     assert set(report["oracle"]) >= {"tpr", "fpr", "f1"}
-    # the test split looks like the calibration data: inside the calibrated range
-    assert set(report["trust"]) == {"distance", "calibrated", "drift", "weight"}
-    assert report["trust"]["calibrated"] is True and 0.0 <= report["trust"]["distance"] <= 1.0
+    # the test split looks like the calibration data: inside the calibrated range, the flag down
+    trust = report["trust"]
+    assert {"calibrated", "reasons", "basis", "probability", "tolerance", "distance", "class_mix"} <= set(trust)
+    assert trust["basis"] == "flag" and trust["calibrated"] is True and trust["reasons"] == []
+    assert trust["in_calibrated_range"] is True and 0.0 <= trust["distance"] <= 1.0
+    head = report["headline_estimate"]
+    assert head["estimator"] == report["headline"] and head["calibrated"] is True and "own_interval" not in head
+    assert head["value"] == report["estimates"][report["headline"]]["value"]
     assert report["calibration"]["too_few_errors"] is False and report["calibration"]["n_wrong"] >= 10
     # a model bundle's headline is chosen from evidence too, shift_aware measured out of sample beside the others
     evidence = report["headline_evidence"]
@@ -126,6 +131,17 @@ def test_check_text_output(bundle_dir: Path, data_dir: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "true accuracy" in r.stdout and "icos_corrected" in r.stdout
     assert "trust: distance" in r.stdout and "inside the calibrated range" in r.stdout
+    assert "flag down: the headline is expected within 0.05 of the truth" in r.stdout
+
+
+def test_check_text_output_says_when_the_flag_is_raised(bundle_dir: Path, data_dir: Path, tmp_path: Path) -> None:
+    """Mirrored digits: the text output raises the flag, with its reasons and the headline's interval."""
+    test = np.load(data_dir / "test.npz")
+    np.savez(tmp_path / "mirrored.npz", x=test["x"][..., ::-1], y=test["y"])
+    r = cli("check", "--model", MODEL, "--bundle", str(bundle_dir), "--data", str(tmp_path / "mirrored.npz"))
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FLAG RAISED:"))
+    assert "may be off by more than 0.05" in line and "interval" in line
 
 
 def test_idi_rules_from_metadata(data_dir: Path) -> None:

@@ -311,4 +311,4 @@ def test_a_window_outside_the_calibrated_range_boosts_the_label_budget_with_no_s
     send_traffic(srv.url, drifted)
     assert wait_until(agent.sample.boosted, timeout=30)
     trust = httpx.get(f"{srv.url}/v1/estimates").json()["windows"]["5m"]["trust"]
-    assert not trust["calibrated"]
+    assert not trust["in_calibrated_range"]

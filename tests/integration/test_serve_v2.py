@@ -170,9 +170,14 @@ def test_metrics_and_estimates_move(
     assert est1["headline"] in est1["windows"]["5m"]["estimates"]
     n5 = after.value("icos_estimated_accuracy_samples", window="5m")
     assert n5 == est1["windows"]["5m"]["n"]
-    trust = est1["windows"]["5m"]["trust"]  # the headline's trust signal, beside the estimates
-    assert set(trust) == {"distance", "calibrated", "drift", "weight"} and trust["distance"] >= 0.0
+    trust = est1["windows"]["5m"]["trust"]  # is the headline right: the flag and the evidence it rests on
+    assert {"calibrated", "reasons", "basis", "probability", "distance", "in_calibrated_range"} <= set(trust)
+    assert trust["basis"] == "flag" and trust["distance"] >= 0.0
     assert after.value("icos_estimate_trust_distance", window="5m") == pytest.approx(trust["distance"])
+    reason = trust["reasons"][0] if trust["reasons"] else "none"
+    flagged = after.value("icos_estimate_flagged", window="5m", reason=reason)
+    assert flagged == (0.0 if trust["calibrated"] else 1.0)
+    assert est1["windows"]["5m"]["headline"]["calibrated"] is trust["calibrated"]
     value = after.value("icos_estimated_accuracy_ratio", estimator="icos", window="last1000")
     assert 0.0 < value <= 1.0
     duration_count = "icos_inference_duration_seconds_count"

@@ -115,9 +115,11 @@ def test_bad_calibration_seeds_are_refused(spec: str, capsys: object) -> None:
     assert "--calibration-seeds" in capsys.readouterr().err  # type: ignore[attr-defined]
 
 
-def test_targets_compare_with_the_baselines_of_the_run_and_rate_the_trust_signal() -> None:
+def test_targets_compare_with_the_baselines_of_the_run_and_rate_the_flag() -> None:
+    """10 in-distribution windows (exact, flag down) and 10 shifted ones (off by 0.2): flagged on the shipped
+    calibration, left down on the held-out one (silent misses), plus one right window flagged in each."""
     from bench.estimators.harness import HELD_OUT, Record
-    from bench.estimators.report import all_targets, summarise, trust_rates
+    from bench.estimators.report import all_targets, flag_rates, summarise
 
     recs = []
     for rep in range(10):
@@ -127,13 +129,19 @@ def test_targets_compare_with_the_baselines_of_the_run_and_rate_the_trust_signal
             far = sc != "in_distribution"
             for est in ("shift_aware", HELD_OUT):
                 value = 0.95 if not far else 0.6  # off by 0.2 on the shifted scenario
-                recs.append(
-                    Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, 2.0 if far else 0.3, not far)
-                )
-    bad, n_bad, ind, n_ind = trust_rates(recs, "digits", "shift_aware")
-    assert (bad, n_bad, ind, n_ind) == (1.0, 10, 0.0, 10)
+                down = (not far) if est == "shift_aware" else True
+                down = down and not (sc == "in_distribution" and rep == 0)  # one right window flagged
+                recs.append(Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, 2.0 if far else 0.3, down))
+    shipped = flag_rates(recs, "digits", "shift_aware")
+    assert shipped is not None
+    assert (shipped.down_within, shipped.n_down, shipped.right_flagged, shipped.n_right) == (1.0, 9, 0.1, 10)
+    assert (shipped.in_distribution, shipped.bad_flagged, shipped.n_bad) == (0.1, 1.0, 10)
+    held = flag_rates(recs, "digits", HELD_OUT)
+    assert held is not None and held.down_within == 9 / 19 and held.bad_flagged == 0.0
     got = {(m, t.text): t for m, t in all_targets(summarise(recs), recs)}
-    assert got[("digits (shipped)", "trust signal raised on ≥ 90% of windows with error > 0.1")].ok
-    assert got[("digits (kind held out)", "trust signal raised on ≤ 10% of in-distribution windows")].ok
+    assert got[("digits (shipped)", "flag down: headline within 0.05 in ≥ 95%")].ok
+    assert not got[("digits (kind held out)", "flag down: headline within 0.05 in ≥ 95%")].ok
+    assert got[("digits (shipped)", "headline within 0.03: flagged on ≤ 25%")].ok
+    assert not got[("digits (shipped)", "in distribution: flagged on ≤ 5%")].ok  # 1 of 10
     assert not got[("digits (shipped)", "mean MAE ≤ 0.03")].ok  # (0 + 0.2) / 2
     assert got[("digits (shipped)", "no scenario worse than avg_conf by > 0.02")].ok  # 0.2 < avg_conf's 0.55

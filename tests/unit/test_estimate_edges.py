@@ -16,6 +16,7 @@ from agent.estimation.estimators import (
     ESTIMATORS,
     NEEDS_LABELS,
     RECOMMENDED_ESTIMATOR,
+    REGISTRY,
     TABLE_HEADLINE,
     estimate_all,
     estimate_window,
@@ -24,6 +25,7 @@ from agent.estimation.estimators import (
     headline_of,
     register_estimator,
     rogan_gladen,
+    split_half_widths,
     trust_of,
     window_trust,
 )
@@ -196,9 +198,32 @@ def test_rogan_gladen_without_information_or_predictions() -> None:
     """TPR ≤ FPR (and an empty window) give [0, 1] around one minus the fail share."""
     assert rogan_gladen(0.3, 100, _cal(tpr=0.2, fpr=0.2)) == Estimate(0.7, 0.0, 1.0, 100)
     assert rogan_gladen(0.3, 0, _cal()) == Estimate(0.7, 0.0, 1.0, 0)
-    # a fail share above TPR: accuracy below 0, clipped, its interval still from the delta method
+    # a fail share above TPR: accuracy below 0, clipped, its interval from the delta method around 0
     low = rogan_gladen(0.9, 100, _cal())
-    assert low.value == 0.0 and low.lower == 0.0 and 0.0 < low.upper < 0.2
+    assert low.value == 0.0 and low.lower == 0.0 and 0.0 < low.upper < 0.3
+    # a fail share below FPR: accuracy past 1, clipped, and an interval below 1 (never [1, 1])
+    high = rogan_gladen(0.0, 1000, _cal())
+    assert high.value == 1.0 and high.upper == 1.0 and high.lower < 0.99
+
+
+def test_few_calibration_errors_leave_no_zero_width_interval() -> None:
+    """3 wrong predictions in 237, all of them failed by the oracle, and a window of 1,000 without a
+    fail: the Wald variances of TPR (3 of 3) and of the window's fail share (0) are 0 and
+    icos_corrected's estimate overshoots 1; every estimator calibrated on that split still gets an
+    interval at least as wide as the split's own Wilson interval of its accuracy."""
+    cal = EstimatorCalibration.fit(
+        np.r_[np.full(3, 0.6), np.full(234, 0.999)],
+        np.r_[np.zeros(3, bool), np.ones(234, bool)],
+        np.r_[np.ones(3, bool), np.zeros(234, bool)],
+    )
+    stats = WindowStats.of_samples(np.zeros(1000, dtype=np.int64), np.full(1000, 0.999), cal.atc_threshold)
+    below, above = split_half_widths(3, 237)
+    assert below > 0.01 and above > 0.005
+    for name, e in estimate_all(stats, cal).items():
+        assert e.upper - e.lower > 0.0, (name, e)
+        if REGISTRY[name].split_calibrated:
+            assert e.value - e.lower >= below - 1e-12 or e.lower == 0.0, (name, e)
+            assert e.upper - e.value >= above - 1e-12 or e.upper == 1.0, (name, e)
 
 
 def _reference(class_conf: tuple[float, ...]) -> InputReference:
@@ -328,17 +353,23 @@ def test_small_windows_by_hand() -> None:
     assert narrow is not None and narrow.lower == pytest.approx(wilson(1, 1, z=1.0)[0], abs=1e-12)
 
 
+def _wilson_var(x: float, n: float) -> float:
+    z2 = 1.959963984540054**2
+    p = (x + z2 / 2) / (n + z2)
+    return p * (1 - p) / (n + z2)
+
+
 def test_rogan_gladen_rate_variances_at_their_limits() -> None:
     """No right prediction in the calibration split: FPR's variance taken as 1/4. A fail share above
-    TPR: accuracy below 0 and the error share clipped to 1 in the delta method (TPR's term alone)."""
+    TPR: accuracy below 0, clipped, the error share clipped to 1 in the delta method (TPR's term alone)
+    and the interval around the clipped value."""
     no_right = rogan_gladen(0.7, 1_000_000, _cal(n_right=0))  # accuracy 0.1/0.7, error share 0.6/0.7
     acc, err = 0.1 / 0.7, 0.6 / 0.7
-    var = (0.7 * 0.3 / 1e6 + err**2 * 0.0064 + acc**2 * 0.25) / 0.49
+    var = (_wilson_var(0.7e6, 1e6) + err**2 * _wilson_var(20, 25) + acc**2 * 0.25) / 0.49
     assert no_right.upper - no_right.value == pytest.approx(1.959963984540054 * math.sqrt(var), abs=1e-9)
     low = rogan_gladen(0.9, 100, _cal())
-    acc = (0.8 - 0.9) / 0.7
-    half = 1.959963984540054 * math.sqrt((0.9 * 0.1 / 100 + 1.0 * 0.0064) / 0.49)
-    assert low.upper == pytest.approx(acc + half, abs=1e-12)
+    half = 1.959963984540054 * math.sqrt((_wilson_var(90, 100) + 1.0 * _wilson_var(20, 25)) / 0.49)
+    assert low.upper == pytest.approx(half, abs=1e-12)
 
 
 def test_shift_aware_without_a_trust_model_reports_no_trust() -> None:

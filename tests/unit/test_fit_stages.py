@@ -15,6 +15,7 @@ from agent.data.files import Dataset
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
 from agent.offline.fit import STAGES, fit_bundle
+from invariants.bundle import Bundle
 from invariants.fit_params import CalibrationPlan, FitParams
 
 
@@ -46,6 +47,12 @@ def test_a_table_fit_reports_the_seconds_of_every_stage(tmp_path: Path, capsys: 
     assert list(summary["stage_seconds"]) == [*STAGES, "save"]
     assert all(v >= 0 for v in summary["stage_seconds"].values())
     assert sum(summary["stage_seconds"].values()) <= summary["seconds"] + 0.01
+    # the data-needed advice: plenty of errors here, so nothing more is needed
+    advice = summary["validation_needed"]
+    assert advice["errors_seen"] > 100 and advice["more"] == 0 and advice["needed"] <= advice["validation"]
+    # a table bundle's flag, fitted on simulated shifts of held-out folds (no shift_aware, no trust distance)
+    flag = Bundle.load(tmp_path / "bundle").estimator_calibration["flag"]
+    assert flag["features"] == ["log_shift", "disagreement", "drop", "small_window"] and flag["windows"] > 0
 
 
 def test_a_model_fit_leaves_the_model_as_given_and_draws_the_plans_sizes(tmp_path: Path) -> None:
@@ -67,6 +74,9 @@ def test_a_model_fit_leaves_the_model_as_given_and_draws_the_plans_sizes(tmp_pat
     assert evidence.windows == plan.windows_per_kind * len(evidence.kinds) * plan.headline_folds
     shift = report.calibration.shift
     assert shift is not None and shift.trust is not None
+    flag = report.calibration.flag  # fitted on the refits behind shift_aware's interval
+    assert flag is not None and flag.features[0] == "log_distance" and flag.headline == "shift_aware"
+    assert flag.windows > 0 and all(c >= 0 for c in flag.coef)
 
 
 def test_too_few_validation_records_for_a_calibration_split_is_a_users_mistake(tmp_path: Path) -> None:

@@ -50,6 +50,35 @@ def test_the_choice_picks_the_estimator_that_is_clearly_better() -> None:
     assert ev.chosen in ev.reason
 
 
+def test_a_split_of_few_errors_keeps_the_default_headline() -> None:
+    """The same exact oracle on a split holding 12 wrong predictions: it still errs least on the windows,
+    but 12 errors (6 per fold) are too few to choose on, so the default stays and the reason says why."""
+    clean, coords = _perfect_oracle_set()
+    wrong = np.flatnonzero(~clean.correct)[:12]
+    rows = np.sort(np.r_[wrong, np.flatnonzero(clean.correct)[:600]])
+    few = clean.take(rows)
+    ev = choose_headline(few, [], coords[rows], _calibrate(few), seed=0)
+    assert ev is not None
+    assert ev.best in ("icos", "icos_corrected") and ev.chosen == ev.default == "cbpe"
+    assert ev.support == 0.0
+    assert "only 12 wrong prediction(s)" in ev.reason and "cbpe stays" in ev.reason
+
+
+def test_the_support_resamples_the_calibration_rows_too() -> None:
+    """Enough errors (about 150 in 600 rows) and a clearly better exact oracle: it is chosen, its support
+    measured over resamples that recalibrate the classic estimators on redrawn rows (whose windows'
+    estimates then change, except an exact oracle's)."""
+    clean, coords = _perfect_oracle_set(n=600)
+    m = measure(clean, [], coords, _calibrate(clean), seed=0, windows_per_kind=10)
+    assert m is not None and m.wrong == int((~clean.correct).sum()) >= 20
+    assert m.bootstrap is not None
+    again = m.bootstrap.values(["cbpe", "icos_corrected"], np.random.default_rng(0))
+    assert not np.allclose(again["cbpe"], m.estimates["cbpe"])  # the confidence offsets redrawn
+    np.testing.assert_allclose(again["icos_corrected"], m.estimates["icos_corrected"])  # TPR 1, FPR 0 in any draw
+    ev = choose_headline(clean, [], coords, _calibrate(clean), seed=0)
+    assert ev is not None and ev.chosen in ("icos", "icos_corrected") and ev.support >= 0.95
+
+
 def test_a_noise_oracle_never_heads() -> None:
     """Confidence that is the probability of being right, an oracle that is noise: a confidence
     estimator heads (``avg_conf`` may beat ``cbpe``, whose offsets only add noise here)."""

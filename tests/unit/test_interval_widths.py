@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
-from agent.estimation.estimators import estimate_all, estimate_window, rogan_gladen, window_trust
+from agent.estimation.estimators import (
+    estimate_all,
+    estimate_window,
+    rogan_gladen,
+    split_floored,
+    split_half_widths,
+    window_trust,
+)
 from agent.estimation.intervals import Z95, Estimate
 from agent.estimation.layout import MEAN_CONFIDENCE, REDUCED_FEATURES
 from agent.estimation.reference import InputReference
@@ -37,6 +44,38 @@ def _cal(**kw: object) -> EstimatorCalibration:
     return EstimatorCalibration(**base)  # type: ignore[arg-type]
 
 
+#: The calibration split of :func:`_cal` (100 right of 125): its accuracy 0.8 and its Wilson 95% interval
+#: [0.721410, 0.860701] reach 0.0786 below and 0.0607 above, the floor of every estimator calibrated on it.
+SPLIT_BELOW, SPLIT_ABOVE = 0.8 - 0.721410, 0.860701 - 0.8
+
+
+def _floored(value: float, half: float) -> tuple[float, float, float]:
+    """``value`` with a half-width ``half`` combined in quadrature with the split's (clipped to [0, 1])."""
+    lo, hi = value - math.hypot(half, SPLIT_BELOW), value + math.hypot(half, SPLIT_ABOVE)
+    return value, max(lo, 0.0), min(hi, 1.0)
+
+
+def _wilson_var(x: float, n: float) -> float:
+    """A proportion's variance with Wilson's pseudo-counts: p̃(1 − p̃)/(n + z²), p̃ = (x + z²/2)/(n + z²)."""
+    z2 = Z95 * Z95
+    p = (x + z2 / 2) / (n + z2)
+    return p * (1 - p) / (n + z2)
+
+
+def test_the_split_floor_is_the_wilson_interval_of_the_calibration_accuracy() -> None:
+    """100 right of 125: Wilson's centre (0.8 + z²/250)/(1 + z²/125) = 0.7911 ± z·√(0.00128 + z²/62500)
+    /(1 + z²/125) = 0.0696, i.e. [0.7214, 0.8607]; an estimate of half-width 0.05 at 0.7 becomes
+    0.7 − √(0.05² + 0.0786²), 0.7 + √(0.05² + 0.0607²); one at 0.98 is clipped at 1."""
+    assert split_half_widths(25, 125) == pytest.approx((SPLIT_BELOW, SPLIT_ABOVE), abs=1e-6)
+    e = split_floored(Estimate(0.7, 0.65, 0.75, 100), _cal())
+    assert (e.value, e.lower, e.upper) == pytest.approx(_floored(0.7, 0.05), abs=1e-6)
+    top = split_floored(Estimate(0.98, 0.96, 1.0, 100), _cal())
+    assert top.upper == 1.0 and top.lower == pytest.approx(0.98 - math.hypot(0.02, SPLIT_BELOW), abs=1e-6)
+    # no wrong prediction in the split: the floor above is 0, the one below is not
+    below, above = split_half_widths(0, 500)
+    assert above == 0.0 and below == pytest.approx(1 - 1 / (1 + Z95**2 / 500), abs=1e-9)
+
+
 def _stats(conf: np.ndarray, fails: int = 0, cal: EstimatorCalibration | None = None) -> WindowStats:
     verdicts = np.r_[np.full(fails, 3), np.zeros(len(conf) - fails)].astype(np.int64)  # 3: fail:adi
     return WindowStats.of_samples(verdicts, conf, (cal or _cal()).atc_threshold)
@@ -45,13 +84,16 @@ def _stats(conf: np.ndarray, fails: int = 0, cal: EstimatorCalibration | None = 
 def test_confidence_intervals_are_the_mean_sampling_plus_outcome_variance() -> None:
     """``avg_conf``, ``cbpe`` and ``doc`` share one half-width, 0.0898 here, and shift it by their
     offsets: ``cbpe`` by the bins' offsets (0.6 falls in bin 1, 0.8 in bin 2: ½·(−0.05) + ½·(−0.02)),
-    ``doc`` by calibration accuracy minus mean confidence (0.75 − 0.8)."""
+    ``doc`` by calibration accuracy minus mean confidence (0.75 − 0.8); the two calibrated on the split
+    combine it with the split's floor."""
     cal = _cal(conf_offsets=(0.0, -0.05, -0.02, 0.0, 0.0, 0.0))
     est = estimate_all(_stats(HALF_AND_HALF, cal=cal), cal)
     assert MEAN_HALF == pytest.approx(0.089838, abs=1e-6)
-    for name, value in (("avg_conf", 0.7), ("cbpe", 0.665), ("doc", 0.65)):
+    e = est["avg_conf"]
+    assert (e.value, e.lower, e.upper) == pytest.approx((0.7, 0.7 - MEAN_HALF, 0.7 + MEAN_HALF), abs=1e-9)
+    for name, value in (("cbpe", 0.665), ("doc", 0.65)):
         e = est[name]
-        assert (e.value, e.lower, e.upper) == pytest.approx((value, value - MEAN_HALF, value + MEAN_HALF), abs=1e-9)
+        assert (e.value, e.lower, e.upper) == pytest.approx(_floored(value, MEAN_HALF), abs=1e-6)
 
 
 def test_equal_confidences_still_leave_the_outcomes_uncertain() -> None:
@@ -63,31 +105,45 @@ def test_equal_confidences_still_leave_the_outcomes_uncertain() -> None:
 
 def test_wilson_interval_of_icos_and_atc_on_8_of_10() -> None:
     """8 passes of 10 (and 8 of 10 confidences above the ATC threshold): Wilson's 95% interval is
-    centre (0.8 + z²/20)/(1 + z²/10) = 0.7168 ± z·√(0.016 + z²/400)/(1 + z²/10) = 0.2266."""
+    centre (0.8 + z²/20)/(1 + z²/10) = 0.7168 ± z·√(0.016 + z²/400)/(1 + z²/10) = 0.2266; ``atc``, whose
+    threshold comes from the calibration split, combines it with the split's floor."""
     conf = np.r_[np.full(2, 0.5), np.full(8, 0.9)]
     est = estimate_all(_stats(conf, fails=2), _cal())
-    for name in ("icos", "atc"):
-        e = est[name]
-        assert (e.value, e.lower, e.upper) == pytest.approx((0.8, 0.4902, 0.9433), abs=1e-4), name
+    e = est["icos"]
+    assert (e.value, e.lower, e.upper) == pytest.approx((0.8, 0.4902, 0.9433), abs=1e-4)
+    a = est["atc"]
+    below, above = 0.8 - 0.4902, 0.9433 - 0.8
+    expected = (0.8, 0.8 - math.hypot(below, SPLIT_BELOW), 0.8 + math.hypot(above, SPLIT_ABOVE))
+    assert (a.value, a.lower, a.upper) == pytest.approx(expected, abs=1e-4)
 
 
 def test_rogan_gladen_interval_has_the_fail_share_tpr_and_fpr_variances() -> None:
     """TPR 0.8 measured on 25 wrong predictions, FPR 0.1 on 100 right ones, 24 fails among 100
-    predictions: accuracy (0.8 − 0.24)/0.7 = 0.8. Delta method: var = (r(1−r)/n + err²·TPR(1−TPR)/25 +
-    acc²·FPR(1−FPR)/100) / (TPR − FPR)² = (0.001824 + 0.04·0.0064 + 0.64·0.0009) / 0.49 = 0.0054204,
-    half-width 1.96 · 0.073623 = 0.1443."""
+    predictions: accuracy (0.8 − 0.24)/0.7 = 0.8. Delta method with Wilson-type variances (p̃ of
+    ``x + z²/2`` successes in ``n + z²``): var = (v(24, 100) + err²·v(20, 25) + acc²·v(10, 100)) /
+    (TPR − FPR)², half-width 1.96·√var = 0.1450; through the registry it is combined with the split's
+    floor."""
     cal = _cal()
+    var = (_wilson_var(24, 100) + 0.04 * _wilson_var(20, 25) + 0.64 * _wilson_var(10, 100)) / 0.49
+    half = Z95 * math.sqrt(var)
+    assert half == pytest.approx(0.14503, abs=1e-4)
+    raw = rogan_gladen(0.24, 100, cal)
+    assert (raw.value, raw.lower, raw.upper) == pytest.approx((0.8, 0.8 - half, 0.8 + half), abs=1e-9)
     est = estimate_all(_stats(np.full(100, 0.9), fails=24), cal)["icos_corrected"]
-    assert (est.value, est.lower, est.upper) == pytest.approx((0.8, 0.8 - 0.144299, 0.8 + 0.144299), abs=1e-5)
-    # a million predictions remove the fail share's noise, not that of TPR and FPR measured on 125:
-    # 1.96 · √((1.8e-7 + 0.000256 + 0.000576)/0.49) = 0.0808, not 1.96 · √(1.8e-7/0.49) = 0.0012
+    assert (est.value, est.lower, est.upper) == pytest.approx(_floored(0.8, half), abs=1e-6)
+    # a million predictions remove the fail share's noise, not that of TPR and FPR measured on 125
     big = rogan_gladen(0.24, 1_000_000, cal)
-    assert (big.upper - big.lower) / 2 == pytest.approx(0.080772, abs=1e-5)
+    rates = 0.04 * _wilson_var(20, 25) + 0.64 * _wilson_var(10, 100)
+    expected = Z95 * math.sqrt((_wilson_var(0.24e6, 1e6) + rates) / 0.49)
+    assert (big.upper - big.lower) / 2 == pytest.approx(expected, abs=1e-9)
+    assert expected > 0.08
     # each calibration term on its own: a perfect FPR measurement leaves err²·var(TPR), and vice versa
     only_tpr = rogan_gladen(0.24, 1_000_000, _cal(n_right=10**12))
     only_fpr = rogan_gladen(0.24, 1_000_000, _cal(n_wrong=10**12))
-    assert (only_tpr.upper - only_tpr.lower) / 2 == pytest.approx(Z95 * math.sqrt(0.04 * 0.0064 / 0.49), abs=2e-5)
-    assert (only_fpr.upper - only_fpr.lower) / 2 == pytest.approx(Z95 * math.sqrt(0.64 * 0.0009 / 0.49), abs=2e-5)
+    tpr_half = Z95 * math.sqrt(0.04 * _wilson_var(20, 25) / 0.49)
+    fpr_half = Z95 * math.sqrt(0.64 * _wilson_var(10, 100) / 0.49)
+    assert (only_tpr.upper - only_tpr.lower) / 2 == pytest.approx(tpr_half, abs=2e-5)
+    assert (only_fpr.upper - only_fpr.lower) / 2 == pytest.approx(fpr_half, abs=2e-5)
 
 
 def test_rogan_gladen_without_calibration_counts_assumes_the_widest_rate_variance() -> None:
@@ -95,8 +151,7 @@ def test_rogan_gladen_without_calibration_counts_assumes_the_widest_rate_varianc
     the largest a proportion can have, not 0."""
     cal = _cal(n_wrong=0)
     est = rogan_gladen(0.24, 1_000_000, cal)
-    # (1.8e-7 + 0.04·0.25 + 0.64·0.0009) / 0.49
-    expected = Z95 * math.sqrt((0.24 * 0.76 / 1e6 + 0.04 * 0.25 + 0.64 * 0.0009) / 0.49)
+    expected = Z95 * math.sqrt((_wilson_var(0.24e6, 1e6) + 0.04 * 0.25 + 0.64 * _wilson_var(10, 100)) / 0.49)
     assert est.value - est.lower == pytest.approx(expected, abs=1e-9)  # the upper bound is clipped at 1
 
 
@@ -121,15 +176,17 @@ def test_shift_aware_interval_combines_model_error_and_sampling_noise() -> None:
     """Mean confidence 0.7 plus a residual of 0.1: 0.8, in the bin (0.75, 0.9] whose model error is
     0.1; sampling noise 1.96·√(0.8·0.2/100) = 0.0784; half-width √(0.1² + 0.0784²) = 0.1271."""
     cal = _cal().with_shift(_constant_shift(0.1))
-    est = estimate_all(_stats(HALF_AND_HALF, cal=cal), cal)["shift_aware"]
-    assert (est.value, est.lower, est.upper) == pytest.approx((0.8, 0.8 - 0.127068, 0.8 + 0.127068), abs=1e-5)
+    raw = shift_aware(_stats(HALF_AND_HALF, cal=cal), cal.shift, cal.conf_offsets).estimate  # type: ignore[arg-type]
+    assert (raw.value, raw.lower, raw.upper) == pytest.approx((0.8, 0.8 - 0.127068, 0.8 + 0.127068), abs=1e-5)
+    est = estimate_all(_stats(HALF_AND_HALF, cal=cal), cal)["shift_aware"]  # with the split's floor
+    assert (est.value, est.lower, est.upper) == pytest.approx(_floored(0.8, 0.127068), abs=1e-5)
     # 0.95 lies above 0.9: model error 0.05, sampling 1.96·√(0.95·0.05/100) = 0.0427, half 0.0658
     # (the upper bound is clipped at 1)
-    high = estimate_all(_stats(HALF_AND_HALF), cal.with_shift(_constant_shift(0.25)))["shift_aware"]
+    high = shift_aware(_stats(HALF_AND_HALF), _constant_shift(0.25)).estimate
     assert (high.value, high.value - high.lower, high.upper) == pytest.approx((0.95, 0.065762, 1.0), abs=1e-5)
     # a window of a million predictions keeps the model error: nothing in it makes the regression surer
     many = np.tile(HALF_AND_HALF, 10_000)
-    big = estimate_all(_stats(many), cal)["shift_aware"]
+    big = shift_aware(_stats(many), _constant_shift(0.1)).estimate
     assert (big.upper - big.lower) / 2 == pytest.approx(math.hypot(0.1, Z95 * math.sqrt(0.16 / 1e6)), abs=1e-6)
     # and the sampling noise alone when the model error is 0 (a window of 100 is never certain)
     exact = _constant_shift(0.1)

@@ -107,7 +107,7 @@ def test_check_reads_features_and_probabilities_from_the_table(
     assert isinstance(estimates, dict)
     assert set(estimates) == {"icos", "icos_corrected", "avg_conf", "atc", "doc", "cbpe"}  # shift_aware needs the model
     truth = float(((ana["y_pred_proba"] >= 0.5).astype(int) == ana["repaid"]).mean())
-    assert report["truth"] == {"accuracy": pytest.approx(truth)}
+    assert report["truth"] == {"accuracy": pytest.approx(truth), "none_of_the_classes": {"n": 0, "share": 0.0}}
     verdicts = report["verdicts"]
     assert isinstance(verdicts, dict) and sum(verdicts.values()) == 10000
 
@@ -157,8 +157,8 @@ def test_decision_threshold_changes_labels_verdicts_and_accuracy(
     for name in ("plain", "low"):
         checks[name] = cli_json(capsys, "check", "--bundle", str(tmp_path / name), "--data", str(files["ana"]))
     y, p1 = ana["repaid"].to_numpy(), ana["y_pred_proba"].to_numpy()
-    assert checks["plain"]["truth"] == {"accuracy": pytest.approx(float(((p1 >= 0.5) == y).mean()))}
-    assert checks["low"]["truth"] == {"accuracy": pytest.approx(float(((p1 >= 0.3) == y).mean()))}
+    assert checks["plain"]["truth"]["accuracy"] == pytest.approx(float(((p1 >= 0.5) == y).mean()))
+    assert checks["low"]["truth"]["accuracy"] == pytest.approx(float(((p1 >= 0.3) == y).mean()))
     assert checks["low"]["truth"] != checks["plain"]["truth"]
     assert checks["low"]["verdicts"] != checks["plain"]["verdicts"]
     assert checks["low"]["decision_threshold"] == 0.3

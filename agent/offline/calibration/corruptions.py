@@ -278,6 +278,44 @@ def tabular_corruptions(mean: np.ndarray, std: np.ndarray) -> dict[str, Corrupti
 #: Calibration families: see the module docstring.
 FAMILIES = ("generic", "audit")
 
+#: Corruptions that change inputs in related ways, grouped: a group is held out of a refit whole, so that
+#: what the refit is measured on is a kind of change it has seen nothing like (a refit that kept
+#: ``zoom_shear`` would have seen ``audit:rotation``'s kin). Images: geometry, resolution, photometry,
+#: noise and occlusion; tables: noise, scale, missing values, swapped values.
+RELATED: dict[str, tuple[str, ...]] = {
+    "geometry": ("elastic", "zoom_shear", "audit:shift", "audit:rotation"),
+    "resolution": ("pixelate", "motion_blur", "audit:blur", "edges"),
+    "photometric": ("gamma", "fog", "audit:brightness", "audit:contrast"),
+    "noise_occlusion": ("salt_pepper", "occlusion", "overlay", "lines", "audit:gaussian_noise"),
+    "table_noise": ("heavy_noise", "audit:noise"),
+    "table_scale": ("warp", "audit:scale", "quantise"),
+    "table_missing": ("dropout",),
+    "table_swap": ("swap",),
+}
+
+
+def _related_group(name: str) -> str | None:
+    """The :data:`RELATED` group of a set name (``elastic``, or ``image:elastic`` for a named input)."""
+    for group, members in RELATED.items():
+        if any(name == m or name.endswith(":" + m) for m in members):
+            return group
+    return None
+
+
+def corruption_groups(names: Sequence[str], folds: int) -> list[tuple[str, ...]]:
+    """The corruptions ``names`` cut into groups held out in turn: each :data:`RELATED` group present, and
+    the names of no such group (text, tokens, categories) dealt in turn into at most ``folds`` more."""
+    names = sorted(set(names))
+    grouped: dict[str, list[str]] = {}
+    rest: list[str] = []
+    for n in names:
+        g = _related_group(n)
+        (grouped.setdefault(g, []) if g is not None else rest).append(n)
+    out = [tuple(v) for v in grouped.values()]
+    out += [tuple(rest[i::folds]) for i in range(min(folds, len(rest)))]
+    return out
+
+
 #: The audit family: metamorphic transformation → (parameter, value at strength 1, unit) for images.
 #: ``"width"`` values are multiplied by the image width (pixels); the others are passed as they are
 #: (degrees, a contrast factor, or fractions of the pixel range, which the audit's brightness and

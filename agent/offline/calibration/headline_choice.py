@@ -20,9 +20,15 @@ has, held out from what they were calibrated on:
 3. The candidate with the lowest criterion is chosen when it beats the default
    (:func:`~agent.estimation.estimators.default_headline`: ``shift_aware`` where the bundle has it, else
    ``cbpe``, the estimators built for the bundle's kind) in at least the plan's ``support`` share of its
-   ``bootstrap`` resamples of the windows (kind by kind): a small data set gives noisy windows, and the
-   default is then kept rather than a winner by chance. Only estimators whose spec may be a headline
-   are candidates, and those resting on the oracle are not eligible where it is weak
+   ``bootstrap`` resamples of the calibration rows *and* of the windows: each resample draws every
+   fold's calibration rows again (with replacement, wrong and right ones apart), recalibrates the
+   estimators that need only the judged predictions on them, re-estimates the windows, and draws the
+   windows again kind by kind. A small data set gives noisy windows, and the held-out windows' truth
+   rests on the same few errors the estimators were calibrated on: a choice a resample of those errors
+   would overturn is no evidence, and the default is then kept rather than a winner by chance. Below the
+   plan's ``min_choice_errors`` wrong predictions in the split (so few that every fold's calibration
+   rests on a handful of them) no other headline is chosen at all. Only estimators whose spec may be a
+   headline are candidates, and those resting on the oracle are not eligible where it is weak
    (:func:`ineligible`).
 
 A model bundle (:func:`choose_model_headline`) measures ``shift_aware`` the same way: its regressions and
@@ -38,12 +44,18 @@ mean, worst and per-kind error, the windows' count and size) is kept in the bund
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import default_headline, estimate_all, estimator_specs, headline_candidates
+from agent.estimation.estimators import (
+    REGISTRY,
+    default_headline,
+    estimate_all,
+    estimator_specs,
+    headline_candidates,
+)
 from agent.estimation.evidence import EstimatorErrors, HeadlineEvidence
 from agent.estimation.reliability import weak_oracle
 from agent.estimation.statistics import SampleExtras, WindowStats
@@ -60,9 +72,49 @@ ERROR_FLOOR = 0.002
 Calibrate = Callable[[np.ndarray], EstimatorCalibration]
 
 
+class RowBootstrap:
+    """The windows of :func:`measure` estimated again after every fold's calibration rows are drawn anew
+    (stratified by right and wrong, with replacement), by the candidates that need only the judged
+    predictions (their spec's ``needs_model`` unset: recalibrated in milliseconds); the others keep their
+    measured values (``shift_aware``'s refit is the expensive part). See the module docstring, point 3."""
+
+    def __init__(
+        self,
+        clean: JudgedSet,
+        row_fold: np.ndarray,
+        window_fold: np.ndarray,
+        stats: Sequence[WindowStats],
+        confidences: Sequence[np.ndarray],
+    ) -> None:
+        self.clean = clean
+        self.row_fold = row_fold
+        self.window_fold = window_fold
+        self.stats = list(stats)
+        self.confidences = list(confidences)
+
+    def values(self, names: Sequence[str], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """One resample's estimates of every window by each of ``names`` (classic candidates only)."""
+        ok = np.asarray(self.clean.correct, dtype=bool)
+        calibrate = classic_calibration(self.clean)
+        out = {n: np.zeros(len(self.stats)) for n in names}
+        for f in np.unique(self.window_fold):
+            train = np.flatnonzero(self.row_fold != f)
+            wrong, right = train[~ok[train]], train[ok[train]]
+            rows = np.r_[rng.choice(wrong, len(wrong)) if len(wrong) else wrong, rng.choice(right, len(right))]
+            cal = calibrate(rows)
+            for j in np.flatnonzero(self.window_fold == f):
+                stats = replace(self.stats[j], atc_above=int((self.confidences[j] > cal.atc_threshold).sum()))
+                for n in names:
+                    e = REGISTRY[n].formula(stats, cal)
+                    out[n][j] = np.nan if e is None else e.value
+        return out
+
+
 @dataclass(frozen=True)
 class Measured:
-    """Every candidate's estimate of every simulated window, and the windows' true accuracy and kind."""
+    """Every candidate's estimate of every simulated window, and the windows' true accuracy and kind;
+    ``wrong``: the wrong predictions in the split the windows were drawn from; ``bootstrap``: how to
+    estimate the windows again from resampled calibration rows (None: only the windows are resampled)."""
 
     kinds: np.ndarray
     truth: np.ndarray
@@ -70,6 +122,8 @@ class Measured:
     window_size: int
     rows: int
     folds: int
+    wrong: int = -1
+    bootstrap: RowBootstrap | None = field(default=None, compare=False)
 
     def errors(self, name: str) -> np.ndarray:
         return np.abs(self.estimates[name] - self.truth)
@@ -126,20 +180,29 @@ def measure(
     kinds: list[str] = []
     truth: list[float] = []
     values: dict[str, list[float]] = {name: [] for name in names}
+    window_fold: list[int] = []
+    plain_stats: list[WindowStats] = []
+    confidences: list[np.ndarray] = []
     size = max_window
     for f in range(folds):
         held = np.flatnonzero(fold == f)
         calibration = calibrate(np.flatnonzero(fold != f))
         size = min(size, len(held))
         for window in planner.plan(held, per_kind * len(planner.kinds), min(max_window, len(held)), rng):
-            estimates = estimate_all(window_stats(sets, window, calibration), calibration)
+            stats = window_stats(sets, window, calibration)
+            estimates = estimate_all(stats, calibration)
             kinds.append(window.kind)
             truth.append(float(np.concatenate([correct[k][i] for k, i in window.parts]).mean()))
             for name in names:
                 e = estimates.get(name)
                 values[name].append(np.nan if e is None else e.value)
+            window_fold.append(f)
+            plain_stats.append(window_stats(sets, window, calibration.with_shift(None)))
+            confidences.append(np.concatenate([np.asarray(sets[k].confidences)[i] for k, i in window.parts]))
     estimates_by_name = {k: np.asarray(v) for k, v in values.items() if not np.isnan(v).any()}
-    return Measured(np.asarray(kinds), np.asarray(truth), estimates_by_name, size, n, folds)
+    wrong = int(n - np.asarray(clean.correct, dtype=bool).sum())
+    bootstrap = RowBootstrap(clean, fold, np.asarray(window_fold), plain_stats, confidences)
+    return Measured(np.asarray(kinds), np.asarray(truth), estimates_by_name, size, n, folds, wrong, bootstrap)
 
 
 def _ratios(per_kind: np.ndarray) -> np.ndarray:
@@ -156,12 +219,27 @@ def _per_kind(errors: np.ndarray, by_kind: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _support(
-    errors: np.ndarray, by_kind: Sequence[np.ndarray], best: int, default: int, rng: np.random.Generator, resamples: int
+    measured: Measured,
+    candidates: Sequence[str],
+    by_kind: Sequence[np.ndarray],
+    best: int,
+    default: int,
+    rng: np.random.Generator,
+    resamples: int,
 ) -> float:
-    """Share of ``resamples`` bootstrap resamples (windows resampled within each kind) in which candidate
-    ``best`` has a lower criterion than candidate ``default`` (``errors``: ``[candidates, windows]``)."""
+    """Share of ``resamples`` resamples in which candidate ``best`` has a lower criterion than candidate
+    ``default``: each draws the calibration rows of every fold again and re-estimates the windows by the
+    candidates that need only the judged predictions (:class:`RowBootstrap`, when ``measured`` has it),
+    then draws the windows again within each kind."""
+    boot = measured.bootstrap
+    again = [c for c in candidates if not REGISTRY[c].needs_model] if boot is not None else []
     wins = 0
     for _ in range(resamples):
+        values = dict(measured.estimates)
+        if boot is not None and again:
+            values.update(boot.values(again, rng))
+        errors = np.stack([np.abs(values[c] - measured.truth) for c in candidates])
+        errors = np.where(np.isnan(errors), np.inf, errors)
         ratios = _ratios(_per_kind(errors, [rng.choice(rows, len(rows)) for rows in by_kind]))
         wins += int(ratios[best] < ratios[default])
     return wins / resamples
@@ -200,11 +278,14 @@ def choose(
         )
     best = min(candidates, key=lambda c: (errors[c].ratio, errors[c].mean))
     support = 1.0
-    if best != default and default in candidates:
+    few = 0 <= measured.wrong < plan.min_choice_errors and default in candidates
+    if best != default and default in candidates and not few:
         rng = np.random.default_rng([seed, 1])
-        resamples = plan.bootstrap
-        support = _support(matrix, by_kind, candidates.index(best), candidates.index(default), rng, resamples)
-    chosen = best if support >= plan.support or default not in candidates else default
+        b, d = candidates.index(best), candidates.index(default)
+        support = _support(measured, candidates, by_kind, b, d, rng, plan.bootstrap)
+    elif best != default and few:
+        support = 0.0
+    chosen = best if (support >= plan.support and not few) or default not in candidates else default
     return HeadlineEvidence(
         chosen=chosen,
         default=default,
@@ -217,20 +298,42 @@ def choose(
         seed=seed,
         kinds={k: int((measured.kinds == k).sum()) for k in order},
         errors=errors,
-        reason=_reason(chosen, default, best, {k: v for k, v in errors.items() if k in candidates}, support, plan),
+        reason=_reason(
+            chosen,
+            default,
+            best,
+            {k: v for k, v in errors.items() if k in candidates},
+            support,
+            plan,
+            measured.wrong if few else None,
+        ),
         notes=tuple(f"{k} not eligible: {v}" for k, v in excluded.items()),
     )
 
 
 def _reason(
-    chosen: str, default: str, best: str, errors: dict[str, EstimatorErrors], support: float, plan: CalibrationPlan
+    chosen: str,
+    default: str,
+    best: str,
+    errors: dict[str, EstimatorErrors],
+    support: float,
+    plan: CalibrationPlan,
+    few_errors: int | None = None,
 ) -> str:
-    """The choice in one sentence."""
+    """The choice in one sentence (``few_errors``: the split's wrong predictions, when too few to choose on)."""
+    if few_errors is not None and chosen != best:
+        return (
+            f"{best} errs least in its worst kind of shift relative to the best estimator there "
+            f"({errors[best].ratio:.2f}x, {chosen} {errors[chosen].ratio:.2f}x), but the calibration split holds "
+            f"only {few_errors} wrong prediction(s) (fewer than {plan.min_choice_errors}): a resample of so few "
+            f"errors could overturn it, so {chosen} stays"
+        )
     if chosen != best:
         return (
             f"{best} errs least in its worst kind of shift relative to the best estimator there "
             f"({errors[best].ratio:.2f}x, {chosen} {errors[chosen].ratio:.2f}x) but beats {chosen} in only "
-            f"{support:.0%} of resamples (fewer than {plan.support:.0%}), so {chosen} stays"
+            f"{support:.0%} of resamples of the calibration rows and windows (fewer than {plan.support:.0%}), "
+            f"so {chosen} stays"
         )
     runner = min((n for n in errors if n != chosen), key=lambda n: errors[n].ratio, default=None)
     text = (

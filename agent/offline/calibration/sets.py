@@ -25,7 +25,7 @@ from agent.model.inputs import Inputs
 from agent.offline.calibration.corruptions import FAMILIES, is_image_input, iter_shifted_sets, schedule
 from agent.offline.calibration.input_corruptions import InputCorruption, input_corruptions
 from agent.offline.calibration.judged import JudgedSet, judge_set
-from agent.offline.calibration.shift_fitting import fit_shift_calibration
+from agent.offline.calibration.shift_fitting import ShiftFit, fit_shift, fit_shift_calibration
 from agent.offline.fit_progress import expect_rows
 from agent.offline.viewing import Transform, Viewed, predict_and_view
 from invariants.fit_params import CalibrationPlan
@@ -60,6 +60,11 @@ class CalibrationSets:
             reference = reference.with_clean(clean.extras.pca_error, clean.extras.label, clean.confidences)
         shifted = [s.take(rows) for s in self.shifted]
         return fit_shift_calibration(clean, shifted, reference, plan=plan, folds=folds, seed=seed)
+
+    def fit_with_refits(self, seed: int, *, plan: CalibrationPlan = CalibrationPlan()) -> ShiftFit:
+        """``shift_aware``'s calibration from every row, and the refits behind its interval, each without one
+        group of related corruptions (what the flag "this number may be wrong" is calibrated with)."""
+        return fit_shift(self.clean, self.shifted, self.reference, plan=plan, seed=seed)
 
 
 def _reference(

@@ -1,8 +1,10 @@
-"""Fitting ``shift_aware``: windows drawn from judged calibration sets, regressions and interval tables."""
+"""Fitting ``shift_aware``: windows drawn from judged calibration sets, regressions and interval tables,
+and the leave-group-out refits behind the interval, kept whole (regressions and trust model) for the flag
+"this number may be wrong" to be calibrated on kinds of shift its estimate was fitted without."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -13,6 +15,7 @@ from agent.estimation.shift_aware import window_features
 from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.estimation.tree_ensemble import TreeEnsemble
 from agent.estimation.trust import KindSupport, TrustModel, confidence_base, confidence_offsets
+from agent.offline.calibration.corruptions import corruption_groups
 from agent.offline.calibration.judged import JudgedSet
 from invariants.fit_params import CalibrationPlan
 
@@ -72,6 +75,23 @@ def _interval_table(pred: np.ndarray, resid: np.ndarray) -> tuple[float, ...]:
     return tuple(q)
 
 
+@dataclass(frozen=True)
+class GroupRefit:
+    """``shift_aware`` refitted without one group of related corruptions (``left_out``): the regressions of
+    the interval's refit and a trust model of the windows it kept (its interval is not measured: 0.5)."""
+
+    left_out: tuple[str, ...]
+    calibration: ShiftCalibration
+
+
+@dataclass(frozen=True)
+class ShiftFit:
+    """``shift_aware``'s calibration and the leave-group-out refits behind its interval."""
+
+    calibration: ShiftCalibration
+    refits: tuple[GroupRefit, ...] = ()
+
+
 def fit_shift_calibration(
     clean: JudgedSet,
     shifted: list[JudgedSet],
@@ -82,9 +102,24 @@ def fit_shift_calibration(
     folds: int | None = None,
     seed: int = 0,
 ) -> ShiftCalibration:
+    """``shift_aware``'s calibration (:func:`fit_shift`, without its refits)."""
+    return fit_shift(clean, shifted, reference, plan=plan, n_windows=n_windows, folds=folds, seed=seed).calibration
+
+
+def fit_shift(
+    clean: JudgedSet,
+    shifted: list[JudgedSet],
+    reference: InputReference,
+    *,
+    plan: CalibrationPlan = CalibrationPlan(),
+    n_windows: int | None = None,
+    folds: int | None = None,
+    seed: int = 0,
+) -> ShiftFit:
     """Fit ``shift_aware`` on windows drawn from the clean calibration split and its corrupted copies
     (``plan``: the windows' count and sizes, the folds; ``n_windows`` and ``folds`` override its
-    :attr:`~invariants.fit_params.CalibrationPlan.shift_windows` and ``interval_folds``, 0 folds: no interval).
+    :attr:`~invariants.fit_params.CalibrationPlan.shift_windows` and ``interval_folds``, 0 folds: no interval
+    and no refits).
 
     * ``n_windows`` windows (sizes in the plan's ``window_size``) are drawn: one corrupted set, or a mixture of
       2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
@@ -94,10 +129,14 @@ def fit_shift_calibration(
       confidence (the *residual* target): ``full`` (:data:`FULL_FEATURES`, needs the per-sample
       inputs with the predicted labels), ``inputs`` (:data:`INPUTS_FEATURES`, the same without the
       labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
-    * interval: the corruption families are split into ``folds`` groups; each group is held out,
-      the models are refitted (100 trees at a higher rate, to save time) on the windows without
-      it and evaluated on the windows made only of it (and clean data). The 95% quantiles of those
-      out-of-family errors per predicted-accuracy bin are the interval's model-error term.
+    * interval: the corruptions are cut into groups of related ones
+      (:func:`~agent.offline.calibration.corruptions.corruption_groups`: geometry, resolution, photometry,
+      noise and occlusion for images, noise, scale, missing and swapped values for tables; the others in
+      ``folds`` groups); each group is held out, the models are refitted (100 trees at a higher rate, to
+      save time) on the windows without it and evaluated on the windows made only of it (and clean data).
+      The 95% quantiles of those out-of-family errors per predicted-accuracy bin are the interval's
+      model-error term. Each refit, with a trust model of the windows it kept, is returned too
+      (:class:`GroupRefit`).
     """
     n_windows = plan.shift_windows if n_windows is None else n_windows
     folds = plan.interval_folds if folds is None else folds
@@ -116,11 +155,12 @@ def fit_shift_calibration(
     models = {k: TreeEnsemble.fit(X, y - base, seed=seed) for k, X in designs.items()}
     families = sorted({s.name for s in shifted} - {clean.name})
     fams = [{sets[k].name for k, _ in w} for w in windows]
-    groups = [set(families[i::folds]) for i in range(min(folds, len(families)))]
+    groups = [set(g) for g in corruption_groups(families, folds)] if folds else []
     held_out = _held_out_errors(designs, y, base, fams, groups, clean.name, plan.min_interval_windows, seed)
-    q = {k: _interval_table(*held_out[k]) for k in designs}
-    trust = _fit_trust(clean, reference, designs, y, plan, rng)
-    return ShiftCalibration(
+    q = {k: _interval_table(*held_out.errors[k]) for k in designs}
+    clean_part = _clean_windows(clean, reference, plan, rng)
+    trust = _fit_trust(clean, designs, y, clean_part, plan, rng)
+    calibration = ShiftCalibration(
         full=models["full"],
         inputs=models["inputs"],
         reduced=models["reduced"],
@@ -130,10 +170,51 @@ def fit_shift_calibration(
         q_reduced=q["reduced"],
         reference=reference,
         families=tuple(families),
-        lofo_mae=float(np.mean(np.abs(held_out["full"][1]))) if len(held_out["full"][1]) else 0.0,
+        lofo_mae=float(np.mean(np.abs(held_out.errors["full"][1]))) if len(held_out.errors["full"][1]) else 0.0,
         target="residual",
         trust=trust,
     )
+    refits = tuple(_group_refit(calibration, r, clean, designs, y, clean_part, plan, rng) for r in held_out.refits)
+    return ShiftFit(calibration, refits)
+
+
+def _group_refit(
+    calibration: ShiftCalibration,
+    refit: tuple[set[str], dict[str, TreeEnsemble], np.ndarray],
+    clean: JudgedSet,
+    designs: dict[str, np.ndarray],
+    y: np.ndarray,
+    clean_part: _CleanWindows,
+    plan: CalibrationPlan,
+    rng: np.random.Generator,
+) -> GroupRefit:
+    """One refit of the interval as a whole calibration: its regressions, a trust model of the windows it
+    kept, no measured interval (0.5)."""
+    group, trees, train = refit
+    unmeasured = (0.5,) * (len(Q_EDGES) + 1)
+    kept = {k: X[train] for k, X in designs.items()}
+    whole = replace(
+        calibration,
+        full=trees["full"],
+        inputs=trees["inputs"],
+        reduced=trees["reduced"],
+        q_full=unmeasured,
+        q_inputs=unmeasured,
+        q_reduced=unmeasured,
+        families=tuple(f for f in calibration.families if f not in group),
+        lofo_mae=0.0,
+        trust=_fit_trust(clean, kept, y[train], clean_part, plan, rng),
+    )
+    return GroupRefit(tuple(sorted(group)), whole)
+
+
+@dataclass(frozen=True)
+class _HeldOut:
+    """Per design, the predicted accuracies and residuals of the held-out windows (``errors``), and every
+    refit: the group it left out, its regressions per design and the windows it was fitted on."""
+
+    errors: dict[str, tuple[np.ndarray, np.ndarray]]
+    refits: list[tuple[set[str], dict[str, TreeEnsemble], np.ndarray]]
 
 
 def _held_out_errors(
@@ -145,24 +226,28 @@ def _held_out_errors(
     clean: str,
     min_windows: int,
     seed: int,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+) -> _HeldOut:
     """Per design, the predicted accuracies and residuals of the windows made only of one held-out group
     of corruption families (and clean data), by the models refitted (100 trees at a higher rate, to save
     time) on the windows without it; a group leaving fewer than ``min_windows`` training windows is skipped."""
     preds: dict[str, list[np.ndarray]] = {k: [] for k in designs}
     resid: dict[str, list[np.ndarray]] = {k: [] for k in designs}
+    refits: list[tuple[set[str], dict[str, TreeEnsemble], np.ndarray]] = []
     for g in groups:
         train = np.array([not (f & g) for f in fams])
         test = np.array([bool(f & g) and f <= g | {clean} for f in fams])
         if train.sum() < min_windows or not test.any():
             continue
+        trees = {}
         for k, X in designs.items():
             tree = TreeEnsemble.fit(X[train], y[train] - base[train], n_trees=100, rate=0.075, seed=seed)
+            trees[k] = tree
             m = tree.predict(X[test]) + base[test]
             preds[k].append(np.clip(m, 0, 1))
             resid[k].append(np.clip(m, 0, 1) - y[test])
+        refits.append((g, trees, np.flatnonzero(train)))
     cat = lambda a: np.concatenate(a) if a else np.zeros(0)  # noqa: E731
-    return {k: (cat(preds[k]), cat(resid[k])) for k in designs}
+    return _HeldOut({k: (cat(preds[k]), cat(resid[k])) for k in designs}, refits)
 
 
 def _plan_features(
@@ -190,37 +275,53 @@ def _bases(x: np.ndarray, offsets: tuple[float, ...]) -> np.ndarray:
     return np.array([confidence_base(row[:N_CONF_BINS], row[MEAN_CONFIDENCE], offsets) for row in x])
 
 
+@dataclass(frozen=True)
+class _CleanWindows:
+    """Windows of the clean calibration split (their sizes, feature vectors and accuracy) and its confidence
+    offsets: what every trust model compares with, drawn once."""
+
+    sizes: np.ndarray
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    y: np.ndarray
+    offsets: tuple[float, ...]
+
+
+def _clean_windows(
+    clean: JudgedSet, reference: InputReference, plan: CalibrationPlan, rng: np.random.Generator
+) -> _CleanWindows:
+    sizes = rng.integers(plan.window_size[0], plan.window_size[1] + 1, plan.clean_windows)
+    windows = [[(0, rng.integers(0, len(clean.correct), int(m)))] for m in sizes]
+    rows = [_plan_features([clean], w, reference) for w in windows]
+    y = np.array([float(np.asarray(clean.correct, bool)[w[0][1]].mean()) for w in windows])
+    return _CleanWindows(sizes, rows, y, confidence_offsets(clean.confidences, clean.correct))
+
+
 def _fit_trust(
     clean: JudgedSet,
-    reference: InputReference,
     designs: dict[str, np.ndarray],
     y: np.ndarray,
+    part: _CleanWindows,
     plan: CalibrationPlan,
     rng: np.random.Generator,
 ) -> TrustModel:
     """The trust model (:mod:`agent.estimation.trust`): the calibration windows' support per model
     kind, the clean split's window statistics and the confidence estimate's errors."""
-    offsets = confidence_offsets(clean.confidences, clean.correct)
-    sizes = rng.integers(plan.window_size[0], plan.window_size[1] + 1, plan.clean_windows)
-    windows = [[(0, rng.integers(0, len(clean.correct), int(m)))] for m in sizes]
-    clean_rows = [_plan_features([clean], w, reference) for w in windows]
-    clean_y = np.array([float(np.asarray(clean.correct, bool)[w[0][1]].mean()) for w in windows])
     kinds = {
         k: KindSupport.fit(
             x,
-            np.asarray([r[j] for r in clean_rows]),
-            sizes.astype(np.float64),
+            np.asarray([r[j] for r in part.rows]),
+            part.sizes.astype(np.float64),
             rng,
             len(clean.correct),
             max_points=plan.trust_points,
         )
         for j, (k, x) in enumerate(designs.items())
     }
-    base = _bases(designs["reduced"], offsets)
-    clean_base = _bases(np.asarray([r[2] for r in clean_rows]), offsets)
+    base = _bases(designs["reduced"], part.offsets)
+    clean_base = _bases(np.asarray([r[2] for r in part.rows]), part.offsets)
     return TrustModel(
         kinds=kinds,
-        q_clean=float(np.quantile(np.abs(np.clip(clean_base, 0, 1) - clean_y), 0.95)),
+        q_clean=float(np.quantile(np.abs(np.clip(clean_base, 0, 1) - part.y), 0.95)),
         q_base=float(np.quantile(np.abs(np.clip(base, 0, 1) - y), 0.95)),
         calibration_errors=int(len(clean.correct) - np.asarray(clean.correct, bool).sum()),
     )

@@ -122,9 +122,10 @@ class WindowPlanner:
         """``n_windows`` windows of ``size`` rows drawn from ``rows`` (indices into the held-out rows),
         the kinds taking turns."""
         rows = np.asarray(rows, dtype=np.int64)
-        return [self._window(self.kinds[i % len(self.kinds)], rows, size, rng) for i in range(n_windows)]
+        return [self.window(self.kinds[i % len(self.kinds)], rows, size, rng) for i in range(n_windows)]
 
-    def _window(self, kind: str, rows: np.ndarray, size: int, rng: np.random.Generator) -> Window:
+    def window(self, kind: str, rows: np.ndarray, size: int, rng: np.random.Generator) -> Window:
+        """One window of ``kind`` of ``size`` rows drawn from ``rows``."""
         if kind == "corruption":
             return self._corrupted(rows, size, rng)
         if kind == "subpopulation":
