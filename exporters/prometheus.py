@@ -27,6 +27,11 @@ Metric names (labels):
 * ``icos_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE) precision,
   recall and F1 per class of every window (per class only up to the class cap; ``_macro`` and
   ``_weighted`` always, except in the count window, which has none above the cap).
+* ``icos_segment_estimated_accuracy_ratio``, ``icos_segment_share_ratio`` and
+  ``icos_segment_contribution_ratio{model,version,window,kind,segment}``, and
+  ``icos_segment_reference_accuracy_ratio{model,version,kind,segment}`` — where a window's drop is: every
+  segment fixed at fit (at most ``fit --max-segments``, 64 by default), its estimated accuracy, share and
+  contribution to the drop (docs/diagnosis.md); none for bundles without segments.
 * ``icos_oracle_tpr_ratio`` / ``icos_oracle_fpr_ratio{model,version}`` and
   ``icos_oracle_calibration_samples{model,version,truth}`` (``wrong``/``right``), so that the
   corrected estimate can be recomputed across replicas.
@@ -38,8 +43,8 @@ Metric names (labels):
   bounds (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``).
 * ``icos_model_info{model,version,sha256}`` — constant 1.
 * ``icos_window_stat_total{model,version,bundle,stat}`` — the additive window statistics every
-  estimator reads (counts and sums, one ``stat`` per number: about 80 series per model), summed over
-  replicas by the fleet evaluator (``mode: fleet``).
+  estimator reads (counts and sums, one ``stat`` per number: about 80 series per model, plus five per
+  segment), summed over replicas by the fleet evaluator (``mode: fleet``).
 
 No NaN or infinity reaches ``/metrics``: the scrape-time collectors leave a non-finite sample out.
 * ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
@@ -99,6 +104,58 @@ class WindowPoint:
 
 
 @dataclass(frozen=True)
+class SegmentPoint:
+    """One segment of one window (``segment``: its label, fixed at fit): its share of the window's
+    predictions, its contribution to the window's drop, its estimated accuracy (None: no prediction in it)
+    and its reference accuracy."""
+
+    window: str
+    kind: str
+    segment: str
+    share: float
+    contribution: float
+    estimate: float | None
+    reference_accuracy: float
+
+
+def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoint]], what: str) -> list[Metric]:
+    """``<prefix>segment_estimated_accuracy_ratio``, ``<prefix>segment_share_ratio`` and
+    ``<prefix>segment_contribution_ratio`` labelled ``model, version, window, kind, segment``, and
+    ``<prefix>segment_reference_accuracy_ratio`` labelled ``model, version, kind, segment``: one row per
+    ``([model, version], point)``; ``what`` says whose windows, in the help texts."""
+    labels = ["model", "version", "window", "kind", "segment"]
+    estimate = GaugeMetricFamily(
+        f"{prefix}segment_estimated_accuracy_ratio", f"Estimated accuracy of the segment {what}.", labels=labels
+    )
+    share = GaugeMetricFamily(
+        f"{prefix}segment_share_ratio", f"Share of the predictions {what} in the segment.", labels=labels
+    )
+    contribution = GaugeMetricFamily(
+        f"{prefix}segment_contribution_ratio",
+        f"Accuracy the segment lost against its reference, times its share {what} (beyond noise; "
+        "the segments of one dimension add up to the drop, less the change of mix).",
+        labels=labels,
+    )
+    reference = GaugeMetricFamily(
+        f"{prefix}segment_reference_accuracy_ratio",
+        "Accuracy of the segment on the bundle's validation data (fixed at fit).",
+        labels=["model", "version", "kind", "segment"],
+    )
+    seen: set[tuple[str, ...]] = set()
+    for mv, p in rows:
+        lv = [*mv, p.window, p.kind, p.segment]
+        share.add_metric(lv, p.share)
+        contribution.add_metric(lv, p.contribution)
+        if p.estimate is not None:
+            estimate.add_metric(lv, p.estimate)
+        key = (*mv, p.kind, p.segment)
+        if key not in seen:
+            seen.add(key)
+            reference.add_metric(list(key), p.reference_accuracy)
+    return [estimate, share, contribution, reference]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What :class:`EstimatesCollector` exports at one scrape."""
 
@@ -114,6 +171,8 @@ class Snapshot:
     headline: Sequence[EstimatePoint] = ()
     #: accuracy on the bundle's calibration split
     reference_accuracy: float | None = None
+    #: every window's segments (none without segments in the bundle)
+    segments: Sequence[SegmentPoint] = ()
 
 
 S = TypeVar("S")
@@ -275,6 +334,7 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield lower
         yield upper
         yield from headline_families("icos_", [(mv, e) for e in snap.headline], "of this agent's window")
+        yield from segment_families("icos_", [(mv, p) for p in snap.segments], "in this agent's window")
         yield samples
         yield fail
         yield trust

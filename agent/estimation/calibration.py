@@ -17,6 +17,7 @@ from agent.estimation.correctness import CorrectnessModel, correctness_or_none
 from agent.estimation.evidence import HeadlineEvidence
 from agent.estimation.layout import MEAN_CONFIDENCE
 from agent.estimation.reference import InputReference
+from agent.estimation.segments import Segmentation, segmentation_or_none
 from agent.estimation.tree_ensemble import TreeEnsemble
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS, TrustModel, confidence_offsets
 
@@ -118,6 +119,8 @@ class EstimatorCalibration:
     ``correctness``: the calibrated per-prediction probability of being correct that active labeling
     draws by and ``with_labels`` corrects (:mod:`agent.estimation.correctness`; None in bundles fitted
     before it: the raw confidence stands in, :attr:`predictor` says which).
+    ``segments``: the segments fixed at fit and their reference (:mod:`agent.estimation.segments`; None in
+    bundles fitted before them: windows then report no segments).
     """
 
     tpr: float
@@ -131,6 +134,7 @@ class EstimatorCalibration:
     conf_offsets: tuple[float, ...] = ()
     headline: HeadlineEvidence | None = None
     correctness: CorrectnessModel | None = None
+    segments: Segmentation | None = None
 
     @property
     def n(self) -> int:
@@ -165,6 +169,8 @@ class EstimatorCalibration:
             d["shift"] = self.shift.to_dict()
         if self.headline is not None:
             d["headline"] = self.headline.to_dict()
+        if self.segments is not None:
+            d["segments"] = self.segments.to_dict()
         return d
 
     def with_shift(self, shift: ShiftCalibration | None) -> EstimatorCalibration:
@@ -174,6 +180,10 @@ class EstimatorCalibration:
     def with_headline(self, evidence: HeadlineEvidence | None) -> EstimatorCalibration:
         """A copy carrying the evidence behind the headline's choice."""
         return replace(self, headline=evidence)
+
+    def with_segments(self, segments: Segmentation | None) -> EstimatorCalibration:
+        """A copy carrying the segments fixed at fit."""
+        return replace(self, segments=segments)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> EstimatorCalibration:
@@ -189,6 +199,7 @@ class EstimatorCalibration:
             conf_offsets=tuple(float(v) for v in d.get("conf_offsets") or ()),  # type: ignore[attr-defined]
             headline=_evidence_or_none(d.get("headline")),
             correctness=correctness_or_none(d.get("correctness")),
+            segments=segmentation_or_none(d.get("segments")),
         )
 
     @classmethod

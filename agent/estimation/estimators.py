@@ -102,6 +102,9 @@ class EstimatorSpec:
     #: where no evidence chooses another, the headline is the default one of lowest rank the bundle can
     #: compute (None: never a default)
     default_rank: int | None = None
+    #: it reads only the sums a window keeps per segment (count, fails, confidence sums), so it estimates a
+    #: segment with the segment's own reference as its calibration (:mod:`agent.estimation.segment_table`)
+    on_segments: bool = False
 
 
 #: Every estimator's spec by name, in registration order (the one place an estimator is added).
@@ -139,6 +142,7 @@ def register_estimator(
     fallback: str | None = None,
     headline: bool | None = None,
     default_rank: int | None = None,
+    on_segments: bool = False,
 ) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator's :class:`EstimatorSpec` to :data:`REGISTRY` under ``name`` (a name is
     taken once); the keywords are the spec's fields. ``headline``: by default every estimator that needs
@@ -149,7 +153,7 @@ def register_estimator(
             raise ValueError(f"estimator {name!r} is already registered")
         may_lead = not needs_labels if headline is None else headline
         REGISTRY[name] = EstimatorSpec(
-            name, fn, needs_labels, needs_oracle, needs_model, fallback, may_lead, default_rank
+            name, fn, needs_labels, needs_oracle, needs_model, fallback, may_lead, default_rank, on_segments
         )
         return fn
 
@@ -225,7 +229,7 @@ def rogan_gladen(fail_share: float, n: int, cal: EstimatorCalibration) -> Estima
     return Estimate(clip01(acc), clip01(acc - half), clip01(acc + half), n)
 
 
-@register_estimator("icos", needs_oracle=True)
+@register_estimator("icos", needs_oracle=True, on_segments=True)
 def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     n = stats.n
     passes = n - stats.fails
@@ -233,12 +237,12 @@ def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(passes / n, lo, hi, n)
 
 
-@register_estimator("icos_corrected", needs_oracle=True)
+@register_estimator("icos_corrected", needs_oracle=True, on_segments=True)
 def _icos_corrected(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return rogan_gladen(stats.fails / stats.n, stats.n, calibration)
 
 
-@register_estimator("avg_conf")
+@register_estimator("avg_conf", on_segments=True)
 def _avg_conf(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     return Estimate(clip01(mean), clip01(mlo), clip01(mhi), stats.n)
@@ -264,7 +268,7 @@ def _atc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(stats.atc_above / n, lo, hi, n)
 
 
-@register_estimator("doc")
+@register_estimator("doc", on_segments=True)
 def _doc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     shift = calibration.accuracy - calibration.avg_conf

@@ -21,6 +21,7 @@ from agent.estimation.active import weighted_sums
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CELLS, N_PCA_BINS, cell_counts, clip_index
 from agent.estimation.reference import InputReference
+from agent.estimation.segments import segment_ids
 from invariants.oracle import FAMILIES, Verdict
 
 
@@ -216,6 +217,15 @@ class WindowStats:
     lab_ipw_vy_sum: float = field(default=0.0, metadata=_agent_only())
     lab_ipw_vyf_sum: float = field(default=0.0, metadata=_agent_only())
     lab_ipw_vff_sum: float = field(default=0.0, metadata=_agent_only())
+    #: Per segment of the bundle's segmentation (:mod:`agent.estimation.segments`, numbered across its
+    #: dimensions; empty without segments): predictions, their confidence sum and sum of squares, the
+    #: oracle's failures and the sum of the input novelty (PCA reconstruction error; zeros without a
+    #: ``shift_aware`` reference). Every prediction counts once in every dimension (:meth:`add_segment_sums`).
+    seg_n: list[int] = field(default_factory=list)
+    seg_conf: list[float] = field(default_factory=list)
+    seg_conf_sq: list[float] = field(default_factory=list)
+    seg_fails: list[int] = field(default_factory=list)
+    seg_novelty: list[float] = field(default_factory=list)
 
     @classmethod
     def from_batch(
@@ -245,7 +255,38 @@ class WindowStats:
         if probabilities is not None:
             out.add_class_sums(probabilities, labels)
         out.add_predictor_sums(calibration, confidences, verdicts)
+        seg = calibration.segments
+        if seg is not None:
+            ids = segment_ids(seg, features, labels, tdi_rules, out.n)
+            assert ids is not None
+            out.add_segment_sums(ids, seg.size, confidences, verdicts, None if extras is None else extras.pca_error)
         return out
+
+    def add_segment_sums(
+        self,
+        ids: np.ndarray,
+        size: int,
+        confidences: np.ndarray,
+        verdicts: np.ndarray,
+        novelty: np.ndarray | None = None,
+    ) -> None:
+        """Fill the ``seg_*`` sums of ``size`` segments from every prediction's segment number in each
+        dimension, ``ids`` ``[D, N]`` (:meth:`agent.estimation.segments.Segmentation.ids`; ``size`` counts
+        nowhere): five ``np.bincount`` over the ``D × N`` numbers."""
+        flat = ids.ravel()
+        d = ids.shape[0] if ids.ndim == 2 else 1
+        m = size + 1
+        c = np.tile(np.asarray(confidences, dtype=np.float64).reshape(-1), d)
+        self.seg_n = np.bincount(flat, minlength=m)[:size].tolist()
+        self.seg_conf = np.bincount(flat, weights=c, minlength=m)[:size].tolist()
+        self.seg_conf_sq = np.bincount(flat, weights=c * c, minlength=m)[:size].tolist()
+        failed = np.flatnonzero(np.tile(np.asarray(verdicts).reshape(-1) != 0, d))
+        self.seg_fails = np.bincount(flat[failed], minlength=m)[:size].tolist()
+        if novelty is not None and len(novelty) * d == len(flat):
+            w = np.tile(np.asarray(novelty, dtype=np.float64), d)
+            self.seg_novelty = np.bincount(flat, weights=w, minlength=m)[:size].tolist()
+        else:
+            self.seg_novelty = [0.0] * size
 
     def add_predictor_sums(
         self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
@@ -385,8 +426,8 @@ class WindowStats:
                 vec = getattr(self, name)
                 if len(vec) < len(add):
                     vec.extend([0.0] * (len(add) - len(vec)))
-                for i, x in enumerate(add):
-                    vec[i] += x
+                for i in itertools.compress(range(len(add)), add):  # the non-zero entries
+                    vec[i] += add[i]
             elif kind == _FAMILY_KIND:
                 mine = getattr(self, name)
                 setattr(self, name, {k: mine.get(k, 0) + add.get(k, 0) for k in FAMILIES})
@@ -476,6 +517,8 @@ def _default(f: Field[Any]) -> Any:
 CBPE_STATS: tuple[str, ...] = ("cbpe_predicted", "cbpe_true_positive", "cbpe_support")
 #: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
 CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf", *CBPE_STATS)
+#: Per-segment sums (:meth:`WindowStats.add_segment_sums`; as long as the bundle's segmentation).
+SEGMENT_STATS: tuple[str, ...] = ("seg_n", "seg_conf", "seg_conf_sq", "seg_fails", "seg_novelty")
 #: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
 INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", "class_counts", "class_conf")
 

@@ -337,7 +337,15 @@ class FleetEvaluator:
                 samples = {w.window: w.n for w in points.windows}
                 classes = {w.window: w.classes for w in points.windows if w.classes is not None}
                 versions.append(
-                    FleetVersion(version, points.estimates, samples, dict(vw.replicas), points.headline, classes)
+                    FleetVersion(
+                        version,
+                        points.estimates,
+                        samples,
+                        dict(vw.replicas),
+                        points.headline,
+                        classes,
+                        points.segments,
+                    )
                 )
         return FleetSnapshot(
             model=self.model,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agent.estimation.segments import segment_ids
 from agent.estimation.statistics import WindowStats, extras_columns, sample_extras, stat_items
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork, judge
@@ -116,6 +117,11 @@ class Recorder:
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
         stats.add_predictor_sums(rt.calibration, conf, verdicts)
+        # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
+        segments = rt.calibration.segments
+        ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
+        if segments is not None and ids is not None:
+            stats.add_segment_sums(ids, segments.size, conf, verdicts, None if extras is None else extras.pca_error)
         # the count window keeps the vectors themselves (size × K floats): only within the class cap
         per_class = len(rt.classes) <= self.metrics.per_class_label_cap
         self.windows.record(
@@ -127,6 +133,7 @@ class Recorder:
             extras=extras,
             probabilities=probabilities if per_class else None,
             labels=predicted,
+            segments=ids,
         )
         counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
         class_counts = (

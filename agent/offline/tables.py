@@ -32,9 +32,11 @@ from agent.data.limits import DataLimits
 from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import NEEDS_LABELS, estimate_all, headline_estimator
+from agent.estimation.estimators import NEEDS_LABELS, estimate_all, headline_estimator, headline_of
 from agent.estimation.evidence import evidence_section
-from agent.estimation.rendering import estimates_json
+from agent.estimation.rendering import estimates_json, segments_json
+from agent.estimation.segment_table import segment_table
+from agent.estimation.segments import truth_counts
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from invariants.bundle import Bundle
@@ -73,6 +75,9 @@ class _Tally:
     confusion: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
     #: the revealed labels (``check --labels``): a uniform sample of this tally's rows
     revealed: _Reservoir | None = None
+    #: per segment, the labeled rows and the right ones (empty: no segments or no labels)
+    truth_n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    truth_right: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def n(self) -> int:
@@ -91,6 +96,25 @@ class _Tally:
                 int((~failed & ~wrong).sum()),
                 int((~failed & wrong).sum()),
             ]
+
+    def add_truth(self, counts: tuple[list[int], list[int]]) -> None:
+        n, right = (np.asarray(c, dtype=np.int64) for c in counts)
+        if len(self.truth_n) != len(n):
+            self.truth_n, self.truth_right = np.zeros_like(n), np.zeros_like(n)
+        self.truth_n += n
+        self.truth_right += right
+
+    def segments(self, calibration: EstimatorCalibration, estimates: dict[str, Any], headline: str) -> dict[str, Any]:
+        """``segments`` and ``segment_drop`` of this span (the true accuracy per segment when every row is
+        labeled)."""
+        if self.stats is None:
+            return {}
+        lead = headline_of(estimates, headline)
+        truth = None
+        if self.labeled and self.labeled == self.n and len(self.truth_n):
+            truth = (self.truth_n.tolist(), self.truth_right.tolist())
+        table = segment_table(self.stats, calibration, lead[1] if lead is not None else None, truth=truth)
+        return segments_json(table, decimals=None) if table is not None else {}
 
     def report(self, calibration: EstimatorCalibration, headline: str) -> dict[str, Any]:
         stats = self.stats
@@ -121,6 +145,7 @@ class _Tally:
                 "fn": fn,
             }
             out["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+        out.update(self.segments(calibration, estimates, headline))
         return out
 
 
@@ -226,11 +251,18 @@ def check_table_report(
         )
         wrong = None if part.y is None else label_indices(part.y, bundle.classes) != predicted
         total.add(stats, verdicts, wrong)
+        truth = None
+        if wrong is not None and cal.segments is not None:
+            ids = cal.segments.ids(part.x, predicted, rules, len(part))
+            truth = truth_counts(ids, cal.segments.size, ~wrong)
+            total.add_truth(truth)
         if chunk_rows is not None:
             if new_chunk:
                 revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
                 chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
             chunks[-1].add(stats, verdicts, wrong)
+            if truth is not None:
+                chunks[-1].add_truth(truth)
         if labels:
             if wrong is None:
                 raise UserError(f"{path}: --labels needs every row labeled; a batch has no labels")
