@@ -145,9 +145,8 @@ def window_entry(
         classes,
         per_class=len(classes) <= per_class_cap,
     )
-    lead = headline_of(window.estimates, headline)
-    segments = segment_table(stats, calibration, lead[1] if lead is not None else None)
-    return WindowEntry(name, window, figures, lead, segments)
+    segments = segment_table(stats, calibration, window.estimates)
+    return WindowEntry(name, window, figures, headline_of(window.estimates, headline), segments)
 
 
 def bundle_json(headline: str, calibration: EstimatorCalibration) -> dict[str, Any]:

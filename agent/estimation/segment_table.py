@@ -7,23 +7,36 @@ renders (``/v1/estimates``, ``check``, the fleet, the metrics) and what any othe
 picture should call.
 
 **The segment's estimate.** A segment's reference is its own part of the labeled validation data: its
-accuracy ``a_s`` and mean confidence (pulled toward the whole set's by :data:`REFERENCE_PRIOR`
-pseudo-predictions, so that a thin segment does not read its noise as its accuracy), its oracle TPR/FPR on the
-calibration split. Of the registered estimators, those whose spec says they run on a segment's sums
-(``on_segments``: ``icos``, ``icos_corrected``, ``avg_conf``, ``doc``) can estimate it with that reference as
+accuracy ``a_s`` and mean confidence, pulled toward the whole set's by as many pseudo-predictions as the
+dimension's segments differ little (:class:`~agent.estimation.segments.DimensionPrior`: a thin segment does
+not read its noise as its accuracy, a segment unseen at fit is read as the model's whole), and its oracle
+TPR/FPR on the calibration split. The registered estimators whose spec says they run on a segment's sums
+(``on_segments``: ``icos``, ``icos_corrected``, ``avg_conf``, ``doc``) estimate it with that reference as
 their calibration (:func:`segment_estimates`). The segment headline is :data:`SEGMENT_HEADLINE`, ``doc``:
 the segment's reference accuracy moved by the change of its mean confidence. With the segment's own
-reference it reads exactly ``a_s`` on data like the validation data, whatever the segment's calibration
-(a segment the model is overconfident on is not read as a drop), it needs only the confidence sums, and,
+reference it reads exactly ``a_s`` on data like the validation data, whatever the segment's calibration (a
+segment the model is overconfident on is not read as a drop), it needs only the confidence sums, and,
 unlike ``icos_corrected``, it does not divide a fail share by a TPR − FPR measured on a few of the
 segment's errors.
 
-**What the headline sees beyond confidence.** Where the window's headline (``shift_aware`` reads input
-novelty, TDI agreement and more) finds less accuracy than the segments' ``doc`` estimates add up to, the
-difference is placed on the segments whose inputs moved away from their reference: in each dimension, in
-proportion to their excess input novelty (their mean PCA reconstruction error above the reference's by more
-than :data:`NOVELTY_Z` standard errors, times their predictions). The segments of a dimension then add up to
-the headline. Without a ``shift_aware`` reference (table bundles) nothing is placed.
+**Reconciled with the learnt estimator.** ``shift_aware`` (the estimator learnt from corrupted copies of
+the calibration inputs, :data:`LEARNT`) reads what confidence alone does not: input novelty, agreement with
+the TDI leaves, the class mix; on shifted data its window estimate errs less than a confidence estimate
+(docs/estimation.md). Each dimension's segments are adjusted to add up to it:
+
+* where it finds *less* accuracy than the segments' ``doc`` estimates add up to, the difference is placed on
+  the segments whose inputs moved away from their reference, in proportion to their excess novel inputs
+  (inputs whose PCA reconstruction error lies above the clean 99% quantile,
+  :func:`~agent.estimation.statistics.novel_inputs`: the segment's share of them above its reference share
+  by more than :data:`NOVELTY_Z` binomial standard errors, times its predictions); with no such segment
+  nothing is placed;
+* where it finds *more*, the segments' losses (their ``doc`` below their reference) shrink in proportion
+  (confidence fell further than accuracy: blurred inputs the model still gets right), so the ranking within
+  the dimension stays and the sizes follow the better window estimate.
+
+The adjustment is each segment's ``adjusted``. This holds whichever estimator the bundle's headline is (a
+bundle whose headline is ``cbpe`` still shows where ``shift_aware`` sees a drop); bundles without a
+``shift_aware`` calibration (fitted from a table) keep the segments' ``doc`` estimates.
 
 **Contribution.** With reference share ``q_s`` and accuracy ``a_s``, live share ``p_s`` and estimate ``â_s``,
 a dimension's drop ``Σ q_s a_s − Σ p_s â_s`` is the mix part ``Σ (q_s − p_s) a_s`` (a change of traffic
@@ -36,25 +49,26 @@ noise of its reference contributes nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import REGISTRY
 from agent.estimation.intervals import Z95, Estimate, clip01
-from agent.estimation.segments import Segmentation, label_of
+from agent.estimation.segments import DimensionPrior, label_of
 from agent.estimation.statistics import WindowStats
 
 #: The estimator of a segment's accuracy (see the module docstring for why).
 SEGMENT_HEADLINE = "doc"
-#: Pseudo-predictions pulling a segment's reference accuracy and confidence toward the whole validation set's.
-REFERENCE_PRIOR = 5.0
-#: Standard errors by which a segment's mean input novelty must exceed its reference to take a share of the
-#: headline's drop beyond the segments' own estimates.
+#: Standard errors by which a segment's share of novel inputs must exceed its reference to take a share of
+#: the learnt estimator's drop beyond the segments' own estimates.
 NOVELTY_Z = 2.0
 #: Pseudo-counts pulling a segment's TDI/ADI TPR and FPR toward the oracle's on the whole calibration split.
 RATE_PRIOR = 10.0
+#: The estimator whose drop beyond the segments' estimates is placed on them by input novelty: the one learnt
+#: from the model's corrupted inputs (its spec ``needs_model``).
+LEARNT = next(n for n, spec in REGISTRY.items() if spec.needs_model and not spec.needs_labels)
 
 
 @dataclass(frozen=True)
@@ -74,8 +88,8 @@ class SegmentRow:
     reference_n: int
     #: the segment headline (None: no prediction of the window is in it)
     estimate: Estimate | None
-    #: the part of the estimate placed on it from the window headline's drop beyond the segments' estimates
-    allocated: float
+    #: how far its estimate was moved so that its dimension adds up to the learnt estimate (module docstring)
+    adjusted: float
     contribution: float
     #: ``(a_s − â_s)`` in standard errors of its noise
     z: float
@@ -106,8 +120,8 @@ class SegmentRow:
             "contribution": r(self.contribution),
             "z": r(self.z),
         }
-        if self.allocated:
-            out["allocated"] = r(self.allocated)
+        if self.adjusted:
+            out["adjusted"] = r(self.adjusted)
         if self.truth_accuracy is not None:
             out["truth_accuracy"] = r(self.truth_accuracy)
             out["truth_n"] = self.truth_n
@@ -117,19 +131,19 @@ class SegmentRow:
 @dataclass(frozen=True)
 class DimensionDrop:
     """A dimension's split of the window's drop: ``mix`` (shares moved), ``within`` (segments lost accuracy),
-    ``allocated`` (of ``within``: the headline's drop beyond the segments' own estimates)."""
+    ``adjusted`` (how far the segments' estimates were moved toward the learnt estimate, share-weighted)."""
 
     dimension: str
     kind: str
     mix: float
     within: float
-    allocated: float
+    adjusted: float
 
     def to_json(self, decimals: int | None = None) -> dict[str, Any]:
         def r(v: float) -> float:
             return round(v, decimals) if decimals is not None else v
 
-        return {"kind": self.kind, "mix": r(self.mix), "within": r(self.within), "allocated": r(self.allocated)}
+        return {"kind": self.kind, "mix": r(self.mix), "within": r(self.within), "adjusted": r(self.adjusted)}
 
 
 @dataclass(frozen=True)
@@ -157,45 +171,23 @@ class SegmentTable:
         }
 
 
-@dataclass(frozen=True)
-class _Reference:
-    """The whole validation set's accuracy, confidence and novelty (what thin segments are pulled toward)."""
-
-    accuracy: float
-    conf: float
-    novelty: float
-    novelty_sd: float
-
-
-def _whole(seg: Segmentation) -> _Reference:
-    ref = seg.reference
-    _, a, b = seg.spans()[0]
-    n = max(sum(ref.n[a:b]), 1)
-    mean = sum(ref.novelty[a:b]) / n
-    var = max(sum(ref.novelty_sq[a:b]) / n - mean * mean, 0.0)
-    return _Reference(sum(ref.correct[a:b]) / n, sum(ref.conf[a:b]) / n, mean, math.sqrt(var))
-
-
 def segment_calibration(calibration: EstimatorCalibration, index: int) -> EstimatorCalibration:
     """The calibration an estimator reads for segment ``index``: the segment's reference accuracy and mean
-    confidence (pulled toward the whole set's) and its oracle TPR/FPR (pulled toward the oracle's)."""
+    confidence (pulled toward the whole set's by its dimension's prior,
+    :class:`~agent.estimation.segments.DimensionPrior`) and its oracle TPR/FPR (pulled toward the oracle's)."""
     seg = calibration.segments
     assert seg is not None
-    ref, whole = seg.reference, _whole(seg)
-    m = REFERENCE_PRIOR
-    accuracy = (ref.correct[index] + m * whole.accuracy) / (ref.n[index] + m)
-    conf = (ref.conf[index] + m * whole.conf) / (ref.n[index] + m)
+    ref, prior = seg.reference, seg.priors[seg.dimension_of(index)]
+    m = prior.strength
     wrong, right = ref.cal_wrong[index], ref.cal_right[index]
-    tpr = (ref.cal_fail_wrong[index] + RATE_PRIOR * calibration.tpr) / (wrong + RATE_PRIOR)
-    fpr = (ref.cal_fail_right[index] + RATE_PRIOR * calibration.fpr) / (right + RATE_PRIOR)
     return replace(
         calibration,
-        tpr=tpr,
-        fpr=fpr,
+        tpr=(ref.cal_fail_wrong[index] + RATE_PRIOR * calibration.tpr) / (wrong + RATE_PRIOR),
+        fpr=(ref.cal_fail_right[index] + RATE_PRIOR * calibration.fpr) / (right + RATE_PRIOR),
         n_wrong=wrong,
         n_right=right,
-        accuracy=accuracy,
-        avg_conf=conf,
+        accuracy=(ref.correct[index] + m * prior.accuracy) / (ref.n[index] + m),
+        avg_conf=(ref.conf[index] + m * prior.conf) / (ref.n[index] + m),
         shift=None,
         headline=None,
         segments=None,
@@ -240,22 +232,24 @@ def _widened(e: Estimate, value: float, reference_se: float) -> Estimate:
 def segment_table(
     stats: WindowStats,
     calibration: EstimatorCalibration,
-    headline: Estimate | None = None,
+    estimates: Mapping[str, Estimate] | None = None,
     *,
     truth: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> SegmentTable | None:
     """The window's segments (None: the bundle has none, or the statistics are of another segmentation);
-    ``headline``: the window's headline estimate, whose drop beyond the segments' estimates is placed on the
-    segments by input novelty; ``truth``: per segment, labeled predictions and the right ones among them."""
+    ``estimates``: the window's estimates (:data:`LEARNT`'s drop beyond the segments' estimates is placed on
+    the segments by input novelty); ``truth``: per segment, labeled predictions and the right ones among
+    them."""
     seg = calibration.segments
     if seg is None or len(stats.seg_n) != seg.size or stats.n <= 0 or not any(stats.seg_n):
         return None
     formula = REGISTRY[SEGMENT_HEADLINE].formula
-    ref, whole = seg.reference, _whole(seg)
+    learnt = (estimates or {}).get(LEARNT)
+    ref = seg.reference
     rows: list[SegmentRow] = []
     drops: list[DimensionDrop] = []
-    novelty = stats.seg_novelty if len(stats.seg_novelty) == seg.size else [0.0] * seg.size
-    for dim, a, b in seg.spans():
+    novel = stats.seg_novel if len(stats.seg_novel) == seg.size else [0] * seg.size
+    for (dim, a, b), prior in zip(seg.spans(), seg.priors, strict=True):
         n_d = sum(stats.seg_n[a:b])
         ref_d = max(sum(ref.n[a:b]), 1)
         base: dict[int, tuple[Estimate, float, float]] = {}
@@ -268,17 +262,18 @@ def segment_table(
             est = formula(segment_stats(stats, s), cal)
             if est is None:
                 continue
-            se_ref = math.sqrt(cal.accuracy * (1 - cal.accuracy) / (ref.n[s] + REFERENCE_PRIOR))
+            se_ref = math.sqrt(cal.accuracy * (1 - cal.accuracy) / (ref.n[s] + prior.strength))
             base[s] = (est, cal.accuracy, se_ref)
-            weights[s] = n_s * _excess_novelty(novelty[s] / n_s, n_s, ref, s, whole)
+            weights[s] = n_s * _excess_novelty(novel[s] / n_s, n_s, ref.novel[s], ref.n[s], prior)
         estimated = {s: e.value for s, (e, _, _) in base.items()}
-        allocated = _allocation(headline, estimated, stats.seg_n, weights, n_d)
-        mix = within = placed = 0.0
+        references = {s: acc for s, (_, acc, _) in base.items()}
+        adjusted = _reconciled(learnt, estimated, references, stats.seg_n, weights, n_d)
+        mix = within = moved_total = 0.0
         for s in range(a, b):
             n_s = stats.seg_n[s]
             p = n_s / n_d if n_d else 0.0
             q = ref.n[s] / ref_d
-            cal_acc = (ref.correct[s] + REFERENCE_PRIOR * whole.accuracy) / (ref.n[s] + REFERENCE_PRIOR)
+            cal_acc = (ref.correct[s] + prior.strength * prior.accuracy) / (ref.n[s] + prior.strength)
             mix += (q - p) * cal_acc
             truth_n, truth_acc = _truth(truth, s)
             if s not in base:
@@ -288,11 +283,11 @@ def segment_table(
                 )  # fmt: skip
                 continue
             est, acc, se_ref = base[s]
-            moved = allocated.get(s, 0.0)
+            moved = adjusted.get(s, 0.0)
             value = est.value + moved
             loss = acc - value
             within += p * loss
-            placed += p * moved
+            moved_total += p * moved
             var_c = max(stats.seg_conf_sq[s] / n_s - (stats.seg_conf[s] / n_s) ** 2, 0.0)
             se = math.sqrt(var_c / n_s + se_ref * se_ref)
             shrunk = math.copysign(max(abs(loss) - Z95 * se, 0.0), loss)
@@ -315,9 +310,9 @@ def segment_table(
                     truth_n,
                 )
             )
-        drops.append(DimensionDrop(dim.name, dim.kind, mix, within, placed))
+        drops.append(DimensionDrop(dim.name, dim.kind, mix, within, moved_total))
     rows.sort(key=lambda r: (-r.contribution, -(r.share * (r.reference_accuracy - _value(r))), r.index))
-    return SegmentTable(SEGMENT_HEADLINE, whole.accuracy, tuple(rows), tuple(drops))
+    return SegmentTable(SEGMENT_HEADLINE, seg.priors[0].accuracy, tuple(rows), tuple(drops))
 
 
 def _value(row: SegmentRow) -> float:
@@ -330,29 +325,42 @@ def _truth(truth: tuple[Sequence[int], Sequence[int]] | None, s: int) -> tuple[i
     return int(truth[0][s]), truth[1][s] / truth[0][s]
 
 
-def _excess_novelty(mean: float, n: int, ref: Any, s: int, whole: _Reference) -> float:
-    """How far a segment's mean input novelty lies above its reference, beyond :data:`NOVELTY_Z` standard
-    errors (0 when within them, or without novelty)."""
-    m = REFERENCE_PRIOR
-    ref_n = ref.n[s]
-    ref_mean = (ref.novelty[s] + m * whole.novelty) / (ref_n + m)
-    ref_sq = (ref.novelty_sq[s] + m * (whole.novelty_sd**2 + whole.novelty**2)) / (ref_n + m)
-    sd = math.sqrt(max(ref_sq - ref_mean * ref_mean, 0.0))
-    if mean <= 0 or ref_mean <= 0:
+def _excess_novelty(share: float, n: int, ref_count: int, ref_n: int, prior: DimensionPrior) -> float:
+    """How far a segment's share of novel inputs lies above its reference share (pulled toward the dimension's
+    by the prior), beyond :data:`NOVELTY_Z` binomial standard errors of their difference (0 when within them,
+    or without novelty)."""
+    m = prior.novel_strength
+    expected = (ref_count + m * prior.novel) / (ref_n + m)
+    if share <= 0 or n <= 0:
         return 0.0
-    return max(mean - ref_mean - NOVELTY_Z * sd / math.sqrt(n), 0.0)
+    p0 = max(expected, 0.5 / (ref_n + m + n))  # a segment never novel at fit still has a floor of noise
+    se = math.sqrt(p0 * (1 - p0) * (1.0 / n + 1.0 / (ref_n + m)))
+    return max(share - expected - NOVELTY_Z * se, 0.0)
 
 
-def _allocation(
-    headline: Estimate | None, estimated: dict[int, float], counts: Sequence[int], weights: dict[int, float], n_d: int
+def _reconciled(
+    learnt: Estimate | None,
+    estimated: dict[int, float],
+    references: dict[int, float],
+    counts: Sequence[int],
+    weights: dict[int, float],
+    n_d: int,
 ) -> dict[int, float]:
-    """Per segment, its share of the headline's drop beyond what the segments' estimates add up to (see the
-    module docstring): ``Δ · (n_d / n_s) · w_s / Σ w`` for ``Δ`` the (negative) difference."""
-    total = sum(weights.values())
-    if headline is None or total <= 0 or n_d <= 0:
+    """Per segment, how far its estimate moves so that the dimension adds up to the learnt estimate (see the
+    module docstring): a (negative) gap ``Δ`` placed as ``Δ · (n_d / n_s) · w_s / Σ w`` by excess novelty
+    ``w``; a positive one taken off the segments' losses in proportion."""
+    if learnt is None or n_d <= 0 or not estimated:
         return {}
     summed = sum(counts[s] * v for s, v in estimated.items()) / n_d
-    gap = headline.value - summed
-    if gap >= 0:
+    gap = learnt.value - summed
+    if gap < 0:
+        total = sum(weights.values())
+        if total <= 0:
+            return {}
+        return {s: max(gap * (n_d / counts[s]) * w / total, -estimated[s]) for s, w in weights.items() if w > 0}
+    losses = {s: max(references[s] - v, 0.0) for s, v in estimated.items()}
+    lost = sum(counts[s] * loss for s, loss in losses.items()) / n_d
+    if gap <= 0 or lost <= 0:
         return {}
-    return {s: max(gap * (n_d / counts[s]) * w / total, -estimated[s]) for s, w in weights.items() if w > 0}
+    keep = min(gap / lost, 1.0)
+    return {s: keep * loss for s, loss in losses.items() if loss > 0}

@@ -178,8 +178,7 @@ _REFERENCE_FIELDS = (
     "cal_right",
     "cal_fail_wrong",
     "cal_fail_right",
-    "novelty",
-    "novelty_sq",
+    "novel",
 )
 
 
@@ -189,8 +188,8 @@ class SegmentReference:
     :class:`Segmentation`): its predictions ``n``, the right ones ``correct`` and their confidence sum
     ``conf`` (the whole validation set: the model's accuracy there does not depend on the oracle); on the
     calibration split (held out of ADI training), its wrong and right predictions and how many of each the
-    oracle failed (``cal_*``, the segment's own TPR/FPR); and the sum and sum of squares of the input
-    novelty (PCA reconstruction error, zero without a ``shift_aware`` reference) over the validation set."""
+    oracle failed (``cal_*``, the segment's own TPR/FPR); and its novel inputs on the validation set
+    (:func:`~agent.estimation.statistics.novel_inputs`; zero without a ``shift_aware`` reference)."""
 
     n: tuple[int, ...]
     correct: tuple[int, ...]
@@ -199,8 +198,7 @@ class SegmentReference:
     cal_right: tuple[int, ...]
     cal_fail_wrong: tuple[int, ...]
     cal_fail_right: tuple[int, ...]
-    novelty: tuple[float, ...]
-    novelty_sq: tuple[float, ...]
+    novel: tuple[int, ...]
 
     def __post_init__(self) -> None:
         sizes = {len(getattr(self, f)) for f in _REFERENCE_FIELDS}
@@ -229,9 +227,56 @@ class SegmentReference:
             ints("cal_right"),
             ints("cal_fail_wrong"),
             ints("cal_fail_right"),
-            floats("novelty"),
-            floats("novelty_sq"),
+            ints("novel"),
         )
+
+
+@dataclass(frozen=True)
+class DimensionPrior:
+    """What a dimension's segments look like together on the validation data: the whole set's accuracy, mean
+    confidence and share of novel inputs, and how many pseudo-predictions of it a segment's own figures are
+    pulled toward (``strength``, ``novel_strength``: the sampling variance over the variance between the
+    dimension's segments, by the method of moments; few when the segments differ much, many when they
+    differ no more than noise)."""
+
+    accuracy: float
+    conf: float
+    strength: float
+    novel: float
+    novel_strength: float
+
+
+#: Bounds of a prior's strength in pseudo-predictions.
+MIN_STRENGTH, MAX_STRENGTH = 2.0, 10_000.0
+
+
+def _strength(sampling: float, counts: np.ndarray, means: np.ndarray) -> float:
+    """``sampling / τ²``, τ² the variance between segments beyond sampling noise (method of moments)."""
+    n = counts.sum()
+    used = counts > 0
+    k = int(used.sum())
+    if n <= 0 or k < 2 or sampling <= 0:
+        return MAX_STRENGTH
+    grand = float((counts * means).sum() / n)
+    spread = float((counts[used] * (means[used] - grand) ** 2).sum())
+    effective = n - float((counts[used] ** 2).sum()) / n
+    between = (spread - (k - 1) * sampling) / effective if effective > 0 else 0.0
+    return float(np.clip(sampling / between, MIN_STRENGTH, MAX_STRENGTH)) if between > 0 else MAX_STRENGTH
+
+
+def _prior(ref: SegmentReference, a: int, b: int) -> DimensionPrior:
+    n = np.asarray(ref.n[a:b], dtype=np.float64)
+    total = max(float(n.sum()), 1.0)
+    safe = np.maximum(n, 1.0)
+    accuracy = sum(ref.correct[a:b]) / total
+    novel = sum(ref.novel[a:b]) / total
+    return DimensionPrior(
+        accuracy=accuracy,
+        conf=sum(ref.conf[a:b]) / total,
+        strength=_strength(accuracy * (1 - accuracy), n, np.asarray(ref.correct[a:b]) / safe),
+        novel=novel,
+        novel_strength=_strength(novel * (1 - novel), n, np.asarray(ref.novel[a:b]) / safe),
+    )
 
 
 @dataclass(frozen=True)
@@ -256,6 +301,11 @@ class Segmentation:
     def size(self) -> int:
         """Segments in all (the length of a window's segment vectors)."""
         return len(self.reference)
+
+    @functools.cached_property
+    def priors(self) -> tuple[DimensionPrior, ...]:
+        """Every dimension's :class:`DimensionPrior` (computed once)."""
+        return tuple(_prior(self.reference, a, b) for _, a, b in self.spans())
 
     def dimension_of(self, index: int) -> int:
         """The dimension segment ``index`` belongs to."""
@@ -353,12 +403,12 @@ def reference_of(
     *,
     calibration_rows: np.ndarray,
     failed: np.ndarray,
-    novelty: np.ndarray | None,
+    novel: np.ndarray | None,
 ) -> SegmentReference:
     """The :class:`SegmentReference` of labeled validation predictions with segment ids ``ids`` ``[D, N]``,
     correctness and confidences; ``calibration_rows`` (indices into them) are the calibration split, whose
-    oracle verdicts ``failed`` (one per calibration row) give the per-segment TPR/FPR; ``novelty`` (one per
-    prediction) the input novelty."""
+    oracle verdicts ``failed`` (one per calibration row) give the per-segment TPR/FPR; ``novel`` (one per
+    prediction) whether its input is novel."""
     d = ids.shape[0]
     flat = ids.ravel()
 
@@ -371,7 +421,7 @@ def reference_of(
     cal = np.asarray(calibration_rows, dtype=np.int64)
     fail = np.asarray(failed, dtype=bool)
     wrong_cal = ~ok[cal]
-    nov = np.zeros(len(ok)) if novelty is None else np.asarray(novelty, dtype=np.float64)
+    nov = np.zeros(len(ok), dtype=bool) if novel is None else np.asarray(novel, dtype=bool)
 
     def ints(a: np.ndarray) -> tuple[int, ...]:
         return tuple(int(round(v)) for v in a)
@@ -387,8 +437,7 @@ def reference_of(
         cal_right=ints(sums(~wrong_cal, cal)),
         cal_fail_wrong=ints(sums(fail & wrong_cal, cal)),
         cal_fail_right=ints(sums(fail & ~wrong_cal, cal)),
-        novelty=floats(sums(nov)),
-        novelty_sq=floats(sums(nov * nov)),
+        novel=ints(sums(nov)),
     )
 
 

@@ -87,6 +87,17 @@ class SampleExtras:
 _EXTRA_ARRAYS = ("margin", "rules", "agree", "covered", "pca_error")
 
 
+def novel_inputs(calibration: EstimatorCalibration, extras: SampleExtras | None) -> np.ndarray | None:
+    """Per prediction, whether its input is *novel*: its PCA reconstruction error above the clean calibration
+    split's 99% quantile (the last of the reference's :data:`~agent.estimation.layout.PCA_QUANTILES`), as
+    one input in a hundred is on data like the reference; None without a ``shift_aware`` reference. A count
+    of them per segment is binomial, whatever the error's heavy tail."""
+    shift = calibration.shift
+    if shift is None or extras is None or not shift.reference.pca_edges:
+        return None
+    return np.asarray(extras.pca_error) > shift.reference.pca_edges[-1]
+
+
 def sample_extras(
     calibration: EstimatorCalibration,
     probabilities: np.ndarray | None,
@@ -219,13 +230,13 @@ class WindowStats:
     lab_ipw_vff_sum: float = field(default=0.0, metadata=_agent_only())
     #: Per segment of the bundle's segmentation (:mod:`agent.estimation.segments`, numbered across its
     #: dimensions; empty without segments): predictions, their confidence sum and sum of squares, the
-    #: oracle's failures and the sum of the input novelty (PCA reconstruction error; zeros without a
-    #: ``shift_aware`` reference). Every prediction counts once in every dimension (:meth:`add_segment_sums`).
+    #: oracle's failures and the novel inputs (:func:`novel_inputs`; zeros without a ``shift_aware``
+    #: reference). Every prediction counts once in every dimension (:meth:`add_segment_sums`).
     seg_n: list[int] = field(default_factory=list)
     seg_conf: list[float] = field(default_factory=list)
     seg_conf_sq: list[float] = field(default_factory=list)
     seg_fails: list[int] = field(default_factory=list)
-    seg_novelty: list[float] = field(default_factory=list)
+    seg_novel: list[int] = field(default_factory=list)
 
     @classmethod
     def from_batch(
@@ -259,7 +270,7 @@ class WindowStats:
         if seg is not None:
             ids = segment_ids(seg, features, labels, tdi_rules, out.n)
             assert ids is not None
-            out.add_segment_sums(ids, seg.size, confidences, verdicts, None if extras is None else extras.pca_error)
+            out.add_segment_sums(ids, seg.size, confidences, verdicts, novel_inputs(calibration, extras))
         return out
 
     def add_segment_sums(
@@ -268,11 +279,12 @@ class WindowStats:
         size: int,
         confidences: np.ndarray,
         verdicts: np.ndarray,
-        novelty: np.ndarray | None = None,
+        novel: np.ndarray | None = None,
     ) -> None:
         """Fill the ``seg_*`` sums of ``size`` segments from every prediction's segment number in each
         dimension, ``ids`` ``[D, N]`` (:meth:`agent.estimation.segments.Segmentation.ids`; ``size`` counts
-        nowhere): five ``np.bincount`` over the ``D × N`` numbers."""
+        nowhere) and, per prediction, whether its input is novel (:func:`novel_inputs`): five
+        ``np.bincount`` over the ``D × N`` numbers."""
         flat = ids.ravel()
         d = ids.shape[0] if ids.ndim == 2 else 1
         m = size + 1
@@ -280,13 +292,12 @@ class WindowStats:
         self.seg_n = np.bincount(flat, minlength=m)[:size].tolist()
         self.seg_conf = np.bincount(flat, weights=c, minlength=m)[:size].tolist()
         self.seg_conf_sq = np.bincount(flat, weights=c * c, minlength=m)[:size].tolist()
-        failed = np.flatnonzero(np.tile(np.asarray(verdicts).reshape(-1) != 0, d))
+        failed = np.tile(np.asarray(verdicts).reshape(-1) != 0, d)
         self.seg_fails = np.bincount(flat[failed], minlength=m)[:size].tolist()
-        if novelty is not None and len(novelty) * d == len(flat):
-            w = np.tile(np.asarray(novelty, dtype=np.float64), d)
-            self.seg_novelty = np.bincount(flat, weights=w, minlength=m)[:size].tolist()
+        if novel is not None and len(novel) * d == len(flat):
+            self.seg_novel = np.bincount(flat[np.tile(novel, d)], minlength=m)[:size].tolist()
         else:
-            self.seg_novelty = [0.0] * size
+            self.seg_novel = [0] * size
 
     def add_predictor_sums(
         self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
@@ -518,7 +529,7 @@ CBPE_STATS: tuple[str, ...] = ("cbpe_predicted", "cbpe_true_positive", "cbpe_sup
 #: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
 CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf", *CBPE_STATS)
 #: Per-segment sums (:meth:`WindowStats.add_segment_sums`; as long as the bundle's segmentation).
-SEGMENT_STATS: tuple[str, ...] = ("seg_n", "seg_conf", "seg_conf_sq", "seg_fails", "seg_novelty")
+SEGMENT_STATS: tuple[str, ...] = ("seg_n", "seg_conf", "seg_conf_sq", "seg_fails", "seg_novel")
 #: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
 INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", "class_counts", "class_conf")
 

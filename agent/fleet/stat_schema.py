@@ -81,8 +81,8 @@ class StatSchema:
         inputs = ref is None or ref.leaf_bins > 0
         full = WindowStats()
         size = segments.size if segments is not None else 0
-        full.seg_n, full.seg_fails = [0] * size, [0] * size
-        full.seg_conf, full.seg_conf_sq, full.seg_novelty = [0.0] * size, [0.0] * size, [0.0] * size
+        full.seg_n, full.seg_fails, full.seg_novel = [0] * size, [0] * size, [0] * size
+        full.seg_conf, full.seg_conf_sq = [0.0] * size, [0.0] * size
         k = n_classes if n_classes is not None else ref.n_classes if ref is not None else 0
         full.cbpe_predicted = [0] * k
         full.cbpe_true_positive = full.cbpe_support = [0.0] * k
@@ -194,13 +194,14 @@ class _Checks:
 
     def segments(self, schema: StatSchema) -> None:
         """The per-segment sums: a prediction counts once in each dimension (so a dimension's counts add up
-        to at most ``n``), a segment's failures and confidences are at most its predictions."""
+        to at most ``n``), a segment's failures, novel inputs and confidences are at most its predictions."""
         s = self.s
         for a, b in schema.segment_spans:
             counted = sum(s.seg_n[a:b])
             self.require(counted <= s.n, f"the segments {a}..{b - 1} hold {counted} predictions, more than n {s.n}")
         for i, count in enumerate(s.seg_n):
             self.require(s.seg_fails[i] <= count if i < len(s.seg_fails) else True, f"segment {i}: fails > n")
+            self.require(s.seg_novel[i] <= count if i < len(s.seg_novel) else True, f"segment {i}: novel > n")
             conf = s.seg_conf[i] if i < len(s.seg_conf) else 0.0
             self.at_most(conf, count, f"the confidence sum of segment {i} exceeds its predictions")
             square = s.seg_conf_sq[i] if i < len(s.seg_conf_sq) else 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.estimation.segments import segment_ids
-from agent.estimation.statistics import WindowStats, extras_columns, sample_extras, stat_items
+from agent.estimation.statistics import WindowStats, extras_columns, novel_inputs, sample_extras, stat_items
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork, judge
 from agent.judging.windows import WindowSet
@@ -121,7 +121,7 @@ class Recorder:
         segments = rt.calibration.segments
         ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
         if segments is not None and ids is not None:
-            stats.add_segment_sums(ids, segments.size, conf, verdicts, None if extras is None else extras.pca_error)
+            stats.add_segment_sums(ids, segments.size, conf, verdicts, novel_inputs(rt.calibration, extras))
         # the count window keeps the vectors themselves (size × K floats): only within the class cap
         per_class = len(rt.classes) <= self.metrics.per_class_label_cap
         self.windows.record(

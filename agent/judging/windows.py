@@ -229,8 +229,10 @@ class CountWindow:
             out.add_class_sums(self.class_probs[:n], self.class_labels[:n])
         seg = calibration.segments
         if seg is not None and self.segment_ids.shape[1] == len(seg.dimensions) and self.has_segments[:n].all():
-            novelty = self.extras["pca_error"][:n] if self.has_extras[:n].all() else None
-            out.add_segment_sums(self.segment_ids[:n].T, seg.size, self.confidences[:n], self.verdicts[:n], novelty)
+            novel = None
+            if shift is not None and self.has_extras[:n].all() and shift.reference.pca_edges:
+                novel = self.extras["pca_error"][:n] > shift.reference.pca_edges[-1]  # as novel_inputs reads it
+            out.add_segment_sums(self.segment_ids[:n].T, seg.size, self.confidences[:n], self.verdicts[:n], novel)
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
-from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator, headline_of
+from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
 from agent.estimation.rendering import estimates_json, segments_json, trust_json
@@ -176,13 +176,16 @@ def check_report(
             "fn": oc.fn,
         }
         report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
-    lead = headline_of(estimates, headline)
-    report.update(_segments(judged, stats, cal, lead[1] if lead is not None else None, y))
+    report.update(_segments(judged, stats, cal, estimates, y))
     return report
 
 
 def _segments(
-    judged: Judged, stats: WindowStats, cal: EstimatorCalibration, headline: Estimate | None, y: np.ndarray | None
+    judged: Judged,
+    stats: WindowStats,
+    cal: EstimatorCalibration,
+    estimates: dict[str, Estimate],
+    y: np.ndarray | None,
 ) -> dict[str, Any]:
     """``segments`` and ``segment_drop`` of the report (none without segments in the bundle), with every
     segment's true accuracy when the data is labeled."""
@@ -194,5 +197,5 @@ def _segments(
     if y is not None:
         ids = seg.ids(judged.features, pred.predicted, judged.tdi_rules, len(pred.predicted))
         truth = truth_counts(ids, seg.size, pred.predicted == y)
-    table = segment_table(stats, cal, headline, truth=truth)
+    table = segment_table(stats, cal, estimates, truth=truth)
     return segments_json(table, decimals=None) if table is not None else {}

@@ -142,7 +142,9 @@ def define_segments(
     rules = data.tdi.rule_index(data.val_features) if data.tdi is not None else None
     ids = dimension_ids(dims, data.val_features, data.val_predicted, rules, len(data.val_y))
     shift = calibration.shift
-    novelty = shift.reference.pca_error(data.val_features) if shift is not None else None
+    novel = None
+    if shift is not None and shift.reference.pca_edges:  # as novel_inputs reads a live prediction
+        novel = shift.reference.pca_error(data.val_features) > shift.reference.pca_edges[-1]
     reference = reference_of(
         ids,
         sum(len(d.segments) for d in dims),
@@ -150,7 +152,7 @@ def define_segments(
         label_confidences(data.val_probabilities, data.val_predicted),
         calibration_rows=data.calibration_index,
         failed=np.asarray(data.calibration_verdicts) != 0,
-        novelty=novelty,
+        novel=novel,
     )
     return Segmentation(tuple(dims), reference)
 

@@ -32,8 +32,9 @@ from agent.data.limits import DataLimits
 from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import NEEDS_LABELS, estimate_all, headline_estimator, headline_of
+from agent.estimation.estimators import NEEDS_LABELS, estimate_all, headline_estimator
 from agent.estimation.evidence import evidence_section
+from agent.estimation.intervals import Estimate
 from agent.estimation.rendering import estimates_json, segments_json
 from agent.estimation.segment_table import segment_table
 from agent.estimation.segments import truth_counts
@@ -104,16 +105,15 @@ class _Tally:
         self.truth_n += n
         self.truth_right += right
 
-    def segments(self, calibration: EstimatorCalibration, estimates: dict[str, Any], headline: str) -> dict[str, Any]:
+    def segments(self, calibration: EstimatorCalibration, estimates: dict[str, Estimate]) -> dict[str, Any]:
         """``segments`` and ``segment_drop`` of this span (the true accuracy per segment when every row is
         labeled)."""
         if self.stats is None:
             return {}
-        lead = headline_of(estimates, headline)
         truth = None
         if self.labeled and self.labeled == self.n and len(self.truth_n):
             truth = (self.truth_n.tolist(), self.truth_right.tolist())
-        table = segment_table(self.stats, calibration, lead[1] if lead is not None else None, truth=truth)
+        table = segment_table(self.stats, calibration, estimates, truth=truth)
         return segments_json(table, decimals=None) if table is not None else {}
 
     def report(self, calibration: EstimatorCalibration, headline: str) -> dict[str, Any]:
@@ -145,7 +145,7 @@ class _Tally:
                 "fn": fn,
             }
             out["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
-        out.update(self.segments(calibration, estimates, headline))
+        out.update(self.segments(calibration, estimates))
         return out
 
 
