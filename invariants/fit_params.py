@@ -182,8 +182,8 @@ class FitParams:
     selected TDI rule a prediction falls under, and regions of the view (images, text, embeddings). Every
     segment costs each window a few sums and each replica a few exported series (docs/scaling.md), so
     their number is bounded here; kinds past the bound keep fewer segments (the most frequent) or are left
-    out. 64 keeps the per-replica series of the segments under those of the per-class figures of a
-    20-class model."""
+    out. 64 bounds what the segments add to a replica's window statistics at 320 series (five sums per
+    segment), and keeps a table of a dozen columns whole."""
 
     def __post_init__(self) -> None:
         if self.features is not None and self.features.partition(":")[0] not in (
