@@ -243,76 +243,116 @@ def segment_table(
     seg = calibration.segments
     if seg is None or len(stats.seg_n) != seg.size or stats.n <= 0 or not any(stats.seg_n):
         return None
-    formula = REGISTRY[SEGMENT_HEADLINE].formula
     learnt = (estimates or {}).get(LEARNT)
-    ref = seg.reference
     rows: list[SegmentRow] = []
     drops: list[DimensionDrop] = []
-    novel = stats.seg_novel if len(stats.seg_novel) == seg.size else [0] * seg.size
-    for (dim, a, b), prior in zip(seg.spans(), seg.priors, strict=True):
-        n_d = sum(stats.seg_n[a:b])
-        ref_d = max(sum(ref.n[a:b]), 1)
-        base: dict[int, tuple[Estimate, float, float]] = {}
-        weights: dict[int, float] = {}
-        for s in range(a, b):
-            n_s = stats.seg_n[s]
-            cal = segment_calibration(calibration, s)
-            if n_s <= 0:
-                continue
-            est = formula(segment_stats(stats, s), cal)
-            if est is None:
-                continue
-            se_ref = math.sqrt(cal.accuracy * (1 - cal.accuracy) / (ref.n[s] + prior.strength))
-            base[s] = (est, cal.accuracy, se_ref)
-            weights[s] = n_s * _excess_novelty(novel[s] / n_s, n_s, ref.novel[s], ref.n[s], prior)
-        estimated = {s: e.value for s, (e, _, _) in base.items()}
-        references = {s: acc for s, (_, acc, _) in base.items()}
-        adjusted = _reconciled(learnt, estimated, references, stats.seg_n, weights, n_d)
-        mix = within = moved_total = 0.0
-        for s in range(a, b):
-            n_s = stats.seg_n[s]
-            p = n_s / n_d if n_d else 0.0
-            q = ref.n[s] / ref_d
-            cal_acc = (ref.correct[s] + prior.strength * prior.accuracy) / (ref.n[s] + prior.strength)
-            mix += (q - p) * cal_acc
-            truth_n, truth_acc = _truth(truth, s)
-            if s not in base:
-                rows.append(
-                    SegmentRow(s, dim.kind, dim.name, dim.segments[s - a], n_s, p, q, cal_acc, ref.n[s], None, 0.0,
-                               0.0, 0.0, truth_acc, truth_n)
-                )  # fmt: skip
-                continue
-            est, acc, se_ref = base[s]
-            moved = adjusted.get(s, 0.0)
-            value = est.value + moved
-            loss = acc - value
-            within += p * loss
-            moved_total += p * moved
-            var_c = max(stats.seg_conf_sq[s] / n_s - (stats.seg_conf[s] / n_s) ** 2, 0.0)
-            se = math.sqrt(var_c / n_s + se_ref * se_ref)
-            shrunk = math.copysign(max(abs(loss) - Z95 * se, 0.0), loss)
-            rows.append(
-                SegmentRow(
-                    s,
-                    dim.kind,
-                    dim.name,
-                    dim.segments[s - a],
-                    n_s,
-                    p,
-                    q,
-                    acc,
-                    ref.n[s],
-                    _widened(est, value, se_ref),
-                    moved,
-                    p * shrunk,
-                    loss / se if se > 0 else 0.0,
-                    truth_acc,
-                    truth_n,
-                )
-            )
-        drops.append(DimensionDrop(dim.name, dim.kind, mix, within, moved_total))
+    for d in range(len(seg.dimensions)):
+        found, drop = _dimension(stats, calibration, d, learnt, truth)
+        rows += found
+        drops.append(drop)
     rows.sort(key=lambda r: (-r.contribution, -(r.share * (r.reference_accuracy - _value(r))), r.index))
     return SegmentTable(SEGMENT_HEADLINE, seg.priors[0].accuracy, tuple(rows), tuple(drops))
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A segment's ``doc`` estimate, its (pulled) reference accuracy and that accuracy's standard error."""
+
+    estimate: Estimate
+    accuracy: float
+    se: float
+
+
+def _estimates(
+    stats: WindowStats, calibration: EstimatorCalibration, a: int, b: int, prior: DimensionPrior
+) -> tuple[dict[int, _Base], dict[int, float]]:
+    """The segment headline of every segment of ``a … b − 1`` with a prediction, and each one's excess
+    novel inputs (its weight in the reconciliation)."""
+    seg = calibration.segments
+    assert seg is not None
+    ref, formula = seg.reference, REGISTRY[SEGMENT_HEADLINE].formula
+    novel = stats.seg_novel if len(stats.seg_novel) == seg.size else [0] * seg.size
+    base: dict[int, _Base] = {}
+    weights: dict[int, float] = {}
+    for s in range(a, b):
+        n_s = stats.seg_n[s]
+        if n_s <= 0:
+            continue
+        cal = segment_calibration(calibration, s)
+        est = formula(segment_stats(stats, s), cal)
+        if est is None:
+            continue
+        se_ref = math.sqrt(cal.accuracy * (1 - cal.accuracy) / (ref.n[s] + prior.strength))
+        base[s] = _Base(est, cal.accuracy, se_ref)
+        weights[s] = n_s * _excess_novelty(novel[s] / n_s, n_s, ref.novel[s], ref.n[s], prior)
+    return base, weights
+
+
+def _dimension(
+    stats: WindowStats,
+    calibration: EstimatorCalibration,
+    d: int,
+    learnt: Estimate | None,
+    truth: tuple[Sequence[int], Sequence[int]] | None,
+) -> tuple[list[SegmentRow], DimensionDrop]:
+    """The rows of dimension ``d``'s segments and its drop (see the module docstring)."""
+    seg = calibration.segments
+    assert seg is not None
+    dim, a, b = seg.spans()[d]
+    prior, ref = seg.priors[d], seg.reference
+    n_d = sum(stats.seg_n[a:b])
+    ref_d = max(sum(ref.n[a:b]), 1)
+    base, weights = _estimates(stats, calibration, a, b, prior)
+    estimated = {s: x.estimate.value for s, x in base.items()}
+    references = {s: x.accuracy for s, x in base.items()}
+    adjusted = _reconciled(learnt, estimated, references, stats.seg_n, weights, n_d)
+    rows: list[SegmentRow] = []
+    mix = within = moved_total = 0.0
+    for s in range(a, b):
+        n_s = stats.seg_n[s]
+        p, q = (n_s / n_d if n_d else 0.0), ref.n[s] / ref_d
+        acc = (ref.correct[s] + prior.strength * prior.accuracy) / (ref.n[s] + prior.strength)
+        mix += (q - p) * acc
+        truth_n, truth_acc = _truth(truth, s)
+        name = dim.segments[s - a]
+        x = base.get(s)
+        if x is None:
+            rows.append(
+                SegmentRow(
+                    s, dim.kind, dim.name, name, n_s, p, q, acc, ref.n[s], None, 0.0, 0.0, 0.0, truth_acc, truth_n
+                )
+            )
+            continue
+        moved = adjusted.get(s, 0.0)
+        value = x.estimate.value + moved
+        loss = x.accuracy - value
+        within += p * loss
+        moved_total += p * moved
+        var_c = max(stats.seg_conf_sq[s] / n_s - (stats.seg_conf[s] / n_s) ** 2, 0.0)
+        se = math.sqrt(var_c / n_s + x.se * x.se)
+        shrunk = math.copysign(max(abs(loss) - Z95 * se, 0.0), loss)
+        estimate = _widened(x.estimate, value, x.se)
+        z = loss / se if se > 0 else 0.0
+        rows.append(
+            SegmentRow(
+                s,
+                dim.kind,
+                dim.name,
+                name,
+                n_s,
+                p,
+                q,
+                x.accuracy,
+                ref.n[s],
+                estimate,
+                moved,
+                p * shrunk,
+                z,
+                truth_acc,
+                truth_n,
+            )
+        )
+    return rows, DimensionDrop(dim.name, dim.kind, mix, within, moved_total)
 
 
 def _value(row: SegmentRow) -> float:

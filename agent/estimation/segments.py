@@ -42,11 +42,10 @@ SOURCES = ("predicted", "rule", "onehot", "bins", "values", "nearest")
 MAX_LABEL = 80
 
 
-def _lookup(table: np.ndarray, index: np.ndarray, other: int) -> np.ndarray:
-    """``table[index]``, with ``other`` for an index outside the table (a class or leaf it does not know)."""
-    idx = np.asarray(index, dtype=np.int64).reshape(-1)
-    inside = (idx >= 0) & (idx < len(table))
-    return np.where(inside, table[np.where(inside, idx, 0)], other)
+def _lookup(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``table[index]`` for non-negative indices, the table's last entry (the "other" segment, appended to
+    every lookup table) for one beyond it (a class or leaf it does not know): one ``np.take``."""
+    return np.take(table, np.asarray(index).reshape(-1), mode="clip")
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ class Dimension:
     def _arrays(self) -> _Arrays:
         k = len(self.segments)
         return _Arrays(
-            np.asarray(self.lookup, dtype=np.int64),
+            np.asarray([*self.lookup, k - 1], dtype=np.int64),  # anything beyond the table: the last segment
             np.asarray(self.edges, dtype=np.float64),
             np.asarray(self.columns, dtype=np.int64),
             np.asarray(self.weights, dtype=np.float32).reshape(-1, k),
@@ -122,9 +121,9 @@ class Dimension:
         other = len(self.segments) - 1
         arrays = self._arrays
         if self.source == "predicted":
-            return None if predicted is None else _lookup(arrays.lookup, predicted, other)
+            return None if predicted is None else _lookup(arrays.lookup, predicted)
         if self.source == "rule":
-            return None if rules is None else _lookup(arrays.lookup, rules, other)
+            return None if rules is None else _lookup(arrays.lookup, rules)
         if features is None:
             return None
         f = np.asarray(features).reshape(len(features), -1)
@@ -133,7 +132,7 @@ class Dimension:
         if self.source == "nearest":
             return np.argmax(f @ arrays.weights + arrays.bias, axis=1)
         if self.source == "onehot":
-            return _lookup(arrays.lookup, np.argmax(f[:, arrays.columns], axis=1), other)
+            return _lookup(arrays.lookup, np.argmax(f[:, arrays.columns], axis=1))
         x = f[:, self.columns[0]].astype(np.float64)
         if self.source == "bins":
             return np.searchsorted(arrays.edges, x, side="right")

@@ -283,21 +283,25 @@ class WindowStats:
     ) -> None:
         """Fill the ``seg_*`` sums of ``size`` segments from every prediction's segment number in each
         dimension, ``ids`` ``[D, N]`` (:meth:`agent.estimation.segments.Segmentation.ids`; ``size`` counts
-        nowhere) and, per prediction, whether its input is novel (:func:`novel_inputs`): five
-        ``np.bincount`` over the ``D × N`` numbers."""
-        flat = ids.ravel()
-        d = ids.shape[0] if ids.ndim == 2 else 1
-        m = size + 1
-        c = np.tile(np.asarray(confidences, dtype=np.float64).reshape(-1), d)
-        self.seg_n = np.bincount(flat, minlength=m)[:size].tolist()
-        self.seg_conf = np.bincount(flat, weights=c, minlength=m)[:size].tolist()
-        self.seg_conf_sq = np.bincount(flat, weights=c * c, minlength=m)[:size].tolist()
-        failed = np.tile(np.asarray(verdicts).reshape(-1) != 0, d)
-        self.seg_fails = np.bincount(flat[failed], minlength=m)[:size].tolist()
-        if novel is not None and len(novel) * d == len(flat):
-            self.seg_novel = np.bincount(flat[np.tile(novel, d)], minlength=m)[:size].tolist()
-        else:
-            self.seg_novel = [0] * size
+        nowhere) and, per prediction, whether its input is novel (:func:`novel_inputs`): one ``np.add.at`` of
+        five sums over the ``D × N`` numbers."""
+        c = np.asarray(confidences, dtype=np.float64).reshape(-1)
+        if not len(c):
+            self.seg_n, self.seg_fails, self.seg_novel = [0] * size, [0] * size, [0] * size
+            self.seg_conf, self.seg_conf_sq = [0.0] * size, [0.0] * size
+            return
+        ids2 = ids.reshape(-1, len(c))
+        per = np.empty((5, ids2.shape[0], len(c)))  # [count, conf, conf², failed, novel] × dimension × prediction
+        per[0] = 1.0
+        per[1] = c
+        per[2] = c * c
+        per[3] = np.asarray(verdicts).reshape(-1) != 0
+        per[4] = False if novel is None or len(novel) != len(c) else novel
+        acc = np.zeros((size + 1, 5))
+        np.add.at(acc, ids2.ravel(), per.reshape(5, -1).T)  # one pass, whatever the dimensions (size: nowhere)
+        counts = np.rint(acc[:size, (0, 3, 4)]).astype(np.int64).T.tolist()
+        self.seg_n, self.seg_fails, self.seg_novel = counts
+        self.seg_conf, self.seg_conf_sq = acc[:size, 1:3].T.tolist()
 
     def add_predictor_sums(
         self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
@@ -534,7 +538,9 @@ SEGMENT_STATS: tuple[str, ...] = ("seg_n", "seg_conf", "seg_conf_sq", "seg_fails
 INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", "class_counts", "class_conf")
 
 
-def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True) -> Iterator[tuple[str, float]]:
+def stat_items(
+    stats: WindowStats, *, classes: bool = True, inputs: bool = True, sparse_segments: bool = False
+) -> Iterator[tuple[str, float]]:
     """Every additive number of ``stats`` under a flat name: a count or sum by its field name, entry
     ``i`` of a vector as ``name:i``, a family count as ``name:family`` (zeros included, so that a
     vector's length survives the export). ``classes=False`` leaves out :data:`CLASS_STATS` (and
@@ -543,13 +549,20 @@ def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True)
     ``n_ext`` and ``n_cls`` as 0 (a reader then uses the reduced model): for bundles fitted before the
     leaves were binned, whose leaf counts would be one series per leaf. Agent-only statistics (the
     labeled sample's ``lab_*`` sums, which come from the shared store) are never exported.
+    ``sparse_segments``: the per-segment sums (:data:`SEGMENT_STATS`) only of the segments with a prediction
+    (a judged batch touches a few of them: its counters add nothing to the others, whose series then start
+    at the first batch with a prediction in them).
 
     These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
     rebuilds the statistic of all replicas (:func:`stats_from_items`)."""
+    touched = [i for i, n in enumerate(stats.seg_n) if n] if sparse_segments else None
     for name, kind in _PLAN:
         value = getattr(stats, name)
         if kind == "vector":
-            if (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
+            if touched is not None and name in SEGMENT_STATS:
+                names = _vector_names(name, len(value))
+                yield from ((names[i], value[i]) for i in touched)
+            elif (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
                 yield from zip(_vector_names(name, len(value)), value, strict=True)
         elif kind == "family":
             for fam, key in _FAMILY_NAMES[name]:

@@ -143,7 +143,12 @@ class Recorder:
             rt.name,
             rt.version,
             rt.bundle_label,
-            stat_items(stats, classes=per_class, inputs=shift is None or shift.reference.leaf_bins > 0),
+            stat_items(
+                stats,
+                classes=per_class,
+                inputs=shift is None or shift.reference.leaf_bins > 0,
+                sparse_segments=True,
+            ),
         )
         self.metrics.record_batch(
             rt.name,

@@ -84,8 +84,16 @@ class _Tally:
     def n(self) -> int:
         return 0 if self.stats is None else self.stats.n
 
-    def add(self, stats: WindowStats, verdicts: np.ndarray, wrong: np.ndarray | None) -> None:
+    def add(
+        self,
+        stats: WindowStats,
+        verdicts: np.ndarray,
+        wrong: np.ndarray | None,
+        truth: tuple[list[int], list[int]] | None = None,
+    ) -> None:
         self.stats = stats if self.stats is None else self.stats + stats
+        if truth is not None:
+            self.add_truth(truth)
         self.verdicts += np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS))
         if wrong is not None:
             failed = verdicts != 0
@@ -210,13 +218,12 @@ def check_table_report(
     labels: int = 0,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Verdicts and every estimate for a production table, read ``batch_rows`` at a time; the truth
-        and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per chunk of rows
-        (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's columns and
-        rows and one batch's bytes, not the file's length. ``labels`` > 0 reveals that many true labels, drawn
-    uniformly (seeded by ``seed``) from the whole table and, separately, from each chunk, and reports
-    the label-assisted estimate ``with_labels`` from them (prediction-powered inference, as ``check
-    --labels`` of a model bundle)."""
+    """Verdicts, every estimate and the segments for a production table, read ``batch_rows`` at a time; the
+    truth (per segment too) and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per
+    chunk of rows (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's
+    columns and rows and one batch's bytes, not the file's length. ``labels`` > 0 reveals that many true
+    labels, drawn uniformly (seeded by ``seed``) from the whole table and, separately, from each chunk, and
+    reports the label-assisted estimate ``with_labels`` from them (prediction-powered inference)."""
     if chunk_rows is not None and chunk_rows < 1:
         raise UserError("--chunk-size must be at least 1 row")
     if labels < 0:
@@ -250,19 +257,15 @@ def check_table_report(
             tdi_rules=rules,
         )
         wrong = None if part.y is None else label_indices(part.y, bundle.classes) != predicted
-        total.add(stats, verdicts, wrong)
         truth = None
-        if wrong is not None and cal.segments is not None:
-            ids = cal.segments.ids(part.x, predicted, rules, len(part))
-            truth = truth_counts(ids, cal.segments.size, ~wrong)
-            total.add_truth(truth)
+        if wrong is not None and cal.segments is not None:  # every segment's true accuracy
+            truth = truth_counts(cal.segments.ids(part.x, predicted, rules, len(part)), cal.segments.size, ~wrong)
+        total.add(stats, verdicts, wrong, truth)
         if chunk_rows is not None:
             if new_chunk:
                 revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
                 chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
-            chunks[-1].add(stats, verdicts, wrong)
-            if truth is not None:
-                chunks[-1].add_truth(truth)
+            chunks[-1].add(stats, verdicts, wrong, truth)
         if labels:
             if wrong is None:
                 raise UserError(f"{path}: --labels needs every row labeled; a batch has no labels")
