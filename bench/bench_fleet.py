@@ -3,10 +3,11 @@
 Simulates ``--replicas`` agents (default 1,000) at ``--rate`` predictions per second each (default
 100), scraped every ``--scrape`` seconds for 1 h 10 min: every replica's ``icos_window_stat_total``
 series (the statistics one agent exports for a 10-class model, with a bundle's per-input statistics
-when ``--bundle`` has a ``shift_aware`` part), one replica in twenty restarting once mid-hour (a
-counter reset). The samples are written once, as OpenMetrics for ``promtool tsdb create-blocks-from
-openmetrics`` (a real Prometheus then serves the blocks) and in Prometheus's text format for
-VictoriaMetrics's ``/api/v1/import/prometheus``: both stores hold every replica's series.
+when ``--bundle`` has a ``shift_aware`` part and its per-segment sums when it has segments), one replica
+in twenty restarting once mid-hour (a counter reset). The samples are written once, as OpenMetrics for
+``promtool tsdb create-blocks-from openmetrics`` (a real Prometheus then serves the blocks) and in
+Prometheus's text format for VictoriaMetrics's ``/api/v1/import/prometheus``: both stores hold every
+replica's series.
 
 Prints, per store, for the 5m and 1h windows of one ``FleetEvaluator.evaluate`` (every query and every
 estimator): its wall time (best of ``--repeat``), its queries, the evaluator's own CPU, and the error
@@ -40,7 +41,9 @@ import numpy as np
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.reference import InputReference
-from agent.estimation.statistics import SampleExtras, WindowStats, stat_items
+from agent.estimation.segments import Segmentation
+from agent.estimation.stat_items import stat_items
+from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.fleet.window_sums import STAT_METRIC
@@ -80,7 +83,29 @@ def _calibration(bundle: Path | None) -> tuple[EstimatorCalibration, InputRefere
     return cal, None, "synthetic calibration (no shift_aware part)"
 
 
-def _templates(ref: InputReference | None, per_scrape: int, rng: np.random.Generator, k: int = 32) -> list[list[float]]:
+def _segment_sums(stats: WindowStats, segments: Segmentation | None, rng: np.random.Generator) -> WindowStats:
+    """``stats`` with the per-segment sums of its predictions spread at random over the bundle's segments."""
+    if segments is None:
+        return stats
+    n = stats.n
+    ids = np.stack(
+        [
+            off + rng.integers(0, len(d.segments), n)
+            for d, off in zip(segments.dimensions, segments.offsets, strict=True)
+        ]
+    )
+    conf = np.full(n, stats.conf_sum / n if n else 0.0)
+    stats.add_segment_sums(ids, segments.size, conf, np.zeros(n, np.int8), rng.random(n) < 0.01)
+    return stats
+
+
+def _templates(
+    ref: InputReference | None,
+    per_scrape: int,
+    rng: np.random.Generator,
+    segments: Segmentation | None = None,
+    k: int = 32,
+) -> list[list[float]]:
     """``k`` statistics of one scrape interval's predictions, as flat values in :func:`stat_items` order."""
     out = []
     for _ in range(k):
@@ -97,20 +122,27 @@ def _templates(ref: InputReference | None, per_scrape: int, rng: np.random.Gener
             )
         conf = np.clip(rng.beta(20, 1.5, n), 0, 1)
         verdicts = np.where(rng.random(n) < 0.08, rng.integers(1, 4, n), 0)
-        s = WindowStats.of_samples(verdicts, conf, 0.7, extras, ref)
+        s = _segment_sums(WindowStats.of_samples(verdicts, conf, 0.7, extras, ref), segments, rng)
         out.append([v for _, v in stat_items(s)])
     return out
 
 
 def _write_series(
-    om: Path, text: Path, replicas: int, scrape: int, end: int, ref: InputReference | None, rate: float
+    om: Path,
+    text: Path,
+    replicas: int,
+    scrape: int,
+    end: int,
+    ref: InputReference | None,
+    rate: float,
+    segments: Segmentation | None = None,
 ) -> dict[str, float]:
     """The simulated series, as OpenMetrics (``om``, seconds: promtool's input) and Prometheus's text
     format (``text``, milliseconds: VictoriaMetrics's import); returns the true prediction count of
     each window ending at the evaluation time."""
     rng = np.random.default_rng(1)
-    templates = _templates(ref, int(rate * scrape), rng)
-    names = [k for k, _ in stat_items(_sample_stats(ref))]
+    templates = _templates(ref, int(rate * scrape), rng, segments)
+    names = [k for k, _ in stat_items(_sample_stats(ref, segments))]
     steps = SPAN // scrape
     times = end - scrape * np.arange(steps, -1, -1)
     stamps_s = [str(int(t)) for t in times]
@@ -145,10 +177,10 @@ def _evaluation_time(end: int, scrape: int) -> float:
     return end - 0.4 * scrape
 
 
-def _sample_stats(ref: InputReference | None) -> WindowStats:
+def _sample_stats(ref: InputReference | None, segments: Segmentation | None = None) -> WindowStats:
     rng = np.random.default_rng(2)
     if ref is None:
-        return WindowStats.of_samples(np.zeros(4), np.ones(4), 0.7)
+        return _segment_sums(WindowStats.of_samples(np.zeros(4), np.ones(4), 0.7), segments, rng)
     extras = SampleExtras(
         rng.random(4),
         rng.integers(0, ref.n_rules, 4),
@@ -157,7 +189,7 @@ def _sample_stats(ref: InputReference | None) -> WindowStats:
         rng.random(4),
         rng.integers(0, 10, 4),
     )
-    return WindowStats.of_samples(np.zeros(4), np.ones(4), 0.7, extras, ref)
+    return _segment_sums(WindowStats.of_samples(np.zeros(4), np.ones(4), 0.7, extras, ref), segments, rng)
 
 
 @contextlib.contextmanager
@@ -229,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         end = int(time.time()) // 60 * 60 - 120
         t0 = time.perf_counter()
         om, text = root / "series.om", root / "series.prom"
-        truth = _write_series(om, text, args.replicas, args.scrape, end, ref, args.rate)
-        series = args.replicas * len(list(stat_items(_sample_stats(ref))))
+        truth = _write_series(om, text, args.replicas, args.scrape, end, ref, args.rate, cal.segments)
+        series = args.replicas * len(list(stat_items(_sample_stats(ref, cal.segments))))
         print(
             f"{args.replicas} replicas, {series} series, {om.stat().st_size / 1e6:.0f} MB of OpenMetrics "
             f"({time.perf_counter() - t0:.0f} s); estimators with a {what}",

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from agent.estimation.statistics import WindowStats, stat_items
+from agent.estimation.stat_items import stat_items
+from agent.estimation.statistics import WindowStats
 
 #: What each hostile mode sends instead of the end-of-window answer.
 CASES: dict[str, str] = {

@@ -14,6 +14,10 @@
 * ``icos_fleet_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE)
   precision, recall and F1 per predicted class of all replicas' predictions (classes ``_macro`` and
   ``_weighted``: their means), from the per-class sums the replicas export up to their class cap;
+* ``icos_fleet_segment_estimated_accuracy_ratio``, ``icos_fleet_segment_share_ratio``,
+  ``icos_fleet_segment_contribution_ratio{model,version,window,kind,segment}`` and
+  ``icos_fleet_segment_reference_accuracy_ratio{model,version,kind,segment}`` — every segment of all
+  replicas' windows (as an agent's ``icos_segment_*``), from the per-segment sums they export;
 * ``icos_fleet_last_success_timestamp_seconds{model}``, ``icos_fleet_refresh_duration_seconds{model}``,
   ``icos_fleet_stale{model}`` (1 when the estimates are older than the stale limit: Prometheus
   unreachable, failing or answering what the evaluator refuses), ``icos_fleet_restarted_replicas{model}``;
@@ -36,6 +40,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporters.prometheus import EstimatePoint, SnapshotCollector, class_metric_rows, flag_family, headline_families
+from exporters.segment_metrics import SegmentPoint, segment_families
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class FleetVersion:
     classes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: per window, whether the flag "this number may be wrong" is raised and its main reason
     flags: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
+    #: every window's segments
+    segments: Sequence[SegmentPoint] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,8 @@ class FleetCollector(SnapshotCollector[FleetSnapshot]):
         yield from (value, lower, upper, samples, replicas, per_class, flagged)
         rows = [([snap.model, v.version], e) for v in snap.versions for e in v.headline]
         yield from headline_families("icos_fleet_", rows, "of the whole fleet")
+        seg_rows = [([snap.model, v.version], p) for v in snap.versions for p in v.segments]
+        yield from segment_families("icos_fleet_", seg_rows, "in the whole fleet's window")
         mismatch = GaugeMetricFamily(
             "icos_fleet_bundle_mismatch",
             "1 for a model version left out: its replicas export statistics of several bundles (mixed) or "

@@ -31,6 +31,11 @@ Metric names (labels):
 * ``icos_estimated_class_metric{model,version,window,class,metric}`` — label-free (CBPE) precision,
   recall and F1 per class of every window (per class only up to the class cap; ``_macro`` and
   ``_weighted`` always, except in the count window, which has none above the cap).
+* ``icos_segment_estimated_accuracy_ratio``, ``icos_segment_share_ratio`` and
+  ``icos_segment_contribution_ratio{model,version,window,kind,segment}``, and
+  ``icos_segment_reference_accuracy_ratio{model,version,kind,segment}`` — where a window's drop is: every
+  segment fixed at fit (at most ``fit --max-segments``, 64 by default), its estimated accuracy, share and
+  contribution to the drop (docs/diagnosis.md); none for bundles without segments.
 * ``icos_oracle_tpr_ratio`` / ``icos_oracle_fpr_ratio{model,version}`` and
   ``icos_oracle_calibration_samples{model,version,truth}`` (``wrong``/``right``), so that the
   corrected estimate can be recomputed across replicas.
@@ -42,8 +47,8 @@ Metric names (labels):
   bounds (``limit_concurrency``, ``header_timeout``, ``max_head_bytes``).
 * ``icos_model_info{model,version,sha256}`` — constant 1.
 * ``icos_window_stat_total{model,version,bundle,stat}`` — the additive window statistics every
-  estimator reads (counts and sums, one ``stat`` per number: about 80 series per model), summed over
-  replicas by the fleet evaluator (``mode: fleet``).
+  estimator reads (counts and sums, one ``stat`` per number: about 80 series per model, plus five per
+  segment), summed over replicas by the fleet evaluator (``mode: fleet``).
 
 No NaN or infinity reaches ``/metrics``: the scrape-time collectors leave a non-finite sample out.
 * ``icos_state_write_failures_total``, ``icos_state_writable`` (1/0) and
@@ -64,6 +69,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporters.segment_metrics import SegmentPoint, segment_families
 from invariants.oracle import FAMILIES, Verdict
 
 #: ``(verdict, invariant)`` label values of every :class:`~invariants.oracle.Verdict`, indexed by code.
@@ -122,6 +128,8 @@ class Snapshot:
     headline: Sequence[EstimatePoint] = ()
     #: accuracy on the bundle's calibration split
     reference_accuracy: float | None = None
+    #: every window's segments (none without segments in the bundle)
+    segments: Sequence[SegmentPoint] = ()
 
 
 S = TypeVar("S")
@@ -296,6 +304,7 @@ class EstimatesCollector(SnapshotCollector[Snapshot]):
         yield lower
         yield upper
         yield from headline_families("icos_", [(mv, e) for e in snap.headline], "of this agent's window")
+        yield from segment_families("icos_", [(mv, p) for p in snap.segments], "in this agent's window")
         yield samples
         yield fail
         yield trust

@@ -7,8 +7,10 @@ Files (DESIGN.md, "Invariant bundle"):
   :class:`~invariants.fit_params.FitParams` that apply to the bundle's source, by name, and the
   fit's counts; read back as a plain mapping, so a bundle that records fewer fields, as older ones
   do, loads the same), ``calibration`` (the oracle's TPR/FPR with counts),
-  ``estimator_calibration`` (free numbers from the caller), ``files`` (sha256 of every other
-  file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own canonical JSON
+  ``estimator_calibration`` (free numbers from the caller: the agent keeps there the estimators'
+  calibration and, each an optional part with its own format tag that a reader of another version
+  ignores, ``shift_aware``'s models, the headline's evidence and the segments fixed at fit), ``files``
+  (sha256 of every other file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own canonical JSON
   without that key, so an edited manifest is refused as well);
   Optional keys, written only when set (older bundles stay byte-identical): ``table`` (a bundle
   fitted from a table of features and predicted probabilities rather than an ONNX model:

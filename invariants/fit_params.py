@@ -182,6 +182,18 @@ class FitParams:
     colon), ``hashed`` hashes text and token ids into bags. ``None`` chooses from the model's inputs: raw
     for small numeric inputs, the embedding for large images, text and tokens where the graph has one."""
 
+    # -- segments: where a drop is --------------------------------------------------------------
+    max_segments: int = knob(
+        64, "at most this many segments in all (predicted class, table columns, TDI rules, regions); 0: none"
+    )
+    """Every window is also reported cut into segments fixed at ``fit`` (docs/diagnosis.md): the predicted
+    class, each categorical column's values and each numeric column's quantile bins (table views), the
+    selected TDI rule a prediction falls under, and regions of the view (images, text, embeddings). Every
+    segment costs each window a few sums and each replica a few exported series (docs/scaling.md), so
+    their number is bounded here; kinds past the bound keep fewer segments (the most frequent) or are left
+    out. 64 bounds what the segments add to a replica's window statistics at 320 series (five sums per
+    segment), and keeps a table of a dozen columns whole."""
+
     def __post_init__(self) -> None:
         if self.features is not None and self.features.partition(":")[0] not in (
             "raw",
@@ -202,6 +214,7 @@ class FitParams:
         self._check("decision_threshold", float, 0.0, 1.0, optional=True)
         self._check("train_fraction", float, 0.0, 1.0)
         self._check("shift_sets", int, 1, optional=True)
+        self._check("max_segments", int, 0)
 
     def _check(
         self, name: str, kind: type, low: float, high: float = 0.0, *, closed: bool = False, optional: bool = False
@@ -348,6 +361,7 @@ class CalibrationPlan:
     """Quantile of the model error per disagreement-rate bin: the 95% interval of the difference then
     holds on more than 95% of held-out windows (at 0.95 it called the wrong version better on 1% of
     windows, at 0.99 on 0.3%: python -m bench.bench_challenger)."""
+
     # -- the flag "this number may be wrong" ----------------------------------------------------------------
     flag_corruption_windows: int = 140
     """Windows of the corruptions a refit of ``shift_aware`` left out, per refit: the shifts the flag learns
@@ -364,6 +378,39 @@ class CalibrationPlan:
     flag_window_size: tuple[int, int] = (300, 1600)
     """Smallest and largest window the flag is fitted on (a fold's rows at most, for a bundle without
     ``shift_aware``)."""
+
+    # -- segments (``fit --max-segments`` bounds them all) -----------------------------------------------
+    segment_classes: int = 12
+    """Predicted classes that are segments of their own (the most frequent on the validation data); the
+    others form one segment. Twelve keep every class of most models and a dashboard panel readable."""
+
+    segment_rules: int = 8
+    """Selected TDI rules that are segments of their own (those of most training support); the other
+    selected rules form one segment, the predictions under no selected rule another."""
+
+    segment_regions: int = 8
+    """Regions (k-means centres) of an image, text or embedding view: few enough that each holds a few
+    hundred validation predictions, so that its reference accuracy means something."""
+
+    segment_region_rows: int = 4000
+    """Training rows the regions are clustered on (a sample of larger sets)."""
+
+    segment_columns: int = 8
+    """Table columns cut into segments (the most class-informative first, while the bound allows)."""
+
+    segment_values: int = 8
+    """Segments of a categorical column: its most frequent values one by one, the rarer ones together and
+    the values never seen at fit together."""
+
+    segment_bins: int = 4
+    """Quantile bins of a numeric column (quartiles of the training values)."""
+
+    segment_discrete: int = 8
+    """A numeric column with at most this many distinct training values is read as categorical (codes,
+    counts, flags), its values as segments."""
+
+    segment_min_rows: int = 50
+    """Fewest training rows per region: fewer training rows give fewer regions."""
 
     def sets_for(self, corruptions: int) -> int:
         """Corrupted copies when ``fit --shift-sets`` does not say: :attr:`sets_per_corruption` per

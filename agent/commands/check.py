@@ -126,6 +126,37 @@ def format_trust(report: dict[str, object]) -> list[str]:
     return lines
 
 
+#: Segments ``check`` names in words (``--json`` lists them all).
+SEGMENTS_SHOWN = 3
+
+
+def format_segments(report: dict[str, object]) -> list[str]:
+    """Where the drop is, in words: the segments that lost the most accuracy beyond noise (their share now
+    and at reference, the estimate against the reference, the truth when known), and the changes of mix."""
+    rows = report.get("segments")
+    drop = report.get("segment_drop")
+    if not isinstance(rows, list) or not isinstance(drop, dict):
+        return []
+    lost = [r for r in rows if r["contribution"] > 0][:SEGMENTS_SHOWN]
+    if not lost:
+        lines = ["where the drop is: no segment lost accuracy beyond noise against its reference"]
+    else:
+        lines = [f"where the drop is (segments by accuracy lost, {drop['estimator']} per segment):"]
+    for r in lost:
+        e = r["estimate"]
+        truth = f", true {r['truth_accuracy']:.3f}" if "truth_accuracy" in r else ""
+        lines.append(
+            f"  {r['name']}: {r['share']:.0%} of predictions (reference {r['reference_share']:.0%}), estimated "
+            f"{e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}] against {r['reference_accuracy']:.3f} at "
+            f"reference{truth}: {r['contribution']:.3f} of the accuracy"
+        )
+    moved = [(name, d["mix"]) for name, d in drop["dimensions"].items() if abs(d["mix"]) >= 0.01]
+    for name, mix in moved:
+        way = "costs" if mix > 0 else "gains"
+        lines.append(f"  the change of mix of {name} alone {way} {abs(mix):.3f} of the accuracy")
+    return lines
+
+
 def format_report(report: dict[str, object]) -> str:
     lines = [f"{report['n']} predictions judged"]
     verdicts = report["verdicts"]
@@ -181,6 +212,7 @@ def format_report(report: dict[str, object]) -> str:
             f"warning: the bundle's calibration split held only {calibration['n_wrong']} wrong predictions; "
             "estimates near clean data rest on raw confidence"
         )
+    lines.extend(format_segments(report))
     lines.append("* headline estimator")
     lines.extend(format_chunks(report))
     lines.extend(format_challenger(report.get("challenger")))

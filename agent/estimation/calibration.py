@@ -18,6 +18,7 @@ from agent.estimation.evidence import HeadlineEvidence
 from agent.estimation.flag import FlagModel, flag_or_none
 from agent.estimation.layout import MEAN_CONFIDENCE
 from agent.estimation.reference import InputReference
+from agent.estimation.segments import Segmentation, segmentation_or_none
 from agent.estimation.tree_ensemble import TreeEnsemble
 from agent.estimation.trust import MIN_CALIBRATION_ERRORS, TrustModel, confidence_offsets
 
@@ -121,6 +122,8 @@ class EstimatorCalibration:
     before it: the raw confidence stands in, :attr:`predictor` says which).
     ``flag``: the model of the flag "this number may be wrong" (:mod:`agent.estimation.flag`; None in
     bundles fitted before it: the trust distance alone says whether a window is calibrated).
+    ``segments``: the segments fixed at fit and their reference (:mod:`agent.estimation.segments`; None in
+    bundles fitted before them: windows then report no segments).
     """
 
     tpr: float
@@ -135,6 +138,7 @@ class EstimatorCalibration:
     headline: HeadlineEvidence | None = None
     correctness: CorrectnessModel | None = None
     flag: FlagModel | None = None
+    segments: Segmentation | None = None
 
     @property
     def n(self) -> int:
@@ -171,6 +175,8 @@ class EstimatorCalibration:
             d["headline"] = self.headline.to_dict()
         if self.flag is not None:
             d["flag"] = self.flag.to_dict()
+        if self.segments is not None:
+            d["segments"] = self.segments.to_dict()
         return d
 
     def with_shift(self, shift: ShiftCalibration | None) -> EstimatorCalibration:
@@ -184,6 +190,10 @@ class EstimatorCalibration:
     def with_flag(self, flag: FlagModel | None) -> EstimatorCalibration:
         """A copy carrying the flag's model."""
         return replace(self, flag=flag)
+
+    def with_segments(self, segments: Segmentation | None) -> EstimatorCalibration:
+        """A copy carrying the segments fixed at fit."""
+        return replace(self, segments=segments)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> EstimatorCalibration:
@@ -200,6 +210,7 @@ class EstimatorCalibration:
             headline=_evidence_or_none(d.get("headline")),
             correctness=correctness_or_none(d.get("correctness")),
             flag=flag_or_none(d.get("flag")),
+            segments=segmentation_or_none(d.get("segments")),
         )
 
     @classmethod

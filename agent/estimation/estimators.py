@@ -111,6 +111,9 @@ class EstimatorSpec:
     #: it is calibrated on the labeled calibration split (offsets, thresholds, rates, regressions): its
     #: interval is never narrower than what the split can tell of the accuracy (:func:`split_floored`)
     split_calibrated: bool = False
+    #: it reads only the sums a window keeps per segment (count, fails, confidence sums), so it estimates a
+    #: segment with the segment's own reference as its calibration (:mod:`agent.estimation.segment_table`)
+    on_segments: bool = False
 
 
 #: Every estimator's spec by name, in registration order (the one place an estimator is added).
@@ -149,6 +152,7 @@ def register_estimator(
     headline: bool | None = None,
     default_rank: int | None = None,
     split_calibrated: bool = False,
+    on_segments: bool = False,
 ) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator's :class:`EstimatorSpec` to :data:`REGISTRY` under ``name`` (a name is
     taken once); the keywords are the spec's fields. ``headline``: by default every estimator that needs
@@ -159,7 +163,16 @@ def register_estimator(
             raise ValueError(f"estimator {name!r} is already registered")
         may_lead = not needs_labels if headline is None else headline
         REGISTRY[name] = EstimatorSpec(
-            name, fn, needs_labels, needs_oracle, needs_model, fallback, may_lead, default_rank, split_calibrated
+            name,
+            fn,
+            needs_labels,
+            needs_oracle,
+            needs_model,
+            fallback,
+            may_lead,
+            default_rank,
+            split_calibrated,
+            on_segments,
         )
         return fn
 
@@ -269,7 +282,7 @@ def split_floored(e: Estimate, calibration: EstimatorCalibration) -> Estimate:
     return replace(e, lower=clip01(lower), upper=clip01(upper))
 
 
-@register_estimator("icos", needs_oracle=True)
+@register_estimator("icos", needs_oracle=True, on_segments=True)
 def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     n = stats.n
     passes = n - stats.fails
@@ -277,12 +290,12 @@ def _icos(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(passes / n, lo, hi, n)
 
 
-@register_estimator("icos_corrected", needs_oracle=True, split_calibrated=True)
+@register_estimator("icos_corrected", needs_oracle=True, split_calibrated=True, on_segments=True)
 def _icos_corrected(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return rogan_gladen(stats.fails / stats.n, stats.n, calibration)
 
 
-@register_estimator("avg_conf")
+@register_estimator("avg_conf", on_segments=True)
 def _avg_conf(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     return Estimate(clip01(mean), clip01(mlo), clip01(mhi), stats.n)
@@ -308,7 +321,7 @@ def _atc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     return Estimate(stats.atc_above / n, lo, hi, n)
 
 
-@register_estimator("doc", split_calibrated=True)
+@register_estimator("doc", split_calibrated=True, on_segments=True)
 def _doc(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate:
     mean, mlo, mhi = _mean_interval(stats)
     shift = calibration.accuracy - calibration.avg_conf

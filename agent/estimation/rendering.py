@@ -35,10 +35,12 @@ from agent.estimation.intervals import Estimate
 from agent.estimation.pair_calibration import PairCalibration
 from agent.estimation.paired import Difference, PairSums, best_of, differences
 from agent.estimation.reliability import unreliable
+from agent.estimation.segment_table import SegmentTable, segment_table
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
 from exporters.challenger_metrics import PairedPoint
 from exporters.prometheus import EstimatePoint, WindowPoint
+from exporters.segment_metrics import SegmentPoint
 
 #: Decimals of an estimate in the documents served over HTTP (a person reads them; the metrics and
 #: ``check --json`` keep every digit).
@@ -107,6 +109,8 @@ class WindowEntry:
     headline: tuple[str, Estimate] | None
     #: the flag on the window (None: an empty window, or a bundle with neither a flag nor a trust model)
     assessment: Assessment | None = None
+    #: the window's segments ranked by their contribution to its drop (None: the bundle has none)
+    segments: SegmentTable | None = None
 
     @property
     def stats(self) -> WindowStats:
@@ -136,8 +140,16 @@ class WindowEntry:
             out["trust"] = trust_json(self.assessment)
         if self.classes is not None:
             out["classes"] = {"estimated": self.classes}
+        if self.segments is not None:
+            out.update(segments_json(self.segments))
         out.update(sections or {})
         return out
+
+
+def segments_json(table: SegmentTable, *, decimals: int | None = DECIMALS) -> dict[str, Any]:
+    """A window's ``segments`` (ranked by contribution, largest first) and ``segment_drop`` (each dimension's
+    mix and within parts, :mod:`agent.estimation.segment_table`)."""
+    return {"segments": table.rows_json(decimals), "segment_drop": table.drop_json(decimals)}
 
 
 def window_entry(
@@ -165,7 +177,8 @@ def window_entry(
     assessment = assess(window, head, calibration)
     if assessment is not None:
         head = assessment.headline
-    return WindowEntry(name, window, figures, head, assessment)
+    segments = segment_table(stats, calibration, window.estimates)
+    return WindowEntry(name, window, figures, head, assessment, segments)
 
 
 def bundle_json(headline: str, calibration: EstimatorCalibration) -> dict[str, Any]:
@@ -187,16 +200,38 @@ class SnapshotPoints:
     estimates: list[EstimatePoint]
     headline: list[EstimatePoint]
     windows: list[WindowPoint]
+    segments: list[SegmentPoint]
 
 
 def _point(estimator: str, window: str, e: Estimate) -> EstimatePoint:
     return EstimatePoint(estimator, window, e.value, e.lower, e.upper, e.n)
 
 
+def segment_points(entry: WindowEntry) -> list[SegmentPoint]:
+    """The window's segments as the ``*_segment_*`` metrics export them (segments without a prediction in
+    the window: their share only)."""
+    if entry.segments is None:
+        return []
+    return [
+        SegmentPoint(
+            entry.name,
+            row.kind,
+            row.label,
+            row.share,
+            row.contribution,
+            row.estimate.value if row.estimate is not None else None,
+            row.reference_accuracy,
+        )
+        for row in entry.segments.rows
+    ]
+
+
 def snapshot_points(entries: Iterable[WindowEntry]) -> SnapshotPoints:
-    """Every estimate, every headline and every window's counts, trust distance, flag and per-class figures."""
-    out = SnapshotPoints([], [], [])
+    """Every estimate, every headline, every window's counts, trust distance, flag and per-class figures,
+    and every segment's figures."""
+    out = SnapshotPoints([], [], [], [])
     for entry in entries:
+        out.segments.extend(segment_points(entry))
         trust = entry.trust
         stats = entry.stats
         a = entry.assessment

@@ -9,9 +9,8 @@ column codec, as stored with every prediction.
 
 from __future__ import annotations
 
-import functools
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any
 
@@ -21,6 +20,7 @@ from agent.estimation.active import weighted_sums
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CELLS, N_PCA_BINS, cell_counts, clip_index
 from agent.estimation.reference import InputReference
+from agent.estimation.segments import segment_ids
 from invariants.oracle import FAMILIES, Verdict
 
 
@@ -84,6 +84,17 @@ class SampleExtras:
 
 
 _EXTRA_ARRAYS = ("margin", "rules", "agree", "covered", "pca_error")
+
+
+def novel_inputs(calibration: EstimatorCalibration, extras: SampleExtras | None) -> np.ndarray | None:
+    """Per prediction, whether its input is *novel*: its PCA reconstruction error above the clean calibration
+    split's 99% quantile (the last of the reference's :data:`~agent.estimation.layout.PCA_QUANTILES`), as
+    one input in a hundred is on data like the reference; None without a ``shift_aware`` reference. A count
+    of them per segment is binomial, whatever the error's heavy tail."""
+    shift = calibration.shift
+    if shift is None or extras is None or not shift.reference.pca_edges:
+        return None
+    return np.asarray(extras.pca_error) > shift.reference.pca_edges[-1]
 
 
 def sample_extras(
@@ -216,6 +227,15 @@ class WindowStats:
     lab_ipw_vy_sum: float = field(default=0.0, metadata=_agent_only())
     lab_ipw_vyf_sum: float = field(default=0.0, metadata=_agent_only())
     lab_ipw_vff_sum: float = field(default=0.0, metadata=_agent_only())
+    #: Per segment of the bundle's segmentation (:mod:`agent.estimation.segments`, numbered across its
+    #: dimensions; empty without segments): predictions, their confidence sum and sum of squares, the
+    #: oracle's failures and the novel inputs (:func:`novel_inputs`; zeros without a ``shift_aware``
+    #: reference). Every prediction counts once in every dimension (:meth:`add_segment_sums`).
+    seg_n: list[int] = field(default_factory=list)
+    seg_conf: list[float] = field(default_factory=list)
+    seg_conf_sq: list[float] = field(default_factory=list)
+    seg_fails: list[int] = field(default_factory=list)
+    seg_novel: list[int] = field(default_factory=list)
 
     @classmethod
     def from_batch(
@@ -245,7 +265,42 @@ class WindowStats:
         if probabilities is not None:
             out.add_class_sums(probabilities, labels)
         out.add_predictor_sums(calibration, confidences, verdicts)
+        seg = calibration.segments
+        if seg is not None:
+            ids = segment_ids(seg, features, labels, tdi_rules, out.n)
+            assert ids is not None
+            out.add_segment_sums(ids, seg.size, confidences, verdicts, novel_inputs(calibration, extras))
         return out
+
+    def add_segment_sums(
+        self,
+        ids: np.ndarray,
+        size: int,
+        confidences: np.ndarray,
+        verdicts: np.ndarray,
+        novel: np.ndarray | None = None,
+    ) -> None:
+        """Fill the ``seg_*`` sums of ``size`` segments from every prediction's segment number in each
+        dimension, ``ids`` ``[D, N]`` (:meth:`agent.estimation.segments.Segmentation.ids`; ``size`` counts
+        nowhere) and, per prediction, whether its input is novel (:func:`novel_inputs`): one ``np.add.at`` of
+        five sums over the ``D × N`` numbers."""
+        c = np.asarray(confidences, dtype=np.float64).reshape(-1)
+        if not len(c):
+            self.seg_n, self.seg_fails, self.seg_novel = [0] * size, [0] * size, [0] * size
+            self.seg_conf, self.seg_conf_sq = [0.0] * size, [0.0] * size
+            return
+        ids2 = ids.reshape(-1, len(c))
+        per = np.empty((5, ids2.shape[0], len(c)))  # [count, conf, conf², failed, novel] × dimension × prediction
+        per[0] = 1.0
+        per[1] = c
+        per[2] = c * c
+        per[3] = np.asarray(verdicts).reshape(-1) != 0
+        per[4] = False if novel is None or len(novel) != len(c) else novel
+        acc = np.zeros((size + 1, 5))
+        np.add.at(acc, ids2.ravel(), per.reshape(5, -1).T)  # one pass, whatever the dimensions (size: nowhere)
+        counts = np.rint(acc[:size, (0, 3, 4)]).astype(np.int64).T.tolist()
+        self.seg_n, self.seg_fails, self.seg_novel = counts
+        self.seg_conf, self.seg_conf_sq = acc[:size, 1:3].T.tolist()
 
     def add_predictor_sums(
         self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
@@ -385,8 +440,8 @@ class WindowStats:
                 vec = getattr(self, name)
                 if len(vec) < len(add):
                     vec.extend([0.0] * (len(add) - len(vec)))
-                for i, x in enumerate(add):
-                    vec[i] += x
+                for i in itertools.compress(range(len(add)), add):  # the non-zero entries
+                    vec[i] += add[i]
             elif kind == _FAMILY_KIND:
                 mine = getattr(self, name)
                 setattr(self, name, {k: mine.get(k, 0) + add.get(k, 0) for k in FAMILIES})
@@ -441,17 +496,6 @@ if _unknown:
     raise TypeError(f"WindowStats fields of a kind without arithmetic: {sorted(map(str, _unknown))}")
 
 
-#: (field, "vector" | "family" | "scalar") of every exported field, in declaration order (:func:`stat_items`).
-_PLAN: tuple[tuple[str, str], ...] = tuple(
-    (f.name, "vector" if str(f.type) in _VECTOR_ZERO else "family" if str(f.type) == _FAMILY_KIND else "scalar")
-    for f in _FIELDS
-    if not f.metadata.get("agent_only")
-)
-_FAMILY_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
-    name: tuple((fam, f"{name}:{fam}") for fam in FAMILIES) for name, kind in _PLAN if kind == "family"
-}
-
-
 #: the ``lab_ipw_*`` fields in the order of :func:`agent.estimation.active.weighted_sums`
 _IPW_FIELDS = (
     "lab_ipw_n",
@@ -470,69 +514,3 @@ _IPW_FIELDS = (
 def _default(f: Field[Any]) -> Any:
     """The empty value of a field (its default or the result of its default factory)."""
     return f.default_factory() if callable(f.default_factory) else f.default
-
-
-#: CBPE's per-class sums (filled only up to the class cap).
-CBPE_STATS: tuple[str, ...] = ("cbpe_predicted", "cbpe_true_positive", "cbpe_support")
-#: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
-CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf", *CBPE_STATS)
-#: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
-INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", "class_counts", "class_conf")
-
-
-def stat_items(stats: WindowStats, *, classes: bool = True, inputs: bool = True) -> Iterator[tuple[str, float]]:
-    """Every additive number of ``stats`` under a flat name: a count or sum by its field name, entry
-    ``i`` of a vector as ``name:i``, a family count as ``name:family`` (zeros included, so that a
-    vector's length survives the export). ``classes=False`` leaves out :data:`CLASS_STATS` (and
-    reports ``n_cls`` as 0, so that a reader falls back to the model without class features);
-    ``inputs=False`` leaves out the vectors of the per-sample inputs (:data:`INPUT_STATS`) and reports
-    ``n_ext`` and ``n_cls`` as 0 (a reader then uses the reduced model): for bundles fitted before the
-    leaves were binned, whose leaf counts would be one series per leaf. Agent-only statistics (the
-    labeled sample's ``lab_*`` sums, which come from the shared store) are never exported.
-
-    These names are the ``stat`` label of ``icos_window_stat_total``, from which the fleet evaluator
-    rebuilds the statistic of all replicas (:func:`stats_from_items`)."""
-    for name, kind in _PLAN:
-        value = getattr(stats, name)
-        if kind == "vector":
-            if (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
-                yield from zip(_vector_names(name, len(value)), value, strict=True)
-        elif kind == "family":
-            for fam, key in _FAMILY_NAMES[name]:
-                yield key, value.get(fam, 0)
-        elif (name == "n_cls" and not (classes and inputs)) or (name == "n_ext" and not inputs):
-            yield name, 0
-        else:
-            yield name, value
-
-
-@functools.lru_cache(maxsize=64)
-def _vector_names(name: str, size: int) -> tuple[str, ...]:
-    """``name:0`` … ``name:<size − 1>`` (built once per length: :func:`stat_items` is on the judging path)."""
-    return tuple(f"{name}:{i}" for i in range(size))
-
-
-def stats_from_items(items: Mapping[str, float]) -> WindowStats:
-    """The inverse of :func:`stat_items` (unknown names are ignored; counts are rounded to integers,
-    since a sum of counter differences is exact only up to float rounding)."""
-    out = WindowStats()
-    by_name = {f.name: f for f in _FIELDS}
-    for key, raw in items.items():
-        name, _, index = key.partition(":")
-        f = by_name.get(name)
-        if f is None:
-            continue
-        kind = str(f.type)
-        if kind in _VECTOR_ZERO:
-            if not index.isdigit():
-                continue
-            i = int(index)
-            vec = getattr(out, name)
-            vec.extend([_VECTOR_ZERO[kind]] * (i + 1 - len(vec)))
-            vec[i] = round(raw) if kind == "list[int]" else float(raw)
-        elif kind == _FAMILY_KIND:
-            if index in FAMILIES:
-                getattr(out, name)[index] = round(raw)
-        elif not index:
-            setattr(out, name, round(raw) if kind == "int" else float(raw))
-    return out

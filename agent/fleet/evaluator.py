@@ -366,7 +366,16 @@ class FleetEvaluator:
                     w.window: (w.flagged, w.flag_reason or "none") for w in points.windows if w.flagged is not None
                 }
                 versions.append(
-                    FleetVersion(version, points.estimates, samples, dict(vw.replicas), points.headline, classes, flags)
+                    FleetVersion(
+                        version,
+                        points.estimates,
+                        samples,
+                        dict(vw.replicas),
+                        points.headline,
+                        classes,
+                        flags,
+                        points.segments,
+                    )
                 )
         return FleetSnapshot(
             model=self.model,

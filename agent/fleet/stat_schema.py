@@ -23,7 +23,9 @@ from dataclasses import dataclass, fields
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CONF_BINS
 from agent.estimation.reference import InputReference
-from agent.estimation.statistics import WindowStats, stat_items, stats_from_items
+from agent.estimation.segments import Segmentation
+from agent.estimation.stat_items import stat_items, stats_from_items
+from agent.estimation.statistics import WindowStats
 from agent.fleet.prometheus_api import RefreshError, printable
 from invariants.oracle import Verdict
 
@@ -60,20 +62,28 @@ class StatSchema:
     #: whether the replicas export per-input statistics (``n_ext`` then counts the samples behind
     #: ``margin_sum``, ``tdi_agree`` …; bundles fitted before the leaf bins export it as 0)
     inputs: bool
+    #: the segments of every dimension as ``(start, end)`` global numbers (a prediction counts once in each)
+    segment_spans: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of_bundle(cls, calibration: EstimatorCalibration, n_classes: int | None = None) -> StatSchema:
         """The names replicas judging with ``calibration`` export (``n_classes``: the model's classes,
         for the per-class sums of bundles without an input reference)."""
-        return cls.of_reference(calibration.shift.reference if calibration.shift is not None else None, n_classes)
+        ref = calibration.shift.reference if calibration.shift is not None else None
+        return cls.of_reference(ref, n_classes, calibration.segments)
 
     @classmethod
-    def of_reference(cls, ref: InputReference | None, n_classes: int | None = None) -> StatSchema:
+    def of_reference(
+        cls, ref: InputReference | None, n_classes: int | None = None, segments: Segmentation | None = None
+    ) -> StatSchema:
         """The names replicas export whose bundle's input reference is ``ref`` (None: no
-        ``shift_aware`` part; see :func:`stat_items`) and whose model has ``n_classes`` classes (None:
-        the reference's)."""
+        ``shift_aware`` part; see :func:`stat_items`), whose model has ``n_classes`` classes (None:
+        the reference's) and whose bundle has ``segments``."""
         inputs = ref is None or ref.leaf_bins > 0
         full = WindowStats()
+        size = segments.size if segments is not None else 0
+        full.seg_n, full.seg_fails, full.seg_novel = [0] * size, [0] * size, [0] * size
+        full.seg_conf, full.seg_conf_sq = [0.0] * size, [0.0] * size
         k = n_classes if n_classes is not None else ref.n_classes if ref is not None else 0
         full.cbpe_predicted = [0] * k
         full.cbpe_true_positive = full.cbpe_support = [0.0] * k
@@ -89,7 +99,8 @@ class StatSchema:
             for name, kind in kinds.items()
             if kind.startswith("list[")
         }
-        return cls(names, counts, vectors, inputs)
+        spans = tuple((a, b) for _, a, b in segments.spans()) if segments is not None else ()
+        return cls(names, counts, vectors, inputs, spans)
 
     def known(self, stat: str) -> bool:
         """True for a statistic of this bundle, False for an unknown one (to be ignored); raises
@@ -180,6 +191,22 @@ class _Checks:
             count, conf = counts[i] if i < len(counts) else 0, confs[i] if i < len(confs) else 0.0
             self.at_most(conf, count, f"the confidence sum of class {i} exceeds its count")
         self.cbpe()
+        self.segments(schema)
+
+    def segments(self, schema: StatSchema) -> None:
+        """The per-segment sums: a prediction counts once in each dimension (so a dimension's counts add up
+        to at most ``n``), a segment's failures, novel inputs and confidences are at most its predictions."""
+        s = self.s
+        for a, b in schema.segment_spans:
+            counted = sum(s.seg_n[a:b])
+            self.require(counted <= s.n, f"the segments {a}..{b - 1} hold {counted} predictions, more than n {s.n}")
+        for i, count in enumerate(s.seg_n):
+            self.require(s.seg_fails[i] <= count if i < len(s.seg_fails) else True, f"segment {i}: fails > n")
+            self.require(s.seg_novel[i] <= count if i < len(s.seg_novel) else True, f"segment {i}: novel > n")
+            conf = s.seg_conf[i] if i < len(s.seg_conf) else 0.0
+            self.at_most(conf, count, f"the confidence sum of segment {i} exceeds its predictions")
+            square = s.seg_conf_sq[i] if i < len(s.seg_conf_sq) else 0.0
+            self.at_most(square, conf, f"the squared confidences of segment {i} exceed its confidence sum")
 
     def cbpe(self) -> None:
         """CBPE's per-class sums: predictions per predicted class add up to ``cbpe_n`` (at most ``n``),

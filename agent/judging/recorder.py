@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.statistics import WindowStats, extras_columns, sample_extras, stat_items
+from agent.estimation.segments import segment_ids
+from agent.estimation.stat_items import stat_items
+from agent.estimation.statistics import WindowStats, extras_columns, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork, judge
 from agent.judging.windows import WindowSet
@@ -119,6 +121,11 @@ class Recorder:
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
         stats.add_predictor_sums(rt.calibration, conf, verdicts)
+        # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
+        segments = rt.calibration.segments
+        ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
+        if segments is not None and ids is not None:
+            stats.add_segment_sums(ids, segments.size, conf, verdicts, novel_inputs(rt.calibration, extras))
         # the count window keeps the vectors themselves (size × K floats): only within the class cap
         per_class = len(rt.classes) <= self.metrics.per_class_label_cap
         self.windows.record(
@@ -130,6 +137,7 @@ class Recorder:
             extras=extras,
             probabilities=probabilities if per_class else None,
             labels=predicted,
+            segments=ids,
         )
         counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
         class_counts = (
@@ -139,7 +147,12 @@ class Recorder:
             rt.name,
             rt.version,
             rt.bundle_label,
-            stat_items(stats, classes=per_class, inputs=shift is None or shift.reference.leaf_bins > 0),
+            stat_items(
+                stats,
+                classes=per_class,
+                inputs=shift is None or shift.reference.leaf_bins > 0,
+                sparse_segments=True,
+            ),
         )
         self.metrics.record_batch(
             rt.name,

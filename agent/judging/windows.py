@@ -7,7 +7,8 @@
 * :class:`CountWindow` keeps the verdicts and confidences of the last ``N`` predictions in a ring
   buffer, so it is exact; its statistics are recomputed when read (``N`` is small). When the caller
   passes them (models within the per-class cap), it also keeps their probability vectors and predicted
-  classes, from which the label-free per-class sums (``WindowStats.cbpe_*``) are recomputed.
+  classes, from which the label-free per-class sums (``WindowStats.cbpe_*``) are recomputed, and every
+  prediction's segment in each dimension of the bundle's segments (``WindowStats.seg_*``).
 * :class:`WindowSet` holds all windows of one model, is thread-safe, and (de)serialises itself for
   the state store.
 """
@@ -113,6 +114,9 @@ class CountWindow:
         self.class_probs = np.zeros((self.size, 0), dtype=np.float32)
         self.class_labels = np.zeros(self.size, dtype=np.int64)
         self.has_classes = np.zeros(self.size, dtype=bool)
+        #: segment numbers ``[size, D]`` (D = 0 until a batch passes them; :mod:`agent.estimation.segments`)
+        self.segment_ids = np.zeros((self.size, 0), dtype=np.int32)
+        self.has_segments = np.zeros(self.size, dtype=bool)
         self.pos = 0  # next write position
         self.count = 0  # filled slots
 
@@ -139,11 +143,29 @@ class CountWindow:
             self.has_classes[:] = False
         return [p, lab, np.ones(n, dtype=bool)]
 
+    def _segment_columns(self, n: int, segments: np.ndarray | None) -> list[np.ndarray]:
+        """The segment columns of a batch (``segments`` ``[D, N]``); a batch of another dimension count
+        restarts them."""
+        if segments is None or n == 0 or segments.ndim != 2 or segments.shape[1] != n:
+            d = self.segment_ids.shape[1]
+            return [np.zeros((n, d), dtype=np.int32), np.zeros(n, dtype=bool)]
+        if segments.shape[0] != self.segment_ids.shape[1]:
+            self.segment_ids = np.zeros((self.size, segments.shape[0]), dtype=np.int32)
+            self.has_segments[:] = False
+        return [segments.T, np.ones(n, dtype=bool)]
+
     def _sample_buffers(self) -> list[np.ndarray]:
         return [self.verdicts, self.confidences, *(self.extras[f] for f in self._EXTRA_FIELDS), self.has_extras]
 
     def _buffers(self) -> list[np.ndarray]:
-        return [*self._sample_buffers(), self.class_probs, self.class_labels, self.has_classes]
+        return [
+            *self._sample_buffers(),
+            self.class_probs,
+            self.class_labels,
+            self.has_classes,
+            self.segment_ids,
+            self.has_segments,
+        ]
 
     def add(
         self,
@@ -152,12 +174,17 @@ class CountWindow:
         extras: SampleExtras | None = None,
         probabilities: np.ndarray | None = None,
         labels: np.ndarray | None = None,
+        segments: np.ndarray | None = None,
     ) -> None:
         """Keep a batch; ``probabilities`` ``[N, K]`` and ``labels`` (predicted classes) together give
-        the window its per-class sums."""
+        the window its per-class sums, ``segments`` (``[D, N]`` segment numbers) its per-segment sums."""
         v = np.asarray(verdicts, dtype=np.int8).reshape(-1)
         c = np.asarray(confidences, dtype=np.float64).reshape(-1)
-        cols = self._columns(v, c, extras) + self._class_columns(len(v), probabilities, labels)
+        cols = (
+            self._columns(v, c, extras)
+            + self._class_columns(len(v), probabilities, labels)
+            + self._segment_columns(len(v), segments)
+        )
         bufs = self._buffers()
         if len(v) >= self.size:
             for buf, col in zip(bufs, cols, strict=True):
@@ -200,16 +227,24 @@ class CountWindow:
         n = self.count  # the sums do not depend on the order: the filled slots as they lie
         if self.class_probs.shape[1] and self.has_classes[:n].all():
             out.add_class_sums(self.class_probs[:n], self.class_labels[:n])
+        seg = calibration.segments
+        if seg is not None and self.segment_ids.shape[1] == len(seg.dimensions) and self.has_segments[:n].all():
+            novel = None
+            if shift is not None and self.has_extras[:n].all() and shift.reference.pca_edges:
+                novel = self.extras["pca_error"][:n] > shift.reference.pca_edges[-1]  # as novel_inputs reads it
+            out.add_segment_sums(self.segment_ids[:n].T, seg.size, self.confidences[:n], self.verdicts[:n], novel)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        v, c, *ext, has, probs, labels, has_classes = self._ordered()
+        v, c, *ext, has, probs, labels, has_classes, seg_ids, has_segments = self._ordered()
         d: dict[str, Any] = {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
         if has.any():
             d["extras"] = {f: col.tolist() for f, col in zip(self._EXTRA_FIELDS, ext, strict=True)}
             d["has_extras"] = has.tolist()
         if probs.shape[1] and has_classes.all():
             d["classes"] = {"probabilities": probs.tolist(), "labels": labels.tolist()}
+        if seg_ids.shape[1] and has_segments.all():
+            d["segments"] = seg_ids.tolist()
         return d
 
     @classmethod
@@ -233,7 +268,11 @@ class CountWindow:
         if isinstance(saved, Mapping) and len(saved.get("labels") or ()) == len(v):
             probs = np.asarray(saved["probabilities"], dtype=np.float32).reshape(len(v), -1)
             labels = np.asarray(saved["labels"], dtype=np.int64)
-        w.add(v, c, extras, probs, labels)
+        segments = None
+        rows = d.get("segments")  # absent from states of an older layout, or without segments
+        if isinstance(rows, list) and len(rows) == len(v):
+            segments = np.asarray(rows, dtype=np.int32).reshape(len(v), -1).T
+        w.add(v, c, extras, probs, labels, segments)
         return w
 
 
@@ -265,17 +304,19 @@ class WindowSet:
         extras: SampleExtras | None = None,
         probabilities: np.ndarray | None = None,
         labels: np.ndarray | None = None,
+        segments: np.ndarray | None = None,
     ) -> WindowStats:
         """Add a judged batch (verdict indices and top-class probabilities; ``stats`` and ``extras``
         when the caller computed them, see :func:`agent.estimation.statistics.sample_extras`;
         ``probabilities`` and predicted ``labels`` when the count window is to report per-class
-        figures: ``windows.count × K`` float32 more)."""
+        figures: ``windows.count × K`` float32 more; ``segments``, the batch's ``[D, N]`` segment
+        numbers, for the count window's per-segment sums)."""
         s = stats if stats is not None else WindowStats.from_batch(verdicts, confidences, calibration)
         with self._lock:
             for w in self.time.values():
                 w.add(s, now)
             if self.count is not None:
-                self.count.add(verdicts, confidences, extras, probabilities, labels)
+                self.count.add(verdicts, confidences, extras, probabilities, labels, segments)
             self.total += s.n
         return s
 

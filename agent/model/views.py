@@ -285,7 +285,8 @@ def attention_mask_of(signature: Signature, tokens: InputSpec) -> str | None:
 # -- building a view -------------------------------------------------------------------------------------------
 
 
-def _width(v: InputView, spec: InputSpec) -> int:
+def input_width(v: InputView, spec: InputSpec) -> int:
+    """Columns of the view that input ``spec`` encoded as ``v`` takes."""
     if v.encoding == "raw":
         return spec.size or 0
     if v.encoding == "pooled":
@@ -353,7 +354,7 @@ def make_view(
         for v in inputs:
             spec = signature.get(v.name)
             assert spec is not None
-            w = _width(v, spec)
+            w = input_width(v, spec)
             width += w
             if v.encoding == "raw" and len(inputs) == 1:
                 # a single raw input keeps the names it came with (a table's columns); images read as x[i]

@@ -27,7 +27,10 @@ from agent.estimation.class_metrics import expected_confusion, expected_roc_auc,
 from agent.estimation.class_metrics import realized_class_metrics as realized_classes
 from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.rendering import PairedModel, estimates_json, flag_sections
+from agent.estimation.intervals import Estimate
+from agent.estimation.rendering import PairedModel, estimates_json, flag_sections, segments_json
+from agent.estimation.segment_table import segment_table
+from agent.estimation.segments import truth_counts
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
@@ -157,10 +160,11 @@ def check_report(
         stats = stats + WindowStats.of_labeled_sample(conf[idx], (pred.predicted == y)[idx])
     window = estimate_window(stats, cal)
     estimates = window.estimates
+    headline = headline_estimator(bundle.headline)
     report: dict[str, Any] = {
         "n": int(len(data)),
         "model": {"name": model.name, "sha256": model.sha256},
-        "headline": headline_estimator(bundle.headline),
+        "headline": headline,
         **evidence_section(cal.headline, shift_aware=cal.shift is not None),
         "verdicts": judged.result.counts(),
         "estimates": estimates_json(estimates, cal, decimals=None),
@@ -190,4 +194,26 @@ def check_report(
             "fn": oc.fn,
         }
         report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+    report.update(_segments(judged, stats, cal, estimates, y))
     return report
+
+
+def _segments(
+    judged: Judged,
+    stats: WindowStats,
+    cal: EstimatorCalibration,
+    estimates: dict[str, Estimate],
+    y: np.ndarray | None,
+) -> dict[str, Any]:
+    """``segments`` and ``segment_drop`` of the report (none without segments in the bundle), with every
+    segment's true accuracy when the data is labeled."""
+    seg = cal.segments
+    if seg is None:
+        return {}
+    pred = judged.prediction
+    truth = None
+    if y is not None:
+        ids = seg.ids(judged.features, pred.predicted, judged.tdi_rules, len(pred.predicted))
+        truth = truth_counts(ids, seg.size, pred.predicted == y)
+    table = segment_table(stats, cal, estimates, truth=truth)
+    return segments_json(table, decimals=None) if table is not None else {}

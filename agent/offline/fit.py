@@ -32,6 +32,8 @@ from agent.offline.fit_stages import (
     model_report,
     read_model_data,
     read_table_data,
+    segment_model,
+    segment_table,
     table_report,
 )
 from invariants.bundle import Bundle
@@ -40,7 +42,7 @@ from invariants.fit_params import CalibrationPlan, FitParams
 Progress = Callable[[str], None]
 
 #: The stages of a fit, in order: what :attr:`FitReport.stage_seconds` times.
-STAGES = ("read", "oracle", "calibrate", "headline", "flag", "write")
+STAGES = ("read", "oracle", "calibrate", "segments", "headline", "flag", "write")
 #: The stage a challenger fitted with its champion runs last (``fit --champion``).
 PAIR_STAGE = "pair"
 
@@ -138,6 +140,7 @@ def fit_bundle(
         data = clock.run("read", read_model_data, inputs, say)
         oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
         calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
+        calibrated = clock.run("segments", segment_model, inputs, data, oracle, calibrated, say)
         chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
         chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
         written = clock.run("write", model_report, inputs, data, oracle, chosen)
@@ -166,6 +169,7 @@ def fit_table_bundle(
         data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
         oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
         calibrated = clock.run("calibrate", calibrate_table, data, oracle)
+        calibrated = clock.run("segments", segment_table, data, oracle, calibrated, params, plan, say)
         chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
         chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
         written = clock.run("write", table_report, data, columns, params, oracle, chosen)

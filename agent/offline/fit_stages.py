@@ -7,10 +7,12 @@
    the judged predictions calibrated on it (:func:`fit_the_oracle`, the same for both sources);
 3. **calibrate**: ``shift_aware`` fitted on corrupted copies of the calibration split passed through the
    model (:func:`calibrate_model`; a table has no model to pass them through);
-4. **headline**: the headline chosen from evidence (:func:`choose_headline_of`, both sources);
-5. **flag**: the flag "this number may be wrong" fitted on windows of shifts the headline's estimate was
+4. **segments**: the segments every window is also cut into, and their reference on the labeled
+   validation data (:func:`segment_model`, :func:`segment_table`; :mod:`agent.offline.segmenting`);
+5. **headline**: the headline chosen from evidence (:func:`choose_headline_of`, both sources);
+6. **flag**: the flag "this number may be wrong" fitted on windows of shifts the headline's estimate was
    fitted without (:func:`fit_the_flag`, both sources);
-6. **write**: the bundle and the figures of the report (:func:`model_report`, :func:`table_report`).
+7. **write**: the bundle and the figures of the report (:func:`model_report`, :func:`table_report`).
 
 :mod:`agent.offline.fit` runs them in order and times each. The model is never changed: the stages read
 a copy with the fit's decision threshold and view. Every size the calibration draws is the
@@ -20,7 +22,7 @@ a copy with the fit's decision threshold and view. Every size the calibration dr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ from agent.offline.calibration.sets import CalibrationSets, calibration_sets, in
 from agent.offline.calibration.shift_fitting import ShiftFit
 from agent.offline.calibration.shift_windows import tilt_coordinates
 from agent.offline.fit_progress import expect_rows
+from agent.offline.segmenting import SegmentData, ViewShape, column_groups, define_segments
 from agent.offline.viewing import LazySource, Viewed, predict_and_view, source_of, subset
 from invariants.adi import AlgorithmInvariants
 from invariants.bundle import Bundle, TableSource
@@ -373,6 +376,55 @@ def calibrate_model(inputs: ModelFitInputs, data: ModelData, fit: OracleFit, say
         return Calibrated(fit.classic)
     shift = sets.fit_with_refits(params.seed, plan=plan)
     return Calibrated(fit.classic.with_shift(shift.calibration), sets, od.val_features[rows], shift)
+
+
+def _segmented(
+    calibrated: Calibrated,
+    od: OracleData,
+    fit: OracleFit,
+    shape: ViewShape,
+    params: FitParams,
+    plan: CalibrationPlan,
+    say: Progress,
+) -> Calibrated:
+    tdi = fit.fitted.oracle.tdi
+    data = SegmentData(
+        od.train_features,
+        od.train_y,
+        od.val_features,
+        od.val_y,
+        od.val_probabilities,
+        od.val_predicted,
+        fit.calibration_index,
+        fit.clean.verdicts,
+        tdi,
+        od.classes,
+    )
+    segments = define_segments(
+        data, shape, calibrated.calibration, max_segments=params.max_segments, plan=plan, seed=params.seed
+    )
+    if segments is not None:
+        kinds = ", ".join(f"{d.name} {len(d.segments)}" for d in segments.dimensions)
+        say(f"segments: {segments.size} ({kinds})")
+    return replace(calibrated, calibration=calibrated.calibration.with_segments(segments))
+
+
+def segment_model(
+    inputs: ModelFitInputs, data: ModelData, fit: OracleFit, calibrated: Calibrated, say: Progress
+) -> Calibrated:
+    """Stage 3b (segments) of a model: the view's table columns, or regions of it, the predicted class and the
+    selected TDI rules (:mod:`agent.offline.segmenting`)."""
+    od = data.oracle_data
+    shape = column_groups(data.view, data.model.signature, od.feature_names)
+    return _segmented(calibrated, od, fit, shape, inputs.params, inputs.plan, say)
+
+
+def segment_table(
+    data: TableData, fit: OracleFit, calibrated: Calibrated, params: FitParams, plan: CalibrationPlan, say: Progress
+) -> Calibrated:
+    """Stage 3b (segments) of a table: its feature columns, the predicted class and the selected TDI rules."""
+    od = data.oracle_data
+    return _segmented(calibrated, od, fit, column_groups(None, None, od.feature_names), params, plan, say)
 
 
 @dataclass(frozen=True)

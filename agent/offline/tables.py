@@ -35,7 +35,10 @@ from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
-from agent.estimation.rendering import estimates_json, flag_sections
+from agent.estimation.intervals import Estimate
+from agent.estimation.rendering import estimates_json, flag_sections, segments_json
+from agent.estimation.segment_table import segment_table
+from agent.estimation.segments import truth_counts
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from invariants.bundle import Bundle
@@ -76,14 +79,26 @@ class _Tally:
     confusion: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
     #: the revealed labels (``check --labels``): a uniform sample of this tally's rows
     revealed: _Reservoir | None = None
+    #: per segment, the labeled rows and the right ones (empty: no segments or no labels)
+    truth_n: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    truth_right: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def n(self) -> int:
         return 0 if self.stats is None else self.stats.n
 
-    def add(self, stats: WindowStats, verdicts: np.ndarray, wrong: np.ndarray | None, none: int = 0) -> None:
+    def add(
+        self,
+        stats: WindowStats,
+        verdicts: np.ndarray,
+        wrong: np.ndarray | None,
+        none: int = 0,
+        truth: tuple[list[int], list[int]] | None = None,
+    ) -> None:
         self.stats = stats if self.stats is None else self.stats + stats
         self.none += none
+        if truth is not None:
+            self.add_truth(truth)
         self.verdicts += np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS))
         if wrong is not None:
             failed = verdicts != 0
@@ -95,6 +110,24 @@ class _Tally:
                 int((~failed & ~wrong).sum()),
                 int((~failed & wrong).sum()),
             ]
+
+    def add_truth(self, counts: tuple[list[int], list[int]]) -> None:
+        n, right = (np.asarray(c, dtype=np.int64) for c in counts)
+        if len(self.truth_n) != len(n):
+            self.truth_n, self.truth_right = np.zeros_like(n), np.zeros_like(n)
+        self.truth_n += n
+        self.truth_right += right
+
+    def segments(self, calibration: EstimatorCalibration, estimates: dict[str, Estimate]) -> dict[str, Any]:
+        """``segments`` and ``segment_drop`` of this span (the true accuracy per segment when every row is
+        labeled)."""
+        if self.stats is None:
+            return {}
+        truth = None
+        if self.labeled and self.labeled == self.n and len(self.truth_n):
+            truth = (self.truth_n.tolist(), self.truth_right.tolist())
+        table = segment_table(self.stats, calibration, estimates, truth=truth)
+        return segments_json(table, decimals=None) if table is not None else {}
 
     def report(self, calibration: EstimatorCalibration, headline: str) -> dict[str, Any]:
         stats = self.stats
@@ -131,6 +164,7 @@ class _Tally:
                 "fn": fn,
             }
             out["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+        out.update(self.segments(calibration, estimates))
         return out
 
 
@@ -184,6 +218,22 @@ def _take(batch: TableBatch, rows: slice) -> TableBatch:
     )
 
 
+def _labeled(
+    part: TableBatch, bundle: Bundle, cal: EstimatorCalibration, predicted: np.ndarray, rules: np.ndarray | None
+) -> tuple[np.ndarray | None, int, tuple[list[int], list[int]] | None]:
+    """A batch's labels, where it has them: which predictions were wrong, how many labels say none of the
+    classes (``__none__``) and every segment's labeled and right predictions (None without segments)."""
+    if part.y is None:
+        return None, 0, None
+    labeled = label_indices(part.y, bundle.classes, allow_none=True)
+    wrong = labeled != predicted
+    none = int(np.count_nonzero(labeled == NONE_INDEX))
+    truth = None
+    if cal.segments is not None:
+        truth = truth_counts(cal.segments.ids(part.x, predicted, rules, len(part)), cal.segments.size, ~wrong)
+    return wrong, none, truth
+
+
 def check_table_report(
     bundle: Bundle,
     path: str | Path,
@@ -195,13 +245,12 @@ def check_table_report(
     labels: int = 0,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Verdicts and every estimate for a production table, read ``batch_rows`` at a time; the truth
-        and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per chunk of rows
-        (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's columns and
-        rows and one batch's bytes, not the file's length. ``labels`` > 0 reveals that many true labels, drawn
-    uniformly (seeded by ``seed``) from the whole table and, separately, from each chunk, and reports
-    the label-assisted estimate ``with_labels`` from them (prediction-powered inference, as ``check
-    --labels`` of a model bundle)."""
+    """Verdicts, every estimate and the segments for a production table, read ``batch_rows`` at a time; the
+    truth (per segment too) and the oracle's TPR/FPR/F1 when it has labels. ``chunk_rows`` adds the same per
+    chunk of rows (NannyML's size-based chunking): ``chunks`` in the report. ``limits`` bound the file's
+    columns and rows and one batch's bytes, not the file's length. ``labels`` > 0 reveals that many true
+    labels, drawn uniformly (seeded by ``seed``) from the whole table and, separately, from each chunk, and
+    reports the label-assisted estimate ``with_labels`` from them (prediction-powered inference)."""
     if chunk_rows is not None and chunk_rows < 1:
         raise UserError("--chunk-size must be at least 1 row")
     if labels < 0:
@@ -234,15 +283,13 @@ def check_table_report(
             features=part.x,
             tdi_rules=rules,
         )
-        truth = None if part.y is None else label_indices(part.y, bundle.classes, allow_none=True)
-        wrong = None if truth is None else truth != predicted
-        none = 0 if truth is None else int(np.count_nonzero(truth == NONE_INDEX))
-        total.add(stats, verdicts, wrong, none)
+        wrong, none, truth = _labeled(part, bundle, cal, predicted, rules)
+        total.add(stats, verdicts, wrong, none, truth)
         if chunk_rows is not None:
             if new_chunk:
                 revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
                 chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
-            chunks[-1].add(stats, verdicts, wrong, none)
+            chunks[-1].add(stats, verdicts, wrong, none, truth)
         if labels:
             if wrong is None:
                 raise UserError(f"{path}: --labels needs every row labeled; a batch has no labels")

@@ -104,4 +104,5 @@ class WindowReport:
             cal.n_right,
             headline=points.headline,
             reference_accuracy=cal.accuracy,
+            segments=points.segments,
         )

@@ -325,6 +325,49 @@ def panels() -> list[dict[str, Any]]:
         )
     )
     y += 8
+    p.append(
+        _timeseries(
+            "Where the drop is: segments by contribution (1h)",
+            [
+                (
+                    f"topk(5, icos:segment_contribution:ratio1h{{{SEL}}})",
+                    "{{kind}} {{segment}} {{model}} {{version}}",
+                ),
+            ],
+            (0, y, 16, 8),
+            unit="percentunit",
+            description="The five segments (fixed at fit: predicted class, a table column's value or bin, a TDI "
+            "rule, a region of the inputs) that lost the most accuracy against their own reference over the last "
+            "hour, times their share of the traffic (recording rule icos:segment_contribution:ratio1h: the fleet "
+            "evaluator's, else the agents' mean). A segment within noise of its reference contributes 0; "
+            "IcosSegmentAccuracyDrop names the top one. See docs/diagnosis.md.",
+        )
+    )
+    p.append(
+        _timeseries(
+            "Segment accuracy against its reference (1h)",
+            [
+                (
+                    f"avg by (kind, segment) (icos_segment_estimated_accuracy_ratio{{{SEL}, window=\"1h\"}}) "
+                    f"and on (kind, segment) topk(5, max by (kind, segment) "
+                    f"(icos:segment_contribution:ratio1h{{{SEL}}}))",
+                    "{{segment}} estimated",
+                ),
+                (
+                    f"avg by (kind, segment) (icos_segment_reference_accuracy_ratio{{{SEL}}}) "
+                    f"and on (kind, segment) topk(5, max by (kind, segment) "
+                    f"(icos:segment_contribution:ratio1h{{{SEL}}}))",
+                    "{{segment}} reference",
+                ),
+            ],
+            (16, y, 8, 8),
+            unit="percentunit",
+            minmax=(0, 1),
+            description="The estimated accuracy of the five segments that lost the most, beside their accuracy on "
+            "the bundle's validation data.",
+        )
+    )
+    y += 8
     p.append(_row("Verdicts", y))
     y += 1
     p.append(

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.data.datasets import Splits
+from agent.estimation.segments import label_of
 from agent.model.classifier import default_model_path
 from tests.support.agent_process import AgentProcess
 from tests.support.ports import free_port
@@ -209,6 +210,8 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
         marked = {est: e["unreliable"] for est, e in mine.items() if "unreliable" in e}
         assert set(marked) == {est for est, e in theirs.items() if "unreliable" in e}, (window, marked)
         print(window, "trust", mine_w["trust"], "unreliable", marked)
+        _same_segments(mine_w, theirs_w, window)
+    _segments_exported(reference, ref)
     delta = abs(
         body["windows"]["5m"]["estimates"][HEADLINE]["value"] - ref["windows"]["5m"]["estimates"][HEADLINE]["value"]
     )
@@ -217,6 +220,10 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     m = _fleet_metrics(fleet)
     key = f"icos_fleet_estimated_accuracy_ratio{{estimator={HEADLINE},model=mnist,version=1,window=5m}}"
     assert m[key] == pytest.approx(body["windows"]["5m"]["estimates"][HEADLINE]["value"])
+    top = body["windows"]["5m"]["segments"][0]
+    labels = f"kind={top['kind']},model=mnist,segment={label_of(top['name'])},version=1,window=5m"
+    assert m[f"icos_fleet_segment_contribution_ratio{{{labels}}}"] == pytest.approx(top["contribution"], abs=1e-6)
+    assert m[f"icos_fleet_segment_share_ratio{{{labels}}}"] == pytest.approx(top["share"], abs=1e-6)
     assert m["icos_fleet_restarted_replicas{model=mnist}"] >= 1
     assert m["icos_fleet_stale{model=mnist}"] == 0
     assert m["icos_fleet_last_success_timestamp_seconds{model=mnist}"] > time.time() - 30
@@ -246,6 +253,40 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
     )
     assert stale["fleet"]["last_error_reason"] == "unreachable"
     assert m[key] == pytest.approx(body["windows"]["5m"]["estimates"][HEADLINE]["value"])
+
+
+def _same_segments(fleet: dict[str, Any], agent: dict[str, Any], window: str) -> None:
+    """The fleet's segments of a window are the reference agent's: the same segments with the same counts,
+    shares, estimates and contributions (summed over the replicas' exported per-segment sums)."""
+    mine = {s["name"]: s for s in fleet["segments"]}
+    theirs = {s["name"]: s for s in agent["segments"]}
+    assert mine and set(mine) == set(theirs), window
+    for name, seg in mine.items():
+        other = theirs[name]
+        assert seg["n"] == other["n"] and seg["kind"] == other["kind"], (window, name)
+        assert seg["share"] == pytest.approx(other["share"], abs=1e-6), (window, name)
+        for key in ("contribution", "reference_accuracy"):
+            assert seg[key] == pytest.approx(other[key], abs=0.01), (window, name, key)
+        if other["estimate"] is not None:
+            assert seg["estimate"]["value"] == pytest.approx(other["estimate"]["value"], abs=0.01), (window, name)
+    assert fleet["segments"][0]["name"] == agent["segments"][0]["name"] or (
+        fleet["segments"][0]["contribution"] == pytest.approx(agent["segments"][0]["contribution"], abs=0.01)
+    )
+    assert fleet["segment_drop"]["dimensions"].keys() == agent["segment_drop"]["dimensions"].keys()
+
+
+def _segments_exported(agent: AgentProcess, estimates: dict[str, Any]) -> None:
+    """One agent's ``/metrics`` carries its windows' segments as ``/v1/estimates`` ranks them."""
+    m = _fleet_metrics(agent)
+    for row in estimates["windows"]["5m"]["segments"][:5]:
+        labels = f"kind={row['kind']},model=mnist,segment={label_of(row['name'])},version=1,window=5m"
+        assert m[f"icos_segment_share_ratio{{{labels}}}"] == pytest.approx(row["share"], abs=1e-6)
+        assert m[f"icos_segment_contribution_ratio{{{labels}}}"] == pytest.approx(row["contribution"], abs=1e-6)
+        if row["estimate"] is not None:
+            value = m[f"icos_segment_estimated_accuracy_ratio{{{labels}}}"]
+            assert value == pytest.approx(row["estimate"]["value"], abs=1e-6)
+    segments = {k for k in m if k.startswith("icos_segment_share_ratio{") and "window=5m" in k}
+    assert len(segments) == len(estimates["windows"]["5m"]["segments"])
 
 
 def _recorded_by_the_shipped_rules(prom: str, head: dict[str, Any]) -> None:

@@ -91,7 +91,8 @@ def test_window_sums_give_the_expected_metrics_of_the_whole_window_whatever_the_
     """A live window's CBPE figures come from additive sums: summed over batches (and bucket
     differences) they equal the figures of the expected confusion matrix of all its samples."""
     from agent.estimation.class_metrics import window_class_metrics
-    from agent.estimation.statistics import WindowStats, stat_items, stats_from_items
+    from agent.estimation.stat_items import stat_items, stats_from_items
+    from agent.estimation.statistics import WindowStats
 
     rng = np.random.default_rng(3)
     p, pred, _ = _calibrated(rng, 900, 4)

@@ -36,6 +36,7 @@ OTHER: dict[str, Any] = {
     "train_fraction": 0.6,
     "shift_sets": 12,
     "features": "hashed",
+    "max_segments": 16,
 }
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from agent.estimation.layout import LEAF_BINS
 from agent.estimation.reference import InputReference, leaf_bin_of_rule
-from agent.estimation.statistics import SampleExtras, WindowStats, stat_items, stats_from_items
+from agent.estimation.stat_items import stat_items, stats_from_items
+from agent.estimation.statistics import SampleExtras, WindowStats
 from agent.fleet.window_sums import quote, selector, series_increment
 
 

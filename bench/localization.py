@@ -1,0 +1,442 @@
+"""The localization benchmark's harness: real models of the zoo fitted as ``icos-agent fit`` fits them, a fault
+injected into the inputs of one segment, and every window's segment table read against the truth.
+
+A *subject* is a zoo model with its bundle (:func:`fit_subject`). A *fault* picks the rows it breaks from
+the subject's test split (by their segment on the clean inputs, or by their true class) and breaks them
+(:data:`FAULTS`): a numeric column zeroed in the rows of one category of a table (a broken upstream field), a
+new subpopulation (a category value never seen at fit), one class's inputs corrupted, the inputs of one
+region of an image or text view degraded, a text source whose vocabulary changed. The *target* is the segment
+the fault was injected into (for a corrupted class: the region holding most of that class's clean inputs).
+
+The faulted split and the clean one are predicted and judged once (:class:`Pool`); each window then draws
+``size`` rows of a pool with replacement and reads them as an agent's window would (the additive statistics
+of :class:`~agent.estimation.statistics.WindowStats`, the estimates, the headline and the segment table,
+:func:`~agent.estimation.segment_table.segment_table`), against the true accuracy of each segment's rows in
+the window. Every rule of the scoring (:class:`Outcome`) is fixed here, whatever the faults: the target
+ranked first, in the top two, its estimate within 0.05 of its true accuracy; on clean windows, the largest
+contribution of any segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.data.files import Dataset
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import estimate_window, headline_estimator, headline_of
+from agent.estimation.segment_table import SegmentTable, segment_table
+from agent.estimation.segments import Segmentation, truth_counts
+from agent.estimation.statistics import WindowStats
+from agent.model.classifier import OnnxClassifier
+from agent.offline.check import judge
+from agent.offline.fit import fit_bundle
+from bench.zoo import Split, ZooModel, build
+from invariants.bundle import Bundle
+from invariants.fit_params import FitParams
+
+#: How close a segment's estimate must be to its true accuracy (the issue's target).
+ESTIMATE_TOLERANCE = 0.05
+#: The largest contribution a clean window's segments may show (the issue's target).
+CLEAN_CONTRIBUTION = 0.02
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A zoo model, its loaded classifier and its bundle fitted as ``icos-agent fit`` fits it."""
+
+    zoo: ZooModel
+    model: OnnxClassifier
+    bundle: Bundle
+    calibration: EstimatorCalibration
+    fit_seconds: float
+
+    @property
+    def name(self) -> str:
+        return self.zoo.name
+
+    @property
+    def segments(self) -> Segmentation:
+        seg = self.calibration.segments
+        assert seg is not None, f"{self.name}: the bundle has no segments"
+        return seg
+
+
+def fit_subject(name: str, workdir: str, params: FitParams, sizes: tuple[int, int, int] | None = None) -> Subject:
+    """Build zoo model ``name`` (cached in ``workdir``) and fit its bundle."""
+    import time
+
+    zoo = build(name, workdir, seed=params.seed, **({"sizes": sizes} if sizes else {}))
+    model = OnnxClassifier.load(
+        zoo.path, name=name, scores_output=zoo.scores_output, scores_kind=zoo.scores_kind, classes=list(zoo.classes)
+    )
+    started = time.perf_counter()
+    report = fit_bundle(
+        model, Dataset(zoo.train.inputs, zoo.train.y), Dataset(zoo.val.inputs, zoo.val.y), params=params
+    )
+    return Subject(zoo, model, report.bundle, report.calibration, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A split predicted and judged once: what every window draws its rows from."""
+
+    verdicts: np.ndarray
+    confidences: np.ndarray
+    probabilities: np.ndarray
+    predicted: np.ndarray
+    features: np.ndarray
+    rules: np.ndarray | None
+    correct: np.ndarray
+    ids: np.ndarray
+
+    @classmethod
+    def of(cls, subject: Subject, split: Split) -> Pool:
+        judged = judge(subject.model, subject.bundle, split.inputs)
+        pred = judged.prediction
+        assert judged.features is not None
+        ids = subject.segments.ids(judged.features, pred.predicted, judged.tdi_rules, len(split))
+        return cls(
+            np.asarray(judged.result.verdict),
+            np.asarray(pred.confidences, dtype=np.float64),
+            pred.probabilities,
+            pred.predicted,
+            judged.features,
+            judged.tdi_rules,
+            pred.predicted == split.y,
+            ids,
+        )
+
+
+def segment_rows(subject: Subject, split: Split, segment: int) -> np.ndarray:
+    """The rows of ``split`` in ``segment`` on their clean inputs."""
+    pool = Pool.of(subject, split)
+    return np.flatnonzero(pool.ids[subject.segments.dimension_of(segment)] == segment)
+
+
+# -- faults ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A fault as injected: the faulted split, the rows it broke and the segment it was injected into."""
+
+    split: Split
+    rows: np.ndarray
+    target: int
+
+
+#: ``fault(subject, split, rng) -> [Injected]``: one injection per target the fault tries.
+Fault = Callable[[Subject, Split, np.random.Generator], list[Injected]]
+
+
+def _targets(
+    seg: Segmentation, wanted: Callable[[int], bool], count: int, rng: np.random.Generator, min_share: float = 0.05
+) -> list[int]:
+    """Up to ``count`` segments of the dimensions ``wanted`` (by index) holding at least ``min_share`` of the
+    validation data, drawn at random (seeded)."""
+    ref = seg.reference
+    found = []
+    for d, (_, a, b) in enumerate(seg.spans()):
+        if wanted(d):
+            total = max(sum(ref.n[a:b]), 1)
+            found += [s for s in range(a, b) if ref.n[s] / total >= min_share]
+    if not found:
+        return []
+    return sorted(int(s) for s in rng.choice(found, size=min(count, len(found)), replace=False))
+
+
+def _kind(seg: Segmentation, kind: str) -> Callable[[int], bool]:
+    return lambda d: seg.dimensions[d].kind == kind
+
+
+def _with_rows(split: Split, rows: np.ndarray, name: str, values: np.ndarray) -> Split:
+    column = split.inputs[name].copy()
+    column[rows] = values
+    return split.with_inputs(**{name: column})
+
+
+def _break(column: np.ndarray, rows: np.ndarray, how: str, rng: np.random.Generator) -> np.ndarray:
+    """``column`` (one value per row, or ``[N, 1]``) broken in ``rows``: ``zeroed`` (a null read as 0),
+    ``scaled`` (a unit changed upstream: ×100) or ``shuffled`` (a join gone wrong: the values of other rows)."""
+    out = column.copy()
+    if how == "zeroed":
+        out[rows] = 0
+    elif how == "scaled":
+        out[rows] = column[rows] * 100
+    else:
+        out[rows] = column[rng.permutation(rows)]
+    return out
+
+
+#: How a broken column breaks, one after the other over a fault's targets.
+BREAKS = ("zeroed", "scaled", "shuffled")
+
+
+def _costliest(zoo: ZooModel, candidates: Sequence[Any], breaking: Callable[[Split, Any], Split]) -> Any:
+    """The candidate column whose zeroing costs the model the most accuracy on the validation data."""
+    return min(candidates, key=lambda c: zoo.accuracy(breaking(zoo.val, c)))
+
+
+def broken_column(subject: Subject, split: Split, rng: np.random.Generator) -> list[Injected]:
+    """A table's numeric column broken (:func:`_break`) in the rows of one category of its most class-informative
+    categorical column; the column broken is the one whose zeroing costs the model the most accuracy on the
+    validation data."""
+    seg = subject.segments
+    numeric = [n for n in subject.zoo.input_names if split.inputs[n].dtype.kind in "fiu"]
+    categorical = [i for i, d in enumerate(seg.dimensions) if d.kind == "column" and d.source in ("onehot", "values")]
+    if not numeric or not categorical:
+        return []
+    worst = _costliest(subject.zoo, numeric, lambda sp, n: _with_rows(sp, np.arange(len(sp)), n, 0))
+    out = []
+    for i, target in enumerate(_targets(seg, lambda d: d == categorical[0], 3, rng)):
+        rows = segment_rows(subject, split, target)
+        broken = _break(split.inputs[worst], rows, BREAKS[i % len(BREAKS)], rng).astype(split.inputs[worst].dtype)
+        out.append(Injected(split.with_inputs(**{worst: broken}), rows, target))
+    return out
+
+
+def broken_column_in_bin(subject: Subject, split: Split, rng: np.random.Generator) -> list[Injected]:
+    """A table of numeric columns only: one column broken (:func:`_break`) in the rows of one quantile bin of
+    another."""
+    seg = subject.segments
+    (name,) = subject.zoo.input_names
+    x = split.inputs[name]
+    if x.ndim != 2:
+        return []
+
+    def zeroed(sp: Split, j: int) -> Split:
+        v = sp.inputs[name].copy()
+        v[:, j] = 0
+        return sp.with_inputs(**{name: v})
+
+    worst = _costliest(subject.zoo, range(x.shape[1]), zeroed)
+    out = []
+    for target in _targets(seg, _kind(seg, "column"), 6, rng, min_share=0.15):
+        dim = seg.dimensions[seg.dimension_of(target)]
+        if dim.columns == (worst,) or len(out) == 3:
+            continue
+        rows = segment_rows(subject, split, target)
+        broken = x.copy()
+        broken[:, worst] = _break(x[:, worst], rows, BREAKS[len(out) % len(BREAKS)], rng)
+        out.append(Injected(split.with_inputs(**{name: broken}), rows, target))
+    return out
+
+
+def new_subpopulation(subject: Subject, split: Split, rng: np.random.Generator) -> list[Injected]:
+    """A fifth of the rows come from a population never seen at fit: their category of the table's
+    first categorical column is a new value (target: that column's ``unseen at fit`` segment)."""
+    seg = subject.segments
+    onehot = [d for d in seg.dimensions if d.kind == "column" and d.source == "onehot"]
+    if not onehot:
+        return []
+    dim = onehot[0]
+    target = seg.offsets[seg.dimensions.index(dim)] + len(dim.segments) - 1
+    rows = np.sort(rng.choice(len(split), size=len(split) // 5, replace=False))
+    values = np.array([f"new_{dim.name}_{i}" for i in range(len(rows))], dtype=object).reshape(-1, 1)
+    column = split.inputs[dim.name].copy()
+    column[rows] = values
+    return [Injected(split.with_inputs(**{dim.name: column}), rows, target)]
+
+
+def _region_of(subject: Subject, split: Split, rows: np.ndarray) -> int | None:
+    """The region holding most of ``rows`` on their clean inputs."""
+    seg = subject.segments
+    regions = [i for i, d in enumerate(seg.dimensions) if d.kind == "region"]
+    if not regions:
+        return None
+    pool = Pool.of(subject, split)
+    ids = pool.ids[regions[0], rows]
+    return int(np.bincount(ids).argmax())
+
+
+def _shifted(subject: Subject, split: Split, rows: np.ndarray, kind: str, strength: float, seed: int) -> Split:
+    """``split`` with the zoo's shift ``kind`` applied to ``rows`` only."""
+    part = subject.zoo.shift(split.take(rows), strength, seed, kind)
+    return split.with_inputs(**{k: _put(v, rows, part.inputs[k]) for k, v in split.inputs.items()})
+
+
+def _put(column: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = column.copy()
+    out[rows] = values
+    return out
+
+
+def degraded_region(kind: str, strength: float) -> Fault:
+    """The inputs of one region of the view degraded by the zoo's shift ``kind`` (images: blur or brightness;
+    text: a source whose vocabulary changed)."""
+
+    def fault(subject: Subject, split: Split, rng: np.random.Generator) -> list[Injected]:
+        out = []
+        for target in _targets(subject.segments, _kind(subject.segments, "region"), 3, rng, min_share=0.08):
+            rows = segment_rows(subject, split, target)
+            seed = int(rng.integers(1 << 30))
+            out.append(Injected(_shifted(subject, split, rows, kind, strength, seed), rows, target))
+        return out
+
+    fault.__name__ = f"region_{kind}"
+    return fault
+
+
+def corrupted_class(kind: str, strength: float) -> Fault:
+    """The inputs of one true class corrupted by the zoo's shift ``kind`` (target: the region holding most of
+    that class's clean inputs)."""
+
+    def fault(subject: Subject, split: Split, rng: np.random.Generator) -> list[Injected]:
+        out = []
+        classes = rng.choice(len(subject.zoo.classes), size=min(3, len(subject.zoo.classes)), replace=False)
+        for c in sorted(int(c) for c in classes):
+            rows = np.flatnonzero(split.y == c)
+            target = _region_of(subject, split, rows)
+            if target is None:
+                continue
+            seed = int(rng.integers(1 << 30))
+            out.append(Injected(_shifted(subject, split, rows, kind, strength, seed), rows, target))
+        return out
+
+    fault.__name__ = f"class_{kind}"
+    return fault
+
+
+# -- windows --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One window read against the truth: where the target ranked, its estimate and true accuracy, and the
+    largest contribution of any segment (clean windows: ``target`` is -1)."""
+
+    model: str
+    fault: str
+    target: int
+    target_name: str
+    rank: int
+    estimate: float | None
+    truth: float | None
+    top: str
+    top_contribution: float
+    window_truth: float
+    window_headline: float | None
+    retained: float = 1.0
+
+    @property
+    def first(self) -> bool:
+        return self.rank == 1
+
+    @property
+    def top_two(self) -> bool:
+        return 1 <= self.rank <= 2
+
+    @property
+    def close(self) -> bool:
+        return (
+            self.estimate is not None
+            and self.truth is not None
+            and abs(self.estimate - self.truth) <= ESTIMATE_TOLERANCE
+        )
+
+
+def read_window(subject: Subject, pool: Pool, rows: np.ndarray) -> tuple[SegmentTable, float, float | None]:
+    """The segment table of a window of ``pool``'s ``rows`` as an agent reads it, the window's true accuracy and
+    its headline estimate."""
+    cal, seg = subject.calibration, subject.segments
+    stats = WindowStats.from_batch(
+        pool.verdicts[rows],
+        pool.confidences[rows],
+        cal,
+        probabilities=pool.probabilities[rows],
+        labels=pool.predicted[rows],
+        features=pool.features[rows],
+        tdi_rules=None if pool.rules is None else pool.rules[rows],
+    )
+    estimates = estimate_window(stats, cal).estimates
+    lead = headline_of(estimates, headline_estimator(subject.bundle.headline))
+    headline = lead[1] if lead is not None else None
+    truth = truth_counts(pool.ids[:, rows], seg.size, pool.correct[rows])
+    table = segment_table(stats, cal, estimates, truth=truth)
+    assert table is not None
+    return table, float(pool.correct[rows].mean()), None if headline is None else headline.value
+
+
+def outcome(
+    subject: Subject, fault: str, table: SegmentTable, target: int, truth: float, headline: float | None
+) -> Outcome:
+    ranked = [r.index for r in table.rows]
+    row = next((r for r in table.rows if r.index == target), None) if target >= 0 else None
+    top = table.rows[0]
+    return Outcome(
+        subject.name,
+        fault,
+        target,
+        subject.segments.names()[target] if target >= 0 else "",
+        ranked.index(target) + 1 if target in ranked else 0,
+        None if row is None or row.estimate is None else row.estimate.value,
+        None if row is None else row.truth_accuracy,
+        top.name,
+        top.contribution,
+        truth,
+        headline,
+    )
+
+
+@dataclass
+class Run:
+    """Every window of a benchmark run, and how long each subject's fit took."""
+
+    faulted: list[Outcome] = field(default_factory=list)
+    clean: list[Outcome] = field(default_factory=list)
+    fit_seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: int, seed: int, run: Run) -> None:
+    """Every fault of ``faults`` on ``subject``, ``reps`` windows of ``size`` rows each, and as many clean
+    windows."""
+    rng = np.random.default_rng([seed, 53])
+    split = subject.zoo.test
+    clean = Pool.of(subject, split)
+    for _ in range(reps):
+        table, truth, headline = read_window(subject, clean, rng.integers(0, len(split), size))
+        run.clean.append(outcome(subject, "clean", table, -1, truth, headline))
+    for fault in faults:
+        injected = fault(subject, split, rng)
+        if not injected:
+            run.notes.append(f"{subject.name}: {fault.__name__} has no segment to inject into")
+        for inj in injected:
+            pool = Pool.of(subject, inj.split)
+            target, retained = live_target(subject, pool, inj)
+            name = _moved(subject, inj.target, target)
+            for _ in range(reps):
+                table, truth, headline = read_window(subject, pool, rng.integers(0, len(split), size))
+                o = outcome(subject, fault.__name__, table, target, truth, headline)
+                run.faulted.append(Outcome(**{**o.__dict__, "target_name": name, "retained": retained}))
+
+
+def live_target(subject: Subject, pool: Pool, injected: Injected) -> tuple[int, float]:
+    """The segment the agent finds most of the broken rows in, among those of the dimension the fault was
+    injected into (the injected segment itself unless the fault moved its inputs, as a darkened image leaves
+    its region), and the share of the broken rows in it."""
+    dim = subject.segments.dimension_of(injected.target)
+    ids = pool.ids[dim, injected.rows]
+    if not len(ids):
+        return injected.target, 0.0
+    counts = np.bincount(ids)
+    target = int(counts.argmax())
+    return target, float(counts[target] / len(ids))
+
+
+def _moved(subject: Subject, injected: int, live: int) -> str:
+    names = subject.segments.names()
+    return names[live] if live == injected else f"{names[injected]} -> {names[live]}"
+
+
+#: The faults tried on each kind of model.
+FAULTS: dict[str, tuple[Fault, ...]] = {
+    "tabular": (broken_column, new_subpopulation),
+    "numeric_table": (broken_column_in_bin,),
+    "text": (degraded_region("vocabulary_drift", 1.0),),
+    "image": (degraded_region("blur", 1.0), corrupted_class("brightness", 1.0)),
+}

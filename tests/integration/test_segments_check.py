@@ -1,0 +1,114 @@
+"""Where the drop is, end to end: a real table model (the zoo's scikit-learn pipeline over numeric and
+categorical columns) fitted with ``icos-agent fit``, a new subpopulation (a category never seen at fit), and
+``icos-agent check`` ranking it first, in ``--json`` and in words, its true accuracy beside; a reference table
+fitted with ``fit --reference`` and checked with a fault in one of its categories, the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from agent.cli import main
+from bench.zoo import Split, ZooModel, build
+
+NEW = "city unseen at fit"
+
+
+def _frame(split: Split) -> pd.DataFrame:
+    frame = pd.DataFrame({k: v[:, 0] for k, v in split.inputs.items()})
+    frame["y"] = split.y
+    return frame
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ZooModel, Path, Path]:
+    """The zoo's table model, its bundle fitted by the command line, and where its files are."""
+    root = tmp_path_factory.mktemp("segments-check")
+    zoo = build("tabular_categorical", root / "zoo", seed=0)
+    for part in ("train", "val"):
+        _frame(getattr(zoo, part)).to_parquet(root / f"{part}.parquet")
+    argv = ["fit", "--model", str(zoo.path), "--train", str(root / "train.parquet"), "--val", str(root / "val.parquet")]
+    argv += ["--label-column", "y", "--trees", "20", "--shift-sets", "24", "--out", str(root / "bundle")]
+    assert main(argv) == 0
+    return zoo, root, root / "bundle"
+
+
+def _check(zoo: ZooModel, bundle: Path, data: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    capsys.readouterr()
+    argv = ["check", "--model", str(zoo.path), "--bundle", str(bundle), "--data", str(data), "--label-column", "y"]
+    assert main([*argv, *flags]) == 0
+    return capsys.readouterr().out
+
+
+def test_check_ranks_a_new_subpopulation_first_and_the_labels_confirm_it(
+    fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    zoo, root, bundle = fitted
+    test = _frame(zoo.test)
+    rng = np.random.default_rng(0)
+    new = rng.uniform(size=len(test)) < 0.2  # a fifth of the traffic now comes from cities never seen at fit
+    test.loc[new, "city"] = [f"new_city_{i % 7}" for i in range(int(new.sum()))]
+    test.to_parquet(root / "new.parquet")
+    report: dict[str, Any] = json.loads(_check(zoo, bundle, root / "new.parquet", capsys, "--json"))
+    segments = report["segments"]
+    top = segments[0]
+    assert top["name"] == NEW and top["kind"] == "column" and top["dimension"] == "city", segments[:3]
+    assert [s["contribution"] for s in segments] == sorted((s["contribution"] for s in segments), reverse=True)
+    assert top["contribution"] > 0.01
+    assert top["share"] == pytest.approx(float(new.mean()), abs=1e-9) and top["reference_share"] == 0
+    # the truth confirms it: the new population lost accuracy, and the segment's estimate says so
+    assert top["truth_accuracy"] < top["reference_accuracy"] - 0.1
+    assert top["estimate"]["value"] < top["reference_accuracy"] - 0.05
+    assert set(top) >= {"share", "reference_share", "estimate", "reference_accuracy", "contribution", "truth_accuracy"}
+    assert report["segment_drop"]["dimensions"]["city"]["within"] > 0
+    words = _check(zoo, bundle, root / "new.parquet", capsys)
+    where = words.split("where the drop is")[1].splitlines()
+    assert where[1].strip().startswith(f"{NEW}:") and "true " in where[1]
+
+
+def test_a_clean_batch_names_no_segment(
+    fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    zoo, root, bundle = fitted
+    _frame(zoo.test).to_parquet(root / "clean.parquet")
+    report = json.loads(_check(zoo, bundle, root / "clean.parquet", capsys, "--json"))
+    largest = max(s["contribution"] for s in report["segments"])
+    assert largest <= 0.02
+    words = _check(zoo, bundle, root / "clean.parquet", capsys)
+    quiet = "where the drop is: no segment lost accuracy beyond noise against its reference"
+    assert (quiet in words) == (largest <= 0), words
+
+
+def test_a_reference_table_gets_segments_of_its_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(4)
+
+    def table(n: int, broken_region: int | None) -> pd.DataFrame:
+        region = rng.integers(0, 4, n)
+        x = rng.normal(size=(n, 2))
+        logit = 2.5 * x[:, 0] - 1.5 * x[:, 1] + 0.5 * region
+        p1 = 1 / (1 + np.exp(-logit))
+        y = (rng.uniform(size=n) < p1).astype(int)
+        if broken_region is not None:  # the model's answers for one region became noise
+            hit = region == broken_region
+            p1 = np.where(hit, rng.uniform(0.3, 0.7, n), p1)
+        return pd.DataFrame({"x0": x[:, 0], "x1": x[:, 1], "region": region, "p1": p1, "y": y})
+
+    table(4000, None).to_csv(tmp_path / "ref.csv", index=False)
+    table(3000, 2).to_csv(tmp_path / "prod.csv", index=False)
+    fit = ["fit", "--reference", str(tmp_path / "ref.csv"), "--label-column", "y", "--proba-columns", "p1"]
+    assert main([*fit, "--trees", "10", "--out", str(tmp_path / "bundle")]) == 0
+    capsys.readouterr()
+    check = ["check", "--bundle", str(tmp_path / "bundle"), "--data", str(tmp_path / "prod.csv")]
+    assert main([*check, "--label-column", "y", "--json", "--chunk-size", "1500"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    top = report["segments"][0]
+    assert top["name"] == "region=2.0" and top["kind"] == "column", report["segments"][:3]
+    assert top["truth_accuracy"] < top["reference_accuracy"] - 0.1
+    assert all(chunk["segments"][0]["name"] == "region=2.0" for chunk in report["chunks"])
+    names = {s["name"] for s in report["segments"]}
+    assert {"predicted=0", "predicted=1", "region=0.0"} <= names and any(n.startswith("x0 < ") for n in names)

@@ -1,0 +1,338 @@
+"""Segments: defined at fit from a table view, the predicted class, the TDI rules and regions of a view; every
+prediction counted once per dimension with a few numpy operations; additive across windows; stored in the
+bundle's calibration and read back; and the window's segment table that ranks where the drop is."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.segment_table import segment_calibration, segment_estimates, segment_table
+from agent.estimation.segments import (
+    SEGMENTS_FORMAT,
+    Segmentation,
+    segmentation_or_none,
+    truth_counts,
+)
+from agent.estimation.stat_items import stat_items, stats_from_items
+from agent.estimation.statistics import WindowStats
+from agent.fleet.stat_schema import RefusedAnswer, StatSchema
+from agent.judging.windows import CountWindow, TimeWindow
+from agent.offline.segmenting import ColumnGroup, SegmentData, ViewShape, define_segments, kmeans
+from invariants.fit_params import CalibrationPlan
+from invariants.tdi import TrainingInvariants
+
+CLASSES = ("no", "yes", "maybe")
+COLORS = ("red", "green", "blue")
+
+
+def table(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A view of a table: a one-hot ``color`` (3 values + unseen), a numeric ``size``, an integer ``code`` of
+    three values; the class follows the colour and the size."""
+    color = rng.integers(0, 3, n)
+    size = rng.normal(0, 1, n)
+    code = rng.integers(0, 3, n).astype(np.float64)
+    x = np.zeros((n, 6), dtype=np.float32)
+    x[np.arange(n), color] = 1.0
+    x[:, 4] = size
+    x[:, 5] = code
+    y = np.where(size > 0.8, 2, color % 2).astype(np.int64)
+    return x, y
+
+
+SHAPE = ViewShape(
+    (
+        ColumnGroup("color", (0, 1, 2, 3), (*COLORS, "(other)")),
+        ColumnGroup("size", (4,)),
+        ColumnGroup("code", (5,)),
+    ),
+    regions=False,
+)
+
+
+def fitted(
+    rng: np.random.Generator, shape: ViewShape = SHAPE, max_segments: int = 64, accuracy: float = 0.9
+) -> tuple[EstimatorCalibration, SegmentData]:
+    """Segments of the table above fitted as ``fit`` does, with a TDI tree and a model right ``accuracy`` of
+    the time (its confidence calibrated: ``accuracy`` on average)."""
+    train_x, train_y = table(2000, rng)
+    val_x, val_y = table(1500, rng)
+    tdi = TrainingInvariants.fit(
+        train_x, train_y, feature_names=["color=red", "color=green", "color=blue", "color=(other)", "size", "code"]
+    )
+    right = rng.uniform(size=len(val_y)) < accuracy
+    predicted = np.where(right, val_y, (val_y + 1) % 3)
+    probs = np.full((len(val_y), 3), (1 - accuracy) / 2)
+    probs[np.arange(len(val_y)), predicted] = accuracy
+    cal_index = np.arange(0, len(val_y), 3)
+    verdicts = np.where(rng.uniform(size=len(cal_index)) < 0.1, 2, 0).astype(np.int8)
+    data = SegmentData(train_x, train_y, val_x, val_y, probs, predicted, cal_index, verdicts, tdi, CLASSES)
+    classic = EstimatorCalibration.fit(probs.max(axis=1)[cal_index], right[cal_index], verdicts != 0)
+    seg = define_segments(data, shape, classic, max_segments=max_segments, seed=0)
+    return classic.with_segments(seg), data
+
+
+def test_fit_defines_readable_bounded_segments_of_every_kind() -> None:
+    cal, _ = fitted(np.random.default_rng(0))
+    seg = cal.segments
+    assert seg is not None
+    kinds = [d.kind for d in seg.dimensions]
+    assert kinds[0] == "predicted" and kinds[-1] == "rule" and kinds.count("column") == 3
+    names = seg.names()
+    assert names[:3] == ["predicted=no", "predicted=yes", "predicted=maybe"]
+    assert {"color=red", "color=green", "color=blue", "color unseen at fit"} <= set(names)
+    assert {"code=0.0", "code=1.0", "code=2.0", "code=other values"} <= set(names)
+    assert any(n.startswith("size < ") for n in names) and any(n.startswith("size >= ") for n in names)
+    assert any(n.startswith("TDI rule ") and "=>" in n for n in names)
+    assert names[-1] == "no selected TDI rule"
+    # the reference holds every validation prediction once in each dimension
+    for _, a, b in seg.spans():
+        assert sum(seg.reference.n[a:b]) == 1500
+    bounded, _ = fitted(np.random.default_rng(0), max_segments=12)
+    assert bounded.segments is not None and bounded.segments.size <= 12
+
+
+def test_ids_put_every_prediction_in_one_segment_per_dimension_and_unknowns_in_the_last() -> None:
+    cal, data = fitted(np.random.default_rng(1))
+    seg = cal.segments
+    assert seg is not None
+    x = np.zeros((4, 6), dtype=np.float32)
+    x[0, 0] = 1  # red
+    x[1, 3] = 1  # a colour never seen at fit
+    x[2, 2] = 1
+    x[3, 1] = 1
+    x[:, 4] = [-5.0, 0.0, 0.5, 9.0]
+    x[:, 5] = [0, 1, 2, 7]  # 7: no code seen at fit
+    predicted = np.array([0, 2, 1, 9])  # 9: no such class
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    ids = seg.ids(x, predicted, rules, 4)
+    assert ids.shape == (len(seg.dimensions), 4)
+    names = seg.names()
+    by_dim = {d.name: [names[i] for i in row] for d, row in zip(seg.dimensions, ids, strict=True)}
+    assert by_dim["color"] == ["color=red", "color unseen at fit", "color=blue", "color=green"]
+    assert by_dim["code"] == ["code=0.0", "code=1.0", "code=2.0", "code=other values"]
+    assert by_dim["size"][0].startswith("size < ") and by_dim["size"][3].startswith("size >= ")
+    assert by_dim["predicted class"][:3] == ["predicted=no", "predicted=maybe", "predicted=yes"]
+    assert by_dim["predicted class"][3] == "predicted=maybe"  # the last segment: unknown classes
+    # without TDI leaves the rule dimension counts nowhere
+    assert (seg.ids(x, predicted, None, 4)[-1] == seg.size).all()
+
+
+def test_segment_sums_are_the_per_sample_counts_and_add_across_windows() -> None:
+    rng = np.random.default_rng(2)
+    cal, data = fitted(rng)
+    seg = cal.segments
+    assert seg is not None
+    x, _ = table(300, rng)
+    predicted = rng.integers(0, 3, 300)
+    conf = rng.uniform(0.4, 1.0, 300)
+    verdicts = rng.choice(4, 300, p=[0.8, 0.05, 0.1, 0.05]).astype(np.int8)
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    whole = WindowStats.from_batch(verdicts, conf, cal, labels=predicted, features=x, tdi_rules=rules)
+    ids = seg.ids(x, predicted, rules, 300)
+    for s in range(seg.size):
+        d = seg.dimension_of(s)
+        member = ids[d] == s
+        assert whole.seg_n[s] == int(member.sum())
+        assert whole.seg_fails[s] == int((verdicts[member] != 0).sum())
+        assert whole.seg_conf[s] == pytest.approx(conf[member].sum())
+        assert whole.seg_conf_sq[s] == pytest.approx((conf[member] ** 2).sum())
+    halves = [
+        WindowStats.from_batch(verdicts[p], conf[p], cal, labels=predicted[p], features=x[p], tdi_rules=rules[p])
+        for p in (slice(0, 120), slice(120, 300))
+    ]
+    summed = halves[0] + halves[1]
+    assert summed.seg_n == whole.seg_n and summed.seg_fails == whole.seg_fails
+    assert summed.seg_conf == pytest.approx(whole.seg_conf)
+    bucket = TimeWindow(60)
+    for h in halves:
+        bucket.add(h, now=100.0)
+    assert bucket.stats(100.0).seg_n == whole.seg_n
+    # exported and read back as the fleet does
+    back = stats_from_items(dict(stat_items(whole)))
+    assert back.seg_n == whole.seg_n and back.seg_conf == pytest.approx(whole.seg_conf)
+
+
+def test_the_count_window_keeps_every_predictions_segments_and_restores_them() -> None:
+    rng = np.random.default_rng(3)
+    cal, data = fitted(rng)
+    seg = cal.segments
+    assert seg is not None
+    w = CountWindow(50)
+    xs, ps, cs, vs = [], [], [], []
+    for n in (20, 25, 30):
+        x, _ = table(n, rng)
+        p = rng.integers(0, 3, n)
+        c = rng.uniform(0.5, 1.0, n)
+        v = np.zeros(n, np.int8)
+        rules = data.tdi.rule_index(x) if data.tdi is not None else None
+        w.add(v, c, labels=p, segments=seg.ids(x, p, rules, n))
+        xs, ps, cs, vs = [*xs, x], [*ps, p], [*cs, c], [*vs, v]
+    x, p, c, v = (np.concatenate(a)[-50:] for a in (xs, ps, cs, vs))
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    expected = WindowStats.from_batch(v, c, cal, labels=p, features=x, tdi_rules=rules)
+    assert w.stats(cal).seg_n == expected.seg_n
+    restored = CountWindow.from_dict(json.loads(json.dumps(w.to_dict())))
+    assert restored.stats(cal).seg_n == expected.seg_n
+    assert restored.stats(cal).seg_conf == pytest.approx(expected.seg_conf)
+
+
+def test_segments_are_stored_with_the_calibration_and_older_bundles_have_none() -> None:
+    cal, _ = fitted(np.random.default_rng(4))
+    d = json.loads(json.dumps(cal.to_dict()))
+    assert d["segments"]["kind"] == SEGMENTS_FORMAT
+    back = EstimatorCalibration.from_dict(d)
+    assert back.segments == cal.segments
+    older = {k: v for k, v in d.items() if k != "segments"}
+    assert EstimatorCalibration.from_dict(older).segments is None
+    assert segmentation_or_none({**d["segments"], "kind": "segments_v0"}) is None
+    assert segmentation_or_none({"kind": SEGMENTS_FORMAT}) is None  # unreadable: no segments, not an error
+    assert isinstance(Segmentation.from_dict(d["segments"]), Segmentation)
+
+
+def live(
+    cal: EstimatorCalibration, data: SegmentData, rng: np.random.Generator, n: int, hurt: str | None = None
+) -> tuple[WindowStats, tuple[list[int], list[int]]]:
+    """A window of ``n`` predictions like the validation data; ``hurt``: the predictions of that segment lose
+    confidence (and accuracy) as a shifted input does."""
+    seg = cal.segments
+    assert seg is not None
+    x, y = table(n, rng)
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    right = rng.uniform(size=n) < 0.9
+    predicted = np.where(right, y, (y + 1) % 3)
+    conf = np.full(n, 0.9)
+    if hurt is not None:
+        ids = seg.ids(x, predicted, rules, n)
+        target = seg.names().index(hurt)
+        member = ids[seg.dimension_of(target)] == target
+        conf[member] = 0.55
+        right[member] = rng.uniform(size=int(member.sum())) < 0.55
+    verdicts = np.zeros(n, np.int8)
+    stats = WindowStats.from_batch(verdicts, conf, cal, labels=predicted, features=x, tdi_rules=rules)
+    return stats, truth_counts(seg.ids(x, predicted, rules, n), seg.size, right)
+
+
+def test_the_hurt_segment_is_ranked_first_and_a_clean_window_has_no_contribution() -> None:
+    rng = np.random.default_rng(5)
+    cal, data = fitted(rng)
+    stats, truth = live(cal, data, rng, 3000, hurt="color=green")
+    table_ = segment_table(stats, cal, truth=truth)
+    assert table_ is not None
+    top = table_.rows[0]
+    assert top.name == "color=green" and top.kind == "column" and top.dimension == "color"
+    assert top.contribution > 0.05
+    assert top.estimate is not None and abs(top.estimate.value - 0.55) < 0.05
+    assert top.truth_accuracy is not None and abs(top.truth_accuracy - 0.55) < 0.06
+    assert top.estimate.lower < top.estimate.value < top.estimate.upper
+    color = next(d for d in table_.dimensions if d.dimension == "color")
+    assert color.within == pytest.approx(
+        sum(
+            r.share * (r.reference_accuracy - r.estimate.value)
+            for r in table_.rows
+            if r.dimension == "color" and r.estimate
+        )
+    )
+    clean, _ = live(cal, data, rng, 3000)
+    quiet = segment_table(clean, cal)
+    assert quiet is not None and max(r.contribution for r in quiet.rows) <= 0.0
+
+
+def test_a_change_of_mix_alone_is_the_mix_part_not_a_contribution() -> None:
+    rng = np.random.default_rng(6)
+    cal, data = fitted(rng)
+    seg = cal.segments
+    assert seg is not None
+    x, y = table(6000, rng)
+    keep = np.flatnonzero(x[:, 0] == 1)[:1500]  # only red
+    x, y = x[keep], y[keep]
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    stats = WindowStats.from_batch(
+        np.zeros(len(y), np.int8), np.full(len(y), 0.9), cal, labels=y, features=x, tdi_rules=rules
+    )
+    table_ = segment_table(stats, cal)
+    assert table_ is not None
+    red = next(r for r in table_.rows if r.name == "color=red")
+    assert red.share == 1.0 and red.reference_share == pytest.approx(1 / 3, abs=0.05)
+    assert max(r.contribution for r in table_.rows) <= 0.0
+
+
+def test_segment_estimates_are_the_on_segments_estimators_with_the_segments_reference() -> None:
+    rng = np.random.default_rng(7)
+    cal, data = fitted(rng)
+    seg = cal.segments
+    assert seg is not None
+    stats, _ = live(cal, data, rng, 2000)
+    index = seg.names().index("color=blue")
+    estimates = segment_estimates(stats, cal, index)
+    assert set(estimates) == {"icos", "icos_corrected", "avg_conf", "doc"}
+    own = segment_calibration(cal, index)
+    ref = seg.reference
+    assert own.accuracy == pytest.approx((ref.correct[index] + 5 * 0.9) / (ref.n[index] + 5), abs=0.02)
+    assert estimates["avg_conf"].value == pytest.approx(0.9)
+
+
+def test_the_fleet_schema_knows_the_segments_and_refuses_impossible_sums() -> None:
+    rng = np.random.default_rng(8)
+    cal, data = fitted(rng)
+    seg = cal.segments
+    assert seg is not None
+    schema = StatSchema.of_bundle(cal, 3)
+    assert {f"seg_n:{i}" for i in range(seg.size)} <= schema.names
+    assert f"seg_n:{seg.size}" not in schema.names
+    stats, _ = live(cal, data, rng, 400)
+    items = dict(stat_items(stats))
+    assert schema.window(items, 1000.0, "w").seg_n == stats.seg_n
+    bad = dict(items)
+    bad["seg_n:0"] = items["seg_n:0"] + stats.n  # one dimension then holds more than every prediction
+    with pytest.raises(RefusedAnswer, match="segments"):
+        schema.window(bad, 1000.0, "w")
+    with pytest.raises(RefusedAnswer):
+        schema.known(f"seg_n:{seg.size}")
+
+
+def test_regions_cluster_a_view_and_name_their_class_mix() -> None:
+    rng = np.random.default_rng(9)
+    centres = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0]])
+    y = rng.integers(0, 3, 900)
+    x = (centres[y] + rng.normal(0, 0.5, (900, 2))).astype(np.float32)
+    found, assigned = kmeans(x.astype(np.float64), 3, rng)
+    assert len(found) == 3 and len(np.unique(assigned)) == 3
+    cal = EstimatorCalibration(tpr=0.5, fpr=0.1, n_wrong=50, n_right=250, accuracy=0.9, avg_conf=0.9, atc_threshold=0.5)
+    data = SegmentData(
+        x, y, x[:300], y[:300], np.eye(3)[y[:300]], y[:300], np.arange(100), np.zeros(100), None, CLASSES
+    )
+    plan = CalibrationPlan(segment_regions=3)
+    seg = define_segments(data, ViewShape((), regions=True), cal, max_segments=64, plan=plan)
+    assert seg is not None
+    region = next(d for d in seg.dimensions if d.kind == "region")
+    assert sorted(n.split(": ")[1] for n in region.segments) == ["maybe 100%", "no 100%", "yes 100%"]
+    ids = seg.ids(x, y, None, 900)[seg.dimensions.index(region)]
+    names = [seg.names()[i] for i in ids]
+    assert all(n.endswith(f"{CLASSES[c]} 100%") for n, c in zip(names, y, strict=True))
+
+
+def test_one_rendering_carries_the_segments_to_every_surface() -> None:
+    from agent.estimation.rendering import segment_points, snapshot_points, window_entry
+
+    rng = np.random.default_rng(10)
+    cal, data = fitted(rng)
+    stats, _ = live(cal, data, rng, 2000, hurt="color=green")
+    entry = window_entry("1h", stats, cal, "doc", CLASSES, per_class_cap=20)
+    body = entry.to_json(cal)
+    assert body["segments"][0]["name"] == "color=green"
+    assert set(body["segment_drop"]["dimensions"]) == {d.name for d in cal.segments.dimensions}  # type: ignore[union-attr]
+    points = segment_points(entry)
+    assert len(points) == cal.segments.size  # type: ignore[union-attr]
+    top = points[0]
+    assert (top.window, top.kind, top.segment) == ("1h", "column", "color=green")
+    assert top.contribution == pytest.approx(body["segments"][0]["contribution"], abs=1e-6)
+    assert snapshot_points([entry]).segments == points
+    # a bundle without segments (fitted before them) reports none, and nothing breaks
+    older = EstimatorCalibration.from_dict({k: v for k, v in cal.to_dict().items() if k != "segments"})
+    plain = window_entry("1h", stats, older, "doc", CLASSES, per_class_cap=20)
+    assert "segments" not in plain.to_json(older) and segment_points(plain) == []
+    assert segment_table(WindowStats.from_batch(np.zeros(3, np.int8), np.ones(3), older), older) is None
