@@ -292,6 +292,7 @@ class _TableJudge:
 
 
 def _indices(y: np.ndarray, classes: Sequence[str]) -> np.ndarray:
+    """The labels as class indices; ``__none__`` (none of the classes) counts as wrong for both versions."""
     from agent.data.files import label_indices
 
-    return label_indices(y, list(classes))
+    return label_indices(y, list(classes), allow_none=True)
