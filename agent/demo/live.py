@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TextIO
 
-from agent.demo.record import DemoRecord, PhaseStats
+from agent.demo.record import DemoRecord, PhaseStats, drop_line
 
 LABEL_WIDTH = 18
 VERDICT_ROWS = ("pass", "fail:idi", "fail:tdi", "fail:adi")
@@ -90,7 +90,7 @@ def phase_line(record: DemoRecord, i: int) -> str:
             parts.append(f"{name}{mark} {e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]{caveat}")
     mix = ", ".join(f"{k} {v:.1%}" for k, v in p.verdict_shares().items())
     parts.append(f"verdicts {mix}")
-    return " | ".join(parts)
+    return " | ".join(parts) + f"\n      where the drop is: {drop_line(p.drop)}"
 
 
 class LiveView:

@@ -29,6 +29,9 @@ class PhaseStats:
     window_n: int = 0
     #: realized accuracy reported by the agent from delayed labels, when it supports them
     realized: float | None = None
+    #: where the window's drop is: the segment that lost the most accuracy beyond noise (None: no segment
+    #: did, or the bundle has none), as ``GET /v1/estimates`` ranks them
+    drop: dict[str, Any] | None = None
     seconds: float = 0.0
     done: bool = False
 
@@ -52,8 +55,44 @@ class PhaseStats:
             "unreliable": self.unreliable,
             "window_n": self.window_n,
             "realized": self.realized,
+            "drop": self.drop,
             "seconds": round(self.seconds, 3),
         }
+
+
+def top_segment(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first of a window's segments (ranked by contribution, largest first) when it lost accuracy beyond
+    noise: its kind, name, share, estimate, reference accuracy and contribution, and what the labels drawn
+    in it say (``realized``) when the agent has them."""
+    if not rows or not rows[0].get("contribution") or float(rows[0]["contribution"]) <= 0:
+        return None
+    row = rows[0]
+    estimate = row.get("estimate") or {}
+    realized = row.get("realized") or {}
+    return {
+        "kind": str(row.get("kind", "")),
+        "name": str(row.get("name", "")),
+        "share": float(row.get("share", 0.0)),
+        "estimate": None if estimate.get("value") is None else float(estimate["value"]),
+        "reference_accuracy": float(row.get("reference_accuracy", 0.0)),
+        "contribution": float(row["contribution"]),
+        "realized": None if realized.get("value") is None else float(realized["value"]),
+        "realized_n": int(realized.get("n", 0) or 0),
+    }
+
+
+def drop_line(drop: dict[str, Any] | None) -> str:
+    """Where the drop is, in words (one line of the demo's output and report)."""
+    if drop is None:
+        return "no segment lost accuracy beyond noise"
+    est = "-" if drop["estimate"] is None else f"{drop['estimate']:.3f}"
+    out = (
+        f"{drop['kind']} {drop['name']} ({drop['share']:.0%} of the window): estimated {est} against "
+        f"{drop['reference_accuracy']:.3f} at reference, {drop['contribution']:.3f} of the accuracy lost"
+    )
+    if drop["realized"] is not None:
+        out += f"; its {drop['realized_n']} labels say {drop['realized']:.3f}"
+    return out
 
 
 @dataclass(frozen=True)
@@ -125,6 +164,7 @@ class DemoRecord:
         }
         p.unreliable = {k: str(v["unreliable"]) for k, v in ests.items() if v.get("unreliable")}
         p.window_n = int(win.get("n", 0))
+        p.drop = top_segment(win.get("segments") or [])
         truth = self.window_truth()
         if truth is not None and ests:
             point = {

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.demo.record import DemoRecord
+from agent.demo.record import DemoRecord, drop_line
 
 PNG_ESTIMATES = "estimates_vs_truth.png"
 PNG_VERDICTS = "verdict_mix.png"
@@ -212,6 +212,8 @@ def _phase_table(record: DemoRecord) -> str:
             errs.append("-" if not e or p.accuracy is None else f"{abs(e['value'] - p.accuracy):.3f}")
         rows.append([f"|error| {name}", *errs])
         classes.append("")
+    rows.append(["where the drop is (segments)", *[drop_line(p.drop) for p in record.phases]])
+    classes.append("")
     verdicts = sorted({v for p in record.phases for v in p.verdicts}, key=lambda v: (v != "pass", v))
     for v in verdicts:
         rows.append([f"verdict {v}", *[f"{p.verdict_shares().get(v, 0.0):.1%}" for p in record.phases]])

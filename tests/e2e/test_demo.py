@@ -29,6 +29,7 @@ def test_story_is_told_in_plain_lines(demo: Any) -> None:
     assert "\x1b[" not in out  # --no-live: no escape codes
     for i, name in enumerate(PHASES):
         assert re.search(rf"^\[{i + 1}/5\] {name}: 250 predictions", out, re.M), name
+    assert len(re.findall(r"^      where the drop is: ", out, re.M)) == len(PHASES)
     for kind in AUDITS:
         assert re.search(rf"^  {kind}: ", out, re.M), kind
     assert "report" in out and "index.html" in out
@@ -74,6 +75,13 @@ def test_recorded_numbers_are_consistent(demo: Any) -> None:
     assert by["translation"]["truth"] < by["in_distribution"]["truth"] - 0.1
     share = lambda p: p["verdicts"].get("pass", 0) / p["sent"]  # noqa: E731
     assert share(by["translation"]) < share(by["in_distribution"])
+    # where the drop is: a segment of the translated digits lost accuracy beyond noise, and the labels posted
+    # with every prediction say what it really lost
+    drop = by["translation"]["drop"]
+    assert drop is not None and drop["contribution"] > 0 and drop["name"]
+    assert drop["estimate"] < drop["reference_accuracy"]
+    if drop["realized"] is not None:
+        assert drop["realized"] < drop["reference_accuracy"]
     for kind in AUDITS:
         assert rec["audits"][kind]["status"] == "success"
     assert len(rec["trace"]) >= 5
