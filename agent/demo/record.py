@@ -87,7 +87,7 @@ def drop_line(drop: dict[str, Any] | None) -> str:
         return "no segment lost accuracy beyond noise"
     est = "-" if drop["estimate"] is None else f"{drop['estimate']:.3f}"
     out = (
-        f"{drop['kind']} {drop['name']} ({drop['share']:.0%} of the window): estimated {est} against "
+        f"{drop['name']} (a {drop['kind']} segment, {drop['share']:.0%} of the window): estimated {est} against "
         f"{drop['reference_accuracy']:.3f} at reference, {drop['contribution']:.3f} of the accuracy lost"
     )
     if drop["realized"] is not None:
