@@ -40,6 +40,8 @@ class JudgedBatch:
     extras: np.ndarray | None = None
     #: The request's prepared inputs (None when the work was recorded without them).
     inputs: Inputs | None = None
+    #: Every prediction's segment in each dimension fixed at fit, int64 ``[D, n]`` (None without segments).
+    segments: np.ndarray | None = None
 
 
 #: Receives every judged request that has an id (the prediction store); called while recording, so
@@ -166,8 +168,11 @@ class Recorder:
             for w in works:
                 n = w.n
                 part = cols[start : start + n] if cols is not None else None
+                seg = ids[:, start : start + n] if ids is not None else None
                 start += n
                 if w.request_id is not None and w.verdicts is not None:
-                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs)
+                    batch = JudgedBatch(
+                        rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, seg
+                    )
                     for judged_sink in self.judged_sinks:
                         judged_sink(batch)

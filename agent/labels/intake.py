@@ -154,6 +154,7 @@ class LabelIntake:
         metrics: LabelMetrics,
         run_in_thread: Callable[..., Awaitable[Any]],
         on_accepted: Callable[[LabelOutcome], None],
+        on_labeled: Callable[[list[tuple[str, int]]], object] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -162,6 +163,8 @@ class LabelIntake:
         self.metrics = metrics
         self.run = run_in_thread
         self.on_accepted = on_accepted
+        #: the accepted labels by prediction id (stratified draws learn from them)
+        self.on_labeled = on_labeled
 
     async def accept(self, body: bytes, source: str, correct: bool = False) -> dict[str, Any]:
         """Apply a ``POST /v1/labels`` body from ``source`` (``correct``: its labels replace earlier ones);
@@ -192,6 +195,9 @@ class LabelIntake:
         outcome = self.store.apply_labels(labels, time.time(), source, correct)
         if outcome.n_accepted:
             self.on_accepted(outcome)
+            if self.on_labeled is not None:
+                refused = {*outcome.unknown, *outcome.duplicate}
+                self.on_labeled([(pid, label) for pid, label in labels if pid not in refused])
         return outcome
 
     async def _retry_on_their_way(

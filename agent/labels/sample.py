@@ -18,6 +18,11 @@ prediction store's writer with its draws (and, under active sampling, their draw
   While :meth:`LabelingSample.boost` is on (the trust signal says a window lies outside the
   calibration's range: :mod:`agent.labels.boost` looks on a timer), the rate is multiplied by
   ``labels.boost_factor``: the budget is spent sooner, where the label-free estimate is least to be believed.
+* ``stratified`` — as ``active``, with each prediction's uncertainty replaced by the residual spread of its
+  strata (its bin of predicted correctness and its segments) as the labels received so far show it
+  (:mod:`agent.labels.strata_draws`, :mod:`agent.estimation.strata`): the budget goes where the labels say the
+  predictor is wrong. Probabilities are fixed before each draw and kept, so ``with_labels`` is the same
+  inverse-probability-weighted estimate.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from agent.config.settings import LabelsConfig
-from agent.estimation.active import draw_probabilities, uncertainty
+from agent.estimation.active import spread_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch
 from agent.labels.store import PredictionStore
+from agent.labels.strata_draws import StratifiedDraws
 from agent.model.classifier import label_confidences
 from exporters.label_metrics import LabelMetrics
 
@@ -87,10 +93,14 @@ class ActiveBudget:
         span = self.tau * (1.0 - math.exp(-max(now - self._start, 1e-9) / self.tau))
         return self._count / span if span > 0 else 0.0
 
-    def probabilities(self, predicted_correct: np.ndarray, now: float, boost: float = 1.0) -> np.ndarray:
-        """The draw probabilities of one batch, and the batch counted into the smoothed figures."""
+    def probabilities(
+        self, predicted_correct: np.ndarray, now: float, boost: float = 1.0, spread: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The draw probabilities of one batch, and the batch counted into the smoothed figures. ``spread``:
+        each prediction's residual standard deviation as stratified draws learn it (default: the calibrated
+        uncertainty of ``f``)."""
         f = np.asarray(predicted_correct, dtype=np.float64).reshape(-1)
-        u = uncertainty(f)
+        u = uncertainty(f) if spread is None else np.asarray(spread, dtype=np.float64).reshape(-1)
         self._decay(now)
         self._count += len(f)
         self._u += float(u.sum())
@@ -98,7 +108,7 @@ class ActiveBudget:
         goal = min(self.per_window * boost / expected, 1.0) if expected > 0 else 1.0
         kept = self._drawn / self._asked if self._asked > 0 else 1.0
         rate = min(goal / max(kept, 1e-3), 1.0 / self.floor)
-        pi = draw_probabilities(f, rate, self._u / self._count, self.floor)
+        pi = spread_probabilities(u, rate, self._u / self._count, self.floor)
         self._drawn += float(pi.sum())
         self._asked += rate * len(f)
         return pi
@@ -117,12 +127,15 @@ class LabelingSample:
         metrics: LabelMetrics,
         budget: ActiveBudget | None = None,
         boost_factor: float = 1.0,
+        strata: StratifiedDraws | None = None,
     ) -> None:
         self.store = store
         self.rate = rate
         self.metrics = metrics
         self.budget = budget
         self.boost_factor = float(boost_factor)
+        #: stratified draws' learnt allocation (``labels.sampling: stratified``; needs ``budget``)
+        self.strata = strata
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()  # drawn from OS entropy, never from the request
@@ -130,9 +143,10 @@ class LabelingSample:
     @classmethod
     def of(cls, config: LabelsConfig, store: PredictionStore, metrics: LabelMetrics) -> LabelingSample:
         """The sample of ``labels`` settings."""
-        if config.sampling == "active":
+        if config.sampling in ("active", "stratified"):
             budget = ActiveBudget(config.per_window, config.budget_seconds, config.active_floor)
-            return cls(store, 0.0, metrics, budget, config.boost_factor)
+            strata = StratifiedDraws(config.budget_seconds) if config.sampling == "stratified" else None
+            return cls(store, 0.0, metrics, budget, config.boost_factor, strata)
         return cls(store, config.sample_rate, metrics)
 
     def boost(self, seconds: float, now: float | None = None) -> None:
@@ -156,11 +170,15 @@ class LabelingSample:
             return np.flatnonzero(self._rng.random(n) < self.rate), None
         conf = label_confidences(batch.probabilities, batch.predicted)  # as the windows take it
         f = batch.rt.calibration.predicted_correct(conf, batch.verdicts)
+        strata = self.strata.strata(batch, f) if self.strata is not None else None
+        spread = self.strata.spread(batch, f, strata) if self.strata is not None and strata is not None else None
         now = time.monotonic()
         with self._lock:
             boost = self.boost_factor if now < self._boost_until else 1.0
-            pi = self.budget.probabilities(f, now, boost)
+            pi = self.budget.probabilities(f, now, boost, spread)
             drawn = np.flatnonzero(self._rng.random(n) < pi)
+        if self.strata is not None and strata is not None:
+            self.strata.remember(batch, drawn, f, strata)
         return drawn, pi[drawn]
 
     def on_judged(self, batch: JudgedBatch) -> None:
