@@ -39,6 +39,7 @@ from agent.estimation.active import spread_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch
+from agent.labels.segment_labels import LabeledSegments
 from agent.labels.store import PredictionStore
 from agent.labels.strata_draws import StratifiedDraws
 from agent.model.classifier import label_confidences
@@ -136,6 +137,8 @@ class LabelingSample:
         self.boost_factor = float(boost_factor)
         #: stratified draws' learnt allocation (``labels.sampling: stratified``; needs ``budget``)
         self.strata = strata
+        #: the sample's labels by segment (every segment's realized accuracy in a window)
+        self.segment_labels = LabeledSegments()
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()  # drawn from OS entropy, never from the request
@@ -181,11 +184,19 @@ class LabelingSample:
             self.strata.remember(batch, drawn, f, strata)
         return drawn, pi[drawn]
 
+    def labeled(self, labels: list[tuple[str, int]]) -> None:
+        """Accepted labels ``(prediction id, true class)`` (from the label intake): the stratified
+        allocation learns from them, and they join their segments' realized figures."""
+        if self.strata is not None:
+            self.strata.learn(labels)
+        self.segment_labels.learn(labels)
+
     def on_judged(self, batch: JudgedBatch) -> None:
         """Judged-batch sink (called while recording, so it only enqueues)."""
         sampled, probability = self._draw(batch)
         if sampled is not None and len(sampled):
             self.metrics.label_sample.inc(len(sampled))
+            self.segment_labels.remember(batch, sampled, probability)
         else:
             sampled = probability = None
         self.store.enqueue(

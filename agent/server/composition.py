@@ -93,6 +93,7 @@ class Agent:
             self.windows,
             labeled=self.realized.labeled_sums,
             section=self.realized.section,
+            segment_labels=lambda rt, now: self.sample.segment_labels.by_window(rt.calibration, s.window_seconds, now),
             per_class_cap=self.metrics.per_class_label_cap,
         )
         registry.register(EstimatesCollector(self._estimates_snapshot))
@@ -149,7 +150,7 @@ class Agent:
             self.label_metrics,
             self.run,
             on_accepted=self.realized.add_accepted,
-            on_labeled=self.sample.strata.learn if self.sample.strata is not None else None,
+            on_labeled=self.sample.labeled,
         )
         self.labels = LabelService(
             s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run

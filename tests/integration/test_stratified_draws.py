@@ -1,6 +1,7 @@
 """Stratified draws in a served agent (``labels.sampling: stratified``): every drawn prediction keeps its
 probability, the labels posted for them teach the allocation (by segment and bin of predicted correctness),
-and ``with_labels`` is the inverse-probability-weighted estimate, covering the window's accuracy."""
+``with_labels`` is the inverse-probability-weighted estimate, covering the window's accuracy, and every
+segment of the window shows the realized accuracy of the labels drawn in it."""
 
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ def test_served_agent_under_stratified_draws_learns_from_its_labels(
     assert e["weighted"] is True and e["n_labels"] == len(ids)
     accuracy = float(np.mean(traffic["labels"] == y))
     assert e["lower"] - 0.01 <= accuracy <= e["upper"] + 0.01
+    # every segment's realized accuracy from the labels drawn in it, beside its estimate
+    segments = windows()["5m"]["segments"]
+    realized = [s for s in segments if "realized" in s]
+    assert realized and all(0 <= s["realized"]["lower"] <= s["realized"]["upper"] <= 1 for s in realized)
+    for dim in {s["dimension"] for s in segments}:
+        assert sum(s["realized"]["n"] for s in realized if s["dimension"] == dim) == len(ids)
     db = sqlite3.connect(tmp_path / STORE_FILE)
     kept = [p for (p,) in db.execute("SELECT draw_p FROM labels")]
     db.close()
