@@ -94,6 +94,23 @@ class StratifiedDraws:
             self._learner.learn(strata, f, correct, time.monotonic() if now is None else now)
             return len(got)
 
+    def worth(self, pids: list[str]) -> list[float | None]:
+        """How much the label of each drawn prediction ``pids`` is worth now (:meth:`StrataLearner.wanted`:
+        its stratum's spread over the root of one more than the labels the stratum already has); None for
+        one not remembered."""
+        with self._lock:
+            learner = self._learner
+            known = [(k, self._drawn[pid]) for k, pid in enumerate(pids) if pid in self._drawn]
+            out: list[float | None] = [None] * len(pids)
+            if learner is None or not known:
+                return out
+            strata = np.stack([g[0] for _, g in known], axis=1)
+            f = np.array([g[1] for _, g in known])
+            values = learner.wanted(strata, f)
+        for (k, _), v in zip(known, values.tolist(), strict=True):
+            out[k] = float(v)
+        return out
+
     def learnt(self) -> float:
         """The labels the allocation has learnt from (decayed)."""
         with self._lock:

@@ -151,6 +151,7 @@ class Agent:
             self.run,
             on_accepted=self.realized.add_accepted,
             on_labeled=self.sample.labeled,
+            worth=self.sample.strata.worth if self.sample.strata is not None else None,
         )
         self.labels = LabelService(
             s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run

@@ -1,7 +1,8 @@
 """Stratified draws in a served agent (``labels.sampling: stratified``): every drawn prediction keeps its
 probability, the labels posted for them teach the allocation (by segment and bin of predicted correctness),
 ``with_labels`` is the inverse-probability-weighted estimate, covering the window's accuracy, and every
-segment of the window shows the realized accuracy of the labels drawn in it."""
+segment of the window shows the realized accuracy of the labels drawn in it; the labeling sample is listed
+most worth labeling first."""
 
 from __future__ import annotations
 
@@ -44,8 +45,16 @@ def test_served_agent_under_stratified_draws_learns_from_its_labels(
     assert listed["sampling"] == "stratified"
     ids = [r["id"] for r in listed["requests"]]
     assert 100 < len(ids) < 1000
-    post_labels(srv.url, [{"id": pid, "label": truth[pid]} for pid in ids])
-    assert strata.learnt() == len(ids)  # every label of a drawn prediction taught the allocation
+    # the listing is ordered by how much each label is worth, most first
+    assert listed["order"] == "worth"
+    worth = [r["worth"] for r in listed["requests"]]
+    assert worth == sorted(worth, reverse=True) and worth[0] > worth[-1]
+    posted = ids[:-50]  # the labelers label the most worth; the least worth stay listed
+    post_labels(srv.url, [{"id": pid, "label": truth[pid]} for pid in posted])
+    assert strata.learnt() == len(posted)  # every label of a drawn prediction taught the allocation
+    again = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": 1000}).json()["requests"]
+    assert sorted(r["id"] for r in again) == sorted(ids[-50:])
+    assert [r["worth"] for r in again] == sorted((r["worth"] for r in again), reverse=True)
     excess = strata.shrunk_excess()
     assert excess is not None and float(np.abs(excess).max()) > 0
     assert len(excess) > N_BINS  # the bundle's segments are strata too
@@ -55,7 +64,7 @@ def test_served_agent_under_stratified_draws_learns_from_its_labels(
 
     assert wait_until(lambda: windows()["5m"]["n"] == 1000 and WITH_LABELS in windows()["5m"]["estimates"])
     e = windows()["5m"]["estimates"][WITH_LABELS]
-    assert e["weighted"] is True and e["n_labels"] == len(ids)
+    assert e["weighted"] is True and e["n_labels"] == len(posted)
     accuracy = float(np.mean(traffic["labels"] == y))
     assert e["lower"] - 0.01 <= accuracy <= e["upper"] + 0.01
     # every segment's realized accuracy from the labels drawn in it, beside its estimate
@@ -63,8 +72,8 @@ def test_served_agent_under_stratified_draws_learns_from_its_labels(
     realized = [s for s in segments if "realized" in s]
     assert realized and all(0 <= s["realized"]["lower"] <= s["realized"]["upper"] <= 1 for s in realized)
     for dim in {s["dimension"] for s in segments}:
-        assert sum(s["realized"]["n"] for s in realized if s["dimension"] == dim) == len(ids)
+        assert sum(s["realized"]["n"] for s in realized if s["dimension"] == dim) == len(posted)
     db = sqlite3.connect(tmp_path / STORE_FILE)
     kept = [p for (p,) in db.execute("SELECT draw_p FROM labels")]
     db.close()
-    assert len(kept) == len(ids) and all(0 < p <= 1 for p in kept)
+    assert len(kept) == len(posted) and all(0 < p <= 1 for p in kept)  # the labeled ones, with their π

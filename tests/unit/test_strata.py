@@ -93,3 +93,12 @@ def test_stratified_draws_are_unbiased_for_the_window() -> None:
     se = float(np.std(values)) / math.sqrt(len(values))
     assert abs(float(np.mean(values)) - truth) < 4 * se + 1e-3
     assert float(np.mean(covered)) >= 0.9
+
+
+def test_a_listing_by_worth_puts_the_most_wanted_first_and_the_unknown_last() -> None:
+    from agent.labels.intake import by_worth
+
+    entries = [{"id": str(i), "timestamp": float(10 - i)} for i in range(5)]
+    ordered = by_worth(entries, [0.1, None, 0.5, 0.3, None])
+    assert [e["id"] for e in ordered] == ["2", "3", "0", "1", "4"]
+    assert ordered[0]["worth"] == 0.5 and ordered[-1]["worth"] is None
