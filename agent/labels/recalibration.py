@@ -129,7 +129,11 @@ class Recalibrator:
             if text is None:
                 return None
             d = json.loads(text)["calibration"]
-            return EstimatorCalibration.from_dict(d).with_shift(rt.calibration.shift)
+            return (
+                EstimatorCalibration.from_dict(d)
+                .with_shift(rt.calibration.shift)
+                .with_segments(rt.calibration.segments)
+            )
         except Exception as exc:  # a damaged record only costs the refit
             self.metrics.store_errors.labels("read").inc()
             log.warning("ignoring a saved calibration that cannot be read", extra={"error": str(exc)})
@@ -153,7 +157,8 @@ class Recalibrator:
             )
         old = rt.calibration
         weights = label_weights(rows.draw_probability)
-        new = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0, weights).with_shift(old.shift)
+        fitted = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0, weights)
+        new = fitted.with_shift(old.shift).with_segments(old.segments)  # both stay the bundle's
         before, after = realized_window(rows, old), realized_window(rows, new)
         assert before is not None and after is not None
         report = {
