@@ -145,6 +145,9 @@ def format_segments(report: dict[str, object]) -> list[str]:
     for r in lost:
         e = r["estimate"]
         truth = f", true {r['truth_accuracy']:.3f}" if "truth_accuracy" in r else ""
+        if "realized" in r:
+            z = r["realized"]
+            truth += f", {z['n']} labels drawn: {z['value']:.3f} [{z['lower']:.3f}, {z['upper']:.3f}]"
         lines.append(
             f"  {r['name']}: {r['share']:.0%} of predictions (reference {r['reference_share']:.0%}), estimated "
             f"{e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}] against {r['reference_accuracy']:.3f} at "

@@ -15,11 +15,13 @@ class LabelSampling(Section):
     """How predictions are drawn into the labeling sample (``labels.sample_rate`` stays with the other
     ``labels`` settings: it predates the choice)."""
 
-    sampling: Literal["active", "uniform"] | None = None
+    sampling: Literal["active", "stratified", "uniform"] | None = None
     """how predictions are drawn into the labeling sample: `active` (each with a probability growing with the
     bundle's predicted uncertainty that it is correct, `labels.per_window` expected per `labels.budget_window`;
-    every label weighted by its inverse probability) or `uniform` (each with probability `labels.sample_rate`);
-    null: `uniform` when `labels.sample_rate` is set, else `active`"""
+    every label weighted by its inverse probability), `stratified` (as `active`, the probability growing with
+    the residual spread of the prediction's segment or bin of predicted correctness as the labels received so
+    far show it) or `uniform` (each with probability `labels.sample_rate`); null: `uniform` when
+    `labels.sample_rate` is set, else `active`"""
 
     per_window: int = Field(200, ge=1, le=1_000_000)
     """with active sampling, the labels to draw per `labels.budget_window` (expected; the traffic rate is measured

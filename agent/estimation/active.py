@@ -72,30 +72,45 @@ def draw_probabilities(
     figure the caller keeps): the expected number drawn is ``rate`` per prediction on average (less
     where some are clipped, see :func:`rate_for`). ``floor`` in (0, 1]: every prediction is drawn with
     probability at least ``rate · floor``."""
+    return spread_probabilities(uncertainty(predicted_correct), rate, mean_uncertainty, floor)
+
+
+def spread_probabilities(
+    spread: np.ndarray, rate: float, mean_spread: float, floor: float = DEFAULT_FLOOR
+) -> np.ndarray:
+    """:func:`draw_probabilities` of predictions whose residual standard deviation is ``spread`` (any
+    Neyman allocation: :mod:`agent.estimation.strata` learns it from the labels), ``mean_spread`` the
+    traffic's mean."""
     if not 0.0 < floor <= 1.0:
         raise ValueError(f"the floor of the draw probabilities must lie in (0, 1], not {floor}")
-    u = uncertainty(predicted_correct)
-    mean_u = float(mean_uncertainty)
+    u = np.asarray(spread, dtype=np.float64)
+    mean_u = float(mean_spread)
     shape = u / mean_u if mean_u > 1e-12 else np.ones_like(u)
     return np.asarray(np.clip(max(float(rate), 0.0) * ((1.0 - floor) * shape + floor), 0.0, 1.0), dtype=np.float64)
 
 
 def rate_for(
-    predicted_correct: np.ndarray, target_rate: float, mean_uncertainty: float, floor: float = DEFAULT_FLOOR
+    predicted_correct: np.ndarray,
+    target_rate: float,
+    mean_uncertainty: float,
+    floor: float = DEFAULT_FLOOR,
+    *,
+    spread: np.ndarray | None = None,
 ) -> float:
     """The ``rate`` of :func:`draw_probabilities` whose mean probability over ``predicted_correct`` is
     ``target_rate`` (higher than it where some probabilities are clipped at 1; bisection, 50 steps;
-    ``1 / floor`` draws every prediction)."""
+    ``1 / floor`` draws every prediction). ``spread``: of :func:`spread_probabilities` instead."""
     goal = min(max(float(target_rate), 0.0), 1.0)
     top = 1.0 / floor
     if goal <= 0.0 or len(predicted_correct) == 0:
         return goal
     if goal >= 1.0:
         return top
+    u = uncertainty(predicted_correct) if spread is None else np.asarray(spread, dtype=np.float64)
     lo, hi = goal, top
     for _ in range(50):
         mid = 0.5 * (lo + hi)
-        if float(draw_probabilities(predicted_correct, mid, mean_uncertainty, floor).mean()) < goal:
+        if float(spread_probabilities(u, mid, mean_uncertainty, floor).mean()) < goal:
             lo = mid
         else:
             hi = mid

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.correctness import CorrectnessModel, correctness_or_none
+from agent.estimation.correctness import CorrectnessModel, correctness_or_none, normalized_weights
 from agent.estimation.evidence import HeadlineEvidence
 from agent.estimation.flag import FlagModel, flag_or_none
 from agent.estimation.layout import MEAN_CONFIDENCE
@@ -214,27 +214,36 @@ class EstimatorCalibration:
         )
 
     @classmethod
-    def fit(cls, confidences: np.ndarray, correct: np.ndarray, failed: np.ndarray) -> EstimatorCalibration:
-        """Fit from the calibration split: top-class probabilities, correctness, oracle fail flags."""
+    def fit(
+        cls, confidences: np.ndarray, correct: np.ndarray, failed: np.ndarray, weights: np.ndarray | None = None
+    ) -> EstimatorCalibration:
+        """Fit from the calibration split: top-class probabilities, correctness, oracle fail flags.
+        ``weights``: each prediction's weight (the inverse of the probability it was drawn into a labeling
+        sample with), so that labels of any design refit the traffic's rates, thresholds, offsets and
+        correctness predictor without favouring what the design favoured (``n_wrong``/``n_right`` stay the
+        counts of labels)."""
         conf = np.asarray(confidences, dtype=np.float64)
         ok = np.asarray(correct, dtype=bool)
         fail = np.asarray(failed, dtype=bool)
         if len(conf) == 0:
             raise ValueError("calibration split is empty")
+        w = normalized_weights(weights, len(conf))
         wrong = ~ok
         n_wrong, n_right = int(wrong.sum()), int(ok.sum())
-        tpr = float((fail & wrong).sum() / n_wrong) if n_wrong else 0.0
-        fpr = float((fail & ok).sum() / n_right) if n_right else 0.0
+        w_wrong, w_right = float(w[wrong].sum()), float(w[ok].sum())
+        tpr = float(w[fail & wrong].sum() / w_wrong) if n_wrong else 0.0
+        fpr = float(w[fail & ok].sum() / w_right) if n_right else 0.0
+        accuracy = float(np.average(ok, weights=w))
         return cls(
             tpr=tpr,
             fpr=fpr,
             n_wrong=n_wrong,
             n_right=n_right,
-            accuracy=float(ok.mean()),
-            avg_conf=float(conf.mean()),
-            atc_threshold=atc_threshold(conf, float(ok.mean())),
-            conf_offsets=confidence_offsets(conf, ok),
-            correctness=CorrectnessModel.fit(conf, ok, fail) if len(fail) == len(conf) else None,
+            accuracy=accuracy,
+            avg_conf=float(np.average(conf, weights=w)),
+            atc_threshold=atc_threshold(conf, accuracy, w),
+            conf_offsets=confidence_offsets(conf, ok, w),
+            correctness=CorrectnessModel.fit(conf, ok, fail, w) if len(fail) == len(conf) else None,
         )
 
 
@@ -261,8 +270,19 @@ def _evidence_or_none(d: object) -> HeadlineEvidence | None:
 _BASE_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
 
 
-def atc_threshold(confidences: np.ndarray, accuracy: float) -> float:
-    """Threshold ``t`` such that the share of ``confidences > t`` equals ``accuracy`` (Garg et al. 2022)."""
+def atc_threshold(confidences: np.ndarray, accuracy: float, weights: np.ndarray | None = None) -> float:
+    """Threshold ``t`` such that the share of ``confidences > t`` equals ``accuracy`` (Garg et al. 2022);
+    with ``weights``, the weighted share."""
+    if weights is not None and float(np.ptp(np.asarray(weights, dtype=np.float64))) > 0:
+        order = np.argsort(np.asarray(confidences, dtype=np.float64), kind="stable")
+        cs = np.asarray(confidences, dtype=np.float64)[order]
+        ws = np.asarray(weights, dtype=np.float64)[order]
+        cum = np.cumsum(ws)
+        # the unweighted rule with each sample counted by its weight: k samples' worth at or below t
+        k = int(np.searchsorted(cum - ws / 2.0, (1.0 - accuracy) * cum[-1], side="left"))
+        if k <= 0:
+            return float(np.nextafter(cs[0], -np.inf))
+        return float(cs[min(k, len(cs)) - 1])
     c = np.sort(np.asarray(confidences, dtype=np.float64))
     n = len(c)
     k = int(round((1.0 - accuracy) * n))  # number of samples at or below t

@@ -65,25 +65,40 @@ class CorrectnessModel:
         return cls(coef)
 
     @classmethod
-    def fit(cls, confidence: np.ndarray, correct: np.ndarray, failed: np.ndarray) -> CorrectnessModel:
-        """Fit on the calibration split (penalised maximum likelihood, Newton–Raphson)."""
+    def fit(
+        cls, confidence: np.ndarray, correct: np.ndarray, failed: np.ndarray, weights: np.ndarray | None = None
+    ) -> CorrectnessModel:
+        """Fit on the calibration split (penalised maximum likelihood, Newton–Raphson); ``weights`` (one per
+        prediction, e.g. the inverse of its draw probability) weight each one's likelihood, scaled to sum to
+        the number of predictions so that the penalty means the same."""
         x = _design(confidence, failed)
         y = np.asarray(correct, dtype=np.float64).reshape(-1)
         if len(y) != len(x) or len(y) == 0:
             raise ValueError("correctness model needs one correctness per confidence")
+        w = normalized_weights(weights, len(y))
         penalty = _RIDGE * len(y) * np.diag([0.0, 1.0, 1.0, 1.0, 1.0])
-        share = float(np.clip(y.mean(), 0.5 / len(y), 1.0 - 0.5 / len(y)))
+        share = float(np.clip(np.average(y, weights=w), 0.5 / len(y), 1.0 - 0.5 / len(y)))
         beta = np.zeros(x.shape[1])
         beta[0] = np.log(share / (1.0 - share))
         for _ in range(_NEWTON_STEPS):
             p = _sigmoid(x @ beta)
-            grad = x.T @ (y - p) - penalty @ beta
-            hess = (x * (p * (1.0 - p))[:, None]).T @ x + penalty + 1e-9 * np.eye(x.shape[1])
+            grad = x.T @ (w * (y - p)) - penalty @ beta
+            hess = (x * (w * p * (1.0 - p))[:, None]).T @ x + penalty + 1e-9 * np.eye(x.shape[1])
             step = np.linalg.solve(hess, grad)
             beta = beta + step
             if float(np.abs(step).max()) < 1e-8:
                 break
         return cls(tuple(float(b) for b in beta))
+
+
+def normalized_weights(weights: np.ndarray | None, n: int) -> np.ndarray:
+    """``weights`` (positive, one per prediction) scaled to sum to ``n``; all ones when None."""
+    if weights is None:
+        return np.ones(n)
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if len(w) != n or not bool((w > 0).all()) or not bool(np.isfinite(w).all()):
+        raise ValueError("weights must be one finite positive number per prediction")
+    return w * (n / float(w.sum()))
 
 
 def correctness_or_none(d: object) -> CorrectnessModel | None:

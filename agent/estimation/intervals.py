@@ -27,8 +27,8 @@ def clip01(v: float) -> float:
     return float(min(1.0, max(0.0, v)))
 
 
-def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion."""
+def wilson(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (``n`` may be an effective sample size)."""
     if n <= 0:
         return 0.0, 1.0
     p = successes / n

@@ -96,6 +96,9 @@ class SegmentRow:
     #: realized accuracy of its labeled predictions (None: none labeled)
     truth_accuracy: float | None = None
     truth_n: int = 0
+    #: realized accuracy, with its interval, of the labels drawn in it (:mod:`agent.estimation.segment_realized`)
+    realized: Estimate | None = None
+    realized_n: int = 0
 
     @property
     def label(self) -> str:
@@ -125,6 +128,9 @@ class SegmentRow:
         if self.truth_accuracy is not None:
             out["truth_accuracy"] = r(self.truth_accuracy)
             out["truth_n"] = self.truth_n
+        if self.realized is not None:
+            e = self.realized
+            out["realized"] = {"n": self.realized_n, "value": r(e.value), "lower": r(e.lower), "upper": r(e.upper)}
         return out
 
 

@@ -54,20 +54,24 @@ NO_TRUST = 2.0
 MIN_SPREAD = 0.05
 
 
-def confidence_offsets(confidences: np.ndarray, correct: np.ndarray) -> tuple[float, ...]:
+def confidence_offsets(
+    confidences: np.ndarray, correct: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[float, ...]:
     """Per confidence bin (:data:`CONF_EDGES`), the calibration split's accuracy minus its mean
     top-class probability, shrunk by :data:`OFFSET_PRIOR` pseudo-samples toward the split's overall
     offset (itself shrunk toward 0 by as many), and never above ``1 −`` the bin's lowest confidence. All
     zeros when the
     split holds fewer than :data:`MIN_CALIBRATION_ERRORS` wrong predictions (raw confidence is then
-    the calibration that still works)."""
+    the calibration that still works). ``weights`` (summing to the number of samples, e.g. inverse draw
+    probabilities scaled so) weight every sum."""
     c = np.asarray(confidences, dtype=np.float64).reshape(-1)
     ok = np.asarray(correct, dtype=np.float64).reshape(-1)
     if len(c) == 0 or int(len(ok) - ok.sum()) < MIN_CALIBRATION_ERRORS:
         return (0.0,) * N_CONF_BINS
+    w = np.ones(len(c)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
     b = conf_bins(c)
-    diff = np.bincount(b, weights=ok - c, minlength=N_CONF_BINS)[:N_CONF_BINS]
-    count = np.bincount(b, minlength=N_CONF_BINS)[:N_CONF_BINS]
+    diff = np.bincount(b, weights=w * (ok - c), minlength=N_CONF_BINS)[:N_CONF_BINS]
+    count = np.bincount(b, weights=w, minlength=N_CONF_BINS)[:N_CONF_BINS]
     # partial pooling: a bin of few samples borrows the split's overall offset, not 0 (a model that is
     # underconfident everywhere, e.g. a linear text model, is so in its thin bins too), capped where it
     # would claim an accuracy above 1 for the bin's lowest confidence

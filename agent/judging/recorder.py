@@ -16,7 +16,7 @@ import numpy as np
 
 from agent.estimation.segments import segment_ids
 from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import WindowStats, extras_columns, novel_inputs, sample_extras
+from agent.estimation.statistics import SampleExtras, WindowStats, extras_columns, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork, judge
 from agent.judging.windows import WindowSet
@@ -44,6 +44,8 @@ class JudgedBatch:
     inputs: Inputs | None = None
     #: The request's metadata (the fields IDI rules read; None without)
     metadata: Mapping[str, Any] | None = None
+    #: Every prediction's segment in each dimension fixed at fit, int64 ``[D, n]`` (None without segments).
+    segments: np.ndarray | None = None
 
 
 #: Receives every judged request that has an id (the prediction store); called while recording, so
@@ -164,16 +166,24 @@ class Recorder:
             [w.oracle_seconds for w in works if w.oracle_seconds is not None],
         )
         if self.judged_sinks:
-            now = time.time()
-            start = 0
-            cols = extras_columns(extras) if extras is not None else None  # [N, 5], sliced per request
-            for w in works:
-                n = w.n
-                part = cols[start : start + n] if cols is not None else None
-                start += n
-                if w.request_id is not None and w.verdicts is not None:
-                    batch = JudgedBatch(
-                        rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, w.metadata
-                    )
-                    for judged_sink in self.judged_sinks:
-                        judged_sink(batch)
+            self._hand_on(works, rt, extras, ids)
+
+    def _hand_on(
+        self, works: list[JudgeWork], rt: Runtime, extras: SampleExtras | None, ids: np.ndarray | None
+    ) -> None:
+        """Every judged request that has an id, to the judged sinks (the prediction store, a challenger), with
+        its rows of the per-sample extras and segment ids."""
+        now = time.time()
+        start = 0
+        cols = extras_columns(extras) if extras is not None else None  # [N, 5], sliced per request
+        for w in works:
+            n = w.n
+            part = cols[start : start + n] if cols is not None else None
+            seg = ids[:, start : start + n] if ids is not None else None
+            start += n
+            if w.request_id is not None and w.verdicts is not None:
+                batch = JudgedBatch(
+                    rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, w.metadata, seg
+                )
+                for judged_sink in self.judged_sinks:
+                    judged_sink(batch)

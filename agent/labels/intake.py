@@ -164,6 +164,7 @@ class LabelIntake:
         run_in_thread: Callable[..., Awaitable[Any]],
         on_accepted: Callable[[LabelOutcome], None],
         on_labeled: Callable[[list[tuple[str, int]], LabelOutcome], object] | None = None,
+        worth: Callable[[list[str]], list[float | None]] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -172,8 +173,11 @@ class LabelIntake:
         self.metrics = metrics
         self.run = run_in_thread
         self.on_accepted = on_accepted
-        #: sees every applied label with what the store did with it (a challenger's drawn disagreements)
+        #: sees every applied label with what the store did with it (stratified draws learn from the accepted
+        #: ones, a challenger's drawn disagreements get their outcome)
         self.on_labeled = on_labeled
+        #: how much each sampled prediction's label is worth (stratified draws), what the listing is ordered by
+        self.worth = worth
 
     async def accept(self, body: bytes, source: str, correct: bool = False) -> dict[str, Any]:
         """Apply a ``POST /v1/labels`` body from ``source`` (``correct``: its labels replace earlier ones);
@@ -238,21 +242,39 @@ class LabelIntake:
 
     async def requests(self, limit: int, inputs: bool = False) -> dict[str, Any]:
         """``GET /v1/labels/requests``: the newest predictions of the labeling sample without a label
-        (those answered a moment ago included: what is on its way to the store is waited for). With
+        (those answered a moment ago included: what is on its way to the store is waited for); under
+        stratified draws, the ``limit`` most worth labeling of the :data:`WORTH_CANDIDATES` times as many
+        newest, most worth first, each with its ``worth`` (``order: worth``). With
         ``inputs``, each carries its kept inputs, predicted class and its probability (``inputs`` null
         where none were kept), and the listing stops before :data:`MAX_INPUTS_LISTING_BYTES` of inputs
         (``truncated``)."""
         await self._wait({*self.pending.held_ids(), *self.store.unwritten_ids()})
         rt = self.runtimes.current
-        rows: list[tuple[str, float]] = await self.run(self.store.label_requests, rt.identity, limit)
+        wide = limit * WORTH_CANDIDATES if self.worth is not None else limit
+        rows: list[tuple[str, float]] = await self.run(self.store.label_requests, rt.identity, wide)
         entries: list[dict[str, Any]] = [{"id": pid, "timestamp": ts} for pid, ts in rows]
         out: dict[str, Any] = {"sample_rate": self.config.sample_rate, "sampling": self.config.sampling}
+        if self.worth is not None:
+            entries = by_worth(entries, self.worth([e["id"] for e in entries]))[:limit]
+            rows = [(e["id"], e["timestamp"]) for e in entries]
+            out["order"] = "worth"
         if inputs:
             kept: KeptMap = await self.run(self.store.kept_inputs, [pid for pid, _ in rows])
             entries, truncated = with_inputs(entries, kept, rt.classes)
             out.update(classes=list(rt.classes), keep_sampled_inputs=self.config.keep_sampled_inputs)
             out["truncated"] = truncated
         return {**out, "n": len(entries), "requests": entries}
+
+
+#: Under stratified draws the listing picks the ``limit`` most worth labeling among this many times as many.
+WORTH_CANDIDATES = 4
+
+
+def by_worth(entries: list[dict[str, Any]], worth: list[float | None]) -> list[dict[str, Any]]:
+    """``entries`` with their ``worth``, most worth first (those of unknown worth last, newest first as
+    listed)."""
+    scored = [{**e, "worth": w} for e, w in zip(entries, worth, strict=True)]
+    return sorted(scored, key=lambda e: (e["worth"] is None, -(e["worth"] or 0.0)))
 
 
 #: A listing with inputs stops before this many bytes of encoded inputs, whatever its ``limit``.

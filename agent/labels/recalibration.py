@@ -7,7 +7,9 @@ from every stored labeled prediction of the current model and bundle, at least
 ``labels.min_recalibration_samples`` of them with right and wrong ones among them (else 409), swaps it
 into the runtime atomically, keeps it in the store (restored at restart for the same model and
 bundle; a reload of the model or bundle discards it) and answers with the values before and after.
-``labels.auto_recalibrate_every`` (a label count) triggers the same automatically.
+``labels.auto_recalibrate_every`` (a label count) triggers the same automatically. Each label weighs the
+inverse of the probability its prediction was drawn with (:func:`label_weights`), so labels of active or
+stratified draws recalibrate without bias toward the predictions those designs favour.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from agent.config.settings import LabelsConfig
 from agent.errors import ClientError
 from agent.estimation.calibration import EstimatorCalibration
@@ -33,6 +37,22 @@ log = logging.getLogger("icos_agent.labels")
 
 #: Fields of :class:`EstimatorCalibration` refitted from labels (``shift`` and ``flag`` stay the bundle's).
 REFITTED_FIELDS = ("tpr", "fpr", "n_wrong", "n_right", "accuracy", "avg_conf", "atc_threshold")
+
+
+def label_weights(draw_probability: np.ndarray | None) -> np.ndarray | None:
+    """Each labeled prediction's weight in a refit: the inverse of the probability it was drawn into the
+    labeling sample with, so that labels of active or stratified draws refit the traffic's calibration
+    rather than the one of the predictions the design favoured. A label without a known probability
+    (outside the sample, or stored before probabilities were kept) counts as a uniform draw at the mean
+    probability of those known; None (unweighted) when no probability is known or all are equal."""
+    if draw_probability is None:
+        return None
+    p = np.asarray(draw_probability, dtype=np.float64).reshape(-1)
+    known = np.isfinite(p) & (p > 0)
+    if not bool(known.any()):
+        return None
+    p = np.where(known, p, float(p[known].mean()))
+    return None if float(np.ptp(p)) == 0.0 else 1.0 / p
 
 
 class RecalibrationRefused(ClientError):
@@ -109,7 +129,12 @@ class Recalibrator:
             if text is None:
                 return None
             d = json.loads(text)["calibration"]
-            return EstimatorCalibration.from_dict(d).with_shift(rt.calibration.shift).with_flag(rt.calibration.flag)
+            return (
+                EstimatorCalibration.from_dict(d)
+                .with_shift(rt.calibration.shift)
+                .with_flag(rt.calibration.flag)
+                .with_segments(rt.calibration.segments)
+            )
         except Exception as exc:  # a damaged record only costs the refit
             self.metrics.store_errors.labels("read").inc()
             log.warning("ignoring a saved calibration that cannot be read", extra={"error": str(exc)})
@@ -132,12 +157,14 @@ class Recalibrator:
                 f"the {n} labeled predictions hold no {which} prediction: the oracle's TPR and FPR need both"
             )
         old = rt.calibration
-        new = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0)
-        new = new.with_shift(old.shift).with_flag(old.flag)
+        weights = label_weights(rows.draw_probability)
+        fitted = EstimatorCalibration.fit(rows.confidence, rows.correct, rows.verdict != 0, weights)
+        new = fitted.with_shift(old.shift).with_flag(old.flag).with_segments(old.segments)  # the bundle's
         before, after = realized_window(rows, old), realized_window(rows, new)
         assert before is not None and after is not None
         report = {
             "samples": n,
+            "weighted": weights is not None,
             "before": calibration_fields(old),
             "after": calibration_fields(new),
             "labeled": {

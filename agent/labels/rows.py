@@ -222,6 +222,11 @@ class LabelOutcome:
     corrected: list[str] = field(default_factory=list)
 
 
+def prediction_id(request_id: str, index: int) -> str:
+    """The id of prediction ``index`` of request ``request_id`` (``<request id>:<index>``)."""
+    return f"{request_id}:{index}"
+
+
 def split_prediction_id(pid: str) -> tuple[str, int]:
     """``<request id>:<index>`` → ``(request id, index)``; an id without an integer suffix maps to
     ``(id, -1)``, which no prediction of a new request has (it can only match a converted old row)."""

@@ -24,6 +24,11 @@ paired once it has predicted them, with a *preference*: a probability each disag
 is drawn with at least (where a label decides which is right). A prediction is still drawn once, with the
 larger of the two probabilities, and every draw then keeps its probability (in ``uniform`` sampling too), so
 ``with_labels`` and the paired difference both weight each label by the inverse of its probability.
+* ``stratified`` — as ``active``, with each prediction's uncertainty replaced by the residual spread of its
+  strata (its bin of predicted correctness and its segments) as the labels received so far show it
+  (:mod:`agent.labels.strata_draws`, :mod:`agent.estimation.strata`): the budget goes where the labels say the
+  predictor is wrong. Probabilities are fixed before each draw and kept, so ``with_labels`` is the same
+  inverse-probability-weighted estimate.
 """
 
 from __future__ import annotations
@@ -36,11 +41,13 @@ from pathlib import Path
 import numpy as np
 
 from agent.config.settings import LabelsConfig
-from agent.estimation.active import draw_probabilities, uncertainty
+from agent.estimation.active import spread_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch
+from agent.labels.segment_labels import LabeledSegments
 from agent.labels.store import PredictionStore
+from agent.labels.strata_draws import StratifiedDraws
 from agent.model.classifier import label_confidences
 from exporters.label_metrics import LabelMetrics
 
@@ -93,10 +100,14 @@ class ActiveBudget:
         span = self.tau * (1.0 - math.exp(-max(now - self._start, 1e-9) / self.tau))
         return self._count / span if span > 0 else 0.0
 
-    def probabilities(self, predicted_correct: np.ndarray, now: float, boost: float = 1.0) -> np.ndarray:
-        """The draw probabilities of one batch, and the batch counted into the smoothed figures."""
+    def probabilities(
+        self, predicted_correct: np.ndarray, now: float, boost: float = 1.0, spread: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The draw probabilities of one batch, and the batch counted into the smoothed figures. ``spread``:
+        each prediction's residual standard deviation as stratified draws learn it (default: the calibrated
+        uncertainty of ``f``)."""
         f = np.asarray(predicted_correct, dtype=np.float64).reshape(-1)
-        u = uncertainty(f)
+        u = uncertainty(f) if spread is None else np.asarray(spread, dtype=np.float64).reshape(-1)
         self._decay(now)
         self._count += len(f)
         self._u += float(u.sum())
@@ -104,7 +115,7 @@ class ActiveBudget:
         goal = min(self.per_window * boost / expected, 1.0) if expected > 0 else 1.0
         kept = self._drawn / self._asked if self._asked > 0 else 1.0
         rate = min(goal / max(kept, 1e-3), 1.0 / self.floor)
-        pi = draw_probabilities(f, rate, self._u / self._count, self.floor)
+        pi = spread_probabilities(u, rate, self._u / self._count, self.floor)
         self._drawn += float(pi.sum())
         self._asked += rate * len(f)
         return pi
@@ -124,6 +135,7 @@ class LabelingSample:
         budget: ActiveBudget | None = None,
         boost_factor: float = 1.0,
         keep_probabilities: bool = False,
+        strata: StratifiedDraws | None = None,
     ) -> None:
         self.store = store
         self.rate = rate
@@ -132,6 +144,10 @@ class LabelingSample:
         self.boost_factor = float(boost_factor)
         #: every draw keeps its probability (a challenger's preference makes uniform draws unequal)
         self.keep_probabilities = keep_probabilities
+        #: stratified draws' learnt allocation (``labels.sampling: stratified``; needs ``budget``)
+        self.strata = strata
+        #: the sample's labels by segment (every segment's realized accuracy in a window)
+        self.segment_labels = LabeledSegments()
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()  # drawn from OS entropy, never from the request
@@ -141,9 +157,10 @@ class LabelingSample:
         cls, config: LabelsConfig, store: PredictionStore, metrics: LabelMetrics, keep_probabilities: bool = False
     ) -> LabelingSample:
         """The sample of ``labels`` settings (``keep_probabilities``: a challenger prefers disagreements)."""
-        if config.sampling == "active":
+        if config.sampling in ("active", "stratified"):
             budget = ActiveBudget(config.per_window, config.budget_seconds, config.active_floor)
-            return cls(store, 0.0, metrics, budget, config.boost_factor, keep_probabilities)
+            strata = StratifiedDraws(config.budget_seconds) if config.sampling == "stratified" else None
+            return cls(store, 0.0, metrics, budget, config.boost_factor, keep_probabilities, strata)
         return cls(store, config.sample_rate, metrics, keep_probabilities=keep_probabilities)
 
     def boost(self, seconds: float, now: float | None = None) -> None:
@@ -171,14 +188,25 @@ class LabelingSample:
             return drawn, pi[drawn]
         conf = label_confidences(batch.probabilities, batch.predicted)  # as the windows take it
         f = batch.rt.calibration.predicted_correct(conf, batch.verdicts)
+        strata = self.strata.strata(batch, f) if self.strata is not None else None
+        spread = self.strata.spread(batch, f, strata) if self.strata is not None and strata is not None else None
         now = time.monotonic()
         with self._lock:
             boost = self.boost_factor if now < self._boost_until else 1.0
-            pi = self.budget.probabilities(f, now, boost)
+            pi = self.budget.probabilities(f, now, boost, spread)
             if prefer is not None:
                 pi = np.maximum(pi, prefer)
             drawn = np.flatnonzero(self._rng.random(n) < pi)
+        if self.strata is not None and strata is not None:
+            self.strata.remember(batch, drawn, f, strata)
         return drawn, pi[drawn]
+
+    def labeled(self, labels: list[tuple[str, int]]) -> None:
+        """Accepted labels ``(prediction id, true class)`` (from the label intake): the stratified
+        allocation learns from them, and they join their segments' realized figures."""
+        if self.strata is not None:
+            self.strata.learn(labels)
+        self.segment_labels.learn(labels)
 
     def on_judged(self, batch: JudgedBatch, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Judged-batch sink (called while recording, so it only enqueues). ``prefer``: per prediction, the
@@ -187,6 +215,7 @@ class LabelingSample:
         sampled, probability = self._draw(batch, prefer)
         if sampled is not None and len(sampled):
             self.metrics.label_sample.inc(len(sampled))
+            self.segment_labels.remember(batch, sampled, probability)
         else:
             sampled = probability = None
         self.store.enqueue(

@@ -211,7 +211,7 @@ class LabelService:
             "calibration": {"source": self.recalibrator.source, **calibration_fields(rt.calibration)},
             "sample_rate": c.sample_rate,
             "sampling": c.sampling,
-            "per_window": c.per_window if c.sampling == "active" else None,
+            "per_window": c.per_window if c.sampling != "uniform" else None,
             "predictor": rt.calibration.predictor,
             "min_recalibration_samples": c.min_recalibration_samples,
             "auto_recalibrate_every": c.auto_recalibrate_every,

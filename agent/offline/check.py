@@ -29,6 +29,7 @@ from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_
 from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
 from agent.estimation.rendering import PairedModel, estimates_json, flag_sections, segments_json
+from agent.estimation.segment_realized import SegmentLabels, with_realized
 from agent.estimation.segment_table import segment_table
 from agent.estimation.segments import truth_counts
 from agent.estimation.statistics import WindowStats
@@ -194,7 +195,7 @@ def check_report(
             "fn": oc.fn,
         }
         report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
-    report.update(_segments(judged, stats, cal, estimates, y))
+    report.update(_segments(judged, stats, cal, estimates, y, idx))
     return report
 
 
@@ -204,16 +205,23 @@ def _segments(
     cal: EstimatorCalibration,
     estimates: dict[str, Estimate],
     y: np.ndarray | None,
+    revealed: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """``segments`` and ``segment_drop`` of the report (none without segments in the bundle), with every
-    segment's true accuracy when the data is labeled."""
+    segment's true accuracy when the data is labeled, and its realized accuracy with its interval from the
+    ``revealed`` labels (``--labels``)."""
     seg = cal.segments
     if seg is None:
         return {}
     pred = judged.prediction
     truth = None
+    table = None
     if y is not None:
         ids = seg.ids(judged.features, pred.predicted, judged.tdi_rules, len(pred.predicted))
         truth = truth_counts(ids, seg.size, pred.predicted == y)
-    table = segment_table(stats, cal, estimates, truth=truth)
+        table = segment_table(stats, cal, estimates, truth=truth)
+        if table is not None and revealed is not None:
+            table = with_realized(table, SegmentLabels.of(ids[:, revealed], seg.size, (pred.predicted == y)[revealed]))
+    else:
+        table = segment_table(stats, cal, estimates)
     return segments_json(table, decimals=None) if table is not None else {}

@@ -45,6 +45,7 @@ from agent.labels.boost import BudgetBoost
 from agent.labels.intake import LabelIntake, PendingJudgement
 from agent.labels.paired_labels import DisagreementDraws
 from agent.labels.recalibration import Recalibrator
+from agent.labels.rows import LabelOutcome
 from agent.labels.sample import LabelingSample, open_prediction_store
 from agent.labels.service import LabelService
 from agent.labels.tracker import RealizedTracker
@@ -97,6 +98,7 @@ class Agent:
             self.windows,
             labeled=self.realized.labeled_sums,
             section=self.realized.section,
+            segment_labels=lambda rt, now: self.sample.segment_labels.by_window(rt.calibration, s.window_seconds, now),
             per_class_cap=self.metrics.per_class_label_cap,
             challenger=self.challenger.section if self.challenger is not None else None,
         )
@@ -164,11 +166,20 @@ class Agent:
             self.label_metrics,
             self.run,
             on_accepted=self.realized.add_accepted,
-            on_labeled=self.challenger.on_labels if self.challenger is not None else None,
+            on_labeled=self._on_labeled,
+            worth=self.sample.strata.worth if self.sample.strata is not None else None,
         )
         self.labels = LabelService(
             s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
         )
+
+    def _on_labeled(self, labels: list[tuple[str, int]], outcome: LabelOutcome) -> None:
+        """Labels the store applied: the labeling sample learns from the accepted ones (stratified draws,
+        segments' realized figures) and a challenger's drawn disagreements get their outcome."""
+        refused = {*outcome.unknown, *outcome.duplicate}
+        self.sample.labeled([(pid, label) for pid, label in labels if pid not in refused])
+        if self.challenger is not None:
+            self.challenger.on_labels(labels, outcome)
 
     def _build_challenger(self) -> Challenger | None:
         """The challenger of ``challenger:`` settings, its metrics and, with delayed labels, its preference for

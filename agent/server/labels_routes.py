@@ -72,7 +72,10 @@ def labels_router(labels: LabelService) -> APIRouter:
         enabled()
         return json_response(await labels.describe())
 
-    @r.get("/v1/labels/requests", summary="The labeling sample: predictions whose true label is wanted, newest first")
+    @r.get(
+        "/v1/labels/requests",
+        summary="The labeling sample: predictions whose true label is wanted, newest or most worth first",
+    )
     async def label_requests(request: Request, limit: str = "100", inputs: str = "false") -> Response:
         enabled()
         require_labeler(request)

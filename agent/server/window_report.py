@@ -12,16 +12,19 @@ per-class figures (CBPE) come from the same statistics. Each window's headline (
 estimator, or ``doc`` where it cannot estimate the window:
 :func:`~agent.estimation.estimators.headline_of`) is reported under ``headline`` in the JSON and as
 ``icos_headline_accuracy_ratio`` with the estimator that gave it. Sections (e.g. ``realized`` from
-delayed labels) are added to the JSON only, and so is a challenger's comparison with the champion (the
-``challenger`` section, :mod:`agent.dataplane.challenger`).
+delayed labels) are added to the JSON only, and so are a challenger's comparison with the champion (the
+``challenger`` section, :mod:`agent.dataplane.challenger`) and every segment's realized accuracy from the
+labeling sample's labels (:mod:`agent.labels.segment_labels`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
+from agent.estimation.segment_realized import SegmentLabels, with_realized
 from agent.estimation.statistics import WindowStats
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
@@ -31,6 +34,8 @@ from exporters.prometheus import Snapshot
 EstimateSection = Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]
 #: Per window, statistics a report adds before estimating (the labeled-sample sums of ``with_labels``).
 AddedStats = Callable[[Runtime, float], Mapping[str, WindowStats]]
+#: Per window, the labeling sample's labels by segment (each segment's realized accuracy).
+SegmentLabelsOf = Callable[[Runtime, float], Mapping[str, SegmentLabels]]
 
 
 def _no_stats(_rt: Runtime, _now: float) -> Mapping[str, WindowStats]:
@@ -38,6 +43,10 @@ def _no_stats(_rt: Runtime, _now: float) -> Mapping[str, WindowStats]:
 
 
 def _no_section(_rt: Runtime, _now: float) -> Mapping[str, Mapping[str, Any]]:
+    return {}
+
+
+def _no_segment_labels(_rt: Runtime, _now: float) -> Mapping[str, SegmentLabels]:
     return {}
 
 
@@ -51,25 +60,30 @@ class WindowReport:
         *,
         labeled: AddedStats = _no_stats,
         section: EstimateSection = _no_section,
+        segment_labels: SegmentLabelsOf = _no_segment_labels,
         per_class_cap: int,
         challenger: Callable[[Runtime, float], Mapping[str, Any]] | None = None,
     ) -> None:
         self.windows = windows
         self.labeled = labeled
         self.section = section
+        self.segment_labels = segment_labels
         self.per_class_cap = per_class_cap
         self.challenger = challenger
 
     def windows_of(self, rt: Runtime, now: float) -> list[WindowEntry]:
         """Every window's statistics estimated once (see the module docstring)."""
         added = self.labeled(rt, now)
+        by_segment = self.segment_labels(rt, now)
         out = []
         for name, stats in self.windows.stats(rt.calibration, now).items():
             extra = added.get(name)
             total = stats + extra if extra is not None else stats
-            out.append(
-                window_entry(name, total, rt.calibration, rt.headline, rt.classes, per_class_cap=self.per_class_cap)
-            )
+            entry = window_entry(name, total, rt.calibration, rt.headline, rt.classes, per_class_cap=self.per_class_cap)
+            labels = by_segment.get(name)
+            if entry.segments is not None and labels is not None:
+                entry = dataclasses.replace(entry, segments=with_realized(entry.segments, labels))
+            out.append(entry)
         return out
 
     def document(self, rt: Runtime, now: float) -> dict[str, Any]:

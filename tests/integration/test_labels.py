@@ -186,6 +186,7 @@ def test_recalibration_token_minimum_restart_and_reload(
     est = httpx.get(f"{srv.url}/v1/estimates").json()
     assert est["oracle"]["tpr"] == pytest.approx(expect.tpr)
     assert est["windows"]["5m"]["realized"]["abs_error"]["icos_corrected"] == pytest.approx(0.0, abs=1e-9)
+    assert est["windows"]["5m"]["segments"]  # the bundle's segments stay
     assert httpx.get(f"{srv.url}/v1/labels").json()["calibration"]["source"] == "labels"
     tpr_m = scrape(srv.url).by_labels("icos_oracle_tpr_ratio")
     assert list(tpr_m.values()) == [pytest.approx(expect.tpr)]
@@ -196,6 +197,7 @@ def test_recalibration_token_minimum_restart_and_reload(
     est = httpx.get(f"{srv2.url}/v1/estimates").json()
     assert est["oracle"]["tpr"] == pytest.approx(expect.tpr)
     assert est["windows"]["1h"]["realized"]["n"] == 600
+    assert est["windows"]["1h"]["segments"]
     assert httpx.get(f"{srv2.url}/v1/labels").json()["store"]["predictions"] == 800
 
     # a reload of the model and bundle discards it, also across the next restart

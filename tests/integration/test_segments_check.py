@@ -69,6 +69,32 @@ def test_check_ranks_a_new_subpopulation_first_and_the_labels_confirm_it(
     words = _check(zoo, bundle, root / "new.parquet", capsys)
     where = words.split("where the drop is")[1].splitlines()
     assert where[1].strip().startswith(f"{NEW}:") and "true " in where[1]
+    assert "realized" not in top  # no label drawn
+
+
+def test_check_with_labels_gives_every_segment_its_realized_accuracy(
+    fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--labels N``: every segment with a drawn label shows the realized accuracy of those labels and its
+    interval; a dimension's segments share out the N labels."""
+    zoo, root, bundle = fitted
+    test = _frame(zoo.test)
+    new = np.random.default_rng(1).uniform(size=len(test)) < 0.2
+    test.loc[new, "city"] = [f"new_city_{i % 7}" for i in range(int(new.sum()))]
+    test.to_parquet(root / "new-labels.parquet")
+    report: dict[str, Any] = json.loads(
+        _check(zoo, bundle, root / "new-labels.parquet", capsys, "--json", "--labels", "300")
+    )
+    city = [s for s in report["segments"] if s["dimension"] == "city"]
+    assert sum(s["realized"]["n"] for s in city if "realized" in s) == 300
+    for s in report["segments"]:
+        if "realized" in s:
+            z = s["realized"]
+            assert 0 <= z["lower"] <= z["value"] <= z["upper"] <= 1 and z["n"] >= 1
+    top = next(s for s in city if s["name"] == NEW)
+    assert top["realized"]["upper"] < top["reference_accuracy"]  # the drawn labels alone show the drop
+    words = _check(zoo, bundle, root / "new-labels.parquet", capsys, "--labels", "300")
+    assert "labels drawn:" in words.split("where the drop is")[1]
 
 
 def test_a_clean_batch_names_no_segment(

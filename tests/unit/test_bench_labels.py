@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_labels import ACTIVE, ACTIVE_GRID, METHODS, main, needs_table, run_model, summary, table, targets
+from bench.bench_labels import (
+    ACTIVE,
+    ACTIVE_GRID,
+    METHODS,
+    STRATIFIED,
+    main,
+    needs_table,
+    run_model,
+    summary,
+    table,
+    targets,
+)
 from bench.estimators.harness import Config
 
 
@@ -18,7 +29,7 @@ def test_all_labels_give_the_truth_and_the_summary_has_every_row() -> None:
     assert {(r[1], r[2]) for r in rows} == {(0, "avg_conf"), (10, "with_labels"), (10, "labels_only")} | {
         (60, "with_labels"),
         (60, "labels_only"),
-    } | {(n, ACTIVE) for n in {10, 60, *ACTIVE_GRID}}
+    } | {(n, d) for n in {10, 60, *ACTIVE_GRID} for d in (ACTIVE, STRATIFIED)}
     assert {r[2] for r in rows} == set(METHODS)
     for _model, n, method, mae, worst, cover, lowest, half in rows:
         assert 0 <= mae <= worst <= 1
@@ -38,9 +49,10 @@ def test_targets_name_pass_or_fail_per_model() -> None:
 
 def test_needs_table_names_pass_or_fail_per_model() -> None:
     results = run_model("digits", Config(reps=2, size=300, pool_min=400), (100, 200), say=lambda _s: None)
-    lines = needs_table(summary(results)).splitlines()
-    assert len(lines) == 4 and all(line.startswith("| digits |") for line in lines[2:])
-    assert all(line.count("PASS") + line.count("FAIL") >= 2 for line in lines[2:])
+    lines = needs_table(summary(results), results).splitlines()
+    assert len(lines) == 6 and all(line.startswith("| digits |") for line in lines[2:])
+    assert [line.split(" | ")[1] for line in lines[2:]] == [ACTIVE, ACTIVE, STRATIFIED, STRATIFIED]
+    assert all("±" in line and line.count("PASS") + line.count("FAIL") >= 1 for line in lines[2:])
 
 
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
