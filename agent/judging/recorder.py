@@ -7,8 +7,9 @@ for delayed labels, the audits' reservoir of live inputs), for many requests at 
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,11 +41,17 @@ class JudgedBatch:
     extras: np.ndarray | None = None
     #: The request's prepared inputs (None when the work was recorded without them).
     inputs: Inputs | None = None
+    #: Per prediction, the calibration's probability that it is correct, as the windows computed it
+    #: (:meth:`~agent.estimation.calibration.EstimatorCalibration.predicted_correct`; None: not computed).
+    predicted_correct: np.ndarray | None = None
 
 
 #: Receives every judged request that has an id (the prediction store); called while recording, so
 #: it must only enqueue.
 JudgedSink = Callable[[JudgedBatch], None]
+#: Receives the judged requests with an id of one recording call together, in their order (the
+#: labeling sample draws them in one pass); called while recording, so it must only enqueue.
+JudgedGroupSink = Callable[[Sequence[JudgedBatch]], None]
 #: Receives the features of every recorded batch.
 FeatureSink = Callable[[np.ndarray], None]
 #: Receives the prepared inputs of every recorded request with its runtime (the audits' reservoir of live
@@ -63,10 +70,12 @@ class Recorder:
         judged_sinks: Sequence[JudgedSink] = (),
         feature_sinks: Sequence[FeatureSink] = (),
         input_sinks: Sequence[InputSink] = (),
+        judged_group_sinks: Sequence[JudgedGroupSink] = (),
     ) -> None:
         self.windows = windows
         self.metrics = metrics
         self.judged_sinks = tuple(judged_sinks)
+        self.judged_group_sinks = tuple(judged_group_sinks)
         self.feature_sinks = tuple(feature_sinks)
         self.input_sinks = tuple(input_sinks)
 
@@ -116,7 +125,8 @@ class Recorder:
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
-        stats.add_predictor_sums(rt.calibration, conf, verdicts)
+        correct = rt.calibration.predicted_correct(conf, verdicts)  # the labeling sample's draw reads it too
+        stats.add_predictor_sums(rt.calibration, conf, verdicts, correct)
         # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
         segments = rt.calibration.segments
         ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
@@ -139,16 +149,13 @@ class Recorder:
         class_counts = (
             np.bincount(predicted.astype(np.int64), minlength=len(rt.classes)).tolist() if per_class else None
         )
-        self.metrics.record_window_stats(
+        # flattened into its series at scrape time, not per batch
+        self.metrics.add_window_stats(
             rt.name,
             rt.version,
             rt.bundle_label,
-            stat_items(
-                stats,
-                classes=per_class,
-                inputs=shift is None or shift.reference.leaf_bins > 0,
-                sparse_segments=True,
-            ),
+            stats,
+            _flattener(per_class, shift is None or shift.reference.leaf_bins > 0),
         )
         self.metrics.record_batch(
             rt.name,
@@ -159,15 +166,30 @@ class Recorder:
             [w.inference_seconds for w in works if w.inference_seconds is not None],
             [w.oracle_seconds for w in works if w.oracle_seconds is not None],
         )
-        if self.judged_sinks:
+        if self.judged_sinks or self.judged_group_sinks:
             now = time.time()
             start = 0
             cols = extras_columns(extras) if extras is not None else None  # [N, 5], sliced per request
+            batches = []
             for w in works:
                 n = w.n
                 part = cols[start : start + n] if cols is not None else None
+                f = correct[start : start + n]
                 start += n
                 if w.request_id is not None and w.verdicts is not None:
-                    batch = JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs)
-                    for judged_sink in self.judged_sinks:
-                        judged_sink(batch)
+                    batches.append(
+                        JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, f)
+                    )
+            for batch in batches:
+                for judged_sink in self.judged_sinks:
+                    judged_sink(batch)
+            if batches:
+                for group_sink in self.judged_group_sinks:
+                    group_sink(batches)
+
+
+@functools.lru_cache(maxsize=8)
+def _flattener(classes: bool, inputs: bool) -> Callable[[WindowStats], Iterator[tuple[str, float]]]:
+    """The exported series of a window statistic (:func:`stat_items`, per-segment sums only of the segments
+    with a prediction); one object per way, as :meth:`AgentMetrics.add_window_stats` keeps a sum per way."""
+    return functools.partial(stat_items, classes=classes, inputs=inputs, sparse_segments=True)

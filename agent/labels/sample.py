@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -147,40 +148,67 @@ class LabelingSample:
         with self._lock:
             return t < self._boost_until
 
-    def _draw(self, batch: JudgedBatch) -> tuple[np.ndarray | None, np.ndarray | None]:
-        n = len(batch.predicted)
+    def _draw(self, batches: Sequence[JudgedBatch]) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+        """Every batch's drawn predictions (and, under active sampling, their draw probabilities), in one
+        draw over the batches' predictions one after the other."""
+        sizes = [len(b.predicted) for b in batches]
+        offsets = np.cumsum([0, *sizes])
         if self.budget is None:
             if self.rate <= 0:
-                return None, None
+                return [(None, None)] * len(batches)
             # uniform draws keep no probability: with_labels is then the unweighted PPI++ of equal draws
-            return np.flatnonzero(self._rng.random(n) < self.rate), None
-        conf = label_confidences(batch.probabilities, batch.predicted)  # as the windows take it
-        f = batch.rt.calibration.predicted_correct(conf, batch.verdicts)
+            hit = self._rng.random(int(offsets[-1])) < self.rate
+            return [(np.flatnonzero(hit[a:b]), None) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        f = (
+            np.concatenate([_predicted_correct(b) for b in batches])
+            if len(batches) > 1
+            else _predicted_correct(batches[0])
+        )
         now = time.monotonic()
         with self._lock:
             boost = self.boost_factor if now < self._boost_until else 1.0
             pi = self.budget.probabilities(f, now, boost)
-            drawn = np.flatnonzero(self._rng.random(n) < pi)
-        return drawn, pi[drawn]
+            hit = self._rng.random(len(f)) < pi
+        out: list[tuple[np.ndarray | None, np.ndarray | None]] = []
+        for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+            drawn = np.flatnonzero(hit[a:b])
+            out.append((drawn, pi[a:b][drawn]))
+        return out
 
     def on_judged(self, batch: JudgedBatch) -> None:
         """Judged-batch sink (called while recording, so it only enqueues)."""
-        sampled, probability = self._draw(batch)
-        if sampled is not None and len(sampled):
-            self.metrics.label_sample.inc(len(sampled))
-        else:
-            sampled = probability = None
-        self.store.enqueue(
-            PendingBatch(
-                batch.request_id,
-                batch.timestamp,
-                batch.rt.identity,
-                batch.probabilities,
-                batch.predicted,
-                batch.verdicts,
-                batch.extras,
-                sampled,
-                inputs=batch.inputs if sampled is not None and self.store.kept.enabled else None,
-                sampled_p=probability,
+        self.on_judged_group((batch,))
+
+    def on_judged_group(self, batches: Sequence[JudgedBatch]) -> None:
+        """Judged-group sink: the requests of one recording call drawn together, then queued one by one."""
+        drawn = 0
+        for batch, (sampled, probability) in zip(batches, self._draw(batches), strict=True):
+            if sampled is not None and len(sampled):
+                drawn += len(sampled)
+            else:
+                sampled = probability = None
+            self.store.enqueue(
+                PendingBatch(
+                    batch.request_id,
+                    batch.timestamp,
+                    batch.rt.identity,
+                    batch.probabilities,
+                    batch.predicted,
+                    batch.verdicts,
+                    batch.extras,
+                    sampled,
+                    inputs=batch.inputs if sampled is not None and self.store.kept.enabled else None,
+                    sampled_p=probability,
+                )
             )
-        )
+        if drawn:
+            self.metrics.label_sample.inc(drawn)
+
+
+def _predicted_correct(batch: JudgedBatch) -> np.ndarray:
+    """The batch's calibrated probabilities of being correct: the recorder's, else computed here from
+    the confidences as the windows take them."""
+    if batch.predicted_correct is not None:
+        return batch.predicted_correct
+    conf = label_confidences(batch.probabilities, batch.predicted)
+    return batch.rt.calibration.predicted_correct(conf, batch.verdicts)

@@ -132,7 +132,7 @@ class Agent:
         recorder = Recorder(
             self.windows,
             self.metrics,
-            judged_sinks=[self.sample.on_judged] if s.labels.enabled else [],
+            judged_group_sinks=[self.sample.on_judged_group] if s.labels.enabled else [],
             input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
         )
         self.judge_queue = JudgeQueue(recorder)
