@@ -17,7 +17,7 @@ import numpy as np
 from agent.estimation.segments import segment_ids
 from agent.estimation.statistics import WindowStats, extras_columns, novel_inputs, sample_extras, stat_items
 from agent.judging.runtime import Runtime
-from agent.judging.verdicts import JudgeWork, judge
+from agent.judging.verdicts import Arrays, JudgeWork, concatenated, judge, oracle_call
 from agent.judging.windows import WindowSet
 from agent.model.classifier import label_confidences
 from agent.model.inputs import Inputs
@@ -82,32 +82,45 @@ class Recorder:
     def record(self, works: Sequence[JudgeWork]) -> None:
         """Judge the works still without verdicts, then record them, one group per runtime and
         metadata (see :func:`agent.judging.verdicts.judge`). Every work ends ``done``, with its
-        ``verdicts`` or its ``error``; nothing is raised."""
-        judge(works)
+        ``verdicts`` or its ``error``; nothing is raised.
+
+        A runtime's works that all wait for the oracle without per-request metadata (the common case)
+        are concatenated once, for the oracle and the recording alike."""
         groups: dict[int, list[JudgeWork]] = {}
         for w in works:
             if w.error is None:
                 groups.setdefault(id(w.rt), []).append(w)
         for group in groups.values():
+            arrays: Arrays | None = None
+            if all(w.verdicts is None and w.metadata is None for w in group):
+                arrays = concatenated(group)
+                try:
+                    oracle_call(group, arrays)
+                except Exception as exc:  # delivered to the waiting requests; such works are not recorded
+                    for w in group:
+                        w.error = exc
+                    continue
+            else:
+                judge(group)
+            ok = [w for w in group if w.error is None]
+            if not ok:
+                continue
             try:
-                self._record_group(group)
+                self._record_group(ok, arrays if len(ok) == len(group) else None)
             except BaseException as exc:  # delivered to the waiting requests
-                for w in group:
+                for w in ok:
                     w.error = exc
         for w in works:
             w.done = True
 
-    def _record_group(self, works: list[JudgeWork]) -> None:
+    def _record_group(self, works: list[JudgeWork], arrays: Arrays | None) -> None:
         rt = works[0].rt
+        features, probabilities, predicted = concatenated(works) if arrays is None else arrays
         if len(works) == 1:
             w = works[0]
-            features, probabilities, predicted = w.features, w.probabilities, w.predicted
             verdicts = np.asarray(w.verdicts, dtype=np.int8)
             tdi_rules = w.tdi_rules
         else:
-            features = np.concatenate([w.features for w in works])
-            probabilities = np.concatenate([w.probabilities for w in works])
-            predicted = np.concatenate([w.predicted for w in works])
             verdicts = np.concatenate([np.asarray(w.verdicts, dtype=np.int8) for w in works])
             rules = [w.tdi_rules for w in works]
             tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
