@@ -54,9 +54,9 @@ JudgedSink = Callable[[JudgedBatch], None]
 JudgedGroupSink = Callable[[Sequence[JudgedBatch]], None]
 #: Receives the features of every recorded batch.
 FeatureSink = Callable[[np.ndarray], None]
-#: Receives the prepared inputs of every recorded request with its runtime (the audits' reservoir of live
-#: inputs); works recorded without their inputs are left out.
-InputSink = Callable[[Runtime, Inputs], None]
+#: Receives the prepared inputs of the requests of one recording call, in their order, with their runtime
+#: (the audits' reservoir of live inputs); works recorded without their inputs are left out.
+InputSink = Callable[[Runtime, Sequence[Inputs]], None]
 
 
 class Recorder:
@@ -126,10 +126,11 @@ class Recorder:
             tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
         for sink in self.feature_sinks:
             sink(features)
-        for w in works:  # request by request: no copy of the inputs
-            if w.inputs is not None:
+        if self.input_sinks:
+            inputs = [w.inputs for w in works if w.inputs is not None]  # request by request: no copy of them
+            if inputs:
                 for input_sink in self.input_sinks:
-                    input_sink(rt, w.inputs)
+                    input_sink(rt, inputs)
         conf = label_confidences(probabilities, predicted)
         # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
         extras = sample_extras(rt.calibration, probabilities, predicted, features, tdi_rules)

@@ -148,3 +148,33 @@ def test_recorder_hands_the_sample_the_predictor_it_computed(tmp_path: Path, mni
         np.testing.assert_allclose(
             b.predicted_correct, rt.calibration.predicted_correct(conf, b.verdicts), rtol=1e-12, atol=0
         )
+
+
+def test_reservoir_offered_a_group_keeps_what_request_by_request_kept() -> None:
+    from agent.data.reservoir import Reservoir
+
+    rng = np.random.default_rng(6)
+    sizes = [3, 1, 5, 1, 1, 9, 2, 4, 1, 7, 6, 3, 1, 8]
+    batches = [{"x": rng.random((n, 2, 3), dtype=np.float32), "k": rng.integers(0, 9, (n, 1))} for n in sizes]
+    one, group = Reservoir(12, horizon_seconds=None, seed=2), Reservoir(12, horizon_seconds=None, seed=2)
+    for b in batches[:2]:  # part of the fill before, the rest within the groups
+        one.add(b)
+    group.add_many(batches[:2])
+    for b in batches[2:]:
+        one.add(b)
+    group.add_many(batches[2:7])
+    group.add_many(batches[7:])
+    a, b = one.sample(), group.sample()
+    assert isinstance(a, dict) and isinstance(b, dict)
+    assert one.seen == group.seen == sum(sizes)
+    for name in ("x", "k"):
+        np.testing.assert_array_equal(a[name], b[name])
+    # token ids of a dynamic length: kept row by row, the same way
+    dyn = [{"ids": rng.integers(0, 5, (n, 3 + n))} for n in (2, 1, 4, 6)]
+    one, group = Reservoir(5, horizon_seconds=None, seed=3), Reservoir(5, horizon_seconds=None, seed=3)
+    for d in dyn:
+        one.add(d, {"ids"})
+    group.add_many(dyn, {"ids"})
+    left, right = one.sample(), group.sample()
+    assert isinstance(left, dict) and isinstance(right, dict)
+    assert [r.tolist() for r in left["ids"]] == [r.tolist() for r in right["ids"]]
