@@ -22,6 +22,7 @@ prediction store's writer with its draws (and, under active sampling, their draw
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -151,14 +152,14 @@ class LabelingSample:
     def _draw(self, batches: Sequence[JudgedBatch]) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
         """Every batch's drawn predictions (and, under active sampling, their draw probabilities), in one
         draw over the batches' predictions one after the other."""
-        sizes = [len(b.predicted) for b in batches]
-        offsets = np.cumsum([0, *sizes])
+        offsets = list(itertools.accumulate((len(b.predicted) for b in batches), initial=0))
         if self.budget is None:
             if self.rate <= 0:
                 return [(None, None)] * len(batches)
             # uniform draws keep no probability: with_labels is then the unweighted PPI++ of equal draws
-            hit = self._rng.random(int(offsets[-1])) < self.rate
-            return [(np.flatnonzero(hit[a:b]), None) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+            drawn = np.flatnonzero(self._rng.random(offsets[-1]) < self.rate)
+            cuts = np.searchsorted(drawn, offsets).tolist()  # each batch's draws: one slice of them
+            return [(drawn[cuts[i] : cuts[i + 1]] - offsets[i], None) for i in range(len(batches))]
         f = (
             np.concatenate([_predicted_correct(b) for b in batches])
             if len(batches) > 1
@@ -169,11 +170,11 @@ class LabelingSample:
             boost = self.boost_factor if now < self._boost_until else 1.0
             pi = self.budget.probabilities(f, now, boost)
             hit = self._rng.random(len(f)) < pi
-        out: list[tuple[np.ndarray | None, np.ndarray | None]] = []
-        for a, b in zip(offsets[:-1], offsets[1:], strict=True):
-            drawn = np.flatnonzero(hit[a:b])
-            out.append((drawn, pi[a:b][drawn]))
-        return out
+        drawn = np.flatnonzero(hit)
+        cuts = np.searchsorted(drawn, offsets).tolist()  # each batch's draws: one slice of them
+        return [
+            (drawn[cuts[i] : cuts[i + 1]] - offsets[i], pi[drawn[cuts[i] : cuts[i + 1]]]) for i in range(len(batches))
+        ]
 
     def on_judged(self, batch: JudgedBatch) -> None:
         """Judged-batch sink (called while recording, so it only enqueues)."""
