@@ -178,3 +178,27 @@ def test_reservoir_offered_a_group_keeps_what_request_by_request_kept() -> None:
     left, right = one.sample(), group.sample()
     assert isinstance(left, dict) and isinstance(right, dict)
     assert [r.tolist() for r in left["ids"]] == [r.tolist() for r in right["ids"]]
+
+
+def test_verdicts_as_codes_encode_as_their_bytes_did() -> None:
+    from agent.dataplane.admission import VERDICT_BYTES, VERDICT_VOCABULARY
+    from agent.protocol import v2, v2_grpc
+    from agent.protocol.inference import InferResponse, Tensor, encode_bytes_elements
+
+    codes = np.random.default_rng(8).integers(0, len(VERDICT_BYTES), 97).astype(np.int8)
+    plain = Tensor("icos_verdict", "BYTES", [97], VERDICT_BYTES[codes])
+    coded = Tensor("icos_verdict", "BYTES", [97], VERDICT_BYTES[codes], coded=(codes, VERDICT_VOCABULARY))
+    assert coded.bytes_wire() == plain.bytes_wire() == encode_bytes_elements(VERDICT_BYTES[codes])
+    assert coded.bytes_texts() == plain.bytes_texts()
+    assert coded.bytes_elements() == plain.bytes_elements()
+    for binary in (True, False):
+        plain.binary = coded.binary = binary
+        assert v2.encode_answer(InferResponse("m", "1", "r", {}, [coded])) == v2.encode_answer(
+            InferResponse("m", "1", "r", {}, [plain])
+        )
+    for raw in (True, False):
+        a = v2_grpc.encode_infer_response(InferResponse("m", "1", "r", {}, [coded]), raw)
+        b = v2_grpc.encode_infer_response(InferResponse("m", "1", "r", {}, [plain]), raw)
+        assert a.SerializeToString() == b.SerializeToString()
+    empty = np.zeros(0, dtype=np.int8)
+    assert VERDICT_VOCABULARY.wire(empty) == b"" and VERDICT_VOCABULARY.texts(empty).tolist() == []
