@@ -304,16 +304,12 @@ class WindowStats:
         self.seg_conf, self.seg_conf_sq = acc[:size, 1:3].T.tolist()
 
     def add_predictor_sums(
-        self,
-        calibration: EstimatorCalibration,
-        confidences: np.ndarray,
-        verdicts: np.ndarray,
-        predicted_correct: np.ndarray | None = None,
-    ) -> None:
-        """Fill ``pcorrect_*`` from the calibration's per-prediction predictor of being correct
-        (``predicted_correct``: that predictor, when the caller computed it already)."""
-        f = calibration.predicted_correct(confidences, verdicts) if predicted_correct is None else predicted_correct
+        self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
+    ) -> np.ndarray:
+        """Fill ``pcorrect_*`` from the calibration's per-prediction predictor of being correct; returns it."""
+        f = calibration.predicted_correct(confidences, verdicts)
         self.pcorrect_n, self.pcorrect_sum = len(f), float(f.sum())
+        return f
 
     @classmethod
     def of_labeled_sample(
@@ -431,23 +427,18 @@ class WindowStats:
         return self._combine(other, -1)
 
     def add_in_place(self, other: WindowStats) -> None:
-        """``self = self + other`` without building a new object (same sums; the window buckets'
-        hot path: the fields by kind, read and written in the instances' dicts)."""
+        """``self = self + other`` in place, the fields kind by kind (same sums; the window buckets' hot path)."""
         mine, add = self.__dict__, other.__dict__
         for name in _SCALAR_FIELDS:
             mine[name] = mine[name] + add[name]
         for name, zero in _VECTOR_FIELDS:
             more = add[name]
-            if not more:
-                continue
             vec = mine[name]
-            if len(vec) < len(more):
-                vec.extend([zero] * (len(more) - len(vec)))
+            vec.extend([zero] * (len(more) - len(vec)))  # nothing when it is as long already
             for i in itertools.compress(range(len(more)), more):  # the non-zero entries (C-speed scan)
                 vec[i] += more[i]
         for name in _FAMILY_FIELDS:
-            a, b = mine[name], add[name]
-            mine[name] = {k: a.get(k, 0) + b.get(k, 0) for k in FAMILIES}
+            mine[name] = {k: mine[name].get(k, 0) + add[name].get(k, 0) for k in FAMILIES}
 
     def copy(self) -> WindowStats:
         """A copy sharing no mutable vector or dict with ``self``."""
@@ -496,11 +487,9 @@ _unknown = {str(f.type) for f in _FIELDS} - set(_PARSE)
 if _unknown:
     raise TypeError(f"WindowStats fields of a kind without arithmetic: {sorted(map(str, _unknown))}")
 #: The fields by kind, for :meth:`WindowStats.add_in_place`: counts and sums; vectors with their zero; family counts.
-_SCALAR_FIELDS: tuple[str, ...] = tuple(f.name for f in _FIELDS if str(f.type) in ("int", "float"))
-_VECTOR_FIELDS: tuple[tuple[str, float], ...] = tuple(
-    (f.name, _VECTOR_ZERO[str(f.type)]) for f in _FIELDS if str(f.type) in _VECTOR_ZERO
-)
-_FAMILY_FIELDS: tuple[str, ...] = tuple(f.name for f in _FIELDS if str(f.type) == _FAMILY_KIND)
+_SCALAR_FIELDS = tuple(f.name for f in _FIELDS if str(f.type) in ("int", "float"))
+_VECTOR_FIELDS = tuple((f.name, _VECTOR_ZERO[str(f.type)]) for f in _FIELDS if str(f.type) in _VECTOR_ZERO)
+_FAMILY_FIELDS = tuple(f.name for f in _FIELDS if str(f.type) == _FAMILY_KIND)
 
 
 #: (field, "vector" | "family" | "scalar") of every exported field, in declaration order (:func:`stat_items`).

@@ -139,8 +139,7 @@ class Recorder:
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
-        correct = rt.calibration.predicted_correct(conf, verdicts)  # the labeling sample's draw reads it too
-        stats.add_predictor_sums(rt.calibration, conf, verdicts, correct)
+        correct = stats.add_predictor_sums(rt.calibration, conf, verdicts)  # the labeling sample's draw reads it too
         # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
         segments = rt.calibration.segments
         ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
@@ -181,25 +180,29 @@ class Recorder:
             [w.oracle_seconds for w in works if w.oracle_seconds is not None],
         )
         if self.judged_sinks or self.judged_group_sinks:
-            now = time.time()
-            start = 0
-            cols = extras_columns(extras) if extras is not None else None  # [N, 5], sliced per request
-            batches = []
-            for w in works:
-                n = w.n
-                part = cols[start : start + n] if cols is not None else None
-                f = correct[start : start + n]
-                start += n
-                if w.request_id is not None and w.verdicts is not None:
-                    batches.append(
-                        JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, f)
-                    )
-            for batch in batches:
-                for judged_sink in self.judged_sinks:
-                    judged_sink(batch)
-            if batches:
-                for group_sink in self.judged_group_sinks:
-                    group_sink(batches)
+            self._deliver(rt, works, extras_columns(extras) if extras is not None else None, correct)
+
+    def _deliver(self, rt: Runtime, works: list[JudgeWork], cols: np.ndarray | None, correct: np.ndarray) -> None:
+        """Hand each judged request with an id to the judged-batch sinks, then all of them to the group
+        sinks; ``cols``: the group's extras columns ``[N, 5]`` and ``correct``: its predictor, sliced per request."""
+        now = time.time()
+        start = 0
+        batches = []
+        for w in works:
+            n = w.n
+            part = cols[start : start + n] if cols is not None else None
+            f = correct[start : start + n]
+            start += n
+            if w.request_id is not None and w.verdicts is not None:
+                batches.append(
+                    JudgedBatch(rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, f)
+                )
+        for batch in batches:
+            for judged_sink in self.judged_sinks:
+                judged_sink(batch)
+        if batches:
+            for group_sink in self.judged_group_sinks:
+                group_sink(batches)
 
 
 @functools.lru_cache(maxsize=8)
