@@ -59,17 +59,16 @@ No NaN or infinity reaches ``/metrics``: the scrape-time collectors leave a non-
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporters.segment_metrics import SegmentPoint, segment_families
+from exporters.window_stats import Additive, Flatten, WindowStatsCollector, finite_only
 from invariants.oracle import FAMILIES, Verdict
 
 #: ``(verdict, invariant)`` label values of every :class:`~invariants.oracle.Verdict`, indexed by code.
@@ -135,12 +134,6 @@ class Snapshot:
 S = TypeVar("S")
 
 
-def finite_only(fam: Metric) -> Metric:
-    """``fam`` without its NaN and infinite samples (a gauge with nothing to say is absent)."""
-    fam.samples = [s for s in fam.samples if math.isfinite(s.value)]
-    return fam
-
-
 def headline_families(prefix: str, rows: Iterable[tuple[Sequence[str], EstimatePoint]], what: str) -> list[Metric]:
     """``<prefix>headline_accuracy_ratio`` with ``_lower``/``_upper`` and ``<prefix>headline_accuracy_samples``,
     labelled ``model, version, estimator, window``: one row per ``([model, version], headline point)``;
@@ -203,46 +196,6 @@ class SnapshotCollector(Collector, Generic[S]):
 
     def families(self, snap: S) -> Iterator[Metric]:
         raise NotImplementedError
-
-
-class WindowStatsCollector(Collector):
-    """``icos_window_stat_total{model,version,bundle,stat}``: running totals kept in plain dicts and
-    exported at scrape time (a ``Counter`` child per statistic costs a lock per increment: 3-4× the
-    time on a judged batch, and a ``_created`` series each)."""
-
-    #: Label sets (model, version, bundle) kept; a reload to a new bundle adds one, the oldest goes.
-    MAX_KEYS = 4
-
-    def __init__(self) -> None:
-        self._totals: dict[tuple[str, str, str], dict[str, float]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, key: tuple[str, str, str], items: Iterable[tuple[str, float]]) -> None:
-        with self._lock:
-            totals = self._totals.get(key)
-            if totals is None:
-                while len(self._totals) >= self.MAX_KEYS:
-                    del self._totals[next(iter(self._totals))]
-                totals = self._totals[key] = {}
-            get = totals.get
-            for stat, value in items:
-                totals[stat] = get(stat, 0) + value
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        fam = CounterMetricFamily(
-            "icos_window_stat",
-            "Additive window statistics of the judged predictions (counts and sums the estimators read), by stat.",
-            labels=["model", "version", "bundle", "stat"],
-        )
-        with self._lock:
-            rows = [(key, dict(totals)) for key, totals in self._totals.items()]
-        for (model, version, bundle), totals in rows:
-            for stat, value in totals.items():
-                fam.add_metric([model, version, bundle, stat], value)
-        yield finite_only(fam)
 
 
 class EstimatesCollector(SnapshotCollector[Snapshot]):
@@ -536,6 +489,11 @@ class AgentMetrics:
         """Add one batch's window statistics (``(stat, value)`` pairs, zeros included: every series
         exists from its first sight, so that a vector's length is visible to the fleet evaluator)."""
         self.window_stats.add((model, version, bundle), items)
+
+    def add_window_stats(self, model: str, version: str, bundle: str, stats: Additive, flatten: Flatten) -> None:
+        """Add one batch's window statistic, exported as ``flatten(sum of the batches)`` (the same series
+        and sums as :meth:`record_window_stats` of every batch's ``flatten(stats)``, flattened at scrape time)."""
+        self.window_stats.add_stats((model, version, bundle), stats, flatten)
 
     def _children(self, model: str, version: str, classes: Sequence[str]) -> _Children:
         key = (model, version, len(classes))

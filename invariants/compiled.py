@@ -168,7 +168,7 @@ class CompiledOracle:
     ) -> tuple[OracleResult, np.ndarray | None]:
         """:meth:`judge`, plus the TDI rule (leaf) index of *every* sample (int64 [N], whether its rule
         is selected or not), or None without TDIs. The leaf ids come out of the same onnxruntime call."""
-        predicted = np.asarray(predicted).reshape(-1).astype(np.int64)
+        predicted = np.asarray(predicted).reshape(-1).astype(np.int64, copy=False)  # only read
         n = predicted.shape[0]
         verdict = np.zeros(n, dtype=np.int8)
         rule = np.full(n, -1, dtype=np.int32)
@@ -201,14 +201,21 @@ class CompiledOracle:
                 names.append(ADI_LABEL)
             out = dict(zip(names, self._session.run(feeds, names), strict=True))
         tdi_rules: np.ndarray | None = None
+        open_ = verdict == 0 if idi is not None and idi.rules else None  # None: every prediction still passes
         if self._tdi is not None:
             r = self._rule_of_node[out[TDI_LEAF]]
             tdi_rules = np.asarray(r, dtype=np.int64)
-            hit = (verdict == 0) & self._selected[r] & (predicted != self._label[r])
-            verdict[hit] = 2
-            rule[hit] = r[hit]
+            hit = self._selected[r] & (predicted != self._label[r])
+            if open_ is not None:
+                hit &= open_
+            if hit.any():
+                verdict[hit] = 2
+                rule[hit] = r[hit]
+                open_ = ~hit if open_ is None else open_ & ~hit
         if self._adi is not None:
-            hit = (verdict == 0) & (out[ADI_LABEL] != 0)
+            hit = out[ADI_LABEL] != 0
+            if open_ is not None:
+                hit &= open_
             verdict[hit] = 3
             rule[hit] = 0
         return OracleResult(verdict, rule), tdi_rules

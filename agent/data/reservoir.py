@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,10 +99,38 @@ class Reservoir:
         if keep is not None:
             arrays = {k: a[keep] for k, a in arrays.items()}
             dropped, n = n - len(keep), len(keep)
+        self._add_parts(layout, bare, [(arrays, n)], dropped)
+
+    def add_many(self, batches: Sequence[Mapping[str, np.ndarray]], dynamic: Collection[str] = ()) -> None:
+        """:meth:`add` of every batch of named inputs in turn (the same samples kept, for the same random
+        draws), under one lock and with one draw when they share a layout of fixed sizes."""
+        parts: list[tuple[dict[str, np.ndarray], int]] = []
+        layout: tuple[_Slot, ...] | None = None
+        for batch in batches:
+            arrays = dict(batch.items())
+            if not arrays or any(a.ndim == 0 for a in arrays.values()):
+                continue
+            mine = tuple((k, a.dtype, None if k in dynamic else tuple(a.shape[1:])) for k, a in arrays.items())
+            if layout is None:
+                layout = mine
+            if mine != layout or any(shape is None or dtype.kind == "O" for _, dtype, shape in mine):
+                for b in batches:  # sizes that vary per sample, or batches of another layout: one by one
+                    self.add(b, dynamic)
+                return
+            n = len(next(iter(arrays.values())))
+            if n:
+                parts.append((arrays, n))
+        if layout is not None and parts:
+            self._add_parts(layout, False, parts, 0)
+
+    def _add_parts(
+        self, layout: tuple[_Slot, ...], bare: bool, parts: list[tuple[dict[str, np.ndarray], int]], dropped: int
+    ) -> None:
+        """Offer the rows of ``parts`` (arrays of ``layout``, with their row counts), one part after the other."""
         now = self._clock()
         with self._lock:
             self.too_large += dropped
-            if n == 0:
+            if not any(n for _, n in parts):
                 return
             if layout != self._layout or bare != self._bare:
                 self._layout, self._bare = layout, bare
@@ -113,7 +141,7 @@ class Reservoir:
                 if self._current.filled >= self.min_samples or self._previous is None:
                     self._previous = self._current
                 self._current = self._new(now)
-            self._offer(self._current, arrays, n)
+            self._offer(self._current, parts)
 
     def _small_enough(self, arrays: dict[str, np.ndarray], layout: tuple[_Slot, ...], n: int) -> np.ndarray | None:
         """The rows within ``max_sample_bytes`` (``None``: all of them, or nothing of a variable size)."""
@@ -145,13 +173,14 @@ class Reservoir:
         }
         return _Generation(now, 0, items, k)
 
-    def _offer(self, gen: _Generation, arrays: dict[str, np.ndarray], n: int) -> None:
+    def _offer(self, gen: _Generation, parts: list[tuple[dict[str, np.ndarray], int]]) -> None:
+        """Algorithm R over the rows of ``parts``, one after the other, in one draw."""
         k = self.capacity
         t0 = gen.seen
+        n = sum(size for _, size in parts)
         # Fill phase: items t < k go to slot t.
         fill = max(0, min(n, k - t0))
-        if fill:
-            self._put(gen, np.arange(t0, t0 + fill), np.arange(fill), arrays)
+        slots, rows = np.arange(t0, t0 + fill), np.arange(fill)
         rest = n - fill
         if rest > 0:
             # Item t (t >= k) draws j uniform in [0, t]; it replaces slot j when j < k. Sequential
@@ -159,8 +188,17 @@ class Reservoir:
             t = np.arange(t0 + fill, t0 + n, dtype=np.int64)
             j = (self._rng.random(rest) * (t + 1)).astype(np.int64)
             hit = np.flatnonzero(j < k)
-            if len(hit):
-                self._put(gen, j[hit], fill + hit, arrays)
+            slots, rows = np.concatenate([slots, j[hit]]), np.concatenate([rows, fill + hit])
+        if len(parts) == 1:
+            if len(rows):
+                self._put(gen, slots, rows, parts[0][0])
+        else:  # rows ascend: each part's are one slice, put in the parts' order (a later part wins a slot)
+            start = 0
+            for arrays, size in parts:
+                a, b = np.searchsorted(rows, (start, start + size))
+                if b > a:
+                    self._put(gen, slots[a:b], rows[a:b] - start, arrays)
+                start += size
         gen.seen = t0 + n
 
     def _put(self, gen: _Generation, slots: np.ndarray, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:

@@ -20,10 +20,12 @@ from agent.errors import ClientError
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork
 from agent.model.inputs import Inputs, rule_values
-from agent.protocol.inference import InferRequest, ProtocolError, RequestedOutput, Tensor
+from agent.protocol.inference import InferRequest, ProtocolError, RequestedOutput, Tensor, Vocabulary
 from invariants.oracle import VERDICTS
 
 VERDICT_BYTES = np.array([v.encode() for v in VERDICTS], dtype=object)
+#: The verdicts as the values of a coded BYTES tensor (answers encode them in a few numpy operations).
+VERDICT_VOCABULARY = Vocabulary(tuple(VERDICT_BYTES.tolist()))
 OUTPUT_PROBABILITIES = "probabilities"
 OUTPUT_LABEL = "label"
 OUTPUT_VERDICT = "icos_verdict"

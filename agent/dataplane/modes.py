@@ -27,6 +27,7 @@ from agent.dataplane.admission import (
     PREDICTION_COUNT,
     SERVE_OUTPUTS,
     VERDICT_BYTES,
+    VERDICT_VOCABULARY,
     Admitted,
     Predicted,
     admit,
@@ -108,7 +109,9 @@ def agent_outputs(admitted: Admitted, work: JudgeWork) -> dict[str, Tensor]:
         elif name == OUTPUT_LABEL:
             out[name] = tensor(OUTPUT_LABEL, work.predicted.astype(np.int64, copy=False), "INT64")
         elif name == OUTPUT_VERDICT:
-            out[name] = tensor(OUTPUT_VERDICT, VERDICT_BYTES[work.verdicts_or_raise()], "BYTES")
+            codes = work.verdicts_or_raise()
+            out[name] = tensor(OUTPUT_VERDICT, VERDICT_BYTES[codes], "BYTES")
+            out[name].coded = (codes, VERDICT_VOCABULARY)
         else:
             continue
         out[name].binary = binary

@@ -304,10 +304,11 @@ class WindowStats:
 
     def add_predictor_sums(
         self, calibration: EstimatorCalibration, confidences: np.ndarray, verdicts: np.ndarray
-    ) -> None:
-        """Fill ``pcorrect_*`` from the calibration's per-prediction predictor of being correct."""
+    ) -> np.ndarray:
+        """Fill ``pcorrect_*`` from the calibration's per-prediction predictor of being correct; returns it."""
         f = calibration.predicted_correct(confidences, verdicts)
         self.pcorrect_n, self.pcorrect_sum = len(f), float(f.sum())
+        return f
 
     @classmethod
     def of_labeled_sample(
@@ -425,28 +426,18 @@ class WindowStats:
         return self._combine(other, -1)
 
     def add_in_place(self, other: WindowStats) -> None:
-        """``self = self + other`` without building a new object (same sums; the window buckets'
-        hot path)."""
-        for f in _FIELDS:
-            name, kind = f.name, str(f.type)
-            add = getattr(other, name)
-            if kind == "list[int]":
-                vec = getattr(self, name)
-                if len(vec) < len(add):
-                    vec.extend([0] * (len(add) - len(vec)))
-                for i in itertools.compress(range(len(add)), add):  # the non-zero entries (C-speed scan)
-                    vec[i] += add[i]
-            elif kind == "list[float]":
-                vec = getattr(self, name)
-                if len(vec) < len(add):
-                    vec.extend([0.0] * (len(add) - len(vec)))
-                for i in itertools.compress(range(len(add)), add):  # the non-zero entries
-                    vec[i] += add[i]
-            elif kind == _FAMILY_KIND:
-                mine = getattr(self, name)
-                setattr(self, name, {k: mine.get(k, 0) + add.get(k, 0) for k in FAMILIES})
-            else:
-                setattr(self, name, getattr(self, name) + add)
+        """``self = self + other`` in place, the fields kind by kind (same sums; the window buckets' hot path)."""
+        mine, add = self.__dict__, other.__dict__
+        for name in _SCALAR_FIELDS:
+            mine[name] = mine[name] + add[name]
+        for name, zero in _VECTOR_FIELDS:
+            more = add[name]
+            vec = mine[name]
+            vec.extend([zero] * (len(more) - len(vec)))  # nothing when it is as long already
+            for i in itertools.compress(range(len(more)), more):  # the non-zero entries (C-speed scan)
+                vec[i] += more[i]
+        for name in _FAMILY_FIELDS:
+            mine[name] = {k: mine[name].get(k, 0) + add[name].get(k, 0) for k in FAMILIES}
 
     def copy(self) -> WindowStats:
         """A copy sharing no mutable vector or dict with ``self``."""
@@ -494,6 +485,10 @@ _FIELDS: tuple[Field[Any], ...] = tuple(fields(WindowStats))
 _unknown = {str(f.type) for f in _FIELDS} - set(_PARSE)
 if _unknown:
     raise TypeError(f"WindowStats fields of a kind without arithmetic: {sorted(map(str, _unknown))}")
+#: The fields by kind, for :meth:`WindowStats.add_in_place`: counts and sums; vectors with their zero; family counts.
+_SCALAR_FIELDS = tuple(f.name for f in _FIELDS if str(f.type) in ("int", "float"))
+_VECTOR_FIELDS = tuple((f.name, _VECTOR_ZERO[str(f.type)]) for f in _FIELDS if str(f.type) in _VECTOR_ZERO)
+_FAMILY_FIELDS = tuple(f.name for f in _FIELDS if str(f.type) == _FAMILY_KIND)
 
 
 #: the ``lab_ipw_*`` fields in the order of :func:`agent.estimation.active.weighted_sums`

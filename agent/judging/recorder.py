@@ -7,8 +7,9 @@ for delayed labels, the audits' reservoir of live inputs), for many requests at 
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,9 @@ import numpy as np
 
 from agent.estimation.segments import segment_ids
 from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import SampleExtras, WindowStats, extras_columns, novel_inputs, sample_extras
+from agent.estimation.statistics import WindowStats, extras_columns, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
-from agent.judging.verdicts import JudgeWork, judge
+from agent.judging.verdicts import Arrays, JudgeWork, concatenated, judge, oracle_call
 from agent.judging.windows import WindowSet
 from agent.model.classifier import label_confidences
 from agent.model.inputs import Inputs
@@ -46,16 +47,22 @@ class JudgedBatch:
     metadata: Mapping[str, Any] | None = None
     #: Every prediction's segment in each dimension fixed at fit, int64 ``[D, n]`` (None without segments).
     segments: np.ndarray | None = None
+    #: Per prediction, the calibration's probability that it is correct, as the windows computed it
+    #: (:meth:`~agent.estimation.calibration.EstimatorCalibration.predicted_correct`; None: not computed).
+    predicted_correct: np.ndarray | None = None
 
 
-#: Receives every judged request that has an id (the prediction store); called while recording, so
-#: it must only enqueue (what it returns is not read).
+#: Receives every judged request that has an id (the prediction store, a challenger); called while recording,
+#: so it must only enqueue (what it returns is not read).
 JudgedSink = Callable[[JudgedBatch], object]
+#: Receives the judged requests with an id of one recording call together, in their order (the
+#: labeling sample draws them in one pass); called while recording, so it must only enqueue.
+JudgedGroupSink = Callable[[Sequence[JudgedBatch]], None]
 #: Receives the features of every recorded batch.
 FeatureSink = Callable[[np.ndarray], None]
-#: Receives the prepared inputs of every recorded request with its runtime (the audits' reservoir of live
-#: inputs); works recorded without their inputs are left out.
-InputSink = Callable[[Runtime, Inputs], None]
+#: Receives the prepared inputs of the requests of one recording call, in their order, with their runtime
+#: (the audits' reservoir of live inputs); works recorded without their inputs are left out.
+InputSink = Callable[[Runtime, Sequence[Inputs]], None]
 
 
 class Recorder:
@@ -69,51 +76,67 @@ class Recorder:
         judged_sinks: Sequence[JudgedSink] = (),
         feature_sinks: Sequence[FeatureSink] = (),
         input_sinks: Sequence[InputSink] = (),
+        judged_group_sinks: Sequence[JudgedGroupSink] = (),
     ) -> None:
         self.windows = windows
         self.metrics = metrics
         self.judged_sinks = tuple(judged_sinks)
+        self.judged_group_sinks = tuple(judged_group_sinks)
         self.feature_sinks = tuple(feature_sinks)
         self.input_sinks = tuple(input_sinks)
 
     def record(self, works: Sequence[JudgeWork]) -> None:
         """Judge the works still without verdicts, then record them, one group per runtime and
         metadata (see :func:`agent.judging.verdicts.judge`). Every work ends ``done``, with its
-        ``verdicts`` or its ``error``; nothing is raised."""
-        judge(works)
+        ``verdicts`` or its ``error``; nothing is raised.
+
+        A runtime's works that all wait for the oracle without per-request metadata (the common case)
+        are concatenated once, for the oracle and the recording alike."""
         groups: dict[int, list[JudgeWork]] = {}
         for w in works:
             if w.error is None:
                 groups.setdefault(id(w.rt), []).append(w)
         for group in groups.values():
+            arrays: Arrays | None = None
+            if all(w.verdicts is None and w.metadata is None for w in group):
+                arrays = concatenated(group)
+                try:
+                    oracle_call(group, arrays)
+                except Exception as exc:  # delivered to the waiting requests; such works are not recorded
+                    for w in group:
+                        w.error = exc
+                    continue
+            else:
+                judge(group)
+            ok = [w for w in group if w.error is None]
+            if not ok:
+                continue
             try:
-                self._record_group(group)
+                self._record_group(ok, arrays if len(ok) == len(group) else None)
             except BaseException as exc:  # delivered to the waiting requests
-                for w in group:
+                for w in ok:
                     w.error = exc
         for w in works:
             w.done = True
 
-    def _record_group(self, works: list[JudgeWork]) -> None:
+    def _record_group(self, works: list[JudgeWork], arrays: Arrays | None) -> None:
         rt = works[0].rt
+        features, probabilities, predicted = concatenated(works) if arrays is None else arrays
         if len(works) == 1:
             w = works[0]
-            features, probabilities, predicted = w.features, w.probabilities, w.predicted
             verdicts = np.asarray(w.verdicts, dtype=np.int8)
             tdi_rules = w.tdi_rules
         else:
-            features = np.concatenate([w.features for w in works])
-            probabilities = np.concatenate([w.probabilities for w in works])
-            predicted = np.concatenate([w.predicted for w in works])
             verdicts = np.concatenate([np.asarray(w.verdicts, dtype=np.int8) for w in works])
             rules = [w.tdi_rules for w in works]
             tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
         for sink in self.feature_sinks:
             sink(features)
-        for w in works:  # request by request: no copy of the inputs
-            if w.inputs is not None:
+        if self.input_sinks:
+            inputs = [w.inputs for w in works if w.inputs is not None]  # request by request: no copy of them
+            if inputs:
                 for input_sink in self.input_sinks:
-                    input_sink(rt, w.inputs)
+                    input_sink(rt, inputs)
         conf = label_confidences(probabilities, predicted)
         # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
         extras = sample_extras(rt.calibration, probabilities, predicted, features, tdi_rules)
@@ -122,7 +145,7 @@ class Recorder:
             verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
         )
         stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
-        stats.add_predictor_sums(rt.calibration, conf, verdicts)
+        correct = stats.add_predictor_sums(rt.calibration, conf, verdicts)  # the labeling sample's draw reads it too
         # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
         segments = rt.calibration.segments
         ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
@@ -145,16 +168,13 @@ class Recorder:
         class_counts = (
             np.bincount(predicted.astype(np.int64), minlength=len(rt.classes)).tolist() if per_class else None
         )
-        self.metrics.record_window_stats(
+        # flattened into its series at scrape time, not per batch
+        self.metrics.add_window_stats(
             rt.name,
             rt.version,
             rt.bundle_label,
-            stat_items(
-                stats,
-                classes=per_class,
-                inputs=shift is None or shift.reference.leaf_bins > 0,
-                sparse_segments=True,
-            ),
+            stats,
+            _flattener(per_class, shift is None or shift.reference.leaf_bins > 0),
         )
         self.metrics.record_batch(
             rt.name,
@@ -165,25 +185,50 @@ class Recorder:
             [w.inference_seconds for w in works if w.inference_seconds is not None],
             [w.oracle_seconds for w in works if w.oracle_seconds is not None],
         )
-        if self.judged_sinks:
-            self._hand_on(works, rt, extras, ids)
+        if self.judged_sinks or self.judged_group_sinks:
+            self._deliver(rt, works, extras_columns(extras) if extras is not None else None, correct, ids)
 
-    def _hand_on(
-        self, works: list[JudgeWork], rt: Runtime, extras: SampleExtras | None, ids: np.ndarray | None
+    def _deliver(
+        self, rt: Runtime, works: list[JudgeWork], cols: np.ndarray | None, correct: np.ndarray, ids: np.ndarray | None
     ) -> None:
-        """Every judged request that has an id, to the judged sinks (the prediction store, a challenger), with
-        its rows of the per-sample extras and segment ids."""
+        """Hand each judged request with an id to the judged-batch sinks, then all of them to the group
+        sinks; ``cols``: the group's extras columns ``[N, 5]``, ``correct``: its predictor and ``ids``: its
+        segment ids ``[D, N]``, sliced per request."""
         now = time.time()
         start = 0
-        cols = extras_columns(extras) if extras is not None else None  # [N, 5], sliced per request
+        batches = []
         for w in works:
             n = w.n
             part = cols[start : start + n] if cols is not None else None
+            f = correct[start : start + n]
             seg = ids[:, start : start + n] if ids is not None else None
             start += n
             if w.request_id is not None and w.verdicts is not None:
-                batch = JudgedBatch(
-                    rt, w.request_id, now, w.probabilities, w.predicted, w.verdicts, part, w.inputs, w.metadata, seg
+                batches.append(
+                    JudgedBatch(
+                        rt,
+                        w.request_id,
+                        now,
+                        w.probabilities,
+                        w.predicted,
+                        w.verdicts,
+                        part,
+                        w.inputs,
+                        w.metadata,
+                        seg,
+                        f,
+                    )
                 )
-                for judged_sink in self.judged_sinks:
-                    judged_sink(batch)
+        for batch in batches:
+            for judged_sink in self.judged_sinks:
+                judged_sink(batch)
+        if batches:
+            for group_sink in self.judged_group_sinks:
+                group_sink(batches)
+
+
+@functools.lru_cache(maxsize=8)
+def _flattener(classes: bool, inputs: bool) -> Callable[[WindowStats], Iterator[tuple[str, float]]]:
+    """The exported series of a window statistic (:func:`stat_items`, per-segment sums only of the segments
+    with a prediction); one object per way, as :meth:`AgentMetrics.add_window_stats` keeps a sum per way."""
+    return functools.partial(stat_items, classes=classes, inputs=inputs, sparse_segments=True)

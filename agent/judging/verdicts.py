@@ -57,17 +57,28 @@ class JudgeWork:
         return self.verdicts
 
 
-def _oracle_call(works: Sequence[JudgeWork]) -> None:
-    """One oracle call for works of one runtime (several only without per-request metadata)."""
-    rt = works[0].rt
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def concatenated(works: Sequence[JudgeWork]) -> Arrays:
+    """The features, probabilities and predicted classes of ``works``, one after the other (a single
+    work's own arrays, uncopied)."""
     if len(works) == 1:
         w = works[0]
-        features, probabilities, predicted, metadata = w.features, w.probabilities, w.predicted, w.metadata
-    else:
-        features = np.concatenate([w.features for w in works])
-        probabilities = np.concatenate([w.probabilities for w in works])
-        predicted = np.concatenate([w.predicted for w in works])
-        metadata = None
+        return w.features, w.probabilities, w.predicted
+    return (
+        np.concatenate([w.features for w in works]),
+        np.concatenate([w.probabilities for w in works]),
+        np.concatenate([w.predicted for w in works]),
+    )
+
+
+def oracle_call(works: Sequence[JudgeWork], arrays: Arrays | None = None) -> None:
+    """One oracle call for works of one runtime (several only without per-request metadata);
+    ``arrays``: their :func:`concatenated` arrays, when the caller has them already."""
+    rt = works[0].rt
+    features, probabilities, predicted = concatenated(works) if arrays is None else arrays
+    metadata = works[0].metadata if len(works) == 1 else None
     t0 = time.perf_counter()
     oracle = rt.oracle if metadata is not None or rt.oracle_no_metadata is None else rt.oracle_no_metadata
     result, tdi_rules = oracle.judge_with_rules(
@@ -92,7 +103,7 @@ def judge(works: Sequence[JudgeWork]) -> None:
             groups.setdefault(id(w.rt) if w.metadata is None else id(w), []).append(w)
     for group in groups.values():
         try:
-            _oracle_call(group)
+            oracle_call(group)
         except Exception as exc:  # delivered to the waiting requests; such works are not recorded
             for w in group:
                 w.error = exc

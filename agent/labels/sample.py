@@ -33,9 +33,11 @@ larger of the two probabilities, and every draw then keeps its probability (in `
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -175,31 +177,50 @@ class LabelingSample:
         with self._lock:
             return t < self._boost_until
 
-    def _draw(self, batch: JudgedBatch, prefer: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-        n = len(batch.predicted)
+    def _draw(
+        self, batches: Sequence[JudgedBatch], prefer: np.ndarray | None = None
+    ) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+        """Every batch's drawn predictions and their draw probabilities (None: not kept), in one draw over the
+        batches' predictions one after the other. ``prefer``: per prediction of all the batches, the
+        probability it is drawn with at least (a challenger's preference for its disagreements)."""
+        offsets = list(itertools.accumulate((len(b.predicted) for b in batches), initial=0))
+        total = offsets[-1]
+        fs: list[np.ndarray] = []
+        strata: list[np.ndarray] | None = None
         if self.budget is None:
             if self.rate <= 0 and prefer is None:
-                return None, None
+                return [(None, None)] * len(batches)
             if prefer is None and not self.keep_probabilities:
                 # uniform draws keep no probability: with_labels is then the unweighted PPI++ of equal draws
-                return np.flatnonzero(self._rng.random(n) < self.rate), None
-            pi = np.full(n, self.rate) if prefer is None else np.maximum(self.rate, prefer)
-            drawn = np.flatnonzero(self._rng.random(n) < pi)
-            return drawn, pi[drawn]
-        conf = label_confidences(batch.probabilities, batch.predicted)  # as the windows take it
-        f = batch.rt.calibration.predicted_correct(conf, batch.verdicts)
-        strata = self.strata.strata(batch, f) if self.strata is not None else None
-        spread = self.strata.spread(batch, f, strata) if self.strata is not None and strata is not None else None
-        now = time.monotonic()
-        with self._lock:
-            boost = self.boost_factor if now < self._boost_until else 1.0
-            pi = self.budget.probabilities(f, now, boost, spread)
-            if prefer is not None:
-                pi = np.maximum(pi, prefer)
-            drawn = np.flatnonzero(self._rng.random(n) < pi)
-        if self.strata is not None and strata is not None:
-            self.strata.remember(batch, drawn, f, strata)
-        return drawn, pi[drawn]
+                drawn = np.flatnonzero(self._rng.random(total) < self.rate)
+                cuts = np.searchsorted(drawn, offsets).tolist()  # each batch's draws: one slice of them
+                return [(drawn[cuts[i] : cuts[i + 1]] - offsets[i], None) for i in range(len(batches))]
+            pi = np.full(total, self.rate) if prefer is None else np.maximum(self.rate, prefer)
+            hit = self._rng.random(total) < pi
+        else:
+            fs = [_predicted_correct(b) for b in batches]
+            f = np.concatenate(fs) if len(fs) > 1 else fs[0]
+            spread = None
+            if self.strata is not None:
+                strata = [self.strata.strata(b, fb) for b, fb in zip(batches, fs, strict=True)]
+                parts = [self.strata.spread(b, fb, sb) for b, fb, sb in zip(batches, fs, strata, strict=True)]
+                spread = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            now = time.monotonic()
+            with self._lock:
+                boost = self.boost_factor if now < self._boost_until else 1.0
+                pi = self.budget.probabilities(f, now, boost, spread)
+                if prefer is not None:
+                    pi = np.maximum(pi, prefer)
+                hit = self._rng.random(total) < pi
+        drawn = np.flatnonzero(hit)
+        cuts = np.searchsorted(drawn, offsets).tolist()  # each batch's draws: one slice of them
+        out: list[tuple[np.ndarray | None, np.ndarray | None]] = []
+        for i, batch in enumerate(batches):
+            mine = drawn[cuts[i] : cuts[i + 1]]
+            if self.strata is not None and strata is not None:
+                self.strata.remember(batch, mine - offsets[i], fs[i], strata[i])
+            out.append((mine - offsets[i], pi[mine]))
+        return out
 
     def labeled(self, labels: list[tuple[str, int]]) -> None:
         """Accepted labels ``(prediction id, true class)`` (from the label intake): the stratified
@@ -212,24 +233,48 @@ class LabelingSample:
         """Judged-batch sink (called while recording, so it only enqueues). ``prefer``: per prediction, the
         probability it is drawn with at least (a challenger's preference for the disagreements). Returns the
         indices drawn and their draw probabilities (None: not kept)."""
-        sampled, probability = self._draw(batch, prefer)
-        if sampled is not None and len(sampled):
-            self.metrics.label_sample.inc(len(sampled))
-            self.segment_labels.remember(batch, sampled, probability)
-        else:
-            sampled = probability = None
-        self.store.enqueue(
-            PendingBatch(
-                batch.request_id,
-                batch.timestamp,
-                batch.rt.identity,
-                batch.probabilities,
-                batch.predicted,
-                batch.verdicts,
-                batch.extras,
-                sampled,
-                inputs=batch.inputs if sampled is not None and self.store.kept.enabled else None,
-                sampled_p=probability,
-            )
-        )
+        ((sampled, probability),) = self._queue((batch,), prefer)
         return (sampled, probability) if sampled is not None else (np.zeros(0, dtype=np.int64), None)
+
+    def on_judged_group(self, batches: Sequence[JudgedBatch]) -> None:
+        """Judged-group sink: the requests of one recording call drawn together, then queued one by one."""
+        self._queue(batches, None)
+
+    def _queue(
+        self, batches: Sequence[JudgedBatch], prefer: np.ndarray | None
+    ) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+        out: list[tuple[np.ndarray | None, np.ndarray | None]] = []
+        drawn = 0
+        for batch, (sampled, probability) in zip(batches, self._draw(batches, prefer), strict=True):
+            if sampled is not None and len(sampled):
+                drawn += len(sampled)
+                self.segment_labels.remember(batch, sampled, probability)
+            else:
+                sampled = probability = None
+            self.store.enqueue(
+                PendingBatch(
+                    batch.request_id,
+                    batch.timestamp,
+                    batch.rt.identity,
+                    batch.probabilities,
+                    batch.predicted,
+                    batch.verdicts,
+                    batch.extras,
+                    sampled,
+                    inputs=batch.inputs if sampled is not None and self.store.kept.enabled else None,
+                    sampled_p=probability,
+                )
+            )
+            out.append((sampled, probability))
+        if drawn:
+            self.metrics.label_sample.inc(drawn)
+        return out
+
+
+def _predicted_correct(batch: JudgedBatch) -> np.ndarray:
+    """The batch's calibrated probabilities of being correct: the recorder's, else computed here from
+    the confidences as the windows take them."""
+    if batch.predicted_correct is not None:
+        return batch.predicted_correct
+    conf = label_confidences(batch.probabilities, batch.predicted)
+    return batch.rt.calibration.predicted_correct(conf, batch.verdicts)

@@ -89,6 +89,60 @@ class Tensor:
     data: np.ndarray
     parameters: dict[str, Any] = field(default_factory=dict)
     binary: bool = False
+    #: A BYTES tensor of a few known values: its elements as codes into a :class:`Vocabulary` (``data`` holds
+    #: the same elements), so that the encoders write it without a Python step per element.
+    coded: tuple[np.ndarray, Vocabulary] | None = None
+
+    def bytes_wire(self) -> bytes:
+        """The length-prefixed serialisation of a BYTES tensor (:func:`encode_bytes_elements`)."""
+        if self.coded is not None:
+            return self.coded[1].wire(self.coded[0])
+        return encode_bytes_elements(self.data)
+
+    def bytes_elements(self) -> list[bytes]:
+        """A BYTES tensor's elements as ``bytes``, in order."""
+        if self.coded is not None:
+            return self.coded[1].elements(self.coded[0]).tolist()  # type: ignore[no-any-return]
+        return [v if isinstance(v, bytes) else str(v).encode() for v in self.data.reshape(-1).tolist()]
+
+    def bytes_texts(self) -> list[str]:
+        """A BYTES tensor's elements as text (UTF-8, invalid bytes replaced), as JSON answers carry them."""
+        if self.coded is not None:
+            return self.coded[1].texts(self.coded[0]).tolist()  # type: ignore[no-any-return]
+        return [
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in self.data.reshape(-1).tolist()
+        ]
+
+
+class Vocabulary:
+    """The few values a coded BYTES tensor takes (e.g. the oracle's verdicts), each encoded once: a
+    tensor of ``n`` codes becomes its elements, its text or its length-prefixed wire form in a few numpy
+    operations, whatever ``n``."""
+
+    def __init__(self, values: tuple[bytes, ...]) -> None:
+        self.values = values
+        self._elements = np.array(values, dtype=object)
+        self._texts = np.array([v.decode("utf-8", "replace") for v in values], dtype=object)
+        wire = [len(v).to_bytes(4, "little") + v for v in values]
+        width = max((len(w) for w in wire), default=0)
+        self._table = np.zeros((len(values), width), dtype=np.uint8)
+        for i, w in enumerate(wire):
+            self._table[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
+        self._lengths = np.array([len(w) for w in wire], dtype=np.int64)
+        self._columns = np.arange(width)
+
+    def elements(self, codes: np.ndarray) -> np.ndarray:
+        """The elements of ``codes``, an object array of ``bytes``."""
+        return self._elements[np.asarray(codes, dtype=np.intp).reshape(-1)]  # type: ignore[no-any-return]
+
+    def texts(self, codes: np.ndarray) -> np.ndarray:
+        """The elements of ``codes`` as text, an object array of ``str``."""
+        return self._texts[np.asarray(codes, dtype=np.intp).reshape(-1)]  # type: ignore[no-any-return]
+
+    def wire(self, codes: np.ndarray) -> bytes:
+        """:func:`encode_bytes_elements` of :meth:`elements`: each code's row of the table, cut to its length."""
+        c = np.asarray(codes, dtype=np.intp).reshape(-1)
+        return self._table[c][self._columns < self._lengths[c][:, None]].tobytes()
 
 
 @dataclass

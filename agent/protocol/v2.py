@@ -310,7 +310,7 @@ def _tensor_json(t: Tensor, binary: bool, chunks: list[bytes]) -> dict[str, Any]
     params = {k: v for k, v in t.parameters.items() if k not in ("binary_data_size", "binary_data")}
     if binary:
         if t.datatype == "BYTES":
-            raw = encode_bytes_elements(t.data)
+            raw = t.bytes_wire()
         else:
             raw = np.ascontiguousarray(t.data, dtype=DATATYPES[t.datatype]).tobytes()
         params["binary_data_size"] = len(raw)
@@ -318,7 +318,7 @@ def _tensor_json(t: Tensor, binary: bool, chunks: list[bytes]) -> dict[str, Any]
     else:
         flat = t.data.reshape(-1)
         if t.datatype == "BYTES":
-            entry["data"] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat.tolist()]
+            entry["data"] = t.bytes_texts()
         else:
             entry["data"] = flat.tolist()
     if params:

@@ -34,7 +34,6 @@ from agent.protocol.inference import (
     check_request_id,
     check_shape,
     decode_bytes_elements,
-    encode_bytes_elements,
 )
 
 #: The typed-contents field of each datatype (FP16 travels only as raw contents).
@@ -184,11 +183,9 @@ def encode_infer_response(resp: InferResponse, raw: bool) -> pb.ModelInferRespon
         _set_parameters(out.parameters, {k: v for k, v in t.parameters.items() if k != "binary_data_size"})
         if t.datatype == "BYTES":
             if raw:
-                msg.raw_output_contents.append(encode_bytes_elements(t.data))
+                msg.raw_output_contents.append(t.bytes_wire())
             else:
-                out.contents.bytes_contents.extend(
-                    v if isinstance(v, bytes) else str(v).encode() for v in t.data.reshape(-1).tolist()
-                )
+                out.contents.bytes_contents.extend(t.bytes_elements())
         elif raw:
             msg.raw_output_contents.append(np.ascontiguousarray(t.data, dtype=DATATYPES[t.datatype]).tobytes())
         else:

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,11 +127,11 @@ class AuditJobs:
                 raise UserError(f"audits.{kind}: {exc}; remove audits.{kind} from the configuration") from None
 
     # -- wiring -------------------------------------------------------------------------------------
-    def observe_inputs(self, rt: Runtime, batch: Inputs) -> None:
-        """Input sink of the recorder: offer judged live inputs to the reservoir (cheap, thread-safe);
-        inputs of a dynamic length (token ids) are kept row by row."""
+    def observe_inputs(self, rt: Runtime, batches: Sequence[Inputs]) -> None:
+        """Input sink of the recorder: offer judged live inputs, request after request, to the reservoir
+        (cheap, thread-safe); inputs of a dynamic length (token ids) are kept row by row."""
         if self.reservoir is not None:
-            self.reservoir.add(batch, {s.name for s in rt.signature.inputs if not s.fixed})
+            self.reservoir.add_many(batches, {s.name for s in rt.signature.inputs if not s.fixed})
 
     async def start(self, _app: object = None) -> None:
         self._stopping.clear()

@@ -140,11 +140,12 @@ class Agent:
         self.boost = BudgetBoost(self.sample, self.windows, lambda: self.runtimes.current, s.labels.budget_seconds)
         #: A challenger beside the champion (None without one): it sees the judged requests first.
         self.challenger = self._build_challenger()
-        judged = self.challenger.on_judged if self.challenger is not None else self.sample.on_judged
         recorder = Recorder(
             self.windows,
             self.metrics,
-            judged_sinks=[judged] if s.labels.enabled or self.challenger is not None else [],
+            # a challenger sees each judged request first and hands it on to the sample with its preference
+            judged_sinks=[self.challenger.on_judged] if self.challenger is not None else [],
+            judged_group_sinks=[self.sample.on_judged_group] if s.labels.enabled and self.challenger is None else [],
             input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
         )
         self.judge_queue = JudgeQueue(recorder)

@@ -1,0 +1,204 @@
+"""Recording a judged batch in a few passes gives what recording it piece by piece gave.
+
+The window statistic is exported by adding each batch's statistic in place and flattening the sum at
+scrape time: the same series with the same values, bit for bit, as adding every batch's flat pairs. The
+labeling sample draws the requests of one recording call in one draw: with the same random source, the
+same predictions as drawing them request by request. The recorder hands the sample the calibrated
+predictor it computed for the windows: the same numbers the sample computed from the request itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from agent.config.settings import load_settings
+from agent.estimation.layout import N_CELLS
+from agent.estimation.statistics import WindowStats, stat_items
+from agent.judging.recorder import JudgedBatch, Recorder
+from agent.judging.runtime import Runtime, load_runtime
+from agent.judging.verdicts import JudgeWork
+from agent.judging.windows import WindowSet
+from agent.labels.rows import PendingBatch
+from agent.labels.sample import LabelingSample, open_prediction_store
+from agent.labels.store import PredictionStore
+from agent.model.classifier import default_model_path, label_confidences
+from exporters.label_metrics import LabelMetrics
+from exporters.prometheus import AgentMetrics
+
+
+def random_stats(rng: np.random.Generator, size: int, leaves: int) -> WindowStats:
+    """A batch's statistic with every kind of field filled, some vectors of varying length."""
+    n = int(rng.integers(1, 40))
+    verdicts = rng.integers(0, 4, n).astype(np.int8)
+    conf = rng.random(n)
+    out = WindowStats.of_samples(verdicts, conf, 0.5)
+    out.n_ext, out.margin_sum, out.pca_sum = n, float(rng.random() * n), float(rng.random() * n)
+    out.leaves = rng.integers(0, 3, leaves).tolist()
+    p = rng.dirichlet(np.ones(4), n)
+    out.add_class_sums(p, np.argmax(p, axis=1))
+    out.pcorrect_n, out.pcorrect_sum = n, float(conf.sum())
+    ids = rng.integers(0, size + 1, (2, n))  # size: counted nowhere
+    out.add_segment_sums(ids, size, conf, verdicts, rng.random(n) < 0.1)
+    return out
+
+
+def exported(metrics: AgentMetrics) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s.labels.values()): s.value
+        for fam in metrics.window_stats.collect()
+        for s in fam.samples
+        if s.name == "icos_window_stat_total"
+    }
+
+
+def test_window_stats_summed_then_flattened_export_what_batches_flattened_did() -> None:
+    rng = np.random.default_rng(3)
+    batches = [random_stats(rng, 12, leaves) for leaves in (0, 0, 5, 3, 7, 7, 2, 0, 9, 4)]
+    by_items, by_sums = AgentMetrics(CollectorRegistry()), AgentMetrics(CollectorRegistry())
+    for m in (by_items, by_sums):
+        m.record_window_stats("m", "1", "b", stat_items(WindowStats()))  # what a runtime starts with
+    for classes, inputs in ((True, True), (False, True), (True, False)):
+        flatten = lambda s, c=classes, i=inputs: stat_items(s, classes=c, inputs=i, sparse_segments=True)  # noqa: E731
+        key = f"b{classes}{inputs}"
+        for m in (by_items, by_sums):
+            m.record_window_stats("m", "1", key, stat_items(WindowStats()))
+        for stats in batches:
+            by_items.record_window_stats("m", "1", key, flatten(stats))
+            by_sums.add_window_stats("m", "1", key, stats, flatten)
+    old, new = exported(by_items), exported(by_sums)
+    assert old == new  # the same series, the same sums bit for bit
+    assert any(k[3] == "seg_n:3" for k in new) and any(k[3] == "leaves:8" for k in new)
+    assert len({k for k in new if k[3].startswith("cells:")}) == 4 * N_CELLS
+
+
+def test_add_in_place_is_the_sum() -> None:
+    rng = np.random.default_rng(4)
+    a, b = random_stats(rng, 6, 3), random_stats(rng, 6, 8)
+    total = a.copy()
+    total.add_in_place(b)
+    assert total == a + b
+    empty = WindowStats()
+    empty.add_in_place(a)
+    assert empty == WindowStats() + a
+
+
+def runtime(bundle: Path, tmp: Path) -> tuple[Runtime, PredictionStore, LabelMetrics]:
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "mnist", "path": str(default_model_path())},
+        bundle={"path": str(bundle)},
+        state_dir=str(tmp),
+    )
+    metrics = LabelMetrics(CollectorRegistry())
+    store = open_prediction_store(settings.labels, tmp, metrics)
+    store.open()
+    return load_runtime(settings), store, metrics
+
+
+def judged(rt: Runtime, sizes: list[int]) -> list[JudgeWork]:
+    assert rt.classifier is not None
+    x = np.random.default_rng(5).random((sum(sizes), 1, 28, 28), dtype=np.float32)
+    works, start = [], 0
+    for i, n in enumerate(sizes):
+        xb = rt.classifier.prepare(x[start : start + n])
+        pred = rt.classifier.predict_prepared(xb)
+        works.append(JudgeWork(rt, rt.features(xb, pred), pred.probabilities, pred.predicted, None, None, f"r{i}"))
+        start += n
+    return works
+
+
+def test_group_draw_draws_what_request_by_request_drew(tmp_path: Path, mnist_bundle_dir: Path) -> None:
+    rt, store, metrics = runtime(mnist_bundle_dir, tmp_path)
+    got: list[JudgedBatch] = []
+    Recorder(WindowSet({"5m": 300.0}, None), AgentMetrics(CollectorRegistry()), [got.append]).record(
+        judged(rt, [1, 7, 32, 1, 3])
+    )
+    one, group = LabelingSample(store, 0.3, metrics), LabelingSample(store, 0.3, metrics)
+    one._rng, group._rng = np.random.default_rng(11), np.random.default_rng(11)
+    for batch in got:
+        one.on_judged(batch)
+    first = store._take()
+    group.on_judged_group(got)
+    second = store._take()
+
+    def drawn(rows: list[PendingBatch]) -> list[tuple[str, list[int]]]:
+        return [(r.request_id, [] if r.sampled is None else r.sampled.tolist()) for r in rows]
+
+    assert drawn(first) == drawn(second)
+    assert sum(len(s) for _, s in drawn(first)) > 0
+
+
+def test_recorder_hands_the_sample_the_predictor_it_computed(tmp_path: Path, mnist_bundle_dir: Path) -> None:
+    rt, _store, _metrics = runtime(mnist_bundle_dir, tmp_path)
+    groups: list[list[JudgedBatch]] = []
+    recorder = Recorder(
+        WindowSet({"5m": 300.0}, None),
+        AgentMetrics(CollectorRegistry()),
+        judged_group_sinks=[lambda batches: groups.append(list(batches))],
+    )
+    recorder.record(judged(rt, [4, 1, 16]))
+    (batches,) = groups
+    assert [b.request_id for b in batches] == ["r0", "r1", "r2"]
+    for b in batches:
+        assert b.predicted_correct is not None
+        conf = label_confidences(b.probabilities, b.predicted)
+        np.testing.assert_allclose(
+            b.predicted_correct, rt.calibration.predicted_correct(conf, b.verdicts), rtol=1e-12, atol=0
+        )
+
+
+def test_reservoir_offered_a_group_keeps_what_request_by_request_kept() -> None:
+    from agent.data.reservoir import Reservoir
+
+    rng = np.random.default_rng(6)
+    sizes = [3, 1, 5, 1, 1, 9, 2, 4, 1, 7, 6, 3, 1, 8]
+    batches = [{"x": rng.random((n, 2, 3), dtype=np.float32), "k": rng.integers(0, 9, (n, 1))} for n in sizes]
+    one, group = Reservoir(12, horizon_seconds=None, seed=2), Reservoir(12, horizon_seconds=None, seed=2)
+    for b in batches[:2]:  # part of the fill before, the rest within the groups
+        one.add(b)
+    group.add_many(batches[:2])
+    for b in batches[2:]:
+        one.add(b)
+    group.add_many(batches[2:7])
+    group.add_many(batches[7:])
+    a, b = one.sample(), group.sample()
+    assert isinstance(a, dict) and isinstance(b, dict)
+    assert one.seen == group.seen == sum(sizes)
+    for name in ("x", "k"):
+        np.testing.assert_array_equal(a[name], b[name])
+    # token ids of a dynamic length: kept row by row, the same way
+    dyn = [{"ids": rng.integers(0, 5, (n, 3 + n))} for n in (2, 1, 4, 6)]
+    one, group = Reservoir(5, horizon_seconds=None, seed=3), Reservoir(5, horizon_seconds=None, seed=3)
+    for d in dyn:
+        one.add(d, {"ids"})
+    group.add_many(dyn, {"ids"})
+    left, right = one.sample(), group.sample()
+    assert isinstance(left, dict) and isinstance(right, dict)
+    assert [r.tolist() for r in left["ids"]] == [r.tolist() for r in right["ids"]]
+
+
+def test_verdicts_as_codes_encode_as_their_bytes_did() -> None:
+    from agent.dataplane.admission import VERDICT_BYTES, VERDICT_VOCABULARY
+    from agent.protocol import v2, v2_grpc
+    from agent.protocol.inference import InferResponse, Tensor, encode_bytes_elements
+
+    codes = np.random.default_rng(8).integers(0, len(VERDICT_BYTES), 97).astype(np.int8)
+    plain = Tensor("icos_verdict", "BYTES", [97], VERDICT_BYTES[codes])
+    coded = Tensor("icos_verdict", "BYTES", [97], VERDICT_BYTES[codes], coded=(codes, VERDICT_VOCABULARY))
+    assert coded.bytes_wire() == plain.bytes_wire() == encode_bytes_elements(VERDICT_BYTES[codes])
+    assert coded.bytes_texts() == plain.bytes_texts()
+    assert coded.bytes_elements() == plain.bytes_elements()
+    for binary in (True, False):
+        plain.binary = coded.binary = binary
+        assert v2.encode_answer(InferResponse("m", "1", "r", {}, [coded])) == v2.encode_answer(
+            InferResponse("m", "1", "r", {}, [plain])
+        )
+    for raw in (True, False):
+        a = v2_grpc.encode_infer_response(InferResponse("m", "1", "r", {}, [coded]), raw)
+        b = v2_grpc.encode_infer_response(InferResponse("m", "1", "r", {}, [plain]), raw)
+        assert a.SerializeToString() == b.SerializeToString()
+    empty = np.zeros(0, dtype=np.int8)
+    assert VERDICT_VOCABULARY.wire(empty) == b"" and VERDICT_VOCABULARY.texts(empty).tolist() == []
