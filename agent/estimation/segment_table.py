@@ -57,6 +57,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import REGISTRY
 from agent.estimation.intervals import Z95, Estimate, clip01
 from agent.estimation.segments import DimensionPrior, label_of
+from agent.estimation.stat_items import SEGMENT_STATS
 from agent.estimation.statistics import WindowStats
 
 #: The estimator of a segment's accuracy (see the module docstring for why).
@@ -247,8 +248,10 @@ def segment_table(
     the segments by input novelty); ``truth``: per segment, labeled predictions and the right ones among
     them."""
     seg = calibration.segments
-    if seg is None or len(stats.seg_n) != seg.size or stats.n <= 0 or not any(stats.seg_n):
+    if seg is None or len(stats.seg_n) > seg.size or stats.n <= 0 or not any(stats.seg_n):
         return None
+    if len(stats.seg_n) < seg.size:  # sums rebuilt from an export that holds only the segments with predictions
+        stats = _padded(stats, seg.size)
     learnt = (estimates or {}).get(LEARNT)
     rows: list[SegmentRow] = []
     drops: list[DimensionDrop] = []
@@ -258,6 +261,14 @@ def segment_table(
         drops.append(drop)
     rows.sort(key=lambda r: (-r.contribution, -(r.share * (r.reference_accuracy - _value(r))), r.index))
     return SegmentTable(SEGMENT_HEADLINE, seg.priors[0].accuracy, tuple(rows), tuple(drops))
+
+
+def _padded(stats: WindowStats, size: int) -> WindowStats:
+    """``stats`` with every per-segment sum as long as ``size`` (the segments past its end hold nothing)."""
+    return replace(
+        stats,
+        **{name: [*getattr(stats, name), *[0] * (size - len(getattr(stats, name)))] for name in SEGMENT_STATS},
+    )
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ bundle's calibration and read back; and the window's segment table that ranks wh
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from agent.estimation.segments import (
     segmentation_or_none,
     truth_counts,
 )
-from agent.estimation.stat_items import stat_items, stats_from_items
+from agent.estimation.stat_items import SEGMENT_STATS, stat_items, stats_from_items
 from agent.estimation.statistics import WindowStats
 from agent.fleet.stat_schema import RefusedAnswer, StatSchema
 from agent.judging.windows import CountWindow, TimeWindow
@@ -239,6 +240,22 @@ def test_the_hurt_segment_is_ranked_first_and_a_clean_window_has_no_contribution
     clean, _ = live(cal, data, rng, 3000)
     quiet = segment_table(clean, cal)
     assert quiet is not None and max(r.contribution for r in quiet.rows) <= 0.0
+
+
+def test_sums_rebuilt_from_an_export_of_the_touched_segments_give_the_same_table() -> None:
+    """A replica exports the sums of the segments with a prediction only: the fleet's rebuilt statistics end at
+    the last of them, and the table reads the segments past it as empty."""
+    rng = np.random.default_rng(8)
+    cal, data = fitted(rng)
+    stats, _ = live(cal, data, rng, 2000, hurt="color=green")
+    assert cal.segments is not None and len(stats.seg_n) == cal.segments.size
+    k = cal.segments.size - 3  # the last segment with a prediction
+    zeroed = replace(stats, **{f: [v if i <= k else 0 for i, v in enumerate(getattr(stats, f))] for f in SEGMENT_STATS})
+    cut = replace(zeroed, **{f: getattr(zeroed, f)[: k + 1] for f in SEGMENT_STATS})
+    whole = segment_table(zeroed, cal)
+    assert whole is not None and segment_table(cut, cal) == whole
+    longer = replace(stats, **{f: [*getattr(stats, f), 0] for f in SEGMENT_STATS})
+    assert segment_table(longer, cal) is None  # statistics of another segmentation
 
 
 def test_a_change_of_mix_alone_is_the_mix_part_not_a_contribution() -> None:
