@@ -265,10 +265,11 @@ def segment_table(
 
 def _padded(stats: WindowStats, size: int) -> WindowStats:
     """``stats`` with every per-segment sum as long as ``size`` (the segments past its end hold nothing)."""
-    return replace(
-        stats,
-        **{name: [*getattr(stats, name), *[0] * (size - len(getattr(stats, name)))] for name in SEGMENT_STATS},
-    )
+    out = stats.copy()
+    for name in SEGMENT_STATS:
+        values = getattr(out, name)
+        values.extend([0] * (size - len(values)))
+    return out
 
 
 @dataclass(frozen=True)
