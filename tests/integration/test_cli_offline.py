@@ -18,13 +18,17 @@ from agent.offline.check import check_report
 from agent.offline.fit import fit_bundle
 from invariants.fit_params import FitParams
 
+#: The module's bundle is a whole default fit of the CNN through the command line (every stage: corrupted
+#: copies, segments, the headline's evidence, the flag): the test that first asks for it waits for that fit.
+pytestmark = pytest.mark.timeout(600)
+
 MODEL = str(default_model_path())
 DIGITS_MODEL = str(default_model_path().parent / "digits_cnn.onnx")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "ICOS_AGENT_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, timeout=540, env=env)
 
 
 @pytest.fixture(scope="module")
