@@ -71,6 +71,7 @@ class FitMeter:
         self._moved = 1.0
 
     def _move(self, units: float) -> None:
+        units = max(0.0, min(units, float(self.bar.total) - self.done))  # sums of shares never pass the total
         self.done += units
         self.bar.update(units)
 

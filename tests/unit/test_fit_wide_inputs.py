@@ -108,4 +108,11 @@ def test_one_bar_over_the_stages_moves_with_the_rows_each_announces() -> None:
         assert meter.done == pytest.approx(1.0)
         meter.end()
         assert meter.done == pytest.approx(2.0)
+        for stage in STAGES[2:]:  # shares of shares add up: the bar ends at its total, never past it
+            meter.begin(stage)
+            meter.expect(3)
+            for _ in range(3):
+                rows_done(1)
+            meter.end()
+        assert meter.done <= len(STAGES) and meter.done == pytest.approx(len(STAGES))
     rows_done(5)  # outside a fit: nothing to move
