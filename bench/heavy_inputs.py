@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.zoo.token_classifier import pooled_head_nodes
+
 #: Values per row of the wide model's input.
 WIDE_LENGTH = 2048
 #: Classes of the wide model.
@@ -106,18 +108,7 @@ def wide_token_model(seed: int = 0, position_width: int = 128) -> bytes:
             helper.make_node("Add", ["token_vectors", "ff_out"], ["encoded"]),
         ]
         vectors = "encoded"
-    nodes += [
-        helper.make_node("Mul", [vectors, "mask3"], ["masked"]),
-        helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
-        helper.make_node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0),
-        helper.make_node("Max", ["count", "one"], ["count_at_least_one"]),
-        helper.make_node("Div", ["summed", "count_at_least_one"], ["pooled"]),
-        helper.make_node("MatMul", ["pooled", "w1"], ["pre_hidden"]),
-        helper.make_node("Add", ["pre_hidden", "b1"], ["pre_tanh"]),
-        helper.make_node("Tanh", ["pre_tanh"], ["hidden"]),
-        helper.make_node("MatMul", ["hidden", "w2"], ["pre_logits"]),
-        helper.make_node("Add", ["pre_logits", "b2"], ["logits"]),
-    ]
+    nodes += pooled_head_nodes(vectors)
     graph = helper.make_graph(
         nodes,
         "wide_tokens",

@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -134,6 +135,26 @@ def train(split: Split, seed: int, epochs: int = 6, batch_size: int = 64, lr: fl
     return w
 
 
+def pooled_head_nodes(vectors: str) -> list[Any]:
+    """The nodes from per-token ``vectors`` ``[N, T, E]`` to ``logits``: the mean over the tokens ``mask3``
+    keeps (at least one), then MatMul/Add/Tanh (``hidden``, weights ``w1``/``b1``) and MatMul/Add (``w2``/``b2``);
+    the graph provides ``axis1`` and ``one``."""
+    from onnx import helper
+
+    return [
+        helper.make_node("Mul", [vectors, "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0),
+        helper.make_node("Max", ["count", "one"], ["count_at_least_one"]),
+        helper.make_node("Div", ["summed", "count_at_least_one"], ["pooled"]),
+        helper.make_node("MatMul", ["pooled", "w1"], ["pre_hidden"]),
+        helper.make_node("Add", ["pre_hidden", "b1"], ["pre_tanh"]),
+        helper.make_node("Tanh", ["pre_tanh"], ["hidden"]),
+        helper.make_node("MatMul", ["hidden", "w2"], ["pre_logits"]),
+        helper.make_node("Add", ["pre_logits", "b2"], ["logits"]),
+    ]
+
+
 def export(w: Weights) -> bytes:
     """The graph: Gather → masked mean → MatMul/Add/Tanh (``hidden``) → MatMul/Add (``logits``)."""
     from onnx import TensorProto, checker, helper, numpy_helper
@@ -145,16 +166,7 @@ def export(w: Weights) -> bytes:
         helper.make_node("Gather", ["embedding", "input_ids"], ["token_vectors"]),
         helper.make_node("Cast", ["attention_mask"], ["mask_float"], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["mask_float", "axis2"], ["mask3"]),
-        helper.make_node("Mul", ["token_vectors", "mask3"], ["masked"]),
-        helper.make_node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0),
-        helper.make_node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0),
-        helper.make_node("Max", ["count", "one"], ["count_at_least_one"]),
-        helper.make_node("Div", ["summed", "count_at_least_one"], ["pooled"]),
-        helper.make_node("MatMul", ["pooled", "w1"], ["pre_hidden"]),
-        helper.make_node("Add", ["pre_hidden", "b1"], ["pre_tanh"]),
-        helper.make_node("Tanh", ["pre_tanh"], ["hidden"]),
-        helper.make_node("MatMul", ["hidden", "w2"], ["pre_logits"]),
-        helper.make_node("Add", ["pre_logits", "b2"], ["logits"]),
+        *pooled_head_nodes("token_vectors"),
     ]
     inits = [
         init("embedding", w.embedding),
