@@ -12,7 +12,9 @@ request reaches the agent. One request up to ``server.max_body_bytes`` always fi
 When the bytes in flight fall back to zero after a burst that held more than :data:`TRIM_AFTER_BYTES`,
 the memory is handed back (:func:`agent.core.memory.release`, in a worker thread), so the process's
 RSS returns near its baseline. Requests that come one at a time never hold that much: only a burst
-pays for the hand-back.
+pays for the hand-back. A gRPC call's reservation (the most its message may be, taken before it is read)
+is not a burst: only what requests really hold counts towards one (:meth:`BodyBudget.settle`), so that two
+small gRPC calls at once, each reserving 64 MB, do not collect and trim the heap every time they end.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class BodyBudget:
         self.limit = int(limit)
         self.on_idle_after_burst = on_idle_after_burst
         self.held = 0
-        self._peak = 0  # most held since the last hand-back
+        self._real = 0  # of which what requests really hold (not a gRPC call's reservation)
+        self._peak = 0  # most really held since the last hand-back
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 
@@ -51,22 +54,41 @@ class BodyBudget:
         how a request waiting for room learns of it."""
         self._listeners.append(listener)
 
-    def take(self, size: int) -> None:
-        """Take ``size`` bytes, or raise :class:`ServerBusy` (nothing taken)."""
+    def take(self, size: int, *, reservation: bool = False) -> None:
+        """Take ``size`` bytes, or raise :class:`ServerBusy` (nothing taken). A ``reservation`` holds room
+        for a message not yet read: it counts against the limit, not towards a burst."""
         with self._lock:
             if self.held and self.held + size > self.limit:
                 raise ServerBusy(size, self.limit)
             self.held += size
-            self._peak = max(self._peak, self.held)
+            if not reservation:
+                self._add_real(size)
 
-    def give(self, size: int) -> None:
-        """Give back ``size`` bytes taken before."""
+    def settle(self, reservation: int, size: int) -> None:
+        """A reservation becomes the ``size`` bytes its request really holds (at most the reservation); the
+        rest goes back. The request then gives back ``size`` as any request does."""
+        with self._lock:
+            self.held -= reservation - size
+            self._add_real(size)
+        self._notify()
+
+    def give(self, size: int, *, reservation: bool = False) -> None:
+        """Give back ``size`` bytes taken before (a reservation never settled: ``reservation=True``)."""
         with self._lock:
             self.held -= size
+            if not reservation:
+                self._real -= size
             burst = self.held == 0 and self._peak > TRIM_AFTER_BYTES
             if self.held == 0:
                 self._peak = 0
-        for listener in self._listeners:
-            listener()
+        self._notify()
         if burst:
             self.on_idle_after_burst()
+
+    def _add_real(self, size: int) -> None:
+        self._real += size
+        self._peak = max(self._peak, self._real)
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()

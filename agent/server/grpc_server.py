@@ -22,10 +22,12 @@ refused. ``ModelInfer`` is therefore served as a client-streaming handler, which
 from a unary one and whose message is read only when the handler asks: the call first takes the most a
 message may be (the receive limit) from the server's budget of bytes in flight
 (``server.max_inflight_bytes``, shared with HTTP bodies), waiting for room up to :data:`ROOM_WAIT_SECONDS`
-(then ``UNAVAILABLE``, counted under ``icos_connections_refused_total{reason="bytes_in_flight"}``, as HTTP
-answers 503); it then reads the message (within
+in turn (first come, first served: bytes given back are taken for the oldest waiting call that fits, so they
+do not wake every waiting call; then ``UNAVAILABLE``, counted under
+``icos_connections_refused_total{reason="bytes_in_flight"}``, as HTTP answers 503); it then reads the message (within
 ``server.body_timeout_seconds``: else ``DEADLINE_EXCEEDED``, ``reason="body_timeout"``) and keeps what the
-message and its parsed copy hold (twice its size). A message not yet read waits in the transport's flow
+message and its parsed copy hold (twice its size; only that counts towards a burst after which the heap is
+trimmed, :mod:`agent.server.body_budget`). A message not yet read waits in the transport's flow
 control window (BDP probing off, so that window stays small), not in memory. Serving a call this way costs
 about 0.07 ms more CPU than a unary handler (measured on a minimal server).
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -91,10 +94,11 @@ class GrpcService:
         self.address = ""
         #: what a call takes from the budget before its message is read: gRPC's receive limit
         self.reserve = 2 * max_body_bytes
-        self._room: asyncio.Event | None = None  # set when the budget gives bytes back
+        #: calls waiting for room, first come first served: each future is resolved once its reservation is
+        #: taken on its behalf, so bytes given back wake one call that fits, not every waiting call
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._waiting = 0
         budget.on_give(self._wake)
 
     def bind(self, host: str, port: int) -> None:
@@ -125,7 +129,6 @@ class GrpcService:
         assert self.server is not None, "bind() first"
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._room = asyncio.Event()
         await self.server.start()
         log.info("gRPC V2 service listening", extra={"address": self.address})
 
@@ -189,38 +192,56 @@ class GrpcService:
             await self._abort(context, exc)
 
     def _wake(self) -> None:
-        """Bytes went back to the budget: calls waiting for room try again."""
-        room, loop = self._room, self._loop
-        if room is None or loop is None:
+        """Bytes went back to the budget: the calls waiting for room take it in turn (on the loop)."""
+        loop = self._loop
+        if loop is None or not self._waiters:
             return
         if threading.get_ident() == self._loop_thread:
-            room.set()
-        elif self._waiting:
-            loop.call_soon_threadsafe(room.set)
+            self._grant()
+        else:
+            loop.call_soon_threadsafe(self._grant)
+
+    def _grant(self) -> None:
+        """Take reservations for the waiting calls, oldest first, while the budget has room for them."""
+        waiters = self._waiters
+        while waiters:
+            if waiters[0].done():  # its wait timed out
+                waiters.popleft()
+                continue
+            try:
+                self.budget.take(self.reserve, reservation=True)
+            except ServerBusy:
+                return
+            waiters.popleft().set_result(None)
 
     async def _take_room(self, context: aio.ServicerContext) -> int:
-        """Take :attr:`reserve` bytes of the budget before the message is read, waiting for room up to
-        :data:`ROOM_WAIT_SECONDS` (or the call's deadline, if sooner; then :class:`ServerBusy`)."""
-        assert self._room is not None and self._loop is not None, "start() first"
-        left = context.time_remaining()
-        deadline = self._loop.time() + min(ROOM_WAIT_SECONDS, left if left is not None else ROOM_WAIT_SECONDS)
-        while True:
-            self._room.clear()
+        """Take :attr:`reserve` bytes of the budget before the message is read, waiting for room, after the
+        calls that waited before it, up to :data:`ROOM_WAIT_SECONDS` (or the call's deadline, if sooner; then
+        :class:`ServerBusy`)."""
+        assert self._loop is not None, "start() first"
+        if not self._waiters:
             try:
-                self.budget.take(self.reserve)
+                self.budget.take(self.reserve, reservation=True)
                 return self.reserve
             except ServerBusy:
-                wait = deadline - self._loop.time()
-                if wait <= 0:
-                    raise
-            self._waiting += 1
-            try:
-                async with asyncio.timeout(wait):
-                    await self._room.wait()
-            except TimeoutError:
-                raise ServerBusy(self.reserve, self.budget.limit) from None
-            finally:
-                self._waiting -= 1
+                pass
+        left = context.time_remaining()
+        wait = min(ROOM_WAIT_SECONDS, left if left is not None else ROOM_WAIT_SECONDS)
+        turn: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(turn)
+        self._grant()  # bytes given back by another thread since the take above are not missed
+        try:
+            async with asyncio.timeout(max(0.0, wait)):
+                await turn
+        except TimeoutError:
+            if turn.done() and not turn.cancelled():  # granted as the wait ended: the room is this call's
+                return self.reserve
+            raise ServerBusy(self.reserve, self.budget.limit) from None
+        except BaseException:  # the call was cancelled: a reservation granted meanwhile goes back
+            if turn.done() and not turn.cancelled():
+                self.budget.give(self.reserve, reservation=True)
+            raise
+        return self.reserve
 
     async def _read(self, context: aio.ServicerContext) -> bytes:
         """The call's one request message, within ``server.body_timeout_seconds``."""
@@ -238,7 +259,7 @@ class GrpcService:
         return data
 
     async def model_infer(self, _requests: Any, context: aio.ServicerContext) -> Any:
-        taken = 0
+        taken, reserved = 0, True
         refusal: HttpAnswer | None = None
         try:
             taken = await self._take_room(context)  # before a byte of the message is read
@@ -251,8 +272,8 @@ class GrpcService:
                     reason="too_large",
                 )
             held = min(taken, 2 * size)  # the message, and its parsed copy
-            self.budget.give(taken - held)
-            taken = held
+            self.budget.settle(taken, held)
+            taken, reserved = held, False
             async with self.plane.place(size, True) as place:
                 msg = await place.run(v2_grpc.parse_infer_request, data)
                 del data
@@ -269,6 +290,6 @@ class GrpcService:
             # the call's abort keeps this frame (its exception's traceback) until the call is collected
             data = msg = request = None  # type: ignore[assignment]  # noqa: F841
         finally:
-            self.budget.give(taken)
+            self.budget.give(taken, reservation=reserved)
         assert refusal is not None
         await self._abort_with(context, refusal)
