@@ -1,6 +1,6 @@
 """The segments of a bundle, defined at ``fit`` from what the fit already has: the feature view and its
 column names, the training view and labels, the TDI tree, and the labeled validation data with its
-calibration split (:mod:`agent.estimation.segments` computes them per batch afterwards).
+calibration split (:mod:`agent.estimation.segments.segmentation` computes them per batch afterwards).
 
 Which kinds a bundle gets follows from its view (:func:`column_groups`): a table view (named columns:
 one-hot groups of categories, numeric columns) is cut by its columns; images, text, token ids and any
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.segments import (
+from agent.estimation.segments.segmentation import (
     COLUMN,
     PREDICTED,
     REGION,
