@@ -9,7 +9,7 @@ Top to bottom (the ``layers`` contract in pyproject.toml; a room imports only th
   read it through narrow protocols of their own (``StatisticsCalibration``, ``EstimatesCalibration``,
   ``FlagCalibration``, ``SegmentsCalibration``) and never import it.
 * :mod:`.flag` — is the window's number right? The flag's model and the class-mix test, and the assessment
-  of an estimated window. :mod:`.segments` — the segments fixed at fit, the
+  of an estimated window. :mod:`.segments` — the segments fixed at fit (one module per kind), the
   per-segment table of a window and its realized accuracy. :mod:`.pairs` — a model and its challenger on the
   same traffic: the pair's calibration and the difference of their accuracies. Independent of each other.
 * :mod:`.estimators` — the registry of estimators and what they compute with: the label-assisted estimates,

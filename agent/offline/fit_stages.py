@@ -8,7 +8,7 @@
 3. **calibrate**: ``shift_aware`` fitted on corrupted copies of the calibration split passed through the
    model (:func:`calibrate_model`; a table has no model to pass them through);
 4. **segments**: the segments every window is also cut into, and their reference on the labeled
-   validation data (:func:`segment_model`, :func:`segment_table`; :mod:`agent.offline.segmenting`);
+   validation data (:func:`segment_model`, :func:`segment_table`; :mod:`agent.offline.calibration.segments.fitting`);
 5. **headline**: the headline chosen from evidence (:func:`choose_headline_of`, both sources);
 6. **flag**: the flag "this number may be wrong" fitted on windows of shifts the headline's estimate was
    fitted without (:func:`fit_the_flag`, both sources);
@@ -54,10 +54,11 @@ from agent.offline.calibration.estimators.headline_choice import (
 from agent.offline.calibration.estimators.shift_fitting import ShiftFit
 from agent.offline.calibration.flag.fitting import model_flag, table_flag
 from agent.offline.calibration.judged import JudgedSet
+from agent.offline.calibration.segments.data import SegmentData, ViewShape, column_groups
+from agent.offline.calibration.segments.fitting import define_segments
 from agent.offline.calibration.sets import CalibrationSets, calibration_sets, input_calibration_sets
 from agent.offline.calibration.shift_windows import tilt_coordinates
 from agent.offline.fit_progress import expect_rows
-from agent.offline.segmenting import SegmentData, ViewShape, column_groups, define_segments
 from agent.offline.viewing import LazySource, Viewed, predict_and_view, source_of, subset
 from invariants.adi import AlgorithmInvariants
 from invariants.bundle import Bundle, TableSource
@@ -413,7 +414,7 @@ def segment_model(
     inputs: ModelFitInputs, data: ModelData, fit: OracleFit, calibrated: Calibrated, say: Progress
 ) -> Calibrated:
     """Stage 3b (segments) of a model: the view's table columns, or regions of it, the predicted class and the
-    selected TDI rules (:mod:`agent.offline.segmenting`)."""
+    selected TDI rules (:mod:`agent.offline.calibration.segments.fitting`)."""
     od = data.oracle_data
     shape = column_groups(data.view, data.model.signature, od.feature_names)
     return _segmented(calibrated, od, fit, shape, inputs.params, inputs.plan, say)

@@ -22,7 +22,9 @@ from agent.estimation.statistics.items import SEGMENT_STATS, stat_items, stats_f
 from agent.estimation.statistics.window import WindowStats
 from agent.fleet.stat_schema import RefusedAnswer, StatSchema
 from agent.judging.windows import CountWindow, TimeWindow
-from agent.offline.segmenting import ColumnGroup, SegmentData, ViewShape, define_segments, kmeans
+from agent.offline.calibration.segments.data import ColumnGroup, SegmentData, ViewShape
+from agent.offline.calibration.segments.fitting import define_segments
+from agent.offline.calibration.segments.kinds.region import kmeans
 from invariants.fit_params import CalibrationPlan
 from invariants.tdi import TrainingInvariants
 

@@ -2,15 +2,9 @@
 model pass.
 
 A :class:`Dimension` puts every prediction in exactly one of its segments, from what judging already has per
-prediction (the feature view row, the predicted class, the TDI leaf):
-
-* ``predicted`` — the predicted class (the most frequent at ``fit``; the rest together in ``other classes``);
-* ``column`` — one column of a table view: a categorical column's values (its one-hot group, or a numeric
-  column of few distinct values; the rarest together in ``other``), or a numeric column's quantile bins;
-* ``rule`` — the selected TDI rule whose leaf the prediction falls in (those of most training support one
-  by one, the other selected rules together, and ``no selected rule``);
-* ``region`` — the nearest of a few k-means centres of the view (images, embeddings, pooled and hashed
-  views), named by its training class mix.
+prediction (the feature view row, the predicted class, the TDI leaf), as its kind reads it: one module per kind
+under :mod:`agent.estimation.segments.kinds` (``predicted``, ``column``, ``rule``, ``region``), listed in
+:data:`~agent.estimation.segments.kinds.registry.KINDS`.
 
 :class:`Segmentation` holds every dimension, at most ``max_segments`` segments in all, numbered across the
 dimensions and fixed at ``fit`` (so that every window, replica and Prometheus series means the same segment
@@ -31,44 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.segments.kinds.base import Tables
+from agent.estimation.segments.kinds.registry import KINDS
+
 #: Format tag of the bundle entry; an entry of another format is ignored (no segments).
 SEGMENTS_FORMAT = "segments_v1"
-PREDICTED, COLUMN, RULE, REGION = "predicted", "column", "rule", "region"
-#: The kinds of dimension, in the order ``fit`` defines them.
-KINDS = (PREDICTED, COLUMN, RULE, REGION)
-#: How a dimension reads a prediction (:meth:`Dimension.local_ids`).
-SOURCES = ("predicted", "rule", "onehot", "bins", "values", "nearest")
 #: Longest segment label (the ``segment`` label of the Prometheus series): names are cut to it.
 MAX_LABEL = 80
 
 
-def _lookup(table: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """``table[index]`` for non-negative indices, the table's last entry (the "other" segment, appended to
-    every lookup table) for one beyond it (a class or leaf it does not know): one ``np.take``."""
-    return np.take(table, np.asarray(index).reshape(-1), mode="clip")
-
-
-@dataclass(frozen=True)
-class _Arrays:
-    """A dimension's tables as numpy arrays (built once, on first use)."""
-
-    lookup: np.ndarray
-    edges: np.ndarray
-    columns: np.ndarray
-    weights: np.ndarray
-    bias: np.ndarray
-
-
 @dataclass(frozen=True)
 class Dimension:
-    """One way of cutting the predictions: ``segments`` are the readable names of its segments, in their
-    order; ``source`` says what it reads (:data:`SOURCES`):
-
-    ``predicted`` / ``rule``: ``lookup[class]`` / ``lookup[TDI rule index]`` (anything else: the last
-    segment); ``onehot``: the ``columns`` of a one-hot group, ``lookup[argmax]``; ``bins``: the view column
-    ``columns[0]`` cut at the inner ``edges``; ``values``: the column's exact values ``edges`` (sorted),
-    ``lookup[position]``, any other value the last segment; ``nearest``: ``argmax(x · weights + bias)`` over
-    the view (the nearest k-means centre, ``weights`` ``[D, k]``)."""
+    """One way of cutting the predictions: ``kind`` names its kind (:data:`~.kinds.registry.KINDS`), which
+    reads a prediction as ``source`` says (one of the kind's sources) with the tables ``columns``, ``lookup``,
+    ``edges``, ``weights`` and ``bias``; ``segments`` are the readable names of its segments, in their order."""
 
     kind: str
     name: str
@@ -81,24 +51,26 @@ class Dimension:
     bias: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
+        kind = KINDS.get(self.kind)
+        if kind is None:
             raise ValueError(f"unknown segment kind {self.kind!r}")
-        if self.source not in SOURCES:
-            raise ValueError(f"unknown segment source {self.source!r}")
+        if self.source not in kind.sources:
+            raise ValueError(f"unknown source {self.source!r} of a {self.kind} segment dimension")
         if not self.segments:
             raise ValueError(f"segment dimension {self.name!r} has no segments")
         k = len(self.segments)
         if any(not 0 <= v < k for v in self.lookup):
             raise ValueError(f"segment dimension {self.name!r}: a lookup entry outside its {k} segments")
-        if self.source == "bins" and len(self.edges) != k - 1:
-            raise ValueError(f"segment dimension {self.name!r}: {len(self.edges)} edges for {k} bins")
-        if self.source == "nearest" and (len(self.bias) != k or any(len(w) != k for w in self.weights)):
-            raise ValueError(f"segment dimension {self.name!r}: centres of the wrong shape")
+        if any(len(w) != k for w in self.weights):
+            raise ValueError(f"segment dimension {self.name!r}: weights of the wrong shape")
+        kind.check(self.name, self._tables)
 
     @functools.cached_property
-    def _arrays(self) -> _Arrays:
+    def _tables(self) -> Tables:
         k = len(self.segments)
-        return _Arrays(
+        return Tables(
+            self.source,
+            k,
             np.asarray([*self.lookup, k - 1], dtype=np.int64),  # anything beyond the table: the last segment
             np.asarray(self.edges, dtype=np.float64),
             np.asarray(self.columns, dtype=np.int64),
@@ -109,35 +81,14 @@ class Dimension:
     @property
     def width(self) -> int:
         """Columns of the view it reads (0: it reads no view column)."""
-        if self.source == "nearest":
-            return len(self.weights)
-        return int(max(self.columns)) + 1 if self.columns else 0
+        return KINDS[self.kind].width(self._tables)
 
     def local_ids(
         self, features: np.ndarray | None, predicted: np.ndarray | None, rules: np.ndarray | None
     ) -> np.ndarray | None:
         """The segment (``0 … len(segments) − 1``) of every prediction, or None when what it reads is missing
         (no TDI leaves, or a view narrower than it was fitted on)."""
-        other = len(self.segments) - 1
-        arrays = self._arrays
-        if self.source == "predicted":
-            return None if predicted is None else _lookup(arrays.lookup, predicted)
-        if self.source == "rule":
-            return None if rules is None else _lookup(arrays.lookup, rules)
-        if features is None:
-            return None
-        f = np.asarray(features).reshape(len(features), -1)
-        if f.shape[1] < self.width:
-            return None
-        if self.source == "nearest":
-            return np.argmax(f @ arrays.weights + arrays.bias, axis=1)
-        if self.source == "onehot":
-            return _lookup(arrays.lookup, np.argmax(f[:, arrays.columns], axis=1))
-        x = f[:, self.columns[0]].astype(np.float64)
-        if self.source == "bins":
-            return np.searchsorted(arrays.edges, x, side="right")
-        pos = np.minimum(np.searchsorted(arrays.edges, x), len(arrays.edges) - 1)
-        return np.where(arrays.edges[pos] == x, arrays.lookup[pos], other)
+        return KINDS[self.kind].local_ids(self._tables, features, predicted, rules)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
