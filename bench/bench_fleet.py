@@ -40,10 +40,10 @@ import numpy as np
 
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.reference import InputReference
-from agent.estimation.segments import Segmentation
-from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import SampleExtras, WindowStats
+from agent.estimation.segments.segmentation import Segmentation
+from agent.estimation.statistics.items import stat_items
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.fleet.window_sums import STAT_METRIC

@@ -4,15 +4,15 @@ predictions gets the true labels of ``n`` of them, drawn uniformly at random, fo
 ``--labels``; three estimates of the window's accuracy are compared with the truth:
 
 * ``with_labels`` — the agent's prediction-powered estimate (PPI++,
-  :func:`agent.estimation.prediction_powered.prediction_powered_accuracy`): the window's confidence
+  :func:`agent.estimation.estimators.prediction_powered.prediction_powered_accuracy`): the window's confidence
   sums plus the labeled sample's correction, as a live agent computes it from its labeling sample;
 * ``labels_only`` — the accuracy of the ``n`` labeled predictions alone, with its Wilson interval
   (what a user without the agent's estimate would report);
 * ``avg_conf`` — the label-free average confidence, for reference (no interval).
 
-* ``active`` — active labeling (:mod:`agent.estimation.active`): the same expected number of
+* ``active`` — active labeling (:mod:`agent.estimation.estimators.active`): the same expected number of
   labels, each prediction drawn with probability growing with the calibrated predictor's uncertainty
-  (:class:`agent.estimation.correctness.CorrectnessModel`, fitted on the model's calibration split and
+  (:class:`agent.estimation.estimators.correctness.CorrectnessModel`, fitted on the model's calibration split and
   judged by its oracle, as ``icos-agent fit`` does), estimated by the inverse-probability-weighted
   prediction-powered accuracy. The traffic's mean uncertainty is the window's own (a steady rate).
 
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimation.active import (
+from agent.estimation.estimators.active import (
     DEFAULT_FLOOR,
     active_accuracy,
     draw_probabilities,
@@ -54,10 +54,10 @@ from agent.estimation.active import (
     spread_probabilities,
     uncertainty,
 )
-from agent.estimation.correctness import CorrectnessModel
+from agent.estimation.estimators.correctness import CorrectnessModel
+from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
+from agent.estimation.estimators.strata import StrataLearner, strata_of
 from agent.estimation.intervals import wilson
-from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
-from agent.estimation.strata import StrataLearner, strata_of
 from bench.estimators.harness import Config, draw_window, fit_subject, scenario_pool, scenarios_for, stable_seed
 from bench.estimators.subjects import LOADERS, Subject
 from bench.generated_docs import END, provenance, write_block
@@ -166,7 +166,7 @@ def stratified_draw(
     floor: float,
     dimensions: tuple[int, ...] | None = None,
 ) -> LabeledEstimate:
-    """Stratified draws over one window as an agent makes them (:mod:`agent.estimation.strata`): the
+    """Stratified draws over one window as an agent makes them (:mod:`agent.estimation.estimators.strata`): the
     predictions arrive in batches of :data:`BATCH`; each batch is drawn with the allocation learnt from the
     labels of the batches before it (none at the window's start: the bundle's prior), at the window's
     expected rate; every draw keeps its probability and the estimate is the active one."""

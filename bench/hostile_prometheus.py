@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.items import stat_items
+from agent.estimation.statistics.window import WindowStats
 
 #: What each hostile mode sends instead of the end-of-window answer.
 CASES: dict[str, str] = {

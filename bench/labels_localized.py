@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agent.estimation.active import active_accuracy, draw_probabilities, rate_for, uncertainty
-from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
+from agent.estimation.estimators.active import active_accuracy, draw_probabilities, rate_for, uncertainty
+from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
 from bench.localization import FAULTS, Pool, Subject, fit_subject, live_target
 from invariants.fit_params import FitParams
 

@@ -10,8 +10,8 @@ the fault was injected into (for a corrupted class: the region holding most of t
 
 The faulted split and the clean one are predicted and judged once (:class:`Pool`); each window then draws
 ``size`` rows of a pool with replacement and reads them as an agent's window would (the additive statistics
-of :class:`~agent.estimation.statistics.WindowStats`, the estimates, the headline and the segment table,
-:func:`~agent.estimation.segment_table.segment_table`), against the true accuracy of each segment's rows in
+of :class:`~agent.estimation.statistics.window.WindowStats`, the estimates, the headline and the segment table,
+:func:`~agent.estimation.segments.table.segment_table`), against the true accuracy of each segment's rows in
 the window. Every rule of the scoring (:class:`Outcome`) is fixed here, whatever the faults: the target
 ranked first, in the top two, its estimate within 0.05 of its true accuracy; on clean windows, the largest
 contribution of any segment.
@@ -27,10 +27,10 @@ import numpy as np
 
 from agent.data.files import Dataset
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import estimate_window, headline_estimator, headline_of
-from agent.estimation.segment_table import SegmentTable, segment_table
-from agent.estimation.segments import Segmentation, truth_counts
-from agent.estimation.statistics import WindowStats
+from agent.estimation.estimators.registry import estimate_window, headline_estimator, headline_of
+from agent.estimation.segments.segmentation import Segmentation, truth_counts
+from agent.estimation.segments.table import SegmentTable, segment_table
+from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import OnnxClassifier
 from agent.offline.check import judge
 from agent.offline.fit import fit_bundle

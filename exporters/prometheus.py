@@ -16,7 +16,7 @@ Metric names (labels):
   ``icos_estimated_accuracy_samples{model,version,window}`` — predictions behind the estimates.
 * ``icos_headline_accuracy_ratio{model,version,estimator,window}`` with ``_lower`` / ``_upper`` — the
   window's headline estimate, ``estimator`` naming the one chosen
-  (:func:`agent.estimation.estimators.headline_of`), and ``icos_headline_accuracy_samples`` (the
+  (:func:`agent.estimation.estimators.registry.headline_of`), and ``icos_headline_accuracy_samples`` (the
   predictions behind it, with the same labels so that rules can weight replicas by it).
 * ``icos_reference_accuracy_ratio{model,version}`` — accuracy on the bundle's calibration split (held
   out of fitting): the figure the default alerts compare the headline with.
@@ -102,7 +102,7 @@ class WindowPoint:
     fails_by_family: dict[str, int] = field(default_factory=dict)
     #: the headline estimate's trust distance (None: no trust model in the bundle or empty window)
     trust_distance: float | None = None
-    #: label-free per-class figures (:func:`agent.estimation.class_metrics.window_class_metrics`: a
+    #: label-free per-class figures (:func:`agent.estimation.statistics.class_metrics.window_class_metrics`: a
     #: ``per_class`` mapping, absent above the class cap, and ``macro`` / ``weighted`` means)
     classes: Mapping[str, Any] | None = None
     #: the flag "this number may be wrong" is raised (None: no flag nor trust model, or an empty window)
@@ -167,7 +167,7 @@ def flag_family(name: str) -> GaugeMetricFamily:
 
 def class_metric_rows(classes: Mapping[str, Any] | None) -> Iterator[tuple[str, str, float]]:
     """``(class, metric, value)`` of a per-class figures mapping (``per_class``, ``macro``,
-    ``weighted``, as :mod:`agent.estimation.class_metrics` gives them); the means under the class
+    ``weighted``, as :mod:`agent.estimation.statistics.class_metrics` gives them); the means under the class
     names ``_macro`` and ``_weighted``."""
     if not classes:
         return

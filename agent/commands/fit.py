@@ -253,8 +253,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _finish(args: argparse.Namespace, params: FitParams, report: Any, model: Any, started: float) -> int:
     """Write the bundle, log the run when asked, print the summary."""
-    from agent.estimation.estimators import estimator_specs, headline_estimator
-    from agent.estimation.evidence import evidence_section
+    from agent.estimation.estimators.evidence import evidence_section
+    from agent.estimation.estimators.registry import estimator_specs, headline_estimator
     from agent.offline.fit import fit_warnings
     from agent.offline.fit_record import log_fit
     from invariants.fit_params import MODEL, TABLE

@@ -30,7 +30,7 @@ class LabelSampling(Section):
     budget_window: str = "1h"
     """the window `labels.per_window` is counted over (e.g. `1h`)"""
 
-    active_floor: float = Field(0.5, gt=0, le=1)  # agent.estimation.active.DEFAULT_FLOOR
+    active_floor: float = Field(0.5, gt=0, le=1)  # agent.estimation.estimators.active.DEFAULT_FLOOR
     """with active sampling, the share of the budget drawn uniformly: every prediction is drawn with probability at
     least this share of the mean rate"""
 

@@ -10,7 +10,7 @@ key is the process's own, so no client chooses what is compared); a paired one w
 1. runs the challenger's model on the requests' inputs (several requests in one call) and judges its
    predictions with the challenger's oracle;
 2. adds, per time window (:class:`~agent.judging.paired_windows.PairedWindows`), the champion's statistics of
-   the paired predictions, the challenger's and the pair's sums (:mod:`agent.estimation.paired`: its
+   the paired predictions, the challenger's and the pair's sums (:mod:`agent.estimation.pairs.paired`: its
    disagreements, their ``q_A``, ``q_B`` from the pair's calibration in the challenger's bundle);
 3. with delayed labels, hands the champion's request on to the labeling sample, preferring its disagreements
    (:mod:`agent.labels.paired_labels`); unpaired requests go to the sample at once.
@@ -38,10 +38,10 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.os_threads import name_os_thread
 from agent.errors import UserError
-from agent.estimation.pair_calibration import Disagreements, PairCalibration, pair_of_bundle
-from agent.estimation.paired import PairSums
+from agent.estimation.pairs.calibration import Disagreements, PairCalibration, pair_of_bundle
+from agent.estimation.pairs.paired import PairSums
 from agent.estimation.rendering import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
-from agent.estimation.statistics import WindowStats, extras_from_columns, sample_extras
+from agent.estimation.statistics.window import WindowStats, extras_from_columns, sample_extras
 from agent.judging.paired_windows import PairedStats, PairedWindows
 from agent.judging.recorder import JudgedBatch
 from agent.judging.runtime import Runtime, load_runtime

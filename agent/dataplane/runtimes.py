@@ -14,8 +14,8 @@ import anyio.to_thread
 from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.errors import ClientError, UserError
-from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.items import stat_items
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.windows import WindowSet
 from exporters.prometheus import AgentMetrics

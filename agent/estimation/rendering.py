@@ -4,13 +4,13 @@ and ``icos_fleet_*`` metrics — so that a fleet user reads what a single-agent 
 and the metrics never disagree.
 
 A window is estimated once (:func:`window_entry`: every estimator, the trust signal and the headline
-from one :func:`~agent.estimation.estimators.estimate_window` call, the flag "this number may be wrong"
-on them (:func:`~agent.estimation.assessment.assess`: ``trust`` with ``calibrated`` and ``reasons``, the
+from one :func:`~agent.estimation.estimators.registry.estimate_window` call, the flag "this number may be wrong"
+on them (:func:`~agent.estimation.flag.assessment.assess`: ``trust`` with ``calibrated`` and ``reasons``, the
 headline's interval widened where the flag is raised), and CBPE's label-free per-class figures from the
 same statistics) and rendered from that entry: :meth:`WindowEntry.to_json` for the
 documents, :func:`snapshot_points` for the metrics. An estimate reads the same everywhere
 (:func:`estimate_json`): marked ``unreliable`` with the reason when it says too little to be read as a
-number (:mod:`agent.estimation.reliability`), and, in the documents served over HTTP, rounded to six
+number (:mod:`agent.estimation.estimators.reliability`), and, in the documents served over HTTP, rounded to six
 decimals for the person reading them (``check --json`` keeps every digit: programs compute from it).
 What the bundle says about every window (the headline estimator and the evidence for it, the oracle's
 TPR/FPR, the reference accuracy) is :func:`bundle_json`. What only one server knows (an agent's
@@ -26,18 +26,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.estimation.assessment import Assessment, assess
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.class_metrics import window_class_metrics
-from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
-from agent.estimation.evidence import evidence_section
+from agent.estimation.estimators.evidence import evidence_section
+from agent.estimation.estimators.registry import WindowEstimates, estimate_window, headline_of
+from agent.estimation.estimators.reliability import unreliable
+from agent.estimation.estimators.trust import Trust
+from agent.estimation.flag.assessment import Assessment, assess
 from agent.estimation.intervals import Estimate
-from agent.estimation.pair_calibration import PairCalibration
-from agent.estimation.paired import Difference, PairSums, best_of, differences
-from agent.estimation.reliability import unreliable
-from agent.estimation.segment_table import SegmentTable, segment_table
-from agent.estimation.statistics import WindowStats
-from agent.estimation.trust import Trust
+from agent.estimation.pairs.calibration import PairCalibration
+from agent.estimation.pairs.paired import Difference, PairSums, best_of, differences
+from agent.estimation.segments.table import SegmentTable, segment_table
+from agent.estimation.statistics.class_metrics import window_class_metrics
+from agent.estimation.statistics.window import WindowStats
 from exporters.challenger_metrics import PairedPoint
 from exporters.prometheus import EstimatePoint, WindowPoint
 from exporters.segment_metrics import SegmentPoint
@@ -71,7 +71,7 @@ def estimates_json(
 def headline_json(headline: tuple[str, Estimate], assessment: Assessment | None = None) -> dict[str, Any]:
     """A window's headline: the estimator that gave it and its estimate (every digit, as the
     ``*_headline_accuracy_ratio`` metrics export it; its interval widened where the flag is raised), and
-    what the flag says of it (:meth:`~agent.estimation.assessment.Assessment.headline_dict`)."""
+    what the flag says of it (:meth:`~agent.estimation.flag.assessment.Assessment.headline_dict`)."""
     return {"estimator": headline[0], **headline[1].to_dict(), **(assessment.headline_dict() if assessment else {})}
 
 
@@ -148,7 +148,7 @@ class WindowEntry:
 
 def segments_json(table: SegmentTable, *, decimals: int | None = DECIMALS) -> dict[str, Any]:
     """A window's ``segments`` (ranked by contribution, largest first) and ``segment_drop`` (each dimension's
-    mix and within parts, :mod:`agent.estimation.segment_table`)."""
+    mix and within parts, :mod:`agent.estimation.segments.table`)."""
     return {"segments": table.rows_json(decimals), "segment_drop": table.drop_json(decimals)}
 
 
@@ -162,7 +162,7 @@ def window_entry(
     per_class_cap: int,
 ) -> WindowEntry:
     """Window ``name`` estimated from ``stats`` with the bundle's ``calibration``; its headline is
-    ``headline`` (or the fallback of :func:`~agent.estimation.estimators.headline_of`); CBPE's figures
+    ``headline`` (or the fallback of :func:`~agent.estimation.estimators.registry.headline_of`); CBPE's figures
     per class of ``classes`` (per class only up to ``per_class_cap`` classes, macro and weighted always;
     a labeled sample's sums added to ``stats`` change none of them)."""
     window = estimate_window(stats, calibration)

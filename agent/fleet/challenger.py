@@ -18,8 +18,8 @@ from typing import Any
 
 from agent.config.settings import AgentSettings
 from agent.errors import UserError
-from agent.estimation.pair_calibration import PairCalibration, pair_of_bundle
-from agent.estimation.paired import COUNTS, EXPORTED, PairSums
+from agent.estimation.pairs.calibration import PairCalibration, pair_of_bundle
+from agent.estimation.pairs.paired import COUNTS, EXPORTED, PairSums
 from agent.estimation.rendering import PairedEntry, challenger_json, paired_entry, paired_points
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.fleet.stat_schema import PROBABILITY_SLACK, ROUNDING, WHOLE, RefusedAnswer, StatSchema

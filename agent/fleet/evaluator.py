@@ -32,9 +32,9 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR
 from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.window import WindowStats
 from agent.fleet.challenger import FleetChallenger, FleetPairs
 from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable

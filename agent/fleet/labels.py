@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.window import WindowStats
 from agent.labels.backend import StoreUnavailable, StoreUnreachable
 from agent.labels.realized import RealizedWindow, RealizedWindows
 from agent.labels.rows import LabeledRows

@@ -22,10 +22,10 @@ from dataclasses import dataclass, fields
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CONF_BINS
-from agent.estimation.reference import InputReference
-from agent.estimation.segments import Segmentation
-from agent.estimation.stat_items import stat_items, stats_from_items
-from agent.estimation.statistics import WindowStats
+from agent.estimation.segments.segmentation import Segmentation
+from agent.estimation.statistics.items import stat_items, stats_from_items
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import WindowStats
 from agent.fleet.prometheus_api import RefreshError, printable
 from invariants.oracle import Verdict
 

@@ -1,6 +1,6 @@
 """The time windows of a champion and its challenger on the same requests: per window, the champion's
 statistics on the paired predictions, the challenger's on the same inputs and the pair's sums
-(:class:`~agent.estimation.paired.PairSums`), bucketed as :class:`~agent.judging.windows.TimeWindow` buckets
+(:class:`~agent.estimation.pairs.paired.PairSums`), bucketed as :class:`~agent.judging.windows.TimeWindow` buckets
 the champion's own windows (about 60 buckets of ``W/60`` s, at least 1 s).
 
 They start empty when the agent starts (they are not saved in the state directory) and when the champion's
@@ -14,8 +14,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.estimation.paired import PairSums
-from agent.estimation.statistics import WindowStats
+from agent.estimation.pairs.paired import PairSums
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.windows import bucket_seconds_for
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.segments import segment_ids
-from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import WindowStats, extras_columns, novel_inputs, sample_extras
+from agent.estimation.segments.segmentation import segment_ids
+from agent.estimation.statistics.items import stat_items
+from agent.estimation.statistics.window import WindowStats, extras_columns, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import Arrays, JudgeWork, concatenated, judge, oracle_call
 from agent.judging.windows import WindowSet
@@ -39,7 +39,7 @@ class JudgedBatch:
     predicted: np.ndarray
     verdicts: np.ndarray
     #: The inputs of the full ``shift_aware`` model for these predictions as float64 ``[n, 5]``
-    #: columns (:func:`agent.estimation.statistics.extras_columns`; None without a shift calibration).
+    #: columns (:func:`agent.estimation.statistics.window.extras_columns`; None without a shift calibration).
     extras: np.ndarray | None = None
     #: The request's prepared inputs (None when the work was recorded without them).
     inputs: Inputs | None = None

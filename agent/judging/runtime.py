@@ -18,7 +18,7 @@ import numpy as np
 from agent.config.settings import AgentSettings
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, headline_estimator
+from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR, headline_estimator
 from agent.model.classifier import (
     Batch,
     ModelLoadError,

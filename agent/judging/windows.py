@@ -1,6 +1,6 @@
 """Streaming windows of judged predictions, over time and over a count of predictions.
 
-* :class:`TimeWindow` keeps :class:`~agent.estimation.statistics.WindowStats` in fixed time buckets (a window
+* :class:`TimeWindow` keeps :class:`~agent.estimation.statistics.window.WindowStats` in fixed time buckets (a window
   of ``W`` seconds has about 60 buckets of ``W/60`` s, at least 1 s); buckets older than the window
   are dropped when new ones arrive or when the window is read. Its statistics cover the last ``W``
   seconds to within one bucket.
@@ -24,7 +24,7 @@ import numpy as np
 
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.statistics import SampleExtras, WindowStats
+from agent.estimation.statistics.window import SampleExtras, WindowStats
 
 BUCKETS_PER_WINDOW = 60
 
@@ -114,7 +114,8 @@ class CountWindow:
         self.class_probs = np.zeros((self.size, 0), dtype=np.float32)
         self.class_labels = np.zeros(self.size, dtype=np.int64)
         self.has_classes = np.zeros(self.size, dtype=bool)
-        #: segment numbers ``[size, D]`` (D = 0 until a batch passes them; :mod:`agent.estimation.segments`)
+        #: segment numbers ``[size, D]`` (D = 0 until a batch passes them;
+        #: :mod:`agent.estimation.segments.segmentation`)
         self.segment_ids = np.zeros((self.size, 0), dtype=np.int32)
         self.has_segments = np.zeros(self.size, dtype=bool)
         self.pos = 0  # next write position
@@ -307,7 +308,7 @@ class WindowSet:
         segments: np.ndarray | None = None,
     ) -> WindowStats:
         """Add a judged batch (verdict indices and top-class probabilities; ``stats`` and ``extras``
-        when the caller computed them, see :func:`agent.estimation.statistics.sample_extras`;
+        when the caller computed them, see :func:`agent.estimation.statistics.window.sample_extras`;
         ``probabilities`` and predicted ``labels`` when the count window is to report per-class
         figures: ``windows.count × K`` float32 more; ``segments``, the batch's ``[D, N]`` segment
         numbers, for the count window's per-segment sums)."""

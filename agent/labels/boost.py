@@ -2,9 +2,9 @@
 never depends on anyone scraping ``/metrics``.
 
 Every :attr:`BudgetBoost.interval` seconds the agent looks at its windows' trust signal
-(:func:`~agent.estimation.estimators.window_trust`, the ``shift_aware`` computation alone); while a
+(:func:`~agent.estimation.estimators.registry.window_trust`, the ``shift_aware`` computation alone); while a
 window lies outside the calibrated range (trust distance above
-:data:`~agent.estimation.trust.FULL_TRUST`), the labeling sample is boosted
+:data:`~agent.estimation.estimators.trust.FULL_TRUST`), the labeling sample is boosted
 (:meth:`~agent.labels.sample.LabelingSample.boost`) for a tenth of ``labels.budget_window``: labels
 are drawn where the label-free estimate is least to be believed. The timer looks twice per boost (at
 most every :data:`MAX_INTERVAL`, at least every :data:`MIN_INTERVAL` seconds), so a boost stays on
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.core import logs
-from agent.estimation.estimators import window_trust
-from agent.estimation.trust import FULL_TRUST
+from agent.estimation.estimators.registry import window_trust
+from agent.estimation.estimators.trust import FULL_TRUST
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
 from agent.labels.sample import LabelingSample

@@ -1,5 +1,5 @@
 """The labels of the paired difference: disagreements of the champion and the challenger drawn into the
-labeling sample, and the labeled sums of each time window (:mod:`agent.estimation.paired`).
+labeling sample, and the labeled sums of each time window (:mod:`agent.estimation.pairs.paired`).
 
 Agreements need no label (the two versions are both right or both wrong there), so the challenger asks the
 labeling sample to draw every disagreement with at least the probability that meets
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.estimation.paired import PairSums
+from agent.estimation.pairs.paired import PairSums
 from agent.labels.rows import LabelOutcome
 from agent.labels.sample import ActiveBudget
 

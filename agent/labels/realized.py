@@ -27,7 +27,7 @@ For every window, :class:`RealizedWindows` reports on the labeled predictions in
 Labels of the labeling sample (``labels.sample_rate``) also give every time window the estimator
 ``with_labels``, the prediction-powered accuracy of *all* the window's predictions, exact up to its
 interval whatever the shift: :meth:`RealizedWindows.labeled_sums` gives the sample's additive sums
-(:meth:`~agent.estimation.statistics.WindowStats.of_labeled_sample`), which a report adds to the
+(:meth:`~agent.estimation.statistics.window.WindowStats.of_labeled_sample`), which a report adds to the
 window's statistics before estimating it. Count windows have none (their labeled predictions are not
 the window's latest predictions).
 
@@ -47,10 +47,10 @@ import numpy as np
 
 from agent.core.label_values import NONE_INDEX
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.class_metrics import realized_class_metrics
-from agent.estimation.estimators import estimate_all
+from agent.estimation.estimators.registry import estimate_all
 from agent.estimation.intervals import Estimate, wilson
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.class_metrics import realized_class_metrics
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.windows import count_window_name
 from agent.labels.rows import LabeledRows
 

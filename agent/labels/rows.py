@@ -3,7 +3,7 @@
 :class:`PendingBatch` is a judged request queued for writing; :class:`LabeledRows` the labeled
 predictions the realized windows and recalibration read; :class:`LabelOutcome` what applying labels
 did; :class:`RequestRow` one ``requests`` row of :mod:`agent.labels.store`, its BLOB arrays decoded
-on demand. The per-sample extras codec (:data:`agent.estimation.statistics.EXTRAS_FIELDS`) fixes the
+on demand. The per-sample extras codec (:data:`agent.estimation.statistics.window.EXTRAS_FIELDS`) fixes the
 ``extras`` column layout.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from agent.errors import DamagedData
-from agent.estimation.statistics import EXTRAS_DTYPE as _EXTRAS_DTYPE
-from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_from_columns
+from agent.estimation.statistics.window import EXTRAS_DTYPE as _EXTRAS_DTYPE
+from agent.estimation.statistics.window import EXTRAS_FIELDS, SampleExtras, extras_from_columns
 from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 
 #: dtype of the ``predicted`` BLOB of a ``requests`` row (one little-endian int32 per prediction)

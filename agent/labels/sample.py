@@ -4,14 +4,14 @@ Every judged request reaches :meth:`LabelingSample.on_judged` (a judged-batch si
 each of its predictions is drawn into the labeling sample independently, from the agent's own random
 source (OS entropy), so no client can choose what is sampled, and the request is queued for the
 prediction store's writer with its draws (and, under active sampling, their draw probabilities:
-``with_labels`` weights each label by the inverse of its probability, :mod:`agent.estimation.active`).
+``with_labels`` weights each label by the inverse of its probability, :mod:`agent.estimation.estimators.active`).
 
 ``labels.sampling``:
 
 * ``uniform`` — every prediction with probability ``labels.sample_rate`` (no probability is stored:
-  ``with_labels`` is the unweighted PPI++ of :mod:`agent.estimation.prediction_powered`);
+  ``with_labels`` is the unweighted PPI++ of :mod:`agent.estimation.estimators.prediction_powered`);
 * ``active`` — with probability growing with the uncertainty of the bundle's calibrated correctness
-  predictor (:func:`agent.estimation.active.draw_probabilities`), scaled so that the expected number
+  predictor (:func:`agent.estimation.estimators.active.draw_probabilities`), scaled so that the expected number
   drawn per ``labels.budget_window`` is ``labels.per_window``: :class:`ActiveBudget` keeps the
   traffic's rate, mean uncertainty and the share lost to probabilities clipped at 1 as exponentially
   decayed sums (time constant a tenth of the window, corrected for the start-up as an EWMA's bias is).
@@ -26,8 +26,8 @@ larger of the two probabilities, and every draw then keeps its probability (in `
 ``with_labels`` and the paired difference both weight each label by the inverse of its probability.
 * ``stratified`` — as ``active``, with each prediction's uncertainty replaced by the residual spread of its
   strata (its bin of predicted correctness and its segments) as the labels received so far show it
-  (:mod:`agent.labels.strata_draws`, :mod:`agent.estimation.strata`): the budget goes where the labels say the
-  predictor is wrong. Probabilities are fixed before each draw and kept, so ``with_labels`` is the same
+  (:mod:`agent.labels.strata_draws`, :mod:`agent.estimation.estimators.strata`): the budget goes where the labels
+  say the predictor is wrong. Probabilities are fixed before each draw and kept, so ``with_labels`` is the same
   inverse-probability-weighted estimate.
 """
 
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.config.settings import LabelsConfig
-from agent.estimation.active import spread_probabilities, uncertainty
+from agent.estimation.estimators.active import spread_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch

@@ -1,5 +1,5 @@
 """The labels of the labeling sample by segment: what gives every segment of a window its realized accuracy
-in ``GET /v1/estimates`` (:mod:`agent.estimation.segment_realized`).
+in ``GET /v1/estimates`` (:mod:`agent.estimation.segments.realized`).
 
 The prediction store keeps no segment numbers (a prediction's segments need the feature view, which is not
 stored), so :class:`LabeledSegments` remembers, in memory, each prediction drawn into the labeling sample
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from agent.estimation.segment_realized import SegmentLabels
+from agent.estimation.segments.realized import SegmentLabels
 from agent.judging.recorder import JudgedBatch
 from agent.labels.rows import prediction_id
 

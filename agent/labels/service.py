@@ -18,7 +18,7 @@ request path). Later, true labels arrive by id:
   client can choose what is sampled); this lists the newest sampled predictions still without a label
   (``{"sample_rate", "n", "requests": [{"id", "timestamp"}]}``). Their labels, posted as any other,
   give every time window the estimator ``with_labels`` (prediction-powered inference,
-  :mod:`agent.estimation.prediction_powered`): valid whatever the shift because the sample is
+  :mod:`agent.estimation.estimators.prediction_powered`): valid whatever the shift because the sample is
   uniform. Labels of predictions outside the sample count for the realized accuracy and
   recalibration, not for ``with_labels``. With ``labels.keep_sampled_inputs``, ``?inputs=true`` adds
   each one's kept inputs, predicted class and probability (:mod:`agent.labels.kept_inputs`), what

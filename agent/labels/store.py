@@ -32,7 +32,7 @@ identity of the model and bundle that judged it, the number of classes and, as l
 over the request's predictions, the predicted classes (int32), the oracle verdicts (int8, indices
 into :data:`invariants.oracle.VERDICTS`), the probability vectors (float32 ``[n, K]``) and the inputs
 of the full ``shift_aware`` model when the runtime computed them (``extras``: margin, TDI rule,
-agreement, coverage and PCA error of :class:`agent.estimation.statistics.SampleExtras`, float64
+agreement, coverage and PCA error of :class:`agent.estimation.statistics.window.SampleExtras`, float64
 ``[n, 5]``; NULL otherwise) and the indices of the predictions drawn into the labeling sample
 (``sampled``, int32; NULL when none was). Prediction ``i`` of a request has the id
 ``<request id>:<i>``. A row holds the predictions ``start ≤ i < hi`` of its request; those below

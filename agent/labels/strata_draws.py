@@ -1,5 +1,5 @@
 """Stratified draws of the labeling sample (``labels.sampling: stratified``): the allocation of
-:mod:`agent.estimation.strata`, learnt from the labels as they arrive.
+:mod:`agent.estimation.estimators.strata`, learnt from the labels as they arrive.
 
 :class:`StratifiedDraws` gives :class:`~agent.labels.sample.LabelingSample` every prediction's *spread* (its
 expected residual standard deviation, from its bin of predicted correctness and its segments), the active
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from agent.estimation.strata import N_BINS, StrataLearner, strata_of
+from agent.estimation.estimators.strata import N_BINS, StrataLearner, strata_of
 from agent.judging.recorder import JudgedBatch
 from agent.labels.rows import prediction_id
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from agent.config.settings import AgentSettings
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.runtime import Runtime
 from agent.labels.intake import CurrentRuntime
 from agent.labels.realized import RealizedWindow, RealizedWindows

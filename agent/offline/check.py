@@ -3,10 +3,10 @@ estimate (and, when the data has labels, the truth and the oracle's TPR/FPR/F1 a
 ``__none__``, an input of none of the model's classes, counts as wrong and its share is reported).
 
 Per-class precision, recall and F1 (and ROC AUC for two classes) are reported label-free (CBPE,
-:mod:`agent.estimation.class_metrics`) and, with labels, realized. ``labels=N`` reveals the true labels
+:mod:`agent.estimation.statistics.class_metrics`) and, with labels, realized. ``labels=N`` reveals the true labels
 of ``N`` predictions drawn uniformly at random (``seed``), as a labeling sample would in production:
 ``estimates.with_labels`` is the prediction-powered accuracy from them
-(:mod:`agent.estimation.prediction_powered`) and ``classes.with_labels`` their realized per-class metrics.
+(:mod:`agent.estimation.estimators.prediction_powered`) and ``classes.with_labels`` their realized per-class metrics.
 With a challenger (``check --challenger``), the report's ``challenger`` section compares it with the model on
 the same data (:mod:`agent.offline.paired_check`).
 """
@@ -23,16 +23,21 @@ from agent.core.label_values import NONE_INDEX
 from agent.data.files import Dataset, label_indices
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.class_metrics import expected_confusion, expected_roc_auc, metrics_of_confusion, roc_auc
-from agent.estimation.class_metrics import realized_class_metrics as realized_classes
-from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
-from agent.estimation.evidence import evidence_section
+from agent.estimation.estimators.evidence import evidence_section
+from agent.estimation.estimators.registry import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.intervals import Estimate
 from agent.estimation.rendering import PairedModel, estimates_json, flag_sections, segments_json
-from agent.estimation.segment_realized import SegmentLabels, with_realized
-from agent.estimation.segment_table import segment_table
-from agent.estimation.segments import truth_counts
-from agent.estimation.statistics import WindowStats
+from agent.estimation.segments.realized import SegmentLabels, with_realized
+from agent.estimation.segments.segmentation import truth_counts
+from agent.estimation.segments.table import segment_table
+from agent.estimation.statistics.class_metrics import (
+    expected_confusion,
+    expected_roc_auc,
+    metrics_of_confusion,
+    roc_auc,
+)
+from agent.estimation.statistics.class_metrics import realized_class_metrics as realized_classes
+from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
@@ -93,7 +98,7 @@ def none_of_the_classes(y: np.ndarray) -> dict[str, float]:
 def calibration_summary(cal: EstimatorCalibration) -> dict[str, Any]:
     """What the bundle's estimator calibration rests on: the calibration split's wrong and right
     predictions and whether they are too few errors to calibrate a correction on (the estimators then
-    fall back to raw confidence near clean data, see :mod:`agent.estimation.trust`)."""
+    fall back to raw confidence near clean data, see :mod:`agent.estimation.estimators.trust`)."""
     return {"n_wrong": cal.n_wrong, "n_right": cal.n_right, "too_few_errors": cal.too_few_errors}
 
 

@@ -2,7 +2,7 @@
 
 The estimators calibrated on the calibration split (TPR/FPR, confidence offsets, the ATC threshold, the
 correction near clean data, the headline's choice) need at least
-:data:`~agent.estimation.trust.MIN_CALIBRATION_ERRORS` wrong predictions in it. ``fit`` splits the
+:data:`~agent.estimation.estimators.trust.MIN_CALIBRATION_ERRORS` wrong predictions in it. ``fit`` splits the
 validation data stratified by right and wrong, so the split receives the fraction ``f``
 (``--calibration-fraction``) of the validation set's errors. A very accurate model makes few: with ``k``
 wrong among ``n`` validation predictions its error rate is taken as the :data:`RATE_QUANTILE` quantile
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent.estimation.trust import MIN_CALIBRATION_ERRORS
+from agent.estimation.estimators.trust import MIN_CALIBRATION_ERRORS
 
 #: Probability that the calibration split of the advised validation set holds the errors it needs.
 PROBABILITY = 0.9

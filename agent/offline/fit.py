@@ -14,9 +14,9 @@ import numpy as np
 from agent.data.files import Dataset
 from agent.data.tables import TableBatch, TableColumns
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.pair_calibration import PairCalibration
-from agent.estimation.reliability import weak_oracle
-from agent.estimation.trust import MIN_CALIBRATION_ERRORS
+from agent.estimation.estimators.reliability import weak_oracle
+from agent.estimation.estimators.trust import MIN_CALIBRATION_ERRORS
+from agent.estimation.pairs.calibration import PairCalibration
 from agent.model.classifier import OnnxClassifier
 from agent.offline.data_advice import ValidationAdvice, validation_advice
 from agent.offline.fit_pair import pair_of_model, pair_of_table

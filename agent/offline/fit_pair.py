@@ -1,6 +1,6 @@
 """The ``pair`` stage of a challenger's ``fit`` (``fit --champion CHAMPION.onnx``, or from a table
 ``fit --reference ... --champion-proba-columns ...``): the challenger's comparison with the champion
-calibrated (:mod:`agent.offline.calibration.pairs`) and recorded in the challenger's bundle, so that an
+calibrated (:mod:`agent.offline.calibration.pairs.fitting`) and recorded in the challenger's bundle, so that an
 agent serving the champion can run the challenger beside it (``challenger:`` settings) and ``check
 --challenger`` can compare them offline."""
 
@@ -11,10 +11,10 @@ from collections.abc import Callable
 import numpy as np
 
 from agent.data.tables import TableBatch
-from agent.estimation.pair_calibration import PairCalibration
+from agent.estimation.pairs.calibration import PairCalibration
 from agent.model.classifier import OnnxClassifier, predicted_classes_of
 from agent.model.inputs import Inputs
-from agent.offline.calibration.pairs import PairedSet, fit_pair, paired_sets
+from agent.offline.calibration.pairs.fitting import PairedSet, fit_pair, paired_sets
 from agent.offline.fit_stages import ModelData, ModelFitInputs
 from agent.offline.viewing import LazySource, subset
 from invariants.fit_params import CalibrationPlan, FitParams

@@ -8,7 +8,7 @@
 3. **calibrate**: ``shift_aware`` fitted on corrupted copies of the calibration split passed through the
    model (:func:`calibrate_model`; a table has no model to pass them through);
 4. **segments**: the segments every window is also cut into, and their reference on the labeled
-   validation data (:func:`segment_model`, :func:`segment_table`; :mod:`agent.offline.segmenting`);
+   validation data (:func:`segment_model`, :func:`segment_table`; :mod:`agent.offline.calibration.segments.fitting`);
 5. **headline**: the headline chosen from evidence (:func:`choose_headline_of`, both sources);
 6. **flag**: the flag "this number may be wrong" fitted on windows of shifts the headline's estimate was
    fitted without (:func:`fit_the_flag`, both sources);
@@ -32,7 +32,7 @@ from agent.data.files import Dataset, label_indices
 from agent.data.tables import TableBatch, TableColumns
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import (
+from agent.estimation.estimators.registry import (
     RECOMMENDED_ESTIMATOR,
     TABLE_HEADLINE,
     default_headline,
@@ -45,19 +45,20 @@ from agent.model.inputs import Inputs, rule_values
 from agent.model.view_choice import choose_view
 from agent.model.views import FeatureView, ViewError
 from agent.offline.calibration.corruptions import calibration_family, is_image_input
-from agent.offline.calibration.flag_fitting import model_flag, table_flag
-from agent.offline.calibration.headline_choice import (
+from agent.offline.calibration.estimators.headline_choice import (
     choose_headline,
     choose_model_headline,
     classic_calibration,
     ineligible,
 )
+from agent.offline.calibration.estimators.shift_fitting import ShiftFit
+from agent.offline.calibration.flag.fitting import model_flag, table_flag
 from agent.offline.calibration.judged import JudgedSet
+from agent.offline.calibration.segments.data import SegmentData, ViewShape, column_groups
+from agent.offline.calibration.segments.fitting import define_segments
 from agent.offline.calibration.sets import CalibrationSets, calibration_sets, input_calibration_sets
-from agent.offline.calibration.shift_fitting import ShiftFit
 from agent.offline.calibration.shift_windows import tilt_coordinates
 from agent.offline.fit_progress import expect_rows
-from agent.offline.segmenting import SegmentData, ViewShape, column_groups, define_segments
 from agent.offline.viewing import LazySource, Viewed, predict_and_view, source_of, subset
 from invariants.adi import AlgorithmInvariants
 from invariants.bundle import Bundle, TableSource
@@ -413,7 +414,7 @@ def segment_model(
     inputs: ModelFitInputs, data: ModelData, fit: OracleFit, calibrated: Calibrated, say: Progress
 ) -> Calibrated:
     """Stage 3b (segments) of a model: the view's table columns, or regions of it, the predicted class and the
-    selected TDI rules (:mod:`agent.offline.segmenting`)."""
+    selected TDI rules (:mod:`agent.offline.calibration.segments.fitting`)."""
     od = data.oracle_data
     shape = column_groups(data.view, data.model.signature, od.feature_names)
     return _segmented(calibrated, od, fit, shape, inputs.params, inputs.plan, say)
@@ -449,7 +450,7 @@ def choose_headline_of(
     calibrated: Calibrated, fit: OracleFit, params: FitParams, plan: CalibrationPlan, say: Progress
 ) -> Chosen:
     """Stage 4 (headline): the headline chosen from the estimators' errors on simulated shifts of the
-    calibration split (:mod:`agent.offline.calibration.headline_choice`); with a model, ``shift_aware``
+    calibration split (:mod:`agent.offline.calibration.estimators.headline_choice`); with a model, ``shift_aware``
     among them, refitted per fold, and the default unless another clearly does better; from a table, among
     the estimators a table has. Estimators resting on a weak oracle are not eligible."""
     calibration, exclude = calibrated.calibration, ineligible(calibrated.calibration)
@@ -487,7 +488,7 @@ def fit_the_flag(
     plan: CalibrationPlan,
     say: Progress,
 ) -> Chosen:
-    """Stage 5 (flag): the flag "this number may be wrong" (:mod:`agent.offline.calibration.flag_fitting`):
+    """Stage 5 (flag): the flag "this number may be wrong" (:mod:`agent.offline.calibration.flag.fitting`):
     with ``shift_aware``, on the windows its interval's refits estimate of the corruptions each left out and
     of simulated shifts; without it, on simulated shifts of held-out folds of the calibration split. The
     flag predicts the chosen headline's error."""

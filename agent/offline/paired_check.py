@@ -3,7 +3,7 @@
 
 Every row is paired: the champion's predictions (judged by its bundle, :func:`agent.offline.check.check_report`)
 and the challenger's on the same inputs, judged by the challenger's bundle, whose ``pair`` calibration
-(``fit --champion``) gives the label-free difference (:mod:`agent.estimation.paired`). With ``--labels N``,
+(``fit --champion``) gives the label-free difference (:mod:`agent.estimation.pairs.paired`). With ``--labels N``,
 ``N`` disagreements are drawn uniformly (seeded) and their true labels revealed, as a live labeling sample
 that prefers the disagreements would: the label-assisted difference. With labeled data the true difference
 and each version's true accuracy are reported too.
@@ -26,12 +26,12 @@ from agent.data.limits import DataLimits
 from agent.data.tables import TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import headline_estimator
-from agent.estimation.pair_calibration import PairCalibration
-from agent.estimation.pair_calibration import pair_of_bundle as _checked
-from agent.estimation.paired import PairSums
+from agent.estimation.estimators.registry import headline_estimator
+from agent.estimation.pairs.calibration import PairCalibration
+from agent.estimation.pairs.calibration import pair_of_bundle as _checked
+from agent.estimation.pairs.paired import PairSums
 from agent.estimation.rendering import PairedModel, paired_entry
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Prediction, label_confidences, predicted_classes_of
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle

@@ -8,13 +8,13 @@ for a model's bundle. Everything that needs only predictions is fitted: IDI (use
 oracle's TPR/FPR and the classic estimators (``icos``, ``icos_corrected``, ``avg_conf``, ``cbpe``,
 ``atc``, ``doc``). ``shift_aware`` is not: it learns from corrupted copies of the calibration inputs
 passed through the model. The bundle's headline is chosen among the others from their errors on
-simulated shifts of the calibration split (:mod:`agent.offline.calibration.headline_choice`; ``cbpe``
+simulated shifts of the calibration split (:mod:`agent.offline.calibration.estimators.headline_choice`; ``cbpe``
 unless another clearly does better), and the evidence is kept in the bundle. Bundles fitted before the
-choice keep their manifest's headline (:data:`~agent.estimation.estimators.TABLE_HEADLINE` when it
+choice keep their manifest's headline (:data:`~agent.estimation.estimators.registry.TABLE_HEADLINE` when it
 names none).
 
 ``check`` streams the production table in bounded batches and adds up the window statistics
-(:class:`~agent.estimation.statistics.WindowStats` are additive), so a file of any length is judged
+(:class:`~agent.estimation.statistics.window.WindowStats` are additive), so a file of any length is judged
 in the memory of one batch.
 """
 
@@ -33,13 +33,13 @@ from agent.data.limits import DataLimits
 from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
-from agent.estimation.evidence import evidence_section
+from agent.estimation.estimators.evidence import evidence_section
+from agent.estimation.estimators.registry import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.intervals import Estimate
 from agent.estimation.rendering import estimates_json, flag_sections, segments_json
-from agent.estimation.segment_table import segment_table
-from agent.estimation.segments import truth_counts
-from agent.estimation.statistics import WindowStats
+from agent.estimation.segments.segmentation import truth_counts
+from agent.estimation.segments.table import segment_table
+from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle

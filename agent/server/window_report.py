@@ -10,7 +10,7 @@ windows, the labeled-sample sums of the delayed labels (so ``with_labels`` is on
 estimator among the others), give every estimator's estimate and the trust signal; the label-free
 per-class figures (CBPE) come from the same statistics. Each window's headline (the bundle's headline
 estimator, or ``doc`` where it cannot estimate the window:
-:func:`~agent.estimation.estimators.headline_of`) is reported under ``headline`` in the JSON and as
+:func:`~agent.estimation.estimators.registry.headline_of`) is reported under ``headline`` in the JSON and as
 ``icos_headline_accuracy_ratio`` with the estimator that gave it. Sections (e.g. ``realized`` from
 delayed labels) are added to the JSON only, and so are a challenger's comparison with the champion (the
 ``challenger`` section, :mod:`agent.dataplane.challenger`) and every segment's realized accuracy from the
@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
-from agent.estimation.segment_realized import SegmentLabels, with_realized
-from agent.estimation.statistics import WindowStats
+from agent.estimation.segments.realized import SegmentLabels, with_realized
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
 from exporters.prometheus import Snapshot

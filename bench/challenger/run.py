@@ -4,7 +4,7 @@ Per family: every version's oracle is fitted as the estimator benchmark fits it 
 correctness, for the unpaired ``with_labels`` baseline, comes from it); the validation split and its
 corrupted copies (:func:`~agent.offline.calibration.corruptions.iter_shifted_sets`, as ``fit --champion``
 makes them) run through every version once; every pair is calibrated by the product's
-:func:`~agent.offline.calibration.pairs.fit_pair`. Per scenario the benchmark's pool runs through every
+:func:`~agent.offline.calibration.pairs.fitting.fit_pair`. Per scenario the benchmark's pool runs through every
 version once and every pair is estimated on the same ``reps`` windows of ``size`` predictions
 (:func:`bench.estimators.harness.draw_window`), against the window's true difference.
 
@@ -28,12 +28,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from agent.estimation.correctness import CorrectnessModel
-from agent.estimation.pair_calibration import PairCalibration
-from agent.estimation.paired import Difference, PairSums, label_free, with_labels
-from agent.estimation.prediction_powered import prediction_powered_of_sums
+from agent.estimation.estimators.correctness import CorrectnessModel
+from agent.estimation.estimators.prediction_powered import prediction_powered_of_sums
+from agent.estimation.pairs.calibration import PairCalibration
+from agent.estimation.pairs.paired import Difference, PairSums, label_free, with_labels
 from agent.offline.calibration.corruptions import iter_shifted_sets
-from agent.offline.calibration.pairs import PairedSet, fit_pair
+from agent.offline.calibration.pairs.fitting import PairedSet, fit_pair
 from bench.challenger.pairs import Family, with_model
 from bench.estimators.harness import Config, draw_window, fit_subject, scenario_pool, scenarios_for, stable_seed
 from invariants.fit_params import CalibrationPlan

@@ -16,7 +16,7 @@ some of the same kind as scenarios of the suite. So every scenario is also estim
 of a kind the calibration has not seen.
 
 Every ``shift_aware`` calibration of the label-free variant (shipped and without each kin) carries the flag
-"this number may be wrong", fitted as ``fit`` fits it (:func:`agent.offline.calibration.flag_fitting.model_flag`
+"this number may be wrong", fitted as ``fit`` fits it (:func:`agent.offline.calibration.flag.fitting.model_flag`
 on the refits behind its interval); the records of ``shift_aware`` and of :data:`HELD_OUT` keep whether it was
 down (``calibrated``) on each window.
 
@@ -40,18 +40,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from agent.estimation.assessment import Assessment, assess
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import (
+from agent.estimation.estimators.registry import (
     RECOMMENDED_ESTIMATOR,
     WindowEstimates,
     estimate_all,
     estimate_window,
     headline_of,
 )
-from agent.estimation.statistics import WindowStats
+from agent.estimation.flag.assessment import Assessment, assess
+from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Prediction
-from agent.offline.calibration.flag_fitting import model_flag
+from agent.offline.calibration.flag.fitting import model_flag
 from agent.offline.calibration.sets import CalibrationSets, calibration_sets
 from agent.offline.calibration.shift_windows import tilt_coordinates
 from bench.estimators.scenarios import (

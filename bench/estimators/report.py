@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimation.estimators import ESTIMATORS, RECOMMENDED_ESTIMATOR
+from agent.estimation.estimators.registry import ESTIMATORS, RECOMMENDED_ESTIMATOR
 from bench.estimators.harness import HELD_OUT, Record, seed_of, size_of
 from bench.generated_docs import commit_of
 

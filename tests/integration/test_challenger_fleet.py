@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from agent.data.datasets import Splits
-from agent.estimation.pair_calibration import pair_of_bundle
-from agent.estimation.paired import PairSums, label_free
+from agent.estimation.pairs.calibration import pair_of_bundle
+from agent.estimation.pairs.paired import PairSums, label_free
 from agent.model.classifier import OnnxClassifier, default_model_path
 from invariants.bundle import Bundle
 from tests.support.agent_process import AgentProcess

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sklearn.metrics import precision_recall_fscore_support
 
 from agent.data.datasets import Splits
-from agent.estimation.class_metrics import expected_confusion, metrics_of_confusion
+from agent.estimation.statistics.class_metrics import expected_confusion, metrics_of_confusion
 from agent.server.app import create_app
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape

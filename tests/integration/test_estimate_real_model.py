@@ -30,7 +30,7 @@ import pytest
 
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR
 from agent.model.classifier import OnnxClassifier
 from agent.offline.check import check_report
 from agent.perturb.transforms import TRANSFORMS, TransformContext

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry
 from agent.core.label_values import NONE_LABEL
 from agent.data.datasets import Splits
 from agent.data.files import Dataset
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, REGISTRY, split_half_widths
-from agent.estimation.flag import REASONS
+from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR, REGISTRY, split_half_widths
+from agent.estimation.flag.model import REASONS
 from agent.model.classifier import OnnxClassifier
 from agent.offline.check import check_report
 from agent.offline.fit import fit_bundle

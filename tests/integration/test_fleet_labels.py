@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import precision_recall_fscore_support
 
-from agent.estimation.class_metrics import window_class_metrics
-from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
-from agent.estimation.statistics import WindowStats
+from agent.estimation.estimators.prediction_powered import WITH_LABELS, prediction_powered_accuracy
+from agent.estimation.statistics.class_metrics import window_class_metrics
+from agent.estimation.statistics.window import WindowStats
 from tests.support.agent_process import AgentProcess
 from tests.support.digits import digits
 from tests.support.metrics import Scrape, scrape
@@ -290,7 +290,7 @@ def test_fleet_labels_read_one_capped_time_range_of_one_identity(postgres: Postg
     the sampled ones only; and when the row cap cuts the read short, the windows reaching back past the
     oldest row read get no labels (the rows kept are the newest, not a random share of the window)."""
     from agent.estimation.calibration import EstimatorCalibration
-    from agent.estimation.statistics import WindowStats
+    from agent.estimation.statistics.window import WindowStats
     from agent.fleet.labels import FleetLabels
     from agent.labels.postgres_backend import PostgresBackend
     from agent.labels.rows import PendingBatch

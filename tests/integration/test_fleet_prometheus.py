@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.data.datasets import Splits
-from agent.estimation.segments import label_of
+from agent.estimation.segments.segmentation import label_of
 from agent.model.classifier import default_model_path
 from tests.support.agent_process import AgentProcess
 from tests.support.ports import free_port

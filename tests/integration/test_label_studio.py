@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from agent.cli import main as cli_main
 from agent.commands.label_studio import export_tasks
 from agent.config.settings import LABELS_TOKEN_ENV, load_settings
-from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.estimators.prediction_powered import WITH_LABELS
 from agent.labels.kept_inputs import encode_sample
 from agent.server.app import create_app
 from tests.support.audit_models import reviews, text_classifier

@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from agent.cli import main as cli_main
 from agent.data.datasets import Splits
-from agent.estimation.active import active_accuracy
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_accuracy
+from agent.estimation.estimators.active import active_accuracy
+from agent.estimation.estimators.prediction_powered import WITH_LABELS, prediction_powered_accuracy
 from agent.labels.postgres_backend import MIGRATIONS, SCHEMA_VERSION
 from agent.labels.rows import split_prediction_id
 from agent.labels.store import STORE_FILE, PredictionStore

@@ -20,7 +20,7 @@ from agent.data.datasets import Splits
 from agent.data.files import Dataset
 from agent.dataplane.admission import prediction_ids
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import ESTIMATORS
+from agent.estimation.estimators.registry import ESTIMATORS
 from agent.model.classifier import OnnxClassifier
 from agent.offline.check import check_report
 from agent.server.app import create_app

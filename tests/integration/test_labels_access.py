@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from agent.cli import main as cli_main
 from agent.config.settings import ADMIN_TOKEN_ENV, LABELS_TOKEN_ENV
 from agent.data.datasets import Splits
-from agent.estimation.prediction_powered import WITH_LABELS
+from agent.estimation.estimators.prediction_powered import WITH_LABELS
 from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.access import MAX_FAILURES
 from agent.server.app import create_app

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.data.datasets import Splits
-from agent.estimation.estimators import estimate_all
+from agent.estimation.estimators.registry import estimate_all
 from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import JudgedBatch, JudgedSink, Recorder
 from agent.judging.runtime import Runtime, load_runtime
@@ -114,7 +114,7 @@ def test_live_windows_use_the_full_shift_aware_model(mnist_bundle_dir: Path, mni
     """The serve path passes the oracle's TDI leaves, margins and inputs to the windows, so the live
     count window and time window give exactly the offline `check` statistics (not the reduced model)."""
     from agent.data.files import Dataset
-    from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
+    from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR
     from agent.offline.check import check_report
 
     rt = runtime(mnist_bundle_dir)

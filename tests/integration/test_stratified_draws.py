@@ -16,8 +16,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from agent.data.datasets import Splits
-from agent.estimation.prediction_powered import WITH_LABELS
-from agent.estimation.strata import N_BINS
+from agent.estimation.estimators.prediction_powered import WITH_LABELS
+from agent.estimation.estimators.strata import N_BINS
 from agent.labels.store import STORE_FILE
 from agent.server.app import create_app
 from tests.support.inprocess import RunningServer

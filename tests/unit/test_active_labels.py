@@ -11,12 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from agent.config.settings import LabelsConfig
-from agent.estimation.active import active_accuracy, draw_probabilities, rate_for, uncertainty
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.correctness import CorrectnessModel
-from agent.estimation.estimators import estimate_all
-from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate
-from agent.estimation.statistics import WindowStats
+from agent.estimation.estimators.active import active_accuracy, draw_probabilities, rate_for, uncertainty
+from agent.estimation.estimators.correctness import CorrectnessModel
+from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledEstimate
+from agent.estimation.estimators.registry import estimate_all
+from agent.estimation.statistics.window import WindowStats
 from agent.labels.sample import ActiveBudget
 from bench.bench_labels import fit_predictor
 from bench.estimators.harness import Config
@@ -181,6 +181,6 @@ def test_sampling_defaults_to_active_unless_a_rate_is_set() -> None:
     with pytest.raises(ValidationError, match="active_floor"):
         LabelsConfig(active_floor=0.0)
     # the setting's default is the estimator's: a defensive floor that caps every weight at twice uniform's
-    from agent.estimation.active import DEFAULT_FLOOR
+    from agent.estimation.estimators.active import DEFAULT_FLOOR
 
     assert LabelsConfig().active_floor == DEFAULT_FLOOR == 0.5

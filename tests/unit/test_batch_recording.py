@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
 from agent.estimation.layout import N_CELLS
-from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.items import stat_items
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.recorder import JudgedBatch, Recorder
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.verdicts import JudgeWork

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import precision_recall_fscore_support, roc_auc_score
 
-from agent.estimation.class_metrics import (
+from agent.estimation.statistics.class_metrics import (
     confusion_matrix,
     expected_class_metrics,
     expected_confusion,
@@ -90,9 +90,9 @@ def test_expected_confusion_cells() -> None:
 def test_window_sums_give_the_expected_metrics_of_the_whole_window_whatever_the_split() -> None:
     """A live window's CBPE figures come from additive sums: summed over batches (and bucket
     differences) they equal the figures of the expected confusion matrix of all its samples."""
-    from agent.estimation.class_metrics import window_class_metrics
-    from agent.estimation.stat_items import stat_items, stats_from_items
-    from agent.estimation.statistics import WindowStats
+    from agent.estimation.statistics.class_metrics import window_class_metrics
+    from agent.estimation.statistics.items import stat_items, stats_from_items
+    from agent.estimation.statistics.window import WindowStats
 
     rng = np.random.default_rng(3)
     p, pred, _ = _calibrated(rng, 900, 4)
@@ -135,8 +135,8 @@ def test_from_batch_gives_the_offline_expected_figures_of_the_same_samples() -> 
     reports for the same samples (expected confusion matrix), and those of
     :func:`expected_class_metrics` on the per-class sums computed by hand."""
     from agent.estimation.calibration import EstimatorCalibration
-    from agent.estimation.class_metrics import window_class_metrics
-    from agent.estimation.statistics import WindowStats
+    from agent.estimation.statistics.class_metrics import window_class_metrics
+    from agent.estimation.statistics.window import WindowStats
 
     cal = EstimatorCalibration(
         tpr=0.6, fpr=0.05, n_wrong=50, n_right=950, accuracy=0.95, avg_conf=0.93, atc_threshold=0.7

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from agent.estimation import estimators
-from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
-from agent.estimation.estimators import (
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators import registry as estimators
+from agent.estimation.estimators.prediction_powered import WITH_LABELS, prediction_powered_of_sums
+from agent.estimation.estimators.registry import (
     ESTIMATORS,
     NEEDS_LABELS,
     RECOMMENDED_ESTIMATOR,
@@ -29,6 +30,10 @@ from agent.estimation.estimators import (
     trust_of,
     window_trust,
 )
+from agent.estimation.estimators.reliability import WIDE_INTERVAL, unreliable, weak_oracle
+from agent.estimation.estimators.shift_aware import class_features, shift_aware, window_features
+from agent.estimation.estimators.shift_calibration import ShiftCalibration
+from agent.estimation.estimators.tree_ensemble import TreeEnsemble
 from agent.estimation.intervals import Estimate, clip01, wilson
 from agent.estimation.layout import (
     FULL_FEATURES,
@@ -38,12 +43,8 @@ from agent.estimation.layout import (
     N_PCA_BINS,
     REDUCED_FEATURES,
 )
-from agent.estimation.prediction_powered import WITH_LABELS, prediction_powered_of_sums
-from agent.estimation.reference import InputReference
-from agent.estimation.reliability import WIDE_INTERVAL, unreliable, weak_oracle
-from agent.estimation.shift_aware import class_features, shift_aware, window_features
-from agent.estimation.statistics import WindowStats
-from agent.estimation.tree_ensemble import TreeEnsemble
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import WindowStats
 
 
 def _cal(**kw: object) -> EstimatorCalibration:
@@ -137,8 +138,8 @@ def test_what_an_estimator_is_lives_in_its_spec_and_every_consumer_reads_it() ->
     """A toy estimator that rests on the oracle, stands in for nothing itself but falls back to ``doc``, and
     is the default headline of lowest rank: reliability marks, headline fallbacks, the headline's default and
     candidates and the fit's eligibility follow its spec, not its name."""
-    from agent.estimation.estimators import default_headline, estimator_specs, headline_candidates
-    from agent.offline.calibration.headline_choice import ineligible
+    from agent.estimation.estimators.registry import default_headline, estimator_specs, headline_candidates
+    from agent.offline.calibration.estimators.headline_choice import ineligible
 
     @register_estimator("test_oracle_led", needs_oracle=True, fallback="doc", default_rank=-1)
     def _never(stats: WindowStats, calibration: EstimatorCalibration) -> Estimate | None:

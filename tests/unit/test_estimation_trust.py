@@ -9,10 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import estimate_all
-from agent.estimation.layout import N_CONF_BINS
-from agent.estimation.statistics import WindowStats
-from agent.estimation.trust import (
+from agent.estimation.estimators.registry import estimate_all
+from agent.estimation.estimators.trust import (
     MIN_CALIBRATION_ERRORS,
     KindSupport,
     Trust,
@@ -22,6 +20,8 @@ from agent.estimation.trust import (
     confidence_offsets,
     ramp,
 )
+from agent.estimation.layout import N_CONF_BINS
+from agent.estimation.statistics.window import WindowStats
 from agent.offline.fit import fit_warnings
 from exporters.prometheus import EstimatesCollector, Snapshot, WindowPoint
 
@@ -95,7 +95,7 @@ def test_a_feature_constant_in_calibration_does_not_blow_up_the_distance() -> No
 def test_a_table_feature_constant_in_training_does_not_blow_up_the_pca_error() -> None:
     """A pixel always 0 in the training split that a live sample sets to 2: its PCA error is a few
     standardised units (its scale is a tenth of the median spread), not 1e9 (a scale of 1e-9)."""
-    from agent.estimation.reference import InputReference
+    from agent.estimation.statistics.reference import InputReference
 
     rng = np.random.default_rng(1)
     train = np.c_[rng.normal(0.0, 4.0, (500, 6)), np.zeros(500)]
@@ -199,8 +199,8 @@ def test_fit_warns_when_the_calibration_split_holds_too_few_errors() -> None:
 def test_fit_warns_of_a_weak_oracle_and_reports_mark_what_it_cannot_tell() -> None:
     """An oracle whose TPR − FPR is below 0.2 gets a warning naming what helps; icos and icos_corrected
     are then marked unreliable, as is any estimate whose interval is wider than 0.5."""
+    from agent.estimation.estimators.reliability import unreliable
     from agent.estimation.intervals import Estimate
-    from agent.estimation.reliability import unreliable
 
     rng = np.random.default_rng(0)
     correct = rng.uniform(size=600) < 0.85

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.estimation.calibration import EstimatorCalibration, atc_threshold
-from agent.estimation.estimators import (
+from agent.estimation.estimators.registry import (
     ESTIMATORS,
     REGISTRY,
     estimate_all,
@@ -19,7 +19,7 @@ from agent.estimation.estimators import (
     rogan_gladen,
 )
 from agent.estimation.intervals import Estimate, wilson
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.windows import WindowSet
 
 

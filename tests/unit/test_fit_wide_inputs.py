@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agent.data.files import Dataset
-from agent.estimation.reference import EXACT_PCA_MAX, leading_components
+from agent.estimation.statistics.reference import EXACT_PCA_MAX, leading_components
 from agent.model.classifier import OnnxClassifier
 from agent.model.view_choice import LONG_SEQUENCE, choose_view
 from agent.offline.calibration.corruptions import iter_shifted_sets

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.estimation.assessment import NO_FLAG_NOTE, assess
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.class_mix import CLASS_Z, MIX_Z, N_REDUCED, ClassReference, MixTest, per_sample_quantities
-from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
-from agent.estimation.flag import (
+from agent.estimation.estimators.registry import WindowEstimates, estimate_window, headline_of
+from agent.estimation.estimators.trust import Trust
+from agent.estimation.flag.assessment import NO_FLAG_NOTE, assess
+from agent.estimation.flag.class_mix import CLASS_Z, MIX_Z, N_REDUCED, ClassReference, MixTest, per_sample_quantities
+from agent.estimation.flag.model import (
     FEATURES,
     MODEL_FEATURES,
     REASONS,
@@ -26,10 +27,9 @@ from agent.estimation.flag import (
 )
 from agent.estimation.intervals import Estimate
 from agent.estimation.rendering import snapshot_points, window_entry
-from agent.estimation.statistics import WindowStats
-from agent.estimation.trust import Trust
+from agent.estimation.statistics.window import WindowStats
 from agent.offline.calibration.corruptions import corruption_groups
-from agent.offline.calibration.flag_fitting import FlagWindow, fit_flag_model, isotonic_steps, monotone_logistic
+from agent.offline.calibration.flag.fitting import FlagWindow, fit_flag_model, isotonic_steps, monotone_logistic
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.shift_windows import tilt_coordinates
 from exporters.prometheus import EstimatesCollector, Snapshot
@@ -251,7 +251,7 @@ def test_the_flag_reaches_the_window_json_and_the_metrics() -> None:
 @pytest.mark.parametrize("n", [300, 1500])
 def test_table_flag_on_a_split_with_shifts(n: int) -> None:
     """The flag of a bundle without shift_aware: fitted on simulated shifts of held-out folds."""
-    from agent.offline.calibration.flag_fitting import table_flag
+    from agent.offline.calibration.flag.fitting import table_flag
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.estimation.paired import PairSums
+from agent.estimation.pairs.paired import PairSums
 from agent.fleet.challenger import PAIR_METRIC, PAIR_SCHEMA, checked_pair_sums
 from agent.fleet.stat_schema import RefusedAnswer
 from agent.fleet.window_sums import selector

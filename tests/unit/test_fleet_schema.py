@@ -12,9 +12,9 @@ import pytest
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import LEAF_BINS
-from agent.estimation.reference import InputReference
-from agent.estimation.stat_items import stat_items
-from agent.estimation.statistics import SampleExtras, WindowStats
+from agent.estimation.statistics.items import stat_items
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Sample, Series
 from agent.fleet.stat_schema import RefusedAnswer, StatSchema

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from agent.estimation.layout import LEAF_BINS
-from agent.estimation.reference import InputReference, leaf_bin_of_rule
-from agent.estimation.stat_items import stat_items, stats_from_items
-from agent.estimation.statistics import SampleExtras, WindowStats
+from agent.estimation.statistics.items import stat_items, stats_from_items
+from agent.estimation.statistics.reference import InputReference, leaf_bin_of_rule
+from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.fleet.window_sums import quote, selector, series_increment
 
 

@@ -11,8 +11,8 @@ import pytest
 from agent.cli import main
 from agent.data.tables import resolve_columns
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.evidence import HeadlineEvidence
-from agent.offline.calibration.headline_choice import choose_headline, measure
+from agent.estimation.estimators.evidence import HeadlineEvidence
+from agent.offline.calibration.estimators.headline_choice import choose_headline, measure
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.shift_windows import KINDS, WindowPlanner, tilt_coordinates
 from agent.offline.tables import check_table_report
@@ -204,7 +204,7 @@ def test_the_label_reservoir_is_a_uniform_sample() -> None:
 
 
 def test_reports_say_why_a_headline_has_no_evidence() -> None:
-    from agent.estimation.evidence import NO_EVIDENCE_MODEL, NO_EVIDENCE_TABLE, evidence_section
+    from agent.estimation.estimators.evidence import NO_EVIDENCE_MODEL, NO_EVIDENCE_TABLE, evidence_section
 
     assert evidence_section(None, shift_aware=True) == {"headline_evidence": None, "headline_note": NO_EVIDENCE_MODEL}
     assert evidence_section(None, shift_aware=False)["headline_note"] == NO_EVIDENCE_TABLE

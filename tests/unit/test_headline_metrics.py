@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.audits.baselines import AuditBaselines
 from agent.audits.config import audits_config_model
-from agent.estimation.estimators import TABLE_HEADLINE, headline_of
+from agent.estimation.estimators.registry import TABLE_HEADLINE, headline_of
 from agent.estimation.intervals import Estimate
 from agent.judging.state import StateStore
 from exporters.audit_metrics import AuditMetrics, GaugeSpec

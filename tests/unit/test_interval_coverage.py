@@ -8,7 +8,7 @@ measured on a freshly drawn calibration split for ``icos_corrected``; a uniform 
 number delayed labels would reveal. Under its assumption an interval that claims 95% must cover it in
 at least 85% of the windows; one that drops a variance term falls far below (``avg_conf`` without the
 outcomes' Bernoulli noise covered about half of them). Every estimate goes through
-:func:`~agent.estimation.estimators.estimate_all`, as reports read it. Seeded, about a second in all.
+:func:`~agent.estimation.estimators.registry.estimate_all`, as reports read it. Seeded, about a second in all.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
-from agent.estimation.estimators import ESTIMATORS, estimate_all
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators.prediction_powered import WITH_LABELS
+from agent.estimation.estimators.registry import ESTIMATORS, estimate_all
+from agent.estimation.estimators.shift_calibration import ShiftCalibration
+from agent.estimation.estimators.tree_ensemble import TreeEnsemble
 from agent.estimation.intervals import Estimate
 from agent.estimation.layout import CONF_EDGES, conf_bins
-from agent.estimation.prediction_powered import WITH_LABELS
-from agent.estimation.reference import InputReference
-from agent.estimation.statistics import WindowStats
-from agent.estimation.tree_ensemble import TreeEnsemble
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import WindowStats
 
 REPS = 600
 N = 1000

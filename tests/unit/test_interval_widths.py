@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
-from agent.estimation.estimators import (
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators.registry import (
     estimate_all,
     estimate_window,
     rogan_gladen,
@@ -21,13 +21,14 @@ from agent.estimation.estimators import (
     split_half_widths,
     window_trust,
 )
+from agent.estimation.estimators.shift_aware import ShiftAwareParts, shift_aware, window_features
+from agent.estimation.estimators.shift_calibration import ShiftCalibration
+from agent.estimation.estimators.tree_ensemble import TreeEnsemble
+from agent.estimation.estimators.trust import KindSupport, TrustModel
 from agent.estimation.intervals import Z95, Estimate
 from agent.estimation.layout import MEAN_CONFIDENCE, REDUCED_FEATURES
-from agent.estimation.reference import InputReference
-from agent.estimation.shift_aware import ShiftAwareParts, shift_aware, window_features
-from agent.estimation.statistics import WindowStats
-from agent.estimation.tree_ensemble import TreeEnsemble
-from agent.estimation.trust import KindSupport, TrustModel
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import WindowStats
 
 #: 100 predictions, half at confidence 0.6 and half at 0.8: mean 0.7, unbiased variance
 #: 50·0.1²·2 / 99 = 1/99, outcome variance Σc(1 − c) = 50·0.24 + 50·0.16 = 20.

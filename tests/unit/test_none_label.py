@@ -12,7 +12,7 @@ from agent.core.label_values import NONE_INDEX, NONE_LABEL
 from agent.data.files import label_indices
 from agent.data.limits import DataError
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.class_metrics import realized_class_metrics
+from agent.estimation.statistics.class_metrics import realized_class_metrics
 from agent.labels.intake import parse_labels, resolve_label
 from agent.labels.realized import realized_window
 from agent.labels.rows import LabeledRows, onehot_errors

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.estimation.pair_calibration import P_EDGES, DisagreementModel, PairCalibration, pair_features
-from agent.estimation.paired import (
+from agent.estimation.pairs.calibration import P_EDGES, DisagreementModel, PairCalibration, pair_features
+from agent.estimation.pairs.paired import (
     LABEL_FREE,
     WITH_LABELS,
     PairSums,
@@ -15,7 +15,7 @@ from agent.estimation.paired import (
     label_free,
     with_labels,
 )
-from agent.offline.calibration.pairs import PairedSet, fit_disagreement_model, fit_pair
+from agent.offline.calibration.pairs.fitting import PairedSet, fit_disagreement_model, fit_pair
 from invariants.fit_params import CalibrationPlan
 
 

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from agent.estimation.paired import PairSums
-from agent.estimation.statistics import WindowStats
+from agent.estimation.pairs.paired import PairSums
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.paired_windows import PairedStats, PairedWindows
 from agent.labels.paired_labels import DisagreementDraws
 from agent.labels.rows import LabelOutcome

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.estimation.prediction_powered import (
+from agent.estimation.estimators.prediction_powered import (
     LabeledEstimate,
     prediction_powered_accuracy,
     rectifier_variance,
@@ -103,8 +103,8 @@ def test_with_labels_is_a_registered_estimator_on_the_window_statistics() -> Non
     registry, exactly the estimate of the arrays; they add across parts of the window; without labels
     the estimator is absent."""
     from agent.estimation.calibration import EstimatorCalibration
-    from agent.estimation.estimators import estimate_all, estimator_names
-    from agent.estimation.statistics import WindowStats
+    from agent.estimation.estimators.registry import estimate_all, estimator_names
+    from agent.estimation.statistics.window import WindowStats
 
     rng = np.random.default_rng(11)
     f, correct = _window(rng, 2_000, bias=0.1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimation.statistics import EXTRAS_FIELDS, SampleExtras, extras_columns, extras_from_columns
+from agent.estimation.statistics.window import EXTRAS_FIELDS, SampleExtras, extras_columns, extras_from_columns
 from agent.labels.rows import (
     LabeledRows,
     PendingBatch,

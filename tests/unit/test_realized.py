@@ -8,8 +8,8 @@ import pytest
 
 from agent.audits.mutation.robustness import probability_errors as mutation_probability_errors
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import estimate_all
-from agent.estimation.statistics import WindowStats
+from agent.estimation.estimators.registry import estimate_all
+from agent.estimation.statistics.window import WindowStats
 from agent.labels.intake import parse_labels, resolve_label
 from agent.labels.realized import RealizedWindows, probability_errors, realized_window
 from agent.labels.rows import LabeledRows, onehot_errors

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.estimation.active import draw_probabilities, rate_for, uncertainty
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.correctness import CorrectnessModel
+from agent.estimation.estimators.active import draw_probabilities, rate_for, uncertainty
+from agent.estimation.estimators.correctness import CorrectnessModel
 from agent.labels.recalibration import label_weights
 
 FIELDS = ("tpr", "fpr", "accuracy", "avg_conf", "atc_threshold")

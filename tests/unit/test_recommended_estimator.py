@@ -11,8 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.estimation.calibration import EstimatorCalibration, ShiftCalibration
-from agent.estimation.estimators import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR, estimate_all
+from agent.estimation.estimators.shift_aware import class_features, shift_aware, window_features
+from agent.estimation.estimators.shift_calibration import ShiftCalibration
+from agent.estimation.estimators.tree_ensemble import TreeEnsemble
 from agent.estimation.layout import (
     CONF_EDGES,
     FULL_FEATURES,
@@ -25,12 +28,10 @@ from agent.estimation.layout import (
     cell_index,
     conf_bins,
 )
-from agent.estimation.reference import InputReference
-from agent.estimation.shift_aware import class_features, shift_aware, window_features
-from agent.estimation.statistics import SampleExtras, WindowStats
-from agent.estimation.tree_ensemble import TreeEnsemble
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import SampleExtras, WindowStats
+from agent.offline.calibration.estimators.shift_fitting import fit_shift_calibration
 from agent.offline.calibration.judged import JudgedSet
-from agent.offline.calibration.shift_fitting import fit_shift_calibration
 
 D = 6
 N_RULES = 5
@@ -320,7 +321,7 @@ def test_residual_target_adds_the_mean_confidence_and_older_bundles_predict_accu
 def test_a_window_s_trust_comes_from_its_shift_aware_estimate(fitted: ShiftCalibration) -> None:
     """``estimate_window`` gives the trust signal of the same ``shift_aware`` computation as its
     estimate, equal to what ``window_trust`` computes on its own."""
-    from agent.estimation.estimators import ShiftAwareEstimate, estimate_window, window_trust
+    from agent.estimation.estimators.registry import ShiftAwareEstimate, estimate_window, window_trust
 
     assert fitted.trust is not None
     cal = _cal(fitted)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agent.estimation.intervals import wilson
-from agent.estimation.segment_realized import SegmentLabels
+from agent.estimation.segments.realized import SegmentLabels
 
 
 def test_uniform_labels_give_each_segment_its_share_right_and_the_wilson_interval() -> None:

@@ -11,18 +11,20 @@ import numpy as np
 import pytest
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.segment_table import segment_calibration, segment_estimates, segment_table
-from agent.estimation.segments import (
+from agent.estimation.segments.segmentation import (
     SEGMENTS_FORMAT,
     Segmentation,
     segmentation_or_none,
     truth_counts,
 )
-from agent.estimation.stat_items import SEGMENT_STATS, stat_items, stats_from_items
-from agent.estimation.statistics import WindowStats
+from agent.estimation.segments.table import segment_calibration, segment_estimates, segment_table
+from agent.estimation.statistics.items import SEGMENT_STATS, stat_items, stats_from_items
+from agent.estimation.statistics.window import WindowStats
 from agent.fleet.stat_schema import RefusedAnswer, StatSchema
 from agent.judging.windows import CountWindow, TimeWindow
-from agent.offline.segmenting import ColumnGroup, SegmentData, ViewShape, define_segments, kmeans
+from agent.offline.calibration.segments.data import ColumnGroup, SegmentData, ViewShape
+from agent.offline.calibration.segments.fitting import define_segments
+from agent.offline.calibration.segments.kinds.region import kmeans
 from invariants.fit_params import CalibrationPlan
 from invariants.tdi import TrainingInvariants
 

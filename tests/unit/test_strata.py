@@ -1,4 +1,4 @@
-"""Stratified label draws (:mod:`agent.estimation.strata`): the allocation follows the labels to the stratum
+"""Stratified label draws (:mod:`agent.estimation.estimators.strata`): the allocation follows the labels to the stratum
 where the predictor of correctness is wrong, stays the calibrated one elsewhere, and the estimate of draws
 made with it stays unbiased for the window's accuracy."""
 
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from agent.estimation.active import active_accuracy, rate_for, spread_probabilities, uncertainty
-from agent.estimation.strata import MIN_SPREAD, N_BINS, StrataLearner, strata_of
+from agent.estimation.estimators.active import active_accuracy, rate_for, spread_probabilities, uncertainty
+from agent.estimation.estimators.strata import MIN_SPREAD, N_BINS, StrataLearner, strata_of
 
 
 def test_strata_are_the_bin_of_f_then_the_segments() -> None:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.estimators import estimate_all
+from agent.estimation.estimators.registry import estimate_all
 from agent.estimation.intervals import Estimate
-from agent.estimation.statistics import WindowStats
+from agent.estimation.statistics.window import WindowStats
 from agent.judging.windows import CountWindow, TimeWindow, WindowSet, bucket_seconds_for
 
 CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=50, n_right=950, accuracy=0.95, avg_conf=0.93, atc_threshold=0.7)
@@ -141,7 +141,7 @@ def _probabilities(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray
 def test_count_window_per_class_sums_are_those_of_its_last_predictions(chunks: list[int]) -> None:
     """The count window keeps the probability vectors: its CBPE sums are exactly those of the last
     ``size`` predictions (after wrapping and after a round trip through its state)."""
-    from agent.estimation.class_metrics import expected_confusion, metrics_of_confusion, window_class_metrics
+    from agent.estimation.statistics.class_metrics import expected_confusion, metrics_of_confusion, window_class_metrics
 
     rng = np.random.default_rng(len(chunks))
     w = CountWindow(10)

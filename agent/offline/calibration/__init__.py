@@ -1,10 +1,12 @@
-"""The estimators' calibration at ``fit``, which runs the model: corrupted copies of the calibration split
-(:mod:`~agent.offline.calibration.corruptions`, :mod:`~agent.offline.calibration.input_corruptions`) passed
-through the model and judged (:mod:`~agent.offline.calibration.sets`,
-:mod:`~agent.offline.calibration.judged`), ``shift_aware`` fitted on windows of them
-(:mod:`~agent.offline.calibration.shift_fitting`), and the headline chosen from evidence on simulated shifts
-(:mod:`~agent.offline.calibration.headline_choice`, :mod:`~agent.offline.calibration.shift_windows`).
+"""The calibration at ``fit``, which runs the model: the fit-time room of each capability of
+:mod:`agent.estimation`, under the same name.
 
-What a window needs at serving time (the statistics, the estimators, the calibrations they read) stays in
-:mod:`agent.estimation`, which imports no model.
+Shared by the rooms: corrupted copies of the calibration split (:mod:`.corruptions`,
+:mod:`.input_corruptions`) passed through the model and judged (:mod:`.sets`, :mod:`.judged`), and the
+simulated shifts' windows (:mod:`.shift_windows`). The rooms: :mod:`.estimators` (``shift_aware`` fitted on
+windows of the corrupted sets, the headline chosen from evidence on simulated shifts), :mod:`.flag` (the flag
+fitted on the same windows), :mod:`.segments` (the segments fixed at fit, one module per kind) and
+:mod:`.pairs` (a pair's calibration of its disagreements).
+
+What a window needs at serving time stays in :mod:`agent.estimation`, which imports no model.
 """

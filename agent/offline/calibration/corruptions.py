@@ -3,7 +3,7 @@
 The validation data has labels; corrupting it with transformations whose label is known (the
 original one) gives labeled examples of how the model, the oracle and the confidence behave
 when the operational data drifts. The estimators are calibrated on these examples (see
-:mod:`agent.estimation.estimators`, estimator ``shift_aware``, and :mod:`agent.offline.calibration.sets`).
+:mod:`agent.estimation.estimators.registry`, estimator ``shift_aware``, and :mod:`agent.offline.calibration.sets`).
 
 Two families, each applied at random strengths from harmless to label-breaking so the
 calibration sees a continuum from in-distribution to badly shifted data:

@@ -5,7 +5,7 @@ categories, token ids (used by ``icos-agent fit``; one numeric tensor is corrupt
 As for images and tables, the calibration split is copied and each copy corrupted with one transformation
 at one strength, from harmless to label-breaking (:func:`agent.offline.calibration.sets.input_calibration_sets`);
 the ``shift_aware`` estimator then learns how accuracy moves with the window statistics over these copies
-(:func:`~agent.offline.calibration.shift_fitting.fit_shift_calibration`). The transformations follow each
+(:func:`~agent.offline.calibration.estimators.shift_fitting.fit_shift_calibration`). The transformations follow each
 input's kind:
 
 * numeric columns (a table's inputs, ``[N, 1]`` or ``[N, D]``): the table corruptions of

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.estimation.reference import InputReference
-from agent.estimation.statistics import SampleExtras
+from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.window import SampleExtras
 from agent.offline.viewing import Viewed
 from invariants.oracle import Oracle
 

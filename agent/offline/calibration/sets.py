@@ -18,14 +18,14 @@ from functools import partial
 
 import numpy as np
 
-from agent.estimation.calibration import ShiftCalibration
-from agent.estimation.reference import InputReference
+from agent.estimation.estimators.shift_calibration import ShiftCalibration
+from agent.estimation.statistics.reference import InputReference
 from agent.model.classifier import OnnxClassifier
 from agent.model.inputs import Inputs
 from agent.offline.calibration.corruptions import FAMILIES, is_image_input, iter_shifted_sets, schedule
+from agent.offline.calibration.estimators.shift_fitting import ShiftFit, fit_shift, fit_shift_calibration
 from agent.offline.calibration.input_corruptions import InputCorruption, input_corruptions
 from agent.offline.calibration.judged import JudgedSet, judge_set
-from agent.offline.calibration.shift_fitting import ShiftFit, fit_shift, fit_shift_calibration
 from agent.offline.fit_progress import expect_rows
 from agent.offline.viewing import Transform, Viewed, predict_and_view
 from invariants.fit_params import CalibrationPlan

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.estimation.reference import leading_components
+from agent.estimation.statistics.reference import leading_components
 
 #: Every kind of simulated window, in the order they take turns (``corruption`` only with corrupted sets).
 KINDS: tuple[str, ...] = (

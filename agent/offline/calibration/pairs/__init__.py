@@ -1,0 +1,1 @@
+"""Fitting a pair's calibration at ``fit`` (:mod:`.fitting`): the fit-time room of :mod:`agent.estimation.pairs`."""
