@@ -11,7 +11,7 @@ from agent.commands.model_args import add_model_arguments, load_model, split_col
 from agent.errors import UserError
 
 if TYPE_CHECKING:
-    from agent.offline.paired_check import ChallengerCheck
+    from agent.offline.check_companions import CheckCompanion
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -297,8 +297,8 @@ def check_table(args: argparse.Namespace) -> dict[str, object]:
     return report
 
 
-def _challenger(args: argparse.Namespace) -> ChallengerCheck | None:
-    """The challenger the flags name (a model and its bundle), or None."""
+def _companions(args: argparse.Namespace) -> list[CheckCompanion]:
+    """What the check runs beside its report: the challenger the flags name (a model and its bundle)."""
     from agent.model.classifier import OnnxClassifier
     from agent.offline.paired_check import ChallengerCheck
     from invariants.bundle import Bundle
@@ -306,13 +306,13 @@ def _challenger(args: argparse.Namespace) -> ChallengerCheck | None:
     if not args.challenger:
         if args.challenger_bundle:
             raise UserError("--challenger-bundle needs --challenger MODEL (the challenger's ONNX model)")
-        return None
+        return []
     if not args.challenger_bundle:
         raise UserError("--challenger needs --challenger-bundle (the challenger's bundle, `fit --champion`)")
     model = OnnxClassifier.load(args.challenger)
     bundle = Bundle.load(args.challenger_bundle, expected_model_sha256=model.sha256)
     model.decision_threshold = bundle.decision_threshold
-    return ChallengerCheck(model, bundle, args.challenger_bundle)
+    return [ChallengerCheck(model, bundle, args.challenger_bundle)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -347,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
         image=image_reading(model, None, bundle.preprocess),
         classes=model.classes,
     )
-    challenger = _challenger(args)
-    report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed, challenger=challenger)
+    companions = _companions(args)
+    report = check_report(model, bundle, data, args.metadata, labels=args.labels, seed=args.seed, companions=companions)
     print(json.dumps(report) if args.json else format_report(report))
     return 0

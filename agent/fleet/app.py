@@ -30,7 +30,6 @@ from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.labels import FleetLabels
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.judging.runtime import load_runtime
-from exporters.challenger_metrics import ChallengerCollector
 from exporters.fleet import FleetCollector
 
 if TYPE_CHECKING:
@@ -121,12 +120,12 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
         headline=rt.headline,
         labels=labels,
         classes=rt.classes,
-        challenger=FleetChallenger.of_settings(settings, rt.model_sha256),
+        companions=FleetChallenger.of_settings(settings, rt.model_sha256),
     )
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(FleetCollector(evaluator.snapshot))
-    if evaluator.challenger is not None:
-        registry.register(ChallengerCollector(evaluator.challenger_snapshot, prefix="icos_fleet_"))
+    for collector in evaluator.companion_collectors():
+        registry.register(collector)
     loop = RefreshLoop(evaluator, settings.fleet.refresh_seconds)
 
     @contextlib.asynccontextmanager

@@ -5,6 +5,7 @@ values differenced, restarted replicas read sample by sample), checked, and the 
 estimated on them with the pair's calibration from the challenger's bundle (``challenger.bundle_path`` of the
 evaluator's settings), as one agent estimates its own (:func:`agent.estimation.rendering.paired_entry`).
 
+It is the evaluator's one fleet companion (:class:`~agent.fleet.companions.FleetCompanion`) of a challenger.
 Sums of two challenger bundles under one champion version are never added: that version gets no comparison
 (its ``mismatch`` says why). Each version's own accuracy on the paired requests, and the label-assisted
 difference, stay the agents' (the drawn disagreements are each replica's own).
@@ -12,9 +13,11 @@ difference, stay the agents' (the drawn disagreements are each replica's own).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.registry import Collector
 
 from agent.config.settings import AgentSettings
 from agent.errors import UserError
@@ -24,7 +27,7 @@ from agent.estimation.rendering import PairedEntry, challenger_json, paired_entr
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.fleet.stat_schema import PROBABILITY_SLACK, ROUNDING, WHOLE, RefusedAnswer, StatSchema
 from agent.fleet.window_sums import FleetScope, window_sums
-from exporters.challenger_metrics import ChallengerSnapshot
+from exporters.challenger_metrics import ChallengerCollector, ChallengerSnapshot
 from invariants.bundle import Bundle, BundleError, sha256_file
 
 #: The replicas' counter of the pair's label-free sums (:class:`exporters.challenger_metrics.PairStatsCollector`).
@@ -73,23 +76,27 @@ class FleetChallenger:
 
     def __init__(self, settings: AgentSettings, model: str, pair: PairCalibration, bundle_label: str) -> None:
         self.name = settings.challenger.version
+        self.model = model
+        #: the champion version of the ``icos_fleet_challenger_*`` series (the configured one)
+        self.champion_version = settings.model.version
         self.pair = pair
         self.bundle_label = bundle_label
         fleet = settings.fleet
         self.scope = FleetScope(model, bundle_label, PAIR_SCHEMA, fleet.selector, fleet.max_versions, PAIR_METRIC)
 
     @classmethod
-    def of_settings(cls, settings: AgentSettings, champion_sha256: str | None) -> FleetChallenger | None:
-        """The challenger of the evaluator's settings (None without one); raises :class:`UserError`."""
+    def of_settings(cls, settings: AgentSettings, champion_sha256: str | None) -> list[FleetChallenger]:
+        """The challenger of the evaluator's settings, as a list of fleet companions (empty without one);
+        raises :class:`UserError`."""
         path = settings.challenger.bundle_path
         if path is None:
-            return None
+            return []
         try:
             bundle = Bundle.load(path)
             pair = pair_of_bundle(bundle.pair, champion_sha256 or None)
         except (BundleError, ValueError) as exc:
             raise UserError(f"challenger.bundle_path: {path}: {exc}") from None
-        return cls(settings, settings.model.name, pair, sha256_file(path / "manifest.json")[:16])
+        return [cls(settings, settings.model.name, pair, sha256_file(path / "manifest.json")[:16])]
 
     async def evaluate(
         self, api: PrometheusAPI, at: float, windows: Mapping[str, float], lookback_s: float
@@ -129,6 +136,14 @@ class FleetChallenger:
             w["replicas"] = pairs.replicas.get(version, {}).get(name, 0) if pairs is not None else 0
         return doc
 
-    def snapshot(self, model: str, pairs: FleetPairs | None, version: str) -> ChallengerSnapshot:
+    def sections(self, part: FleetPairs | None, version: str) -> Mapping[str, Any]:
+        return {"challenger": self.section(part, version)}
+
+    def snapshot(self, pairs: FleetPairs | None) -> ChallengerSnapshot:
+        """What the ``icos_fleet_challenger_*`` collector exports (the configured champion version)."""
+        version = self.champion_version
         entries = pairs.windows.get(version, {}) if pairs is not None else {}
-        return ChallengerSnapshot(model, version, self.name, paired_points(entries.values()))
+        return ChallengerSnapshot(self.model, version, self.name, paired_points(entries.values()))
+
+    def collectors(self, part: Callable[[], FleetPairs | None]) -> Sequence[Collector]:
+        return [ChallengerCollector(lambda: self.snapshot(part()), prefix="icos_fleet_")]

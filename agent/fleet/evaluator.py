@@ -14,19 +14,23 @@ window's statistics, so the estimators include the fleet's ``with_labels``. A st
 that part only: counted by reason (``icos_fleet_label_errors_total``), shown in ``labels.last_error``,
 the label-free estimates served as usual.
 
-With a challenger (``challenger.bundle_path``), each refresh also sums the replicas' pair sums and estimates
-the fleet's comparison of the champion with it (:mod:`agent.fleet.challenger`), within the same deadline.
+Beside its own sums, each refresh asks every fleet companion (:mod:`agent.fleet.companions`) for its part,
+within the same deadline: with a challenger (``challenger.bundle_path``), the replicas' pair sums summed and the
+fleet's comparison of the champion with it estimated (:mod:`agent.fleet.challenger`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from prometheus_client.registry import Collector
 
 from agent.config.settings import AgentSettings
 from agent.core import logs
@@ -35,12 +39,11 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR
 from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.statistics.window import WindowStats
-from agent.fleet.challenger import FleetChallenger, FleetPairs
+from agent.fleet.companions import FleetCompanion, FleetPart
 from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
-from exporters.challenger_metrics import ChallengerSnapshot
 from exporters.fleet import FleetSnapshot, FleetVersion
 
 log = logs.get("fleet")
@@ -78,8 +81,8 @@ class FleetResult:
     seconds: float = 0.0
     #: (version, stat) of the series ignored: statistics the bundle does not define
     unknown: set[tuple[str, str]] = field(default_factory=set)
-    #: the comparison with the challenger (None without one)
-    pairs: FleetPairs | None = None
+    #: every fleet companion's part, in the evaluator's order of its companions
+    parts: list[FleetPart] = field(default_factory=list)
 
 
 class FleetEvaluator:
@@ -95,7 +98,7 @@ class FleetEvaluator:
         headline: str = RECOMMENDED_ESTIMATOR,
         labels: FleetLabels | None = None,
         classes: Sequence[str] = (),
-        challenger: FleetChallenger | None = None,
+        companions: Sequence[FleetCompanion[Any]] = (),
     ) -> None:
         self.settings = settings
         self.headline = headline  # the bundle's headline estimator, as the replicas report it
@@ -119,7 +122,8 @@ class FleetEvaluator:
         self.last_error_reason: Reason | None = None
         self.last_attempt: float | None = None
         self.labels = labels
-        self.challenger = challenger
+        #: what runs beside the sums at every refresh (a challenger's comparison)
+        self.companions = tuple(companions)
         #: failed reads of the store's labels by reason, and the last one's message (None after a success)
         self.label_errors: dict[str, int] = dict.fromkeys(LABEL_ERROR_REASONS, 0)
         self.labels_error: str | None = None
@@ -226,9 +230,10 @@ class FleetEvaluator:
         for version, wins in per_version.items():
             if version not in bad:
                 out.versions[version] = VersionWindows(wins, replicas.get(version, {}))
-        if self.challenger is not None:
-            out.pairs = await self.challenger.evaluate(self.api, at, self.windows, fleet.lookback_seconds)
-            out.queries += out.pairs.queries
+        for companion in self.companions:
+            part = await companion.evaluate(self.api, at, self.windows, fleet.lookback_seconds)
+            out.parts.append(part)
+            out.queries += part.queries
         out.seconds = time.perf_counter() - t0
         return out
 
@@ -322,21 +327,24 @@ class FleetEvaluator:
                 "labels": self._labels_json(),
             },
             "versions": {name: self._windows_json(vw) for name, vw in r.versions.items()} if r is not None else {},
-            **self._challenger_json(r, v or version or self.settings.model.version),
+            **self._companion_sections(r, v or version or self.settings.model.version),
         }
 
-    def _challenger_json(self, r: FleetResult | None, version: str) -> dict[str, Any]:
-        """The ``challenger`` section of a version (nothing without a challenger)."""
-        if self.challenger is None:
-            return {}
-        return {"challenger": self.challenger.section(r.pairs if r is not None else None, version)}
-
-    def challenger_snapshot(self) -> ChallengerSnapshot | None:
-        """What the ``icos_fleet_challenger_*`` collector exports (the configured champion version)."""
-        if self.challenger is None:
-            return None
+    def _part(self, index: int) -> FleetPart | None:
+        """The part of companion ``index`` in the last successful refresh (None before one)."""
         r = self.result
-        return self.challenger.snapshot(self.model, r.pairs if r is not None else None, self.settings.model.version)
+        return r.parts[index] if r is not None else None
+
+    def _companion_sections(self, r: FleetResult | None, version: str) -> dict[str, Any]:
+        """Every companion's sections of a version, from the refresh ``r`` (None before one)."""
+        out: dict[str, Any] = {}
+        for i, companion in enumerate(self.companions):
+            out.update(companion.sections(r.parts[i] if r is not None else None, version))
+        return out
+
+    def companion_collectors(self) -> list[Collector]:
+        """Every companion's collectors, each reading its part of the last successful refresh."""
+        return [col for i, c in enumerate(self.companions) for col in c.collectors(functools.partial(self._part, i))]
 
     def _windows_json(self, vw: VersionWindows) -> dict[str, Any]:
         """The windows as an agent reports them (:meth:`~agent.estimation.rendering.WindowEntry.to_json`),

@@ -6,22 +6,21 @@ the judging lock next (the background thread, the event loop's
 :class:`~agent.judging.loop.LoopRecorder`, a request that must be recorded before its answer) judges
 and records everything pending in one :meth:`Recorder.record` call.
 
-The background thread *lingers*: once work arrives it waits up to ``linger_seconds`` (or until
-``linger_samples`` predictions wait) and records everything in one call, so that a stream of small
-requests costs one oracle call, one window update and one wake-up per linger period instead of one per
-request (each wake-up also contends with the request threads for the GIL). Predictions are recorded at
-most ``linger_seconds`` late; windows have buckets of a second or more. At most ``deferred_limit``
-works wait; beyond that, the submitting thread records them itself.
+The background thread *lingers* (:class:`~agent.judging.linger.LingerLoop`): once work arrives it waits
+up to ``linger_seconds`` (or until ``linger_samples`` predictions wait) and records everything in one call,
+so that a stream of small requests costs one oracle call, one window update and one wake-up per linger
+period instead of one per request (each wake-up also contends with the request threads for the GIL).
+Predictions are recorded at most ``linger_seconds`` late; windows have buckets of a second or more. At most
+``deferred_limit`` works wait; beyond that, the submitting thread records them itself.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Sequence
 
-from agent.core.os_threads import name_os_thread
+from agent.judging.linger import LingerLoop
 from agent.judging.recorder import Recorder
 from agent.judging.verdicts import JudgeWork
 
@@ -44,13 +43,18 @@ class JudgeQueue:
         self._pending_samples = 0  # predictions queued since the last take
         #: request ids of the works queued or being recorded (a label may wait for them: :meth:`holds`)
         self._unrecorded: Counter[str] = Counter()
-        self._idle = False  # the background thread waits for work (submit must wake it)
         self._hurry = False  # somebody waits: record without lingering
         self._pending_lock = threading.Lock()
         self._wakeup = threading.Condition(self._pending_lock)
         self._judge_lock = threading.Lock()
-        self._worker: threading.Thread | None = None
-        self._stopping = False
+        self._loop = LingerLoop(
+            self._wakeup,
+            "icos-judge",
+            linger_seconds,
+            pending=lambda: bool(self._pending),
+            enough=self._enough_pending,
+            work=self.flush,
+        )
 
     # -- adding work ----------------------------------------------------------------------------
     def record_now(self, works: Sequence[JudgeWork]) -> None:
@@ -68,10 +72,9 @@ class JudgeQueue:
             self._pending.append(work)
             self._pending_samples += work.n
             self._count((work,))
-            if self._worker is not None and len(self._pending) <= self.deferred_limit:
-                if self._idle or self._enough_pending():
-                    self._idle = False
-                    self._wakeup.notify()
+            if self._loop.running and len(self._pending) <= self.deferred_limit:
+                if self._loop.idle or self._enough_pending():
+                    self._loop.notify()
                 return
         self._record_until_done([work])
 
@@ -108,7 +111,7 @@ class JudgeQueue:
     @property
     def idle(self) -> bool:
         """Whether the background thread waits for work."""
-        return self._idle
+        return self._loop.idle
 
     # -- recording ------------------------------------------------------------------------------
     def try_record_pending(self) -> bool:
@@ -125,10 +128,9 @@ class JudgeQueue:
         """Have the background thread record what is pending (recorded here without that thread);
         ``hurry``: without lingering first (somebody waits for it)."""
         with self._wakeup:
-            if self._worker is not None:
-                self._idle = False
+            if self._loop.running:
                 self._hurry = self._hurry or hurry
-                self._wakeup.notify()
+                self._loop.notify()
                 return
         self.flush()
 
@@ -139,20 +141,11 @@ class JudgeQueue:
 
     def start(self) -> None:
         """Start the background thread."""
-        if self._worker is None:
-            self._stopping = False
-            self._worker = threading.Thread(target=self._background, name="icos-judge", daemon=True)
-            self._worker.start()
+        self._loop.start()
 
     def stop(self) -> None:
         """Stop the background thread and record what is still pending."""
-        worker = self._worker
-        if worker is not None:
-            with self._wakeup:
-                self._stopping = True
-                self._wakeup.notify_all()
-            worker.join(timeout=60)
-            self._worker = None
+        self._loop.stop(timeout=60)
         self.flush()
 
     # -- internals ------------------------------------------------------------------------------
@@ -195,22 +188,3 @@ class JudgeQueue:
         return (
             self._hurry or self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
         )
-
-    def _background(self) -> None:
-        name_os_thread("icos-judge")
-        while True:
-            with self._wakeup:
-                while not self._pending and not self._stopping:
-                    self._idle = True
-                    self._wakeup.wait()
-                self._idle = False
-                if self._stopping and not self._pending:
-                    return
-                deadline = time.monotonic() + self.linger_seconds
-                while not self._stopping and not self._enough_pending():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._wakeup.wait(left)
-            with self._judge_lock:
-                self._record(self._take())

@@ -17,7 +17,7 @@ import numpy as np
 
 from agent.estimation.segments.segmentation import segment_ids
 from agent.estimation.statistics.items import stat_items
-from agent.estimation.statistics.window import WindowStats, extras_columns, novel_inputs, sample_extras
+from agent.estimation.statistics.window import SampleExtras, WindowStats, extras_columns, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import Arrays, JudgeWork, concatenated, judge, oracle_call
 from agent.judging.windows import WindowSet
@@ -63,6 +63,31 @@ FeatureSink = Callable[[np.ndarray], None]
 #: Receives the prepared inputs of the requests of one recording call, in their order, with their runtime
 #: (the audits' reservoir of live inputs); works recorded without their inputs are left out.
 InputSink = Callable[[Runtime, Sequence[Inputs]], None]
+
+
+def judged_stats(
+    rt: Runtime,
+    probabilities: np.ndarray,
+    predicted: np.ndarray,
+    verdicts: np.ndarray,
+    extras: SampleExtras | None,
+    *,
+    per_class: bool = True,
+) -> tuple[WindowStats, np.ndarray, np.ndarray]:
+    """A judged batch's window statistics, as every recording adds them (the champion's here, a challenger's
+    beside it): the verdicts' and confidences' sums, the per-class CBPE sums (``per_class``) and the
+    predictor's sums. Returns the statistics, each prediction's confidence and the predictor's probability
+    that it is correct (the labeling sample's draw reads it too). ``extras``: the inputs of the full
+    ``shift_aware`` model, or None."""
+    conf = label_confidences(probabilities, predicted)
+    shift = rt.calibration.shift
+    stats = WindowStats.of_samples(
+        verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
+    )
+    if per_class:
+        stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
+    correct = stats.add_predictor_sums(rt.calibration, conf, verdicts)
+    return stats, conf, correct
 
 
 class Recorder:
@@ -137,15 +162,10 @@ class Recorder:
             if inputs:
                 for input_sink in self.input_sinks:
                     input_sink(rt, inputs)
-        conf = label_confidences(probabilities, predicted)
         # the inputs of the full shift_aware model (margins, TDI leaves, input PCA error), O(N)
         extras = sample_extras(rt.calibration, probabilities, predicted, features, tdi_rules)
+        stats, conf, correct = judged_stats(rt, probabilities, predicted, verdicts, extras)
         shift = rt.calibration.shift
-        stats = WindowStats.of_samples(
-            verdicts, conf, rt.calibration.atc_threshold, extras, shift.reference if shift is not None else None
-        )
-        stats.add_class_sums(probabilities, predicted)  # per-class CBPE figures of the time windows
-        correct = stats.add_predictor_sums(rt.calibration, conf, verdicts)  # the labeling sample's draw reads it too
         # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
         segments = rt.calibration.segments
         ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))

@@ -41,7 +41,7 @@ from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
-from agent.offline.paired_check import ChallengerCheck
+from agent.offline.check_companions import CheckCompanion
 from agent.offline.viewing import predict_and_view, source_of
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
@@ -130,11 +130,12 @@ def check_report(
     *,
     labels: int = 0,
     seed: int = 0,
-    challenger: ChallengerCheck | None = None,
+    companions: Sequence[CheckCompanion] = (),
 ) -> dict[str, Any]:
     """Verdicts and estimates for a batch; truth and oracle quality when labels are present; with
-    ``labels`` > 0 also the label-assisted estimate from that many randomly revealed labels; with a
-    ``challenger``, its comparison with the model (``labels`` of its disagreements revealed)."""
+    ``labels`` > 0 also the label-assisted estimate from that many randomly revealed labels; the
+    ``companions``' sections (a challenger's comparison with the model, ``labels`` of its disagreements
+    revealed)."""
     if labels and data.y is None:
         raise UserError("--labels reveals true labels of the data: the data has none (give y or --label-column)")
     if labels < 0 or labels > len(data):
@@ -153,10 +154,10 @@ def check_report(
     )
     pred = judged.prediction
     y = label_indices(data.y, model.classes, allow_none=True) if data.y is not None else None
-    paired = None
-    if challenger is not None:
-        champion = (pred, stats, PairedModel(cal, headline_estimator(bundle.headline)))
-        paired = challenger.report(judge, data.x, meta, champion, model.sha256, y, labels=labels, seed=seed)
+    beside: dict[str, Any] = {}
+    champion = (pred, stats, PairedModel(cal, headline_estimator(bundle.headline)))
+    for companion in companions:
+        beside.update(companion.sections(judge, data.x, meta, champion, model.sha256, y, labels=labels, seed=seed))
     idx: np.ndarray | None = None
     if y is not None and labels:
         # the revealed labels join the statistics as a labeling sample would: with_labels is then one
@@ -180,8 +181,7 @@ def check_report(
         report["estimates"][name]["seed"] = seed
     report.update(flag_sections(window, report["headline"], cal))
     report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)
-    if paired is not None:
-        report["challenger"] = paired
+    report.update(beside)
     if y is not None:
         correct = pred.predicted == y
         if idx is not None:

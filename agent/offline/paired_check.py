@@ -202,6 +202,21 @@ class ChallengerCheck:
         model_b = PairedModel(cal, headline_estimator(self.bundle.headline))
         return tally.report(_pair_info(self.model.name, self.model.sha256, pair), (stats_a, model_a), model_b)
 
+    def sections(
+        self,
+        judge: Any,
+        x: Any,
+        metadata: Mapping[str, np.ndarray] | None,
+        champion: tuple[Prediction, WindowStats, PairedModel],
+        champion_sha256: str,
+        y: np.ndarray | None,
+        *,
+        labels: int,
+        seed: int,
+    ) -> Mapping[str, Any]:
+        """Its section of a model check, as a check companion (:mod:`agent.offline.check_companions`)."""
+        return {"challenger": self.report(judge, x, metadata, champion, champion_sha256, y, labels=labels, seed=seed)}
+
 
 def _zipped(
     path: str | Path,

@@ -5,10 +5,11 @@ Read top to bottom, :class:`Agent` says who sees what: the recorder hands judged
 prediction store's sampler and live inputs to the audits' reservoir; the dataplane runs the mode
 (serve, proxy, observe) under the serving policy (placement, and recording batched or committed);
 observe mode's intake records through the same judge queue; the report reads the windows and the
-realized windows of delayed labels; a challenger, when configured, sees the judged requests first and hands
-them on to the sample (:mod:`agent.dataplane.challenger`). What differs between the modes is asked of the mode
-(:class:`~agent.dataplane.modes.Mode`: what it starts and stops, what follows a reload, whether the
-agent runs the model), never which mode it is; the label budget's boost runs on its own timer
+realized windows of delayed labels; the companions (:mod:`agent.judging.companions`: a challenger, when
+configured, :mod:`agent.dataplane.challenger`) see the judged requests first and hand on to the sample those
+they keep; the composition iterates them, never asking which kind it holds. What differs between the modes
+is asked of the mode (:class:`~agent.dataplane.modes.Mode`: what it starts and stops, what follows a reload,
+whether the agent runs the model), never which mode it is; the label budget's boost runs on its own timer
 (:mod:`agent.labels.boost`), not inside a scrape.
 """
 
@@ -18,7 +19,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -28,22 +29,22 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import AgentSettings, admin_token, labels_token
 from agent.core import logs, memory
 from agent.core.os_threads import name_os_thread_once
-from agent.dataplane.challenger import Challenger, PendingWithChallenger, load_challenger
+from agent.dataplane.challenger import challengers_of
 from agent.dataplane.modes import Mode, ObserveMode, ServeMode
 from agent.dataplane.observe_intake import ObserveIntake
 from agent.dataplane.plane import DataPlane
 from agent.dataplane.policy import BatchedRecording, CommitRecording, Recording, ServingPolicy
 from agent.dataplane.proxy import ProxyMode
 from agent.dataplane.runtimes import RuntimeHolder
+from agent.judging.companions import Companion, PendingBeside
 from agent.judging.loop import LoopRecorder, VerdictBatcher
 from agent.judging.queue import JudgeQueue
-from agent.judging.recorder import Recorder
+from agent.judging.recorder import JudgedBatch, Recorder
 from agent.judging.runtime import Runtime
 from agent.judging.window_state import WindowState
 from agent.judging.windows import WindowSet
 from agent.labels.boost import BudgetBoost
-from agent.labels.intake import LabelIntake, PendingJudgement
-from agent.labels.paired_labels import DisagreementDraws
+from agent.labels.intake import LabelIntake
 from agent.labels.recalibration import Recalibrator
 from agent.labels.rows import LabelOutcome
 from agent.labels.sample import LabelingSample, open_prediction_store
@@ -55,7 +56,6 @@ from agent.server.body_budget import BodyBudget
 from agent.server.listeners import Listeners
 from agent.server.metrics_port import MetricsPortServer
 from agent.server.window_report import WindowReport
-from exporters.challenger_metrics import ChallengerCollector, ChallengerMetrics
 from exporters.label_metrics import LabelMetrics, RealizedCollector
 from exporters.prometheus import AgentMetrics, EstimatesCollector, Snapshot
 from exporters.upstream_metrics import UpstreamMetrics
@@ -100,7 +100,7 @@ class Agent:
             section=self.realized.section,
             segment_labels=lambda rt, now: self.sample.segment_labels.by_window(rt.calibration, s.window_seconds, now),
             per_class_cap=self.metrics.per_class_label_cap,
-            challenger=self.challenger.section if self.challenger is not None else None,
+            companions=self.companions,
         )
         registry.register(EstimatesCollector(self._estimates_snapshot))
         #: True from the end of :meth:`start` to the beginning of :meth:`stop`.
@@ -138,22 +138,16 @@ class Agent:
             s.labels, self.store, self.label_metrics, keep_probabilities=s.challenger.enabled
         )
         self.boost = BudgetBoost(self.sample, self.windows, lambda: self.runtimes.current, s.labels.budget_seconds)
-        #: A challenger beside the champion (None without one): it sees the judged requests first.
-        self.challenger = self._build_challenger()
+        #: What runs beside the serving path (a challenger): each sees the judged requests first.
+        self.companions = self._build_companions()
         recorder = Recorder(
             self.windows,
             self.metrics,
-            # a challenger sees each judged request first and hands it on to the sample with its preference
-            judged_sinks=[self.challenger.on_judged] if self.challenger is not None else [],
-            judged_group_sinks=[self.sample.on_judged_group] if s.labels.enabled and self.challenger is None else [],
+            judged_group_sinks=[self._hand_over] if s.labels.enabled or self.companions else [],
             input_sinks=[self.audits.observe_inputs] if self.audits.reservoir is not None else [],
         )
         self.judge_queue = JudgeQueue(recorder)
-        pending: PendingJudgement = (
-            PendingWithChallenger(self.judge_queue, self.challenger)
-            if self.challenger is not None
-            else self.judge_queue
-        )
+        pending = PendingBeside(self.judge_queue, self.companions)
         # answered but not committed, at scrape time: queued for the store, or still in the judge queue
         self.label_metrics.store_queued.set_function(lambda: self.store.queued + self.judge_queue.pending_samples())
         self.realized = RealizedTracker(s, self.store, self.runtimes)
@@ -179,28 +173,28 @@ class Agent:
         segments' realized figures) and a challenger's drawn disagreements get their outcome."""
         refused = {*outcome.unknown, *outcome.duplicate}
         self.sample.labeled([(pid, label) for pid, label in labels if pid not in refused])
-        if self.challenger is not None:
-            self.challenger.on_labels(labels, outcome)
+        for companion in self.companions:
+            companion.on_labels(labels, outcome)
 
-    def _build_challenger(self) -> Challenger | None:
-        """The challenger of ``challenger:`` settings, its metrics and, with delayed labels, its preference for
-        the disagreements in the labeling sample."""
+    def _build_companions(self) -> list[Companion]:
+        """Every companion of the settings, built here and nowhere else, with its collectors registered: the
+        challenger of ``challenger:`` settings (handing its requests on to the labeling sample, with delayed
+        labels)."""
         s = self.settings
-        if not s.challenger.enabled or s.mode == "fleet":
-            return None
-        runtime, pair = load_challenger(s, self.runtimes.current)
-        metrics = ChallengerMetrics(self.registry, s.challenger.version)
-        draws = None
-        if s.labels.enabled:
-            longest = max(s.window_seconds.values(), default=s.labels.budget_seconds)
-            draws = DisagreementDraws(
-                s.challenger.labels_per_window, s.labels.budget_seconds, s.labels.max_predictions, longest
-            )
-        challenger = Challenger(
-            s, runtime, pair, metrics, forward=self.sample.on_judged if s.labels.enabled else None, draws=draws
-        )
-        self.registry.register(ChallengerCollector(lambda: challenger.snapshot(self.runtimes.current, time.time())))
-        return challenger
+        forward = self.sample.on_judged if s.labels.enabled else None
+        companions = [*challengers_of(s, self.registry, self.runtimes.current, forward)]
+        for companion in companions:
+            for collector in companion.collectors(lambda: self.runtimes.current):
+                self.registry.register(collector)
+        return companions
+
+    def _hand_over(self, batches: Sequence[JudgedBatch]) -> None:
+        """The judged requests of one recording call (called while recording: only enqueues): to every
+        companion in turn, then those none kept to the labeling sample, drawn together."""
+        for companion in self.companions:
+            batches = companion.take_judged(batches)
+        if batches and self.settings.labels.enabled:
+            self.sample.on_judged_group(batches)
 
     def _build_dataplane(self) -> None:
         """How predictions are recorded (committed before the answer, or batched), the mode and the
@@ -294,8 +288,8 @@ class Agent:
         memory.configure_allocator()
         store = await self.run(self.window_state.open)
         await self.mode.start(store)
-        if self.challenger is not None:
-            self.challenger.start()
+        for companion in self.companions:
+            companion.start()
         if self.mode.background_judging:
             self.judge_queue.start()
         if s.state_dir is not None:
@@ -332,8 +326,8 @@ class Agent:
         self._tasks.clear()
         self.loop_recorder.close()
         await anyio.to_thread.run_sync(self.judge_queue.stop)  # record what is still pending
-        if self.challenger is not None:  # what it holds goes on to the store before the store stops
-            await anyio.to_thread.run_sync(self.challenger.stop)
+        for companion in self.companions:  # what they hold goes on to the store before the store stops
+            await anyio.to_thread.run_sync(companion.stop)
         await self.labels.stop()
         await self.audits.stop()
         await anyio.to_thread.run_sync(self.window_state.close)

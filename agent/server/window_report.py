@@ -12,20 +12,21 @@ per-class figures (CBPE) come from the same statistics. Each window's headline (
 estimator, or ``doc`` where it cannot estimate the window:
 :func:`~agent.estimation.estimators.registry.headline_of`) is reported under ``headline`` in the JSON and as
 ``icos_headline_accuracy_ratio`` with the estimator that gave it. Sections (e.g. ``realized`` from
-delayed labels) are added to the JSON only, and so are a challenger's comparison with the champion (the
-``challenger`` section, :mod:`agent.dataplane.challenger`) and every segment's realized accuracy from the
-labeling sample's labels (:mod:`agent.labels.segment_labels`).
+delayed labels) are added to the JSON only, and so are the companions' top-level sections (a challenger's
+comparison with the champion, ``challenger``: :mod:`agent.dataplane.challenger`) and every segment's
+realized accuracy from the labeling sample's labels (:mod:`agent.labels.segment_labels`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.segments.realized import SegmentLabels, with_realized
 from agent.estimation.statistics.window import WindowStats
+from agent.judging.companions import Companion
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
 from exporters.prometheus import Snapshot
@@ -51,8 +52,8 @@ def _no_segment_labels(_rt: Runtime, _now: float) -> Mapping[str, SegmentLabels]
 
 
 class WindowReport:
-    """Reports on ``windows``, with the ``labeled`` sums added to their statistics and the ``section``
-    of the JSON."""
+    """Reports on ``windows``, with the ``labeled`` sums added to their statistics, the ``section``
+    of the JSON and the ``companions``' sections."""
 
     def __init__(
         self,
@@ -62,14 +63,14 @@ class WindowReport:
         section: EstimateSection = _no_section,
         segment_labels: SegmentLabelsOf = _no_segment_labels,
         per_class_cap: int,
-        challenger: Callable[[Runtime, float], Mapping[str, Any]] | None = None,
+        companions: Sequence[Companion] = (),
     ) -> None:
         self.windows = windows
         self.labeled = labeled
         self.section = section
         self.segment_labels = segment_labels
         self.per_class_cap = per_class_cap
-        self.challenger = challenger
+        self.companions = tuple(companions)
 
     def windows_of(self, rt: Runtime, now: float) -> list[WindowEntry]:
         """Every window's statistics estimated once (see the module docstring)."""
@@ -99,8 +100,8 @@ class WindowReport:
             },
             "timestamp": now,
         }
-        if self.challenger is not None:
-            doc["challenger"] = self.challenger(rt, now)
+        for companion in self.companions:
+            doc.update(companion.sections(rt, now))
         return doc
 
     def snapshot(self, rt: Runtime, now: float) -> Snapshot:

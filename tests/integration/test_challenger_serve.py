@@ -128,7 +128,9 @@ def test_a_share_pairs_whole_requests_and_the_rest_go_unpaired(
     send_traffic(srv.url, traffic["x"], batch=25)
     settle(srv)
     agent = srv.app.state.agent
-    assert poll(lambda: not agent.challenger.held_ids(), timeout=30, what="the challenger's queue drained")
+    assert poll(
+        lambda: not any(c.held_ids() for c in agent.companions), timeout=30, what="the challenger's queue drained"
+    )
     n = estimates(srv.url)["challenger"]["windows"]["5m"]["n"]
     assert n % 25 == 0 and 0 < n < len(traffic["x"])
     assert scrape(srv.url).value("icos_challenger_predictions_total", challenger="drift") == n
