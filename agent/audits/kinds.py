@@ -214,6 +214,18 @@ def _mutation_scope(kinds: InputKinds) -> str:
     return f"numeric inputs only: {', '.join(kinds.mutable)}" if skipped and kinds.mutable else ""
 
 
+def _mutation_plan(params: MutationParams, progress: ProgressFn) -> dict[str, Any]:
+    """The keyword arguments of both mutation audits (of a fixed model, and retrain mode) read from ``params``."""
+    return {
+        "k": params.k,
+        "cell_share": params.cell_share,
+        "repetitions": params.repetitions,
+        "seed": params.seed,
+        "operators": params.operators,
+        "progress": progress,
+    }
+
+
 def _run_mutation(
     model: OnnxClassifier,
     x: np.ndarray | Inputs,
@@ -225,15 +237,7 @@ def _run_mutation(
     # pandas stays out of the agent's start-up until a mutation audit runs
     from agent.audits.mutation.run import run_mutation_audit
 
-    common: dict[str, Any] = {
-        "k": params.k,
-        "cell_share": params.cell_share,
-        "repetitions": params.repetitions,
-        "seed": params.seed,
-        "operators": params.operators,
-        "progress": guard,
-        "batch_size": params.batch_size,
-    }
+    common = {**_mutation_plan(params, guard), "batch_size": params.batch_size}
     if not isinstance(x, Inputs):
         return run_mutation_audit(model.predict_proba, x, y, **common)
     batch, kinds = _kinds(model, x)
@@ -296,12 +300,7 @@ def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress
         read_table(args.train, DataLimits.from_args(args)),
         read_table(args.test, DataLimits.from_args(args)),
         args.target,
-        k=params.k,
-        cell_share=params.cell_share,
-        repetitions=params.repetitions,
-        seed=params.seed,
-        operators=params.operators,
-        progress=progress,
+        **_mutation_plan(params, progress),
     )
     result.params["spec_sha256"] = hashlib.sha256(Path(args.spec).read_bytes()).hexdigest()
     name = args.model_name or str(spec.get("estimator", "estimator")).rsplit(".", 1)[-1]
