@@ -5,8 +5,8 @@ A D-Score audit needs ``2n² + 1`` passes over the data (base model, ``n²`` reg
 
 * ``plain``: ``2n² + 1`` forward passes of the unmodified model (one onnxruntime session);
 * ``audit``: :func:`agent.audits.dscore.run.run_dscore` (graph surgery, one masked session, translation);
-* ``separate``: :func:`agent.audits.dscore.run.run_dscore_separate_sessions` (``n²`` variant models and
-  sessions built one by one: the baseline the mask inputs avoid).
+* ``separate``: :func:`agent.audits.dscore.run.run_dscore` with ``mode="separate_sessions"`` (``n²`` variant
+  models and sessions built one by one: the baseline the mask inputs avoid).
 
 and prints ``audit / plain`` (target ≤ 1.5) and ``separate / audit``. Each timing is the median
 of ``--repeats`` interleaved runs.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.audits.dscore.run import run_dscore, run_dscore_separate_sessions
+from agent.audits.dscore.run import run_dscore
 from agent.data.datasets import digits, mnist5k
 from invariants.onnx_session import OnnxSession
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         audit = run_dscore(model, x, y, n=args.n, t=args.t, batch_size=args.batch_size)
         t_audit.append(time.perf_counter() - started)
         started = time.perf_counter()
-        separate = run_dscore_separate_sessions(model, x, y, n=args.n, t=args.t, batch_size=args.batch_size)
+        separate = run_dscore(model, x, y, n=args.n, t=args.t, batch_size=args.batch_size, mode="separate_sessions")
         t_sep.append(time.perf_counter() - started)
     assert audit is not None and separate is not None
     same = (

@@ -41,6 +41,7 @@ from exporters.audit_metrics import GaugeSpec, GaugeValues
 from invariants.untrusted import safe_load_yaml
 
 if TYPE_CHECKING:
+    from agent.audits.mutation.run import MutationPlan
     from agent.model.classifier import OnnxClassifier
 
 #: Whether a model (by sha256) has ``Conv`` nodes; a few kept, the graph is parsed once per model.
@@ -214,6 +215,14 @@ def _mutation_scope(kinds: InputKinds) -> str:
     return f"numeric inputs only: {', '.join(kinds.mutable)}" if skipped and kinds.mutable else ""
 
 
+def _mutation_plan(params: MutationParams) -> MutationPlan:
+    """What both mutation audits (of a fixed model, and retrain mode) mutate, read from ``params``."""
+    # pandas stays out of the agent's start-up until a mutation audit runs
+    from agent.audits.mutation.run import MutationPlan
+
+    return MutationPlan(params.k, params.cell_share, params.repetitions, params.seed, params.operators)
+
+
 def _run_mutation(
     model: OnnxClassifier,
     x: np.ndarray | Inputs,
@@ -225,21 +234,22 @@ def _run_mutation(
     # pandas stays out of the agent's start-up until a mutation audit runs
     from agent.audits.mutation.run import run_mutation_audit
 
-    common: dict[str, Any] = {
-        "k": params.k,
-        "cell_share": params.cell_share,
-        "repetitions": params.repetitions,
-        "seed": params.seed,
-        "operators": params.operators,
-        "progress": guard,
-        "batch_size": params.batch_size,
-    }
+    plan = _mutation_plan(params)
     if not isinstance(x, Inputs):
-        return run_mutation_audit(model.predict_proba, x, y, **common)
+        return run_mutation_audit(model.predict_proba, x, y, plan, progress=guard, batch_size=params.batch_size)
     batch, kinds = _kinds(model, x)
     if not kinds.mutable:
         raise AuditError(_mutation_applies(model, kinds) or "no numeric input to mutate")
-    return run_mutation_audit(model.predict_proba, batch, y, mutable=kinds.mutable, skipped=kinds.not_mutable, **common)
+    return run_mutation_audit(
+        model.predict_proba,
+        batch,
+        y,
+        plan,
+        progress=guard,
+        batch_size=params.batch_size,
+        mutable=kinds.mutable,
+        skipped=kinds.not_mutable,
+    )
 
 
 def _mutation_args(m: argparse.ArgumentParser) -> None:
@@ -296,11 +306,7 @@ def _mutation_retrain(args: argparse.Namespace, params: MutationParams, progress
         read_table(args.train, DataLimits.from_args(args)),
         read_table(args.test, DataLimits.from_args(args)),
         args.target,
-        k=params.k,
-        cell_share=params.cell_share,
-        repetitions=params.repetitions,
-        seed=params.seed,
-        operators=params.operators,
+        _mutation_plan(params),
         progress=progress,
     )
     result.params["spec_sha256"] = hashlib.sha256(Path(args.spec).read_bytes()).hexdigest()

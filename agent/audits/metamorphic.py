@@ -46,6 +46,7 @@ import numpy as np
 from agent.audits.modalities import InputKinds, input_kinds
 from agent.audits.relations import RELATIONS, RelationContext, applicable, not_applicable, targets
 from agent.audits.report import AuditError, AuditResult, ProgressFn
+from agent.estimation.intervals import Z95, wilson
 from agent.model.inputs import Inputs, InputSpec, Signature
 from agent.perturb.transforms import TRANSFORMS, TransformContext
 
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 PredictProba = Callable[[Any], np.ndarray]
-Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
@@ -231,16 +231,12 @@ def check_applies(
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion (95 % by default); ``(0, 1)`` for ``n = 0``."""
+    """The Wilson score interval of a violation rate (:func:`~agent.estimation.intervals.wilson`, 95 % by
+    default) with exact ends: 0 when nothing was violated, 1 when everything was; ``(0, 1)`` for ``n = 0``."""
     if n <= 0:
         return 0.0, 1.0
-    phat = successes / n
-    denom = 1 + z * z / n
-    centre = (phat + z * z / (2 * n)) / denom
-    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
-    lower = 0.0 if successes <= 0 else max(0.0, centre - half)
-    upper = 1.0 if successes >= n else min(1.0, centre + half)
-    return lower, upper
+    lower, upper = wilson(successes, n, z)
+    return (0.0 if successes <= 0 else lower), (1.0 if successes >= n else upper)
 
 
 def _wilcoxon_p(diff: np.ndarray) -> float:

@@ -12,7 +12,7 @@ input (:meth:`Preprocess.for_input`): its shape and dtype, and pixels scaled to 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,16 +88,7 @@ class Preprocess:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "height": self.height,
-            "width": self.width,
-            "layout": self.layout,
-            "channels": self.channels,
-            "dtype": self.dtype,
-            "scale": self.scale,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
+        return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Preprocess:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from agent.core import logs
+from agent.core.tasks import every
 from exporters.upstream_metrics import UpstreamMetrics
 
 log = logs.get("proxy")
@@ -76,7 +77,9 @@ class UpstreamReadiness:
     async def start(self) -> None:
         """The first check now (bounded by the check's own timeout), then one every interval."""
         await self.check_now()
-        self._task = asyncio.create_task(self._loop(), name="icos-upstream-readiness")
+        # a bug in a check must not end the checks (and freeze readiness)
+        checks = every(self.interval, self.check_now, log, "upstream readiness check failed")
+        self._task = asyncio.create_task(checks, name="icos-upstream-readiness")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -84,11 +87,3 @@ class UpstreamReadiness:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.check_now()
-            except Exception as exc:  # a bug in a check must not end the checks (and freeze readiness)
-                log.exception("upstream readiness check failed", extra={"error": f"{type(exc).__name__}: {exc}"})

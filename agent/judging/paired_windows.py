@@ -1,7 +1,7 @@
 """The time windows of a champion and its challenger on the same requests: per window, the champion's
 statistics on the paired predictions, the challenger's on the same inputs and the pair's sums
-(:class:`~agent.estimation.pairs.paired.PairSums`), bucketed as :class:`~agent.judging.windows.TimeWindow` buckets
-the champion's own windows (about 60 buckets of ``W/60`` s, at least 1 s).
+(:class:`~agent.estimation.pairs.paired.PairSums`), in the :class:`~agent.judging.windows.TimeBuckets` of the
+champion's own windows (about 60 buckets of ``W/60`` s, at least 1 s).
 
 They start empty when the agent starts (they are not saved in the state directory) and when the champion's
 model or bundle changes.
@@ -9,14 +9,13 @@ model or bundle changes.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.estimation.pairs.paired import PairSums
 from agent.estimation.statistics.window import WindowStats
-from agent.judging.windows import bucket_seconds_for
+from agent.judging.windows import TimeBuckets
 
 
 @dataclass
@@ -36,36 +35,11 @@ class PairedStats:
         self.pair.add_in_place(other.pair)
 
 
-class _Buckets:
-    """One time window's buckets of :class:`PairedStats`."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = float(seconds)
-        self.bucket_seconds = bucket_seconds_for(seconds)
-        self.n_buckets = max(1, math.ceil(self.seconds / self.bucket_seconds))
-        self.buckets: dict[int, PairedStats] = {}
-
-    def _expire(self, now: float) -> None:
-        oldest = int(now // self.bucket_seconds) - self.n_buckets + 1
-        for k in [k for k in self.buckets if k < oldest]:
-            del self.buckets[k]
-
-    def add(self, stats: PairedStats, now: float) -> None:
-        k = int(now // self.bucket_seconds)
-        cur = self.buckets.get(k)
-        if cur is None:
-            self.buckets[k] = stats.copy()
-        else:
-            cur.add_in_place(stats)
-        if len(self.buckets) > self.n_buckets:
-            self._expire(now)
-
-    def total(self, now: float) -> PairedStats:
-        self._expire(now)
-        out = PairedStats()
-        for s in self.buckets.values():
-            out.add_in_place(s)
-        return out
+def _total(window: TimeBuckets[PairedStats], now: float) -> PairedStats:
+    out = PairedStats()
+    for s in window.current(now):
+        out.add_in_place(s)
+    return out
 
 
 class PairedWindows:
@@ -74,7 +48,9 @@ class PairedWindows:
     def __init__(self, time_windows: Mapping[str, float]) -> None:
         self._lock = threading.Lock()
         self.seconds = dict(time_windows)
-        self._windows = {name: _Buckets(sec) for name, sec in time_windows.items()}
+        self._windows: dict[str, TimeBuckets[PairedStats]] = {
+            name: TimeBuckets(sec) for name, sec in time_windows.items()
+        }
         self.total = 0
 
     def record(self, stats: PairedStats, now: float) -> None:
@@ -85,7 +61,7 @@ class PairedWindows:
 
     def stats(self, now: float) -> dict[str, PairedStats]:
         with self._lock:
-            return {name: w.total(now) for name, w in self._windows.items()}
+            return {name: _total(w, now) for name, w in self._windows.items()}
 
     def reset(self) -> None:
         with self._lock:

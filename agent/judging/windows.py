@@ -1,9 +1,9 @@
 """Streaming windows of judged predictions, over time and over a count of predictions.
 
-* :class:`TimeWindow` keeps :class:`~agent.estimation.statistics.window.WindowStats` in fixed time buckets (a window
-  of ``W`` seconds has about 60 buckets of ``W/60`` s, at least 1 s); buckets older than the window
-  are dropped when new ones arrive or when the window is read. Its statistics cover the last ``W``
-  seconds to within one bucket.
+* :class:`TimeWindow` keeps :class:`~agent.estimation.statistics.window.WindowStats` in fixed time buckets
+  (:class:`TimeBuckets`, shared with the paired windows of a challenger): a window of ``W`` seconds has
+  about 60 buckets of ``W/60`` s, at least 1 s; buckets older than the window are dropped when new ones
+  arrive or when the window is read. Its statistics cover the last ``W`` seconds to within one bucket.
 * :class:`CountWindow` keeps the verdicts and confidences of the last ``N`` predictions in a ring
   buffer, so it is exact; its statistics are recomputed when read (``N`` is small). When the caller
   passes them (models within the per-class cap), it also keeps their probability vectors and predicted
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -33,14 +33,27 @@ def bucket_seconds_for(window_seconds: float) -> float:
     return max(1.0, window_seconds / BUCKETS_PER_WINDOW)
 
 
-class TimeWindow:
-    """Additive statistics of the predictions of the last ``seconds`` seconds (bucketed)."""
+class Additive(Protocol):
+    """Statistics summed bucket by bucket: copied to start a bucket, summed into it in place."""
+
+    def copy(self) -> Self: ...
+
+    def add_in_place(self, other: Self) -> None: ...
+
+
+S = TypeVar("S", bound=Additive)
+
+
+class TimeBuckets(Generic[S]):
+    """Additive statistics of the last ``seconds`` seconds in fixed time buckets (``bucket_seconds``, by
+    default :func:`bucket_seconds_for` the window); buckets older than the window are dropped when new ones
+    arrive or when the window is read."""
 
     def __init__(self, seconds: float, bucket_seconds: float | None = None) -> None:
         self.seconds = float(seconds)
         self.bucket_seconds = float(bucket_seconds or bucket_seconds_for(seconds))
         self.n_buckets = max(1, math.ceil(self.seconds / self.bucket_seconds))
-        self.buckets: dict[int, WindowStats] = {}
+        self.buckets: dict[int, S] = {}
 
     def _index(self, t: float) -> int:
         return int(t // self.bucket_seconds)
@@ -50,7 +63,7 @@ class TimeWindow:
         for k in [k for k in self.buckets if k < oldest]:
             del self.buckets[k]
 
-    def add(self, stats: WindowStats, now: float) -> None:
+    def add(self, stats: S, now: float) -> None:
         k = self._index(now)
         cur = self.buckets.get(k)
         if cur is None:
@@ -60,10 +73,18 @@ class TimeWindow:
         if len(self.buckets) > self.n_buckets:
             self._expire(now)
 
-    def stats(self, now: float) -> WindowStats:
+    def current(self, now: float) -> list[S]:
+        """The buckets within the window at ``now``, oldest dropped first."""
         self._expire(now)
+        return list(self.buckets.values())
+
+
+class TimeWindow(TimeBuckets[WindowStats]):
+    """Additive statistics of the predictions of the last ``seconds`` seconds (bucketed)."""
+
+    def stats(self, now: float) -> WindowStats:
         total = WindowStats()
-        for s in self.buckets.values():
+        for s in self.current(now):
             total = total + s
         return total
 

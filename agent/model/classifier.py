@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 import numpy as np
 
@@ -31,10 +31,24 @@ from agent.model.views import FeatureView, default_view
 from invariants.onnx_session import OnnxLoadError, OnnxSession, TensorInfo
 
 ScoresKind = Literal["auto", "logits", "probabilities"]
+
 #: What a model takes: inputs by name, or one array for a single-input model.
 Batch = Inputs | Mapping[str, np.ndarray] | np.ndarray
 
 __all__ = ["Batch", "InvalidInput", "ModelLoadError", "OnnxClassifier", "Prediction"]
+
+
+class ClassifierOptions(TypedDict, total=False):
+    """The keyword options of :class:`OnnxClassifier`, written once for :meth:`OnnxClassifier.load` to pass
+    on (their defaults are the constructor's)."""
+
+    name: str | None
+    scores_output: str | None
+    scores_kind: ScoresKind
+    classes: list[str] | None
+    max_batch: int
+    decision_threshold: float | None
+    view: FeatureView | None
 
 
 class ModelLoadError(UserError, ValueError):
@@ -288,29 +302,8 @@ class OnnxClassifier:
         return self.view.width or int(np.prod(self.input_shape))
 
     @classmethod
-    def load(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        name: str | None = None,
-        scores_output: str | None = None,
-        scores_kind: ScoresKind = "auto",
-        classes: list[str] | None = None,
-        max_batch: int = 4096,
-        decision_threshold: float | None = None,
-        view: FeatureView | None = None,
-    ) -> OnnxClassifier:
-        return cls(
-            read_model_file(path),
-            path=str(path),
-            name=name,
-            scores_output=scores_output,
-            scores_kind=scores_kind,
-            classes=classes,
-            max_batch=max_batch,
-            decision_threshold=decision_threshold,
-            view=view,
-        )
+    def load(cls, path: str | os.PathLike[str], **options: Unpack[ClassifierOptions]) -> OnnxClassifier:
+        return cls(read_model_file(path), path=str(path), **options)
 
     def _pick_scores(self, scores_output: str | None, scores_kind: ScoresKind) -> tuple[str, ScoresKind]:
         floats = [o for o in self.session.outputs if o.dtype.kind == "f"]

@@ -10,6 +10,7 @@ The HTTP codec (:mod:`agent.protocol.v2`: JSON and the binary tensor extension) 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,6 +206,22 @@ def check_request_id(rid: object, what: str = "'id'") -> str | None:
     return rid
 
 
+def json_nodes(value: object) -> Iterator[object]:
+    """Every node of a decoded JSON value: objects, their keys and values, arrays, their items, scalars.
+
+    Walked with a stack rather than by recursion, so that a deeply nested body cannot exhaust Python's
+    stack; a caller that stops early (a bound crossed) leaves the rest unwalked."""
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        yield item
+
+
 def check_parameters(params: object, what: str = "'parameters'") -> dict[str, Any]:
     """Request or tensor ``parameters`` (``{}`` when absent), refused (413 ``parameters_too_large``) past
     :data:`MAX_PARAMETERS` entries or :data:`MAX_PARAMETER_BYTES` bytes of keys and strings, nested
@@ -218,18 +235,11 @@ def check_parameters(params: object, what: str = "'parameters'") -> dict[str, An
             "parameters_too_large", f"{what} has {len(params)} entries; the limit is {MAX_PARAMETERS}", status=413
         )
     size, items = 0, 0
-    stack: list[object] = [params]
-    while stack:
-        item = stack.pop()
+    for item in json_nodes(params):
         items += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str):
+        if isinstance(item, str):
             size += len(item)
-        else:
+        elif not isinstance(item, dict | list):
             size += 8
         if size > MAX_PARAMETER_BYTES or items > 4 * MAX_PARAMETERS:
             raise ProtocolError(

@@ -37,6 +37,7 @@ from agent.protocol.inference import (
     datatype_of,
     decode_bytes_elements,
     encode_bytes_elements,
+    json_nodes,
     tensor,
 )
 
@@ -118,15 +119,8 @@ def _refuse_lone_surrogates(obj: object) -> None:
     """JSON may escape a lone UTF-16 surrogate (``"\\ud800"``), which no UTF-8 encoder accepts: such a
     string would fail later, in the prediction store, a log line or a metric label, far from the
     request that brought it. Refuse the body here instead (only bodies with such an escape are walked)."""
-    stack: list[object] = [obj]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str):
+    for item in json_nodes(obj):
+        if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:

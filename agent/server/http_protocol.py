@@ -40,6 +40,10 @@ log = logging.getLogger("icos_agent.http")
 #: Seconds between two log records about refused or timed-out connections.
 LOG_INTERVAL = 10.0
 
+#: The deadlines of a connection, by the reason a connection closed by one is counted under.
+HEAD = "header_timeout"
+BODY = "body_timeout"
+
 
 def _refusal(status_line: bytes, message: str, *headers: bytes) -> bytes:
     """A complete HTTP/1.1 answer that closes the connection, with a JSON error like the app's."""
@@ -127,8 +131,8 @@ class _BoundedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.logger = _QuietLogger(self.logger, self.bounds.throttled)  # type: ignore[assignment]
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        #: the armed deadlines (:data:`HEAD`, :data:`BODY`)
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._head_size = 0
         self._head_too_large = False
 
@@ -139,18 +143,18 @@ class _BoundedProtocol(HttpToolsProtocol):
             transport.write(_BUSY)
             transport.close()
             return
-        self._arm_head_timer()
+        self._arm(HEAD, self.bounds.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
-        self._cancel_body_timer()
+        self._cancel(HEAD)
+        self._cancel(BODY)
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_size = 0
-        if self._head_timer is None:  # the next request on a kept-alive connection
-            self._arm_head_timer()
+        if HEAD not in self._deadlines:  # the next request on a kept-alive connection
+            self._arm(HEAD, self.bounds.header_timeout)
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -161,25 +165,30 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._cancel_head_timer()
+        self._cancel(HEAD)
         super().on_headers_complete()
         if self.bounds.body_timeout is not None:
-            self._body_timer = self.loop.call_later(self.bounds.body_timeout, self._body_timeout)
+            self._arm(BODY, self.bounds.body_timeout)
 
     def on_message_complete(self) -> None:
-        self._cancel_body_timer()
+        self._cancel(BODY)
         super().on_message_complete()
 
-    def _cancel_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+    def _arm(self, reason: str, seconds: float) -> None:
+        """Close the connection, counted under ``reason``, unless the phase ends within ``seconds``."""
+        self._cancel(reason)
+        self._deadlines[reason] = self.loop.call_later(seconds, self._expire, reason)
 
-    def _body_timeout(self) -> None:
-        # The app's receive() then reports a disconnect; its request ends without an answer.
-        self._body_timer = None
+    def _cancel(self, reason: str) -> None:
+        timer = self._deadlines.pop(reason, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, reason: str) -> None:
+        # A request under way ends without an answer: the app's receive() then reports a disconnect.
+        del self._deadlines[reason]
         if not self.transport.is_closing():
-            self.bounds.throttled.note("body_timeout")
+            self.bounds.throttled.note(reason)
             self.transport.close()
 
     def _count_head(self, n: int) -> None:
@@ -194,24 +203,9 @@ class _BoundedProtocol(HttpToolsProtocol):
             super().send_400_response(msg)
             return
         self.bounds.throttled.note("max_head_bytes")
-        self._cancel_head_timer()
+        self._cancel(HEAD)
         self.transport.write(self.bounds.too_large)
         self.transport.close()
-
-    def _arm_head_timer(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self.bounds.header_timeout, self._head_timeout)
-
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.bounds.throttled.note("header_timeout")
-            self.transport.close()
 
 
 def bounded_protocol(

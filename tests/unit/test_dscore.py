@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.audits.dscore.masking import insert_region_masks
-from agent.audits.dscore.run import heatmaps_png, run_dscore, run_dscore_separate_sessions
+from agent.audits.dscore.run import heatmaps_png, run_dscore
 from agent.audits.dscore.scores import feature_distribution, g_bound, score, score_from_distributions
 from agent.audits.dscore.translation import (
     augment,
@@ -439,7 +439,9 @@ def test_single_session_equals_separate_sessions_and_label_free() -> None:
     y = np.random.default_rng(6).integers(0, 10, len(x))
     calls: list[tuple[int, int]] = []
     one = run_dscore(model, x, y, batch_size=50, progress=lambda d, t: calls.append((d, t)))
-    many = run_dscore_separate_sessions(model, x, y, batch_size=50)
+    many = run_dscore(model, x, y, batch_size=50, mode="separate_sessions")
+    with pytest.raises(AuditError, match="mode must be one of single_session, separate_sessions"):
+        run_dscore(model, x, y, mode="separate")
     assert one.variant_accuracies == many.variant_accuracies
     assert one.translated_accuracies == many.translated_accuracies
     assert one.base_accuracy == many.base_accuracy

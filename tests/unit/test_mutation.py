@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from agent.audits.mutation.operators import NotApplicable, dec, decimal_parts, dig, imp, mutate, sgn
 from agent.audits.mutation.retrain import ALLOWED_ESTIMATORS, build_estimator, run_retrain_audit
 from agent.audits.mutation.robustness import probability_errors
-from agent.audits.mutation.run import run_mutation_audit
+from agent.audits.mutation.run import MutationPlan, run_mutation_audit
 from agent.audits.report import AuditError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,7 +237,9 @@ def test_mutation_audit_on_shipped_digits_cnn(digits_model_and_data: tuple[objec
     predict = model.predict_proba  # type: ignore[attr-defined]
     calls: list[tuple[int, int]] = []
     k = int(0.05 * x.size)
-    r = run_mutation_audit(predict, x, y, k=k, repetitions=3, seed=11, progress=lambda d, t: calls.append((d, t)))
+    r = run_mutation_audit(
+        predict, x, y, MutationPlan(k=k, repetitions=3, seed=11), progress=lambda d, t: calls.append((d, t))
+    )
     assert r.kind == "mutation" and calls[-1] == (15, 15)
     assert r.metrics["baseline_accuracy"] > 0.9
     for g in ("imp", "sgn", "dig", "all"):
@@ -249,9 +251,11 @@ def test_mutation_audit_on_shipped_digits_cnn(digits_model_and_data: tuple[objec
     assert "not applicable" in r.details["summary"]["DEC"]["note"]
     doc = json.loads(r.to_json())
     assert doc["metrics"]["dec_mae_change_pct_mean"] is None
-    again = run_mutation_audit(predict, x, y, k=k, repetitions=3, seed=11)
+    again = run_mutation_audit(predict, x, y, MutationPlan(k=k, repetitions=3, seed=11))
     assert again.to_json() == r.to_json()
-    free = run_mutation_audit(predict, x, None, k=k, repetitions=1, seed=11, operators=("SGN",))
+    free = run_mutation_audit(predict, x, None, MutationPlan(k=k, repetitions=1, seed=11, operators=("SGN",)))
+    with pytest.raises(AuditError, match="repetitions must be >= 1, got 0"):
+        MutationPlan(k=k, repetitions=0)
     assert free.metrics["baseline_accuracy"] == 1.0 and free.params["label_free"]
 
 
@@ -264,14 +268,16 @@ def _diabetes() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_retrain_audit_regression_linear_vs_forest() -> None:
     train, test = _diabetes()
-    lin = run_retrain_audit({"estimator": "sklearn.linear_model.LinearRegression"}, train, test, "target", k=80)
+    lin = run_retrain_audit(
+        {"estimator": "sklearn.linear_model.LinearRegression"}, train, test, "target", MutationPlan(k=80)
+    )
     assert lin.kind == "mutation_retrain" and lin.params["task"] == "regression"
     assert set(lin.details["baseline"]) == {"mae", "mse", "rmse"}
     assert lin.metrics["all_mae_change_pct_mean"] > 10  # DEC/DIG on scaled features wreck a linear fit
     spec = {"estimator": "sklearn.tree.DecisionTreeRegressor", "params": {"max_depth": 4}}
-    tree = run_retrain_audit(spec, train, test, "target", k=80, repetitions=2, seed=5)
+    tree = run_retrain_audit(spec, train, test, "target", MutationPlan(k=80, repetitions=2, seed=5))
     assert tree.params["estimator_params"] == {"max_depth": 4}
-    again = run_retrain_audit(spec, train, test, "target", k=80, repetitions=2, seed=5)
+    again = run_retrain_audit(spec, train, test, "target", MutationPlan(k=80, repetitions=2, seed=5))
     assert again.metrics == tree.metrics
 
 
@@ -280,7 +286,7 @@ def test_retrain_audit_classification() -> None:
 
     frame = load_iris(as_frame=True).frame.sample(frac=1.0, random_state=0).reset_index(drop=True)
     spec = {"estimator": "sklearn.ensemble.RandomForestClassifier", "params": {"n_estimators": 25, "max_depth": 10}}
-    r = run_retrain_audit(spec, frame.iloc[:100], frame.iloc[100:], "target", k=40, repetitions=2)
+    r = run_retrain_audit(spec, frame.iloc[:100], frame.iloc[100:], "target", MutationPlan(k=40, repetitions=2))
     assert r.params["task"] == "classification"
     assert set(r.details["baseline"]) == {"mae", "mse", "rmse", "accuracy"}
     assert 0 <= r.metrics["baseline_mae"] <= 1

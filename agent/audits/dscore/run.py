@@ -167,6 +167,45 @@ def _check_args(n: int, t: float, batch_size: int) -> None:
         raise AuditError(f"batch_size must be >= 1, got {batch_size}")
 
 
+def _single_session(model_bytes: bytes, masked: MaskedModel, n: int, output_name: str | None) -> RunFn:
+    """One onnxruntime session on the masked graph: the masks are inputs, all ones for the base model."""
+    session = OnnxSession(masked.model_bytes)
+    out = _pick_output(session, output_name)
+    dtype = next(i.dtype for i in session.inputs if i.name == masked.input_name)
+    ones = masked.masks(n, None)
+    variants = [masked.masks(n, i) for i in range(n * n)]
+
+    def run(xb: np.ndarray, region: int | None) -> np.ndarray:
+        feeds = dict(ones if region is None else variants[region])
+        feeds[masked.input_name] = np.ascontiguousarray(xb, dtype=dtype)
+        return session.run(feeds, [out])[0]
+
+    return run
+
+
+def _separate_sessions(model_bytes: bytes, masked: MaskedModel, n: int, output_name: str | None) -> RunFn:
+    """The slow baseline: ``n²`` separately built variant models, one session each, plus the unmodified
+    model for the base and translated passes."""
+    base = OnnxSession(model_bytes)
+    out = _pick_output(base, output_name)
+    in_name = masked.input_name
+    dtype = next(i.dtype for i in base.inputs if i.name == in_name)
+    sessions = [OnnxSession(bake_masks(masked, masked.masks(n, i))) for i in range(n * n)]
+
+    def run(xb: np.ndarray, region: int | None) -> np.ndarray:
+        sess = base if region is None else sessions[region]
+        return sess.run({in_name: np.ascontiguousarray(xb, dtype=dtype)}, [out])[0]
+
+    return run
+
+
+#: How a run evaluates the model and its ``n²`` variants, by the name recorded as the audit's ``mode``.
+MODES: dict[str, Callable[[bytes, MaskedModel, int, str | None], RunFn]] = {
+    "single_session": _single_session,
+    "separate_sessions": _separate_sessions,
+}
+
+
 def run_dscore(
     model_bytes: bytes,
     x: np.ndarray,
@@ -179,79 +218,25 @@ def run_dscore(
     output_name: str | None = None,
     scores_are_logits: bool | None = None,
     progress: ProgressFn | None = None,
+    mode: str = "single_session",
 ) -> DScoreAudit:
     """D-Score of an ONNX CNN on images ``x`` ``[N, C, H, W]`` (labels ``y`` optional).
 
-    One onnxruntime session on the masked graph serves the base model, the ``n²`` variants and
-    the ``n²`` translated test sets: ``2n² + 1`` forward passes over the data in total.
-    ``scores_are_logits`` is recorded (``None`` = detected from the first batch); accuracies use
+    By default (``mode="single_session"``) one onnxruntime session on the masked graph serves the base
+    model, the ``n²`` variants and the ``n²`` translated test sets: ``2n² + 1`` forward passes over the
+    data in total; ``mode="separate_sessions"`` is the slow baseline of :data:`MODES`, with the same
+    results. ``scores_are_logits`` is recorded (``None`` = detected from the first batch); accuracies use
     the arg-max, which softmax does not change.
     """
     _check_args(n, t, batch_size)
+    if mode not in MODES:
+        raise AuditError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     started = time.perf_counter()
     masked = insert_region_masks(model_bytes, input_hw=input_hw)
-    session = OnnxSession(masked.model_bytes)
-    out = _pick_output(session, output_name)
-    dtype = next(i.dtype for i in session.inputs if i.name == masked.input_name)
-    ones = masked.masks(n, None)
-    variants = [masked.masks(n, i) for i in range(n * n)]
-
-    def run(xb: np.ndarray, region: int | None) -> np.ndarray:
-        feeds = dict(ones if region is None else variants[region])
-        feeds[masked.input_name] = np.ascontiguousarray(xb, dtype=dtype)
-        return session.run(feeds, [out])[0]
-
-    return _finish(run, x, y, n, t, batch_size, scores_are_logits, progress, started, "single_session", masked)
-
-
-def run_dscore_separate_sessions(
-    model_bytes: bytes,
-    x: np.ndarray,
-    y: np.ndarray | None = None,
-    *,
-    n: int = 3,
-    t: float = 5,
-    batch_size: int = 256,
-    input_hw: tuple[int, int] | None = None,
-    output_name: str | None = None,
-    scores_are_logits: bool | None = None,
-    progress: ProgressFn | None = None,
-) -> DScoreAudit:
-    """The slow baseline: ``n²`` separately built variant models, one session each, plus the
-    unmodified model for the base and translated passes. Same results as :func:`run_dscore`."""
-    _check_args(n, t, batch_size)
-    started = time.perf_counter()
-    masked = insert_region_masks(model_bytes, input_hw=input_hw)
-    base = OnnxSession(model_bytes)
-    out = _pick_output(base, output_name)
-    in_name = masked.input_name
-    dtype = next(i.dtype for i in base.inputs if i.name == in_name)
-    sessions = [OnnxSession(bake_masks(masked, masked.masks(n, i))) for i in range(n * n)]
-
-    def run(xb: np.ndarray, region: int | None) -> np.ndarray:
-        sess = base if region is None else sessions[region]
-        return sess.run({in_name: np.ascontiguousarray(xb, dtype=dtype)}, [out])[0]
-
-    return _finish(run, x, y, n, t, batch_size, scores_are_logits, progress, started, "separate_sessions", masked)
-
-
-def _finish(
-    run: RunFn,
-    x: np.ndarray,
-    y: np.ndarray | None,
-    n: int,
-    t: float,
-    batch_size: int,
-    scores_are_logits: bool | None,
-    progress: ProgressFn | None,
-    started: float,
-    mode: str,
-    masked: MaskedModel,
-) -> DScoreAudit:
+    run = MODES[mode](model_bytes, masked, n, output_name)
     base, variants, translated, n_classes, logits = _evaluate(
         run, x, y, n=n, t=t, batch_size=batch_size, scores_are_logits=scores_are_logits, progress=progress
     )
-    result = score(base, variants, translated, n_classes)
     return DScoreAudit(
         n=n,
         t=t,
@@ -262,7 +247,7 @@ def _finish(
         base_accuracy=base,
         variant_accuracies=variants,
         translated_accuracies=translated,
-        result=result,
+        result=score(base, variants, translated, n_classes),
         seconds=time.perf_counter() - started,
         mode=mode,
         conv_maps=[{"conv": m.conv, "height": m.height, "width": m.width} for m in masked.slots],

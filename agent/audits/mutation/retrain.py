@@ -5,17 +5,15 @@ table."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from agent.audits.mutation.operators import OPERATORS, cells_to_mutate
 from agent.audits.mutation.robustness import probability_errors, regression_errors, summarise
-from agent.audits.mutation.run import repeat_groups
-from agent.audits.params import DEFAULT_CELL_SHARE
+from agent.audits.mutation.run import MutationPlan
 from agent.audits.report import AuditError, AuditResult, ProgressFn
 from agent.data.limits import DataLimits
 from agent.data.table_files import frames
@@ -87,17 +85,13 @@ def run_retrain_audit(
     train_df: pd.DataFrame,
     test_df: pd.DataFrame,
     target: str,
+    plan: MutationPlan,
     *,
-    k: int | None = None,
-    cell_share: float = DEFAULT_CELL_SHARE,
-    repetitions: int = 5,
-    seed: int = 0,
-    operators: Sequence[str] = OPERATORS,
     progress: ProgressFn | None = None,
 ) -> AuditResult:
-    """The paper's procedure (§4-5): mutate ``k`` predictor cells of the training set (``cell_share``
-    of them when ``k`` is None), retrain,
-    evaluate on the clean test set; repeat, per operator and for all operators together.
+    """The paper's procedure (§4-5): mutate the predictor cells of the training set (``plan``: ``k`` cells,
+    ``cell_share`` of them when ``k`` is None), retrain, evaluate on the clean test set; repeat, per operator
+    and for all operators together.
 
     Regression estimators are scored by MAE/MSE/RMSE of their predictions; classifiers by the
     probabilistic MAE/MSE/RMSE of ``predict_proba`` against one-hot truth, plus accuracy.
@@ -105,8 +99,6 @@ def run_retrain_audit(
     # scikit-learn stays out of start-up until retrain mode runs
     from sklearn.base import clone, is_classifier
 
-    if repetitions < 1:
-        raise AuditError(f"repetitions must be >= 1, got {repetitions}")
     for name, df in (("training", train_df), ("test", test_df)):
         if target not in df.columns:
             raise AuditError(f"target column {target!r} is not in the {name} data")
@@ -121,7 +113,7 @@ def run_retrain_audit(
     ]
     if non_numeric:
         raise AuditError(f"predictor columns must be numeric; not numeric: {non_numeric}")
-    template = build_estimator(spec, seed)
+    template = build_estimator(spec, plan.seed)
     classification = bool(is_classifier(template))
     x_train, y_train = train_df[predictors], train_df[target].to_numpy()
     x_test, y_test = test_df[predictors], test_df[target].to_numpy()
@@ -137,19 +129,12 @@ def run_retrain_audit(
         return regression_errors(est.predict(x_test), y_test)
 
     baseline = evaluate(x_train)
-    ops = tuple(o.upper() for o in operators)
-    given_k = k
-    k = cells_to_mutate(k, cell_share, int(x_train.size))
-    runs = repeat_groups(x_train, k, ops, repetitions, seed, baseline, evaluate, progress)
+    recorded, runs = plan.repeat(x_train, baseline, evaluate, progress)
     params = {
         "estimator": spec.get("estimator"),
         "estimator_params": dict(spec.get("params") or {}),
         "task": "classification" if classification else "regression",
-        "k": k,
-        "cell_share": None if given_k is not None else cell_share,
-        "repetitions": repetitions,
-        "seed": seed,
-        "operators": list(ops),
+        **recorded,
         "n_train": len(train_df),
         "n_test": len(test_df),
         "predictor_cells": int(x_train.size),
@@ -159,7 +144,7 @@ def run_retrain_audit(
         params,
         baseline,
         runs,
-        {"mutated_share_of_cells": k / max(int(x_train.size), 1), "target": target},
+        {"mutated_share_of_cells": recorded["k"] / max(int(x_train.size), 1), "target": target},
     )
 
 

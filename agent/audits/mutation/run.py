@@ -9,6 +9,7 @@ result names the inputs it skipped.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -101,6 +102,44 @@ def repeat_groups(
     return runs
 
 
+@dataclass(frozen=True)
+class MutationPlan:
+    """How a mutation audit mutates, whether the cells are a fixed model's inputs or a training set (retrain
+    mode): ``k`` cells per repetition (``cell_share`` of them when ``k`` is None) by each of ``operators``
+    alone and by all together, ``repetitions`` times from ``seed``."""
+
+    k: int | None = None
+    cell_share: float = DEFAULT_CELL_SHARE
+    repetitions: int = 5
+    seed: int = 0
+    operators: Sequence[str] = OPERATORS
+
+    def __post_init__(self) -> None:
+        if self.repetitions < 1:
+            raise AuditError(f"repetitions must be >= 1, got {self.repetitions}")
+
+    def repeat(
+        self,
+        data: np.ndarray | pd.DataFrame,
+        baseline: dict[str, float],
+        evaluate: Callable[[Any], dict[str, float]],
+        progress: ProgressFn | None,
+    ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        """The runs of :func:`repeat_groups` on ``data``, after the plan as the result records it (``k``
+        counted for ``data``; ``cell_share`` only where it set ``k``)."""
+        ops = tuple(o.upper() for o in self.operators)
+        k = cells_to_mutate(self.k, self.cell_share, int(np.prod(data.shape)))
+        runs = repeat_groups(data, k, ops, self.repetitions, self.seed, baseline, evaluate, progress)
+        recorded = {
+            "k": k,
+            "cell_share": None if self.k is not None else self.cell_share,
+            "repetitions": self.repetitions,
+            "seed": self.seed,
+            "operators": list(ops),
+        }
+        return recorded, runs
+
+
 def _cells_of(
     x: np.ndarray | Inputs, mutable: Sequence[str] | None
 ) -> tuple[Inputs | None, list[str], np.ndarray | pd.DataFrame]:
@@ -128,19 +167,15 @@ def run_mutation_audit(
     predict_proba: PredictProba,
     x: np.ndarray | Inputs,
     y: np.ndarray | None,
+    plan: MutationPlan,
     *,
-    k: int | None = None,
-    cell_share: float = DEFAULT_CELL_SHARE,
-    repetitions: int = 5,
-    seed: int = 0,
-    operators: Sequence[str] = OPERATORS,
     progress: ProgressFn | None = None,
     batch_size: int | None = 1024,
     mutable: Sequence[str] | None = None,
     skipped: Mapping[str, str] | None = None,
 ) -> AuditResult:
-    """Robustness of a fixed classifier to ``k`` mutated cells of its reference inputs ``x``
-    (``cell_share`` of the mutable cells when ``k`` is None).
+    """Robustness of a fixed classifier to the mutated cells of its reference inputs ``x`` (``plan``: ``k``
+    cells, ``cell_share`` of the mutable cells when ``k`` is None).
 
     ``x`` is one numeric array, or a model's :class:`Inputs` of which the ``mutable`` ones (numeric) are
     mutated together as one table (:func:`table_of`); ``skipped`` names the others with their kind, for
@@ -154,29 +189,20 @@ def run_mutation_audit(
     Metric keys: ``baseline_<m>``, ``<group>_<m>_change_pct_mean``/``_std`` with group ``dec``,
     ``imp``, ``sgn``, ``dig`` or ``all`` and m ``mae``, ``mse``, ``rmse``, ``accuracy``.
     """
-    if repetitions < 1:
-        raise AuditError(f"repetitions must be >= 1, got {repetitions}")
     batch, names, data = _cells_of(x, mutable)
     n = batch.n if batch is not None else len(data)
     clean = _predict(predict_proba, batch if batch is not None else data, batch_size)
     truth, baseline = _truth_and_baseline(clean, y, n)
     label_free = y is None
-    ops = tuple(o.upper() for o in operators)
 
     def evaluate(mutated: Any) -> dict[str, float]:
         moved = inputs_of(mutated, batch, names) if batch is not None else mutated
         return probability_errors(_predict(predict_proba, moved, batch_size), truth)
 
     cells = int(np.prod(data.shape))
-    given_k = k
-    k = cells_to_mutate(k, cell_share, cells)
-    runs = repeat_groups(data, k, ops, repetitions, seed, baseline, evaluate, progress)
+    recorded, runs = plan.repeat(data, baseline, evaluate, progress)
     params: dict[str, Any] = {
-        "k": k,
-        "cell_share": None if given_k is not None else cell_share,
-        "repetitions": repetitions,
-        "seed": seed,
-        "operators": list(ops),
+        **recorded,
         "n_samples": n,
         "cells": cells,
         "label_free": label_free,
@@ -194,7 +220,7 @@ def run_mutation_audit(
         {
             "label_free": label_free,
             "error_definition": "mean over N×K of |p - onehot(y)| (MAE), (p - onehot(y))² (MSE); RMSE = sqrt(MSE)",
-            "mutated_share_of_cells": k / max(cells, 1),
+            "mutated_share_of_cells": recorded["k"] / max(cells, 1),
             **extra,
         },
     )
