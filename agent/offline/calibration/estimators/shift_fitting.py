@@ -1,6 +1,26 @@
 """Fitting ``shift_aware``: windows drawn from judged calibration sets, regressions and interval tables,
 and the leave-group-out refits behind the interval, kept whole (regressions and trust model) for the flag
-"this number may be wrong" to be calibrated on kinds of shift its estimate was fitted without."""
+"this number may be wrong" to be calibrated on kinds of shift its estimate was fitted without.
+
+:func:`fit_shift`:
+
+* ``n_windows`` windows (sizes in the plan's ``window_size``) are drawn: one corrupted set, or a mixture of
+  2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
+  shift), a tenth clean; each gives the additive statistics a live window would hold and its
+  true accuracy;
+* three gradient-boosted regressions from window features to accuracy minus the window's mean
+  confidence (the *residual* target): ``full`` (:data:`FULL_FEATURES`, needs the per-sample
+  inputs with the predicted labels), ``inputs`` (:data:`INPUTS_FEATURES`, the same without the
+  labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
+* interval: the corruptions are cut into groups of related ones
+  (:func:`~agent.offline.calibration.corruptions.corruption_groups`: geometry, resolution, photometry,
+  noise and occlusion for images, noise, scale, missing and swapped values for tables; the others in
+  ``folds`` groups); each group is held out, the models are refitted (100 trees at a higher rate, to
+  save time) on the windows without it and evaluated on the windows made only of it (and clean data).
+  The 95% quantiles of those out-of-family errors per predicted-accuracy bin are the interval's
+  model-error term. Each refit, with a trust model of the windows it kept, is returned too
+  (:class:`GroupRefit`).
+"""
 
 from __future__ import annotations
 
@@ -119,24 +139,7 @@ def fit_shift(
     """Fit ``shift_aware`` on windows drawn from the clean calibration split and its corrupted copies
     (``plan``: the windows' count and sizes, the folds; ``n_windows`` and ``folds`` override its
     :attr:`~invariants.fit_params.CalibrationPlan.shift_windows` and ``interval_folds``, 0 folds: no interval
-    and no refits).
-
-    * ``n_windows`` windows (sizes in the plan's ``window_size``) are drawn: one corrupted set, or a mixture of
-      2–3 (sometimes with clean data), a third of them resampled to a random class prior (label
-      shift), a tenth clean; each gives the additive statistics a live window would hold and its
-      true accuracy;
-    * three gradient-boosted regressions from window features to accuracy minus the window's mean
-      confidence (the *residual* target): ``full`` (:data:`FULL_FEATURES`, needs the per-sample
-      inputs with the predicted labels), ``inputs`` (:data:`INPUTS_FEATURES`, the same without the
-      labels) and ``reduced`` (:data:`REDUCED_FEATURES`);
-    * interval: the corruptions are cut into groups of related ones
-      (:func:`~agent.offline.calibration.corruptions.corruption_groups`: geometry, resolution, photometry,
-      noise and occlusion for images, noise, scale, missing and swapped values for tables; the others in
-      ``folds`` groups); each group is held out, the models are refitted (100 trees at a higher rate, to
-      save time) on the windows without it and evaluated on the windows made only of it (and clean data).
-      The 95% quantiles of those out-of-family errors per predicted-accuracy bin are the interval's
-      model-error term. Each refit, with a trust model of the windows it kept, is returned too
-      (:class:`GroupRefit`).
+    and no refits); the method is in the module docstring.
     """
     n_windows = plan.shift_windows if n_windows is None else n_windows
     folds = plan.interval_folds if folds is None else folds
