@@ -122,6 +122,78 @@ def class_report(
     return out
 
 
+def labeled_sections(
+    accuracy: float, none: dict[str, float], confusion: tuple[int, int, int, int], estimates: dict[str, Estimate]
+) -> dict[str, Any]:
+    """``truth``, ``oracle`` and ``abs_error`` of a labeled report, whatever was checked: the accuracy and
+    the labels of none of the classes (:func:`none_of_the_classes`), the oracle's fail against the model's
+    wrong predictions (``confusion``: tp, fp, tn, fn; rates as :func:`invariants.oracle.calibrate` gives
+    them) and every estimate's error."""
+    tp, fp, tn, fn = confusion
+    return {
+        "truth": {"accuracy": accuracy, "none_of_the_classes": none},
+        "oracle": {
+            "tpr": tp / (tp + fn) if tp + fn else 0.0,
+            "fpr": fp / (fp + tn) if fp + tn else 0.0,
+            "f1": 2 * tp / (2 * tp + fn + fp) if tp + fn + fp else 0.0,
+            "tp": tp,
+            "fp": fp,
+            "tn": tn,
+            "fn": fn,
+        },
+        "abs_error": {k: abs(e.value - accuracy) for k, e in estimates.items()},
+    }
+
+
+def _labels_asked(data: Dataset, labels: int) -> None:
+    """``--labels`` reveals labels the data has, at most one per sample."""
+    if labels and data.y is None:
+        raise UserError("--labels reveals true labels of the data: the data has none (give y or --label-column)")
+    if labels < 0 or labels > len(data):
+        raise UserError(f"--labels must be between 1 and the {len(data)} samples of the data; got {labels}")
+
+
+def _window_stats(judged: Judged, cal: EstimatorCalibration) -> WindowStats:
+    """The statistics of the judged batch, as a window of the agent would hold them."""
+    return WindowStats.from_batch(
+        judged.result.verdict,
+        judged.prediction.confidences,
+        cal,
+        probabilities=judged.prediction.probabilities,
+        labels=judged.prediction.predicted,
+        features=judged.features,
+        tdi_rules=judged.tdi_rules,
+    )
+
+
+def _revealed(
+    pred: Prediction, y: np.ndarray | None, stats: WindowStats, labels: int, seed: int
+) -> tuple[WindowStats, np.ndarray | None]:
+    """The statistics with ``labels`` revealed labels joined as a labeling sample would (``with_labels`` is
+    then one estimator among the others), and the samples revealed (None: none)."""
+    if y is None or not labels:
+        return stats, None
+    idx = np.random.default_rng(seed).choice(len(y), size=labels, replace=False)
+    conf = np.asarray(pred.confidences, dtype=np.float64)
+    return stats + WindowStats.of_labeled_sample(conf[idx], (pred.predicted == y)[idx]), idx
+
+
+def _classes(pred: Prediction, classes: Sequence[str], y: np.ndarray | None, idx: np.ndarray | None) -> dict[str, Any]:
+    """``classes`` of the report (:func:`class_report`), and the realized metrics of the revealed labels
+    (``with_labels``) when some were revealed."""
+    out = class_report(pred.probabilities, pred.predicted, classes, y)
+    if y is not None and idx is not None:
+        out["with_labels"] = class_report(pred.probabilities[idx], pred.predicted[idx], classes, y[idx])["realized"]
+    return out
+
+
+def _truth(judged: Judged, y: np.ndarray, estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """The truth, the oracle's quality and every estimate's error on labeled data."""
+    correct = judged.prediction.predicted == y
+    oc = calibrate(judged.result, ~correct)
+    return labeled_sections(float(correct.mean()), none_of_the_classes(y), (oc.tp, oc.fp, oc.tn, oc.fn), estimates)
+
+
 def check_report(
     model: OnnxClassifier,
     bundle: Bundle,
@@ -136,35 +208,18 @@ def check_report(
     ``labels`` > 0 also the label-assisted estimate from that many randomly revealed labels; the
     ``companions``' sections (a challenger's comparison with the model, ``labels`` of its disagreements
     revealed)."""
-    if labels and data.y is None:
-        raise UserError("--labels reveals true labels of the data: the data has none (give y or --label-column)")
-    if labels < 0 or labels > len(data):
-        raise UserError(f"--labels must be between 1 and the {len(data)} samples of the data; got {labels}")
+    _labels_asked(data, labels)
     meta = {k: data.metadata[k] for k in metadata_fields} if metadata_fields else dict(data.metadata)
     judged = judge(model, bundle, data.x, meta)
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
-    stats = WindowStats.from_batch(
-        judged.result.verdict,
-        judged.prediction.confidences,
-        cal,
-        probabilities=judged.prediction.probabilities,
-        labels=judged.prediction.predicted,
-        features=judged.features,
-        tdi_rules=judged.tdi_rules,
-    )
+    stats = _window_stats(judged, cal)
     pred = judged.prediction
     y = label_indices(data.y, model.classes, allow_none=True) if data.y is not None else None
     beside: dict[str, Any] = {}
     champion = (pred, stats, PairedModel(cal, headline_estimator(bundle.headline)))
     for companion in companions:
         beside.update(companion.sections(judge, data.x, meta, champion, model.sha256, y, labels=labels, seed=seed))
-    idx: np.ndarray | None = None
-    if y is not None and labels:
-        # the revealed labels join the statistics as a labeling sample would: with_labels is then one
-        # estimator among the others
-        idx = np.random.default_rng(seed).choice(len(y), size=labels, replace=False)
-        conf = np.asarray(pred.confidences, dtype=np.float64)
-        stats = stats + WindowStats.of_labeled_sample(conf[idx], (pred.predicted == y)[idx])
+    stats, idx = _revealed(pred, y, stats, labels, seed)
     window = estimate_window(stats, cal)
     estimates = window.estimates
     headline = headline_estimator(bundle.headline)
@@ -180,26 +235,10 @@ def check_report(
     for name in (n for n in estimates if n in NEEDS_LABELS):  # the revealed labels' seed with their estimate
         report["estimates"][name]["seed"] = seed
     report.update(flag_sections(window, report["headline"], cal))
-    report["classes"] = class_report(pred.probabilities, pred.predicted, model.classes, y)
+    report["classes"] = _classes(pred, model.classes, y, idx)
     report.update(beside)
     if y is not None:
-        correct = pred.predicted == y
-        if idx is not None:
-            sampled = class_report(pred.probabilities[idx], pred.predicted[idx], model.classes, y[idx])
-            report["classes"]["with_labels"] = sampled["realized"]
-        accuracy = float(correct.mean())
-        oc = calibrate(judged.result, ~correct)
-        report["truth"] = {"accuracy": accuracy, "none_of_the_classes": none_of_the_classes(y)}
-        report["oracle"] = {
-            "tpr": oc.tpr,
-            "fpr": oc.fpr,
-            "f1": oc.f1,
-            "tp": oc.tp,
-            "fp": oc.fp,
-            "tn": oc.tn,
-            "fn": oc.fn,
-        }
-        report["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+        report.update(_truth(judged, y, estimates))
     report.update(_segments(judged, stats, cal, estimates, y, idx))
     return report
 

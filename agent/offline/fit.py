@@ -3,11 +3,10 @@ fitted and written as a bundle, in stages (:mod:`agent.offline.fit_stages`) time
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -19,38 +18,24 @@ from agent.estimation.estimators.trust import MIN_CALIBRATION_ERRORS
 from agent.estimation.pairs.calibration import PairCalibration
 from agent.model.classifier import OnnxClassifier
 from agent.offline.data_advice import ValidationAdvice, validation_advice
-from agent.offline.fit_pair import pair_of_model, pair_of_table
-from agent.offline.fit_progress import FitMeter, fit_meter
-from agent.offline.fit_stages import (
-    ModelFitInputs,
-    Written,
-    calibrate_model,
-    calibrate_table,
-    choose_headline_of,
-    fit_the_flag,
-    fit_the_oracle,
-    model_report,
-    read_model_data,
-    read_table_data,
-    segment_model,
-    segment_table,
-    table_report,
-)
+from agent.offline.fit_progress import fit_meter
+from agent.offline.fit_source import FitSource
+from agent.offline.fit_source_model import ModelFitSource
+from agent.offline.fit_source_table import TableFitSource
+from agent.offline.fit_stages import FIT_STAGES, stages_of
 from invariants.bundle import Bundle
 from invariants.fit_params import CalibrationPlan, FitParams
 
 Progress = Callable[[str], None]
 
 #: The stages of a fit, in order: what :attr:`FitReport.stage_seconds` times.
-STAGES = ("read", "oracle", "calibrate", "segments", "headline", "flag", "write")
-#: The stage a challenger fitted with its champion runs last (``fit --champion``).
-PAIR_STAGE = "pair"
+STAGES = FIT_STAGES.names
 
 
 @dataclass(frozen=True)
 class FitReport:
     """A fitted bundle, its estimators' calibration, the figures ``fit`` prints, and the seconds each stage
-    took (:data:`STAGES`)."""
+    took (:data:`STAGES`, and ``pair`` last with a champion)."""
 
     bundle: Bundle
     calibration: EstimatorCalibration
@@ -66,51 +51,26 @@ class FitReport:
     validation: ValidationAdvice | None = None
 
 
-_R = TypeVar("_R")
-
-
-def _stages(with_pair: bool) -> tuple[str, ...]:
-    """The stages a fit runs: :data:`STAGES`, and :data:`PAIR_STAGE` last when a champion is given."""
-    return (*STAGES, PAIR_STAGE) if with_pair else STAGES
-
-
-class _Clock:
-    """Runs the stages of one fit, keeps the seconds each took and moves the fit's progress bar
-    (:mod:`agent.offline.fit_progress`) as they go."""
-
-    def __init__(self, meter: FitMeter) -> None:
-        self.seconds: dict[str, float] = {}
-        self.meter = meter
-
-    def run(self, stage: str, fn: Callable[..., _R], *args: Any) -> _R:
-        started = time.perf_counter()
-        self.meter.begin(stage)
-        out = fn(*args)
-        self.meter.end()
-        self.seconds[stage] = round(time.perf_counter() - started, 3)
-        return out
-
-    def report(
-        self,
-        written: Written,
-        calibration: EstimatorCalibration,
-        params: FitParams,
-        pair: PairCalibration | None = None,
-    ) -> FitReport:
-        if pair is not None:
-            written.bundle.pair = pair.to_dict()
-        return FitReport(
-            bundle=written.bundle,
-            calibration=calibration,
-            train_accuracy=written.train_accuracy,
-            val_accuracy=written.val_accuracy,
-            n_rules=written.n_rules,
-            n_selected=written.n_selected,
-            coverage=written.coverage,
-            stage_seconds=dict(self.seconds),
-            pair=pair,
-            validation=validation_advice(written.val_n, written.val_wrong, params.calibration_fraction),
-        )
+def fit_source(source: FitSource[Any], progress: Progress | None = None) -> FitReport:
+    """Run the stages of a fit of ``source`` (:func:`~agent.offline.fit_stages.stages_of`) under one progress
+    bar, timing each."""
+    say = progress or (lambda _m: None)
+    stages = stages_of(source)
+    with fit_meter(stages.names) as meter:
+        done, seconds = stages.run(source, say, meter)
+    written = done.written
+    return FitReport(
+        bundle=written.bundle,
+        calibration=done.chosen.calibration,
+        train_accuracy=written.train_accuracy,
+        val_accuracy=written.val_accuracy,
+        n_rules=written.n_rules,
+        n_selected=written.n_selected,
+        coverage=written.coverage,
+        stage_seconds=seconds,
+        pair=done.pair,
+        validation=validation_advice(written.val_n, written.val_wrong, source.params.calibration_fraction),
+    )
 
 
 def fit_bundle(
@@ -133,19 +93,8 @@ def fit_bundle(
     the model's inputs, recorded in the bundle; ``champion``: the model this one is a challenger of, the
     comparison with it calibrated (the ``pair`` stage) and recorded in the bundle.
     """
-    say = progress or (lambda _m: None)
-    inputs = ModelFitInputs(model, train, val, idi_path, params, plan, preprocess)
-    with fit_meter(_stages(champion is not None)) as meter:
-        clock = _Clock(meter)
-        data = clock.run("read", read_model_data, inputs, say)
-        oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
-        calibrated = clock.run("calibrate", calibrate_model, inputs, data, oracle, say)
-        calibrated = clock.run("segments", segment_model, inputs, data, oracle, calibrated, say)
-        chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
-        chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
-        written = clock.run("write", model_report, inputs, data, oracle, chosen)
-        pair = clock.run(PAIR_STAGE, pair_of_model, inputs, data, champion, say) if champion is not None else None
-    return clock.report(written, chosen.calibration, params, pair)
+    source = ModelFitSource(model, train, val, idi_path, params, plan, preprocess, champion)
+    return fit_source(source, progress)
 
 
 def fit_table_bundle(
@@ -163,22 +112,8 @@ def fit_table_bundle(
     fit, without ``shift_aware`` (it needs the model); see :mod:`agent.offline.tables`.
     ``champion_probabilities`` (a champion's probabilities of the same rows): the comparison with it is
     calibrated too (the ``pair`` stage)."""
-    say = progress or (lambda _m: None)
-    with fit_meter(_stages(champion_probabilities is not None)) as meter:
-        clock = _Clock(meter)
-        data = clock.run("read", read_table_data, ref, columns, classes, params, idi_path, say)
-        oracle = clock.run("oracle", fit_the_oracle, data.oracle_data, params, say)
-        calibrated = clock.run("calibrate", calibrate_table, data, oracle)
-        calibrated = clock.run("segments", segment_table, data, oracle, calibrated, params, plan, say)
-        chosen = clock.run("headline", choose_headline_of, calibrated, oracle, params, plan, say)
-        chosen = clock.run("flag", fit_the_flag, data.oracle_data, oracle, calibrated, chosen, params, plan, say)
-        written = clock.run("write", table_report, data, columns, params, oracle, chosen)
-        pair = (
-            clock.run(PAIR_STAGE, pair_of_table, ref, champion_probabilities, data.y, params, plan)
-            if champion_probabilities is not None
-            else None
-        )
-    return clock.report(written, chosen.calibration, params, pair)
+    source = TableFitSource(ref, columns, classes, idi_path, params, plan, champion_probabilities)
+    return fit_source(source, progress)
 
 
 def fit_warnings(calibration: EstimatorCalibration, validation: ValidationAdvice | None = None) -> list[str]:

@@ -15,7 +15,6 @@ from agent.estimation.pairs.calibration import PairCalibration
 from agent.model.classifier import OnnxClassifier, predicted_classes_of
 from agent.model.inputs import Inputs
 from agent.offline.calibration.pairs.fitting import PairedSet, fit_pair, paired_sets
-from agent.offline.fit_stages import ModelData, ModelFitInputs
 from agent.offline.viewing import LazySource, subset
 from invariants.fit_params import CalibrationPlan, FitParams
 
@@ -30,20 +29,29 @@ def _in_memory(x: Inputs | LazySource, k: int, rng: np.random.Generator) -> tupl
     return x.take(rows), rows
 
 
-def pair_of_model(inputs: ModelFitInputs, data: ModelData, champion: OnnxClassifier, say: Progress) -> PairCalibration:
+def pair_of_model(
+    model: OnnxClassifier,
+    champion: OnnxClassifier,
+    val_x: Inputs | LazySource,
+    train_x: Inputs | LazySource,
+    val_y: np.ndarray,
+    params: FitParams,
+    plan: CalibrationPlan,
+    say: Progress,
+) -> PairCalibration:
     """Both models on the validation split and its corrupted copies (image files: a sample of both sets, as
-    ``shift_aware``'s calibration takes), the pair fitted on them."""
-    params, plan = inputs.params, inputs.plan
+    ``shift_aware``'s calibration takes), the pair fitted on them; ``model`` reads the fit's view and
+    threshold, ``val_y`` are the validation set's class indices."""
     rng = np.random.default_rng(params.seed)
-    val_x, rows = _in_memory(data.val_x, plan.lazy_calibration, rng)
-    train_x, _ = _in_memory(data.train_x, plan.lazy_train_sample, rng)
+    val_in, rows = _in_memory(val_x, plan.lazy_calibration, rng)
+    train_in, _ = _in_memory(train_x, plan.lazy_train_sample, rng)
     say(f"calibrating the comparison with the champion on {len(rows)} validation rows and corrupted copies")
     clean, copies = paired_sets(
         champion,
-        data.model,
-        val_x,
-        data.oracle_data.val_y[rows],
-        train_x,
+        model,
+        val_in,
+        val_y[rows],
+        train_in,
         n_sets=params.shift_sets,
         seed=params.seed,
     )

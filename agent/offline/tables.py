@@ -41,6 +41,7 @@ from agent.estimation.segments.segmentation import truth_counts
 from agent.estimation.segments.table import segment_table
 from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
+from agent.offline.check import labeled_sections
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import VERDICTS
@@ -148,22 +149,9 @@ class _Tally:
             assert self.revealed is not None
             out["estimates"][name].update(n_labels=self.revealed.size, seed=self.revealed.seed)
         if self.labeled and self.labeled == self.n:
-            accuracy = self.correct / self.labeled
+            none = {"n": self.none, "share": self.none / self.labeled}
             tp, fp, tn, fn = (int(v) for v in self.confusion)
-            out["truth"] = {
-                "accuracy": accuracy,
-                "none_of_the_classes": {"n": self.none, "share": self.none / self.labeled},
-            }
-            out["oracle"] = {
-                "tpr": tp / (tp + fn) if tp + fn else 0.0,
-                "fpr": fp / (fp + tn) if fp + tn else 0.0,
-                "f1": 2 * tp / (2 * tp + fn + fp) if tp + fn + fp else 0.0,
-                "tp": tp,
-                "fp": fp,
-                "tn": tn,
-                "fn": fn,
-            }
-            out["abs_error"] = {k: abs(e.value - accuracy) for k, e in estimates.items()}
+            out.update(labeled_sections(self.correct / self.labeled, none, (tp, fp, tn, fn), estimates))
         out.update(self.segments(calibration, estimates))
         return out
 
@@ -234,6 +222,101 @@ def _labeled(
     return wrong, none, truth
 
 
+def _asked(chunk_rows: int | None, labels: int, columns: TableColumns) -> None:
+    """The chunks and revealed labels asked of ``check`` are possible."""
+    if chunk_rows is not None and chunk_rows < 1:
+        raise UserError("--chunk-size must be at least 1 row")
+    if labels < 0:
+        raise UserError("--labels must be 0 or more")
+    if labels and columns.label is None:
+        raise UserError("--labels reveals true labels of the data: the table has no label column (--label-column)")
+
+
+@dataclass(frozen=True)
+class _TableCheck:
+    """What judges a production table's batches: the bundle, its compiled oracle and estimators'
+    calibration, and the file (named in the user's mistakes)."""
+
+    bundle: Bundle
+    oracle: CompiledOracle
+    cal: EstimatorCalibration
+    path: str | Path
+
+    def part(self, part: TableBatch) -> _JudgedPart:
+        """One batch judged: its statistics, verdicts, labels and top-class probabilities."""
+        n_classes = len(self.bundle.classes)
+        if part.probabilities.shape[1] != n_classes:
+            raise UserError(
+                f"{self.path}: {part.probabilities.shape[1]} classes of probabilities; the bundle has {n_classes}"
+            )
+        predicted = predicted_classes_of(part.probabilities, self.bundle.decision_threshold)
+        result, rules = self.oracle.judge_with_rules(
+            part.x,
+            part.probabilities,
+            predicted,
+            metadata=part.metadata or None,
+            feature_names=self.bundle.feature_names,
+        )
+        verdicts = np.asarray(result.verdict, dtype=np.int8)
+        conf = label_confidences(part.probabilities, predicted)
+        stats = WindowStats.from_batch(
+            verdicts,
+            conf,
+            self.cal,
+            probabilities=part.probabilities,
+            labels=predicted,
+            features=part.x,
+            tdi_rules=rules,
+        )
+        wrong, none, truth = _labeled(part, self.bundle, self.cal, predicted, rules)
+        return _JudgedPart(stats, verdicts, wrong, none, truth, conf)
+
+
+@dataclass(frozen=True)
+class _JudgedPart:
+    """A judged batch: what its tallies add up (:meth:`_Tally.add`), and its top-class probabilities (what
+    the revealed labels keep)."""
+
+    stats: WindowStats
+    verdicts: np.ndarray
+    wrong: np.ndarray | None
+    none: int
+    truth: tuple[list[int], list[int]] | None
+    conf: np.ndarray
+
+    def into(self, tally: _Tally) -> None:
+        tally.add(self.stats, self.verdicts, self.wrong, self.none, self.truth)
+
+
+def _tallied(
+    judge: _TableCheck,
+    batches: Iterator[TableBatch],
+    chunk_rows: int | None,
+    labels: int,
+    seed: int,
+) -> tuple[_Tally, list[_Tally]]:
+    """The whole table's tally and each chunk's (none without ``chunk_rows``), their revealed labels drawn."""
+    total = _Tally(revealed=_Reservoir(labels, seed, 0) if labels else None)
+    chunks: list[_Tally] = []
+    for new_chunk, part in _slices(batches, chunk_rows):
+        judged = judge.part(part)
+        judged.into(total)
+        if chunk_rows is not None:
+            if new_chunk:
+                revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
+                chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
+            judged.into(chunks[-1])
+        if labels:
+            if judged.wrong is None:
+                raise UserError(f"{judge.path}: --labels needs every row labeled; a batch has no labels")
+            for tally in (total, *chunks[-1:]):
+                assert tally.revealed is not None
+                tally.revealed.add(judged.conf, ~judged.wrong)
+    if total.stats is None:
+        raise UserError(f"{judge.path}: the table has no rows")
+    return total, chunks
+
+
 def check_table_report(
     bundle: Bundle,
     path: str | Path,
@@ -251,54 +334,12 @@ def check_table_report(
     columns and rows and one batch's bytes, not the file's length. ``labels`` > 0 reveals that many true
     labels, drawn uniformly (seeded by ``seed``) from the whole table and, separately, from each chunk, and
     reports the label-assisted estimate ``with_labels`` from them (prediction-powered inference)."""
-    if chunk_rows is not None and chunk_rows < 1:
-        raise UserError("--chunk-size must be at least 1 row")
-    if labels < 0:
-        raise UserError("--labels must be 0 or more")
-    if labels and columns.label is None:
-        raise UserError("--labels reveals true labels of the data: the table has no label column (--label-column)")
+    _asked(chunk_rows, labels, columns)
     cal = EstimatorCalibration.from_dict(bundle.estimator_calibration)
-    n_classes = len(bundle.classes)
-    oracle = CompiledOracle(bundle.oracle(), len(columns.features), n_classes)
+    judge = _TableCheck(bundle, CompiledOracle(bundle.oracle(), len(columns.features), len(bundle.classes)), cal, path)
     headline = headline_estimator(bundle.headline, with_model=False)
-    total = _Tally(revealed=_Reservoir(labels, seed, 0) if labels else None)
-    chunks: list[_Tally] = []
     batches = iter_table(path, columns, batch_rows=batch_rows, desc="check", limits=limits)
-    for new_chunk, part in _slices(batches, chunk_rows):
-        if part.probabilities.shape[1] != n_classes:
-            raise UserError(
-                f"{path}: {part.probabilities.shape[1]} classes of probabilities; the bundle has {n_classes}"
-            )
-        predicted = predicted_classes_of(part.probabilities, bundle.decision_threshold)
-        result, rules = oracle.judge_with_rules(
-            part.x, part.probabilities, predicted, metadata=part.metadata or None, feature_names=bundle.feature_names
-        )
-        verdicts = np.asarray(result.verdict, dtype=np.int8)
-        stats = WindowStats.from_batch(
-            verdicts,
-            label_confidences(part.probabilities, predicted),
-            cal,
-            probabilities=part.probabilities,
-            labels=predicted,
-            features=part.x,
-            tdi_rules=rules,
-        )
-        wrong, none, truth = _labeled(part, bundle, cal, predicted, rules)
-        total.add(stats, verdicts, wrong, none, truth)
-        if chunk_rows is not None:
-            if new_chunk:
-                revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
-                chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
-            chunks[-1].add(stats, verdicts, wrong, none, truth)
-        if labels:
-            if wrong is None:
-                raise UserError(f"{path}: --labels needs every row labeled; a batch has no labels")
-            conf = label_confidences(part.probabilities, predicted)
-            for tally in (total, *chunks[-1:]):
-                assert tally.revealed is not None
-                tally.revealed.add(conf, ~wrong)
-    if total.stats is None:
-        raise UserError(f"{path}: the table has no rows")
+    total, chunks = _tallied(judge, batches, chunk_rows, labels, seed)
     report = {
         "n": total.n,
         "model": {"table": bundle.table.to_dict() if bundle.table else None, "sha256": bundle.model_sha256},

@@ -141,16 +141,11 @@ def fit_shift(
     :attr:`~invariants.fit_params.CalibrationPlan.shift_windows` and ``interval_folds``, 0 folds: no interval
     and no refits); the method is in the module docstring.
     """
-    n_windows = plan.shift_windows if n_windows is None else n_windows
     folds = plan.interval_folds if folds is None else folds
     sets = [clean, *shifted]
     rng = np.random.default_rng(seed)
-    windows = _window_plan(sets, n_windows, rng, plan.window_size)
-    rows = [_plan_features(sets, w, reference) for w in windows]
-    y = np.asarray(
-        [float(np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in w]).mean()) for w in windows]
-    )
-    designs = {k: np.asarray([r[j] for r in rows]) for j, k in enumerate(("full", "inputs", "reduced"))}
+    windows = _window_plan(sets, plan.shift_windows if n_windows is None else n_windows, rng, plan.window_size)
+    designs, y = _window_designs(sets, windows, reference)
     # residual target: what the trees learn is how far accuracy falls below (or rises above) the
     # mean confidence, so a window unlike any calibration window keeps the confidence's estimate
     # plus the correction of its nearest calibration windows instead of their absolute accuracy
@@ -160,10 +155,36 @@ def fit_shift(
     fams = [{sets[k].name for k, _ in w} for w in windows]
     groups = [set(g) for g in corruption_groups(families, folds)] if folds else []
     held_out = _held_out_errors(designs, y, base, fams, groups, clean.name, plan.min_interval_windows, seed)
-    q = {k: _interval_table(*held_out.errors[k]) for k in designs}
     clean_part = _clean_windows(clean, reference, plan, rng)
     trust = _fit_trust(clean, designs, y, clean_part, plan, rng)
-    calibration = ShiftCalibration(
+    calibration = _shift_calibration(models, held_out, reference, tuple(families), trust)
+    refits = tuple(_group_refit(calibration, r, clean, designs, y, clean_part, plan, rng) for r in held_out.refits)
+    return ShiftFit(calibration, refits)
+
+
+def _window_designs(
+    sets: list[JudgedSet], windows: list[list[tuple[int, np.ndarray]]], reference: InputReference
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The drawn windows' features for each regression (``full``, ``inputs``, ``reduced``) and their true
+    accuracies."""
+    rows = [_plan_features(sets, w, reference) for w in windows]
+    y = np.asarray(
+        [float(np.concatenate([np.asarray(sets[k].correct, bool)[i] for k, i in w]).mean()) for w in windows]
+    )
+    return {k: np.asarray([r[j] for r in rows]) for j, k in enumerate(("full", "inputs", "reduced"))}, y
+
+
+def _shift_calibration(
+    models: dict[str, TreeEnsemble],
+    held_out: _HeldOut,
+    reference: InputReference,
+    families: tuple[str, ...],
+    trust: TrustModel,
+) -> ShiftCalibration:
+    """``shift_aware``'s calibration: the regressions, and the interval of their held-out errors."""
+    q = {k: _interval_table(*held_out.errors[k]) for k in models}
+    full_errors = held_out.errors["full"][1]
+    return ShiftCalibration(
         full=models["full"],
         inputs=models["inputs"],
         reduced=models["reduced"],
@@ -172,13 +193,11 @@ def fit_shift(
         q_inputs=q["inputs"],
         q_reduced=q["reduced"],
         reference=reference,
-        families=tuple(families),
-        lofo_mae=float(np.mean(np.abs(held_out.errors["full"][1]))) if len(held_out.errors["full"][1]) else 0.0,
+        families=families,
+        lofo_mae=float(np.mean(np.abs(full_errors))) if len(full_errors) else 0.0,
         target="residual",
         trust=trust,
     )
-    refits = tuple(_group_refit(calibration, r, clean, designs, y, clean_part, plan, rng) for r in held_out.refits)
-    return ShiftFit(calibration, refits)
 
 
 def _group_refit(
