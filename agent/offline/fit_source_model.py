@@ -232,7 +232,8 @@ class ModelFitSource(FitSource[ModelData]):
         return sets, rows
 
     def view_shape(self, data: ModelData) -> ViewShape:
-        """The view's table columns, or regions of it (:func:`~agent.offline.calibration.segments.data.column_groups`)."""
+        """The view's table columns, or regions of it
+        (:func:`~agent.offline.calibration.segments.data.column_groups`)."""
         return column_groups(data.view, data.model.signature, data.oracle_data.feature_names)
 
     def bundle(self, data: ModelData, parts: FittedParts) -> Bundle:
