@@ -47,7 +47,7 @@ from agent.estimation.active import spread_probabilities, uncertainty
 from agent.judging.recorder import JudgedBatch
 from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch
-from agent.labels.segment_labels import LabeledSegments
+from agent.labels.segment_labels import SampleSegmentLabels
 from agent.labels.store import PredictionStore
 from agent.labels.strata_draws import StratifiedDraws
 from agent.model.classifier import label_confidences
@@ -149,7 +149,7 @@ class LabelingSample:
         #: stratified draws' learnt allocation (``labels.sampling: stratified``; needs ``budget``)
         self.strata = strata
         #: the sample's labels by segment (every segment's realized accuracy in a window)
-        self.segment_labels = LabeledSegments()
+        self.segment_labels = SampleSegmentLabels()
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()  # drawn from OS entropy, never from the request
