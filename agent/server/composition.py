@@ -168,7 +168,7 @@ class Agent:
             self.run,
             on_accepted=self.realized.add_accepted,
             on_labeled=self._on_labeled,
-            worth=self.sample.strata.worth if self.sample.strata is not None else None,
+            worth=self.sample.draw_policy.worth_of(),
         )
         self.labels = LabelService(
             s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
