@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.config.settings import AgentSettings
 from agent.core import logs
+from agent.core.tasks import cancel_all
 from agent.dataplane.observe import (
     REQUEST,
     EventPairer,
@@ -185,12 +186,7 @@ class ObserveIntake:
         self.accepting = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.queue.join(), timeout=self.settings.server.graceful_timeout_seconds)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         if store is None:
             return
         left = 0
