@@ -1,21 +1,26 @@
 """The ``labels`` settings of the labeling sample's draws (part of :class:`agent.config.labels.LabelsConfig`):
-uniform or active sampling, and the budget of labels per window (:mod:`agent.labels.sample`)."""
+uniform, active or stratified draws (each a policy of :mod:`agent.labels.draw_policies`), and the budget of
+labels per window (:mod:`agent.labels.sample`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
 from agent.config.section import Section
 from agent.core.durations import parse_duration
 
+#: The labeling designs: each is one draw policy of :mod:`agent.labels.draw_policies`, registered by this value.
+Sampling = Literal["active", "stratified", "uniform"]
+SAMPLINGS: tuple[Sampling, ...] = get_args(Sampling)
+
 
 class LabelSampling(Section):
     """How predictions are drawn into the labeling sample (``labels.sample_rate`` stays with the other
     ``labels`` settings: it predates the choice)."""
 
-    sampling: Literal["active", "stratified", "uniform"] | None = None
+    sampling: Sampling | None = None
     """how predictions are drawn into the labeling sample: `active` (each with a probability growing with the
     bundle's predicted uncertainty that it is correct, `labels.per_window` expected per `labels.budget_window`;
     every label weighted by its inverse probability), `stratified` (as `active`, the probability growing with
@@ -43,6 +48,11 @@ class LabelSampling(Section):
         if self.sampling is None:
             self.sampling = "uniform" if "sample_rate" in self.model_fields_set else "active"
         return self
+
+    @property
+    def design(self) -> Sampling:
+        """``sampling`` as the validation settled it (never null)."""
+        return "active" if self.sampling is None else self.sampling
 
     @property
     def budget_seconds(self) -> float:

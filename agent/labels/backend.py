@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent.errors import Unavailable
+from agent.labels.eviction import Retention
 from agent.labels.kept_inputs import KeptInput, KeptMap
 from agent.labels.rows import (
     CorruptRow,
@@ -45,6 +46,20 @@ class StoreUnavailable(Unavailable):
 class StoreUnreachable(StoreUnavailable):
     """The store's database cannot be reached now (a network database down or slow): a write is kept
     queued and tried again rather than dropped."""
+
+
+class BackendCounts:
+    """What both backends keep alike: the store's bounds, where failures are counted, and the running counts of
+    stored predictions and labels (what :meth:`counts` answers without a query)."""
+
+    def __init__(self, max_predictions: int, max_age_seconds: float, on_error: Callable[[str], None]) -> None:
+        self.retention = Retention(max_predictions, max_age_seconds)
+        self.on_error = on_error
+        self.rows = 0
+        self.labeled = 0
+
+    def counts(self) -> tuple[int, int]:
+        return self.rows, self.labeled
 
 
 class StoreBackend(Protocol):

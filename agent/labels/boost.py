@@ -54,8 +54,8 @@ class BudgetBoost:
 
     @property
     def active(self) -> bool:
-        """Whether boosting can change anything: active sampling (a uniform rate knows no boost)."""
-        return self.sample.budget is not None
+        """Whether boosting can change anything: a budgeted draw policy (a uniform rate knows no boost)."""
+        return self.sample.draw_policy.boostable
 
     def check(self) -> bool:
         """Look at the windows now; boost when one is outside the calibrated range. True when boosted."""

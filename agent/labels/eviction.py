@@ -81,9 +81,14 @@ class EvictionStatements:
         return f"UPDATE {self.requests} SET lo = {self.mark} WHERE seq = {self.mark}"
 
 
+def _deleted(conn: Executes, statement: str, params: tuple[Any, ...]) -> int:
+    """The rows ``statement`` deleted (a driver that cannot tell says -1: counted as none)."""
+    return max(int(conn.execute(statement, params).rowcount), 0)
+
+
 def evict_older(conn: Executes, sql: EvictionStatements, cutoff: float) -> Evicted:
     """Delete the requests made before ``cutoff`` and their labels."""
-    labels = max(int(conn.execute(sql.older_labels(), (cutoff,)).rowcount), 0)
+    labels = _deleted(conn, sql.older_labels(), (cutoff,))
     gone = conn.execute(sql.older_requests(), (cutoff,)).fetchall()
     return Evicted(sum(int(n) for (n,) in gone), labels)
 
@@ -109,11 +114,11 @@ def evict_oldest(conn: Executes, sql: EvictionStatements, excess: int) -> Evicte
         after = int(page[-1][0])
     labels = 0
     if whole_upto is not None:
-        labels += max(int(conn.execute(sql.whole_labels(), (whole_upto,)).rowcount), 0)
+        labels += _deleted(conn, sql.whole_labels(), (whole_upto,))
         conn.execute(sql.whole_requests(), (whole_upto,))
     if cut is not None:
         seq, lo = cut
-        labels += max(int(conn.execute(sql.cut_labels(), (seq, lo)).rowcount), 0)
+        labels += _deleted(conn, sql.cut_labels(), (seq, lo))
         conn.execute(sql.cut_request(), (lo, seq))
     return Evicted(excess - left, labels)
 

@@ -4,7 +4,7 @@ labeling sample, and the labeled sums of each time window (:mod:`agent.estimatio
 Agreements need no label (the two versions are both right or both wrong there), so the challenger asks the
 labeling sample to draw every disagreement with at least the probability that meets
 ``challenger.labels_per_window`` per ``labels.budget_window`` (:meth:`DisagreementDraws.preference`: the
-traffic's disagreement rate smoothed as :class:`~agent.labels.sample.ActiveBudget` smooths the traffic's).
+traffic's disagreement rate smoothed as :class:`~agent.labels.active_draws.ActiveBudget` smooths the traffic's).
 The sample draws each prediction once, with the larger of that and its own probability, and stores it; the
 drawn disagreements are remembered here (their time, both predicted classes, ``g = q_B − q_A`` and the
 probability they were drawn with), bounded in count and age. A label that the store accepts for one of them
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.estimation.pairs.paired import PairSums
+from agent.labels.active_draws import ActiveBudget
 from agent.labels.rows import LabelOutcome
-from agent.labels.sample import ActiveBudget
 
 
 @dataclass

@@ -34,13 +34,14 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from agent.labels.backend import (
     SAMPLE_PAGE,
+    BackendCounts,
     StoreUnavailable,
     StoreUnreachable,
     join_labels,
     label_filter,
     unlabeled_sample,
 )
-from agent.labels.eviction import Evicted, EvictionStatements, Retention, evict
+from agent.labels.eviction import Evicted, EvictionStatements, evict
 from agent.labels.kept_inputs import EVICT_OLDEST, KeptInput, KeptMap
 from agent.labels.rows import (
     LabeledRows,
@@ -156,7 +157,7 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
     return found
 
 
-class PostgresBackend:
+class PostgresBackend(BackendCounts):
     """The tables in the PostgreSQL database at ``url`` (see the module docstring)."""
 
     shared = True
@@ -172,18 +173,15 @@ class PostgresBackend:
         evict_interval: float = EVICT_INTERVAL_SECONDS,
         on_error: Callable[[str], None] = lambda _op: None,
     ) -> None:
+        super().__init__(max_predictions, max_age_seconds, on_error)
         self._url = url
-        self.retention = Retention(max_predictions, max_age_seconds)
         self.pool_size = pool_size
         self.evict_interval = evict_interval
-        self.on_error = on_error
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._schema_ready = False
         self._schema_lock = threading.Lock()
         self._last_evict = float("-inf")
         self._writer = f"{uuid.uuid4().hex[:16]}"  # this process's row of icos_store_counts
-        self.rows = 0
-        self.labeled = 0
 
     @property
     def location(self) -> str | None:
@@ -347,9 +345,6 @@ class PostgresBackend:
             ).fetchone()
         if row is not None:
             self.rows, self.labeled = int(row[0]), int(row[1])
-
-    def counts(self) -> tuple[int, int]:
-        return self.rows, self.labeled
 
     # -- labels ----------------------------------------------------------------------------------
     def apply_labels(

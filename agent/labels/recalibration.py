@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent.config.settings import LabelsConfig
+from agent.core.tasks import cancel_all
 from agent.errors import ClientError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.judging.runtime import Runtime
@@ -239,9 +240,4 @@ class Recalibrator:
             log.exception("automatic recalibration failed")
 
     async def stop(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)

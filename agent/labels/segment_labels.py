@@ -2,7 +2,7 @@
 in ``GET /v1/estimates`` (:mod:`agent.estimation.segments.realized`).
 
 The prediction store keeps no segment numbers (a prediction's segments need the feature view, which is not
-stored), so :class:`LabeledSegments` remembers, in memory, each prediction drawn into the labeling sample
+stored), so :class:`SampleSegmentLabels` remembers, in memory, each prediction drawn into the labeling sample
 with its segments, time and predicted class by its id (at most :data:`MAX_DRAWN`, the oldest forgotten
 first), and each labeled one (at most :data:`MAX_LABELED`) once its label comes through the label intake,
 with the weight ``1/π`` of its draw (1 under uniform draws). A window's realized figures per segment are
@@ -28,7 +28,7 @@ MAX_DRAWN = 100_000
 MAX_LABELED = 100_000
 
 
-class LabeledSegments:
+class SampleSegmentLabels:
     """Drawn and labeled predictions of the labeling sample with their segments (thread-safe)."""
 
     def __init__(self, max_drawn: int = MAX_DRAWN, max_labeled: int = MAX_LABELED) -> None:

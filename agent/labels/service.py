@@ -48,7 +48,6 @@ PostgreSQL unreachable) within ``labels.commit_timeout_seconds`` the request is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -56,6 +55,7 @@ from typing import Any
 import anyio.to_thread
 
 from agent.config.settings import LabelsConfig
+from agent.core.tasks import cancel_all
 from agent.errors import ClientError
 from agent.judging.runtime import Runtime
 from agent.labels.intake import CurrentRuntime, LabelIntake
@@ -128,12 +128,7 @@ class LabelService:
         if not self._started:
             return
         self._started = False
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         await self.recalibrator.stop()
         await anyio.to_thread.run_sync(self.follow_runtime)
         await anyio.to_thread.run_sync(self.store.stop)

@@ -22,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.sqlite_files import DamagedFile, connect, move_aside, open_checked
-from agent.labels.backend import SAMPLE_PAGE, StoreUnavailable, join_labels, label_filter, unlabeled_sample
-from agent.labels.eviction import EvictionStatements, Retention, evict
+from agent.labels.backend import (
+    SAMPLE_PAGE,
+    BackendCounts,
+    StoreUnavailable,
+    join_labels,
+    label_filter,
+    unlabeled_sample,
+)
+from agent.labels.eviction import EvictionStatements, evict
 from agent.labels.kept_inputs import KeptInput, KeptMap, SQLiteKeptInputs
 from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
 from agent.labels.sqlite_schema import (
@@ -43,7 +50,7 @@ STORE_FILE = "predictions.sqlite3"
 SQLITE_EVICTION = EvictionStatements("requests", "labels", "?")
 
 
-class SQLiteBackend:
+class SQLiteBackend(BackendCounts):
     """The tables in ``<directory>/predictions.sqlite3`` (or in memory). Thread-safe (one lock)."""
 
     shared = False
@@ -57,16 +64,13 @@ class SQLiteBackend:
         full_sync: bool = False,
         on_error: Callable[[str], None] = lambda _op: None,
     ) -> None:
+        super().__init__(max_predictions, max_age_seconds, on_error)
         self.directory = directory
-        self.retention = Retention(max_predictions, max_age_seconds)
         self.full_sync = full_sync
-        self.on_error = on_error
         self.persistent = False
         self.path: Path | None = None
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
-        self.rows = 0
-        self.labeled = 0
         self._oldest_ts = float("inf")  # the oldest stored request's time (age eviction skips until then)
 
     @property
@@ -118,9 +122,6 @@ class SQLiteBackend:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-
-    def counts(self) -> tuple[int, int]:
-        return self.rows, self.labeled
 
     # -- writing ---------------------------------------------------------------------------------
     def write(self, batches: Sequence[PendingBatch]) -> int:

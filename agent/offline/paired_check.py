@@ -27,8 +27,7 @@ from agent.data.tables import TableBatch, TableColumns, iter_table
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import headline_estimator
-from agent.estimation.pairs.calibration import PairCalibration
-from agent.estimation.pairs.calibration import pair_of_bundle as _checked
+from agent.estimation.pairs.calibration import PairCalibration, pair_of_bundle
 from agent.estimation.pairs.paired import PairSums
 from agent.estimation.rendering import PairedModel, paired_entry
 from agent.estimation.statistics.window import WindowStats
@@ -37,11 +36,11 @@ from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 
 
-def pair_of_bundle(bundle: Bundle, where: str, champion_sha256: str | None) -> PairCalibration:
+def _challenger_pair(bundle: Bundle, where: str, champion_sha256: str | None) -> PairCalibration:
     """The comparison a challenger's bundle holds, checked against the champion; a :class:`UserError` naming
     the bundle otherwise."""
     try:
-        return _checked(bundle.pair, champion_sha256)
+        return pair_of_bundle(bundle.pair, champion_sha256)
     except ValueError as exc:
         raise UserError(f"challenger bundle {where}: {exc}") from None
 
@@ -187,7 +186,7 @@ class ChallengerCheck:
         seed: int,
     ) -> dict[str, Any]:
         """The ``challenger`` section of a model check (module docstring)."""
-        pair = pair_of_bundle(self.bundle, self.where, champion_sha256)
+        pair = _challenger_pair(self.bundle, self.where, champion_sha256)
         cal = EstimatorCalibration.from_dict(self.bundle.estimator_calibration)
         judged = judge(self.model, self.bundle, x, dict(metadata) if metadata else None)
         pred_a, stats_a, model_a = champion
@@ -250,7 +249,7 @@ def check_table_pair(
     table = challenger_bundle.table
     if table is None:
         raise UserError(f"challenger bundle {where} was fitted from an ONNX model: give --challenger MODEL")
-    pair = pair_of_bundle(challenger_bundle, where, None)
+    pair = _challenger_pair(challenger_bundle, where, None)
     proba = tuple(challenger_proba or table.proba_columns)
     cols_b = TableColumns(proba, tuple(table.feature_columns), champion_columns.label, champion_columns.metadata)
     judges = [

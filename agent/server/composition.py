@@ -16,7 +16,6 @@ whether the agent runs the model), never which mode it is; the label budget's bo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from agent.config.settings import AgentSettings, admin_token, labels_token
 from agent.core import logs, memory
 from agent.core.os_threads import name_os_thread_once
+from agent.core.tasks import cancel_all
 from agent.dataplane.challenger import challengers_of
 from agent.dataplane.modes import Mode, ObserveMode, ServeMode
 from agent.dataplane.observe_intake import ObserveIntake
@@ -162,7 +162,7 @@ class Agent:
             self.run,
             on_accepted=self.realized.add_accepted,
             on_labeled=self._on_labeled,
-            worth=self.sample.strata.worth if self.sample.strata is not None else None,
+            worth=self.sample.draw_policy.worth_of(),
         )
         self.labels = LabelService(
             s.labels, self.store, self.runtimes, intake, self.realized, recalibrator, self.label_metrics, self.run
@@ -318,12 +318,7 @@ class Agent:
         if self.grpc is not None:  # first: calls in flight finish while the agent still judges
             await self.grpc.stop(self.settings.server.graceful_timeout_seconds)
         await self.mode.stop(self.window_state.store)  # no request is served any more
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         self.loop_recorder.close()
         await anyio.to_thread.run_sync(self.judge_queue.stop)  # record what is still pending
         for companion in self.companions:  # what they hold goes on to the store before the store stops

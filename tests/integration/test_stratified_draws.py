@@ -19,6 +19,7 @@ from agent.data.datasets import Splits
 from agent.estimation.estimators.prediction_powered import WITH_LABELS
 from agent.estimation.estimators.strata import N_BINS
 from agent.labels.store import STORE_FILE
+from agent.labels.strata_draws import StratifiedDraws
 from agent.server.app import create_app
 from tests.support.inprocess import RunningServer
 from tests.support.settings import stateful_settings
@@ -32,8 +33,8 @@ def test_served_agent_under_stratified_draws_learns_from_its_labels(
     labels = {"sampling": "stratified", "per_window": 100_000, "budget_window": "5m"}
     srv = run_server(create_app(stateful_settings(mnist_bundle_dir, tmp_path, labels=labels), CollectorRegistry()))
     agent = srv.app.state.agent
-    strata = agent.sample.strata
-    assert strata is not None and strata.learnt() == 0.0
+    strata = agent.sample.draw_policy
+    assert isinstance(strata, StratifiedDraws) and strata.learnt() == 0.0
     x, y = mnist_splits.test.x[:1000], mnist_splits.test.y[:1000]
     # a third of the digits darkened and noisy: the errors live there
     rng = np.random.default_rng(0)

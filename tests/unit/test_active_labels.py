@@ -17,7 +17,7 @@ from agent.estimation.estimators.correctness import CorrectnessModel
 from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledEstimate
 from agent.estimation.estimators.registry import estimate_all
 from agent.estimation.statistics.window import WindowStats
-from agent.labels.sample import ActiveBudget
+from agent.labels.active_draws import ActiveBudget
 from bench.bench_labels import fit_predictor
 from bench.estimators.harness import Config
 from bench.estimators.subjects import digits

@@ -24,6 +24,7 @@ from agent.judging.windows import WindowSet
 from agent.labels.rows import PendingBatch
 from agent.labels.sample import LabelingSample, open_prediction_store
 from agent.labels.store import PredictionStore
+from agent.labels.uniform_draws import UniformDraws
 from agent.model.classifier import default_model_path, label_confidences
 from exporters.label_metrics import LabelMetrics
 from exporters.prometheus import AgentMetrics
@@ -117,8 +118,8 @@ def test_group_draw_draws_what_request_by_request_drew(tmp_path: Path, mnist_bun
     Recorder(WindowSet({"5m": 300.0}, None), AgentMetrics(CollectorRegistry()), [got.append]).record(
         judged(rt, [1, 7, 32, 1, 3])
     )
-    one, group = LabelingSample(store, 0.3, metrics), LabelingSample(store, 0.3, metrics)
-    one._rng, group._rng = np.random.default_rng(11), np.random.default_rng(11)
+    one = LabelingSample(store, UniformDraws(0.3), metrics, rng=np.random.default_rng(11))
+    group = LabelingSample(store, UniformDraws(0.3), metrics, rng=np.random.default_rng(11))
     for batch in got:
         one.on_judged(batch)
     first = store._take()

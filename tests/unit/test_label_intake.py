@@ -28,6 +28,7 @@ from agent.labels.intake import LabelIntake
 from agent.labels.rows import LabelOutcome
 from agent.labels.sample import LabelingSample, open_prediction_store
 from agent.labels.store import PredictionStore
+from agent.labels.uniform_draws import UniformDraws
 from agent.model.classifier import default_model_path
 from exporters.label_metrics import LabelMetrics
 from exporters.prometheus import AgentMetrics
@@ -59,7 +60,7 @@ def parts(
     store = open_prediction_store(settings.labels, tmp_path, metrics)
     store.open()
     store.start()
-    sample = LabelingSample(store, 0.0, metrics)
+    sample = LabelingSample(store, UniformDraws(0.0), metrics)
     windows = WindowSet(settings.window_seconds, None)
     # lingers a minute: nothing is recorded unless somebody asks for it
     queue = JudgeQueue(Recorder(windows, AgentMetrics(CollectorRegistry()), [sample.on_judged]), linger_seconds=60)
@@ -165,7 +166,7 @@ def test_the_labeling_sample_lists_predictions_answered_a_moment_ago(
     store = open_prediction_store(settings.labels, tmp_path, metrics)
     store.open()
     store.start()
-    sample = LabelingSample(store, 1.0, metrics)
+    sample = LabelingSample(store, UniformDraws(1.0), metrics)
     queue = JudgeQueue(
         Recorder(WindowSet(settings.window_seconds, None), AgentMetrics(CollectorRegistry()), [sample.on_judged]),
         linger_seconds=60,

@@ -41,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.estimators.prediction_powered import WITH_LABELS
 from agent.estimation.intervals import Z95
 from agent.estimation.pairs.calibration import Disagreements, PairCalibration
 
-#: The label-free paired difference, and the label-assisted one (labels drawn on the disagreements).
+#: The label-free paired difference (the label-assisted one, labels drawn on the disagreements, is named
+#: :data:`~agent.estimation.estimators.prediction_powered.WITH_LABELS` as every label-assisted estimate is).
 LABEL_FREE = "label_free"
-WITH_LABELS = "with_labels"
 #: The fields a replica exports (``icos_challenger_stat_total{stat}``); the labeled ones are the agent's.
 EXPORTED = ("n", "n_dis", "qa_sum", "qb_sum", "g_sq_sum")
 #: The exported fields that are counts (the others are sums of probabilities).
