@@ -27,11 +27,12 @@ async def every(seconds: float, step: Callable[[], Awaitable[object]], log: logg
             log.exception(failed, extra={"error": f"{type(exc).__name__}: {exc}"})
 
 
-async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks``, wait for each to end (its cancellation or earlier failure swallowed), and empty the list."""
-    for t in tasks:
+async def cancel_all(tasks: list[asyncio.Task[Any]] | set[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks``, wait for each to end (its cancellation or earlier failure swallowed), and empty the
+    list or set."""
+    for t in list(tasks):
         t.cancel()
-    for t in tasks:
+    for t in list(tasks):
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
     tasks.clear()
