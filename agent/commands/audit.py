@@ -31,14 +31,13 @@ from agent.audits.report import AuditError, AuditResult, ProgressFn
 from agent.audits.runner import (
     AuditOutcome,
     audit_record,
-    default_state_dir,
     load_audit_data,
-    open_logger,
     run_audit,
 )
 from agent.commands.data_args import add_limit_arguments, data_limits
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
+from exporters.mlflow_runs import default_state_dir, open_logger
 from exporters.redaction import redact_uri
 
 

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from agent.audits.config import AUDIT_KINDS
-from agent.audits.runner import open_logger
 from agent.data.datasets import Split, mnist_splits
 from agent.demo.agent_process import (
     CONFIG_FILE,
@@ -51,6 +50,7 @@ from agent.demo.traffic import Phase, build_phases
 from agent.errors import Abort
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.offline.fit_record import fit_record
+from exporters.mlflow_runs import open_logger
 from exporters.redaction import redact_uri
 from exporters.run_record import RunRecord
 
