@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from bench.bench_serving import ensure_bundle, free_port, rss_mb, wait_ready
+from bench.serving.__main__ import ensure_bundle, free_port, rss_mb, wait_ready
 
 RSS_GROWTH_TARGET = 0.10
 FD_SLACK = 4

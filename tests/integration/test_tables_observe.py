@@ -12,7 +12,7 @@ import pytest
 from agent.cli import main
 from agent.data.tables import TableColumns
 from agent.offline.tables import check_table_report
-from bench.nannyml_style import CAR_FEATURES, Table, car_loan
+from bench.headline.nannyml_style import CAR_FEATURES, Table, car_loan
 from invariants.bundle import Bundle
 from tests.support.agent_process import AgentProcess
 from tests.support.waiting import wait_until

@@ -18,9 +18,9 @@ from agent.estimation.estimators import estimate_all
 from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate
 from agent.estimation.statistics import WindowStats
 from agent.labels.sample import ActiveBudget
-from bench.bench_labels import fit_predictor
 from bench.estimators.harness import Config
 from bench.estimators.subjects import digits
+from bench.labels.__main__ import fit_predictor
 
 REPS = 400  # seeded repetitions per check (bounded)
 

@@ -16,7 +16,7 @@ from agent.data.tables import TableColumns, default_classes, iter_table, resolve
 from agent.errors import UserError
 from agent.judging.runtime import load_runtime
 from agent.model.classifier import label_confidences, predicted_classes_of
-from bench.nannyml_style import CAR_FEATURES, Table, car_loan
+from bench.headline.nannyml_style import CAR_FEATURES, Table, car_loan
 from invariants.bundle import Bundle, BundleError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ times at each row cap.
 
 Prints, per cap: rows read, the best and median wall time of a read, and the time per row.
 
-    python -m bench.bench_fleet_labels [--labels 50000] [--repeat 5] [--out docs/labels.md]
+    python -m bench.fleet.labels [--labels 50000] [--repeat 5] [--out docs/labels.md]
     python -m bench fleet_labels
 """
 
@@ -33,7 +33,7 @@ from agent.labels.rows import PendingBatch
 from agent.labels.store import PredictionStore
 from bench.generated_docs import provenance, write_block
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 K = 10
 IDENTITY = "0123456789abcdef:fedcba9876543210"
@@ -41,7 +41,7 @@ OTHER = "aaaaaaaaaaaaaaaa:bbbbbbbbbbbbbbbb"
 WINDOWS = {"5m": 300.0, "1h": 3600.0}
 PER_REQUEST = 100
 #: The block of docs/labels.md this benchmark rewrites (``--out docs/labels.md``).
-DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_fleet_labels --out docs/labels.md -->"
+DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.fleet.labels --out docs/labels.md -->"
 CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=100, n_right=900, accuracy=0.9, avg_conf=0.92, atc_threshold=0.7)
 
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(results: list[dict[str, float]], args: argparse.Namespace) -> str:
     """The table of docs/labels.md's generated block."""
-    command = "python -m bench.bench_fleet_labels --out docs/labels.md"
+    command = "python -m bench.fleet.labels --out docs/labels.md"
     if args.labels != 50_000 or args.repeat != 5:
         command += f" --labels {args.labels} --repeat {args.repeat}"
     lines = [

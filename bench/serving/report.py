@@ -1,4 +1,4 @@
-"""The serving benchmark's report (:mod:`bench.bench_serving`): tables per protocol, the CPU ratios
+"""The serving benchmark's report (:mod:`bench.serving.__main__`): tables per protocol, the CPU ratios
 against their targets, where the CPU goes for each missed one, gRPC against HTTP, and the proxy figures."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-#: Thread groups of the CPU split, in report order (see ``bench.bench_serving.thread_cpu_seconds``).
+#: Thread groups of the CPU split, in report order (see ``bench.serving.__main__.thread_cpu_seconds``).
 THREAD_GROUPS: tuple[str, ...] = ("loop", "icos-worker", "icos-judge", "icos-store", "other")
 
 

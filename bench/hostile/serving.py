@@ -28,7 +28,7 @@ Targets (a row's last column names those missed): peak RSS ≤ 500 MB, every ans
 the model's whole output for its batch; a listing of the sample ≤ 2 MiB), liveness ≤ 1 s, every request
 of the other clients answered 200.
 
-    python -m bench.bench_hostile_serving [--agent-root DIR] [--bundle DIR] [--cases a,b] [--quick]
+    python -m bench.hostile.serving [--agent-root DIR] [--bundle DIR] [--cases a,b] [--quick]
         [--huge-id-kb 1024] [--huge-id-batch 1024] [--max-batch 1024] [--json FILE]
     python -m bench hostile_serving
 
@@ -55,7 +55,7 @@ import httpx
 import numpy as np
 
 from bench.generated_docs import commit_of
-from bench.hostile_serving_cases import (
+from bench.hostile.serving_cases import (
     ADMIN_TOKEN,
     CASES,
     LABELS_TOKEN,
@@ -67,9 +67,9 @@ from bench.hostile_serving_cases import (
     binary_request,
     size,
 )
-from bench.hostile_serving_measure import Row, Runner, ServedAgent, SideClients
+from bench.hostile.serving_measure import Row, Runner, ServedAgent, SideClients
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RSS_TARGET = 500_000_000
 LIVENESS_TARGET = 1.0
 
@@ -152,7 +152,7 @@ def run_case(name: str, root: Path, bundle: Path, sizes: Sizes, data: tuple[np.n
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m bench.bench_hostile_serving", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.hostile.serving", description=__doc__.splitlines()[0])
     p.add_argument("--agent-root", type=Path, default=ROOT, help="checkout whose agent runs (default: this one)")
     p.add_argument("--bundle", type=Path, help="a bundle of the MNIST CNN that checkout can load (default: fit one)")
     p.add_argument("--cases", help=f"comma-separated, of: {', '.join(CASES)} (default: all; --quick: the quick ones)")
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="hostile-serving-bundle-") as d:
         bundle = args.bundle or fit_bundle(root, Path(d) / "bundle")
-        print(f"command: python -m bench.bench_hostile_serving {shlex.join(argv)}".rstrip())
+        print(f"command: python -m bench.hostile.serving {shlex.join(argv)}".rstrip())
         print(f"agent code: {root} at {commit_of(root)}; benchmark at {commit_of(ROOT)}")
         print(
             f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 1e9:.0f} GB"

@@ -14,7 +14,7 @@ challenger better, equal and worse; the label-assisted width at most half the un
 direction, the agent's design by family and direction, and with ``--scenarios`` every (pair, scenario).
 Exits 1 when a target fails.
 
-    python -m bench.bench_challenger [--quick] [--families mnist,digits,tabular] [--reps 30] [--size 1000]
+    python -m bench.challenger [--quick] [--families mnist,digits,tabular] [--reps 30] [--size 1000]
         [--labels 100] [--seed 0] [--scenarios] [--json FILE] [--out docs/challenger.md]
 
 ``--quick``: the digits and tabular families, 6 windows per scenario and 24 corrupted copies per pair (about
@@ -39,10 +39,10 @@ from bench.challenger.run import Record, run_family
 from bench.estimators.harness import Config
 from bench.generated_docs import provenance, write_block
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The block of docs/challenger.md this benchmark rewrites (``--out docs/challenger.md``).
-DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_challenger --out docs/challenger.md -->"
-EXAMPLE_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_challenger --example --out docs/challenger.md -->"
+DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.challenger --out docs/challenger.md -->"
+EXAMPLE_BEGIN = "<!-- BEGIN GENERATED: python -m bench.challenger --example --out docs/challenger.md -->"
 
 
 def _say(message: str) -> None:
@@ -50,7 +50,7 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_challenger", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.challenger", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="digits and tabular, 6 windows per scenario, 24 copies")
     ap.add_argument("--families", default=None, help=f"comma-separated: {', '.join(FAMILIES)} (default all)")
     ap.add_argument("--reps", type=int, default=None, help="windows per (pair, scenario) (default 30)")
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         text = example()
         print(text)
         if args.out is not None:
-            command = f"python -m bench.bench_challenger --example --out {args.out}"
+            command = f"python -m bench.challenger --example --out {args.out}"
             write_block(args.out, EXAMPLE_BEGIN, provenance(command, ROOT) + "\n\n" + text)
         return 0
     names = (args.families or ("digits,tabular" if args.quick else ",".join(FAMILIES))).split(",")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"records": [asdict(r) for r in records], "model_error": errors}))
     if args.out is not None:
-        command = f"python -m bench.bench_challenger --out {args.out}"
+        command = f"python -m bench.challenger --out {args.out}"
         write_block(args.out, DOC_BEGIN, provenance(command, ROOT) + "\n\n" + out)
     return 0 if all(t.passed for t in summary.targets()) else 1
 

@@ -5,7 +5,7 @@ real ``icos-agent`` and reports its exit status, peak RSS and time:
 * ``check`` of a 3 MB ``.npz`` declaring 10⁶ MNIST images (2.9 GiB);
 * ``check`` and ``fit --reference`` of a 20 MB CSV with 2 million columns.
 
-    python -m bench.hostile_files [--agent-root DIR] [--timeout 150]
+    python -m bench.hostile.files [--agent-root DIR] [--timeout 150]
     python -m bench hostile_files
 
 ``--agent-root`` runs the ``agent`` package of another checkout (e.g. an older commit, to compare).
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
     from agent.data.datasets import mnist_splits
     from agent.model.classifier import default_model_path
 
-    p = argparse.ArgumentParser(prog="python -m bench.hostile_files", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.hostile.files", description=__doc__.splitlines()[0])
     p.add_argument("--agent-root", type=Path, help="checkout whose agent package runs (default: this one)")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds before a case is killed (default 150)")
     args = p.parse_args(argv)

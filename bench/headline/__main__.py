@@ -1,5 +1,5 @@
 """The headline a table bundle chooses at ``fit`` against the best single estimator and ``cbpe``, on every
-table data set of the benchmarks (:mod:`bench.nannyml_style`: car loan, binary; credit card, three
+table data set of the benchmarks (:mod:`bench.headline.nannyml_style`: car loan, binary; credit card, three
 classes), for several seeds of the data.
 
 Each run fits a bundle from the reference period with ``icos-agent fit --reference`` (the headline is
@@ -10,7 +10,7 @@ of the best single estimator (the lowest mean error in hindsight) and ``cbpe``, 
 holds: the headline's mean error at most 0.002 above the best single estimator's, and never above
 ``cbpe``'s.
 
-``python -m bench.bench_headline`` (``--seeds 0 1 2`` by default; about 20 s per run);
+``python -m bench.headline`` (``--seeds 0 1 2`` by default; about 20 s per run);
 ``--out docs/estimation.md`` also writes the table as that page's generated block.
 """
 
@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.generated_docs import provenance, write_block
-from bench.nannyml_style import agent_chunks, car_loan, credit_card
+from bench.headline.nannyml_style import agent_chunks, car_loan, credit_card
 
 #: Largest excess of the headline's mean error over the best single estimator's.
 MARGIN = 0.002
 #: The command that rewrites docs/estimation.md's block, as its marker names it.
-DOC_COMMAND = "python -m bench.bench_headline --out docs/estimation.md"
-ROOT = Path(__file__).resolve().parents[1]
+DOC_COMMAND = "python -m bench.headline --out docs/estimation.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(make_name: str, seed: int) -> tuple[str, dict[str, np.ndarray], str]:
@@ -52,7 +52,7 @@ def run(make_name: str, seed: int) -> tuple[str, dict[str, np.ndarray], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_headline", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.headline", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", type=Path, help="also write the table as this Markdown page's generated block")
     args = p.parse_args(argv)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         write_block(
             args.out,
             f"<!-- BEGIN GENERATED: {DOC_COMMAND} -->",
-            f"{provenance(f'python -m bench.bench_headline --seeds {seeds} --out {args.out}', ROOT)}\n\n"
+            f"{provenance(f'python -m bench.headline --seeds {seeds} --out {args.out}', ROOT)}\n\n"
             "Absolute error per chunk of 1,000 analysis rows (mean and worst over the chunks).\n\n"
             + "\n".join(rows)
             + f"\n\n{summary}\n",

@@ -1,4 +1,4 @@
-"""The fleet evaluator under a hostile Prometheus, case by case (:mod:`bench.hostile_prometheus`).
+"""The fleet evaluator under a hostile Prometheus, case by case (:mod:`bench.fleet.hostile_prometheus`).
 
 For every case a fresh evaluator process (``icos-agent serve`` with ``mode: fleet``) is started against
 the hostile API in its consistent mode, waits for a fresh estimate, and then the API switches to the
@@ -8,7 +8,7 @@ evaluator's ``last_error``, whether ``icos_fleet_stale`` rose, the growth of its
 RSS before the case (``VmHWM`` reset through ``/proc/<pid>/clear_refs``), and the slowest answer of
 its liveness probe and of ``/metrics``, polled every 0.2 s throughout.
 
-Run: ``python -m bench.bench_fleet_hostile [--bundle DIR] [--cases drip,inf] [--observe 90]
+Run: ``python -m bench.fleet.hostile [--bundle DIR] [--cases drip,inf] [--observe 90]
 [--max-response-bytes N] [--max-series N] [--agent-root DIR]`` (without ``--bundle`` a bundle of the
 shipped MNIST CNN is fitted first, about a minute). ``--max-response-bytes``/``--max-series`` raise the
 evaluator's bounds (``fleet.max_response_bytes``, ``fleet.max_series``): with 64 MiB and 1,000,000,
@@ -38,7 +38,7 @@ import httpx
 import yaml
 
 from agent.config.settings import FleetConfig
-from bench.hostile_prometheus import CASES, HostilePrometheus
+from bench.fleet.hostile_prometheus import CASES, HostilePrometheus
 
 MODEL, VERSION = "mnist", "1"
 POLL_SECONDS = 0.2
@@ -269,7 +269,7 @@ def _cell(value: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_fleet_hostile", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet.hostile", description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, default=None, help="a bundle of the shipped MNIST CNN")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--observe", type=float, default=90.0, help="seconds to wait for a case's outcome")

@@ -1,9 +1,9 @@
 """``fit`` on heavy inputs: wall time and peak memory of ``icos-agent fit``, and what the bundles cost to judge.
 
-    python -m bench.bench_fit_heavy [--cases wide,table] [--rows 2200] [--table-rows 1000000]
+    python -m bench.fit.heavy [--cases wide,table] [--rows 2200] [--table-rows 1000000]
         [--position-width 128] [--workdir DIR]
 
-Two cases, each generated here (:mod:`bench.heavy_inputs`, seeded, in seconds) and fitted by
+Two cases, each generated here (:mod:`bench.fit.heavy_inputs`, seeded, in seconds) and fitted by
 ``python -m agent fit ... --json`` as a separate process whose wall time and peak resident memory the
 operating system reports (``wait4``):
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GB = 1024**3
 TARGETS = {"wide": (90.0, 1 * GB), "table": (120.0, 1.5 * GB)}
 SMALL_TABLE_ROWS = 20_000
@@ -110,7 +110,7 @@ def model_speed(model_bytes: bytes, ids: np.ndarray) -> float:
 
 
 def wide_case(work: Path, rows: int, position_width: int) -> int:
-    from bench.heavy_inputs import WIDE_CLASSES, WIDE_LENGTH, wide_token_model, wide_token_rows
+    from bench.fit.heavy_inputs import WIDE_CLASSES, WIDE_LENGTH, wide_token_model, wide_token_rows
 
     data = wide_token_rows(rows, seed=0)
     model = wide_token_model(seed=0, position_width=position_width)
@@ -135,7 +135,7 @@ def wide_case(work: Path, rows: int, position_width: int) -> int:
 def write_table(path: Path, rows: int) -> list[str]:
     import pandas as pd
 
-    from bench.heavy_inputs import TABLE_CLASSES, wide_table
+    from bench.fit.heavy_inputs import TABLE_CLASSES, wide_table
 
     pd.DataFrame(wide_table(rows, seed=0)).to_parquet(path)
     return [f"p_{k}" for k in range(TABLE_CLASSES)]
@@ -166,7 +166,7 @@ def judge_cost(bundle_dir: Path, features: np.ndarray, probabilities: np.ndarray
 def table_case(work: Path, rows: int) -> int:
     import pandas as pd
 
-    from bench.heavy_inputs import TABLE_FEATURES
+    from bench.fit.heavy_inputs import TABLE_FEATURES
 
     table = work / f"table-{rows}.parquet"
     proba = write_table(table, rows)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
     from bench.generated_docs import commit_of
 
-    print(f"command: python -m bench.bench_fit_heavy {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    print(f"command: python -m bench.fit.heavy {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
     print(f"commit: {commit_of(ROOT)}; {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="fit-heavy-") as tmp:
         work = args.workdir or Path(tmp)

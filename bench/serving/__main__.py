@@ -6,11 +6,11 @@ onnxruntime thread per session (``ICOS_AGENT_ORT_THREADS=1`` for both); requests
 over HTTP and raw contents over gRPC (``--protocol``: both by default, each against the bare server
 over the same protocol), and the agent is asked for the same outputs as the bare server returns
 (probabilities and label), plus a second agent measurement with every output including
-``icos_verdict``. The bare server (:mod:`bench.bare_server`) decodes the request, runs the model in a
+``icos_verdict``. The bare server (:mod:`bench.serving.bare_server`) decodes the request, runs the model in a
 worker thread, applies softmax and answers: no validation, no judging.
 
 Load: this process (separate from both servers) runs a small asyncio HTTP client (keep-alive
-connections, pre-encoded requests) or a ``grpc.aio`` client (:mod:`bench.grpc_load`) at concurrency
+connections, pre-encoded requests) or a ``grpc.aio`` client (:mod:`bench.serving.grpc_load`) at concurrency
 1 and 16 with batches of 1 and 32; the servers
 are measured one after the other, interleaved, ``--rounds`` times, and the medians are reported.
 On a 2-core machine the client needs about as much CPU as a server, so throughput is bounded by
@@ -28,9 +28,9 @@ imported on the serve path (it must not be).
 
 ``--challenger-share S`` (with ``--model mnist``) measures instead what a challenger on a share ``S`` of the
 requests costs the champion (its serving CPU per request and p50 latency, target: within 5%) and itself, per
-prediction (:mod:`bench.serving_challenger`); ``--out`` then writes docs/challenger.md's block.
+prediction (:mod:`bench.serving.challenger`); ``--out`` then writes docs/challenger.md's block.
 
-    .venv/bin/python -m bench.bench_serving [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
+    .venv/bin/python -m bench.serving [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
         [--model mnist|resnet|resnet224|all] [--protocol http|grpc|both] [--no-proxy]
         [--server-cpus 0-7 --client-cpus 8-15] [--challenger-share 0.1 [--challenger-bundle DIR]]
     .venv/bin/python -m bench serving
@@ -54,17 +54,17 @@ from typing import Any
 import numpy as np
 
 from bench.generated_docs import provenance, write_block
-from bench.grpc_load import drive_grpc, grpc_request
 from bench.http_exchange import exchange
-from bench.serving_challenger import fit_challenger_bundle, measure_challenger
-from bench.serving_challenger import report as challenger_report
-from bench.serving_models import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy
-from bench.serving_report import THREAD_GROUPS, markdown, print_results
+from bench.serving.challenger import fit_challenger_bundle, measure_challenger
+from bench.serving.challenger import report as challenger_report
+from bench.serving.grpc_load import drive_grpc, grpc_request
+from bench.serving.report import THREAD_GROUPS, markdown, print_results
+from bench.serving.subjects import MODELS, BenchModel, agent_config, fit_model_bundle, measure_proxy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The block of docs/serving.md this benchmark rewrites (``--out docs/serving.md``).
-DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_serving --out docs/serving.md -->"
+DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.serving --out docs/serving.md -->"
 MODEL_TITLES = {"mnist": "MNIST CNN", "resnet": "ResNet (3×32×32)", "resnet224": "ResNet (3×224×224)"}
 
 # -- load generation --------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle, "resnet224": args.resnet224_bundle}
     everything = {name: run_model(args, MODELS[name], bundles[name], env, pin) for name in names}
     if args.out is not None:
-        command = "python -m bench.bench_serving " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m bench.serving " + " ".join(argv if argv is not None else sys.argv[1:])
         generated = provenance(command, ROOT) + "\n\n" + markdown(everything, MODEL_TITLES)
         write_block(args.out, DOC_BEGIN, generated)
     if args.json:
@@ -320,13 +320,12 @@ def main(argv: list[str] | None = None) -> int:
 
 #: The block of docs/challenger.md the challenger setting rewrites (``--challenger-share 0.1 --out ...``).
 CHALLENGER_DOC_BEGIN = (
-    "<!-- BEGIN GENERATED: python -m bench.bench_serving --model mnist --challenger-share 0.1 "
-    "--out docs/challenger.md -->"
+    "<!-- BEGIN GENERATED: python -m bench.serving --model mnist --challenger-share 0.1 --out docs/challenger.md -->"
 )
 
 
 def run_challenger(args: argparse.Namespace, argv: list[str] | None, env: dict[str, str], pin: Any) -> int:
-    """The challenger setting (:mod:`bench.serving_challenger`)."""
+    """The challenger setting (:mod:`bench.serving.challenger`)."""
     if args.model != "mnist" or not 0 < args.challenger_share <= 1:
         print("error: --challenger-share in (0, 1] applies to --model mnist", file=sys.stderr)
         return 2
@@ -353,7 +352,7 @@ def run_challenger(args: argparse.Namespace, argv: list[str] | None, env: dict[s
         )
     text = challenger_report(results)
     if args.out is not None:
-        command = "python -m bench.bench_serving " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m bench.serving " + " ".join(argv if argv is not None else sys.argv[1:])
         write_block(args.out, CHALLENGER_DOC_BEGIN, provenance(command, ROOT) + "\n\n" + text)
     print(json.dumps(results, indent=2) if args.json else text)
     return 0
@@ -390,7 +389,7 @@ def run_model(
             results["agent_start_to_ready_s"] = wait_ready(agent_port, agent)
             time.sleep(0.2)
             results["agent_rss_after_start_mb"] = rss_mb(agent.pid)
-            bare_cmd = [sys.executable, "-m", "bench.bare_server", "--port", str(bare_port), "--model", model]
+            bare_cmd = [sys.executable, "-m", "bench.serving.bare_server", "--port", str(bare_port), "--model", model]
             if grpc_ports[1] is not None:
                 bare_cmd += ["--grpc-port", str(grpc_ports[1])]
             bare = subprocess.Popen(

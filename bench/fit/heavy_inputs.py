@@ -1,4 +1,4 @@
-"""The inputs of :mod:`bench.bench_fit_heavy`, generated here, seeded, in seconds.
+"""The inputs of :mod:`bench.fit.heavy`, generated here, seeded, in seconds.
 
 * :func:`wide_token_model`: a text classifier over **2,048 integer values per row** (``input_ids``,
   INT32 ``[N, 2048]``: token ids padded with 0 to a fixed length, as exports of long-sequence text models
@@ -117,7 +117,7 @@ def wide_token_model(seed: int = 0, position_width: int = 128) -> bytes:
         inits,
     )
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8, producer_name="bench.heavy_inputs"
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8, producer_name="bench.fit.heavy_inputs"
     )
     return bytes(model.SerializeToString())
 

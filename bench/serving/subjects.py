@@ -63,7 +63,7 @@ def _zoo_splits(entry: str) -> _Parts:
     ``.cache/zoo`` of the repository: the images are generated once)."""
     from bench.zoo import build
 
-    model = build(entry, Path(__file__).resolve().parents[1] / ".cache" / "zoo", seed=0)
+    model = build(entry, Path(__file__).resolve().parents[2] / ".cache" / "zoo", seed=0)
     (name,) = (spec.name for spec in model.inputs)
     return _Parts(
         *(_Part(np.asarray(getattr(model, p).inputs[name]), getattr(model, p).y) for p in ("train", "val", "test"))

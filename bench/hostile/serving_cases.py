@@ -1,4 +1,4 @@
-"""The hostile clients of :mod:`bench.bench_hostile_serving`, one function per case.
+"""The hostile clients of :mod:`bench.hostile.serving`, one function per case.
 
 Each case gets a freshly started agent and runs one or more steps through :class:`Runner.step`, each a
 hostile client's action whose request, answers and outcome make one row. The cases send what any
@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.hostile_serving_measure import Runner, ServedAgent, StepResult
+from bench.hostile.serving_measure import Runner, ServedAgent, StepResult
 
 MODEL = "mnist"
 LABELS_TOKEN = "labelers-token-of-the-benchmark"

@@ -9,7 +9,7 @@ window's start and end, made by :meth:`WindowStats.of_samples` from random verdi
 so the evaluator has a good estimate to keep. Hostile modes change the end-of-window answer (the
 evaluator's first query); the other queries keep their consistent answers.
 
-Used by ``tests/integration/test_fleet_hostile.py`` and ``bench/bench_fleet_hostile.py``.
+Used by ``tests/integration/test_fleet_hostile.py`` and ``bench/fleet/hostile.py``.
 """
 
 from __future__ import annotations

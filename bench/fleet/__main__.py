@@ -15,7 +15,7 @@ of the summed prediction count against the simulated truth; beside it the same s
 (one query per window) with their own error. Then a Markdown table of both; ``--out docs/scaling.md``
 rewrites that page's generated block with it.
 
-Run: ``python -m bench.bench_fleet [--replicas 1000] [--bundle DIR] [--backends prometheus,victoria-metrics]``
+Run: ``python -m bench.fleet [--replicas 1000] [--bundle DIR] [--backends prometheus,victoria-metrics]``
 (needs ``prometheus``, ``promtool`` and ``victoria-metrics``: ``make system-tools``). Without
 ``--bundle`` the estimators run with a calibration that has no ``shift_aware`` part and the replicas
 export no per-input statistics (fewer series per replica).
@@ -55,9 +55,9 @@ from tests.support.victoria import VictoriaMetricsServer
 WINDOWS = {"5m": 300.0, "1h": 3600.0}
 SPAN = 70 * 60  # the longest window, its lookback and a margin
 MODEL, VERSION = "mnist", "1"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The generated block of docs/scaling.md this benchmark rewrites (``--out``).
-BEGIN = "<!-- BEGIN GENERATED: python -m bench.bench_fleet --out docs/scaling.md -->"
+BEGIN = "<!-- BEGIN GENERATED: python -m bench.fleet --out docs/scaling.md -->"
 #: The programs each store needs.
 TOOLS = {"prometheus": ("prometheus", "promtool"), "victoria-metrics": ("victoria-metrics",)}
 
@@ -237,7 +237,7 @@ BACKENDS = {"prometheus": _prometheus, "victoria-metrics": _victoria_metrics}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_fleet", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=100.0, help="predictions per second per replica")
     ap.add_argument("--scrape", type=int, default=30, help="scrape interval of the simulated series (s)")
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(rows, args.replicas, series)
     print(table)
     if args.out is not None:
-        command = "python -m bench.bench_fleet " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m bench.fleet " + " ".join(argv if argv is not None else sys.argv[1:])
         write_block(args.out, BEGIN, provenance(command, ROOT) + "\n\n" + table)
         print(f"wrote {args.out}")
     return 0

@@ -1,6 +1,6 @@
 """The label benchmark on windows with a localized drop: the localization benchmark's faults (one segment of a
-real model's inputs broken, :mod:`bench.localization`), each window labeled by uniform, active and stratified
-draws as :func:`bench.bench_labels.run_model` labels the estimator benchmark's windows. The strata are the
+real model's inputs broken, :mod:`bench.localization.runs`), each window labeled by uniform, active and stratified
+draws as :func:`bench.labels.__main__.run_model` labels the estimator benchmark's windows. The strata are the
 segments the bundle fixed at ``fit`` (every dimension) and the bins of the bundle's predicted correctness.
 """
 
@@ -13,7 +13,8 @@ import numpy as np
 
 from agent.estimation.active import active_accuracy, draw_probabilities, rate_for, uncertainty
 from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
-from bench.localization import FAULTS, Pool, Subject, fit_subject, live_target
+from bench.labels.draws import ACTIVE, STRATIFIED, stratified_draw
+from bench.localization.runs import FAULTS, Pool, Subject, fit_subject, live_target
 from invariants.fit_params import FitParams
 
 #: model → the kind of faults it gets (the localization benchmark's, in its order)
@@ -32,8 +33,6 @@ def _window(
     rng: np.random.Generator,
     floor: float,
 ) -> list[Outcome]:
-    from bench.bench_labels import ACTIVE, STRATIFIED, stratified_draw
-
     name = subject.name
     conf = pool.confidences[rows]
     correct = pool.correct[rows]

@@ -16,10 +16,10 @@ from a covariate shift towards the cases the model finds hard, so its accuracy d
 shift NannyML's CBPE is built for: the relation between features and label stays the same). The
 model is a scikit-learn gradient-boosting classifier trained on a separate draw.
 
-``python -m bench.nannyml_style --write DIR`` only writes the tables. ``python -m bench.nannyml_style``
-fits a bundle from each reference table, checks the analysis table in chunks of :data:`CHUNK` rows and
-prints per chunk: the headline estimate, CBPE's (when ``nannyml`` imports; ``--nannyml-python`` runs it
-in another environment), and the truth.
+``python -m bench.headline.nannyml_style --write DIR`` only writes the tables.
+``python -m bench.headline.nannyml_style`` fits a bundle from each reference table, checks the analysis
+table in chunks of :data:`CHUNK` rows and prints per chunk: the headline estimate, CBPE's (when ``nannyml``
+imports; ``--nannyml-python`` runs it in another environment), and the truth.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def print_table(name: str, report: dict[str, Any], cbpe: list[float] | None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.nannyml_style", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.headline.nannyml_style", description=__doc__.splitlines()[0])
     p.add_argument("--nannyml-python", help="a Python with nannyml installed, to measure CBPE beside us")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -1,10 +1,10 @@
-"""The serving benchmark's challenger setting (``python -m bench.bench_serving --model mnist --challenger-share
+"""The serving benchmark's challenger setting (``python -m bench.serving --model mnist --challenger-share
 0.1``): what a challenger on a share of the requests costs the champion, and what it costs itself.
 
 Two agents serve the shipped MNIST CNN side by side, one of them with the challenger of the champion/challenger
 benchmark (``bench/challenger/models/mnist_drift.onnx``, its bundle fitted with ``fit --champion``) on
 ``share`` of its requests; they are measured one after the other, interleaved, ``--rounds`` times, with the
-serving benchmark's load (:func:`bench.bench_serving.measure`: binary tensors over HTTP, concurrency 1 and 16,
+serving benchmark's load (:func:`bench.serving.__main__.measure`: binary tensors over HTTP, concurrency 1 and 16,
 one image a request). The champion's serving CPU per request is the agent process's CPU without the
 challenger's own thread (``icos-challenger``, read from ``/proc``); p50 is the client's. Targets: both within
 5% of the agent without a challenger. The challenger's own cost per prediction is its thread's CPU time over
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 #: The challenger the setting runs (a model of the champion/challenger benchmark).
-CHALLENGER = Path(__file__).resolve().parent / "challenger" / "models" / "mnist_drift.onnx"
+CHALLENGER = Path(__file__).resolve().parents[1] / "challenger" / "models" / "mnist_drift.onnx"
 #: The targets: the champion's CPU per request and p50 latency with the challenger, over without.
 MAX_RATIO = 1.05
 THREAD = "icos-challenger"

@@ -27,7 +27,7 @@ estimate uses the model's confidence and the labels only, not ``shift_aware``'s 
 estimator benchmark's held-out-kind protocol changes nothing here. The label-free estimators on the
 same scenarios are in the estimator benchmark (docs/estimation.md).
 
-    python -m bench.bench_labels [--models mnist,digits,tabular] [--reps 100] [--size 1000] [--labels 25,50,100,200,500]
+    python -m bench.labels [--models mnist,digits,tabular] [--reps 100] [--size 1000] [--labels 25,50,100,200,500]
         [--out docs/labels.md]
     python -m bench labels
 """
@@ -51,26 +51,20 @@ from agent.estimation.active import (
     active_accuracy,
     draw_probabilities,
     rate_for,
-    spread_probabilities,
     uncertainty,
 )
 from agent.estimation.correctness import CorrectnessModel
 from agent.estimation.intervals import wilson
 from agent.estimation.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
-from agent.estimation.strata import StrataLearner, strata_of
 from bench.estimators.harness import Config, draw_window, fit_subject, scenario_pool, scenarios_for, stable_seed
 from bench.estimators.subjects import LOADERS, Subject
 from bench.generated_docs import END, provenance, write_block
+from bench.labels.draws import ACTIVE, STRATIFIED, stratified_draw
 from invariants.oracle import Oracle
 
-ACTIVE = "active"
-STRATIFIED = "stratified"
 METHODS = (WITH_LABELS, ACTIVE, STRATIFIED, "labels_only", "avg_conf")
 #: designs whose label count is an expected one, measured on :data:`ACTIVE_GRID` too
 DESIGNS = (ACTIVE, STRATIFIED)
-#: predictions per arriving batch of a window under stratified draws: the labels of a batch are known
-#: before the next batch is drawn
-BATCH = 50
 
 #: label counts of ``active`` besides ``--labels``: the curve its half-width is interpolated on
 ACTIVE_GRID = (25, 35, 50, 70, 100, 140, 200)
@@ -154,38 +148,6 @@ def run_model(
                 out.append(Result(name, sc.name, n, STRATIFIED, st.value, st.lower, st.upper, truth))
         say(f"[{name}] {sc.name:28s} pool accuracy {float(correct_pool.mean()):.3f} ({time.perf_counter() - t0:.1f}s)")
     return out
-
-
-def stratified_draw(
-    rng: np.random.Generator,
-    f: np.ndarray,
-    correct: np.ndarray,
-    segments: np.ndarray,
-    n_segments: int,
-    labels: int,
-    floor: float,
-    dimensions: tuple[int, ...] | None = None,
-) -> LabeledEstimate:
-    """Stratified draws over one window as an agent makes them (:mod:`agent.estimation.strata`): the
-    predictions arrive in batches of :data:`BATCH`; each batch is drawn with the allocation learnt from the
-    labels of the batches before it (none at the window's start: the bundle's prior), at the window's
-    expected rate; every draw keeps its probability and the estimate is the active one."""
-    learner = StrataLearner(n_segments, tau=math.inf, dimensions=dimensions)
-    strata = strata_of(f, segments)
-    target = labels / len(f)
-    drawn, probs = [], []
-    for start in range(0, len(f), BATCH):
-        part = slice(start, start + BATCH)
-        u = learner.spread(strata[:, part], f[part])
-        mean_u = float(u.mean())
-        pi = spread_probabilities(u, rate_for(f[part], target, mean_u, floor, spread=u), mean_u, floor)
-        got = np.flatnonzero(rng.random(len(pi)) < pi)
-        drawn.append(got + start)
-        probs.append(pi[got])
-        learner.learn(strata[:, part][:, got], f[part][got], correct[part][got], 0.0)
-    s = np.concatenate(drawn)
-    a = active_accuracy(f, s, correct[s], np.concatenate(probs))
-    return a if a is not None else LabeledEstimate(0.0, 0.0, 1.0, len(f), 0)
 
 
 Row = tuple[str, int, str, float, float, float, float, float]
@@ -386,7 +348,7 @@ def _counts(spec: str) -> tuple[int, ...] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_labels", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.labels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="mnist,digits,tabular", help="comma-separated: mnist, digits, tabular")
     ap.add_argument("--reps", type=int, default=100, help="windows per scenario (default 100)")
     ap.add_argument("--size", type=int, default=1000, help="predictions per window (default 1000)")
@@ -418,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         results += run_model(name, cfg, counts, say=lambda s: print(s, file=sys.stderr, flush=True), floor=args.floor)
     if args.localized != "none":
-        from bench.labels_localized import run_localized
+        from bench.labels.localized import run_localized
 
         local = run_localized(
             tuple(sorted(set(counts) | set(ACTIVE_GRID))),
@@ -445,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     out = "\n\n".join(parts)
     print(out)
     if args.out is not None:
-        command = "python -m bench.bench_labels --out " + str(args.out)
-        ran = "python -m bench.bench_labels " + " ".join(argv if argv is not None else sys.argv[1:])
-        root = Path(__file__).resolve().parent.parent
+        command = "python -m bench.labels --out " + str(args.out)
+        ran = "python -m bench.labels " + " ".join(argv if argv is not None else sys.argv[1:])
+        root = Path(__file__).resolve().parents[2]
         _write_doc(args.out, command, provenance(ran.strip(), root) + "\n\n" + out)
     return 0
 

@@ -1,6 +1,6 @@
 """``fit`` on many large images: wall time and peak memory of ``icos-agent fit`` on an image folder.
 
-    python -m bench.bench_fit_images [--train 10000] [--val 2000] [--format jpeg] [--workdir DIR]
+    python -m bench.fit.images [--train 10000] [--val 2000] [--format jpeg] [--workdir DIR]
 
 Generates the zoo's 224×224 texture images (:mod:`bench.zoo.images`), writes them as image folders
 (ImageFolder layout: one subfolder per class) in batches, and runs ``icos-agent fit`` with the zoo's
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGET_SECONDS = 300.0
 TARGET_BYTES = 3 * 1024**3
 CHUNK = 500  # images generated and written at a time
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.generated_docs import commit_of
 
     commit = commit_of(ROOT)
-    print(f"command: python -m bench.bench_fit_images --train {args.train} --val {args.val} --format {args.format}")
+    print(f"command: python -m bench.fit.images --train {args.train} --val {args.val} --format {args.format}")
     print(f"commit: {commit}; {os.cpu_count()} cores")
     print()
     print("| images (train / val) | wall | peak RSS | view | oracle TPR / FPR | target |")

@@ -1,11 +1,11 @@
 """Where is the drop? Faults injected into one segment of real models' inputs, and whether each window's
 segment table names that segment (docs/diagnosis.md).
 
-    python -m bench.bench_localization [--quick] [--out docs/diagnosis.md] [--workdir DIR]
+    python -m bench.localization [--quick] [--out docs/diagnosis.md] [--workdir DIR]
 
 Models of the zoo (:mod:`bench.zoo`), each fitted as ``icos-agent fit`` fits it: ``tabular_categorical`` (a
 scikit-learn pipeline over numeric and categorical columns), ``lightgbm`` (numeric columns only),
-``text_tfidf`` (free text) and ``mnist_cnn`` (images). Faults (:mod:`bench.localization`): a numeric column
+``text_tfidf`` (free text) and ``mnist_cnn`` (images). Faults (:mod:`bench.localization.runs`): a numeric column
 zeroed in the rows of one category, a new subpopulation (a category value never seen at fit), the inputs of
 one region of a text view changing vocabulary, of one region of an image view blurred, and one class's
 images darkened. Every window draws its rows from the judged test split, faulted or clean, and reads them as
@@ -29,11 +29,19 @@ from pathlib import Path
 import numpy as np
 
 from bench.generated_docs import provenance, write_block
-from bench.localization import CLEAN_CONTRIBUTION, ESTIMATE_TOLERANCE, FAULTS, Outcome, Run, fit_subject, run_subject
+from bench.localization.runs import (
+    CLEAN_CONTRIBUTION,
+    ESTIMATE_TOLERANCE,
+    FAULTS,
+    Outcome,
+    Run,
+    fit_subject,
+    run_subject,
+)
 from invariants.fit_params import FitParams
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMAND = "python -m bench.bench_localization"
+ROOT = Path(__file__).resolve().parents[2]
+COMMAND = "python -m bench.localization"
 BEGIN = f"<!-- BEGIN GENERATED: {COMMAND} -->"
 #: model → the kind of faults it gets
 MODELS = {
