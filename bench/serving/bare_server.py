@@ -41,32 +41,67 @@ class BareModel:
         return probs.tobytes(), probs.argmax(axis=1).astype(np.int64).tobytes()
 
 
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        m = await receive()
+        chunks.append(m.get("body", b""))
+        if not m.get("more_body"):
+            return b"".join(chunks)
+
+
+def _model_metadata(model: BareModel, name: str) -> bytes:
+    """The model metadata a V2 server answers (what a proxy reads to speak binary to it)."""
+    inputs = [{"name": model.in_name, "datatype": "FP32", "shape": model.in_shape}]
+    outputs = [
+        {"name": "probabilities", "datatype": "FP32", "shape": [-1, model.k]},
+        {"name": "label", "datatype": "INT64", "shape": [-1]},
+    ]
+    return json.dumps({"name": name, "platform": "onnxruntime", "inputs": inputs, "outputs": outputs}).encode()
+
+
+def _binary_answer(model_name: str, rows: int, p: bytes, label: bytes) -> tuple[bytes, bytes]:
+    """The binary-tensor answer to an infer request: its JSON header and the whole payload."""
+    k = len(p) // 4 // rows
+    out = {
+        "model_name": model_name,
+        "outputs": [
+            {
+                "name": "probabilities",
+                "datatype": "FP32",
+                "shape": [rows, k],
+                "parameters": {"binary_data_size": len(p)},
+            },
+            {"name": "label", "datatype": "INT64", "shape": [rows], "parameters": {"binary_data_size": len(label)}},
+        ],
+    }
+    text = json.dumps(out).encode()
+    return text, text + p + label
+
+
+async def _infer(model: BareModel, scope: Any, receive: Any, send: Any) -> None:
+    from starlette.concurrency import run_in_threadpool
+
+    body = await _read_body(receive)
+    n = int(dict(scope["headers"])[b"inference-header-content-length"])
+    inp = json.loads(body[:n])["inputs"][0]
+    x = np.frombuffer(body[n:], dtype=np.float32).reshape(inp["shape"])
+    p, label = await run_in_threadpool(model.predict, x)
+    text, payload = _binary_answer(scope["path"].split("/")[3], x.shape[0], p, label)
+    headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"inference-header-content-length", str(len(text)).encode()),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
 def bare_app(model: BareModel, grpc_port: int | None = None) -> Any:
     """A minimal V2 endpoint: binary-tensor infer, metadata and readiness; with ``grpc_port``, its
     lifespan also runs :func:`bare_grpc_server` on that port."""
-    from starlette.concurrency import run_in_threadpool
-
-    in_name, predict = model.in_name, model.predict
     grpc_server: Any = None
-    # the server and model metadata a V2 server answers (what a proxy reads to speak binary to it)
     server_metadata = json.dumps({"name": "bare", "version": "1", "extensions": ["binary_tensor_data"]}).encode()
-    in_shape, k = model.in_shape, model.k
-
-    def model_metadata(name: str) -> bytes:
-        inputs = [{"name": in_name, "datatype": "FP32", "shape": in_shape}]
-        outputs = [
-            {"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
-            {"name": "label", "datatype": "INT64", "shape": [-1]},
-        ]
-        return json.dumps({"name": name, "platform": "onnxruntime", "inputs": inputs, "outputs": outputs}).encode()
-
-    async def read_body(receive: Any) -> bytes:
-        chunks = []
-        while True:
-            m = await receive()
-            chunks.append(m.get("body", b""))
-            if not m.get("more_body"):
-                return b"".join(chunks)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         nonlocal grpc_server
@@ -84,52 +119,14 @@ def bare_app(model: BareModel, grpc_port: int | None = None) -> Any:
                     return
         path = scope["path"]
         if path.endswith("/infer"):
-            body = await read_body(receive)
-            headers = dict(scope["headers"])
-            n = int(headers[b"inference-header-content-length"])
-            head = json.loads(body[:n])
-            inp = head["inputs"][0]
-            x = np.frombuffer(body[n:], dtype=np.float32).reshape(inp["shape"])
-            p, label = await run_in_threadpool(predict, x)
-            k = len(p) // 4 // x.shape[0]
-            out = {
-                "model_name": path.split("/")[3],
-                "outputs": [
-                    {
-                        "name": "probabilities",
-                        "datatype": "FP32",
-                        "shape": [x.shape[0], k],
-                        "parameters": {"binary_data_size": len(p)},
-                    },
-                    {
-                        "name": "label",
-                        "datatype": "INT64",
-                        "shape": [x.shape[0]],
-                        "parameters": {"binary_data_size": len(label)},
-                    },
-                ],
-            }
-            text = json.dumps(out).encode()
-            payload = text + p + label
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"application/octet-stream"),
-                        (b"inference-header-content-length", str(len(text)).encode()),
-                        (b"content-length", str(len(payload)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": payload})
+            await _infer(model, scope, receive, send)
             return
-        await read_body(receive)
+        await _read_body(receive)
         parts = path.strip("/").split("/")
         if parts == ["v2"]:
             answer = server_metadata
         elif len(parts) in (3, 5) and parts[:2] == ["v2", "models"] and parts[3:4] in ([], ["versions"]):
-            answer = model_metadata(parts[2])
+            answer = _model_metadata(model, parts[2])
         else:  # readiness and liveness
             answer = b'{"ready": true, "live": true}'
 
