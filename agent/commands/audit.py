@@ -2,7 +2,7 @@
 
 Examples::
 
-    icos-agent audit dscore --model agent/models/mnist_cnn.onnx --data test.npz --n 3 --t 5 --json
+    icos-agent audit dscore --model agent/shipped_models/mnist_cnn.onnx --data test.npz --n 3 --t 5 --json
     icos-agent audit mutation --model M.onnx --data ref.npz --k 200 --repetitions 5 --operators SGN,DIG
     icos-agent audit mutation --spec spec.yaml --train train.csv --test test.csv --target y   # retrain mode
     icos-agent audit metamorphic --model M.onnx --data ref.npz --transformations "[shift, blur]" --order 2

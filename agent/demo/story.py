@@ -234,7 +234,10 @@ def _commands(opts: DemoOptions, url: str | None, tracking_uri: str) -> list[tup
             ("run the agent yourself with the demo's config", f"icos-agent serve --config {state / CONFIG_FILE}")
         )
     out.append(
-        ("audit from the command line", "icos-agent audit dscore --model agent/models/mnist_cnn.onnx --data D.npz")
+        (
+            "audit from the command line",
+            "icos-agent audit dscore --model agent/shipped_models/mnist_cnn.onnx --data D.npz",
+        )
     )
     return out
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-CHAMPION = "agent/models/mnist_cnn.onnx"
+CHAMPION = "agent/shipped_models/mnist_cnn.onnx"
 CHALLENGER = "bench/challenger/models/mnist_drift.onnx"
 #: The challenger section's lines of ``check``'s printed report (the rest is the champion's own report).
 SECTION = "challenger: agrees"

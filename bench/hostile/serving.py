@@ -81,7 +81,7 @@ def fit_bundle(root: Path, out: Path) -> Path:
     s = mnist_splits()
     np.savez(out.parent / "train.npz", x=s.train.x, y=s.train.y)
     np.savez(out.parent / "val.npz", x=s.val.x, y=s.val.y)
-    model = root / "agent" / "models" / "mnist_cnn.onnx"
+    model = root / "agent" / "shipped_models" / "mnist_cnn.onnx"
     cmd = [sys.executable, "-m", "agent", "fit", "--model", str(model), "--trees", "10", "--out", str(out)]
     cmd += ["--train", str(out.parent / "train.npz"), "--val", str(out.parent / "val.npz")]
     env = {**os.environ, "PYTHONPATH": str(root)}
@@ -133,7 +133,7 @@ def run_case(name: str, root: Path, bundle: Path, sizes: Sizes, data: tuple[np.n
     if case.labels_token:
         env["ICOS_AGENT_LABELS_TOKEN"] = LABELS_TOKEN
     with tempfile.TemporaryDirectory(prefix=f"hostile-serving-{name}-") as d:
-        model = str(root / "agent" / "models" / "mnist_cnn.onnx")
+        model = str(root / "agent" / "shipped_models" / "mnist_cnn.onnx")
         settings = agent_settings(model, str(bundle), str(Path(d) / "state"), sizes.max_batch)
         agent = ServedAgent(root, Path(d), settings, env).start()
         side = None

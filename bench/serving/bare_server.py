@@ -8,7 +8,7 @@ Both protocols take requests as large as the agent does with its defaults (``ser
 32 MiB): gRPC's own receive limit (4 MB by default) would refuse a batch of 32 images of 3×224×224
 (19 MB) that the agent serves.
 
-    python -m bench.serving.bare_server --port 8000 [--grpc-port 8001] --model agent/models/mnist_cnn.onnx
+    python -m bench.serving.bare_server --port 8000 [--grpc-port 8001] --model agent/shipped_models/mnist_cnn.onnx
 """
 
 from __future__ import annotations

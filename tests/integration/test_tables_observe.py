@@ -91,7 +91,7 @@ def test_serve_mode_refuses_a_table_bundle(car: Table, tmp_path: Path) -> None:
     bundle = fit_bundle(car, tmp_path)
     cfg = observe_config(bundle, tmp_path / "state")
     cfg["mode"] = "serve"
-    cfg["model"] = {"name": "carloan", "path": str(ROOT / "agent" / "models" / "digits_cnn.onnx")}
+    cfg["model"] = {"name": "carloan", "path": str(ROOT / "agent" / "shipped_models" / "digits_cnn.onnx")}
     agent = AgentProcess(tmp_path, cfg)
     with pytest.raises(RuntimeError, match="did not start"):
         agent.start(timeout=30)

@@ -1,20 +1,20 @@
-"""Train the small CNNs shipped in ``agent/models/`` and export them to ONNX.
+"""Train the small CNNs shipped in ``agent/shipped_models/`` and export them to ONNX.
 
 Run from the repository root (needs the ``train`` extra, i.e. torch)::
 
     pip install -e '.[train]'
-    python models/train_cnn.py
+    python shipped_models_training/train_cnn.py
 
 Outputs (package data of :mod:`agent`):
 
-* ``agent/models/mnist_cnn.onnx``: LeNet-style CNN for MNIST-5k, input ``input`` float32
+* ``agent/shipped_models/mnist_cnn.onnx``: LeNet-style CNN for MNIST-5k, input ``input`` float32
   ``[N, 1, 28, 28]`` in raw pixel scale 0..255, output ``logits`` float32 ``[N, 10]``.
-* ``agent/models/resnet32.onnx``: ResNet-style CNN for colour 32x32 digits
+* ``agent/shipped_models/resnet32.onnx``: ResNet-style CNN for colour 32x32 digits
   (:func:`agent.data.datasets.colour_mnist32_splits`), input ``input`` float32 ``[N, 3, 32, 32]`` in raw
   pixel scale 0..255, output ``logits`` float32 ``[N, 10]``; the serving benchmark's heavier model.
-* ``agent/models/digits_cnn.onnx``: small CNN for scikit-learn digits, input ``input`` float32
+* ``agent/shipped_models/digits_cnn.onnx``: small CNN for scikit-learn digits, input ``input`` float32
   ``[N, 1, 8, 8]`` in raw pixel scale 0..16, output ``logits`` float32 ``[N, 10]``.
-* ``agent/models/models.json``: file name, sha256, input/output description, split, accuracies
+* ``agent/shipped_models/models.json``: file name, sha256, input/output description, split, accuracies
   measured with onnxruntime, torch version and the regenerating command for each model.
 
 Each model is trained only on the train split of :func:`agent.data.datasets.mnist_splits` /
@@ -49,9 +49,9 @@ if str(REPO_ROOT) not in sys.path:
 from agent.data.datasets import Split, Splits, colour_mnist32_splits, digits_splits, mnist_splits  # noqa: E402
 from invariants.onnx_session import OnnxSession  # noqa: E402
 
-OUT_DIR = REPO_ROOT / "agent" / "models"
+OUT_DIR = REPO_ROOT / "agent" / "shipped_models"
 OPSET = 17
-COMMAND = "python models/train_cnn.py"
+COMMAND = "python shipped_models_training/train_cnn.py"
 
 
 class Scale(nn.Module):
