@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.model is None:
         args.model = str(
-            ROOT / "agent" / "models" / ("mnist_cnn.onnx" if args.data == "mnist5k" else "digits_cnn.onnx")
+            ROOT / "agent" / "shipped_models" / ("mnist_cnn.onnx" if args.data == "mnist5k" else "digits_cnn.onnx")
         )
     model = Path(args.model).read_bytes()
     x, y = mnist5k() if args.data == "mnist5k" else digits()

@@ -360,7 +360,7 @@ class CalibrationPlan:
     pair_error_level: float = 0.99
     """Quantile of the model error per disagreement-rate bin: the 95% interval of the difference then
     holds on more than 95% of held-out windows (at 0.95 it called the wrong version better on 1% of
-    windows, at 0.99 on 0.3%: python -m bench.bench_challenger)."""
+    windows, at 0.99 on 0.3%: python -m bench.challenger)."""
 
     # -- the flag "this number may be wrong" ----------------------------------------------------------------
     flag_corruption_windows: int = 140

@@ -9,17 +9,13 @@
   :class:`AuditTimeout` at the next step boundary (a D-Score batch, a mutation repetition, a
   metamorphic relation).
 * :func:`audit_record` builds the MLflow :class:`~exporters.run_record.RunRecord` of an audit: params,
-  metrics, the JSON report and PNG artifacts, model tags (:func:`run_params` and :func:`run_metrics` make
-  any mapping fit MLflow's params and metrics; a fit's record is :mod:`agent.offline.fit_record`).
-* :func:`open_logger` builds the :class:`~exporters.mlflow_logger.MlflowLogger` (spool in the state
-  directory); the logger imports mlflow only when a run is delivered.
+  metrics, the JSON report and PNG artifacts, model tags (through :func:`exporters.mlflow_runs.run_record`,
+  as a fit's record in :mod:`agent.offline.fit_record`; the logger is :func:`exporters.mlflow_runs.open_logger`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,7 +33,7 @@ from agent.data.files import label_indices, load_data
 from agent.data.images import ImageSource
 from agent.data.limits import DataLimits
 from agent.model.inputs import Inputs, InvalidInput
-from exporters.mlflow_logger import MlflowLogger
+from exporters.mlflow_runs import run_record
 from exporters.run_record import RunRecord
 
 if TYPE_CHECKING:
@@ -49,16 +45,12 @@ __all__ = [
     "as_inputs",
     "audit_record",
     "load_audit_data",
-    "open_logger",
     "prepare_inputs",
     "run_audit",
-    "run_metrics",
-    "run_params",
 ]
 
 #: Seed of the subset drawn when the data holds more than ``max_samples`` inputs.
 SUBSET_SEED = 20240501
-_MAX_PARAM = 6000
 
 
 class AuditTimeout(AuditError):
@@ -249,32 +241,6 @@ def check_applies(kind: str, model: OnnxClassifier, data: Inputs | None = None) 
 
 
 # -- MLflow records -----------------------------------------------------------------------------------
-def _param_value(value: Any) -> str | int | float | bool:
-    if isinstance(value, bool | int | str):
-        return value if not isinstance(value, str) or len(value) <= _MAX_PARAM else value[: _MAX_PARAM - 3] + "..."
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    text = json.dumps(jsonable(value), separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= _MAX_PARAM else text[: _MAX_PARAM - 3] + "..."
-
-
-def run_params(params: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
-    """``params`` as MLflow takes them: plain values, long ones cut, structures as JSON, None left out."""
-    return {str(k): _param_value(v) for k, v in params.items() if v is not None}
-
-
-def run_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The finite numbers of ``metrics`` (flags and anything else left out)."""
-    out: dict[str, float] = {}
-    for k, v in metrics.items():
-        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
-            continue
-        f = float(v)
-        if math.isfinite(f):
-            out[str(k)] = f
-    return out
-
-
 def audit_record(
     outcome: AuditOutcome,
     *,
@@ -304,11 +270,11 @@ def audit_record(
         run_tags["icos.audit.error"] = outcome.error[:4000]
     params = {"n_samples": outcome.n_samples, **(result.params if result is not None else {})}
     metrics = {"seconds": outcome.seconds, **(result.metrics if result is not None else {})}
-    return RunRecord(
-        kind=outcome.kind,
-        name=f"{outcome.kind} {model_name}"[:250],
-        params=run_params(params),
-        metrics=run_metrics(metrics),
+    return run_record(
+        outcome.kind,
+        f"{outcome.kind} {model_name}",
+        params=params,
+        metrics=metrics,
         tags=run_tags,
         artifacts=artifacts,
         started_at=outcome.started_at,
@@ -317,16 +283,3 @@ def audit_record(
         model_version=model_version,
         model_sha256=model_sha256,
     )
-
-
-def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/icos-agent`` (``~/.local/state/icos-agent``): where the CLI spools runs."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "icos-agent"
-
-
-def open_logger(tracking_uri: str | None, experiment: str, state_dir: Path) -> MlflowLogger:
-    """An MLflow logger spooling into ``<state_dir>/mlflow-spool``; ``tracking_uri`` ``None`` →
-    ``sqlite:///<state_dir>/mlflow.db``."""
-    state_dir = Path(state_dir)
-    return MlflowLogger(tracking_uri, experiment, state_dir / "mlflow-spool", state_dir=state_dir)

@@ -2,7 +2,7 @@
 
 Examples::
 
-    icos-agent audit dscore --model agent/models/mnist_cnn.onnx --data test.npz --n 3 --t 5 --json
+    icos-agent audit dscore --model agent/shipped_models/mnist_cnn.onnx --data test.npz --n 3 --t 5 --json
     icos-agent audit mutation --model M.onnx --data ref.npz --k 200 --repetitions 5 --operators SGN,DIG
     icos-agent audit mutation --spec spec.yaml --train train.csv --test test.csv --target y   # retrain mode
     icos-agent audit metamorphic --model M.onnx --data ref.npz --transformations "[shift, blur]" --order 2
@@ -31,14 +31,13 @@ from agent.audits.report import AuditError, AuditResult, ProgressFn
 from agent.audits.runner import (
     AuditOutcome,
     audit_record,
-    default_state_dir,
     load_audit_data,
-    open_logger,
     run_audit,
 )
 from agent.commands.data_args import add_limit_arguments, data_limits
 from agent.errors import UserError
 from agent.model.classifier import OnnxClassifier
+from exporters.mlflow_runs import default_state_dir, open_logger
 from exporters.redaction import redact_uri
 
 

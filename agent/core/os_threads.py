@@ -2,7 +2,7 @@
 
 Python names its threads only for itself; ``top -H``, ``ps -L``, ``py-spy`` and
 ``/proc/<pid>/task/<tid>/comm`` show every thread of the agent as ``python``. The agent's own
-threads call :func:`name_os_thread` when they start, so an operator (and ``bench/bench_serving.py``,
+threads call :func:`name_os_thread` when they start, so an operator (and ``bench/serving/__main__.py``,
 which splits the agent's CPU time by thread) can tell the background judge (``icos-judge``), the
 prediction-store writer (``icos-store``) and the worker threads that run the model
 (``icos-worker``) from the event loop (the main thread). Linux only (``prctl(PR_SET_NAME)``, at most

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from agent.audits.config import AUDIT_KINDS
-from agent.audits.runner import open_logger
 from agent.data.datasets import Split, mnist_splits
 from agent.demo.agent_process import (
     CONFIG_FILE,
@@ -51,6 +50,7 @@ from agent.demo.traffic import Phase, build_phases
 from agent.errors import Abort
 from agent.model.classifier import OnnxClassifier, default_model_path
 from agent.offline.fit_record import fit_record
+from exporters.mlflow_runs import open_logger
 from exporters.redaction import redact_uri
 from exporters.run_record import RunRecord
 
@@ -234,7 +234,10 @@ def _commands(opts: DemoOptions, url: str | None, tracking_uri: str) -> list[tup
             ("run the agent yourself with the demo's config", f"icos-agent serve --config {state / CONFIG_FILE}")
         )
     out.append(
-        ("audit from the command line", "icos-agent audit dscore --model agent/models/mnist_cnn.onnx --data D.npz")
+        (
+            "audit from the command line",
+            "icos-agent audit dscore --model agent/shipped_models/mnist_cnn.onnx --data D.npz",
+        )
     )
     return out
 

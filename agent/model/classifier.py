@@ -495,4 +495,4 @@ def _is_zipmap(info: TensorInfo) -> bool:
 
 def default_model_path() -> Path:
     """The shipped MNIST CNN (LeNet-style, 28×28 grey input in raw pixel scale 0..255)."""
-    return Path(__file__).parent.parent / "models" / "mnist_cnn.onnx"
+    return Path(__file__).parent.parent / "shipped_models" / "mnist_cnn.onnx"

@@ -1,6 +1,6 @@
 """A fit as one MLflow run: its parameters, the model's and the oracle's figures, the bundle's small files and
-the fit's summary (MLflow itself stays behind :mod:`exporters.mlflow_logger`; the run is spooled in the state
-directory while MLflow cannot take it)."""
+the fit's summary, built and logged by :mod:`exporters.mlflow_runs` as an audit's run is (MLflow itself stays
+behind :mod:`exporters.mlflow_logger`; the run is spooled in the state directory while MLflow cannot take it)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.audits.report import jsonable
-from agent.audits.runner import default_state_dir, open_logger, run_metrics, run_params
 from agent.errors import UserError
+from exporters.mlflow_runs import default_state_dir, open_logger, run_record
 from exporters.redaction import redact_uri
 from exporters.run_record import RunRecord
 from invariants.fit_params import FitParams
@@ -41,11 +41,11 @@ def fit_record(
     for f in sorted(root.rglob("*")):
         if f.is_file() and f.suffix in (".json", ".yaml", ".yml", ".txt"):
             artifacts[f"bundle/{f.relative_to(root).as_posix()}"] = f.read_bytes()
-    return RunRecord(
-        kind="fit",
-        name=f"fit {model_name}"[:250],
-        params=run_params(params),
-        metrics=run_metrics(metrics),
+    return run_record(
+        "fit",
+        f"fit {model_name}",
+        params=params,
+        metrics=metrics,
         artifacts=artifacts,
         started_at=started_at,
         finished_at=finished_at,

@@ -43,7 +43,6 @@ from agent.audits.runner import (
     audit_record,
     check_applies,
     load_audit_data,
-    open_logger,
     run_audit,
 )
 from agent.core.durations import parse_duration
@@ -53,6 +52,7 @@ from agent.errors import UserError
 from agent.judging.runtime import Runtime
 from agent.model.classifier import OnnxClassifier
 from agent.model.inputs import Inputs
+from exporters.mlflow_runs import open_logger
 from exporters.redaction import redact_uri
 
 if TYPE_CHECKING:

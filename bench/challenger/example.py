@@ -1,4 +1,4 @@
-"""The worked example of docs/challenger.md, run as a user runs it (``python -m bench.bench_challenger --example``):
+"""The worked example of docs/challenger.md, run as a user runs it (``python -m bench.challenger --example``):
 the shipped MNIST CNN is the champion, the same recipe retrained on drifted data (``models/mnist_drift.onnx``)
 the challenger; both bundles are fitted with ``icos-agent fit`` (the challenger's with ``--champion``), and
 ``icos-agent check --challenger`` compares them on rotated test digits, label-free and with 100 labels. Every
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-CHAMPION = "agent/models/mnist_cnn.onnx"
+CHAMPION = "agent/shipped_models/mnist_cnn.onnx"
 CHALLENGER = "bench/challenger/models/mnist_drift.onnx"
 #: The challenger section's lines of ``check``'s printed report (the rest is the champion's own report).
 SECTION = "challenger: agrees"

@@ -32,7 +32,7 @@ def _integers(flag: str, given: str | None, default: str, *, minimum: int) -> tu
     return values
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.estimators", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smoke test: 3 repetitions of 300 samples, small pools")
     ap.add_argument("--models", default="mnist,digits,tabular", help="comma-separated: mnist, digits, tabular")
@@ -55,6 +55,27 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default="-", help="page whose generated section to rewrite, e.g. docs/estimation.md (default: none)"
     )
     ap.add_argument("--plot", default=None, help="PNG path (default: img/estimation.png next to --out)")
+    return ap
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that rewrites the page as this run did (named in the generated section)."""
+    cmd = f"python -m bench.estimators --out {args.out}" + (" --quick" if args.quick else "")
+    if args.models != "mnist,digits,tabular":
+        cmd += f" --models {args.models}"
+    if args.reps:
+        cmd += f" --reps {args.reps}"
+    if args.size:
+        cmd += f" --size {args.size}"
+    if args.calibration_seeds is not None:
+        cmd += f" --calibration-seeds '{args.calibration_seeds}'"
+    if args.window_sizes is not None:
+        cmd += f" --window-sizes '{args.window_sizes}'"
+    return cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in LOADERS]
@@ -97,17 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         png = Path(args.plot) if args.plot else out.parent / "img" / "estimation.png"
         plot(records, png)
-        cmd = f"python -m bench.estimators --out {args.out}" + (" --quick" if args.quick else "")
-        if args.models != "mnist,digits,tabular":
-            cmd += f" --models {args.models}"
-        if args.reps:
-            cmd += f" --reps {args.reps}"
-        if args.size:
-            cmd += f" --size {args.size}"
-        if args.calibration_seeds is not None:
-            cmd += f" --calibration-seeds '{args.calibration_seeds}'"
-        if args.window_sizes is not None:
-            cmd += f" --window-sizes '{args.window_sizes}'"
+        cmd = _command(args)
         meta = {
             "command": cmd,
             "settings": f"{cfg.reps} repetitions of {cfg.size} samples per scenario, seed {cfg.seed}",

@@ -67,6 +67,7 @@ from invariants.fit_params import FitParams
 from invariants.fitting import FittedOracle, fit_oracle
 from invariants.idi import IdiRuleSet
 from invariants.oracle import Oracle
+from invariants.tdi import TrainingInvariants
 
 
 @dataclass(frozen=True)
@@ -306,16 +307,16 @@ def fit_subject(subject: Subject, cfg: Config) -> SubjectFit:
     )
 
 
-def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
-    t0 = time.perf_counter()
+def _calibrate(
+    subject: Subject, cfg: Config, fit: SubjectFit, say: Callable[[str], None]
+) -> tuple[list[_Variant], dict[tuple[str, ...], EstimatorCalibration], dict[int, EstimatorCalibration]]:
+    """The oracle and calibration of each IDI variant (the label-free one first), the label-free
+    calibrations without each scenario's kin (``cfg.held_out``) and those of the other seeds."""
     m = subject.model
-    test_x = m.prepare_array(subject.test_x)
     params = replace(cfg.fit, seed=cfg.seed)
-    fit = fit_subject(subject, cfg)
-    train_x, val_pred, fitted = fit.train_x, fit.val_pred, fit.fitted
-    cal_idx, cal_x, cal_y, cal_pred = fit.cal_idx, fit.cal_x, fit.cal_y, fit.cal_pred
+    train_x, fitted = fit.train_x, fit.fitted
+    cal_x, cal_y, cal_pred = fit.cal_x, fit.cal_y, fit.cal_pred
     tdi, adi = fitted.oracle.tdi, fitted.oracle.adi
-    assert tdi is not None  # fit_oracle always builds the TDI tree
     variants: list[_Variant] = []
     held: dict[tuple[str, ...], EstimatorCalibration] = {}  # calibrations without a scenario's kin
     seeded: dict[int, EstimatorCalibration] = {}  # calibrations of other seeds
@@ -356,74 +357,98 @@ def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = prin
                 seeded[s] = cal.with_shift(
                     calibration_sets(m, oracle, cal_x, cal_y, train_x=train_x, n_sets=params.shift_sets, seed=s).fit(s)
                 )
+    return variants, held, seeded
+
+
+def _scenario_records(
+    subject: Subject,
+    cfg: Config,
+    sc: Scenario,
+    test_x: np.ndarray,
+    tdi: TrainingInvariants,
+    calibrated: tuple[list[_Variant], dict[tuple[str, ...], EstimatorCalibration], dict[int, EstimatorCalibration]],
+    say: Callable[[str], None],
+) -> list[Record]:
+    """Every estimator's records over ``cfg.reps`` windows of one scenario, for each variant, the pseudo-estimators
+    (held out, other seeds) and the windows of other sizes."""
+    m = subject.model
+    variants, held, seeded = calibrated
+    extra_sizes = [n for n in dict.fromkeys(cfg.window_sizes) if n != cfg.size]
+    records: list[Record] = []
+    t1 = time.perf_counter()
+    pool_x, pool_y, seg_len, class_index = scenario_pool(subject, sc, cfg, test_x)
+    pred = m.predict_batched(pool_x)
+    correct = pred.predicted == pool_y
+    pool_f = m.features(pool_x)
+    rules = tdi.rule_index(pool_f)
+    judged = []
+    for v in variants:
+        meta = {"form": form_metadata(pool_y, v.idi_partitions)} if v.idi_partitions else None
+        judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.predicted, metadata=meta).verdict)
+    pool = _Pool(pred.confidences, pred.probabilities, pred.predicted, pool_f, rules)
+    for rep in range(cfg.reps):
+        rr = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep))
+        idx = draw_window(rr, sc, cfg.size, seg_len, class_index)
+        truth = float(correct[idx].mean())
+        for v, verdicts in zip(variants, judged, strict=True):
+            stats = pool.window(verdicts, v.calibration, idx)
+            window = estimate_window(stats, v.calibration)
+            tr = _tr(window, v.calibration)
+            for name, e in window.estimates.items():
+                t = tr if name == RECOMMENDED_ESTIMATOR else (float("nan"), None)
+                records.append(Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth, *t))
+            if v.name == "none":  # shift_aware again under the label-free pseudo-estimators
+                others = {seeded_name(s): scal for s, scal in seeded.items()}
+                if cfg.held_out:
+                    others[HELD_OUT] = held.get(sc.calibration_kin, v.calibration)
+                for pseudo, ocal in others.items():
+                    ow = estimate_window(stats, ocal)
+                    g = ow.estimates.get(RECOMMENDED_ESTIMATOR)
+                    t = _tr(ow, ocal) if pseudo == HELD_OUT else (float("nan"), None)
+                    if g is not None:
+                        records.append(
+                            Record(
+                                subject.name,
+                                "none",
+                                sc.name,
+                                rep,
+                                pseudo,
+                                g.value,
+                                g.lower,
+                                g.upper,
+                                truth,
+                                *t,
+                            )
+                        )
+        for size in extra_sizes:  # shift_aware on windows of other sizes (label-free, shipped seed)
+            rs = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep, "size", size))
+            idx_s = draw_window(rs, sc, size, seg_len, class_index)
+            free = variants[0].calibration
+            g = estimate_all(pool.window(judged[0], free, idx_s), free).get(RECOMMENDED_ESTIMATOR)
+            if g is not None:
+                truth_s = float(correct[idx_s].mean())
+                records.append(
+                    Record(subject.name, "none", sc.name, rep, sized_name(size), g.value, g.lower, g.upper, truth_s)
+                )
+    say(f"[{subject.name}] {sc.name:28s} pool accuracy {float(correct.mean()):.3f} ({time.perf_counter() - t1:.1f}s)")
+    return records
+
+
+def run_subject(subject: Subject, cfg: Config, say: Callable[[str], None] = print) -> list[Record]:
+    t0 = time.perf_counter()
+    m = subject.model
+    test_x = m.prepare_array(subject.test_x)
+    fit = fit_subject(subject, cfg)
+    tdi = fit.fitted.oracle.tdi
+    assert tdi is not None  # fit_oracle always builds the TDI tree
+    calibrated = _calibrate(subject, cfg, fit, say)
     say(
         f"[{subject.name}] oracle fitted and calibrated in {time.perf_counter() - t0:.1f}s "
-        f"(val accuracy {float((val_pred.predicted == subject.val_y).mean()):.3f}, "
-        f"calibration split {len(cal_idx)} with {int((cal_pred.predicted != cal_y).sum())} errors)"
+        f"(val accuracy {float((fit.val_pred.predicted == subject.val_y).mean()):.3f}, "
+        f"calibration split {len(fit.cal_idx)} with {int((fit.cal_pred.predicted != fit.cal_y).sum())} errors)"
     )
+    assert calibrated[0][0].name == "none"  # the label-free variant comes first
     records: list[Record] = []
-    extra_sizes = [n for n in dict.fromkeys(cfg.window_sizes) if n != cfg.size]
-    assert variants[0].name == "none"  # the label-free variant comes first
     for sc in scenarios_for(subject):
-        t1 = time.perf_counter()
-        pool_x, pool_y, seg_len, class_index = scenario_pool(subject, sc, cfg, test_x)
-        pred = m.predict_batched(pool_x)
-        correct = pred.predicted == pool_y
-        pool_f = m.features(pool_x)
-        rules = tdi.rule_index(pool_f)
-        judged = []
-        for v in variants:
-            meta = {"form": form_metadata(pool_y, v.idi_partitions)} if v.idi_partitions else None
-            judged.append(v.oracle.judge(m.features(pool_x), pred.probabilities, pred.predicted, metadata=meta).verdict)
-        pool = _Pool(pred.confidences, pred.probabilities, pred.predicted, pool_f, rules)
-        for rep in range(cfg.reps):
-            rr = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep))
-            idx = draw_window(rr, sc, cfg.size, seg_len, class_index)
-            truth = float(correct[idx].mean())
-            for v, verdicts in zip(variants, judged, strict=True):
-                stats = pool.window(verdicts, v.calibration, idx)
-                window = estimate_window(stats, v.calibration)
-                tr = _tr(window, v.calibration)
-                for name, e in window.estimates.items():
-                    t = tr if name == RECOMMENDED_ESTIMATOR else (float("nan"), None)
-                    records.append(
-                        Record(subject.name, v.name, sc.name, rep, name, e.value, e.lower, e.upper, truth, *t)
-                    )
-                if v.name == "none":  # shift_aware again under the label-free pseudo-estimators
-                    others = {seeded_name(s): scal for s, scal in seeded.items()}
-                    if cfg.held_out:
-                        others[HELD_OUT] = held.get(sc.calibration_kin, v.calibration)
-                    for pseudo, ocal in others.items():
-                        ow = estimate_window(stats, ocal)
-                        g = ow.estimates.get(RECOMMENDED_ESTIMATOR)
-                        t = _tr(ow, ocal) if pseudo == HELD_OUT else (float("nan"), None)
-                        if g is not None:
-                            records.append(
-                                Record(
-                                    subject.name,
-                                    "none",
-                                    sc.name,
-                                    rep,
-                                    pseudo,
-                                    g.value,
-                                    g.lower,
-                                    g.upper,
-                                    truth,
-                                    *t,
-                                )
-                            )
-            for size in extra_sizes:  # shift_aware on windows of other sizes (label-free, shipped seed)
-                rs = np.random.default_rng(stable_seed(cfg.seed, subject.name, sc.name, rep, "size", size))
-                idx_s = draw_window(rs, sc, size, seg_len, class_index)
-                free = variants[0].calibration
-                g = estimate_all(pool.window(judged[0], free, idx_s), free).get(RECOMMENDED_ESTIMATOR)
-                if g is not None:
-                    t = float(correct[idx_s].mean())
-                    records.append(
-                        Record(subject.name, "none", sc.name, rep, sized_name(size), g.value, g.lower, g.upper, t)
-                    )
-        say(
-            f"[{subject.name}] {sc.name:28s} pool accuracy {float(correct.mean()):.3f} "
-            f"({time.perf_counter() - t1:.1f}s)"
-        )
+        records += _scenario_records(subject, cfg, sc, test_x, tdi, calibrated, say)
     return records

@@ -70,7 +70,7 @@ def digits() -> Subject:
     from agent.data.datasets import digits_splits
 
     s = digits_splits()
-    path = Path(__file__).resolve().parents[2] / "agent" / "models" / "digits_cnn.onnx"
+    path = Path(__file__).resolve().parents[2] / "agent" / "shipped_models" / "digits_cnn.onnx"
     model = OnnxClassifier.load(path, name="digits_cnn")
     return Subject(
         "digits",

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from bench.bench_serving import ensure_bundle, free_port, rss_mb, wait_ready
+from bench.serving.__main__ import ensure_bundle, free_port, rss_mb, wait_ready
 
 RSS_GROWTH_TARGET = 0.10
 FD_SLACK = 4
@@ -41,23 +41,60 @@ def _proc_counts(pid: int) -> tuple[float, int, int]:
     return rss_mb(pid), len(os.listdir(f"/proc/{pid}/fd")), threads
 
 
+def _agent_config(bundle_dir: Path, port: int, work: Path) -> dict[str, Any]:
+    """The served agent's configuration: the shipped CNN, MLflow off, state flushed every 2 s."""
+    from agent.model.classifier import default_model_path
+
+    return {
+        "model": {"name": "mnist", "path": str(default_model_path())},
+        "bundle": {"path": str(bundle_dir)},
+        "server": {"host": "127.0.0.1", "port": port, "max_batch": 64},
+        "state_dir": str(work / "state"),
+        "state": {"flush_interval_seconds": 2.0},
+        "windows": {"time": ["5m", "1h"], "count": 10000},
+        "audits": {"mlflow": {"enabled": False}},
+        "log_level": "warning",
+    }
+
+
+def _with_growth(
+    result: dict[str, Any], samples: list[tuple[float, float, int, int]], concurrency: int
+) -> dict[str, Any]:
+    """``result`` with the agent's memory, descriptors and threads after the warm-up and at the end, and
+    the targets met."""
+    warm_at = result.get("warm_at") or samples[0][0]
+    base = next((s for s in samples if s[0] >= warm_at), samples[-1])
+    final = samples[-1]
+    result.update(
+        {
+            "concurrency": concurrency,
+            "rss_mb_after_warmup": round(base[1], 1),
+            "rss_mb_final": round(final[1], 1),
+            "rss_mb_peak": round(max(s[1] for s in samples), 1),
+            "rss_growth": (final[1] - base[1]) / base[1] if base[1] else 0.0,
+            "fds_after_warmup": base[2],
+            "fds_final": final[2],
+            "threads_after_warmup": base[3],
+            "threads_final": final[3],
+        }
+    )
+    result["targets"] = {
+        "no_5xx": result["server_errors"] == 0,
+        "valid_all_200": result["valid_not_200"] == 0,
+        "invalid_all_4xx": result["invalid_not_4xx"] == 0,
+        "rss_growth_le_10pct": result["rss_growth"] <= RSS_GROWTH_TARGET,
+        "no_fd_growth": result["fds_final"] <= result["fds_after_warmup"] + FD_SLACK,
+        "clean_exit": result["agent_exit"] == 0,
+    }
+    return result
+
+
 def run_soak(requests: int, concurrency: int, seconds: float, bundle: str | None, warmup: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="icos-soak-") as tmp:
         work = Path(tmp)
         bundle_dir = ensure_bundle(bundle, work)
-        from agent.model.classifier import default_model_path
-
         port = free_port()
-        cfg = {
-            "model": {"name": "mnist", "path": str(default_model_path())},
-            "bundle": {"path": str(bundle_dir)},
-            "server": {"host": "127.0.0.1", "port": port, "max_batch": 64},
-            "state_dir": str(work / "state"),
-            "state": {"flush_interval_seconds": 2.0},
-            "windows": {"time": ["5m", "1h"], "count": 10000},
-            "audits": {"mlflow": {"enabled": False}},
-            "log_level": "warning",
-        }
+        cfg = _agent_config(bundle_dir, port, work)
         (work / "agent.yaml").write_text(yaml.safe_dump(cfg))
         env = {k: v for k, v in os.environ.items() if not k.startswith("ICOS_AGENT_")}
         log = (work / "agent.log").open("wb")
@@ -105,31 +142,7 @@ def run_soak(requests: int, concurrency: int, seconds: float, bundle: str | None
                 agent.kill()
                 agent.wait()
             log.close()
-        warm_at = result.get("warm_at") or samples[0][0]
-        base = next((s for s in samples if s[0] >= warm_at), samples[-1])
-        final = samples[-1]
-        result.update(
-            {
-                "concurrency": concurrency,
-                "rss_mb_after_warmup": round(base[1], 1),
-                "rss_mb_final": round(final[1], 1),
-                "rss_mb_peak": round(max(s[1] for s in samples), 1),
-                "rss_growth": (final[1] - base[1]) / base[1] if base[1] else 0.0,
-                "fds_after_warmup": base[2],
-                "fds_final": final[2],
-                "threads_after_warmup": base[3],
-                "threads_final": final[3],
-            }
-        )
-        result["targets"] = {
-            "no_5xx": result["server_errors"] == 0,
-            "valid_all_200": result["valid_not_200"] == 0,
-            "invalid_all_4xx": result["invalid_not_4xx"] == 0,
-            "rss_growth_le_10pct": result["rss_growth"] <= RSS_GROWTH_TARGET,
-            "no_fd_growth": result["fds_final"] <= result["fds_after_warmup"] + FD_SLACK,
-            "clean_exit": result["agent_exit"] == 0,
-        }
-        return result
+        return _with_growth(result, samples, concurrency)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``mnist_cnn``: the CNN the agent ships (``agent/models/mnist_cnn.onnx``) on its fixed MNIST-5k splits.
+"""``mnist_cnn``: the CNN the agent ships (``agent/shipped_models/mnist_cnn.onnx``) on its fixed MNIST-5k splits.
 
 Input ``input`` float32 ``[N, 1, 28, 28]`` raw pixels 0..255, output ``logits`` ``[N, 10]``; the value
 feeding the last ``Gemm`` is the penultimate representation. The splits are

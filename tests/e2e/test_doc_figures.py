@@ -49,18 +49,18 @@ def test_scaling_prose_quotes_no_figure() -> None:
 @pytest.mark.parametrize(
     ("page", "command"),
     [
-        ("serving.md", "python -m bench.bench_serving --out docs/serving.md"),
+        ("serving.md", "python -m bench.serving --out docs/serving.md"),
         ("estimation.md", "python -m bench.estimators"),
-        ("estimation.md", "python -m bench.bench_headline --out docs/estimation.md"),
-        ("labels.md", "python -m bench.bench_labels --out docs/labels.md"),
-        ("scaling.md", "python -m bench.bench_fleet --out docs/scaling.md"),
-        ("challenger.md", "python -m bench.bench_challenger --out docs/challenger.md"),
-        ("challenger.md", "python -m bench.bench_challenger --example --out docs/challenger.md"),
+        ("estimation.md", "python -m bench.headline --out docs/estimation.md"),
+        ("labels.md", "python -m bench.labels --out docs/labels.md"),
+        ("scaling.md", "python -m bench.fleet --out docs/scaling.md"),
+        ("challenger.md", "python -m bench.challenger --out docs/challenger.md"),
+        ("challenger.md", "python -m bench.challenger --example --out docs/challenger.md"),
         (
             "challenger.md",
-            "python -m bench.bench_serving --model mnist --challenger-share 0.1 --out docs/challenger.md",
+            "python -m bench.serving --model mnist --challenger-share 0.1 --out docs/challenger.md",
         ),
-        ("diagnosis.md", "python -m bench.bench_localization"),
+        ("diagnosis.md", "python -m bench.localization"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:

@@ -136,7 +136,7 @@ def test_every_exported_metric_is_documented_with_its_labels(
     settings = load_settings(
         None,
         mode="serve",
-        model={"name": "mnist", "path": str(REPO / "agent/models/mnist_cnn.onnx")},
+        model={"name": "mnist", "path": str(REPO / "agent/shipped_models/mnist_cnn.onnx")},
         bundle={"path": str(mnist_bundle_dir)},
         state_dir=str(tmp_path),
     )

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(120, func_only=True)  # about 40 s; the bundle is fitted in setup
 def test_quick_hostile_serving_benchmark_against_the_current_code(mnist_bundle_dir: Path, tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_hostile_serving", "--quick", "--bundle", str(mnist_bundle_dir)]
+        [sys.executable, "-m", "bench.hostile.serving", "--quick", "--bundle", str(mnist_bundle_dir)]
         + ["--json", str(tmp_path / "rows.json")],
         cwd=ROOT,
         capture_output=True,

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_serving_benchmark_measures_http_grpc_and_proxy(mnist_bundle_dir: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_serving", "--model", "mnist", "--bundle", str(mnist_bundle_dir)]
+        [sys.executable, "-m", "bench.serving", "--model", "mnist", "--bundle", str(mnist_bundle_dir)]
         + ["--seconds", "0.2", "--json"],
         cwd=ROOT,
         capture_output=True,
@@ -44,7 +44,7 @@ def test_serving_benchmark_measures_a_challenger_on_a_share(
     argv = ["--model", "mnist", "--challenger-share", "0.5", "--bundle", str(mnist_bundle_dir)]
     argv += ["--challenger-bundle", str(challenger_bundle_dir), "--seconds", "0.3", "--json"]
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_serving", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "bench.serving", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout)

@@ -6,6 +6,7 @@ offline with both models, and its difference the one estimated from the replicas
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from tests.support.agent_process import AgentProcess
 from tests.support.challenger import CHALLENGER_MODEL, drifted
 from tests.support.metrics import scrape
 from tests.support.ports import free_port
-from tests.support.prometheus import PrometheusServer, scrape_every_second
+from tests.support.prometheus import PrometheusServer, sample_since, scrape_every_second
 from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,27 +113,18 @@ def test_the_fleet_sums_the_replicas_pair_sums(
         return w if w and w["n"] == 600 else None
 
     window = poll(fleet_window, 90, what="the fleet's paired window of 600 predictions")
+    seen = time.time()  # the window is complete from here on: no more predictions come
     assert window["replicas"] == 2 and window["disagreements"] == total.n_dis
     pair = pair_of_bundle(Bundle.load(challenger_bundle_dir).pair, None)
     want = label_free(total, pair)
     assert want is not None
     got = window["differences"]["label_free"]
     assert (got["value"], got["lower"], got["upper"]) == pytest.approx((want.value, want.lower, want.upper), abs=1e-5)
-    # the evaluator's metrics, scraped by Prometheus with the rules loaded
+    # the evaluator's metrics, scraped by Prometheus with the rules loaded: only a scrape taken after the window
+    # was seen complete holds its value, and only a rule evaluated two intervals after that scrape reads it
     expr = 'icos_fleet_challenger_difference_ratio{window="5m",estimator="label_free",challenger="drift"}'
-
-    def recorded() -> list[dict[str, Any]]:
-        r = httpx.get(f"{fleet['prometheus']}/api/v1/query", params={"query": expr}, timeout=5).json()
-        return list(r["data"]["result"])
-
-    found = poll(recorded, 60, what=expr)
-    assert float(found[0]["value"][1]) == pytest.approx(want.value, abs=1e-5)
+    scraped_at, value = poll(lambda: sample_since(fleet["prometheus"], expr, seen), 60, what=f"{expr} after {seen}")
+    assert value == pytest.approx(want.value, abs=1e-5)
     rule = 'icos:challenger_difference:ratio5m{challenger="drift",source="fleet"}'
-    found = poll(
-        lambda: httpx.get(f"{fleet['prometheus']}/api/v1/query", params={"query": rule}, timeout=5).json()["data"][
-            "result"
-        ],
-        60,
-        what=rule,
-    )
-    assert float(found[0]["value"][1]) == pytest.approx(want.value, abs=1e-5)
+    _, value = poll(lambda: sample_since(fleet["prometheus"], rule, scraped_at + 2), 60, what=f"{rule} later")
+    assert value == pytest.approx(want.value, abs=1e-5)

@@ -15,7 +15,7 @@ from agent.data.arrays import ArrayFile
 from agent.data.datasets import Splits
 from agent.data.files import load_data
 from agent.model.classifier import default_model_path
-from bench.hostile_files import Measured, Zeros, run_measured, wide_csv, write_npz
+from bench.hostile.files import Measured, Zeros, run_measured, wide_csv, write_npz
 from invariants.fitting import stratified_split
 
 MODEL = str(default_model_path())

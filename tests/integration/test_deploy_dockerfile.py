@@ -120,7 +120,7 @@ def test_the_build_stage_copies_what_the_install_needs(tmp_path: Path) -> None:
     with zipfile.ZipFile(tmp_path / proc.stdout.split()[-1]) as wheel:
         names = set(wheel.namelist())
     licence = f"icos_agent-{_version()}.dist-info/licenses/LICENSE"
-    assert {"agent/models/mnist_cnn.onnx", "agent/cli.py", licence} <= names
+    assert {"agent/shipped_models/mnist_cnn.onnx", "agent/cli.py", licence} <= names
 
 
 def _version() -> str:

@@ -215,8 +215,13 @@ def test_one_agent_headline_counters_and_alert_through_prometheus(
             "source": "agents",
         }
         for bound in ("lower", "upper"):
-            got = _poll(lambda b=bound, w=window: _query(prometheus, f"icos:headline_accuracy:ratio{w}_{b}"))
-            assert got and abs(float(got[0]["value"][1]) - mine[bound]) <= 0.02, (window, bound, mine, got)
+            # a bound's rule may be evaluated a scrape before the headline's: wait for the agent's value
+            def bound_recorded(b: str = bound, w: str = window, want: float = mine[bound]) -> list[dict[str, Any]]:
+                res = _query(prometheus, f"icos:headline_accuracy:ratio{w}_{b}")
+                return [s for s in res if abs(float(s["value"][1]) - want) <= 0.02]
+
+            got = _poll(bound_recorded)
+            assert got, (window, bound, mine, _query(prometheus, f"icos:headline_accuracy:ratio{window}_{bound}"))
     assert own["windows"]["1h"]["headline"]["estimator"] == own["headline"] == "shift_aware"
     corrected = own["windows"]["1h"]["estimates"]["icos_corrected"]["value"]
     print(f"headline {own['windows']['1h']['headline']} icos_corrected {corrected:.3f} truth {truth:.3f}")

@@ -29,7 +29,7 @@ DATA_FILES = {
     "agent/py.typed",
     "invariants/py.typed",
     "exporters/py.typed",
-    "agent/models/models.json",
+    "agent/shipped_models/models.json",
     "agent/protocol/grpc_stubs/open_inference_grpc.proto",
     "agent/protocol/grpc_stubs/open_inference_grpc_pb2.pyi",
 }
@@ -69,13 +69,13 @@ def test_the_wheel_holds_every_module_and_data_file(dist: tuple[Path, Path]) -> 
         names = set(zf.namelist())
         metadata = zf.read("icos_agent-0.1.0.dist-info/METADATA").decode()
         entry_points = zf.read("icos_agent-0.1.0.dist-info/entry_points.txt").decode()
-        shipped_model = zf.read("agent/models/mnist_cnn.onnx")
+        shipped_model = zf.read("agent/shipped_models/mnist_cnn.onnx")
     modules = _tracked("*.py")
     models = _tracked("*.onnx")
-    assert models >= {"agent/models/mnist_cnn.onnx", "agent/models/digits_cnn.onnx", "agent/models/resnet32.onnx"}
+    assert models >= {f"agent/shipped_models/{name}.onnx" for name in ("mnist_cnn", "digits_cnn", "resnet32")}
     missing = (modules | models | DATA_FILES) - names
     assert not missing, f"not in the wheel: {sorted(missing)}"
-    assert shipped_model == (ROOT / "agent/models/mnist_cnn.onnx").read_bytes()
+    assert shipped_model == (ROOT / "agent/shipped_models/mnist_cnn.onnx").read_bytes()
     assert "icos_agent-0.1.0.dist-info/licenses/LICENSE" in names
     assert "License-Expression: Apache-2.0" in metadata
     assert "icos-agent = agent.cli:main" in entry_points

@@ -1,5 +1,5 @@
 """The fleet evaluator (a real ``icos-agent serve`` process in ``mode: fleet``) against a hostile
-Prometheus (:mod:`bench.hostile_prometheus`, a real HTTP server on a loopback port).
+Prometheus (:mod:`bench.fleet.hostile_prometheus`, a real HTTP server on a loopback port).
 
 For every hostile answer: the refresh fails and is counted under its reason, ``last_error`` names it,
 the last good estimate stays (and goes stale), the liveness probe and ``/metrics`` keep answering
@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from agent.fleet.prometheus_api import REASONS
-from bench.bench_fleet_hostile import bundle_label
-from bench.hostile_prometheus import HostilePrometheus
+from bench.fleet.hostile import bundle_label
+from bench.fleet.hostile_prometheus import HostilePrometheus
 from tests.support.agent_process import AgentProcess
 
 MODEL, VERSION = "mnist", "1"

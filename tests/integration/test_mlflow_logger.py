@@ -31,7 +31,7 @@ from tests.support.mlflow import MlflowServer
 from tests.support.mounts import read_only_dir
 from tests.support.ports import free_port
 
-MODEL_FILE = Path(__file__).resolve().parents[2] / "agent" / "models" / "digits_cnn.onnx"
+MODEL_FILE = Path(__file__).resolve().parents[2] / "agent" / "shipped_models" / "digits_cnn.onnx"
 SHA = "ab" * 32
 START_TIMEOUT_S = 120.0
 

@@ -1,5 +1,5 @@
 """Performance estimation on tables like NannyML's synthetic data sets (built in
-:mod:`bench.nannyml_style`, nothing downloaded): fit from the reference period, check the analysis
+:mod:`bench.headline.nannyml_style`, nothing downloaded): fit from the reference period, check the analysis
 period in chunks of 1,000 rows (NannyML's size-based chunking), and the headline estimate tracks the
 accuracy measured with the labels, falling when it falls under the covariate shift of the last chunks.
 """
@@ -15,7 +15,7 @@ import pytest
 from agent.cli import main
 from agent.data.tables import resolve_columns
 from agent.offline.tables import check_table_report
-from bench.nannyml_style import CHUNK, Table, car_loan, credit_card
+from bench.headline.nannyml_style import CHUNK, Table, car_loan, credit_card
 from invariants.bundle import Bundle
 
 #: Largest |headline estimate − accuracy| allowed in a chunk of 1,000 rows (the accuracy's own sampling

@@ -12,7 +12,7 @@ import pytest
 from agent.cli import main
 from agent.data.tables import TableColumns
 from agent.offline.tables import check_table_report
-from bench.nannyml_style import CAR_FEATURES, Table, car_loan
+from bench.headline.nannyml_style import CAR_FEATURES, Table, car_loan
 from invariants.bundle import Bundle
 from tests.support.agent_process import AgentProcess
 from tests.support.waiting import wait_until
@@ -91,7 +91,7 @@ def test_serve_mode_refuses_a_table_bundle(car: Table, tmp_path: Path) -> None:
     bundle = fit_bundle(car, tmp_path)
     cfg = observe_config(bundle, tmp_path / "state")
     cfg["mode"] = "serve"
-    cfg["model"] = {"name": "carloan", "path": str(ROOT / "agent" / "models" / "digits_cnn.onnx")}
+    cfg["model"] = {"name": "carloan", "path": str(ROOT / "agent" / "shipped_models" / "digits_cnn.onnx")}
     agent = AgentProcess(tmp_path, cfg)
     with pytest.raises(RuntimeError, match="did not start"):
         agent.start(timeout=30)

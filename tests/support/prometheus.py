@@ -84,3 +84,14 @@ class PrometheusServer:
         r = httpx.get(f"{self.url}/api/v1/{path}", timeout=5)
         r.raise_for_status()
         return r.json()["data"]
+
+
+def sample_since(url: str, selector: str, since: float, lookback: str = "60s") -> tuple[float, float] | None:
+    """The newest stored sample ``(timestamp, value)`` of ``selector`` (one series) taken at or after ``since``
+    (unix seconds), else None. An instant query answers with the last sample under the query's own time, so a
+    value compared with another read must come from a sample known to be newer than that read."""
+    r = httpx.get(f"{url}/api/v1/query", params={"query": f"{selector}[{lookback}]"}, timeout=5)
+    r.raise_for_status()
+    result = r.json()["data"]["result"]
+    samples = [(float(t), float(v)) for series in result for t, v in series["values"] if float(t) >= since]
+    return max(samples) if samples else None

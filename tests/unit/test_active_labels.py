@@ -18,9 +18,9 @@ from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledE
 from agent.estimation.estimators.registry import estimate_all
 from agent.estimation.statistics.window import WindowStats
 from agent.labels.active_draws import ActiveBudget
-from bench.bench_labels import fit_predictor
 from bench.estimators.harness import Config
 from bench.estimators.subjects import digits
+from bench.labels.__main__ import fit_predictor
 
 REPS = 400  # seeded repetitions per check (bounded)
 

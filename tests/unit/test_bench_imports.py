@@ -37,7 +37,7 @@ def test_the_check_sees_an_edit() -> None:
 
 def test_a_benchmark_runs_as_a_module_from_the_root() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.bench_serving", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "bench.serving", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout

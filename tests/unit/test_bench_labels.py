@@ -1,4 +1,4 @@
-"""The label benchmark (``python -m bench.bench_labels``): with every prediction of a window labeled,
+"""The label benchmark (``python -m bench.labels``): with every prediction of a window labeled,
 the prediction-powered estimate is the window's true accuracy exactly; with fewer labels the summary
 has one row per model, label count and estimate, and the command line refuses bad arguments."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_labels import (
+from bench.estimators.harness import Config
+from bench.labels.__main__ import (
     ACTIVE,
     ACTIVE_GRID,
     METHODS,
@@ -18,7 +19,6 @@ from bench.bench_labels import (
     table,
     targets,
 )
-from bench.estimators.harness import Config
 
 
 def test_all_labels_give_the_truth_and_the_summary_has_every_row() -> None:

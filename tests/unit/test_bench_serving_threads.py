@@ -1,4 +1,4 @@
-"""The serving benchmark's CPU split by thread (``bench/bench_serving.py``): named threads of the
+"""The serving benchmark's CPU split by thread (``bench/serving/__main__.py``): named threads of the
 agent land in their own group, the main thread is the event loop, ended threads do not count."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agent.core.os_threads import name_os_thread
-from bench.bench_serving import thread_cpu_delta, thread_cpu_seconds
+from bench.serving.__main__ import thread_cpu_delta, thread_cpu_seconds
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.needs("linux")
@@ -69,7 +69,7 @@ def test_cpu_lists_read_like_taskset() -> None:
 
     import pytest
 
-    from bench.bench_serving import cpu_list
+    from bench.serving.__main__ import cpu_list
 
     assert cpu_list("0-3,6") == {0, 1, 2, 3, 6}
     assert cpu_list("1") == {1}

@@ -27,7 +27,7 @@ from agent.audits.report import AuditError
 from invariants.onnx_session import OnnxSession
 
 ROOT = Path(__file__).resolve().parents[2]
-MNIST_CNN = ROOT / "agent" / "models" / "mnist_cnn.onnx"
+MNIST_CNN = ROOT / "agent" / "shipped_models" / "mnist_cnn.onnx"
 
 # The tables print 4 decimals and are computed from inputs that are themselves rounded (accuracies
 # to 0.01 %, f̃ to 4 significant digits), so a figure may differ from ours by one unit in the last
@@ -470,7 +470,10 @@ def mnist_test() -> tuple[np.ndarray, np.ndarray]:
 
 def _shipped_mnist() -> bytes:
     if not MNIST_CNN.is_file():
-        pytest.skip(f"shipped model {MNIST_CNN.relative_to(ROOT)} is missing (generate it with models/train_cnn.py)")
+        pytest.skip(
+            f"shipped model {MNIST_CNN.relative_to(ROOT)} is missing "
+            "(generate it with shipped_models_training/train_cnn.py)"
+        )
     return MNIST_CNN.read_bytes()
 
 

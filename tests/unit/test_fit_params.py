@@ -17,7 +17,7 @@ import pytest
 from agent.cli import build_parser, main
 from agent.commands.fit import fit_params_of
 from agent.errors import UserError
-from bench.nannyml_style import CAR_FEATURES, car_loan
+from bench.headline.nannyml_style import CAR_FEATURES, car_loan
 from invariants.fit_params import MODEL, SOURCES, TABLE, FitParams, FitParamsError, field_docs, flag_name, knobs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from agent.model.view_choice import LONG_SEQUENCE, choose_view
 from agent.offline.calibration.corruptions import iter_shifted_sets
 from agent.offline.fit import STAGES, fit_bundle
 from agent.offline.fit_progress import FitMeter, fit_meter, rows_done
-from bench.heavy_inputs import WIDE_CLASSES, WIDE_LENGTH, wide_token_model, wide_token_rows
+from bench.fit.heavy_inputs import WIDE_CLASSES, WIDE_LENGTH, wide_token_model, wide_token_rows
 from invariants.fit_params import CalibrationPlan, FitParams
 
 

@@ -16,7 +16,7 @@ from agent.offline.calibration.estimators.headline_choice import choose_headline
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.shift_windows import KINDS, WindowPlanner, tilt_coordinates
 from agent.offline.tables import check_table_report
-from bench.nannyml_style import CAR_FEATURES, car_loan
+from bench.headline.nannyml_style import CAR_FEATURES, car_loan
 from invariants.bundle import Bundle
 
 

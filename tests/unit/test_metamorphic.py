@@ -19,7 +19,7 @@ from agent.audits.report import AuditError
 from agent.perturb.transforms import TransformContext
 
 ROOT = Path(__file__).resolve().parents[2]
-DIGITS_CNN = ROOT / "agent" / "models" / "digits_cnn.onnx"
+DIGITS_CNN = ROOT / "agent" / "shipped_models" / "digits_cnn.onnx"
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from agent.audits.mutation.run import MutationPlan, run_mutation_audit
 from agent.audits.report import AuditError
 
 ROOT = Path(__file__).resolve().parents[2]
-DIGITS_CNN = ROOT / "agent" / "models" / "digits_cnn.onnx"
+DIGITS_CNN = ROOT / "agent" / "shipped_models" / "digits_cnn.onnx"
 
 # Numbers with 1-4 decimals, as typed into a table: whole part up to 6 digits.
 decimals = st.builds(

@@ -16,7 +16,7 @@ from agent.data.tables import TableColumns, default_classes, iter_table, resolve
 from agent.errors import UserError
 from agent.judging.runtime import load_runtime
 from agent.model.classifier import label_confidences, predicted_classes_of
-from bench.nannyml_style import CAR_FEATURES, Table, car_loan
+from bench.headline.nannyml_style import CAR_FEATURES, Table, car_loan
 from invariants.bundle import Bundle, BundleError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ def test_decision_threshold_changes_labels_verdicts_and_accuracy(
 
 
 def test_serve_and_proxy_modes_refuse_a_table_bundle(bundle_dir: Path) -> None:
-    onnx = str(ROOT / "agent" / "models" / "digits_cnn.onnx")
+    onnx = str(ROOT / "agent" / "shipped_models" / "digits_cnn.onnx")
     for mode, extra in (("serve", {}), ("proxy", {"upstream": {"url": "http://127.0.0.1:9"}})):
         model = {"name": "m", "path": onnx}
         settings = load_settings(None, mode=mode, model=model, bundle={"path": str(bundle_dir)}, **extra)
@@ -190,7 +190,7 @@ def test_cli_names_what_is_missing(
 ) -> None:
     ref, out = str(files["ref"]), str(tmp_path / "b")
     assert "--proba-columns" in cli_error(capsys, "fit", "--reference", ref, "--label-column", "repaid", "--out", out)
-    onnx = str(ROOT / "agent" / "models" / "digits_cnn.onnx")
+    onnx = str(ROOT / "agent" / "shipped_models" / "digits_cnn.onnx")
     err = cli_error(capsys, "check", "--bundle", str(bundle_dir), "--data", str(files["ana"]), "--model", onnx)
     assert "fitted from a table of predictions" in err and "without --model" in err
     err = cli_error(

@@ -54,7 +54,7 @@ from agent.estimation.statistics.window import weighted_sums
 #: uniform one. A defensive mixture (Hesterberg 1995): where a shift makes the predictor wrong, the
 #: interval rests on a few labels of predictions it thought safe, and bounded weights keep its variance
 #: estimate steady; the savings come from confident traffic, which a floor of a half hardly touches
-#: (``python -m bench.bench_labels --floor F`` compares floors).
+#: (``python -m bench.labels --floor F`` compares floors).
 DEFAULT_FLOOR = 0.5
 
 

@@ -26,7 +26,7 @@ from scipy import ndimage
 from torch import nn
 
 from agent.data.datasets import Split, digits_splits, mnist_splits
-from models.train_cnn import RECIPES, MnistCnn, Recipe, Scale, export, train
+from shipped_models_training.train_cnn import RECIPES, MnistCnn, Recipe, Scale, export, train
 
 HERE = Path(__file__).resolve().parent
 

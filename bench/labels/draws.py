@@ -1,0 +1,51 @@
+"""The label designs the label benchmark compares beside the agent's own estimators, and the stratified
+draw as an agent makes it over one window: shared by :mod:`bench.labels.__main__` (the benchmark) and
+:mod:`bench.labels.localized` (the same draws over a window with a faulty segment)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agent.estimation.estimators.active import active_accuracy, rate_for, spread_probabilities
+from agent.estimation.estimators.prediction_powered import LabeledEstimate
+from agent.estimation.estimators.strata import StrataLearner, strata_of
+
+ACTIVE = "active"
+STRATIFIED = "stratified"
+#: predictions per arriving batch of a window under stratified draws: the labels of a batch are known
+#: before the next batch is drawn
+BATCH = 50
+
+
+def stratified_draw(
+    rng: np.random.Generator,
+    f: np.ndarray,
+    correct: np.ndarray,
+    segments: np.ndarray,
+    n_segments: int,
+    labels: int,
+    floor: float,
+    dimensions: tuple[int, ...] | None = None,
+) -> LabeledEstimate:
+    """Stratified draws over one window as an agent makes them (:mod:`agent.estimation.estimators.strata`): the
+    predictions arrive in batches of :data:`BATCH`; each batch is drawn with the allocation learnt from the
+    labels of the batches before it (none at the window's start: the bundle's prior), at the window's
+    expected rate; every draw keeps its probability and the estimate is the active one."""
+    learner = StrataLearner(n_segments, tau=math.inf, dimensions=dimensions)
+    strata = strata_of(f, segments)
+    target = labels / len(f)
+    drawn, probs = [], []
+    for start in range(0, len(f), BATCH):
+        part = slice(start, start + BATCH)
+        u = learner.spread(strata[:, part], f[part])
+        mean_u = float(u.mean())
+        pi = spread_probabilities(u, rate_for(f[part], target, mean_u, floor, spread=u), mean_u, floor)
+        got = np.flatnonzero(rng.random(len(pi)) < pi)
+        drawn.append(got + start)
+        probs.append(pi[got])
+        learner.learn(strata[:, part][:, got], f[part][got], correct[part][got], 0.0)
+    s = np.concatenate(drawn)
+    a = active_accuracy(f, s, correct[s], np.concatenate(probs))
+    return a if a is not None else LabeledEstimate(0.0, 0.0, 1.0, len(f), 0)
