@@ -55,7 +55,6 @@ from agent.estimation.estimators.active import (
 )
 from agent.estimation.estimators.correctness import CorrectnessModel
 from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
-from agent.estimation.estimators.strata import StrataLearner, strata_of
 from agent.estimation.intervals import wilson
 from bench.estimators.harness import Config, draw_window, fit_subject, scenario_pool, scenarios_for, stable_seed
 from bench.estimators.subjects import LOADERS, Subject
