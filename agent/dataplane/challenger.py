@@ -40,7 +40,6 @@ from agent.core.os_threads import name_os_thread
 from agent.errors import UserError
 from agent.estimation.pair_calibration import Disagreements, PairCalibration, pair_of_bundle
 from agent.estimation.paired import PairSums
-from agent.estimation.rendering import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
 from agent.estimation.statistics import WindowStats, extras_from_columns, sample_extras
 from agent.judging.paired_windows import PairedStats, PairedWindows
 from agent.judging.recorder import JudgedBatch
@@ -49,6 +48,7 @@ from agent.judging.verdicts import JudgeWork, judge
 from agent.labels.paired_labels import DisagreementDraws
 from agent.model.classifier import label_confidences
 from agent.model.inputs import Inputs
+from agent.results.window import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
 from exporters.challenger_metrics import ChallengerMetrics, ChallengerSnapshot
 
 log = logs.get("challenger")

@@ -33,13 +33,13 @@ from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import RECOMMENDED_ESTIMATOR
-from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.statistics import WindowStats
 from agent.fleet.challenger import FleetChallenger, FleetPairs
 from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
+from agent.results.window import WindowEntry, bundle_json, snapshot_points, window_entry
 from exporters.challenger_metrics import ChallengerSnapshot
 from exporters.fleet import FleetSnapshot, FleetVersion
 
@@ -49,7 +49,7 @@ log = logs.get("fleet")
 @dataclass(frozen=True)
 class VersionWindows:
     """One model version's windows, each estimated once from the replicas' summed statistics
-    (:class:`~agent.estimation.rendering.WindowEntry`: estimates, trust signal, headline and the
+    (:class:`~agent.results.window.WindowEntry`: estimates, trust signal, headline and the
     label-free per-class figures, where the replicas export per-class sums), and the replicas behind them."""
 
     windows: dict[str, WindowEntry]
@@ -339,7 +339,7 @@ class FleetEvaluator:
         return self.challenger.snapshot(self.model, r.pairs if r is not None else None, self.settings.model.version)
 
     def _windows_json(self, vw: VersionWindows) -> dict[str, Any]:
-        """The windows as an agent reports them (:meth:`~agent.estimation.rendering.WindowEntry.to_json`),
+        """The windows as an agent reports them (:meth:`~agent.results.window.WindowEntry.to_json`),
         each with its replicas and, from the store's labels, its ``realized`` section."""
         return {name: entry.to_json(self.calibration, vw.sections(name)) for name, entry in vw.windows.items()}
 

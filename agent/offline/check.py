@@ -28,7 +28,6 @@ from agent.estimation.class_metrics import realized_class_metrics as realized_cl
 from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
-from agent.estimation.rendering import PairedModel, estimates_json, flag_sections, segments_json
 from agent.estimation.segment_realized import SegmentLabels, with_realized
 from agent.estimation.segment_table import segment_table
 from agent.estimation.segments import truth_counts
@@ -38,6 +37,7 @@ from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
 from agent.offline.paired_check import ChallengerCheck
 from agent.offline.viewing import predict_and_view, source_of
+from agent.results.window import PairedModel, estimates_json, flag_sections, segments_json
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult, calibrate

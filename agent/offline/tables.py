@@ -36,11 +36,11 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
-from agent.estimation.rendering import estimates_json, flag_sections, segments_json
 from agent.estimation.segment_table import segment_table
 from agent.estimation.segments import truth_counts
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
+from agent.results.window import estimates_json, flag_sections, segments_json
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import VERDICTS

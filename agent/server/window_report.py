@@ -1,11 +1,11 @@
 """What an agent reports about its windows: one report per read (:meth:`WindowReport.windows_of`),
 rendered twice — as the ``GET /v1/estimates`` document and as the scrape-time snapshot behind
 ``icos_estimated_*`` (:class:`exporters.prometheus.EstimatesCollector`) — by the one rendering the
-fleet evaluator and ``check`` use too (:mod:`agent.estimation.rendering`), so that the JSON and the
+fleet evaluator and ``check`` use too (:mod:`agent.results.window`), so that the JSON and the
 metrics never disagree.
 
 Each window's estimates come from one call into :mod:`agent.estimation`
-(:func:`~agent.estimation.rendering.window_entry`): the window's statistics, plus, for time
+(:func:`~agent.results.window.window_entry`): the window's statistics, plus, for time
 windows, the labeled-sample sums of the delayed labels (so ``with_labels`` is one registered
 estimator among the others), give every estimator's estimate and the trust signal; the label-free
 per-class figures (CBPE) come from the same statistics. Each window's headline (the bundle's headline
@@ -23,11 +23,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.segment_realized import SegmentLabels, with_realized
 from agent.estimation.statistics import WindowStats
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
+from agent.results.window import WindowEntry, bundle_json, snapshot_points, window_entry
 from exporters.prometheus import Snapshot
 
 #: An extra per-window section of ``/v1/estimates``: ``(runtime, now)`` → ``{window: {section: value}}``.

@@ -25,13 +25,13 @@ from agent.estimation.flag import (
     flag_or_none,
 )
 from agent.estimation.intervals import Estimate
-from agent.estimation.rendering import snapshot_points, window_entry
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
 from agent.offline.calibration.corruptions import corruption_groups
 from agent.offline.calibration.flag_fitting import FlagWindow, fit_flag_model, isotonic_steps, monotone_logistic
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.shift_windows import tilt_coordinates
+from agent.results.window import snapshot_points, window_entry
 from exporters.prometheus import EstimatesCollector, Snapshot
 
 

@@ -333,7 +333,7 @@ def test_regions_cluster_a_view_and_name_their_class_mix() -> None:
 
 
 def test_one_rendering_carries_the_segments_to_every_surface() -> None:
-    from agent.estimation.rendering import segment_points, snapshot_points, window_entry
+    from agent.results.window import segment_points, snapshot_points, window_entry
 
     rng = np.random.default_rng(10)
     cal, data = fitted(rng)
