@@ -48,7 +48,7 @@ from agent.judging.verdicts import JudgeWork, judge
 from agent.labels.paired_labels import DisagreementDraws
 from agent.model.classifier import label_confidences
 from agent.model.inputs import Inputs
-from agent.results.window import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
+from agent.results.paired import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
 from exporters.challenger_metrics import ChallengerMetrics, ChallengerSnapshot
 
 log = logs.get("challenger")

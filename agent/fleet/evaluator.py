@@ -39,7 +39,8 @@ from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailabl
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
-from agent.results.window import WindowEntry, bundle_json, snapshot_points, window_entry
+from agent.results.bundle import BundleSection
+from agent.results.window import WindowEntry, snapshot_points, window_entry
 from exporters.challenger_metrics import ChallengerSnapshot
 from exporters.fleet import FleetSnapshot, FleetVersion
 
@@ -306,7 +307,7 @@ class FleetEvaluator:
         windows = self._windows_json(r.versions[v]) if r is not None and v is not None else {}
         return {
             "model": {"name": self.model, "version": v or version or self.settings.model.version},
-            **bundle_json(self.headline, self.calibration),
+            **BundleSection(self.headline, self.calibration).to_json(),
             "windows": windows,
             "timestamp": r.at if r is not None else None,
             "fleet": {

@@ -37,7 +37,10 @@ from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
 from agent.offline.paired_check import ChallengerCheck
 from agent.offline.viewing import predict_and_view, source_of
-from agent.results.window import PairedModel, estimates_json, flag_sections, segments_json
+from agent.results.estimate import estimates_json
+from agent.results.paired import PairedModel
+from agent.results.segments import segments_json
+from agent.results.window import flag_sections
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult, calibrate

@@ -32,7 +32,7 @@ from agent.estimation.pair_calibration import pair_of_bundle as _checked
 from agent.estimation.paired import PairSums
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import Prediction, label_confidences, predicted_classes_of
-from agent.results.window import PairedModel, paired_entry
+from agent.results.paired import PairedModel, paired_entry
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 

@@ -40,7 +40,9 @@ from agent.estimation.segment_table import segment_table
 from agent.estimation.segments import truth_counts
 from agent.estimation.statistics import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
-from agent.results.window import estimates_json, flag_sections, segments_json
+from agent.results.estimate import estimates_json
+from agent.results.segments import segments_json
+from agent.results.window import flag_sections
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import VERDICTS

@@ -1,23 +1,18 @@
-"""The one rendering of estimates, whoever serves them: an agent's ``GET /v1/estimates``, the fleet
-evaluator's, ``icos-agent check --json`` and the scrape-time snapshot behind the ``icos_estimated_*``
-and ``icos_fleet_*`` metrics — so that a fleet user reads what a single-agent user reads, and the JSON
-and the metrics never disagree.
+"""A window's estimates as a result, whoever serves them: an agent's ``GET /v1/estimates``, the fleet
+evaluator's, ``icos-agent check`` and the scrape-time snapshot behind the ``icos_estimated_*`` and
+``icos_fleet_*`` metrics — so that a fleet user reads what a single-agent user reads, and the JSON and the
+metrics never disagree.
 
-A window is estimated once (:func:`window_entry`: every estimator, the trust signal and the headline
-from one :func:`~agent.estimation.estimators.estimate_window` call, the flag "this number may be wrong"
-on them (:func:`~agent.estimation.assessment.assess`: ``trust`` with ``calibrated`` and ``reasons``, the
-headline's interval widened where the flag is raised), and CBPE's label-free per-class figures from the
-same statistics) and rendered from that entry: :meth:`WindowEntry.to_json` for the
-documents, :func:`snapshot_points` for the metrics. An estimate reads the same everywhere
-(:func:`estimate_json`): marked ``unreliable`` with the reason when it says too little to be read as a
-number (:mod:`agent.estimation.reliability`), and, in the documents served over HTTP, rounded to six
-decimals for the person reading them (``check --json`` keeps every digit: programs compute from it).
-What the bundle says about every window (the headline estimator and the evidence for it, the oracle's
-TPR/FPR, the reference accuracy) is :func:`bundle_json`. What only one server knows (an agent's
-realized windows of delayed labels, the fleet's replicas per window) is added to a window as a
-section of its own. A challenger's comparison with the champion on the same requests is estimated once per
-window too (:func:`paired_entry`) and rendered as the ``challenger`` section (:func:`challenger_json`) and as
-the ``icos_challenger_*`` metrics (:func:`paired_points`).
+A window is estimated once (:func:`window_entry`: every estimator, the trust signal and the headline from
+one :func:`~agent.estimation.estimators.estimate_window` call, the flag "this number may be wrong" on them
+(:func:`~agent.estimation.assessment.assess`: ``trust`` with ``calibrated`` and ``reasons``, the headline's
+interval widened where the flag is raised), CBPE's label-free per-class figures from the same statistics,
+and its segment table) and renders itself from that entry: :meth:`WindowEntry.to_json` for the documents,
+:meth:`WindowEntry.points` for the metrics, :meth:`WindowEntry.to_text` for the lines ``check`` prints,
+:meth:`WindowEntry.to_row` for one flat row. An estimate reads the same everywhere
+(:mod:`agent.results.estimate`). What the bundle says about every window is
+:class:`~agent.results.bundle.BundleSection`; what only one server knows (an agent's realized windows of
+delayed labels, the fleet's replicas per window) is added to a window as a section of its own.
 """
 
 from __future__ import annotations
@@ -30,49 +25,14 @@ from agent.estimation.assessment import Assessment, assess
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.class_metrics import window_class_metrics
 from agent.estimation.estimators import WindowEstimates, estimate_window, headline_of
-from agent.estimation.evidence import evidence_section
 from agent.estimation.intervals import Estimate
-from agent.estimation.pair_calibration import PairCalibration
-from agent.estimation.paired import Difference, PairSums, best_of, differences
-from agent.estimation.reliability import unreliable
 from agent.estimation.segment_table import SegmentTable, segment_table
 from agent.estimation.statistics import WindowStats
 from agent.estimation.trust import Trust
-from exporters.challenger_metrics import PairedPoint
+from agent.results.estimate import estimate_point, estimate_row, estimates_json, headline_json
+from agent.results.segments import SegmentResult, segment_lines
 from exporters.prometheus import EstimatePoint, WindowPoint
 from exporters.segment_metrics import SegmentPoint
-
-#: Decimals of an estimate in the documents served over HTTP (a person reads them; the metrics and
-#: ``check --json`` keep every digit).
-DECIMALS = 6
-
-
-def estimate_json(
-    name: str, e: Estimate, calibration: EstimatorCalibration, *, decimals: int | None = DECIMALS
-) -> dict[str, Any]:
-    """Estimator ``name``'s estimate ``e``: its fields rounded to ``decimals`` (None: every digit), marked
-    ``unreliable`` (with the reason) when it says too little to be read as a number."""
-    d: dict[str, Any] = {
-        k: round(v, decimals) if decimals is not None and isinstance(v, float) else v for k, v in e.to_dict().items()
-    }
-    why = unreliable(name, e, calibration)
-    if why is not None:
-        d["unreliable"] = why
-    return d
-
-
-def estimates_json(
-    estimates: Mapping[str, Estimate], calibration: EstimatorCalibration, *, decimals: int | None = DECIMALS
-) -> dict[str, dict[str, Any]]:
-    """Every estimator's estimate (:func:`estimate_json`), in the registry's order."""
-    return {k: estimate_json(k, e, calibration, decimals=decimals) for k, e in estimates.items()}
-
-
-def headline_json(headline: tuple[str, Estimate], assessment: Assessment | None = None) -> dict[str, Any]:
-    """A window's headline: the estimator that gave it and its estimate (every digit, as the
-    ``*_headline_accuracy_ratio`` metrics export it; its interval widened where the flag is raised), and
-    what the flag says of it (:meth:`~agent.estimation.assessment.Assessment.headline_dict`)."""
-    return {"estimator": headline[0], **headline[1].to_dict(), **(assessment.headline_dict() if assessment else {})}
 
 
 def trust_json(assessment: Assessment) -> dict[str, Any]:
@@ -94,6 +54,94 @@ def flag_sections(window: WindowEstimates, headline: str, calibration: Estimator
     if assessment is not None:
         out["trust"] = trust_json(assessment)
     return out
+
+
+def estimate_lines(
+    estimates: Mapping[str, Mapping[str, Any]], headline: str | None, errors: Mapping[str, float] | None = None
+) -> list[str]:
+    """Every estimate of a document's ``estimates``, the ``headline`` estimator's first and marked, with its
+    absolute error where ``errors`` (the truth is known) are given."""
+    lines = [f"{'estimator':<16}{'estimate':>9}{'95% interval':>18}" + ("  abs error" if errors is not None else "")]
+    for name, e in sorted(estimates.items(), key=lambda kv: kv[0] != headline):  # headline first
+        mark = " *" if name == headline else ""
+        row = f"{name + mark:<16}{e['value']:>9.3f}   [{e['lower']:.3f}, {e['upper']:.3f}]"
+        if errors is not None:
+            row += f"{errors[name]:>11.3f}"
+        if "n_labels" in e:
+            row += f"  ({e['n_labels']} labels)"
+        if "unreliable" in e:
+            row += f"  unreliable: {e['unreliable']}"
+        lines.append(row)
+    return lines
+
+
+def class_lines(classes: object) -> list[str]:
+    """A document's ``classes``: the macro and weighted F1 (and ROC AUC) of each kind it holds."""
+    if not isinstance(classes, dict):
+        return []
+    lines = []
+    for kind in ("estimated", "realized", "with_labels"):
+        block = classes.get(kind)
+        if isinstance(block, dict):
+            macro, weighted = block["macro"], block["weighted"]
+            auc = f"  ROC AUC {block['roc_auc']:.4f}" if block.get("roc_auc") is not None else ""
+            caveat = (
+                "  (label-free: the expected F1 if the model's probabilities are calibrated)"
+                if kind == "estimated"
+                else ""
+            )
+            lines.append(f"F1 {kind}: macro {macro['f1']:.3f}  weighted {weighted['f1']:.3f}{auc}{caveat}")
+    return lines
+
+
+def trust_lines(trust: object, head: object) -> list[str]:
+    """Is the headline right, from a document's ``trust`` and headline: the flag (raised, with its reasons and
+    the widened interval, or down), and the trust distance it rests on."""
+    if not isinstance(trust, dict):
+        return []
+    lines = []
+    reasons = [str(r).replace("_", " ") for r in trust.get("reasons", [])]
+    if trust.get("basis") == "flag":
+        if not trust["calibrated"] and isinstance(head, dict):
+            own = head.get("own_interval")
+            interval = f"[{head['lower']:.3f}, {head['upper']:.3f}]"
+            widened = (
+                f"its interval is widened to {interval} (its own [{own['lower']:.3f}, {own['upper']:.3f}])"
+                if own
+                else f"its own interval {interval} is already as wide as the flag asks"
+            )
+            lines.append(
+                f"FLAG RAISED: the headline may be off by more than {trust['tolerance']:.2f} (estimated probability "
+                f"{trust['probability']:.0%}): {', '.join(reasons)}; {widened}"
+            )
+        else:
+            text = (
+                f"flag down: the headline is expected within {trust['tolerance']:.2f} of the truth (estimated "
+                f"probability of a larger error {trust['probability']:.0%})"
+            )
+            if "class_mix" in trust and trust["class_mix"].get("only"):
+                text += "; the class mix changed and nothing else did (label shift): confidence-based estimates hold"
+            lines.append(text + (f"; notes: {', '.join(reasons)}" if reasons else ""))
+    if "distance" in trust:
+        where = "inside" if trust["in_calibrated_range"] else "outside"
+        lines.append(
+            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
+            f"{trust['weight']:.0%} of the learnt correction used)"
+        )
+    if trust.get("basis") != "flag" and trust.get("note"):
+        lines.append(f"note: {trust['note']}")
+    return lines
+
+
+@dataclass(frozen=True)
+class WindowPoints:
+    """One window as the estimates collectors export it."""
+
+    estimates: list[EstimatePoint]
+    #: the headline estimate (None for an empty window)
+    headline: EstimatePoint | None
+    window: WindowPoint
+    segments: list[SegmentPoint]
 
 
 @dataclass(frozen=True)
@@ -124,6 +172,11 @@ class WindowEntry:
     def trust(self) -> Trust | None:
         return self.window.trust
 
+    @property
+    def segment_result(self) -> SegmentResult | None:
+        """The window's segment table as a result (None: the bundle has no segments)."""
+        return None if self.segments is None else SegmentResult(self.name, self.segments)
+
     def to_json(self, calibration: EstimatorCalibration, sections: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The window in ``/v1/estimates``; ``sections`` (e.g. ``realized``, ``replicas``) added last."""
         stats = self.stats
@@ -140,16 +193,68 @@ class WindowEntry:
             out["trust"] = trust_json(self.assessment)
         if self.classes is not None:
             out["classes"] = {"estimated": self.classes}
-        if self.segments is not None:
-            out.update(segments_json(self.segments))
+        segments = self.segment_result
+        if segments is not None:
+            out.update(segments.to_json())
         out.update(sections or {})
         return out
 
+    def to_text(self, calibration: EstimatorCalibration) -> list[str]:
+        """The window in the lines ``check`` prints: every estimate (the headline first), the per-class
+        figures, the flag and where the drop is."""
+        doc = self.to_json(calibration)
+        head = self.headline[0] if self.headline is not None else None
+        return [
+            *estimate_lines(doc["estimates"], head),
+            *class_lines(doc.get("classes")),
+            *trust_lines(doc.get("trust"), doc.get("headline")),
+            *segment_lines(doc),
+        ]
 
-def segments_json(table: SegmentTable, *, decimals: int | None = DECIMALS) -> dict[str, Any]:
-    """A window's ``segments`` (ranked by contribution, largest first) and ``segment_drop`` (each dimension's
-    mix and within parts, :mod:`agent.estimation.segment_table`)."""
-    return {"segments": table.rows_json(decimals), "segment_drop": table.drop_json(decimals)}
+    def points(self) -> WindowPoints:
+        """The window's estimates, headline, counts, trust distance, flag, per-class figures and segments as
+        the metrics export them."""
+        trust, stats, a = self.trust, self.stats, self.assessment
+        window = WindowPoint(
+            self.name,
+            stats.n,
+            dict(stats.fails_by_family),
+            trust.distance if trust is not None else None,
+            self.classes,
+            flagged=None if a is None else not a.calibrated,
+            flag_reason=None if a is None else (a.reasons[0] if a.reasons else "none"),
+        )
+        segments = self.segment_result
+        return WindowPoints(
+            [estimate_point(est, self.name, e) for est, e in self.estimates.items()],
+            None if self.headline is None else estimate_point(self.headline[0], self.name, self.headline[1]),
+            window,
+            [] if segments is None else segments.points(),
+        )
+
+    def to_row(self, realized: float | None = None) -> dict[str, Any]:
+        """One flat row (a data frame's, later): the window and its counts, the headline's ``value``,
+        ``lower`` and ``upper`` and its ``estimator``, every estimator's ``<name>_value``/``_lower``/
+        ``_upper``, the ``realized`` accuracy when known, ``alert`` (the flag raised; None: no flag) and its
+        ``reasons`` (joined by ``;``)."""
+        stats, a = self.stats, self.assessment
+        head = self.headline
+        row: dict[str, Any] = {
+            "window": self.name,
+            "n": stats.n,
+            "fails": stats.fails,
+            "n_labels": stats.lab_n,
+            "estimator": None if head is None else head[0],
+        }
+        e = None if head is None else head[1]
+        row.update(value=None if e is None else e.value, lower=None if e is None else e.lower)
+        row["upper"] = None if e is None else e.upper
+        for name, e in self.estimates.items():
+            row.update(estimate_row(name, e))
+        row["realized"] = realized
+        row["alert"] = None if a is None else not a.calibrated
+        row["reasons"] = None if a is None else ";".join(a.reasons)
+        return row
 
 
 def window_entry(
@@ -181,18 +286,6 @@ def window_entry(
     return WindowEntry(name, window, figures, head, assessment, segments)
 
 
-def bundle_json(headline: str, calibration: EstimatorCalibration) -> dict[str, Any]:
-    """What the bundle says about every window: the headline estimator and the evidence it was chosen
-    on, the oracle's TPR/FPR on the calibration split and the model's accuracy there (what the relative
-    alerts compare the headline with, ``icos_reference_accuracy_ratio``)."""
-    return {
-        "headline": headline,
-        **evidence_section(calibration.headline, shift_aware=calibration.shift is not None),
-        "oracle": {"tpr": calibration.tpr, "fpr": calibration.fpr},
-        "reference": {"accuracy": calibration.accuracy},
-    }
-
-
 @dataclass(frozen=True)
 class SnapshotPoints:
     """The windows as the estimates collectors export them."""
@@ -203,149 +296,14 @@ class SnapshotPoints:
     segments: list[SegmentPoint]
 
 
-def _point(estimator: str, window: str, e: Estimate) -> EstimatePoint:
-    return EstimatePoint(estimator, window, e.value, e.lower, e.upper, e.n)
-
-
-def segment_points(entry: WindowEntry) -> list[SegmentPoint]:
-    """The window's segments as the ``*_segment_*`` metrics export them (segments without a prediction in
-    the window: their share only)."""
-    if entry.segments is None:
-        return []
-    return [
-        SegmentPoint(
-            entry.name,
-            row.kind,
-            row.label,
-            row.share,
-            row.contribution,
-            row.estimate.value if row.estimate is not None else None,
-            row.reference_accuracy,
-        )
-        for row in entry.segments.rows
-    ]
-
-
 def snapshot_points(entries: Iterable[WindowEntry]) -> SnapshotPoints:
-    """Every estimate, every headline, every window's counts, trust distance, flag and per-class figures,
-    and every segment's figures."""
+    """Every window's points (:meth:`WindowEntry.points`), gathered by kind."""
     out = SnapshotPoints([], [], [], [])
     for entry in entries:
-        out.segments.extend(segment_points(entry))
-        trust = entry.trust
-        stats = entry.stats
-        a = entry.assessment
-        out.windows.append(
-            WindowPoint(
-                entry.name,
-                stats.n,
-                dict(stats.fails_by_family),
-                trust.distance if trust is not None else None,
-                entry.classes,
-                flagged=None if a is None else not a.calibrated,
-                flag_reason=None if a is None else (a.reasons[0] if a.reasons else "none"),
-            )
-        )
-        out.estimates.extend(_point(est, entry.name, e) for est, e in entry.estimates.items())
-        if entry.headline is not None:
-            out.headline.append(_point(entry.headline[0], entry.name, entry.headline[1]))
-    return out
-
-
-# -- a challenger beside the champion ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PairedModel:
-    """One version of a pair as its window is estimated: its bundle's calibration and headline estimator."""
-
-    calibration: EstimatorCalibration
-    headline: str
-
-
-@dataclass(frozen=True)
-class PairedEntry:
-    """One window of paired predictions estimated once: the pair's sums, every difference, and each version's
-    headline on the paired predictions (None where only the pair's sums are known: the fleet)."""
-
-    name: str
-    pair: PairSums
-    differences: dict[str, Difference]
-    champion: tuple[str, Estimate] | None = None
-    challenger: tuple[str, Estimate] | None = None
-    #: why the label-free difference should not be read as a number (None: it can be)
-    label_free_caveat: str | None = None
-
-    def difference_json(self, name: str, d: Difference, decimals: int | None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            k: round(v, decimals) if decimals is not None and isinstance(v, float) else v
-            for k, v in d.to_dict().items()
-        }
-        if name == "label_free" and self.label_free_caveat is not None:
-            out["unreliable"] = self.label_free_caveat
-        return out
-
-    def to_json(self, *, decimals: int | None = DECIMALS) -> dict[str, Any]:
-        """The window in a ``challenger`` section: the paired predictions and their agreement, the difference
-        reported first (``difference``: labeled when the window has labeled disagreements) and every one, and
-        each version's headline."""
-        out: dict[str, Any] = {
-            "n": self.pair.n,
-            "disagreements": self.pair.n_dis,
-            "agreement": round(self.pair.agreement, decimals) if decimals is not None else self.pair.agreement,
-        }
-        best = best_of(self.differences)
-        if best is not None:
-            out["difference"] = {"estimator": best[0], **self.difference_json(*best, decimals)}
-        out["differences"] = {k: self.difference_json(k, d, decimals) for k, d in self.differences.items()}
-        for role, headline in (("champion", self.champion), ("challenger", self.challenger)):
-            if headline is not None:
-                out[role] = headline_json(headline)
-        return out
-
-
-def _caveat(pair: PairCalibration) -> str | None:
-    if pair.corrupted_sets > 0:
-        return None
-    return (
-        "the pair was calibrated on clean rows only (no model to corrupt inputs for): under a covariate shift "
-        "its interval may not hold; labels drawn on the disagreements settle it"
-    )
-
-
-def paired_entry(
-    name: str,
-    pair: PairSums,
-    calibration: PairCalibration,
-    champion: tuple[WindowStats, PairedModel] | None = None,
-    challenger: tuple[WindowStats, PairedModel] | None = None,
-) -> PairedEntry:
-    """Window ``name`` of paired predictions estimated from the pair's sums (labeled ones included) with the
-    pair's ``calibration``, and each version's headline from its statistics on the paired predictions."""
-
-    def headline(side: tuple[WindowStats, PairedModel] | None) -> tuple[str, Estimate] | None:
-        if side is None or side[0].n == 0:
-            return None
-        stats, model = side
-        return headline_of(estimate_window(stats, model.calibration).estimates, model.headline)
-
-    return PairedEntry(
-        name, pair, differences(pair, calibration), headline(champion), headline(challenger), _caveat(calibration)
-    )
-
-
-def challenger_json(
-    info: Mapping[str, Any], entries: Iterable[PairedEntry], *, decimals: int | None = DECIMALS
-) -> dict[str, Any]:
-    """The ``challenger`` section of ``/v1/estimates``: what the challenger is (``info``) and every window."""
-    return {**info, "windows": {e.name: e.to_json(decimals=decimals) for e in entries}}
-
-
-def paired_points(entries: Iterable[PairedEntry]) -> list[PairedPoint]:
-    """Every window as the ``icos_challenger_*`` collectors export it."""
-    out = []
-    for e in entries:
-        diffs = [EstimatePoint(k, e.name, d.value, d.lower, d.upper, d.n) for k, d in e.differences.items()]
-        sides = [_point(h[0], e.name, h[1]) if h is not None else None for h in (e.champion, e.challenger)]
-        out.append(PairedPoint(e.name, e.pair.n, e.pair.agreement, diffs, sides[0], sides[1]))
+        p = entry.points()
+        out.segments.extend(p.segments)
+        out.windows.append(p.window)
+        out.estimates.extend(p.estimates)
+        if p.headline is not None:
+            out.headline.append(p.headline)
     return out
