@@ -15,6 +15,7 @@ import time
 from typing import TextIO
 
 from agent.demo.record import DemoRecord, PhaseStats, drop_line
+from agent.results.served import ServedEstimate
 
 LABEL_WIDTH = 18
 VERDICT_ROWS = ("pass", "fail:idi", "fail:tdi", "fail:adi")
@@ -24,11 +25,11 @@ def _bound(x: float) -> str:
     return "1.00" if x >= 0.995 else f"{x:.2f}"[1:] if x >= 0 else f"{x:.2f}"
 
 
-def estimate_cell(e: dict[str, float] | None, wide: bool) -> str:
-    if not e or "value" not in e:
+def estimate_cell(e: ServedEstimate | None, wide: bool) -> str:
+    interval = None if e is None else e.interval()
+    if interval is None:
         return "-"
-    v = e["value"]
-    lo, hi = e.get("lower", v), e.get("upper", v)
+    v, lo, hi = interval
     if wide:
         return f"{v:.3f} [{_bound(lo)},{_bound(hi)}]"
     return f"{v:.3f}±{(hi - lo) / 2:.3f}"[:11]
@@ -62,7 +63,7 @@ def table_lines(record: DemoRecord, width: int | None = None) -> list[str]:
 
         def err(p: PhaseStats) -> str:
             e = p.estimates.get(record.headline)
-            return "-" if not e or p.accuracy is None else f"{abs(e['value'] - p.accuracy):.3f}"
+            return "-" if not e or p.accuracy is None else f"{e.error(p.accuracy):.3f}"
 
         lines.append(row(f"|err| {record.headline}", per_phase(err)))
     seen = {v for p in phases for v in p.verdicts}
@@ -87,7 +88,7 @@ def phase_line(record: DemoRecord, i: int) -> str:
         if e:
             mark = "*" if name == record.headline else ""
             caveat = " (unreliable)" if name in p.unreliable else ""
-            parts.append(f"{name}{mark} {e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]{caveat}")
+            parts.append(f"{name}{mark} {e.to_text()}{caveat}")
     mix = ", ".join(f"{k} {v:.1%}" for k, v in p.verdict_shares().items())
     parts.append(f"verdicts {mix}")
     return " | ".join(parts) + f"\n      where the drop is: {drop_line(p.drop)}"

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.results.served import ServedEstimate, ServedEstimates, TopSegment, drop_text
+
 
 @dataclass
 class PhaseStats:
@@ -21,8 +23,8 @@ class PhaseStats:
     sent: int = 0
     correct: int = 0
     verdicts: Counter[str] = field(default_factory=Counter)
-    #: the last reading of the count window: ``{estimator: {value, lower, upper, n}}``
-    estimates: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the last reading of the count window, per estimator
+    estimates: dict[str, ServedEstimate] = field(default_factory=dict)
     #: estimators the agent marked unreliable, with the reason
     unreliable: dict[str, str] = field(default_factory=dict)
     #: ``n`` of the count window behind :attr:`estimates`
@@ -31,7 +33,7 @@ class PhaseStats:
     realized: float | None = None
     #: where the window's drop is: the segment that lost the most accuracy beyond noise (None: no segment
     #: did, or the bundle has none), as ``GET /v1/estimates`` ranks them
-    drop: dict[str, Any] | None = None
+    drop: TopSegment | None = None
     seconds: float = 0.0
     done: bool = False
 
@@ -51,48 +53,18 @@ class PhaseStats:
             "sent": self.sent,
             "truth": self.accuracy,
             "verdicts": dict(self.verdicts),
-            "estimates": self.estimates,
+            "estimates": {k: e.to_json() for k, e in self.estimates.items()},
             "unreliable": self.unreliable,
             "window_n": self.window_n,
             "realized": self.realized,
-            "drop": self.drop,
+            "drop": None if self.drop is None else self.drop.to_json(),
             "seconds": round(self.seconds, 3),
         }
 
 
-def top_segment(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first of a window's segments (ranked by contribution, largest first) when it lost accuracy beyond
-    noise: its kind, name, share, estimate, reference accuracy and contribution, and what the labels drawn
-    in it say (``realized``) when the agent has them."""
-    if not rows or not rows[0].get("contribution") or float(rows[0]["contribution"]) <= 0:
-        return None
-    row = rows[0]
-    estimate = row.get("estimate") or {}
-    realized = row.get("realized") or {}
-    return {
-        "kind": str(row.get("kind", "")),
-        "name": str(row.get("name", "")),
-        "share": float(row.get("share", 0.0)),
-        "estimate": None if estimate.get("value") is None else float(estimate["value"]),
-        "reference_accuracy": float(row.get("reference_accuracy", 0.0)),
-        "contribution": float(row["contribution"]),
-        "realized": None if realized.get("value") is None else float(realized["value"]),
-        "realized_n": int(realized.get("n", 0) or 0),
-    }
-
-
-def drop_line(drop: dict[str, Any] | None) -> str:
+def drop_line(drop: TopSegment | None) -> str:
     """Where the drop is, in words (one line of the demo's output and report)."""
-    if drop is None:
-        return "no segment lost accuracy beyond noise"
-    est = "-" if drop["estimate"] is None else f"{drop['estimate']:.3f}"
-    out = (
-        f"{drop['name']} (a {drop['kind']} segment, {drop['share']:.0%} of the window): estimated {est} against "
-        f"{drop['reference_accuracy']:.3f} at reference, {drop['contribution']:.3f} of the accuracy lost"
-    )
-    if drop["realized"] is not None:
-        out += f"; its {drop['realized_n']} labels say {drop['realized']:.3f}"
-    return out
+    return drop_text(drop)
 
 
 @dataclass(frozen=True)
@@ -144,34 +116,28 @@ class DemoRecord:
     def read_estimates(self, phase: int, body: dict[str, Any]) -> None:
         """Take a ``GET /v1/estimates`` answer: the count window's estimates become the phase's
         current reading and a trace point."""
+        served = ServedEstimates.from_json(body)
         if not self.headline:
-            self.headline = str(body.get("headline", ""))
-        win = (body.get("windows") or {}).get(self.window)
-        if not win:
+            self.headline = served.headline
+        win = served.windows.get(self.window)
+        if win is None:
             return
-        ests: dict[str, dict[str, float]] = win.get("estimates") or {}
+        ests = win.estimates
         if not self.estimators and ests:
             names = list(ests)
             self.estimators = (
                 [self.headline] + [n for n in names if n != self.headline] if self.headline in names else names
             )
         p = self.phases[phase]
-        realized = (win.get("realized") or {}).get("accuracy") or {}
-        if realized.get("value") is not None:
-            p.realized = float(realized["value"])
-        p.estimates = {
-            k: {kk: float(vv) for kk, vv in v.items() if isinstance(vv, int | float)} for k, v in ests.items()
-        }
-        p.unreliable = {k: str(v["unreliable"]) for k, v in ests.items() if v.get("unreliable")}
-        p.window_n = int(win.get("n", 0))
-        p.drop = top_segment(win.get("segments") or [])
+        if win.realized is not None:
+            p.realized = win.realized
+        p.estimates = ests
+        p.unreliable = {k: e.unreliable for k, e in ests.items() if e.unreliable}
+        p.window_n = win.n
+        p.drop = win.drop
         truth = self.window_truth()
         if truth is not None and ests:
-            point = {
-                k: (float(v["value"]), float(v.get("lower", v["value"])), float(v.get("upper", v["value"])))
-                for k, v in ests.items()
-                if v.get("value") is not None
-            }
+            point = {k: iv for k, e in ests.items() if (iv := e.interval()) is not None}
             self.trace.append(TracePoint(self.total_sent, phase, truth, point))
 
     def to_dict(self) -> dict[str, Any]:

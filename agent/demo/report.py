@@ -202,14 +202,14 @@ def _phase_table(record: DemoRecord) -> str:
         for p in record.phases:
             e = p.estimates.get(name)
             caveat = " (unreliable)" if name in p.unreliable else ""
-            cells.append("-" if not e else f"{e['value']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]{caveat}")
+            cells.append("-" if not e else f"{e.to_text()}{caveat}")
         rows.append([name + (" (headline)" if name == record.headline else ""), *cells])
         classes.append("headline" if name == record.headline else "")
     for name in record.estimators:
         errs = []
         for p in record.phases:
             e = p.estimates.get(name)
-            errs.append("-" if not e or p.accuracy is None else f"{abs(e['value'] - p.accuracy):.3f}")
+            errs.append("-" if not e or p.accuracy is None else f"{e.error(p.accuracy):.3f}")
         rows.append([f"|error| {name}", *errs])
         classes.append("")
     rows.append(["where the drop is (segments)", *[drop_line(p.drop) for p in record.phases]])

@@ -112,7 +112,7 @@ def _log_fit_and_snapshots(state_dir: Path, fit: FitOutcome, model: Any, record:
     if record is not None:
         now = time.time()
         for i, p in enumerate(record.phases):
-            metrics = {name: e["value"] for name, e in p.estimates.items()}
+            metrics = {name: v for name, e in p.estimates.items() if (v := e.value) is not None}
             if p.accuracy is not None:
                 metrics["truth"] = p.accuracy
                 metrics.update(

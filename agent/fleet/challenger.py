@@ -3,7 +3,7 @@
 per window exactly as the window statistics are (:func:`~agent.fleet.window_sums.window_sums`: raw counter
 values differenced, restarted replicas read sample by sample), checked, and the label-free paired difference
 estimated on them with the pair's calibration from the challenger's bundle (``challenger.bundle_path`` of the
-evaluator's settings), as one agent estimates its own (:func:`agent.estimation.rendering.paired_entry`).
+evaluator's settings), as one agent estimates its own (:func:`agent.results.paired.paired_entry`).
 
 It is the evaluator's one fleet companion (:class:`~agent.fleet.companions.FleetCompanion`) of a challenger.
 Sums of two challenger bundles under one champion version are never added: that version gets no comparison
@@ -23,10 +23,10 @@ from agent.config.settings import AgentSettings
 from agent.errors import UserError
 from agent.estimation.pairs.calibration import PairCalibration, pair_of_bundle
 from agent.estimation.pairs.paired import COUNTS, EXPORTED, PairSums
-from agent.estimation.rendering import PairedEntry, challenger_json, paired_entry, paired_points
 from agent.fleet.prometheus_api import PrometheusAPI
 from agent.fleet.stat_schema import PROBABILITY_SLACK, ROUNDING, WHOLE, RefusedAnswer, StatSchema
 from agent.fleet.window_sums import FleetScope, window_sums
+from agent.results.paired import PairedEntry, challenger_json, paired_entry, paired_points
 from exporters.challenger_metrics import ChallengerCollector, ChallengerSnapshot
 from invariants.bundle import Bundle, BundleError, sha256_file
 

@@ -37,13 +37,14 @@ from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR
-from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.statistics.window import WindowStats
 from agent.fleet.companions import FleetCompanion, FleetPart
 from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
 from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Reason, RefreshError, printable
 from agent.fleet.stat_schema import StatSchema
 from agent.fleet.window_sums import UNKNOWN_NAMES_KEPT, FleetScope, window_sums
+from agent.results.bundle import BundleSection
+from agent.results.window import WindowEntry, snapshot_points, window_entry
 from exporters.fleet import FleetSnapshot, FleetVersion
 
 log = logs.get("fleet")
@@ -52,7 +53,7 @@ log = logs.get("fleet")
 @dataclass(frozen=True)
 class VersionWindows:
     """One model version's windows, each estimated once from the replicas' summed statistics
-    (:class:`~agent.estimation.rendering.WindowEntry`: estimates, trust signal, headline and the
+    (:class:`~agent.results.window.WindowEntry`: estimates, trust signal, headline and the
     label-free per-class figures, where the replicas export per-class sums), and the replicas behind them."""
 
     windows: dict[str, WindowEntry]
@@ -311,7 +312,7 @@ class FleetEvaluator:
         windows = self._windows_json(r.versions[v]) if r is not None and v is not None else {}
         return {
             "model": {"name": self.model, "version": v or version or self.settings.model.version},
-            **bundle_json(self.headline, self.calibration),
+            **BundleSection(self.headline, self.calibration).to_json(),
             "windows": windows,
             "timestamp": r.at if r is not None else None,
             "fleet": {
@@ -347,7 +348,7 @@ class FleetEvaluator:
         return [col for i, c in enumerate(self.companions) for col in c.collectors(functools.partial(self._part, i))]
 
     def _windows_json(self, vw: VersionWindows) -> dict[str, Any]:
-        """The windows as an agent reports them (:meth:`~agent.estimation.rendering.WindowEntry.to_json`),
+        """The windows as an agent reports them (:meth:`~agent.results.window.WindowEntry.to_json`),
         each with its replicas and, from the store's labels, its ``realized`` section."""
         return {name: entry.to_json(self.calibration, vw.sections(name)) for name, entry in vw.windows.items()}
 

@@ -26,7 +26,6 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.evidence import evidence_section
 from agent.estimation.estimators.registry import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.intervals import Estimate
-from agent.estimation.rendering import PairedModel, estimates_json, flag_sections, segments_json
 from agent.estimation.segments.realized import SegmentLabels, with_realized
 from agent.estimation.segments.segmentation import truth_counts
 from agent.estimation.segments.table import segment_table
@@ -43,6 +42,10 @@ from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
 from agent.offline.check_companions import CheckCompanion
 from agent.offline.viewing import predict_and_view, source_of
+from agent.results.estimate import estimates_json
+from agent.results.paired import PairedModel
+from agent.results.segments import segments_json
+from agent.results.window import flag_sections
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult, calibrate

@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.estimation.rendering import PairedModel
 from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Prediction
+from agent.results.paired import PairedModel
 
 
 class CheckCompanion(Protocol):

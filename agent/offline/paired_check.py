@@ -29,9 +29,9 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import headline_estimator
 from agent.estimation.pairs.calibration import PairCalibration, pair_of_bundle
 from agent.estimation.pairs.paired import PairSums
-from agent.estimation.rendering import PairedModel, paired_entry
 from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Prediction, label_confidences, predicted_classes_of
+from agent.results.paired import PairedModel, paired_entry
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 

@@ -36,12 +36,14 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.evidence import evidence_section
 from agent.estimation.estimators.registry import NEEDS_LABELS, estimate_window, headline_estimator
 from agent.estimation.intervals import Estimate
-from agent.estimation.rendering import estimates_json, flag_sections, segments_json
 from agent.estimation.segments.segmentation import truth_counts
 from agent.estimation.segments.table import segment_table
 from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import label_confidences, predicted_classes_of
 from agent.offline.check import labeled_sections
+from agent.results.estimate import estimates_json
+from agent.results.segments import segments_json
+from agent.results.window import flag_sections
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
 from invariants.oracle import VERDICTS

@@ -1,11 +1,11 @@
 """What an agent reports about its windows: one report per read (:meth:`WindowReport.windows_of`),
 rendered twice — as the ``GET /v1/estimates`` document and as the scrape-time snapshot behind
 ``icos_estimated_*`` (:class:`exporters.prometheus.EstimatesCollector`) — by the one rendering the
-fleet evaluator and ``check`` use too (:mod:`agent.estimation.rendering`), so that the JSON and the
+fleet evaluator and ``check`` use too (:mod:`agent.results`), so that the JSON and the
 metrics never disagree.
 
 Each window's estimates come from one call into :mod:`agent.estimation`
-(:func:`~agent.estimation.rendering.window_entry`): the window's statistics, plus, for time
+(:func:`~agent.results.window.window_entry`): the window's statistics, plus, for time
 windows, the labeled-sample sums of the delayed labels (so ``with_labels`` is one registered
 estimator among the others), give every estimator's estimate and the trust signal; the label-free
 per-class figures (CBPE) come from the same statistics. Each window's headline (the bundle's headline
@@ -23,12 +23,13 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.estimation.rendering import WindowEntry, bundle_json, snapshot_points, window_entry
 from agent.estimation.segments.realized import SegmentLabels, with_realized
 from agent.estimation.statistics.window import WindowStats
 from agent.judging.companions import Companion
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
+from agent.results.bundle import BundleSection
+from agent.results.window import WindowEntry, snapshot_points, window_entry
 from exporters.prometheus import Snapshot
 
 #: An extra per-window section of ``/v1/estimates``: ``(runtime, now)`` → ``{window: {section: value}}``.
@@ -92,7 +93,7 @@ class WindowReport:
         sections = self.section(rt, now)
         doc = {
             "model": {"name": rt.name, "version": rt.version, "sha256": rt.model_sha256},
-            **bundle_json(rt.headline, rt.calibration),
+            **BundleSection(rt.headline, rt.calibration).to_json(),
             "total_judged": self.windows.total,
             "windows": {
                 entry.name: entry.to_json(rt.calibration, sections.get(entry.name))
@@ -107,17 +108,17 @@ class WindowReport:
     def snapshot(self, rt: Runtime, now: float) -> Snapshot:
         """What the estimates collector exports at a scrape."""
         points = snapshot_points(self.windows_of(rt, now))
-        cal = rt.calibration
+        bundle = BundleSection(rt.headline, rt.calibration).points()
         return Snapshot(
             rt.name,
             rt.version,
             points.estimates,
             points.windows,
-            cal.tpr,
-            cal.fpr,
-            cal.n_wrong,
-            cal.n_right,
+            bundle.oracle_tpr,
+            bundle.oracle_fpr,
+            bundle.calibration_wrong,
+            bundle.calibration_right,
             headline=points.headline,
-            reference_accuracy=cal.accuracy,
+            reference_accuracy=bundle.reference_accuracy,
             segments=points.segments,
         )

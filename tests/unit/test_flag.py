@@ -26,12 +26,12 @@ from agent.estimation.flag.model import (
     flag_or_none,
 )
 from agent.estimation.intervals import Estimate
-from agent.estimation.rendering import snapshot_points, window_entry
 from agent.estimation.statistics.window import WindowStats
 from agent.offline.calibration.corruptions import corruption_groups
 from agent.offline.calibration.flag.fitting import FlagWindow, fit_flag_model, isotonic_steps, monotone_logistic
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.shift_windows import tilt_coordinates
+from agent.results.window import snapshot_points, window_entry
 from exporters.prometheus import EstimatesCollector, Snapshot
 
 

@@ -335,7 +335,7 @@ def test_regions_cluster_a_view_and_name_their_class_mix() -> None:
 
 
 def test_one_rendering_carries_the_segments_to_every_surface() -> None:
-    from agent.estimation.rendering import segment_points, snapshot_points, window_entry
+    from agent.results.window import snapshot_points, window_entry
 
     rng = np.random.default_rng(10)
     cal, data = fitted(rng)
@@ -344,7 +344,7 @@ def test_one_rendering_carries_the_segments_to_every_surface() -> None:
     body = entry.to_json(cal)
     assert body["segments"][0]["name"] == "color=green"
     assert set(body["segment_drop"]["dimensions"]) == {d.name for d in cal.segments.dimensions}  # type: ignore[union-attr]
-    points = segment_points(entry)
+    points = entry.points().segments
     assert len(points) == cal.segments.size  # type: ignore[union-attr]
     top = points[0]
     assert (top.window, top.kind, top.segment) == ("1h", "column", "color=green")
@@ -353,5 +353,5 @@ def test_one_rendering_carries_the_segments_to_every_surface() -> None:
     # a bundle without segments (fitted before them) reports none, and nothing breaks
     older = EstimatorCalibration.from_dict({k: v for k, v in cal.to_dict().items() if k != "segments"})
     plain = window_entry("1h", stats, older, "doc", CLASSES, per_class_cap=20)
-    assert "segments" not in plain.to_json(older) and segment_points(plain) == []
+    assert "segments" not in plain.to_json(older) and plain.points().segments == []
     assert segment_table(WindowStats.from_batch(np.zeros(3, np.int8), np.ones(3), older), older) is None

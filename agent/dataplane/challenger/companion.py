@@ -18,7 +18,6 @@ from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.dataplane.challenger.pairing import paired_stats, predict
 from agent.estimation.pairs.calibration import Disagreements, PairCalibration
-from agent.estimation.rendering import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
 from agent.judging.companions import CompanionBase
 from agent.judging.linger import LingerLoop
 from agent.judging.paired_windows import PairedWindows
@@ -26,6 +25,7 @@ from agent.judging.recorder import JudgedBatch
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import JudgeWork
 from agent.labels.paired_labels import DisagreementDraws
+from agent.results.paired import PairedEntry, PairedModel, challenger_json, paired_entry, paired_points
 from exporters.challenger_metrics import ChallengerCollector, ChallengerMetrics, ChallengerSnapshot
 
 log = logs.get("challenger")
