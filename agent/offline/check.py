@@ -40,7 +40,7 @@ from agent.estimation.statistics.window import WindowStats
 from agent.model.classifier import Batch, OnnxClassifier, Prediction
 from agent.model.inputs import Inputs, rule_values
 from agent.model.views import view_of_bundle
-from agent.offline.check_companions import CheckCompanion
+from agent.offline.check_companions import CheckCompanion, CheckedBatch
 from agent.offline.viewing import predict_and_view, source_of
 from agent.results.estimate import estimates_json
 from agent.results.paired import PairedModel
@@ -220,8 +220,9 @@ def check_report(
     y = label_indices(data.y, model.classes, allow_none=True) if data.y is not None else None
     beside: dict[str, Any] = {}
     champion = (pred, stats, PairedModel(cal, headline_estimator(bundle.headline)))
+    batch = CheckedBatch(judge, data.x, meta, champion, model.sha256, y, labels, seed)
     for companion in companions:
-        beside.update(companion.sections(judge, data.x, meta, champion, model.sha256, y, labels=labels, seed=seed))
+        beside.update(companion.sections(batch))
     stats, idx = _revealed(pred, y, stats, labels, seed)
     window = estimate_window(stats, cal)
     estimates = window.estimates

@@ -6,6 +6,7 @@ every one's sections to its report, never asking which kind it holds."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -15,21 +16,25 @@ from agent.model.classifier import Prediction
 from agent.results.paired import PairedModel
 
 
+@dataclass(frozen=True)
+class CheckedBatch:
+    """What every companion is given of the checked batch, in one object so that the check and each kind of
+    companion do not each repeat the list: the data ``x`` (with ``metadata``) judged by ``judge``
+    (:func:`agent.offline.check.judge`), the checked model's predictions, statistics and estimators
+    (``champion``) and digest, the true classes ``y`` (None without), ``labels`` of them revealed with ``seed``."""
+
+    judge: Any
+    x: Any
+    metadata: Mapping[str, np.ndarray] | None
+    champion: tuple[Prediction, WindowStats, PairedModel]
+    champion_sha256: str
+    y: np.ndarray | None
+    labels: int
+    seed: int
+
+
 class CheckCompanion(Protocol):
     """A part of a model check run beside it (see the module docstring)."""
 
-    def sections(
-        self,
-        judge: Any,
-        x: Any,
-        metadata: Mapping[str, np.ndarray] | None,
-        champion: tuple[Prediction, WindowStats, PairedModel],
-        champion_sha256: str,
-        y: np.ndarray | None,
-        *,
-        labels: int,
-        seed: int,
-    ) -> Mapping[str, Any]:
-        """Its top-level sections of the report: the data ``x`` (with ``metadata``) judged by ``judge``
-        (:func:`agent.offline.check.judge`), the checked model's predictions, statistics and estimators
-        (``champion``), the true classes ``y`` (None without), ``labels`` of them revealed with ``seed``."""
+    def sections(self, batch: CheckedBatch) -> Mapping[str, Any]:
+        """Its top-level sections of the report on ``batch``."""

@@ -30,7 +30,8 @@ from agent.estimation.estimators.registry import headline_estimator
 from agent.estimation.pairs.calibration import PairCalibration, pair_of_bundle
 from agent.estimation.pairs.paired import PairSums
 from agent.estimation.statistics.window import WindowStats
-from agent.model.classifier import Prediction, label_confidences, predicted_classes_of
+from agent.model.classifier import label_confidences, predicted_classes_of
+from agent.offline.check_companions import CheckedBatch
 from agent.results.paired import PairedModel, paired_entry
 from invariants.bundle import Bundle
 from invariants.compiled import CompiledOracle
@@ -173,48 +174,27 @@ class ChallengerCheck:
     bundle: Bundle
     where: str
 
-    def report(
-        self,
-        judge: Any,
-        x: Any,
-        metadata: Mapping[str, np.ndarray] | None,
-        champion: tuple[Prediction, WindowStats, PairedModel],
-        champion_sha256: str,
-        y: np.ndarray | None,
-        *,
-        labels: int,
-        seed: int,
-    ) -> dict[str, Any]:
+    def report(self, batch: CheckedBatch) -> dict[str, Any]:
         """The ``challenger`` section of a model check (module docstring)."""
-        pair = _challenger_pair(self.bundle, self.where, champion_sha256)
+        pair = _challenger_pair(self.bundle, self.where, batch.champion_sha256)
         cal = EstimatorCalibration.from_dict(self.bundle.estimator_calibration)
-        judged = judge(self.model, self.bundle, x, dict(metadata) if metadata else None)
-        pred_a, stats_a, model_a = champion
+        metadata = batch.metadata
+        judged = batch.judge(self.model, self.bundle, batch.x, dict(metadata) if metadata else None)
+        pred_a, stats_a, model_a = batch.champion
         pred_b = judged.prediction
-        tally = PairedTally(pair, labels, seed)
+        tally = PairedTally(pair, batch.labels, batch.seed)
         tally.add(
             (pred_a.probabilities, pred_a.predicted),
             (pred_b.probabilities, pred_b.predicted),
             _challenger_stats(self.bundle, cal, judged),
-            y,
+            batch.y,
         )
         model_b = PairedModel(cal, headline_estimator(self.bundle.headline))
         return tally.report(_pair_info(self.model.name, self.model.sha256, pair), (stats_a, model_a), model_b)
 
-    def sections(
-        self,
-        judge: Any,
-        x: Any,
-        metadata: Mapping[str, np.ndarray] | None,
-        champion: tuple[Prediction, WindowStats, PairedModel],
-        champion_sha256: str,
-        y: np.ndarray | None,
-        *,
-        labels: int,
-        seed: int,
-    ) -> Mapping[str, Any]:
+    def sections(self, batch: CheckedBatch) -> Mapping[str, Any]:
         """Its section of a model check, as a check companion (:mod:`agent.offline.check_companions`)."""
-        return {"challenger": self.report(judge, x, metadata, champion, champion_sha256, y, labels=labels, seed=seed)}
+        return {"challenger": self.report(batch)}
 
 
 def _zipped(
