@@ -17,9 +17,9 @@ Predictions are recorded at most ``linger_seconds`` late; windows have buckets o
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Sequence
 
+from agent.core.held_requests import HeldRequests
 from agent.judging.linger import LingerLoop
 from agent.judging.recorder import Recorder
 from agent.judging.verdicts import JudgeWork
@@ -42,7 +42,7 @@ class JudgeQueue:
         self._pending: list[JudgeWork] = []
         self._pending_samples = 0  # predictions queued since the last take
         #: request ids of the works queued or being recorded (a label may wait for them: :meth:`holds`)
-        self._unrecorded: Counter[str] = Counter()
+        self._unrecorded = HeldRequests()
         self._hurry = False  # somebody waits: record without lingering
         self._pending_lock = threading.Lock()
         self._wakeup = threading.Condition(self._pending_lock)
@@ -97,12 +97,12 @@ class JudgeQueue:
     def holds(self, request_id: str) -> bool:
         """Whether a work of ``request_id`` is queued or being recorded (not yet handed to the sinks)."""
         with self._pending_lock:
-            return self._unrecorded.get(request_id, 0) > 0
+            return self._unrecorded.holds(request_id)
 
     def held_ids(self) -> list[str]:
         """The request ids of every work queued or being recorded now."""
         with self._pending_lock:
-            return list(self._unrecorded)
+            return self._unrecorded.ids()
 
     def busy(self) -> bool:
         """Whether a recording call is running now (a caller that must not wait can go elsewhere)."""
@@ -160,7 +160,7 @@ class JudgeQueue:
         """Count the works' request ids as unrecorded (called holding the pending lock)."""
         for w in works:
             if w.request_id is not None:
-                self._unrecorded[w.request_id] += 1
+                self._unrecorded.add(w.request_id)
 
     def _record(self, batch: list[JudgeWork]) -> None:
         """Record ``batch`` (called holding the judging lock); its request ids are then no longer held."""
@@ -169,13 +169,8 @@ class JudgeQueue:
         finally:
             with self._pending_lock:
                 for w in batch:
-                    rid = w.request_id
-                    if rid is not None:
-                        left = self._unrecorded[rid] - 1
-                        if left > 0:
-                            self._unrecorded[rid] = left
-                        else:
-                            self._unrecorded.pop(rid, None)
+                    if w.request_id is not None:
+                        self._unrecorded.release(w.request_id)
 
     def _record_until_done(self, works: Sequence[JudgeWork]) -> None:
         """Record everything pending, unless another thread already recorded these works meanwhile."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+
+from agent.core.held_requests import HeldRequests
 
 
 class InFlight:
@@ -21,13 +22,13 @@ class InFlight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._count: Counter[str] = Counter()
+        self._held = HeldRequests()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]]] = {}
 
     def arrived(self, request_id: str) -> None:
         """A batch of ``request_id`` is queued (counted before the writer can see it)."""
         with self._lock:
-            self._count[request_id] += 1
+            self._held.add(request_id)
 
     def awaited(self, request_id: str) -> bool:
         """Whether somebody waits for ``request_id`` to leave (the writer should not wait its interval)."""
@@ -36,24 +37,20 @@ class InFlight:
     def holds(self, request_id: str) -> bool:
         """Whether batches of ``request_id`` are queued or being written now."""
         with self._lock:
-            return self._count.get(request_id, 0) > 0
+            return self._held.holds(request_id)
 
     def ids(self) -> list[str]:
         """The request ids of every batch queued or being written now."""
         with self._lock:
-            return list(self._count)
+            return self._held.ids()
 
     def left(self, request_ids: Sequence[str]) -> None:
         """Batches of these requests left the queue (written or dropped): wake who waits for that."""
         with self._lock:
             for rid in request_ids:
-                remaining = self._count[rid] - 1
-                if remaining > 0:
-                    self._count[rid] = remaining
-                    continue
-                self._count.pop(rid, None)
-                for loop, fut in self._waiters.pop(rid, ()):
-                    _resolve(loop, fut)
+                if self._held.release(rid):
+                    for loop, fut in self._waiters.pop(rid, ()):
+                        _resolve(loop, fut)
 
     async def wait(
         self,

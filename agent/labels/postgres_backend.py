@@ -44,12 +44,12 @@ from agent.labels.backend import (
 from agent.labels.eviction import Evicted, EvictionStatements, evict
 from agent.labels.kept_inputs import EVICT_OLDEST, KeptInput, KeptMap
 from agent.labels.rows import (
+    LABELED_COLUMNS,
     LabeledRows,
     LabelOutcome,
     PendingBatch,
     RequestRow,
     SampleRow,
-    _extras_row,
     split_prediction_id,
 )
 from agent.labels.sqlite_schema import request_rows
@@ -122,7 +122,6 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 POSTGRES_EVICTION = EvictionStatements("icos_requests", "icos_labels", "%s")
 
 #: What :meth:`PostgresBackend._labeled` decodes, in its order (one list for every read of labels).
-_LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
 _REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
@@ -391,7 +390,7 @@ class PostgresBackend(BackendCounts):
         return n
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
-        sql = f"SELECT {_LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s"  # noqa: S608
+        sql = f"SELECT {LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s"  # noqa: S608
         sql += " ORDER BY ts DESC, seq DESC, idx DESC"
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
@@ -402,7 +401,7 @@ class PostgresBackend(BackendCounts):
     def labeled_between(self, identity: str, since: float, until: float, limit: int) -> LabeledRows:
         """The newest ``limit`` labeled predictions of ``identity`` made in ``[since, until]`` (the fleet's
         read): a backward scan of the ``(identity, ts)`` index stopping at the cap (by ``ts`` alone: no sort)."""
-        sql = f"SELECT {_LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s"  # noqa: S608
+        sql = f"SELECT {LABELED_COLUMNS} FROM icos_labels WHERE identity = %s AND ts >= %s AND ts <= %s"  # noqa: S608
         return self._labeled(sql + " ORDER BY ts DESC LIMIT %s", [identity, float(since), float(until), int(limit)])
 
     def _labeled(self, sql: str, args: list[Any]) -> LabeledRows:
@@ -413,15 +412,7 @@ class PostgresBackend(BackendCounts):
         except StoreUnavailable:
             self.on_error("read")
             raise
-        rows.reverse()
-        return LabeledRows.from_tuples(
-            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
-            [_extras_row(_bytes(r[7])) for r in rows],
-            [r[8] for r in rows],
-            [bool(r[9]) for r in rows],
-            [int(r[10]) for r in rows],
-            [r[11] for r in rows],
-        )
+        return LabeledRows.from_selected(rows)
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
         try:

@@ -72,6 +72,10 @@ def sample_indices(blob: object, lo: int, hi: int) -> np.ndarray:
     return idx[(idx >= lo) & (idx < hi)]
 
 
+#: the labels table's columns that :meth:`LabeledRows.from_selected` reads, in its order (both backends' tables)
+LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
+
+
 def _extras_blob(row: np.ndarray | None) -> bytes | None:
     return None if row is None else np.asarray(row, dtype=_EXTRAS_DTYPE).tobytes()
 
@@ -165,6 +169,20 @@ class LabeledRows:
     def empty(cls) -> LabeledRows:
         z = np.zeros(0)
         return cls(z, np.zeros(0, np.int8), z, np.zeros(0, bool), z, z, np.zeros(0, np.int64))
+
+    @classmethod
+    def from_selected(cls, rows: Sequence[Sequence[Any]]) -> LabeledRows:
+        """From rows of the labels table selected as :data:`LABELED_COLUMNS`, newest first as both backends
+        read them (returned oldest first). The extras blob may come as a ``memoryview`` (PostgreSQL)."""
+        rows = list(reversed(rows))
+        return cls.from_tuples(
+            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
+            [_extras_row(bytes(r[7]) if isinstance(r[7], memoryview) else r[7]) for r in rows],
+            [r[8] for r in rows],
+            [bool(r[9]) for r in rows],
+            [int(r[10]) for r in rows],
+            [r[11] for r in rows],
+        )
 
     @classmethod
     def from_tuples(

@@ -32,7 +32,7 @@ from agent.labels.backend import (
 )
 from agent.labels.eviction import EvictionStatements, evict
 from agent.labels.kept_inputs import KeptInput, KeptMap, SQLiteKeptInputs
-from agent.labels.rows import LabeledRows, LabelOutcome, PendingBatch, _extras_row
+from agent.labels.rows import LABELED_COLUMNS, LabeledRows, LabelOutcome, PendingBatch
 from agent.labels.sqlite_schema import (
     INSERT_LABEL,
     REPLACE_LABEL,
@@ -224,10 +224,8 @@ class SQLiteBackend(BackendCounts):
         return n
 
     def labeled_rows(self, identity: str, since: float | None = None, limit: int | None = None) -> LabeledRows:
-        sql = (
-            "SELECT ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p "
-            "FROM labels WHERE identity = ? AND ts >= ? ORDER BY ts DESC, seq DESC, idx DESC"
-        )
+        sql = f"SELECT {LABELED_COLUMNS} FROM labels WHERE identity = ? AND ts >= ?"  # noqa: S608
+        sql += " ORDER BY ts DESC, seq DESC, idx DESC"
         args: list[Any] = [identity, float("-inf") if since is None else since]
         if limit is not None:
             sql += " LIMIT ?"
@@ -238,15 +236,7 @@ class SQLiteBackend(BackendCounts):
         except (sqlite3.Error, OSError) as exc:
             self.on_error("read")
             raise StoreUnavailable(f"the prediction store failed: {exc}") from exc
-        rows.reverse()
-        return LabeledRows.from_tuples(
-            [(r[0], r[1], r[2], bool(r[3]), r[4], r[5], r[6]) for r in rows],
-            [_extras_row(r[7]) for r in rows],
-            [r[8] for r in rows],
-            [bool(r[9]) for r in rows],
-            [int(r[10]) for r in rows],
-            [r[11] for r in rows],
-        )
+        return LabeledRows.from_selected(rows)
 
     def label_requests(self, identity: str, limit: int) -> list[tuple[str, float]]:
         try:

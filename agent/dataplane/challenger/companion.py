@@ -7,7 +7,7 @@ import hashlib
 import os
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from agent.config.settings import AgentSettings
 from agent.core import logs
+from agent.core.held_requests import HeldRequests
 from agent.dataplane.challenger.pairing import paired_stats, predict
 from agent.estimation.pairs.calibration import Disagreements, PairCalibration
 from agent.judging.companions import CompanionBase
@@ -67,7 +68,7 @@ class Challenger(CompanionBase):
         self._key = os.urandom(16)
         self._threshold = int(cfg.share * 2**64)
         self._queue: deque[JudgedBatch] = deque()
-        self._held: Counter[str] = Counter()
+        self._held = HeldRequests()
         self._cond = threading.Condition()
         self._loop = LingerLoop(
             self._cond,
@@ -112,7 +113,7 @@ class Challenger(CompanionBase):
             else:
                 full = False
                 self._queue.append(batch)
-                self._held[batch.request_id] += 1
+                self._held.add(batch.request_id)
                 if self._loop.idle or len(self._queue) >= MAX_BATCH_REQUESTS:  # a lingering thread needs no wake-up
                     self._loop.notify()
             self.metrics.queue.set(len(self._queue))
@@ -128,11 +129,11 @@ class Challenger(CompanionBase):
     # -- what the label intake asks (requests on their way to the store) ---------------------------------
     def holds(self, request_id: str) -> bool:
         with self._cond:
-            return self._held.get(request_id, 0) > 0
+            return self._held.holds(request_id)
 
     def held_ids(self) -> list[str]:
         with self._cond:
-            return list(self._held)
+            return self._held.ids()
 
     # -- the thread -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,11 +169,7 @@ class Challenger(CompanionBase):
     def _release(self, batches: Sequence[JudgedBatch]) -> None:
         with self._cond:
             for b in batches:
-                left = self._held[b.request_id] - 1
-                if left > 0:
-                    self._held[b.request_id] = left
-                else:
-                    self._held.pop(b.request_id, None)
+                self._held.release(b.request_id)
 
     # -- the work --------------------------------------------------------------------------------------
     def process(self, batches: Sequence[JudgedBatch]) -> None:
