@@ -23,12 +23,16 @@ class SegmentPoint:
     contribution: float
     estimate: float | None
     reference_accuracy: float
+    #: how far its inputs moved from its reference, label-free (0: unchanged), and the column that moved most
+    change_score: float = 0.0
+    change_column: str = ""
 
 
 def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoint]], what: str) -> list[Metric]:
     """``<prefix>segment_estimated_accuracy_ratio``, ``<prefix>segment_share_ratio`` and
     ``<prefix>segment_contribution_ratio`` labelled ``model, version, window, kind, segment``, and
-    ``<prefix>segment_reference_accuracy_ratio`` labelled ``model, version, kind, segment``: one row per
+    ``<prefix>segment_reference_accuracy_ratio`` labelled ``model, version, kind, segment``, and
+    ``<prefix>segment_change_score`` labelled ``model, version, window, kind, segment, column``: one row per
     ``([model, version], point)``; ``what`` says whose windows, in the help texts."""
     labels = ["model", "version", "window", "kind", "segment"]
     estimate = GaugeMetricFamily(
@@ -48,15 +52,22 @@ def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoi
         "Accuracy of the segment on the bundle's validation data (fixed at fit).",
         labels=["model", "version", "kind", "segment"],
     )
+    change = GaugeMetricFamily(
+        f"{prefix}segment_change_score",
+        f"How far the inputs of the segment moved from its own at fit {what}, label-free (per-row effect in "
+        "reference standard deviations; 0: no change beyond noise); column: the input that moved most.",
+        labels=[*labels, "column"],
+    )
     seen: set[tuple[str, ...]] = set()
     for mv, p in rows:
         lv = [*mv, p.window, p.kind, p.segment]
         share.add_metric(lv, p.share)
         contribution.add_metric(lv, p.contribution)
+        change.add_metric([*lv, p.change_column], p.change_score)
         if p.estimate is not None:
             estimate.add_metric(lv, p.estimate)
         key = (*mv, p.kind, p.segment)
         if key not in seen:
             seen.add(key)
             reference.add_metric(list(key), p.reference_accuracy)
-    return [estimate, share, contribution, reference]
+    return [estimate, share, contribution, reference, change]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CONF_BINS
+from agent.estimation.segments.change import CLIP as CHANGE_CLIP
 from agent.estimation.segments.segmentation import Segmentation
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.reference import InputReference
@@ -84,6 +85,11 @@ class StatSchema:
         size = segments.size if segments is not None else 0
         full.seg_n, full.seg_fails, full.seg_novel = [0] * size, [0] * size, [0] * size
         full.seg_conf, full.seg_conf_sq = [0.0] * size, [0.0] * size
+        change = segments.change if segments is not None else None
+        if change is not None:
+            full.change_n = [0] * size
+            full.change_sum = full.change_sq = [0.0] * (size * len(change.columns))
+            full.change_cross = [0.0] * (size * len(change.pairs))
         k = n_classes if n_classes is not None else ref.n_classes if ref is not None else 0
         full.cbpe_predicted = [0] * k
         full.cbpe_true_positive = full.cbpe_support = [0.0] * k
@@ -207,6 +213,14 @@ class _Checks:
             self.at_most(conf, count, f"the confidence sum of segment {i} exceeds its predictions")
             square = s.seg_conf_sq[i] if i < len(s.seg_conf_sq) else 0.0
             self.at_most(square, conf, f"the squared confidences of segment {i} exceed its confidence sum")
+            read = s.change_n[i] if i < len(s.change_n) else 0
+            self.require(read <= count, f"segment {i}: change columns read for more predictions than it holds")
+        if s.change_n and len(s.change_sq) >= len(s.change_n):
+            c = len(s.change_sq) // max(len(s.change_n), 1)
+            for i, read in enumerate(s.change_n):
+                squares = s.change_sq[i * c : (i + 1) * c]
+                top = read * (2 * CHANGE_CLIP) ** 2
+                self.at_most(max(squares, default=0.0), top, f"segment {i}: change sums too large")
 
     def cbpe(self) -> None:
         """CBPE's per-class sums: predictions per predicted class add up to ``cbpe_n`` (at most ``n``),

@@ -41,6 +41,7 @@ class ActiveBudget:
         self._last = self._start
         self._count = 0.0  # decayed predictions
         self._u = 0.0  # decayed Σ uncertainty
+        self._g = 0.0  # decayed Σ focus factor
         self._drawn = 0.0  # decayed Σ π
         self._asked = 0.0  # decayed Σ rate (what π would sum to without clipping)
 
@@ -48,6 +49,7 @@ class ActiveBudget:
         k = math.exp(-max(now - self._last, 0.0) / self.tau)
         self._count *= k
         self._u *= k
+        self._g *= k
         self._drawn *= k
         self._asked *= k
         self._last = max(now, self._last)
@@ -58,21 +60,29 @@ class ActiveBudget:
         return self._count / span if span > 0 else 0.0
 
     def probabilities(
-        self, predicted_correct: np.ndarray, now: float, boost: float = 1.0, spread: np.ndarray | None = None
+        self,
+        predicted_correct: np.ndarray,
+        now: float,
+        boost: float = 1.0,
+        spread: np.ndarray | None = None,
+        focus: np.ndarray | None = None,
     ) -> np.ndarray:
         """The draw probabilities of one batch, and the batch counted into the smoothed figures. ``spread``:
         each prediction's residual standard deviation as stratified draws learn it (default: the calibrated
-        uncertainty of ``f``)."""
+        uncertainty of ``f``); ``focus``: each prediction's factor where the inputs changed (default: 1;
+        :func:`~agent.estimation.estimators.active.spread_probabilities`)."""
         f = np.asarray(predicted_correct, dtype=np.float64).reshape(-1)
         u = uncertainty(f) if spread is None else np.asarray(spread, dtype=np.float64).reshape(-1)
+        g = np.ones(len(f)) if focus is None else np.asarray(focus, dtype=np.float64).reshape(-1)
         self._decay(now)
         self._count += len(f)
         self._u += float(u.sum())
+        self._g += float(g.sum())
         expected = self.traffic_rate(now) * self.window
         goal = min(self.per_window * boost / expected, 1.0) if expected > 0 else 1.0
         kept = self._drawn / self._asked if self._asked > 0 else 1.0
         rate = min(goal / max(kept, 1e-3), 1.0 / self.floor)
-        pi = spread_probabilities(u, rate, self._u / self._count, self.floor)
+        pi = spread_probabilities(u, rate, self._u / self._count, self.floor, g, self._g / self._count)
         self._drawn += float(pi.sum())
         self._asked += rate * len(f)
         return pi

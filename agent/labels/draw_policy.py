@@ -24,6 +24,7 @@ import numpy as np
 
 from agent.config.sampling import Sampling
 from agent.config.settings import LabelsConfig
+from agent.estimation.segments.table import SegmentRow
 from agent.judging.recorder import JudgedBatch
 
 #: How much the label of each listed prediction (by id) is worth; None for one the policy does not know.
@@ -70,3 +71,7 @@ class DrawPolicy(ABC):
     def worth_of(self) -> WorthFn | None:
         """How the labeling sample's listing ranks its predictions (None: newest first)."""
         return None
+
+    def on_segments(self, calibration: object, rows: Sequence[SegmentRow]) -> None:  # noqa: B027 (most ignore it)
+        """The segment rows of the latest window estimated with ``calibration`` (a policy that draws where the
+        inputs changed keeps them, :mod:`agent.labels.change_focus`; the others ignore them)."""

@@ -1,7 +1,9 @@
 """Stratified draws of the labeling sample (``labels.sampling: stratified``): as active draws
 (:mod:`agent.labels.active_draws`), with each prediction's uncertainty replaced by the residual spread of its
 strata as the labels received so far show it: the allocation of :mod:`agent.estimation.estimators.strata`,
-learnt from the labels as they arrive, so the budget goes where the labels say the predictor is wrong.
+learnt from the labels as they arrive, so the budget goes where the labels say the predictor is wrong, and
+raised in the segments whose inputs changed in the latest window (:mod:`agent.labels.change_focus`: where no
+label-free estimate can say what the change costs).
 
 :class:`StratifiedDraws` gives every prediction its *spread* (its expected residual standard deviation, from its
 bin of predicted correctness and its segments), the active budget turns it into draw probabilities (fixed before
@@ -26,8 +28,10 @@ import numpy as np
 from agent.config.sampling import Sampling
 from agent.config.settings import LabelsConfig
 from agent.estimation.estimators.strata import N_BINS, StrataLearner, strata_of
+from agent.estimation.segments.table import SegmentRow
 from agent.judging.recorder import JudgedBatch
 from agent.labels.active_draws import ActiveBudget, ActiveDraws, joined, predicted_correct
+from agent.labels.change_focus import ChangeFocus, focus_factors
 from agent.labels.draw_policy import Draw, WorthFn
 from agent.labels.rows import prediction_id
 
@@ -49,6 +53,8 @@ class StratifiedDraws(ActiveDraws):
         self._bundle: object = None
         self._learner: StrataLearner | None = None
         self._drawn: OrderedDict[str, tuple[np.ndarray, float, int]] = OrderedDict()
+        #: the changed segments of the latest window: their predictions' spreads are raised
+        self.focus = ChangeFocus()
 
     @classmethod
     def of(cls, config: LabelsConfig, start: float | None = None) -> StratifiedDraws:
@@ -59,8 +65,9 @@ class StratifiedDraws(ActiveDraws):
         fs = [predicted_correct(b) for b in batches]
         strata = [self.strata(b, fb) for b, fb in zip(batches, fs, strict=True)]
         spread = joined([self.spread(b, fb, sb) for b, fb, sb in zip(batches, fs, strata, strict=True)])
+        focus = joined([self.focus_of(b, len(fb)) for b, fb in zip(batches, fs, strict=True)])
         with self._lock:
-            pi = self.budget.probabilities(joined(fs), now, boost, spread)
+            pi = self.budget.probabilities(joined(fs), now, boost, spread, focus)
 
         def on_drawn(i: int, drawn: np.ndarray) -> None:
             self.remember(batches[i], drawn, fs[i], strata[i])
@@ -69,6 +76,9 @@ class StratifiedDraws(ActiveDraws):
 
     def worth_of(self) -> WorthFn:
         return self.worth
+
+    def on_segments(self, calibration: object, rows: Sequence[SegmentRow]) -> None:
+        self.focus.update(calibration, rows)
 
     def _for(self, batch: JudgedBatch) -> StrataLearner:
         """The learner of the batch's bundle (a new one, from the prior, when the bundle changed)."""
@@ -87,6 +97,12 @@ class StratifiedDraws(ActiveDraws):
         if segments is not None and segments.shape[-1] != len(predicted_correct):
             segments = None
         return strata_of(predicted_correct, segments)
+
+    def focus_of(self, batch: JudgedBatch, n: int) -> np.ndarray:
+        """Every prediction's focus factor (:mod:`agent.labels.change_focus`; 1 outside changed segments)."""
+        segments = batch.segments if batch.segments is not None and batch.segments.shape[-1] == n else None
+        factors = focus_factors(segments, self.focus.weights(batch.rt.calibration), n)
+        return np.ones(n) if factors is None else factors
 
     def spread(self, batch: JudgedBatch, predicted_correct: np.ndarray, strata: np.ndarray) -> np.ndarray:
         """Every prediction's spread under the allocation learnt so far."""

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: What the demo says of a window without a segment that lost accuracy beyond noise.
-NO_DROP = "no segment lost accuracy beyond noise"
+#: What the demo says of a window without a segment whose inputs changed or that lost accuracy beyond noise.
+NO_DROP = "no segment's inputs changed and none lost accuracy beyond noise"
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,9 @@ class ServedEstimate:
 
 @dataclass(frozen=True)
 class TopSegment:
-    """The segment that lost the most accuracy beyond noise in a window: its kind, name, share, estimate,
-    reference accuracy and contribution, and what the labels drawn in it say (``realized``)."""
+    """The segment ranked first in a window, when its inputs changed or it lost accuracy beyond noise: its
+    kind, name, share, estimate, reference accuracy and contribution, what the labels drawn in it say
+    (``realized``) and the inputs that changed (``changed``: none when they did not)."""
 
     kind: str
     name: str
@@ -74,14 +75,19 @@ class TopSegment:
     contribution: float
     realized: float | None
     realized_n: int
+    changed: tuple[str, ...] = ()
 
     @classmethod
     def of_rows(cls, rows: list[dict[str, Any]]) -> TopSegment | None:
-        """The first of a window's served ``segments`` (ranked by contribution, largest first) when it lost
-        accuracy beyond noise."""
-        if not rows or not rows[0].get("contribution") or float(rows[0]["contribution"]) <= 0:
+        """The first of a window's served ``segments`` (ranked by evidence of a drop) when its inputs changed or
+        it lost accuracy beyond noise."""
+        if not rows:
             return None
         row = rows[0]
+        change = row.get("change") or {}
+        changed = tuple(str(c.get("column", "")) for c in change.get("columns", ())) if change.get("changed") else ()
+        if not changed and (not row.get("contribution") or float(row["contribution"]) <= 0):
+            return None
         estimate = row.get("estimate") or {}
         realized = row.get("realized") or {}
         return cls(
@@ -93,6 +99,7 @@ class TopSegment:
             float(row["contribution"]),
             None if realized.get("value") is None else float(realized["value"]),
             int(realized.get("n", 0) or 0),
+            changed,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -105,17 +112,26 @@ class TopSegment:
             "contribution": self.contribution,
             "realized": self.realized,
             "realized_n": self.realized_n,
+            "changed": list(self.changed),
         }
 
     def to_text(self) -> str:
         """Where the drop is, in words (one line of the demo's output and report)."""
         est = "-" if self.estimate is None else f"{self.estimate:.3f}"
-        out = (
-            f"{self.name} (a {self.kind} segment, {self.share:.0%} of the window): estimated {est} against "
-            f"{self.reference_accuracy:.3f} at reference, {self.contribution:.3f} of the accuracy lost"
-        )
+        out = f"{self.name} (a {self.kind} segment, {self.share:.0%} of the window): "
+        if self.changed:
+            out += f"its inputs changed ({', '.join(self.changed)}); "
+        if self.changed and self.contribution <= 0:
+            out += f"no label-free estimate moved (reference {self.reference_accuracy:.3f})"
+        else:
+            out += (
+                f"estimated {est} against {self.reference_accuracy:.3f} at reference, {self.contribution:.3f} of "
+                "the accuracy lost"
+            )
         if self.realized is not None:
             out += f"; its {self.realized_n} labels say {self.realized:.3f}"
+        elif self.changed:
+            out += "; the labels drawn follow it"
         return out
 
 

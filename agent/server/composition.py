@@ -101,6 +101,7 @@ class Agent:
             segment_labels=lambda rt, now: self.sample.segment_labels.by_window(rt.calibration, s.window_seconds, now),
             per_class_cap=self.metrics.per_class_label_cap,
             companions=self.companions,
+            segments_seen=lambda cal, rows: self.sample.draw_policy.on_segments(cal, rows),
         )
         registry.register(EstimatesCollector(self._estimates_snapshot))
         #: True from the end of :meth:`start` to the beginning of :meth:`stop`.

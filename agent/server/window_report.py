@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.estimation.segments.realized import SegmentLabels, with_realized
+from agent.estimation.segments.table import SegmentRow
 from agent.estimation.statistics.window import WindowStats
 from agent.judging.companions import Companion
 from agent.judging.runtime import Runtime
@@ -38,6 +39,8 @@ EstimateSection = Callable[[Runtime, float], Mapping[str, Mapping[str, Any]]]
 AddedStats = Callable[[Runtime, float], Mapping[str, WindowStats]]
 #: Per window, the labeling sample's labels by segment (each segment's realized accuracy).
 SegmentLabelsOf = Callable[[Runtime, float], Mapping[str, SegmentLabels]]
+#: Told the segment rows of the first window with segments at every report (the labels follow its changes).
+SegmentsSeen = Callable[[object, Sequence[SegmentRow]], None]
 
 
 def _no_stats(_rt: Runtime, _now: float) -> Mapping[str, WindowStats]:
@@ -50,6 +53,10 @@ def _no_section(_rt: Runtime, _now: float) -> Mapping[str, Mapping[str, Any]]:
 
 def _no_segment_labels(_rt: Runtime, _now: float) -> Mapping[str, SegmentLabels]:
     return {}
+
+
+def _ignore_segments(_calibration: object, _rows: Sequence[SegmentRow]) -> None:
+    return None
 
 
 class WindowReport:
@@ -65,6 +72,7 @@ class WindowReport:
         segment_labels: SegmentLabelsOf = _no_segment_labels,
         per_class_cap: int,
         companions: Sequence[Companion] = (),
+        segments_seen: SegmentsSeen = _ignore_segments,
     ) -> None:
         self.windows = windows
         self.labeled = labeled
@@ -72,6 +80,7 @@ class WindowReport:
         self.segment_labels = segment_labels
         self.per_class_cap = per_class_cap
         self.companions = tuple(companions)
+        self.segments_seen = segments_seen
 
     def windows_of(self, rt: Runtime, now: float) -> list[WindowEntry]:
         """Every window's statistics estimated once (see the module docstring)."""
@@ -86,6 +95,9 @@ class WindowReport:
             if entry.segments is not None and labels is not None:
                 entry = dataclasses.replace(entry, segments=with_realized(entry.segments, labels))
             out.append(entry)
+        first = next((e.segments for e in out if e.segments is not None), None)
+        if first is not None:
+            self.segments_seen(rt.calibration, first.rows)
         return out
 
     def document(self, rt: Runtime, now: float) -> dict[str, Any]:

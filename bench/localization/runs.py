@@ -27,10 +27,14 @@ import numpy as np
 
 from agent.data.files import Dataset
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.estimators.active import DEFAULT_FLOOR, rate_for, spread_probabilities, uncertainty
 from agent.estimation.estimators.registry import estimate_window, headline_estimator, headline_of
+from agent.estimation.intervals import Estimate
+from agent.estimation.segments.realized import SegmentLabels
 from agent.estimation.segments.segmentation import Segmentation, truth_counts
 from agent.estimation.segments.table import SegmentTable, segment_table
 from agent.estimation.statistics.window import WindowStats
+from agent.labels.change_focus import focus_factors, focus_weights
 from agent.model.classifier import OnnxClassifier
 from agent.offline.check import judge
 from agent.offline.fit import fit_bundle
@@ -42,6 +46,8 @@ from invariants.fit_params import FitParams
 ESTIMATE_TOLERANCE = 0.05
 #: The largest contribution a clean window's segments may show (the issue's target).
 CLEAN_CONTRIBUTION = 0.02
+#: Labels drawn per window for the realized accuracy of the target (the issue's target).
+LABELS = 100
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ class Injected:
     split: Split
     rows: np.ndarray
     target: int
+    #: how it broke the inputs, where the fault has several ways
+    how: str = ""
 
 
 #: ``fault(subject, split, rng) -> [Injected]``: one injection per target the fault tries.
@@ -159,21 +167,27 @@ def _with_rows(split: Split, rows: np.ndarray, name: str, values: np.ndarray) ->
     return split.with_inputs(**{name: column})
 
 
-def _break(column: np.ndarray, rows: np.ndarray, how: str, rng: np.random.Generator) -> np.ndarray:
+def _break(column: np.ndarray, rows: np.ndarray, how: str, rng: np.random.Generator, other: np.ndarray) -> np.ndarray:
     """``column`` (one value per row, or ``[N, 1]``) broken in ``rows``: ``zeroed`` (a null read as 0),
-    ``scaled`` (a unit changed upstream: ×100) or ``shuffled`` (a join gone wrong: the values of other rows)."""
+    ``scaled`` (a unit changed upstream: ×100), ``shuffled`` (a join gone wrong: the values of other rows),
+    ``swapped`` (another column's values in its place: ``other``) or ``stuck`` (a sensor stuck at the value it
+    had in the first broken row)."""
     out = column.copy()
     if how == "zeroed":
         out[rows] = 0
     elif how == "scaled":
         out[rows] = column[rows] * 100
-    else:
+    elif how == "shuffled":
         out[rows] = column[rng.permutation(rows)]
+    elif how == "swapped":
+        out[rows] = other[rows].reshape(out[rows].shape).astype(out.dtype)
+    else:
+        out[rows] = column[rows[0]] if len(rows) else 0
     return out
 
 
 #: How a broken column breaks, one after the other over a fault's targets.
-BREAKS = ("zeroed", "scaled", "shuffled")
+BREAKS = ("zeroed", "scaled", "shuffled", "swapped", "stuck")
 
 
 def _costliest(zoo: ZooModel, candidates: Sequence[Any], breaking: Callable[[Split, Any], Split]) -> Any:
@@ -191,11 +205,13 @@ def broken_column(subject: Subject, split: Split, rng: np.random.Generator) -> l
     if not numeric or not categorical:
         return []
     worst = _costliest(subject.zoo, numeric, lambda sp, n: _with_rows(sp, np.arange(len(sp)), n, 0))
+    other = split.inputs[next((n for n in numeric if n != worst), worst)]
     out = []
-    for i, target in enumerate(_targets(seg, lambda d: d == categorical[0], 3, rng)):
+    for i, target in enumerate(_targets(seg, lambda d: d == categorical[0], len(BREAKS), rng)):
         rows = segment_rows(subject, split, target)
-        broken = _break(split.inputs[worst], rows, BREAKS[i % len(BREAKS)], rng).astype(split.inputs[worst].dtype)
-        out.append(Injected(split.with_inputs(**{worst: broken}), rows, target))
+        how = BREAKS[i % len(BREAKS)]
+        broken = _break(split.inputs[worst], rows, how, rng, other).astype(split.inputs[worst].dtype)
+        out.append(Injected(split.with_inputs(**{worst: broken}), rows, target, how))
     return out
 
 
@@ -214,15 +230,17 @@ def broken_column_in_bin(subject: Subject, split: Split, rng: np.random.Generato
         return sp.with_inputs(**{name: v})
 
     worst = _costliest(subject.zoo, range(x.shape[1]), zeroed)
-    out = []
-    for target in _targets(seg, _kind(seg, "column"), 6, rng, min_share=0.15):
+    other = x[:, (worst + 1) % x.shape[1]]
+    out: list[Injected] = []
+    for target in _targets(seg, _kind(seg, "column"), 2 * len(BREAKS), rng, min_share=0.15):
         dim = seg.dimensions[seg.dimension_of(target)]
-        if dim.columns == (worst,) or len(out) == 3:
+        if dim.columns == (worst,) or len(out) == len(BREAKS):
             continue
         rows = segment_rows(subject, split, target)
         broken = x.copy()
-        broken[:, worst] = _break(x[:, worst], rows, BREAKS[len(out) % len(BREAKS)], rng)
-        out.append(Injected(split.with_inputs(**{name: broken}), rows, target))
+        how = BREAKS[len(out) % len(BREAKS)]
+        broken[:, worst] = _break(x[:, worst], rows, how, rng, other)
+        out.append(Injected(split.with_inputs(**{name: broken}), rows, target, how))
     return out
 
 
@@ -306,18 +324,24 @@ def corrupted_class(kind: str, strength: float) -> Fault:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One window read against the truth: where the target ranked, its estimate and true accuracy, and the
-    largest contribution of any segment (clean windows: ``target`` is -1)."""
+    """One window read against the truth: where the target ranked, its label-free estimate (and whether it said
+    it could give one), its realized accuracy from :data:`LABELS` labels drawn as the agent's stratified draws
+    draw them, its true accuracy, and, for the whole window, the largest contribution of any segment and whether
+    any segment was reported changed (clean windows: ``target`` is -1)."""
 
     model: str
     fault: str
     target: int
     target_name: str
     rank: int
-    estimate: float | None
+    estimate: Estimate | None
+    estimable: bool
+    realized: float | None
+    realized_n: int
     truth: float | None
     top: str
     top_contribution: float
+    any_changed: bool
     window_truth: float
     window_headline: float | None
     retained: float = 1.0
@@ -332,16 +356,41 @@ class Outcome:
 
     @property
     def close(self) -> bool:
+        """Its realized accuracy from the labels drawn within the tolerance of its truth."""
         return (
-            self.estimate is not None
+            self.realized is not None
             and self.truth is not None
-            and abs(self.estimate - self.truth) <= ESTIMATE_TOLERANCE
+            and abs(self.realized - self.truth) <= ESTIMATE_TOLERANCE
         )
 
+    @property
+    def honest(self) -> bool:
+        """Its label-free interval covers its truth, or it said it cannot be estimated label-free."""
+        if not self.estimable or self.estimate is None:
+            return True
+        return self.truth is not None and self.estimate.lower <= self.truth <= self.estimate.upper
 
-def read_window(subject: Subject, pool: Pool, rows: np.ndarray) -> tuple[SegmentTable, float, float | None]:
-    """The segment table of a window of ``pool``'s ``rows`` as an agent reads it, the window's true accuracy and
-    its headline estimate."""
+    @property
+    def quiet(self) -> bool:
+        """A clean window's verdict: no segment reported changed, none contributing above the tolerance."""
+        return not self.any_changed and self.top_contribution <= CLEAN_CONTRIBUTION
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window as the agent reads it (its segment table) and as the truth is: its rows' accuracy, the labels
+    drawn in it."""
+
+    table: SegmentTable
+    truth: float
+    headline: float | None
+    labels: SegmentLabels
+
+
+def read_window(subject: Subject, pool: Pool, rows: np.ndarray, rng: np.random.Generator) -> Window:
+    """The segment table of a window of ``pool``'s ``rows`` as an agent reads it, the window's true accuracy, its
+    headline estimate and :data:`LABELS` labels drawn where the stratified draws put them
+    (:func:`draw_labels`)."""
     cal, seg = subject.calibration, subject.segments
     stats = WindowStats.from_batch(
         pool.verdicts[rows],
@@ -358,27 +407,50 @@ def read_window(subject: Subject, pool: Pool, rows: np.ndarray) -> tuple[Segment
     truth = truth_counts(pool.ids[:, rows], seg.size, pool.correct[rows])
     table = segment_table(stats, cal, estimates, truth=truth)
     assert table is not None
-    return table, float(pool.correct[rows].mean()), None if headline is None else headline.value
+    labels = draw_labels(subject, pool, rows, table, rng)
+    return Window(table, float(pool.correct[rows].mean()), None if headline is None else headline.value, labels)
 
 
-def outcome(
-    subject: Subject, fault: str, table: SegmentTable, target: int, truth: float, headline: float | None
-) -> Outcome:
+def draw_labels(
+    subject: Subject, pool: Pool, rows: np.ndarray, table: SegmentTable, rng: np.random.Generator
+) -> SegmentLabels:
+    """:data:`LABELS` labels of the window's rows, drawn as the agent's stratified draws draw them before any
+    label came back (each prediction's calibrated uncertainty, times its focus where the inputs changed,
+    :mod:`agent.labels.change_focus`, at the default floor), with their inverse probabilities as weights."""
+    cal = subject.calibration
+    f = cal.predicted_correct(pool.confidences[rows], pool.verdicts[rows])
+    ids = pool.ids[:, rows]
+    u = uncertainty(f)
+    focus = focus_factors(ids, focus_weights(table.rows), len(rows))
+    g = np.ones(len(rows)) if focus is None else focus
+    rate = rate_for(f, LABELS / len(rows), float(u.mean()), DEFAULT_FLOOR, spread=u, focus=g)
+    pi = spread_probabilities(u, rate, float(u.mean()), DEFAULT_FLOOR, g, float(g.mean()))
+    drawn = rng.random(len(rows)) < pi
+    return SegmentLabels.of(ids[:, drawn], subject.segments.size, pool.correct[rows][drawn], 1.0 / pi[drawn])
+
+
+def outcome(subject: Subject, fault: str, window: Window, target: int) -> Outcome:
+    table = window.table
     ranked = [r.index for r in table.rows]
     row = next((r for r in table.rows if r.index == target), None) if target >= 0 else None
     top = table.rows[0]
+    realized_n, realized = window.labels.estimate(target) if target >= 0 else (0, None)
     return Outcome(
         subject.name,
         fault,
         target,
         subject.segments.names()[target] if target >= 0 else "",
         ranked.index(target) + 1 if target in ranked else 0,
-        None if row is None or row.estimate is None else row.estimate.value,
+        None if row is None else row.estimate,
+        row is not None and row.estimable,
+        None if realized is None else realized.value,
+        realized_n,
         None if row is None else row.truth_accuracy,
         top.name,
-        top.contribution,
-        truth,
-        headline,
+        max(r.contribution for r in table.rows),
+        any(r.change.changed for r in table.rows),
+        window.truth,
+        window.headline,
     )
 
 
@@ -399,8 +471,8 @@ def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: i
     split = subject.zoo.test
     clean = Pool.of(subject, split)
     for _ in range(reps):
-        table, truth, headline = read_window(subject, clean, rng.integers(0, len(split), size))
-        run.clean.append(outcome(subject, "clean", table, -1, truth, headline))
+        window = read_window(subject, clean, _rows_of(len(split), size, rng), rng)
+        run.clean.append(outcome(subject, "clean", window, -1))
     for fault in faults:
         injected = fault(subject, split, rng)
         if not injected:
@@ -409,10 +481,17 @@ def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: i
             pool = Pool.of(subject, inj.split)
             target, retained = live_target(subject, pool, inj)
             name = _moved(subject, inj.target, target)
+            label = f"{fault.__name__} ({inj.how})" if inj.how else fault.__name__
             for _ in range(reps):
-                table, truth, headline = read_window(subject, pool, rng.integers(0, len(split), size))
-                o = outcome(subject, fault.__name__, table, target, truth, headline)
+                window = read_window(subject, pool, _rows_of(len(split), size, rng), rng)
+                o = outcome(subject, label, window, target)
                 run.faulted.append(Outcome(**{**o.__dict__, "target_name": name, "retained": retained}))
+
+
+def _rows_of(available: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """A window's rows: ``size`` distinct rows of the split, as live traffic brings each input once (with
+    replacement only where the split is smaller than a window)."""
+    return np.sort(rng.choice(available, size=size, replace=size > available))
 
 
 def live_target(subject: Subject, pool: Pool, injected: Injected) -> tuple[int, float]:

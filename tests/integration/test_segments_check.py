@@ -58,7 +58,11 @@ def test_check_ranks_a_new_subpopulation_first_and_the_labels_confirm_it(
     segments = report["segments"]
     top = segments[0]
     assert top["name"] == NEW and top["kind"] == "column" and top["dimension"] == "city", segments[:3]
-    assert [s["contribution"] for s in segments] == sorted((s["contribution"] for s in segments), reverse=True)
+    changed = [s["change"]["changed"] for s in segments]
+    assert changed == sorted(changed, reverse=True)  # segments whose inputs changed first
+    unchanged = [s["contribution"] for s in segments if not s["change"]["changed"]]
+    assert unchanged == sorted(unchanged, reverse=True)  # then the others by contribution
+    assert top["change"]["changed"] and top["change"]["columns"][0]["kind"] == "share"  # unseen at fit
     assert top["contribution"] > 0.01
     assert top["share"] == pytest.approx(float(new.mean()), abs=1e-9) and top["reference_share"] == 0
     # the truth confirms it: the new population lost accuracy, and the segment's estimate says so
@@ -105,9 +109,39 @@ def test_a_clean_batch_names_no_segment(
     report = json.loads(_check(zoo, bundle, root / "clean.parquet", capsys, "--json"))
     largest = max(s["contribution"] for s in report["segments"])
     assert largest <= 0.02
+    assert not any(s["change"]["changed"] for s in report["segments"]), report["segments"][:3]
+    assert {s["status"] for s in report["segments"]} <= {"ok", "dropping"}
     words = _check(zoo, bundle, root / "clean.parquet", capsys)
-    quiet = "where the drop is: no segment lost accuracy beyond noise against its reference"
+    quiet = "where the drop is: no segment's inputs changed and none lost accuracy beyond noise"
     assert (quiet in words) == (largest <= 0), words
+
+
+def test_a_column_broken_inside_one_category_is_found_without_labels(
+    fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The case no label-free estimate sees: ``income`` read as 0 upstream for one city only. The model stays
+    confident, so the segment's estimate does not move; its inputs did, and ``check`` ranks that city first,
+    names the column, says the cost is unknown without labels, and the truth confirms the drop."""
+    zoo, root, bundle = fitted
+    test = _frame(zoo.test)
+    city = test["city"].value_counts().index[1]  # a frequent city, not the most frequent one
+    test.loc[test["city"] == city, "income"] = 0.0
+    test.to_parquet(root / "broken.parquet")
+    report: dict[str, Any] = json.loads(_check(zoo, bundle, root / "broken.parquet", capsys, "--json"))
+    top = report["segments"][0]
+    assert top["name"] == f"city={city}", [(s["name"], s["change"]) for s in report["segments"][:3]]
+    assert top["change"]["changed"] and top["change"]["columns"][0]["column"] == "income"
+    assert top["change"]["columns"][0]["spread"] < 0.1  # every value the same: its spread collapsed
+    assert top["status"] in ("changed_cost_unknown", "dropping")
+    assert top["truth_accuracy"] < top["reference_accuracy"] - 0.1  # the truth: it did drop
+    if top["status"] == "changed_cost_unknown":
+        assert top.get("estimable") is False and "income" in top["why"]
+    words = _check(zoo, bundle, root / "broken.parquet", capsys)
+    where = words.split("where the drop is")[1].splitlines()
+    assert where[1].strip().startswith(f"city={city}:") and "inputs changed (income" in where[1], where[:3]
+    with_labels = json.loads(_check(zoo, bundle, root / "broken.parquet", capsys, "--json", "--labels", "200"))
+    realized = next(s for s in with_labels["segments"] if s["name"] == f"city={city}")
+    assert realized["status"] in ("changed", "dropping") and "realized" in realized
 
 
 def test_a_reference_table_gets_segments_of_its_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,7 +71,7 @@ def test_a_segment_table_renders_itself_and_reads_back_from_the_served_document(
     row = segments.to_row()
     assert row["segment"] == "color=green" and row["alert"] is True
     assert row["contribution"] == pytest.approx(segments.points()[0].contribution)
-    assert segments.to_text()[0].startswith("where the drop is (segments by accuracy lost")
+    assert segments.to_text()[0].startswith("where the drop is (segments by evidence of a drop")
     assert "color=green" in segments.to_text()[1]
     body = {"headline": "doc", "windows": {"1h": entry.to_json(cal, {"realized": {"accuracy": {"value": 0.7}}})}}
     served = ServedEstimates.from_json(body).windows["1h"]

@@ -77,17 +77,28 @@ def draw_probabilities(
 
 
 def spread_probabilities(
-    spread: np.ndarray, rate: float, mean_spread: float, floor: float = DEFAULT_FLOOR
+    spread: np.ndarray,
+    rate: float,
+    mean_spread: float,
+    floor: float = DEFAULT_FLOOR,
+    focus: np.ndarray | None = None,
+    mean_focus: float = 1.0,
 ) -> np.ndarray:
     """:func:`draw_probabilities` of predictions whose residual standard deviation is ``spread`` (any
     Neyman allocation: :mod:`agent.estimation.estimators.strata` learns it from the labels), ``mean_spread`` the
-    traffic's mean."""
+    traffic's mean. ``focus``: a factor ``g ≥ 1`` per prediction (the predictions of segments whose inputs
+    changed, :mod:`agent.labels.change_focus`) multiplying its whole probability, floor included, over the
+    traffic's mean factor ``mean_focus`` (so the budget stays the same: the floor is then ``rate · floor /
+    mean_focus``)."""
     if not 0.0 < floor <= 1.0:
         raise ValueError(f"the floor of the draw probabilities must lie in (0, 1], not {floor}")
     u = np.asarray(spread, dtype=np.float64)
     mean_u = float(mean_spread)
     shape = u / mean_u if mean_u > 1e-12 else np.ones_like(u)
-    return np.asarray(np.clip(max(float(rate), 0.0) * ((1.0 - floor) * shape + floor), 0.0, 1.0), dtype=np.float64)
+    pi = max(float(rate), 0.0) * ((1.0 - floor) * shape + floor)
+    if focus is not None:
+        pi = pi * np.asarray(focus, dtype=np.float64) / max(float(mean_focus), 1e-12)
+    return np.asarray(np.clip(pi, 0.0, 1.0), dtype=np.float64)
 
 
 def rate_for(
@@ -97,10 +108,12 @@ def rate_for(
     floor: float = DEFAULT_FLOOR,
     *,
     spread: np.ndarray | None = None,
+    focus: np.ndarray | None = None,
 ) -> float:
     """The ``rate`` of :func:`draw_probabilities` whose mean probability over ``predicted_correct`` is
     ``target_rate`` (higher than it where some probabilities are clipped at 1; bisection, 50 steps;
-    ``1 / floor`` draws every prediction). ``spread``: of :func:`spread_probabilities` instead."""
+    ``1 / floor`` draws every prediction). ``spread``, ``focus``: of :func:`spread_probabilities` instead (the
+    focus over its mean over ``predicted_correct``)."""
     goal = min(max(float(target_rate), 0.0), 1.0)
     top = 1.0 / floor
     if goal <= 0.0 or len(predicted_correct) == 0:
@@ -108,10 +121,11 @@ def rate_for(
     if goal >= 1.0:
         return top
     u = uncertainty(predicted_correct) if spread is None else np.asarray(spread, dtype=np.float64)
-    lo, hi = goal, top
+    mean_focus = float(np.mean(focus)) if focus is not None else 1.0
+    lo, hi = (goal if focus is None else 0.0), top * mean_focus  # a focus may draw more than its mean
     for _ in range(50):
         mid = 0.5 * (lo + hi)
-        if float(spread_probabilities(u, mid, mean_uncertainty, floor).mean()) < goal:
+        if float(spread_probabilities(u, mid, mean_uncertainty, floor, focus, mean_focus).mean()) < goal:
             lo = mid
         else:
             hi = mid

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.segments.change import ChangeSketch, cross_products
 from agent.estimation.segments.kinds.base import Tables
 from agent.estimation.segments.kinds.registry import KINDS
 
@@ -236,6 +237,9 @@ class Segmentation:
 
     dimensions: tuple[Dimension, ...]
     reference: SegmentReference
+    #: the change columns and their per-segment reference (:mod:`agent.estimation.segments.change`; None in
+    #: bundles fitted before them, or without a view to read)
+    change: ChangeSketch | None = None
     offsets: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -246,6 +250,8 @@ class Segmentation:
         object.__setattr__(self, "offsets", tuple(offsets))
         if len(self.reference) != total:
             raise ValueError(f"{len(self.reference)} segment references for {total} segments")
+        if self.change is not None and self.change.size != total:
+            raise ValueError(f"change references for {self.change.size} of {total} segments")
 
     @property
     def size(self) -> int:
@@ -282,18 +288,38 @@ class Segmentation:
         dimension that cannot read its input gives :attr:`size` (counted nowhere)."""
         return dimension_ids(self.dimensions, features, predicted, rules, n)
 
+    def change_values(self, features: np.ndarray | None) -> np.ndarray | None:
+        """Every prediction's change columns ``[N, C]`` (:meth:`ChangeSketch.values`; None without a sketch)."""
+        return None if self.change is None else self.change.values(features)
+
+    def change_cross(self, z: np.ndarray) -> np.ndarray:
+        """The products of the sketched pairs of change columns ``[N, P]`` (none in sketches without pairs)."""
+        if self.change is None or not self.change.pairs:
+            return np.zeros((len(z), 0))
+        return cross_products(z)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": SEGMENTS_FORMAT,
             "dimensions": [d.to_dict() for d in self.dimensions],
             "reference": self.reference.to_dict(),
         }
+        if self.change is not None:
+            out["change"] = self.change.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Segmentation:
         if d.get("kind") != SEGMENTS_FORMAT:
             raise ValueError(f"segments of another format ({d.get('kind')!r})")
-        return cls(tuple(Dimension.from_dict(x) for x in d["dimensions"]), SegmentReference.from_dict(d["reference"]))
+        change = ChangeSketch.from_dict(d["change"]) if d.get("change") else None
+        return cls(
+            tuple(Dimension.from_dict(x) for x in d["dimensions"]), SegmentReference.from_dict(d["reference"]), change
+        )
+
+    def with_change(self, change: ChangeSketch | None) -> Segmentation:
+        """A copy with the change columns fixed at fit."""
+        return Segmentation(self.dimensions, self.reference, change)
 
 
 def dimension_ids(

@@ -48,6 +48,7 @@ noise of its reference contributes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,8 +58,15 @@ from agent.estimation.estimators.calibrated import EstimatesCalibration
 from agent.estimation.estimators.registry import REGISTRY
 from agent.estimation.estimators.shift_calibration import ShiftCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01
+from agent.estimation.segments.change import (
+    UNCHANGED,
+    ChangeReference,
+    SegmentChange,
+    WindowChange,
+    segment_changes,
+)
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
-from agent.estimation.statistics.items import SEGMENT_STATS
+from agent.estimation.statistics.items import CHANGE_STATS, SEGMENT_STATS
 from agent.estimation.statistics.window import WindowStats
 
 #: The estimator of a segment's accuracy (see the module docstring for why).
@@ -66,6 +74,8 @@ SEGMENT_HEADLINE = "doc"
 #: Standard errors by which a segment's share of novel inputs must exceed its reference to take a share of
 #: the learnt estimator's drop beyond the segments' own estimates.
 NOVELTY_Z = 2.0
+#: How much a changed segment's share weighs in its rank beside the size of its change (:func:`rank`).
+SHARE_POWER = 0.25
 #: Pseudo-counts pulling a segment's TDI/ADI TPR and FPR toward the oracle's on the whole calibration split.
 RATE_PRIOR = 10.0
 #: The estimator whose drop beyond the segments' estimates is placed on them by input novelty: the one learnt
@@ -101,11 +111,31 @@ class SegmentRow:
     #: realized accuracy, with its interval, of the labels drawn in it (:mod:`agent.estimation.segments.realized`)
     realized: Estimate | None = None
     realized_n: int = 0
+    #: what changed in its inputs, label-free (:mod:`agent.estimation.segments.change`)
+    change: SegmentChange = UNCHANGED
 
     @property
     def label(self) -> str:
         """The segment's label of the Prometheus series."""
         return label_of(self.name)
+
+    @property
+    def status(self) -> str:
+        """``dropping`` (its label-free estimate fell beyond noise), ``changed_cost_unknown`` (its inputs changed
+        but no label-free estimate moved and no label measured it: a model confidently wrong on changed inputs
+        looks like this, so it is never read as "no drop"), ``changed`` (its inputs changed; the labels drawn
+        in it measure the cost) or ``ok``."""
+        if self.contribution > 0:
+            return "dropping"
+        if self.change.changed:
+            return "changed" if self.realized is not None else "changed_cost_unknown"
+        return "ok"
+
+    @property
+    def estimable(self) -> bool:
+        """Whether its label-free estimate can be trusted: not when its inputs changed (the estimators are
+        calibrated on inputs like the reference's; on changed inputs a confident model may be wrong)."""
+        return self.estimate is not None and not self.change.changed
 
     def to_json(self, decimals: int | None = None) -> dict[str, Any]:
         def r(v: float) -> float:
@@ -133,6 +163,11 @@ class SegmentRow:
         if self.realized is not None:
             e = self.realized
             out["realized"] = {"n": self.realized_n, "value": r(e.value), "lower": r(e.lower), "upper": r(e.upper)}
+        out["status"] = self.status
+        out["change"] = self.change.to_json(decimals)
+        if self.estimate is not None and not self.estimable:
+            out["estimable"] = False
+            out["why"] = "its inputs changed (" + ", ".join(self.change.names) + "): labels measure its accuracy"
         return out
 
 
@@ -284,15 +319,47 @@ def segment_table(
         return None
     if len(stats.seg_n) < seg.size:  # sums rebuilt from an export that holds only the segments with predictions
         stats = _padded(stats, seg.size)
+    stats = _padded_change(stats, seg)
     learnt = (estimates or {}).get(LEARNT)
+    changes = window_changes(stats, seg, calibration.fpr)
     rows: list[SegmentRow] = []
     drops: list[DimensionDrop] = []
     for d in range(len(seg.dimensions)):
         found, drop = _dimension(stats, calibration, d, learnt, truth)
-        rows += found
+        rows += [dataclasses.replace(r, change=changes[r.index]) for r in found]
         drops.append(drop)
-    rows.sort(key=lambda r: (-r.contribution, -(r.share * (r.reference_accuracy - _value(r))), r.index))
+    rows.sort(key=rank)
     return SegmentTable(SEGMENT_HEADLINE, seg.priors[0].accuracy, tuple(rows), tuple(drops))
+
+
+def rank(row: SegmentRow) -> tuple[float, ...]:
+    """The order of the table, by evidence of a drop: segments whose inputs changed first, by the size of their
+    change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
+    times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
+    a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change),
+    then the others by their contribution."""
+    loss = row.share * (row.reference_accuracy - _value(row))
+    return (-float(row.change.changed), -rank_evidence(row), -row.contribution, -loss, row.index)
+
+
+def rank_evidence(row: SegmentRow) -> float:
+    """A changed segment's evidence in :func:`rank`: the size of its change times its share to the power
+    :data:`SHARE_POWER` (0 when unchanged)."""
+    return row.change.score * row.share**SHARE_POWER if row.change.changed else 0.0
+
+
+def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[SegmentChange]:
+    """Every segment's change in the window (:func:`~agent.estimation.segments.change.segment_changes`)."""
+    ref = seg.reference
+    cal_n = [w + r for w, r in zip(ref.cal_wrong, ref.cal_right, strict=True)]
+    cal_fails = [w + r for w, r in zip(ref.cal_fail_wrong, ref.cal_fail_right, strict=True)]
+    total = sum(cal_n)
+    rate = sum(cal_fails) / total if total else fpr
+    spans = [(a, b) for _, a, b in seg.spans()]
+    window = WindowChange(
+        stats.change_n, stats.change_sum, stats.change_sq, stats.seg_n, stats.seg_fails, stats.change_cross
+    )
+    return segment_changes(seg.change, window, ChangeReference(ref.n, spans, cal_n, cal_fails, rate))
 
 
 def _padded(stats: WindowStats, size: int) -> WindowStats:
@@ -301,6 +368,26 @@ def _padded(stats: WindowStats, size: int) -> WindowStats:
     for name in SEGMENT_STATS:
         values = getattr(out, name)
         values.extend([0] * (size - len(values)))
+    return out
+
+
+def _padded_change(stats: WindowStats, seg: Segmentation) -> WindowStats:
+    """``stats`` with the change sums as long as the sketch's (an export holds only the segments with
+    predictions), or empty when they do not fit it (sums of another sketch)."""
+    c = len(seg.change.columns) if seg.change is not None else 0
+    p = len(seg.change.pairs) if seg.change is not None else 0
+    wanted = (seg.size, seg.size * c, seg.size * c, seg.size * p)
+    lengths = (len(stats.change_n), len(stats.change_sum), len(stats.change_sq), len(stats.change_cross))
+    if lengths == wanted or not any(lengths):
+        return stats
+    out = stats.copy()
+    if not c or any(have > want for have, want in zip(lengths, wanted, strict=True)):
+        out.change_n, out.change_sum, out.change_sq, out.change_cross = [], [], [], []
+        return out
+    out.change_n.extend([0] * (seg.size - lengths[0]))
+    for name, want in zip(CHANGE_STATS, wanted[1:], strict=True):
+        values = getattr(out, name)
+        values.extend([0.0] * (want - len(values)))
     return out
 
 

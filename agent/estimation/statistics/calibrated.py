@@ -34,6 +34,10 @@ class Numbering(Protocol):
         self, features: np.ndarray | None, predicted: np.ndarray | None, rules: np.ndarray | None, n: int
     ) -> np.ndarray: ...
 
+    def change_values(self, features: np.ndarray | None) -> np.ndarray | None: ...
+
+    def change_cross(self, z: np.ndarray) -> np.ndarray: ...
+
 
 class StatisticsCalibration(Protocol):
     """The parts of a calibration that a window's sums are computed with."""

@@ -25,7 +25,9 @@ CBPE_STATS: tuple[str, ...] = ("cbpe_predicted", "cbpe_true_positive", "cbpe_sup
 #: Vector statistics that grow with the number of classes (left out of a flat export above a cap).
 CLASS_STATS: tuple[str, ...] = ("class_counts", "class_conf", *CBPE_STATS)
 #: Per-segment sums (:meth:`WindowStats.add_segment_sums`; as long as the bundle's segmentation).
-SEGMENT_STATS: tuple[str, ...] = ("seg_n", "seg_conf", "seg_conf_sq", "seg_fails", "seg_novel")
+SEGMENT_STATS: tuple[str, ...] = ("seg_n", "seg_conf", "seg_conf_sq", "seg_fails", "seg_novel", "change_n")
+#: Per segment and change column sums (segment-major, ``S × C``; :meth:`WindowStats.add_change_sums`).
+CHANGE_STATS: tuple[str, ...] = ("change_sum", "change_sq", "change_cross")
 #: Vector statistics of the per-sample inputs (``leaves`` grows with the TDI tree unless binned).
 INPUT_STATS: tuple[str, ...] = ("pca_bins", "leaves", "class_counts", "class_conf")
 
@@ -53,7 +55,11 @@ def stat_items(
         if kind == "vector":
             if touched is not None and name in SEGMENT_STATS:
                 names = _vector_names(name, len(value))
-                yield from ((names[i], value[i]) for i in touched)
+                yield from ((names[i], value[i]) for i in touched if i < len(value))
+            elif touched is not None and name in CHANGE_STATS:
+                names = _vector_names(name, len(value))
+                c = len(value) // max(len(stats.change_n), 1)
+                yield from ((names[j], value[j]) for i in touched for j in range(i * c, (i + 1) * c))
             elif (classes or name not in CLASS_STATS) and (inputs or name not in INPUT_STATS):
                 yield from zip(_vector_names(name, len(value)), value, strict=True)
         elif kind == "family":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -234,6 +234,14 @@ class WindowStats:
     seg_conf_sq: list[float] = field(default_factory=list)
     seg_fails: list[int] = field(default_factory=list)
     seg_novel: list[int] = field(default_factory=list)
+    #: Per segment, the predictions whose change columns were read, and per segment and change column
+    #: (segment-major, ``S × C``) the sums of ``z`` and ``z²`` (:mod:`agent.estimation.segments.change`: what
+    #: changed where, label-free; empty without change columns).
+    change_n: list[int] = field(default_factory=list)
+    change_sum: list[float] = field(default_factory=list)
+    change_sq: list[float] = field(default_factory=list)
+    #: per segment and sketched pair of change columns (``S × P``), the sum of ``zᵢ zⱼ``
+    change_cross: list[float] = field(default_factory=list)
 
     @classmethod
     def from_batch(
@@ -267,7 +275,26 @@ class WindowStats:
         if seg is not None:
             ids = seg.ids(features, labels, tdi_rules, out.n)
             out.add_segment_sums(ids, seg.size, confidences, verdicts, novel_inputs(calibration, extras))
+            z = seg.change_values(features)
+            if z is not None and len(z) == out.n:
+                out.add_change_sums(ids, seg.size, z, seg.change_cross(z))
         return out
+
+    def add_change_sums(self, ids: np.ndarray, size: int, z: np.ndarray, cross: np.ndarray) -> None:
+        """Fill ``change_*`` from the segment numbers ``ids`` ``[D, N]``, the change columns ``z`` ``[N, C]`` and
+        their pairs' products ``cross`` ``[N, P]``: one ``np.bincount`` over the ``D × N × (1 + 2C + P)``
+        numbers."""
+        n_rows, c = z.shape
+        values = np.concatenate([np.ones((n_rows, 1)), z, z * z, cross], axis=1)
+        k = values.shape[1]
+        ids2 = np.minimum(ids.reshape(-1, n_rows), size)
+        flat = (ids2[:, :, None] * k + np.arange(k)).ravel()
+        w = np.broadcast_to(values, (ids2.shape[0], n_rows, k)).ravel()
+        sums = np.bincount(flat, weights=w, minlength=(size + 1) * k)[: size * k].reshape(size, k)
+        self.change_n = np.rint(sums[:, 0]).astype(np.int64).tolist()
+        self.change_sum = cast(list[float], sums[:, 1 : 1 + c].ravel().tolist())
+        self.change_sq = cast(list[float], sums[:, 1 + c : 1 + 2 * c].ravel().tolist())
+        self.change_cross = cast(list[float], sums[:, 1 + 2 * c :].ravel().tolist())
 
     def add_segment_sums(
         self,

@@ -20,6 +20,7 @@ from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.segments.kinds.registry import KINDS
 from agent.estimation.segments.segmentation import Dimension, Segmentation, dimension_ids, reference_of
 from agent.model.classifier import label_confidences
+from agent.offline.calibration.segments.change import define_change
 from agent.offline.calibration.segments.data import SegmentData, ViewShape
 from agent.offline.calibration.segments.kinds.registry import FITS
 from invariants.fit_params import CalibrationPlan
@@ -52,17 +53,18 @@ def define_segments(
     dims.sort(key=lambda d: order[d.kind])  # stable: columns keep their rank
     rules = data.tdi.rule_index(data.val_features) if data.tdi is not None else None
     ids = dimension_ids(dims, data.val_features, data.val_predicted, rules, len(data.val_y))
+    size = sum(len(d.segments) for d in dims)
     shift = calibration.shift
     novel = None
     if shift is not None and shift.reference.pca_edges:  # as novel_inputs reads a live prediction
         novel = shift.reference.pca_error(data.val_features) > shift.reference.pca_edges[-1]
     reference = reference_of(
         ids,
-        sum(len(d.segments) for d in dims),
+        size,
         data.val_predicted == data.val_y,
         label_confidences(data.val_probabilities, data.val_predicted),
         calibration_rows=data.calibration_index,
         failed=np.asarray(data.calibration_verdicts) != 0,
         novel=novel,
     )
-    return Segmentation(tuple(dims), reference)
+    return Segmentation(tuple(dims), reference, define_change(data, shape, ids, size, seed))

@@ -1,0 +1,406 @@
+"""What changed where, without labels: every segment's inputs in a window against that segment's own inputs at
+``fit`` (DESIGN, "Diagnosis and comparison"; docs/diagnosis.md, "What changed").
+
+A model confidently wrong on in-range inputs moves no label-free estimate, but its inputs moved: a column broken
+upstream inside one category changes that column's distribution *inside that category*. The sketch reads it.
+
+**The sketch (additive).** At ``fit`` a few *change columns* are fixed (:class:`ChangeSketch`): the numeric columns
+of a table view (at most :data:`MAX_COLUMNS`, the most informative of the predicted class first), or the leading
+principal components of a wide view (images, text, embeddings). Each is a linear read of the feature view,
+standardized on the training data and clipped to ``±``:data:`CLIP` (a column scaled by 100 upstream stays a
+bounded number), then offset by :data:`CLIP` so that every sum is a non-negative counter: ``z = clip(x · W + b)
++ CLIP``, in ``[0, 2·CLIP]`` (the test below reads ``(z, z²)``, an invertible affine map of the unshifted
+pair: the offset changes none of its figures). A window keeps, per segment and change column, the sums ``Σ z`` and
+``Σ z²`` (:attr:`~agent.estimation.statistics.window.WindowStats.change_sum`, ``change_sq``) and per segment the
+predictions read (``change_n``): sums that add across windows and replicas like every other statistic. The
+reference is the same read of the labeled validation data, per segment, with its third and fourth moments.
+
+**The test.** Per segment ``s`` and column ``c`` the window's first two moments ``(m₁, m₂)`` are compared with the
+reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)``, ``V`` the per-row covariance of
+``(z, z²)`` at reference (from its four moments, pulled toward the column's over all segments by
+:data:`PRIOR_ROWS` rows so that a thin segment's few rows do not make its own noise look like a change),
+``T² = dᵀ V⁻¹ d / (1/n + 1/m)``, which is χ² with 2 degrees of freedom under no change: ``p = exp(−T²/2)``.
+A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a constant, scaled,
+blurred) moves ``m₂``. The oracle's failure rate is one more column (a shuffled column breaks the invariants
+mined between columns even where its own distribution stays): a one-sided binomial test of the segment's
+failures against its calibration split's rate.
+
+A segment is **changed** when a column's ``p``, times the number of tests in the window (Bonferroni: every
+segment, every column), is below :data:`ALPHA` *and* its per-row effect ``D = √(dᵀ V⁻¹ d)`` (in reference
+standard deviations) is at least :data:`MIN_DISTANCE`: significant and large enough to matter. A segment
+(almost) unseen at fit (fewer than :data:`MIN_REFERENCE` validation rows) that now holds a significant share of
+the window is changed by definition: nothing at fit looked like its inputs. Its **score** is the largest
+effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its inputs moved, whatever
+its size, so that the segment the fault lives in (all its rows moved) outranks the segments that only share
+some of its rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Most change columns a bundle sketches.
+MAX_COLUMNS = 16
+#: The first change columns whose correlations (every pair of them) are sketched as well.
+PAIR_COLUMNS = 4
+#: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
+CLIP = 6.0
+#: Familywise false-alarm rate of the window's change tests (Bonferroni over segments × columns).
+ALPHA = 0.01
+#: Smallest effect reported as a change, by the kind of test: a column's per-row distance (reference
+#: standard deviations of ``(z, z²)``), a pair's correlation (difference of Fisher's ``z``), the oracle's
+#: failure rate (its standard deviations at reference).
+MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "share": 0.0}
+#: Predictions a segment needs in a window before its inputs are tested.
+MIN_ROWS = 20
+#: Validation rows below which a segment counts as unseen at fit.
+MIN_REFERENCE = 5
+#: Rows of the column's whole-data covariance a segment's own covariance is pulled toward.
+PRIOR_ROWS = 20.0
+#: The score of a segment unseen at fit, and the cap of any score: the largest mean shift (in standard
+#: deviations) the clipped columns can show.
+MAX_SCORE = 2 * CLIP
+#: Name of the oracle's failure rate among the change columns of a report.
+ORACLE_COLUMN = "oracle failures"
+#: Name of a segment's share, for a segment unseen at fit.
+SHARE_COLUMN = "share (unseen at fit)"
+#: Changed columns a segment reports (the largest effects).
+REPORTED_COLUMNS = 3
+
+
+@dataclass(frozen=True)
+class ChangeSketch:
+    """The change columns fixed at fit (see the module docstring): their names, the linear read ``W`` ``[D, C]``
+    (``weights``, as rows of the view's ``width`` columns) and ``bias``; per segment of the segmentation, its
+    validation rows ``ref_n`` and the sums of ``z``, ``z²``, ``z³``, ``z⁴`` (``ref_moments``, four vectors of
+    ``S × C`` entries, segment-major)."""
+
+    columns: tuple[str, ...]
+    weights: tuple[tuple[float, ...], ...]
+    bias: tuple[float, ...]
+    ref_n: tuple[int, ...]
+    ref_moments: tuple[tuple[float, ...], ...]
+    #: per segment and pair of :data:`PAIR_COLUMNS` (:func:`column_pairs`), the sum of ``zᵢ zⱼ``
+    ref_cross: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        c = len(self.columns)
+        if not 0 < c <= MAX_COLUMNS:
+            raise ValueError(f"{c} change columns (1 … {MAX_COLUMNS})")
+        if len(self.bias) != c or any(len(w) != c for w in self.weights) or not self.weights:
+            raise ValueError("change columns: weights or bias of the wrong shape")
+        if len(self.ref_moments) != 4 or any(len(m) != len(self.ref_n) * c for m in self.ref_moments):
+            raise ValueError("change columns: reference moments of the wrong shape")
+        if self.ref_cross and len(self.ref_cross) != len(self.ref_n) * len(self.pairs):
+            raise ValueError("change columns: reference correlations of the wrong shape")
+        object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
+        object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
+
+    @property
+    def width(self) -> int:
+        """Columns of the view it reads."""
+        return len(self.weights)
+
+    @property
+    def size(self) -> int:
+        """Segments it has a reference for."""
+        return len(self.ref_n)
+
+    @property
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The pairs of change columns whose correlation is sketched (none in sketches fitted without them)."""
+        return column_pairs(len(self.columns)) if self.ref_cross else ()
+
+    def values(self, features: np.ndarray | None) -> np.ndarray | None:
+        """Every prediction's change columns ``[N, C]`` (None when the view is missing or narrower than at fit)."""
+        if features is None:
+            return None
+        f = np.asarray(features).reshape(len(features), -1)
+        if f.shape[1] < self.width:
+            return None
+        x = f[:, : self.width].astype(np.float64, copy=False)
+        z = x @ self._w + self._b  # type: ignore[attr-defined]
+        if not np.isfinite(z).all():  # a missing or infinite input spoils only its own columns
+            x = np.nan_to_num(x, nan=0.0, posinf=1e30, neginf=-1e30)
+            with np.errstate(over="ignore", invalid="ignore"):
+                z = x @ self._w + self._b  # type: ignore[attr-defined]
+            np.nan_to_num(z, copy=False, nan=0.0, posinf=CLIP, neginf=-CLIP)
+        np.clip(z, -CLIP, CLIP, out=z)
+        return np.add(z, CLIP, out=z)  # in [0, 2·CLIP]: every sum a non-negative, growing counter
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "columns": list(self.columns),
+            "weights": [list(w) for w in self.weights],
+            "bias": list(self.bias),
+            "ref_n": list(self.ref_n),
+            "ref_moments": [list(m) for m in self.ref_moments],
+            "ref_cross": list(self.ref_cross),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ChangeSketch:
+        return cls(
+            tuple(str(c) for c in d["columns"]),
+            tuple(tuple(float(x) for x in w) for w in d["weights"]),
+            tuple(float(x) for x in d["bias"]),
+            tuple(int(v) for v in d["ref_n"]),
+            tuple(tuple(float(x) for x in m) for m in d["ref_moments"]),
+            tuple(float(x) for x in d.get("ref_cross", ())),
+        )
+
+
+def column_pairs(columns: int) -> tuple[tuple[int, int], ...]:
+    """Every pair ``(i, j)``, ``i < j``, of the first :data:`PAIR_COLUMNS` of ``columns`` change columns."""
+    k = min(columns, PAIR_COLUMNS)
+    return tuple((i, j) for i in range(k) for j in range(i + 1, k))
+
+
+def cross_products(z: np.ndarray) -> np.ndarray:
+    """``zᵢ zⱼ`` of every row for every pair of :func:`column_pairs` ``[N, P]``."""
+    pairs = column_pairs(z.shape[1])
+    if not pairs:
+        return np.zeros((len(z), 0))
+    i, j = (np.asarray(x) for x in zip(*pairs, strict=True))
+    return z[:, i] * z[:, j]
+
+
+def per_segment(ids: np.ndarray, size: int, values: np.ndarray) -> np.ndarray:
+    """Per segment, the sums of every column of ``values`` ``[N, K]`` over the rows with segment numbers ``ids``
+    ``[D, N]`` (a number ≥ ``size``: counted nowhere), segment-major ``[S × K]``: one ``np.bincount``."""
+    n_rows, k = values.shape
+    ids2 = np.minimum(np.asarray(ids, dtype=np.int64).reshape(-1, n_rows), size)
+    flat = (ids2[:, :, None] * k + np.arange(k)).ravel()
+    w = np.broadcast_to(values, (ids2.shape[0], n_rows, k)).ravel()
+    return np.bincount(flat, weights=w, minlength=(size + 1) * k)[: size * k]
+
+
+def reference_moments(ids: np.ndarray, size: int, z: np.ndarray) -> tuple[list[int], list[list[float]], list[float]]:
+    """Per segment, the rows, the sums of ``z … z⁴`` (four ``S × C`` vectors) and of the pairs' products of
+    rows with segment numbers ``ids`` ``[D, N]`` and change columns ``z`` ``[N, C]``."""
+    counts = per_segment(ids, size, np.ones((len(z), 1)))
+    moments = [per_segment(ids, size, z**power).tolist() for power in (1, 2, 3, 4)]
+    return [int(round(v)) for v in counts], moments, per_segment(ids, size, cross_products(z)).tolist()
+
+
+@dataclass(frozen=True)
+class ColumnChange:
+    """One change column of one segment: its mean shift and spread ratio in reference standard deviations, the
+    per-row effect ``distance`` and the test's ``p`` (before the window's Bonferroni factor)."""
+
+    column: str
+    shift: float
+    spread: float
+    distance: float
+    p: float
+    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``, ``share``
+    kind: str = "column"
+
+    def to_json(self, decimals: int | None = None) -> dict[str, Any]:
+        def r(v: float) -> float:
+            return round(v, decimals) if decimals is not None else v
+
+        return {
+            "column": self.column,
+            "shift": r(self.shift),
+            "spread": r(self.spread),
+            "distance": r(self.distance),
+            "p": float(f"{self.p:.3g}"),
+            "kind": self.kind,
+        }
+
+
+@dataclass(frozen=True)
+class SegmentChange:
+    """What changed in one segment: ``changed`` (see the module docstring), its ``score`` (0 when unchanged) and
+    its changed columns, the largest effect first."""
+
+    changed: bool
+    score: float
+    columns: tuple[ColumnChange, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return [c.column for c in self.columns]
+
+    def to_json(self, decimals: int | None = None) -> dict[str, Any]:
+        def r(v: float) -> float:
+            return round(v, decimals) if decimals is not None else v
+
+        return {
+            "changed": self.changed,
+            "score": r(self.score),
+            "columns": [c.to_json(decimals) for c in self.columns],
+        }
+
+
+UNCHANGED = SegmentChange(False, 0.0)
+
+
+@dataclass(frozen=True)
+class WindowChange:
+    """The window's per-segment sums of the sketch (:class:`~agent.estimation.statistics.window.WindowStats`'s
+    ``change_*``) and of the oracle's failures, as the test reads them."""
+
+    n: Sequence[int]
+    sums: Sequence[float]
+    squares: Sequence[float]
+    seg_n: Sequence[int]
+    seg_fails: Sequence[int]
+    cross: Sequence[float] = ()
+
+
+@dataclass(frozen=True)
+class ChangeReference:
+    """What the test reads of the segments at fit besides the sketch: every segment's validation rows ``n``, the
+    span ``(start, end)`` of every dimension's segments, and per segment the calibration split's predictions and
+    the oracle's failures among them with the whole split's failure rate (the prior of thin segments)."""
+
+    n: Sequence[int]
+    spans: Sequence[tuple[int, int]]
+    cal_n: Sequence[int]
+    cal_fails: Sequence[int]
+    rate: float
+
+
+def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: ChangeReference) -> list[SegmentChange]:
+    """Every segment's :class:`SegmentChange` in the window (see the module docstring)."""
+    size = len(ref.n)
+    out = [UNCHANGED] * size
+    c = len(sketch.columns) if sketch is not None else 0
+    tested = [s for s in range(size) if s < len(window.seg_n) and window.seg_n[s] >= MIN_ROWS]
+    if not tested:
+        return out
+    pairs = len(sketch.pairs) if sketch is not None else 0
+    tests = max(len(tested) * (c + pairs + 1), 1)
+    moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
+    for a, b in ref.spans:
+        total, total_ref = max(sum(window.seg_n[a:b]), 1), max(sum(ref.n[a:b]), 1)
+        for s in (s for s in tested if a <= s < b):
+            if ref.n[s] < MIN_REFERENCE:
+                share = window.seg_n[s] / total
+                share_ref = (ref.n[s] + 0.5) / total_ref
+                column = ColumnChange(SHARE_COLUMN, share / share_ref, 1.0, MAX_SCORE, 0.0, "share")
+                out[s] = SegmentChange(True, MAX_SCORE, (column,))
+                continue
+            found: list[ColumnChange] = []
+            if moments is not None and sketch is not None and window.n[s] >= MIN_ROWS:
+                found += moments.columns(sketch, window, s)
+                found += moments.correlations(sketch, window, s)
+            found += _failures(ref, window, s)
+            changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
+            if changed:
+                changed.sort(key=lambda x: -x.distance)
+                score = min(changed[0].distance, MAX_SCORE)
+                out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]))
+    return out
+
+
+class _Moments:
+    """The reference moments as ``[S, C]`` arrays, with every column's moments over all segments."""
+
+    def __init__(self, n: np.ndarray, m: list[np.ndarray], whole: list[np.ndarray], cross: np.ndarray) -> None:
+        self.n, self.m, self.whole, self.cross = n, m, whole, cross
+
+    @classmethod
+    def of(cls, sketch: ChangeSketch, size: int) -> _Moments:
+        c = len(sketch.columns)
+        n = np.asarray(sketch.ref_n, dtype=np.float64)
+        sums = [np.asarray(m, dtype=np.float64).reshape(size, c) for m in sketch.ref_moments]
+        rows = max(float(n.sum()), 1.0)
+        whole = [x.sum(axis=0) / rows for x in sums]  # every dimension counts each row once: the same means
+        means = [x / np.maximum(n, 1.0)[:, None] for x in sums]
+        pairs = len(sketch.pairs)
+        cross = np.asarray(sketch.ref_cross, dtype=np.float64).reshape(size, pairs) / np.maximum(n, 1.0)[:, None]
+        return cls(n, means, whole, cross)
+
+    def correlations(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
+        """Every sketched pair's correlation in the window against the segment's at reference (Fisher's z: a
+        shuffled or swapped column loses the correlation it had with the others)."""
+        pairs = sketch.pairs
+        c = len(sketch.columns)
+        if not pairs or len(window.cross) < (s + 1) * len(pairs):
+            return []
+        n, m = float(window.n[s]), float(self.n[s])
+        if n <= 3 or m <= 3:
+            return []
+        out = []
+        for k, (i, j) in enumerate(pairs):
+            ref = _correlation(self.m[0][s, i], self.m[0][s, j], self.m[1][s, i], self.m[1][s, j], self.cross[s, k])
+            a, b = window.sums[s * c + i] / n, window.sums[s * c + j] / n
+            aa, bb = window.squares[s * c + i] / n, window.squares[s * c + j] / n
+            live = _correlation(a, b, aa, bb, window.cross[s * len(pairs) + k] / n)
+            if ref is None or live is None:
+                continue
+            d = math.atanh(live) - math.atanh(ref)
+            z = d / math.sqrt(1.0 / (n - 3) + 1.0 / (m - 3))
+            name = f"{sketch.columns[i]} ~ {sketch.columns[j]}"
+            out.append(ColumnChange(name, live - ref, 1.0, abs(d), math.erfc(abs(z) / math.sqrt(2.0)), "pair"))
+        return out
+
+    def columns(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
+        c = len(sketch.columns)
+        n, m = float(window.n[s]), float(self.n[s])
+        out = []
+        for j in range(c):
+            r1, r2, r3, r4 = (x[s, j] for x in self.m)
+            g1, g2, g3, g4 = (x[j] for x in self.whole)
+            v11 = _pulled(r2 - r1 * r1, g2 - g1 * g1, m)
+            v22 = _pulled(r4 - r2 * r2, g4 - g2 * g2, m)
+            v12 = _pulled(r3 - r1 * r2, g3 - g1 * g2, m)
+            floor = 1e-4 * max(g2 - g1 * g1, 1e-6)
+            v11, v22 = max(v11, floor), max(v22, floor * max(g2, 1.0))
+            det = v11 * v22 - v12 * v12
+            if det <= 0:
+                v12, det = 0.0, v11 * v22
+            i = s * c + j
+            d1 = window.sums[i] / n - r1
+            d2 = window.squares[i] / n - r2
+            d_sq = (v22 * d1 * d1 - 2 * v12 * d1 * d2 + v11 * d2 * d2) / det
+            t2 = d_sq / (1.0 / n + 1.0 / max(m, 1.0))
+            var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
+            sd_r = math.sqrt(v11)
+            out.append(
+                ColumnChange(
+                    sketch.columns[j],
+                    d1 / sd_r,
+                    math.sqrt(var_w) / sd_r,
+                    math.sqrt(max(d_sq, 0.0)),
+                    math.exp(-t2 / 2.0),
+                )
+            )
+        return out
+
+
+def _correlation(a: float, b: float, aa: float, bb: float, ab: float) -> float | None:
+    """The correlation of two columns from their means, mean squares and mean product (clipped inside ±1;
+    None when either is constant)."""
+    va, vb = aa - a * a, bb - b * b
+    if va <= 1e-12 or vb <= 1e-12:
+        return None
+    return max(min((ab - a * b) / math.sqrt(va * vb), 0.999), -0.999)
+
+
+def _pulled(own: float, whole: float, rows: float) -> float:
+    """A segment's (co)variance pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows."""
+    return (rows * own + PRIOR_ROWS * whole) / (rows + PRIOR_ROWS)
+
+
+def _failures(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnChange]:
+    """The oracle's failure rate of segment ``s`` against its calibration split's (one-sided: more failures)."""
+    if s >= len(window.seg_fails) or s >= len(ref.cal_n):
+        return []
+    n = float(window.seg_n[s])
+    m = float(ref.cal_n[s])
+    rate = (ref.cal_fails[s] + PRIOR_ROWS * ref.rate) / (m + PRIOR_ROWS)
+    rate = min(max(rate, 0.5 / (m + PRIOR_ROWS + n)), 1 - 1e-9)
+    sd = math.sqrt(rate * (1 - rate))
+    d = window.seg_fails[s] / n - rate
+    z = d / (sd * math.sqrt(1.0 / n + 1.0 / (m + PRIOR_ROWS)))
+    p = 0.5 * math.erfc(z / math.sqrt(2.0))
+    return [ColumnChange(ORACLE_COLUMN, d / sd, 1.0, max(d / sd, 0.0), p, "oracle")]

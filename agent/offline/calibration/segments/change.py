@@ -1,0 +1,111 @@
+"""The change columns of a bundle's segments, fixed at ``fit`` (:mod:`agent.estimation.segments.change` reads
+them per window): a table view's numeric columns, or the leading principal components of any other view, each
+standardized on the training data; and every segment's reference moments on the labeled validation data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agent.estimation.segments.change import MAX_COLUMNS, ChangeSketch, reference_moments
+from agent.estimation.statistics.reference import leading_components
+from agent.offline.calibration.segments.data import SegmentData, ViewShape
+
+#: Principal components sketched for a view without table columns (images, text, embeddings).
+COMPONENTS = 8
+#: Training rows the standardization and the components are fitted on (a seeded sample beyond it).
+MAX_ROWS = 5000
+#: Bins of a numeric column when ranking table columns by their information on the class.
+RANK_BINS = 8
+
+
+def define_change(
+    data: SegmentData, shape: ViewShape, ids: np.ndarray, size: int, seed: int = 0
+) -> ChangeSketch | None:
+    """The change columns of a view (None when it has no column that varies) with the reference moments of
+    the validation rows, whose segment numbers are ``ids`` ``[D, N]``."""
+    train = _rows(np.asarray(data.train_features), seed)
+    numeric = [g for g in shape.columns if not g.onehot]
+    if numeric:
+        read = _table_columns(train, [g.columns[0] for g in numeric], [g.name for g in numeric], data, seed)
+    else:
+        read = _components(train)
+    if read is None:
+        return None
+    names, weights, bias = read
+    draft = ChangeSketch(names, weights, bias, (0,) * size, ((0.0,) * (size * len(names)),) * 4)
+    val = np.asarray(data.val_features).reshape(len(data.val_features), -1)
+    z = draft.values(val)
+    if z is None:
+        return None
+    counts, moments, cross = reference_moments(ids, size, z)
+    return ChangeSketch(names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross))
+
+
+def _rows(x: np.ndarray, seed: int) -> np.ndarray:
+    x = x.reshape(len(x), -1)
+    if len(x) > MAX_ROWS:
+        x = x[np.sort(np.random.default_rng(seed).choice(len(x), MAX_ROWS, replace=False))]
+    return x.astype(np.float64)
+
+
+Read = tuple[tuple[str, ...], tuple[tuple[float, ...], ...], tuple[float, ...]]
+
+
+def _table_columns(
+    train: np.ndarray, columns: list[int], names: list[str], data: SegmentData, seed: int
+) -> Read | None:
+    """The numeric columns that vary, the most informative of the class first (at most :data:`MAX_COLUMNS`),
+    each standardized by its training mean and standard deviation."""
+    y = _rows(np.asarray(data.train_y).reshape(len(data.train_y), 1), seed)[:, 0].astype(np.int64)
+    kept = []
+    for j, name in zip(columns, names, strict=True):
+        col = train[:, j]
+        finite = np.isfinite(col)
+        sd = float(np.std(col[finite])) if finite.any() else 0.0
+        if sd > 0:
+            kept.append((-_information(col, y, finite), j, name, float(np.mean(col[finite])), sd))
+    if not kept:
+        return None
+    kept.sort(key=lambda t: (t[0], t[1]))
+    kept = kept[:MAX_COLUMNS]
+    width = max(j for _, j, _, _, _ in kept) + 1
+    w = np.zeros((width, len(kept)))
+    for c, (_, j, _, _, sd) in enumerate(kept):
+        w[j, c] = 1.0 / sd
+    bias = tuple(-mean / sd for _, _, _, mean, sd in kept)
+    return tuple(name for _, _, name, _, _ in kept), tuple(tuple(float(v) for v in r) for r in w), bias
+
+
+def _information(col: np.ndarray, y: np.ndarray, finite: np.ndarray) -> float:
+    """Mutual information (nats) between a column's quantile bin and the class."""
+    if len(y) != len(col) or not finite.any():
+        return 0.0
+    edges = np.unique(np.quantile(col[finite], np.arange(1, RANK_BINS) / RANK_BINS))
+    bins = np.searchsorted(edges, np.where(finite, col, edges[0] if len(edges) else 0.0))
+    joint = np.zeros((int(bins.max()) + 1, int(y.max()) + 1))
+    np.add.at(joint, (bins, y), 1.0)
+    p = joint / joint.sum()
+    outer = p.sum(axis=1, keepdims=True) @ p.sum(axis=0, keepdims=True)
+    nz = p > 0
+    return float((p[nz] * np.log(p[nz] / outer[nz])).sum())
+
+
+def _components(train: np.ndarray) -> Read | None:
+    """The leading principal components of the view, each scaled to unit variance on the training rows."""
+    finite = np.where(np.isfinite(train), train, 0.0)
+    center = finite.mean(axis=0)
+    z = finite - center
+    k = min(COMPONENTS, z.shape[1], max(len(z) - 1, 0))
+    if k <= 0:
+        return None
+    basis = leading_components(z, k)  # [k, D]
+    scores = z @ basis.T
+    sd = scores.std(axis=0)
+    keep = sd > 1e-9 * max(float(sd.max()), 1e-300)
+    if not keep.any():
+        return None
+    basis, sd = basis[keep], sd[keep]
+    w = basis.T / sd  # [D, k]
+    bias = -(center @ w)
+    names = tuple(f"component {i + 1}" for i in range(len(sd)))
+    return names, tuple(tuple(float(v) for v in r) for r in w), tuple(float(v) for v in bias)

@@ -1,0 +1,151 @@
+"""What changed where, label-free (:mod:`agent.estimation.segments.change`): the sketch's sums add up like every
+other statistic, survive the flat export, and the test finds a column broken inside one segment, a correlation
+broken by a shuffle and a segment unseen at fit, while clean windows report nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.estimation.estimators.active import rate_for, spread_probabilities
+from agent.estimation.segments.change import (
+    CLIP,
+    ChangeReference,
+    ChangeSketch,
+    WindowChange,
+    column_pairs,
+    cross_products,
+    reference_moments,
+    segment_changes,
+)
+from agent.estimation.statistics.items import stat_items, stats_from_items
+from agent.estimation.statistics.window import WindowStats
+from agent.labels.change_focus import FOCUS, focus_factors
+
+SEGMENTS = 4  # one dimension: a categorical column of four values
+
+
+def _rows(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows: a segment (0 … 3) and three columns; ``a`` and ``b`` correlated within every segment, each
+    segment its own mean."""
+    seg = rng.integers(0, SEGMENTS, n)
+    a = rng.normal(seg.astype(float), 1.0)
+    b = 0.8 * a + rng.normal(0, 0.6, n)
+    c = rng.exponential(1.0 + seg, n)
+    return seg, np.stack([a, b, c], axis=1)
+
+
+def _sketch(rng: np.random.Generator) -> ChangeSketch:
+    seg, x = _rows(4000, rng)
+    mean, sd = x.mean(axis=0), x.std(axis=0)
+    weights = tuple(tuple(float(v) for v in row) for row in np.diag(1 / sd))
+    bias = tuple(float(v) for v in -mean / sd)
+    draft = ChangeSketch(("a", "b", "c"), weights, bias, (0,) * SEGMENTS, ((0.0,) * (3 * SEGMENTS),) * 4)
+    z = draft.values(x)
+    assert z is not None
+    counts, moments, cross = reference_moments(seg[None, :], SEGMENTS, z)
+    return ChangeSketch(("a", "b", "c"), weights, bias, tuple(counts), tuple(map(tuple, moments)), tuple(cross))
+
+
+def _window(sketch: ChangeSketch, seg: np.ndarray, x: np.ndarray) -> WindowStats:
+    z = sketch.values(x)
+    assert z is not None
+    out = WindowStats(n=len(seg))
+    out.seg_n = np.bincount(seg, minlength=SEGMENTS).tolist()
+    out.seg_fails = [0] * SEGMENTS
+    out.add_change_sums(seg[None, :], SEGMENTS, z, cross_products(z))
+    return out
+
+
+def _changes(sketch: ChangeSketch, stats: WindowStats, ref_n: tuple[int, ...] | None = None) -> list:
+    window = WindowChange(
+        stats.change_n, stats.change_sum, stats.change_sq, stats.seg_n, stats.seg_fails, stats.change_cross
+    )
+    n = ref_n if ref_n is not None else sketch.ref_n
+    ref = ChangeReference(n, [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01)
+    return segment_changes(sketch, window, ref)
+
+
+def test_values_are_clipped_offset_and_bounded_whatever_the_input() -> None:
+    sketch = _sketch(np.random.default_rng(0))
+    x = np.array([[1e30, -1e30, np.nan], [0.0, 0.0, 0.0]])
+    z = sketch.values(x)
+    assert z is not None and z.shape == (2, 3)
+    assert np.all((z >= 0) & (z <= 2 * CLIP)) and z[0, 0] == 2 * CLIP and z[0, 1] == 0
+    assert sketch.values(np.zeros((2, 2))) is None  # narrower than at fit
+    assert ChangeSketch.from_dict(sketch.to_dict()) == sketch
+
+
+def test_sums_add_across_batches_and_survive_the_sparse_export() -> None:
+    rng = np.random.default_rng(1)
+    sketch = _sketch(rng)
+    seg, x = _rows(600, rng)
+    whole = _window(sketch, seg, x)
+    halves = _window(sketch, seg[:250], x[:250]) + _window(sketch, seg[250:], x[250:])
+    for name in ("change_n", "change_sum", "change_sq", "change_cross"):
+        assert getattr(halves, name) == pytest.approx(getattr(whole, name), rel=1e-12), name
+    assert len(whole.change_cross) == SEGMENTS * len(column_pairs(3))
+    seg_few = np.where(seg == 2, 1, seg)  # segment 2 holds nothing: the sparse export leaves it out
+    few = _window(sketch, seg_few, x)
+    back = stats_from_items(dict(stat_items(few, sparse_segments=True)))
+    assert not any(k.startswith("change_sum:6") for k, _ in stat_items(few, sparse_segments=True))
+    for name in ("change_sum", "change_sq", "change_cross"):
+        got, want = getattr(back, name), getattr(few, name)
+        assert got == pytest.approx(want[: len(got)]) and not any(want[len(got) :])
+
+
+def test_clean_windows_report_no_change() -> None:
+    rng = np.random.default_rng(2)
+    sketch = _sketch(rng)
+    flagged = 0
+    for _ in range(40):
+        seg, x = _rows(1000, rng)
+        flagged += any(c.changed for c in _changes(sketch, _window(sketch, seg, x)))
+    assert flagged <= 2  # a familywise rate of 1% over every segment and column, and an effect floor
+
+
+@pytest.mark.parametrize(("how", "column"), [("zeroed", "a"), ("scaled", "c"), ("stuck", "c"), ("shuffled", "a ~ b")])
+def test_a_column_broken_inside_one_segment_is_found_there(how: str, column: str) -> None:
+    rng = np.random.default_rng(3)
+    sketch = _sketch(rng)
+    seg, x = _rows(1000, rng)
+    hit = np.flatnonzero(seg == 2)
+    if how == "zeroed":
+        x[hit, 0] = 0.0
+    elif how == "scaled":
+        x[hit, 2] *= 100
+    elif how == "stuck":
+        x[hit, 2] = x[hit[0], 2]
+    else:  # the values of other rows of the segment: its own distribution stays, its correlation with b goes
+        x[hit, 0] = x[rng.permutation(hit), 0]
+    changes = _changes(sketch, _window(sketch, seg, x))
+    assert changes[2].changed and changes[2].columns[0].column == column, changes[2]
+    assert [s for s, c in enumerate(changes) if c.changed] == [2]
+    assert changes[2].score == max(c.score for c in changes)
+
+
+def test_a_segment_unseen_at_fit_is_changed_by_definition() -> None:
+    rng = np.random.default_rng(4)
+    sketch = _sketch(rng)
+    seg, x = _rows(1000, rng)
+    changes = _changes(sketch, _window(sketch, seg, x), ref_n=(*sketch.ref_n[:3], 0))
+    assert changes[3].changed and changes[3].columns[0].kind == "share"
+    assert not any(c.changed for c in changes[:3])
+
+
+def test_the_labels_follow_the_change_within_the_same_budget() -> None:
+    """A tenth of the traffic in the changed segment: with the focus about four labels in five are drawn
+    there, and the expected number drawn stays the budget."""
+    rng = np.random.default_rng(5)
+    n = 1000
+    ids = (rng.uniform(size=n) < 0.1).astype(np.int64)[None, :]  # segment 1: the changed one
+    f = rng.uniform(0.6, 0.99, n)
+    u = np.sqrt(f * (1 - f))
+    g = focus_factors(ids, {1: 1.0}, n)
+    assert g is not None and set(np.unique(g)) == {1.0, 1.0 + FOCUS}
+    rate = rate_for(f, 100 / n, float(u.mean()), 0.5, spread=u, focus=g)
+    pi = spread_probabilities(u, rate, float(u.mean()), 0.5, g, float(g.mean()))
+    assert pi.sum() == pytest.approx(100, rel=1e-3)
+    inside = pi[ids[0] == 1].sum()
+    assert inside / pi.sum() > 0.7
+    assert focus_factors(ids, {}, n) is None and focus_factors(None, {1: 1.0}, n) is None
