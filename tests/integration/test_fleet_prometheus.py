@@ -269,6 +269,9 @@ def _same_segments(fleet: dict[str, Any], agent: dict[str, Any], window: str) ->
             assert seg[key] == pytest.approx(other[key], abs=0.01), (window, name, key)
         if other["estimate"] is not None:
             assert seg["estimate"]["value"] == pytest.approx(other["estimate"]["value"], abs=0.01), (window, name)
+        # what changed where: the fleet's test reads the replicas' summed change sums as the agent reads its own
+        assert seg["change"]["changed"] == other["change"]["changed"], (window, name)
+        assert seg["change"]["score"] == pytest.approx(other["change"]["score"], abs=0.01), (window, name)
     assert fleet["segments"][0]["name"] == agent["segments"][0]["name"] or (
         fleet["segments"][0]["contribution"] == pytest.approx(agent["segments"][0]["contribution"], abs=0.01)
     )
@@ -285,8 +288,13 @@ def _segments_exported(agent: AgentProcess, estimates: dict[str, Any]) -> None:
         if row["estimate"] is not None:
             value = m[f"icos_segment_estimated_accuracy_ratio{{{labels}}}"]
             assert value == pytest.approx(row["estimate"]["value"], abs=1e-6)
+        moved = label_of(row["change"]["columns"][0]["column"]) if row["change"]["columns"] else ""
+        change = m[f"icos_segment_change_score{{column={moved},{labels}}}"]
+        assert change == pytest.approx(row["change"]["score"], abs=1e-6)
     segments = {k for k in m if k.startswith("icos_segment_share_ratio{") and "window=5m" in k}
     assert len(segments) == len(estimates["windows"]["5m"]["segments"])
+    changes = {k for k in m if k.startswith("icos_segment_change_score{") and "window=5m" in k}
+    assert len(changes) == len(segments)  # one series per segment, whatever moved
 
 
 def _recorded_by_the_shipped_rules(prom: str, head: dict[str, Any]) -> None:
