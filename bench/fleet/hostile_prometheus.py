@@ -89,6 +89,8 @@ class HostilePrometheus:
         #: queries answered per mode
         self.served: Counter[str] = Counter()
         self._many: bytes | None = None
+        #: answers of the window's end totals (the query a case answers) begun in a hostile mode
+        self.hostile_ends = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="hostile-prometheus", daemon=True)
@@ -134,6 +136,7 @@ class HostilePrometheus:
         elif " offset " in query:
             await self._send(writer, self._totals(self.begin))
         elif query.startswith("sum by"):
+            self.hostile_ends += mode != "good"
             await self._end_answer(mode, writer)
         else:  # the raw samples of a restarted replica: none restarted
             await self._send(writer, b'{"status":"success","data":{"resultType":"matrix","result":[]}}')
