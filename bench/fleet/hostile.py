@@ -11,13 +11,15 @@ its liveness probe and of ``/metrics``, polled every 0.2 s throughout from a pro
 process's GIL for most of a second, which a probe thread here would time as the evaluator's).
 
 Run: ``python -m bench.fleet.hostile [--bundle DIR] [--cases drip,inf] [--observe 90]
-[--max-response-bytes N] [--max-series N] [--compare-bounds] [--agent-root DIR]`` (without ``--bundle`` a bundle of the
-shipped MNIST CNN is fitted first, about a minute). ``--max-response-bytes``/``--max-series`` raise the
-evaluator's bounds (``fleet.max_response_bytes``, ``fleet.max_series``): with 64 MiB and 1,000,000,
-``many_series`` (200,000 series, 33 MB) is parsed instead of refused for its size, the most an evaluator
-configured for a large fleet parses; ``--compare-bounds`` runs every case at the defaults and then at
-the raised bounds (64 MiB and 400,000 unless given), one row each. ``--agent-root DIR`` runs the
-evaluator of another checkout (``PYTHONPATH=DIR``), so the same script measures the code before a change.
+[--max-response-bytes N] [--max-series N] [--compare-bounds] [--agent-root DIR] [--out docs/scaling.md]``
+(without ``--bundle`` a bundle of the shipped MNIST CNN is fitted first, about a minute).
+``--max-response-bytes``/``--max-series`` raise the evaluator's bounds (``fleet.max_response_bytes``,
+``fleet.max_series``): with 64 MiB and 400,000, ``many_series`` (200,000 series, 33 MB) is parsed instead
+of refused for its size, the most an evaluator configured for a large fleet parses. ``--compare-bounds``
+runs every case at the defaults and then at the raised bounds (64 MiB and 400,000 unless given), one row
+each; ``--out docs/scaling.md`` rewrites that page's block of the liveness by bounds with the table.
+``--agent-root DIR`` runs the evaluator of another checkout (``PYTHONPATH=DIR``), so the same script
+measures the code before a change.
 """
 
 from __future__ import annotations
@@ -39,9 +41,13 @@ import yaml
 from agent.config.settings import FleetConfig
 from bench.fleet.hostile_prometheus import CASES, HostilePrometheus
 from bench.fleet.probe import ProbeProcess
+from bench.generated_docs import provenance, write_block
 
 MODEL, VERSION = "mnist", "1"
 POLL_SECONDS = 0.2
+ROOT = Path(__file__).resolve().parents[2]
+#: The block of docs/scaling.md that ``--out`` rewrites (the liveness at the defaults and at raised bounds).
+BEGIN = "<!-- BEGIN GENERATED: python -m bench.fleet.hostile (liveness by bounds) -->"
 #: The bounds of an evaluator configured for a large fleet (``--compare-bounds``): ``many_series`` is then
 #: parsed whole instead of refused for its size.
 RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
@@ -246,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(without them: {RAISED['max_response_bytes']} and {RAISED['max_series']})",
     )
     ap.add_argument("--agent-root", type=Path, help="checkout whose evaluator runs (default: this one)")
+    ap.add_argument("--out", type=Path, help=f"rewrite the page's block {BEGIN!r} with the table (docs/scaling.md)")
     args = ap.parse_args(argv)
     bounds = {k: v for k, v in (("max_response_bytes", args.max_response_bytes), ("max_series", args.max_series)) if v}
     runs: list[dict[str, int]] = [{}, {**RAISED, **bounds}] if args.compare_bounds else [bounds]
@@ -258,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         bundle = args.bundle or fit_mnist_bundle(Path(tmp) / "bundle")
         api = HostilePrometheus(MODEL, VERSION, bundle_label(bundle))
         try:
-            print(
+            lines = [
                 "| case | bounds | outcome | reason | last_error | stale | s to outcome | peak RSS growth MB "
-                "| liveness max s | /metrics max s | probe failures |"
-            )
-            print("|---|---|---|---|---|---|---|---|---|---|---|")
+                "| liveness max s | /metrics max s | probe failures |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            print("\n".join(lines), flush=True)
             for case in cases:
                 for chosen in runs:
                     r = run_case(case, api, bundle, args.observe, chosen, args.agent_root)
@@ -270,9 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                     cells = [r["case"], shown]
                     cells += [r[k] for k in ("outcome", "reason", "last_error", "stale", "seconds")]
                     cells += [r[k] for k in ("rss_growth_mb", "live_max", "metrics_max", "probe_failures")]
-                    print("| " + " | ".join(_cell(c) for c in cells) + " |", flush=True)
+                    lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+                    print(lines[-1], flush=True)
         finally:
             api.stop()
+    if args.out is not None:
+        given = list(argv if argv is not None else sys.argv[1:])
+        kept = [a for i, a in enumerate(given) if not a.startswith("--bundle") and given[i - 1 : i] != ["--bundle"]]
+        command = " ".join(["python -m bench.fleet.hostile --bundle <a bundle of the MNIST CNN>", *kept])
+        write_block(args.out, BEGIN, provenance(command, ROOT) + "\n\n" + "\n".join(lines))
+        print(f"wrote {args.out}")
     return 0
 
 
