@@ -15,7 +15,7 @@ Files (DESIGN.md, "Invariant bundle"):
   entry, the parts of ``estimator_calibration`` (segments, ...) each on its own, so that a refused manifest
   names what changed: ``manifest.json: sha256 mismatch ('pair' changed) ...``; absent from bundles saved
   before it, which are refused without naming the entry);
-  Optional keys, written only when set (older bundles stay byte-identical): ``table`` (a bundle
+  Optional keys, written only when set: ``table`` (a bundle
   fitted from a table of features and predicted probabilities rather than an ONNX model:
   ``proba_columns``, ``feature_columns``, ``label_column``; ``model_sha256`` is then null),
   ``decision_threshold`` (binary models: class 1 is predicted from this probability on),
@@ -171,6 +171,11 @@ def _entry_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {k: sha256_bytes(_canonical({"v": v}).encode("ascii")) for k, v in sorted(_entries(manifest).items())}
 
 
+def _named(key: str, limit: int = 60) -> str:
+    """An entry's name as an error shows it: quoted, and cut (a forged manifest chooses its keys)."""
+    return repr(key if len(key) <= limit else key[: limit - 1] + "…")
+
+
 def _changed_entries(manifest: Mapping[str, Any]) -> list[str]:
     """The entries whose digest differs from the one written at save (added and removed ones too); empty
     when the manifest has no entry digests (written before them) or none differs."""
@@ -178,9 +183,9 @@ def _changed_entries(manifest: Mapping[str, Any]) -> list[str]:
     if not isinstance(written, Mapping):
         return []
     now = _entry_digests(manifest)
-    changed = [f"{k!r} changed" for k in sorted(now.keys() & written.keys()) if now[k] != written[k]]
-    changed += [f"{k!r} removed" for k in sorted(written.keys() - now.keys())]
-    changed += [f"{k!r} added" for k in sorted(now.keys() - written.keys())]
+    changed = [f"{_named(k)} changed" for k in sorted(now.keys() & written.keys()) if now[k] != written[k]]
+    changed += [f"{_named(k)} removed" for k in sorted(written.keys() - now.keys())]
+    changed += [f"{_named(k)} added" for k in sorted(now.keys() - written.keys())]
     whole = [c for c in changed if not c.startswith("'estimator_calibration' ")]
     return whole if any(c.startswith("'estimator_calibration.") for c in whole) else changed
 
