@@ -6,7 +6,8 @@ Counted as the challenger works:
 
 * ``icos_challenger_predictions_total{model,version,challenger}`` — predictions the challenger made;
 * ``icos_challenger_dropped_total{challenger,reason}`` — requests it did not predict: ``queue_full`` (more
-  than ``challenger.queue_limit`` waiting), ``error`` (its model or oracle failed), ``other_champion`` (the
+  than ``challenger.queue_limit`` waiting), ``error`` (its model or oracle failed), ``bad_output`` (its model answered
+  scores that are not finite, or another number of classes), ``other_champion`` (the
   agent now serves a champion the pair was not calibrated for), ``stopping`` (left when the agent stopped);
 * ``icos_challenger_cpu_seconds_total{challenger}`` — CPU time of its thread (its model, its oracle, the
   paired statistics): the challenger's cost, apart from the champion's;
@@ -41,7 +42,7 @@ from prometheus_client.registry import Collector
 from exporters.prometheus import LATENCY_BUCKETS, EstimatePoint, SnapshotCollector, finite_only
 
 #: Why a request was not predicted by the challenger (every reason exported from the start).
-DROP_REASONS = ("queue_full", "error", "other_champion", "stopping")
+DROP_REASONS = ("queue_full", "error", "bad_output", "other_champion", "stopping")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporters.label_values import bounded_label
 from exporters.segment_metrics import SegmentPoint, segment_families
 from exporters.window_stats import Additive, Flatten, WindowStatsCollector, finite_only
 from invariants.oracle import FAMILIES, Verdict
@@ -168,14 +169,15 @@ def flag_family(name: str) -> GaugeMetricFamily:
 def class_metric_rows(classes: Mapping[str, Any] | None) -> Iterator[tuple[str, str, float]]:
     """``(class, metric, value)`` of a per-class figures mapping (``per_class``, ``macro``,
     ``weighted``, as :mod:`agent.estimation.statistics.class_metrics` gives them); the means under the class
-    names ``_macro`` and ``_weighted``."""
+    names ``_macro`` and ``_weighted``; the class names bounded as labels (:func:`bounded_label`)."""
     if not classes:
         return
     rows = [*classes.get("per_class", {}).items()]
     rows += [(f"_{mean}", classes[mean]) for mean in ("macro", "weighted") if mean in classes]
     for cls, figures in rows:
+        label = bounded_label(cls)
         for metric in CLASS_METRICS:
-            yield cls, metric, float(figures[metric])
+            yield label, metric, float(figures[metric])
 
 
 class SnapshotCollector(Collector, Generic[S]):
@@ -454,7 +456,7 @@ class AgentMetrics:
             self.verdicts.labels(model, version, verdict, inv)
         if len(classes) <= self.per_class_label_cap:
             for c in classes:
-                self.predicted_class.labels(model, version, c)
+                self.predicted_class.labels(model, version, bounded_label(c))
 
     def record_batch(
         self,
@@ -503,7 +505,9 @@ class AgentMetrics:
             c = _Children(
                 predictions=self.predictions.labels(model, version),
                 verdicts=[self.verdicts.labels(model, version, v, i) for v, i in VERDICT_LABELS],
-                classes=[self.predicted_class.labels(model, version, k) for k in classes] if per_class else [],
+                classes=[self.predicted_class.labels(model, version, bounded_label(k)) for k in classes]
+                if per_class
+                else [],
                 inference=self.inference_duration.labels(model, version),
                 oracle=self.oracle_duration.labels(model, version),
             )

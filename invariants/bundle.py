@@ -11,8 +11,11 @@ Files (DESIGN.md, "Invariant bundle"):
   calibration and, each an optional part with its own format tag that a reader of another version
   ignores, ``shift_aware``'s models, the headline's evidence and the segments fixed at fit), ``files``
   (sha256 of every other file), ``created_at`` and ``manifest_sha256`` (digest of the manifest's own canonical JSON
-  without that key, so an edited manifest is refused as well);
-  Optional keys, written only when set (older bundles stay byte-identical): ``table`` (a bundle
+  without that key, so an edited manifest is refused as well); ``entries_sha256`` (the digest of each
+  entry, the parts of ``estimator_calibration`` (segments, ...) each on its own, so that a refused manifest
+  names what changed: ``manifest.json: sha256 mismatch ('pair' changed) ...``; absent from bundles saved
+  before it, which are refused without naming the entry);
+  Optional keys, written only when set: ``table`` (a bundle
   fitted from a table of features and predicted probabilities rather than an ONNX model:
   ``proba_columns``, ``feature_columns``, ``label_column``; ``model_sha256`` is then null),
   ``decision_threshold`` (binary models: class 1 is predicted from this probability on),
@@ -63,6 +66,8 @@ IDI_FILE = "idi.yaml"
 TDI_FILE = "tdi.json"
 ADI_FILE = "adi.onnx"
 _PAYLOAD_FILES = (IDI_FILE, TDI_FILE, ADI_FILE)
+#: The manifest's key of its entries' own digests (:func:`_entry_digests`).
+ENTRIES_KEY = "entries_sha256"
 _REQUIRED_KEYS = (
     "format_version",
     "model_sha256",
@@ -148,6 +153,41 @@ def _canonical(data: Mapping[str, Any]) -> str:
 def _manifest_digest(manifest: Mapping[str, Any]) -> str:
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     return sha256_bytes(_canonical(body).encode("ascii"))
+
+
+def _entries(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's entries by name: every key but the digests, and each part of ``estimator_calibration``
+    as ``estimator_calibration.<part>`` (the segments, ``shift_aware``'s models, ...) besides the whole."""
+    out = {k: v for k, v in manifest.items() if k not in ("manifest_sha256", ENTRIES_KEY)}
+    parts = manifest.get("estimator_calibration")
+    if isinstance(parts, Mapping):
+        out.update({f"estimator_calibration.{k}": v for k, v in parts.items()})
+    return out
+
+
+def _entry_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The sha256 of each entry's canonical JSON (:func:`_entries`): what lets a refused manifest name the
+    entries that changed."""
+    return {k: sha256_bytes(_canonical({"v": v}).encode("ascii")) for k, v in sorted(_entries(manifest).items())}
+
+
+def _named(key: str, limit: int = 60) -> str:
+    """An entry's name as an error shows it: quoted, and cut (a forged manifest chooses its keys)."""
+    return repr(key if len(key) <= limit else key[: limit - 1] + "…")
+
+
+def _changed_entries(manifest: Mapping[str, Any]) -> list[str]:
+    """The entries whose digest differs from the one written at save (added and removed ones too); empty
+    when the manifest has no entry digests (written before them) or none differs."""
+    written = manifest.get(ENTRIES_KEY)
+    if not isinstance(written, Mapping):
+        return []
+    now = _entry_digests(manifest)
+    changed = [f"{_named(k)} changed" for k in sorted(now.keys() & written.keys()) if now[k] != written[k]]
+    changed += [f"{_named(k)} removed" for k in sorted(written.keys() - now.keys())]
+    changed += [f"{_named(k)} added" for k in sorted(now.keys() - written.keys())]
+    whole = [c for c in changed if not c.startswith("'estimator_calibration' ")]
+    return whole if any(c.startswith("'estimator_calibration.") for c in whole) else changed
 
 
 @dataclass
@@ -250,6 +290,7 @@ class Bundle:
             manifest["preprocess"] = dict(self.preprocess)
         if self.pair is not None:
             manifest["pair"] = dict(self.pair)
+        manifest[ENTRIES_KEY] = _entry_digests(manifest)
         manifest["manifest_sha256"] = _manifest_digest(manifest)
         return manifest
 
@@ -445,7 +486,9 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         if key not in manifest:
             raise BundleError(f"{MANIFEST}: missing key {key!r}")
     if manifest["manifest_sha256"] != _manifest_digest(manifest):
-        raise BundleError(f"{MANIFEST}: sha256 mismatch (bundle tampered or corrupted)")
+        changed = _changed_entries(manifest)
+        where = f" ({', '.join(changed[:8])}{', ...' if len(changed) > 8 else ''})" if changed else ""
+        raise BundleError(f"{MANIFEST}: sha256 mismatch{where} (bundle tampered or corrupted)")
     if raw.decode("utf-8") != _canonical(manifest) + "\n":
         raise BundleError(f"{MANIFEST}: not in canonical form (bundle tampered or corrupted)")
     _check_manifest_types(manifest)

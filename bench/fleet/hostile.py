@@ -6,31 +6,32 @@ case. Reported per case: what became of the refresh (refused and counted with it
 without being counted, accepted as a fresh estimate, or nothing within ``--observe`` seconds), the
 evaluator's ``last_error``, whether ``icos_fleet_stale`` rose, the growth of its peak RSS over its
 RSS before the case (``VmHWM`` reset through ``/proc/<pid>/clear_refs``), and the slowest answer of
-its liveness probe and of ``/metrics``, polled every 0.2 s throughout.
+its liveness probe and of ``/metrics``, polled every 0.2 s throughout from a process of its own
+(:mod:`bench.fleet.probe`: the hostile API runs in this one, and building its largest answer holds this
+process's GIL for most of a second, which a probe thread here would time as the evaluator's).
 
 Run: ``python -m bench.fleet.hostile [--bundle DIR] [--cases drip,inf] [--observe 90]
-[--max-response-bytes N] [--max-series N] [--agent-root DIR]`` (without ``--bundle`` a bundle of the
-shipped MNIST CNN is fitted first, about a minute). ``--max-response-bytes``/``--max-series`` raise the
-evaluator's bounds (``fleet.max_response_bytes``, ``fleet.max_series``): with 64 MiB and 1,000,000,
-``many_series`` (200,000 series, 33 MB) is parsed instead of refused for its size, the most an evaluator
-configured for a large fleet parses. ``--agent-root DIR`` runs the evaluator of another checkout
-(``PYTHONPATH=DIR``), so the same script measures the code before a change.
+[--max-response-bytes N] [--max-series N] [--compare-bounds] [--agent-root DIR] [--out docs/scaling.md]``
+(without ``--bundle`` a bundle of the shipped MNIST CNN is fitted first, about a minute).
+``--max-response-bytes``/``--max-series`` raise the evaluator's bounds (``fleet.max_response_bytes``,
+``fleet.max_series``): with 64 MiB and 400,000, ``many_series`` (200,000 series, 33 MB) is parsed instead
+of refused for its size, the most an evaluator configured for a large fleet parses. ``--compare-bounds``
+runs every case at the defaults and then at the raised bounds (64 MiB and 400,000 unless given), one row
+each; ``--out docs/scaling.md`` rewrites that page's block of the liveness by bounds with the table.
+``--agent-root DIR`` runs the evaluator of another checkout (``PYTHONPATH=DIR``), so the same script
+measures the code before a change.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,17 @@ import yaml
 
 from agent.config.settings import FleetConfig
 from bench.fleet.hostile_prometheus import CASES, HostilePrometheus
+from bench.fleet.probe import ProbeProcess
+from bench.generated_docs import provenance, write_block
 
 MODEL, VERSION = "mnist", "1"
 POLL_SECONDS = 0.2
+ROOT = Path(__file__).resolve().parents[2]
+#: The block of docs/scaling.md that ``--out`` rewrites (the liveness at the defaults and at raised bounds).
+BEGIN = "<!-- BEGIN GENERATED: python -m bench.fleet.hostile (liveness by bounds) -->"
+#: The bounds of an evaluator configured for a large fleet (``--compare-bounds``): ``many_series`` is then
+#: parsed whole instead of refused for its size.
+RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
 PROBE_TIMEOUT = 10.0
 
 
@@ -101,45 +110,6 @@ def _status(pid: int, key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {key} line")
-
-
-@dataclass
-class Probe:
-    """Slowest answers of the liveness probe and of ``/metrics`` while it runs."""
-
-    url: str
-    live_max: float = 0.0
-    metrics_max: float = 0.0
-    failures: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def _run(self, path: str) -> None:
-        with httpx.Client(timeout=PROBE_TIMEOUT) as client:
-            while not self._stop.is_set():
-                t0 = time.monotonic()
-                try:
-                    ok = client.get(self.url + path).status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                took = time.monotonic() - t0
-                if path == "/metrics":
-                    self.metrics_max = max(self.metrics_max, took)
-                else:
-                    self.live_max = max(self.live_max, took)
-                self.failures += not ok
-                self._stop.wait(POLL_SECONDS)
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[Probe]:
-        threads = [threading.Thread(target=self._run, args=(p,), daemon=True) for p in ("/v2/health/live", "/metrics")]
-        for t in threads:
-            t.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            for t in threads:
-                t.join(PROBE_TIMEOUT * 3)
 
 
 class Evaluator:
@@ -214,7 +184,7 @@ def run_case(
             Path(f"/proc/{ev.proc.pid}/clear_refs").write_text("5")  # the peak RSS starts again from here
             t0 = time.time()
             outcome, seconds, last, reason = "nothing within the observation", observe, None, None
-            with Probe(ev.url).running() as probe:
+            with ProbeProcess(ev.url, POLL_SECONDS, PROBE_TIMEOUT) as probe:
                 api.mode = case
                 deadline = time.monotonic() + observe
                 while time.monotonic() < deadline:
@@ -250,9 +220,9 @@ def run_case(
                 "stale": stale,
                 "seconds": seconds,
                 "rss_growth_mb": None if peak is None else peak / 1e6,
-                "live_max": probe.live_max,
-                "metrics_max": probe.metrics_max,
-                "probe_failures": probe.failures,
+                "live_max": probe.result["live_max"],
+                "metrics_max": probe.result["metrics_max"],
+                "probe_failures": probe.result["failures"],
             }
         finally:
             api.mode = "good"
@@ -275,9 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--observe", type=float, default=90.0, help="seconds to wait for a case's outcome")
     ap.add_argument("--max-response-bytes", type=int, help="fleet.max_response_bytes (default: the setting's)")
     ap.add_argument("--max-series", type=int, help="fleet.max_series (default: the setting's)")
+    ap.add_argument(
+        "--compare-bounds",
+        action="store_true",
+        help="run every case twice: at the settings' defaults, then at --max-response-bytes/--max-series "
+        f"(without them: {RAISED['max_response_bytes']} and {RAISED['max_series']})",
+    )
     ap.add_argument("--agent-root", type=Path, help="checkout whose evaluator runs (default: this one)")
+    ap.add_argument("--out", type=Path, help=f"rewrite the page's block {BEGIN!r} with the table (docs/scaling.md)")
     args = ap.parse_args(argv)
     bounds = {k: v for k, v in (("max_response_bytes", args.max_response_bytes), ("max_series", args.max_series)) if v}
+    runs: list[dict[str, int]] = [{}, {**RAISED, **bounds}] if args.compare_bounds else [bounds]
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -287,18 +265,29 @@ def main(argv: list[str] | None = None) -> int:
         bundle = args.bundle or fit_mnist_bundle(Path(tmp) / "bundle")
         api = HostilePrometheus(MODEL, VERSION, bundle_label(bundle))
         try:
-            print(
-                "| case | outcome | reason | last_error | stale | s to outcome | peak RSS growth MB "
-                "| liveness max s | /metrics max s | probe failures |"
-            )
-            print("|---|---|---|---|---|---|---|---|---|---|")
+            lines = [
+                "| case | bounds | outcome | reason | last_error | stale | s to outcome | peak RSS growth MB "
+                "| liveness max s | /metrics max s | probe failures |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            print("\n".join(lines), flush=True)
             for case in cases:
-                r = run_case(case, api, bundle, args.observe, bounds, args.agent_root)
-                cells = [r[k] for k in ("case", "outcome", "reason", "last_error", "stale", "seconds")]
-                cells += [r[k] for k in ("rss_growth_mb", "live_max", "metrics_max", "probe_failures")]
-                print("| " + " | ".join(_cell(c) for c in cells) + " |", flush=True)
+                for chosen in runs:
+                    r = run_case(case, api, bundle, args.observe, chosen, args.agent_root)
+                    shown = ", ".join(f"{k} {v}" for k, v in chosen.items()) or "defaults"
+                    cells = [r["case"], shown]
+                    cells += [r[k] for k in ("outcome", "reason", "last_error", "stale", "seconds")]
+                    cells += [r[k] for k in ("rss_growth_mb", "live_max", "metrics_max", "probe_failures")]
+                    lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+                    print(lines[-1], flush=True)
         finally:
             api.stop()
+    if args.out is not None:
+        given = list(argv if argv is not None else sys.argv[1:])
+        kept = [a for i, a in enumerate(given) if not a.startswith("--bundle") and given[i - 1 : i] != ["--bundle"]]
+        command = " ".join(["python -m bench.fleet.hostile --bundle <a bundle of the MNIST CNN>", *kept])
+        write_block(args.out, BEGIN, provenance(command, ROOT) + "\n\n" + "\n".join(lines))
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -88,6 +88,9 @@ class HostilePrometheus:
         self.mode = "good"
         #: queries answered per mode
         self.served: Counter[str] = Counter()
+        self._many: bytes | None = None
+        #: answers of the window's end totals (the query a case answers) begun in a hostile mode
+        self.hostile_ends = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="hostile-prometheus", daemon=True)
@@ -114,6 +117,13 @@ class HostilePrometheus:
         series = [(self.labels(k), repr(float(v)) if change is None else change(k, v)) for k, v in totals.items()]
         return vector_body(series)
 
+    def _many_series(self) -> bytes:
+        """The ``many_series`` answer, built once: building it holds this process's GIL for most of a
+        second, which would otherwise recur at every refresh."""
+        if self._many is None:
+            self._many = vector_body((self.labels("n", f"v{i}"), "1") for i in range(MANY_SERIES))
+        return self._many
+
     # -- the answers -----------------------------------------------------------------------------
     async def _answer(self, query: str, writer: asyncio.StreamWriter) -> None:
         mode = self.mode
@@ -126,6 +136,7 @@ class HostilePrometheus:
         elif " offset " in query:
             await self._send(writer, self._totals(self.begin))
         elif query.startswith("sum by"):
+            self.hostile_ends += mode != "good"
             await self._end_answer(mode, writer)
         else:  # the raw samples of a restarted replica: none restarted
             await self._send(writer, b'{"status":"success","data":{"resultType":"matrix","result":[]}}')
@@ -136,7 +147,7 @@ class HostilePrometheus:
             good["data"]["result"].append({"metric": self.labels("class_counts:100000000"), "value": [AT, "1"]})
             await self._send(writer, json.dumps(good).encode())
         elif mode == "many_series":
-            await self._send(writer, vector_body((self.labels("n", f"v{i}"), "1") for i in range(MANY_SERIES)))
+            await self._send(writer, self._many_series())
         elif mode == "many_versions":
             series = [(self.labels(k, f"v{i}"), repr(float(v))) for i in range(40) for k, v in self.end.items()]
             await self._send(writer, vector_body(series))

@@ -62,27 +62,31 @@ def hostile(mnist_bundle_dir: Path) -> Iterator[HostilePrometheus]:
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def fleet(
-    tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path, hostile: HostilePrometheus
-) -> Iterator[AgentProcess]:
-    directory = tmp_path_factory.mktemp("fleet-hostile")
-    cfg = {
+def _fleet_config(directory: Path, bundle: Path, url: str, **bounds: int) -> dict[str, Any]:
+    return {
         "mode": "fleet",
         "model": {"name": MODEL, "version": VERSION},
-        "bundle": {"path": str(mnist_bundle_dir)},
+        "bundle": {"path": str(bundle)},
         "windows": {"time": ["5m"]},
         "state_dir": str(directory / "state"),
         "fleet": {
-            "prometheus_url": hostile.url,
+            "prometheus_url": url,
             "refresh_seconds": 1,
             "query_timeout_seconds": 30,
             "refresh_timeout_seconds": 3,
             "stale_after_seconds": STALE_AFTER,
             "lookback_seconds": 60,
+            **bounds,
         },
     }
-    proc = AgentProcess(directory, cfg).start()
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, mnist_bundle_dir: Path, hostile: HostilePrometheus
+) -> Iterator[AgentProcess]:
+    directory = tmp_path_factory.mktemp("fleet-hostile")
+    proc = AgentProcess(directory, _fleet_config(directory, mnist_bundle_dir, hostile.url)).start()
     yield proc
     proc.kill()
 
@@ -103,10 +107,13 @@ class Probes:
     """Polls the liveness probe and ``/metrics`` (each in its own thread) while a case runs; every
     request must answer 200 within :data:`PROBE_BOUND`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, hostile: HostilePrometheus | None = None) -> None:
         self.url = url
+        self.hostile = hostile
         self.failures: list[str] = []
         self.answers = 0
+        #: per answer of the liveness probe: the hostile answers the API had begun before it was asked
+        self.live_after: list[int] = []
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(p,), daemon=True) for p in ("/v2/health/live", "/metrics")
@@ -116,8 +123,11 @@ class Probes:
         with httpx.Client(timeout=PROBE_BOUND) as client:
             while not self._stop.is_set():
                 try:
+                    sent = self.hostile.hostile_ends if self.hostile is not None else 0
                     status = client.get(self.url + path).status_code
                     self.answers += 1
+                    if path == "/v2/health/live":
+                        self.live_after.append(sent)
                     if status != 200:
                         self.failures.append(f"{path}: {status}")
                 except httpx.HTTPError as exc:
@@ -186,3 +196,37 @@ def test_every_reason_is_exported_from_the_start(fleet: AgentProcess, hostile: H
     exported = {k for k in metrics if k.startswith("icos_fleet_query_errors_total{")}
     assert exported == {f"icos_fleet_query_errors_total{{model={MODEL},reason={r}}}" for r in REASONS}
     assert metrics[f"icos_fleet_unknown_stats_total{{model={MODEL}}}"] == 0
+
+
+#: Bounds of an evaluator configured for a large fleet: the 200,000 series (33 MB) are read and parsed whole.
+RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
+
+
+@pytest.mark.parametrize("bounds", [{}, RAISED], ids=["defaults", "raised"])
+def test_liveness_answers_while_200k_series_are_read(
+    tmp_path: Path, mnist_bundle_dir: Path, hostile: HostilePrometheus, bounds: dict[str, int]
+) -> None:
+    """200,000 series in one answer: refused for its size at the defaults, parsed whole and refused for its
+    versions at raised bounds. The liveness probe keeps answering while the evaluator reads, parses and refuses
+    the answer, refresh after refresh (counted by events, not timed: answers asked after the second big answer
+    began, and no probe failed)."""
+    reason = "too_many_versions" if bounds else "too_large"
+    proc = AgentProcess(tmp_path, _fleet_config(tmp_path, mnist_bundle_dir, hostile.url, **bounds)).start()
+    try:
+        _fresh(proc, hostile)
+        hostile.hostile_ends = 0
+        with Probes(proc.url, hostile) as probes:
+            hostile.mode = "many_series"
+            _wait(lambda: len([s for s in probes.live_after if s >= 2]) >= 3, 60, "liveness answers meanwhile")
+            failed = _wait(
+                lambda: (b := _estimates(proc))["fleet"]["query_errors"].get(reason, 0) > 0 and b,
+                60,
+                f"a refresh refused with reason {reason}",
+            )
+            hostile.mode = "good"
+        assert failed["fleet"]["last_error_reason"] == reason
+        assert not probes.failures, probes.failures
+        _fresh(proc, hostile)
+    finally:
+        hostile.mode = "good"
+        proc.kill()

@@ -19,14 +19,16 @@ __all__ = ["CHALLENGER_MODEL", "drifted", "fit_challenger_bundle"]
 CHALLENGER_MODEL = Path(__file__).resolve().parents[2] / "bench" / "challenger" / "models" / "mnist_drift.onnx"
 
 
-def fit_challenger_bundle(root: Path, splits: Splits, champion: Path, shift_sets: int = 24) -> Path:
-    """``icos-agent fit --model <challenger> --champion <champion>`` on ``splits`` into ``root/bundle`` (few
-    corrupted copies: seconds, not minutes)."""
+def fit_challenger_bundle(
+    root: Path, splits: Splits, champion: Path, shift_sets: int = 24, model: Path = CHALLENGER_MODEL
+) -> Path:
+    """``icos-agent fit --model <model> --champion <champion>`` on ``splits`` into ``root/bundle`` (few
+    corrupted copies: seconds, not minutes); ``model``: the challenger (by default :data:`CHALLENGER_MODEL`)."""
     root.mkdir(parents=True, exist_ok=True)
     np.savez(root / "train.npz", x=splits.train.x, y=splits.train.y)
     np.savez(root / "val.npz", x=splits.val.x, y=splits.val.y)
     out = root / "bundle"
-    argv = ["fit", "--model", str(CHALLENGER_MODEL), "--train", str(root / "train.npz"), "--val", str(root / "val.npz")]
+    argv = ["fit", "--model", str(model), "--train", str(root / "train.npz"), "--val", str(root / "val.npz")]
     argv += ["--champion", str(champion), "--trees", "30", "--shift-sets", str(shift_sets), "--out", str(out)]
     assert main([*argv, "--json"]) == 0
     return out

@@ -134,7 +134,13 @@ def test_manifest_holds_the_documented_keys(saved: tuple[Bundle, Path]) -> None:
         "estimator_calibration",
         "files",
         "created_at",
+        "entries_sha256",
         "manifest_sha256",
+    }
+    assert set(manifest["entries_sha256"]) == set(manifest) - {"entries_sha256", "manifest_sha256"} | {
+        "estimator_calibration.atc_threshold",
+        "estimator_calibration.bins",
+        "estimator_calibration.n",
     }
     assert manifest["format_version"] == 1
     assert manifest["files"] == {name: sha256_file(directory / name) for name in ("adi.onnx", "idi.yaml", "tdi.json")}
@@ -172,11 +178,104 @@ def test_an_edited_manifest_value_is_refused(saved: tuple[Bundle, Path], tmp_pat
     manifest = json.loads(path.read_text())
     manifest["calibration"]["fpr"] = 0.0  # keeps canonical form, breaks the self-digest
     path.write_text(_canonical(manifest) + "\n")
-    with pytest.raises(BundleError, match=r"^manifest\.json: sha256 mismatch \(bundle tampered or corrupted\)$"):
+    changed = r"^manifest\.json: sha256 mismatch \('calibration' changed\) \(bundle tampered or corrupted\)$"
+    with pytest.raises(BundleError, match=changed):
         Bundle.load(target)
     manifest = json.loads((directory / "manifest.json").read_text())
     path.write_text(json.dumps(manifest))  # same content, reformatted
     with pytest.raises(BundleError, match=r"^manifest\.json: not in canonical form"):
+        Bundle.load(target)
+
+
+#: A segments part and a pair as the agent writes them (their meaning is the agent's; here they are entries).
+SEGMENTS = {"format": 1, "kind": "table_column", "segments": ["color=red", 'color="blue"'], "ids": [0, 1]}
+PAIR = {"format": 1, "champion_sha256": OTHER_SHA, "disagreement": {"bins": [0.5], "q_a": [0.4], "q_b": [0.6]}}
+
+
+@pytest.fixture(scope="module")
+def saved_with_parts(data: dict[str, np.ndarray], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    bundle = make_bundle(data, with_idi=False)
+    bundle.estimator_calibration = {**bundle.estimator_calibration, "segments": SEGMENTS}
+    bundle.pair = PAIR
+    return bundle.save(tmp_path_factory.mktemp("bundles") / "with-parts")
+
+
+def _tampered(value: object) -> object:
+    """``value`` changed as a forger might (another number, one more item, another string)."""
+    if isinstance(value, bool) or value is None:
+        return "x"
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, list):
+        return [*value, value[0] if value else 0]
+    assert isinstance(value, dict)
+    return {**value, "extra": 1}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "pair",
+        "estimator_calibration.segments",
+        "estimator_calibration.atc_threshold",
+        "calibration",
+        "classes",
+        "fit_params",
+        "files",
+        "input_shape",
+        "created_at",
+    ],
+)
+def test_a_tampered_entry_is_refused_and_named(saved_with_parts: Path, tmp_path: Path, entry: str) -> None:
+    target = copy_of(saved_with_parts, tmp_path)
+    path = target / "manifest.json"
+    manifest = json.loads(path.read_text())
+    assert set(manifest["entries_sha256"]) >= {"pair", "estimator_calibration.segments"}
+    outer, _, inner = entry.partition(".")
+    if inner:
+        manifest[outer][inner] = _tampered(manifest[outer][inner])
+    else:
+        manifest[outer] = _tampered(manifest[outer])
+    path.write_text(_canonical(manifest) + "\n")  # canonical form kept: only the digest can tell
+    with pytest.raises(BundleError) as caught:
+        Bundle.load(target)
+    assert str(caught.value) == f"manifest.json: sha256 mismatch ('{entry}' changed) (bundle tampered or corrupted)"
+
+
+@pytest.mark.parametrize("entry", ["pair", "estimator_calibration.segments"])
+def test_a_removed_or_added_entry_is_refused_and_named(saved_with_parts: Path, tmp_path: Path, entry: str) -> None:
+    target = copy_of(saved_with_parts, tmp_path)
+    path = target / "manifest.json"
+    manifest = json.loads(path.read_text())
+    outer, _, inner = entry.partition(".")
+    if inner:
+        del manifest[outer][inner]
+    else:
+        del manifest[outer]
+    path.write_text(_canonical(manifest) + "\n")
+    with pytest.raises(BundleError, match=rf"^manifest\.json: sha256 mismatch \('{entry}' removed\) "):
+        Bundle.load(target)
+    manifest = json.loads((saved_with_parts / "manifest.json").read_text())
+    manifest["estimator_calibration"]["regions"] = {"format": 1}
+    path.write_text(_canonical(manifest) + "\n")
+    with pytest.raises(BundleError, match=r"\('estimator_calibration\.regions' added\)"):
+        Bundle.load(target)
+
+
+def test_a_manifest_without_entry_digests_is_refused_without_naming(saved: tuple[Bundle, Path], tmp_path: Path) -> None:
+    """A bundle saved before the entry digests: an edit is refused all the same, by the whole manifest's digest."""
+    target = copy_of(saved[1], tmp_path)
+    path = target / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["entries_sha256"]
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    path.write_text(_canonical(manifest) + "\n")
+    assert Bundle.load(target).classes == DIGITS  # loads as it did before the entry digests
+    manifest["classes"] = [*DIGITS[:-1], "x"]
+    path.write_text(_canonical(manifest) + "\n")
+    with pytest.raises(BundleError, match=r"^manifest\.json: sha256 mismatch \(bundle tampered or corrupted\)$"):
         Bundle.load(target)
 
 

@@ -12,8 +12,11 @@ import pytest
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.segments.segmentation import (
+    MAX_LABEL,
+    MAX_NAME,
     SEGMENTS_FORMAT,
     Segmentation,
+    label_of,
     segmentation_or_none,
     truth_counts,
 )
@@ -96,6 +99,39 @@ def test_fit_defines_readable_bounded_segments_of_every_kind() -> None:
         assert sum(seg.reference.n[a:b]) == 1500
     bounded, _ = fitted(np.random.default_rng(0), max_segments=12)
     assert bounded.segments is not None and bounded.segments.size <= 12
+
+
+def test_names_made_of_hostile_data_are_bounded_distinct_and_single_line() -> None:
+    """A categorical column of 5,000 values (some 10,000 characters long, with quotes, backslashes, newlines
+    and markup) and long class names: at most ``segment_values`` segments for the column and ``max_segments``
+    in all, names of at most :data:`MAX_NAME` characters on one line, all distinct, and distinct labels of at
+    most :data:`MAX_LABEL` characters (names alike up to the cut keep apart)."""
+    rng = np.random.default_rng(3)
+    long = "v" * 10_000
+    hostile = [long + "a", long + "b", 'say "hi"\n', "</script>{}", "new\nline"]
+    values = (*hostile, *(f"value {i}" for i in range(5000 - len(hostile))), "(other)")
+    n = 3000
+    pick = np.concatenate([np.repeat(np.arange(5), 300), rng.integers(0, len(values) - 1, n - 1500)])
+    x = np.zeros((n, len(values)), dtype=np.float32)
+    x[np.arange(n), pick] = 1.0
+    y = (pick % 3).astype(np.int64)
+    classes = (long + "1", long + "2", "\n\n\\")
+    probs = np.full((n, 3), 0.1)
+    probs[np.arange(n), y] = 0.8
+    shape = ViewShape((ColumnGroup(long, tuple(range(len(values))), values),), regions=False)
+    data = SegmentData(x, y, x, y, probs, y, np.arange(0, n, 3), np.zeros(1000, np.int8), None, classes)
+    classic = EstimatorCalibration.fit(probs.max(axis=1)[::3], np.ones(1000, bool), np.zeros(1000, bool))
+    seg = define_segments(data, shape, classic, max_segments=20, seed=0)
+    assert seg is not None and seg.size <= 20
+    column = next(d for d in seg.dimensions if d.kind == "column")
+    assert len(column.segments) <= CalibrationPlan().segment_values
+    names, labels = seg.names(), seg.labels()
+    assert all(len(t) <= MAX_NAME and "\n" not in t for t in [*names, *(d.name for d in seg.dimensions)])
+    assert len(set(names)) == len(names)
+    assert all(len(t) <= MAX_LABEL and "\n" not in t for t in labels) and len(set(labels)) == len(labels)
+    assert label_of(long + "a") != label_of(long + "b") and len(label_of(long + "a")) == MAX_LABEL
+    again = segmentation_or_none(json.loads(json.dumps(seg.to_dict())))
+    assert again is not None and again.names() == names
 
 
 def test_ids_put_every_prediction_in_one_segment_per_dimension_and_unknowns_in_the_last() -> None:

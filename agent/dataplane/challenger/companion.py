@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from agent.config.settings import AgentSettings
 from agent.core import logs
 from agent.core.held_requests import HeldRequests
-from agent.dataplane.challenger.pairing import paired_stats, predict
+from agent.dataplane.challenger.pairing import BadOutput, paired_stats, predict
 from agent.estimation.pairs.calibration import Disagreements, PairCalibration
 from agent.judging.companions import CompanionBase
 from agent.judging.linger import LingerLoop
@@ -178,6 +178,12 @@ class Challenger(CompanionBase):
         whose prediction or recording fails are handed on unpaired, never twice."""
         try:
             works = predict(self.runtime, batches, self.metrics)
+        except BadOutput as exc:  # counted apart from a failure: the model ran, its answer cannot be compared
+            log.warning("the challenger's answer to %d request(s) is refused: %s", len(batches), exc)
+            self.metrics.drop("bad_output", len(batches))
+            for batch in batches:
+                self._hand_on(batch, None)
+            return
         except Exception:  # the challenger fails alone: its requests go on to the store unpaired
             log.exception("the challenger failed on %d request(s); they are not paired", len(batches))
             self.metrics.drop("error", len(batches))

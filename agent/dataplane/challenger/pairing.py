@@ -21,15 +21,32 @@ from agent.model.inputs import Inputs
 from exporters.challenger_metrics import ChallengerMetrics
 
 
+class BadOutput(ValueError):
+    """The challenger's model answered what no classifier of the pair can: scores that are not finite, or
+    another number of classes than its bundle's (nothing of such an answer is recorded)."""
+
+
+def checked(runtime: Runtime, probabilities: np.ndarray, n: int) -> np.ndarray:
+    """``probabilities`` if they are ``n`` finite rows of the bundle's classes; else :class:`BadOutput`."""
+    k = len(runtime.classes)
+    if probabilities.ndim != 2 or probabilities.shape != (n, k):
+        raise BadOutput(f"the challenger answered scores of shape {list(probabilities.shape)}, expected [{n}, {k}]")
+    if not np.isfinite(probabilities).all():
+        raise BadOutput("the challenger answered scores that are not finite (NaN or infinite)")
+    return probabilities
+
+
 def predict(runtime: Runtime, batches: Sequence[JudgedBatch], metrics: ChallengerMetrics) -> list[JudgeWork]:
     """The challenger's model (``runtime``) on every request's inputs (one call where their shapes allow), its
-    oracle on the predictions (one call for the requests without metadata); one judged work per request."""
+    oracle on the predictions (one call for the requests without metadata); one judged work per request.
+    Raises :class:`BadOutput` for an answer no classifier of the pair can give, before anything is judged."""
     classifier = runtime.classifier
     assert classifier is not None
     x = Inputs.concatenate([b.inputs for b in batches if b.inputs is not None])
     t0 = time.perf_counter()
     pred = classifier.predict_prepared(x)
     metrics.inference.observe(time.perf_counter() - t0)
+    checked(runtime, pred.probabilities, sum(len(b.predicted) for b in batches))
     features = classifier.features(x, pred)
     works, start = [], 0
     for b in batches:

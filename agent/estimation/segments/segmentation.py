@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,11 +28,13 @@ import numpy as np
 from agent.estimation.segments.change import ChangeSketch, cross_products
 from agent.estimation.segments.kinds.base import Tables
 from agent.estimation.segments.kinds.registry import KINDS
+from exporters.label_values import MAX_LABEL as MAX_LABEL
+from exporters.label_values import bounded_label
 
 #: Format tag of the bundle entry; an entry of another format is ignored (no segments).
 SEGMENTS_FORMAT = "segments_v1"
-#: Longest segment label (the ``segment`` label of the Prometheus series): names are cut to it.
-MAX_LABEL = 80
+#: Longest segment or dimension name (``fit`` cuts names made of data, a category or a class name, to it).
+MAX_NAME = 240
 
 
 @dataclass(frozen=True)
@@ -345,9 +347,34 @@ def dimension_ids(
 
 
 def label_of(name: str) -> str:
-    """A segment's name as a bounded, single-line label."""
+    """A segment's name as its ``segment`` label (:func:`exporters.label_values.bounded_label`: one line, at most
+    :data:`MAX_LABEL` characters, names that differ only past the cut keep distinct labels)."""
+    return bounded_label(name)
+
+
+def _cut(name: str, limit: int = MAX_NAME) -> str:
     flat = " ".join(name.split())
-    return flat if len(flat) <= MAX_LABEL else flat[: MAX_LABEL - 1] + "…"
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def bounded_dimensions(dimensions: Sequence[Dimension]) -> tuple[Dimension, ...]:
+    """``dimensions`` with names fit to be shown anywhere: each segment and dimension name on one line and at
+    most :data:`MAX_NAME` characters, and every segment name distinct across the dimensions (a repeated one,
+    e.g. two long categories cut to the same prefix, gets `` #<its number>``). ``fit`` applies it: names are
+    made of data (category values, class names) that nothing else bounds."""
+    seen: set[str] = set()
+    out = []
+    for dim in dimensions:
+        names = []
+        for name in dim.segments:
+            cut = _cut(name)
+            if cut in seen:
+                tag = f" #{len(seen)}"
+                cut = _cut(name, MAX_NAME - len(tag)) + tag
+            seen.add(cut)
+            names.append(cut)
+        out.append(replace(dim, name=_cut(dim.name), segments=tuple(names)))
+    return tuple(out)
 
 
 def segmentation_or_none(d: object) -> Segmentation | None:

@@ -18,7 +18,13 @@ import numpy as np
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.segments.kinds.registry import KINDS
-from agent.estimation.segments.segmentation import Dimension, Segmentation, dimension_ids, reference_of
+from agent.estimation.segments.segmentation import (
+    Dimension,
+    Segmentation,
+    bounded_dimensions,
+    dimension_ids,
+    reference_of,
+)
 from agent.model.classifier import label_confidences
 from agent.offline.calibration.segments.change import define_change
 from agent.offline.calibration.segments.data import SegmentData, ViewShape
@@ -50,7 +56,7 @@ def define_segments(
     if not dims:
         return None
     order = {k: i for i, k in enumerate(KINDS)}
-    dims.sort(key=lambda d: order[d.kind])  # stable: columns keep their rank
+    dims = list(bounded_dimensions(sorted(dims, key=lambda d: order[d.kind])))  # stable: columns keep their rank
     rules = data.tdi.rule_index(data.val_features) if data.tdi is not None else None
     ids = dimension_ids(dims, data.val_features, data.val_predicted, rules, len(data.val_y))
     size = sum(len(d.segments) for d in dims)
