@@ -136,7 +136,8 @@ class TopSegment:
 
 
 def drop_text(drop: TopSegment | None) -> str:
-    """Where a window's drop is, in words (:data:`NO_DROP` when no segment lost accuracy beyond noise)."""
+    """Where a window's drop is, in words (:data:`NO_DROP` when no segment's inputs changed and none lost
+    accuracy beyond noise)."""
     return NO_DROP if drop is None else drop.to_text()
 
 

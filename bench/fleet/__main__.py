@@ -3,7 +3,8 @@
 Simulates ``--replicas`` agents (default 1,000) at ``--rate`` predictions per second each (default
 100), scraped every ``--scrape`` seconds for 1 h 10 min: every replica's ``icos_window_stat_total``
 series (the statistics one agent exports for a 10-class model, with a bundle's per-input statistics
-when ``--bundle`` has a ``shift_aware`` part and its per-segment sums when it has segments), one replica
+when ``--bundle`` has a ``shift_aware`` part and its per-segment sums, change sums included, when it has
+segments), one replica
 in twenty restarting once mid-hour (a counter reset). The samples are written once, as OpenMetrics for
 ``promtool tsdb create-blocks-from openmetrics`` (a real Prometheus then serves the blocks) and in
 Prometheus's text format for VictoriaMetrics's ``/api/v1/import/prometheus``: both stores hold every
@@ -40,6 +41,7 @@ import numpy as np
 
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.segments.change import CLIP
 from agent.estimation.segments.segmentation import Segmentation
 from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.reference import InputReference
@@ -84,7 +86,8 @@ def _calibration(bundle: Path | None) -> tuple[EstimatorCalibration, InputRefere
 
 
 def _segment_sums(stats: WindowStats, segments: Segmentation | None, rng: np.random.Generator) -> WindowStats:
-    """``stats`` with the per-segment sums of its predictions spread at random over the bundle's segments."""
+    """``stats`` with the per-segment sums of its predictions spread at random over the bundle's segments (and
+    the sums of its change columns, when it has them)."""
     if segments is None:
         return stats
     n = stats.n
@@ -96,6 +99,9 @@ def _segment_sums(stats: WindowStats, segments: Segmentation | None, rng: np.ran
     )
     conf = np.full(n, stats.conf_sum / n if n else 0.0)
     stats.add_segment_sums(ids, segments.size, conf, np.zeros(n, np.int8), rng.random(n) < 0.01)
+    if segments.change is not None and n:  # what changed where: the change columns' sums, as a replica exports them
+        z = np.clip(rng.normal(CLIP, 1.0, (n, len(segments.change.columns))), 0.0, 2 * CLIP)
+        stats.add_change_sums(ids, segments.size, z, segments.change_cross(z))
     return stats
 
 

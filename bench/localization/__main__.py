@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two models, fewer trees and windows (for a test)")
     parser.add_argument("--models", nargs="*", choices=sorted(MODELS), help="models to run (default: all)")
     parser.add_argument("--reps", type=int, help="windows per injection and clean windows per model")
-    parser.add_argument("--size", type=int, help="predictions per window")
+    parser.add_argument("--size", type=int, help="predictions per window (at most half the test split)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", help="where the zoo builds its models (default: a temporary directory)")
     parser.add_argument("--out", type=Path, help="rewrite the generated block of this page (docs/diagnosis.md)")

@@ -489,9 +489,9 @@ def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: i
 
 
 def _rows_of(available: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """A window's rows: ``size`` distinct rows of the split, as live traffic brings each input once (with
-    replacement only where the split is smaller than a window)."""
-    return np.sort(rng.choice(available, size=size, replace=size > available))
+    """A window's rows: ``size`` distinct rows of the split, as live traffic brings each input once, at most half
+    the split (so that windows differ: each is a random half or less of it)."""
+    return np.sort(rng.choice(available, size=min(size, available // 2), replace=False))
 
 
 def live_target(subject: Subject, pool: Pool, injected: Injected) -> tuple[int, float]:

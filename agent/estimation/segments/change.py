@@ -25,9 +25,11 @@ blurred) moves ``m₂``. The oracle's failure rate is one more column (a shuffle
 mined between columns even where its own distribution stays): a one-sided binomial test of the segment's
 failures against its calibration split's rate.
 
-A segment is **changed** when a column's ``p``, times the number of tests in the window (Bonferroni: every
-segment, every column), is below :data:`ALPHA` *and* its per-row effect ``D = √(dᵀ V⁻¹ d)`` (in reference
-standard deviations) is at least :data:`MIN_DISTANCE`: significant and large enough to matter. A segment
+A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations
+when it had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of
+tests in the window (Bonferroni: every segment, every column), is below :data:`ALPHA` *and* its per-row effect
+``D = √(dᵀ V⁻¹ d)`` (in reference standard deviations) is at least :data:`MIN_DISTANCE`: significant and large
+enough to matter. A segment
 (almost) unseen at fit (fewer than :data:`MIN_REFERENCE` validation rows) that now holds a significant share of
 the window is changed by definition: nothing at fit looked like its inputs. Its **score** is the largest
 effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its inputs moved, whatever
@@ -50,8 +52,9 @@ MAX_COLUMNS = 16
 PAIR_COLUMNS = 4
 #: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
 CLIP = 6.0
-#: Familywise false-alarm rate of the window's change tests (Bonferroni over segments × columns).
-ALPHA = 0.01
+#: Familywise false-alarm rate of the window's change tests (Bonferroni over segments × columns): low, since
+#: the moments' normal approximation errs on the side of alarms in thin segments and heavy tails.
+ALPHA = 0.001
 #: Smallest effect reported as a change, by the kind of test: a column's per-row distance (reference
 #: standard deviations of ``(z, z²)``), a pair's correlation (difference of Fisher's ``z``), the oracle's
 #: failure rate (its standard deviations at reference).
@@ -60,6 +63,9 @@ MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "share": 0.0}
 MIN_ROWS = 20
 #: Validation rows below which a segment counts as unseen at fit.
 MIN_REFERENCE = 5
+#: Validation rows a segment needs for its columns' moments, and for their correlations, to be tested: fewer
+#: cannot tell a change from the noise of their own third and fourth moments.
+MIN_REFERENCE_COLUMNS, MIN_REFERENCE_PAIRS = 20, 20
 #: Rows of the column's whole-data covariance a segment's own covariance is pulled toward.
 PRIOR_ROWS = 20.0
 #: The score of a segment unseen at fit, and the cap of any score: the largest mean shift (in standard
@@ -290,8 +296,10 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
                 continue
             found: list[ColumnChange] = []
             if moments is not None and sketch is not None and window.n[s] >= MIN_ROWS:
-                found += moments.columns(sketch, window, s)
-                found += moments.correlations(sketch, window, s)
+                if sketch.ref_n[s] >= MIN_REFERENCE_COLUMNS:
+                    found += moments.columns(sketch, window, s)
+                if sketch.ref_n[s] >= MIN_REFERENCE_PAIRS:
+                    found += moments.correlations(sketch, window, s)
             found += _failures(ref, window, s)
             changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
             if changed:
