@@ -23,6 +23,7 @@ what they split: only ``raw`` rules are about the inputs themselves.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,16 +60,31 @@ def _stable_hash(text: str, seed: int = 0) -> int:
     return zlib.crc32(text.encode("utf-8", "surrogatepass"), seed)
 
 
+#: Each n-gram's bin, by width: live text repeats its n-grams, so each is hashed once (emptied past
+#: :data:`MAX_CACHED_GRAMS`; a lost entry is only hashed again).
+_GRAM_BINS: dict[int, dict[str, int]] = {}
+MAX_CACHED_GRAMS = 1 << 16
+
+
 def hashed_text(values: np.ndarray, width: int = HASH_WIDTH) -> np.ndarray:
     """Character n-grams of each text hashed into ``width`` counts, L2-normalised, plus nothing else: the
-    length is its own column (:func:`_encode`)."""
+    length is its own column (:func:`_encode`). The counts of the whole batch are added in one
+    ``bincount``, not one array element at a time."""
     flat = [str(v) for v in np.asarray(values, dtype=object).reshape(len(values), -1)[:, 0]]
-    out = np.zeros((len(flat), width), dtype=np.float32)
+    bins = _GRAM_BINS.setdefault(width, {})
+    if len(bins) > MAX_CACHED_GRAMS:
+        bins.clear()
+    cells: list[int] = []  # row * width + bin, one per n-gram
     for i, text in enumerate(flat):
         t = f" {text.lower()} "
-        for n in NGRAMS:
-            for j in range(len(t) - n + 1):
-                out[i, _stable_hash(t[j : j + n]) % width] += 1.0
+        row = i * width
+        for gram in [t[j : j + n] for n in NGRAMS for j in range(len(t) - n + 1)]:
+            b = bins.get(gram)
+            if b is None:
+                b = bins[gram] = _stable_hash(gram) % width
+            cells.append(row + b)
+    counts = np.bincount(np.asarray(cells, dtype=np.int64), minlength=len(flat) * width)
+    out = counts.astype(np.float32).reshape(len(flat), width)
     norm = np.linalg.norm(out, axis=1, keepdims=True)
     np.divide(out, norm, out=out, where=norm > 0)
     return out
@@ -222,6 +238,12 @@ class FeatureView:
         )
 
 
+@functools.lru_cache(maxsize=256)
+def _category_index(categories: tuple[str, ...]) -> dict[str, int]:
+    """Each category's column, built once per view rather than once per batch (read only)."""
+    return {c: i for i, c in enumerate(categories)}
+
+
 def _encode(v: InputView, batch: Inputs) -> np.ndarray:
     x = batch[v.name]
     n = batch.n
@@ -231,9 +253,9 @@ def _encode(v: InputView, batch: Inputs) -> np.ndarray:
         return pooled_image(x, v.channels_last)
     if v.encoding == "onehot":
         values = np.asarray(x, dtype=object).reshape(n, -1)[:, 0]
-        index = {c: i for i, c in enumerate(v.categories)}
-        out = np.zeros((n, len(v.categories) + 1), dtype=np.float32)
-        out[np.arange(n), [index.get(str(s), len(v.categories)) for s in values]] = 1.0
+        index, other = _category_index(v.categories), len(v.categories)
+        out = np.zeros((n, other + 1), dtype=np.float32)
+        out[np.arange(n), [index.get(str(s), other) for s in values]] = 1.0
         return out
     if v.encoding == "text":
         lengths = np.array([len(str(s)) for s in np.asarray(x, dtype=object).reshape(n, -1)[:, 0]], np.float32)

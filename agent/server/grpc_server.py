@@ -13,15 +13,16 @@ are the same, and errors are answered from :data:`agent.server.errors.ERROR_TABL
 Message size: a request message larger than ``server.max_body_bytes`` is refused with
 ``RESOURCE_EXHAUSTED`` and counted under ``icos_invalid_requests_total{reason="too_large"}``. To count
 it, the handler receives the serialised message and checks its size before parsing it; gRPC's own
-receive limit is set to twice the bound, so no message over that is ever buffered (those are refused
-by gRPC's transport with the same status, before the agent sees them, and are not counted).
+receive limit (:func:`receive_limit`) is the bound plus an eighth (at least 64 KiB), so no message over that
+is ever buffered (those are refused by gRPC's transport with the same status, before the agent sees them,
+and are not counted).
 
 Admission before reading: grpc-python reads a unary call's whole message before its handler runs, so 16
 concurrent calls of 32 MB were held (twice: the transport's buffer and its bytes) before any could be
 refused. ``ModelInfer`` is therefore served as a client-streaming handler, which gRPC's wire cannot tell
-from a unary one and whose message is read only when the handler asks: the call first takes the most a
-message may be (the receive limit) from the server's budget of bytes in flight
-(``server.max_inflight_bytes``, shared with HTTP bodies), waiting for room up to :data:`ROOM_WAIT_SECONDS`
+from a unary one and whose message is read only when the handler asks: the call first takes what reading a
+message of the receive limit costs (:data:`READ_COPIES` copies of it) from the server's budget of bytes in
+flight (``server.max_inflight_bytes``, shared with HTTP bodies), waiting for room up to :data:`ROOM_WAIT_SECONDS`
 in turn (first come, first served: bytes given back are taken for the oldest waiting call that fits, so they
 do not wake every waiting call; then ``UNAVAILABLE``, counted under
 ``icos_connections_refused_total{reason="bytes_in_flight"}``, as HTTP answers 503); it then reads the message (within
@@ -65,6 +66,17 @@ SERVICE = "inference.GRPCInferenceService"
 #: for the same reason is told to wait before it retries (``Retry-After: 1``); reads of other calls' large
 #: messages, which hold room only until their size is known, end well within it.
 ROOM_WAIT_SECONDS = 1.0
+#: What reading one message holds at once, in copies of it: grpc-python copies the transport's buffer into a
+#: ``bytearray`` and that into the ``bytes`` it returns, before the buffer is let go. A reservation of fewer
+#: let 16 concurrent calls of 32 MB peak at 536 MB with a budget of 256 MB (bench.hostile.serving,
+#: ``burst-grpc``).
+READ_COPIES = 3
+
+
+def receive_limit(max_body_bytes: int) -> int:
+    """gRPC's receive limit: the largest message read (those over ``server.max_body_bytes`` are read only to
+    be counted as too large), an eighth over the bound, at least 64 KiB."""
+    return max_body_bytes + max(64 * 1024, max_body_bytes // 8)
 
 
 class GrpcService:
@@ -92,8 +104,9 @@ class GrpcService:
         self.server: aio.Server | None = None
         self.port: int | None = None
         self.address = ""
-        #: what a call takes from the budget before its message is read: gRPC's receive limit
-        self.reserve = 2 * max_body_bytes
+        #: what a call takes from the budget before its message is read: what reading the largest message
+        #: gRPC receives holds at once
+        self.reserve = READ_COPIES * receive_limit(max_body_bytes)
         #: calls waiting for room, first come first served: each future is resolved once its reservation is
         #: taken on its behalf, so bytes given back wake one call that fits, not every waiting call
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -104,10 +117,9 @@ class GrpcService:
     def bind(self, host: str, port: int) -> None:
         """Make the server and bind its port (it answers nothing until :meth:`start`); a port in use is
         a :class:`~agent.server.listeners.PortUnavailable` naming it, before anything else starts."""
-        limit = self.limit
         server = aio.server(
             options=[
-                ("grpc.max_receive_message_length", 2 * limit),
+                ("grpc.max_receive_message_length", receive_limit(self.limit)),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
                 # a message not yet read stays in the sender (a window of 64 KB), not in this process

@@ -31,7 +31,7 @@ requests costs the champion (its serving CPU per request and p50 latency, target
 prediction (:mod:`bench.serving.challenger`); ``--out`` then writes docs/challenger.md's block.
 
     .venv/bin/python -m bench.serving [--seconds 4] [--rounds 3] [--bundle DIR] [--json] [--out DOC]
-        [--model mnist|resnet|resnet224|all] [--protocol http|grpc|both] [--no-proxy]
+        [--model mnist|resnet|resnet224|lightgbm|all] [--protocol http|grpc|both] [--no-proxy]
         [--server-cpus 0-7 --client-cpus 8-15] [--challenger-share 0.1 [--challenger-bundle DIR]]
     .venv/bin/python -m bench serving
 """
@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -65,7 +66,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The block of docs/serving.md this benchmark rewrites (``--out docs/serving.md``).
 DOC_BEGIN = "<!-- BEGIN GENERATED: python -m bench.serving --out docs/serving.md -->"
-MODEL_TITLES = {"mnist": "MNIST CNN", "resnet": "ResNet (3×32×32)", "resnet224": "ResNet (3×224×224)"}
+MODEL_TITLES = {
+    "mnist": "MNIST CNN",
+    "resnet": "ResNet (3×32×32)",
+    "resnet224": "ResNet (3×224×224)",
+    "lightgbm": "LightGBM (20 features)",
+}
 
 # -- load generation --------------------------------------------------------------------------------
 
@@ -179,15 +185,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def log_tail(proc: subprocess.Popen[bytes]) -> str:
+    """The last lines a server wrote to its log file (``proc.log``), or a note that it wrote none."""
+    path = getattr(proc, "log", None)
+    text = path.read_text(errors="replace")[-2000:].strip() if path is not None and path.is_file() else ""
+    return text or "(it wrote nothing)"
+
+
+def exited(proc: subprocess.Popen[bytes]) -> str:
+    """How a server process ended: its status (a signal by name: SIGKILL is often the kernel's OOM killer)."""
+    code = proc.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with {code}"
+    return f"{how}: {log_tail(proc)}"
+
+
 def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> float:
     import http.client
 
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(
-                f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
-            )
+            raise RuntimeError(f"server {exited(proc)}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             c.request("GET", "/v2/health/ready")
@@ -196,7 +214,7 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
         except OSError:
             pass
         time.sleep(0.01)
-    raise TimeoutError("server not ready")
+    raise TimeoutError(f"server not ready within {timeout:g} s: {log_tail(proc)}")
 
 
 def rss_mb(pid: int) -> float:
@@ -274,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--resnet-bundle", help="bundle directory for the ResNet (default: fit one)")
     ap.add_argument("--resnet224-bundle", help="bundle directory for the 224×224 ResNet (default: fit one)")
+    ap.add_argument("--lightgbm-bundle", help="bundle directory for the LightGBM model (default: fit one)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy-mode measurement")
     ap.add_argument(
         "--challenger-share",
@@ -303,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.challenger_share is not None:
         return run_challenger(args, argv, env, pin)
     names = list(MODELS) if args.model == "all" else [args.model]
-    bundles = {"mnist": args.bundle, "resnet": args.resnet_bundle, "resnet224": args.resnet224_bundle}
+    bundles = {
+        "mnist": args.bundle,
+        "resnet": args.resnet_bundle,
+        "resnet224": args.resnet224_bundle,
+        "lightgbm": args.lightgbm_bundle,
+    }
     everything = {name: run_model(args, MODELS[name], bundles[name], env, pin) for name in names}
     if args.out is not None:
         command = "python -m bench.serving " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -311,11 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         write_block(args.out, DOC_BEGIN, generated)
     if args.json:
         print(json.dumps(everything, indent=2))
-        return 0
+        return 1 if any(r["errors"] for r in everything.values()) else 0
     for name, results in everything.items():
         print(f"== model {name} ({MODELS[name].file_name}) ==")
         print_results(results)
-    return 0
+    failed = [f"{name}: {e['setting']}" for name, r in everything.items() for e in r["errors"]]
+    if failed:
+        print(f"{len(failed)} setting(s) failed (their causes above): {'; '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 #: The block of docs/challenger.md the challenger setting rewrites (``--challenger-share 0.1 --out ...``).
@@ -358,79 +385,136 @@ def run_challenger(args: argparse.Namespace, argv: list[str] | None, env: dict[s
     return 0
 
 
+def failure(exc: BaseException) -> str:
+    """An exception as one line naming its type and cause (a bare ``TimeoutError()`` says nothing alone)."""
+    text = str(exc).strip() or repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
 def run_model(
     args: argparse.Namespace, bm: BenchModel, bundle_arg: str | None, env: dict[str, str], pin: Any
 ) -> dict[str, Any]:
     """Every setting for one model: the agent in serve mode (with and without verdicts) against the
-    bare server, then the agent in proxy mode in front of the bare server."""
-    import yaml
-
-    model = str(bm.path)
-    x_all = bm.data().test.x
+    bare server, then the agent in proxy mode in front of the bare server. A setting that fails is
+    recorded in ``errors`` (the setting and its cause) and the others still run."""
     results: dict[str, Any] = {"model": bm.name, "settings": [], "rounds": max(1, args.rounds), "seconds": args.seconds}
+    results["errors"] = []
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = Path(bundle_arg) if bundle_arg else fit_model_bundle(bm, Path(tmp) / "bundle")
-        agent_port, bare_port = free_port(), free_port()
-        protocols = ("http", "grpc") if args.protocol == "both" else (args.protocol,)
-        grpc_ports = (free_port(), free_port()) if "grpc" in protocols else (None, None)
-        cfg = Path(tmp) / "agent.yaml"
-        agent_cfg = agent_config("serve", bm, bundle, agent_port, None)
-        agent_cfg["server"]["grpc_port"] = grpc_ports[0]
-        cfg.write_text(yaml.safe_dump(agent_cfg))
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "agent", "serve", "--config", str(cfg)],
-            cwd=ROOT,
-            env=env,
-            preexec_fn=pin,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
         try:
-            results["agent_start_to_ready_s"] = wait_ready(agent_port, agent)
-            time.sleep(0.2)
-            results["agent_rss_after_start_mb"] = rss_mb(agent.pid)
-            bare_cmd = [sys.executable, "-m", "bench.serving.bare_server", "--port", str(bare_port), "--model", model]
-            if grpc_ports[1] is not None:
-                bare_cmd += ["--grpc-port", str(grpc_ports[1])]
-            bare = subprocess.Popen(
-                bare_cmd, cwd=ROOT, env=env, preexec_fn=pin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
+            x_all = bm.data().test.x
+            bundle = Path(bundle_arg) if bundle_arg else fit_model_bundle(bm, Path(tmp) / "bundle")
+        except Exception as exc:
+            results["errors"].append({"setting": "the model, its data and its bundle", "error": failure(exc)})
+            return results
+        try:
+            serve_mode(args, bm, bundle, x_all, Path(tmp), env, pin, results)
+        except Exception as exc:
+            results["errors"].append({"setting": "serve mode: the agent or the bare server", "error": failure(exc)})
+        if not args.no_proxy:
             try:
-                wait_ready(bare_port, bare)
-                for protocol in protocols:
-                    results["settings"] += serve_settings(
-                        args,
-                        bm.name,
-                        x_all,
-                        protocol,
-                        (agent_port, bare_port) if protocol == "http" else grpc_ports,
-                        (agent.pid, bare.pid),
-                    )
-                results["agent_rss_after_load_mb"] = rss_mb(agent.pid)
-                agent.terminate()
-                results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
-                if not args.no_proxy:
-                    results["proxy"] = measure_proxy(
-                        lambda c: start_agent(c, Path(tmp) / "proxy.yaml", env, pin),
-                        stop_process,
-                        measure,
-                        request_bytes,
-                        bm,
-                        bundle,
-                        (free_port(), bare_port),
-                        bare.pid,
-                        x_all,
-                        args.seconds,
-                        args.rounds,
-                    )
-            finally:
-                stop_process(bare)
-        finally:
-            stop_process(agent)
+                proxy_bundle = bundle
+                if bm.proxy_features is not None:  # the served bundle reads the model's own layers
+                    proxy_bundle = fit_model_bundle(bm, Path(tmp) / "proxy-bundle", bm.proxy_features)
+                results["proxy"] = proxy_mode(args, bm, proxy_bundle, x_all, Path(tmp), env, pin)
+            except Exception as exc:
+                results["errors"].append({"setting": "proxy mode", "error": failure(exc)})
     results["serve_path_imports"] = serve_path_modules()
     results["server_cpus"] = sorted(args.server_cpus) if args.server_cpus else None
     results["client_cpus"] = sorted(args.client_cpus) if args.client_cpus else None
     return results
+
+
+def popen_logged(cmd: list[str], log: Path, env: dict[str, str], pin: Any) -> subprocess.Popen[bytes]:
+    """Start a server whose output goes to ``log`` (a pipe nobody reads under load would fill and stall it)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=pin, stdout=out, stderr=subprocess.STDOUT)
+    proc.log = log  # type: ignore[attr-defined]  # read by log_tail
+    return proc
+
+
+def start_bare(bm: BenchModel, env: dict[str, str], pin: Any, port: int, grpc_port: int | None, log: Path) -> Any:
+    """The bare server of ``bm`` on ``port`` (and ``grpc_port``), ready; its output in ``log``."""
+    cmd = [sys.executable, "-m", "bench.serving.bare_server", "--port", str(port), "--model", str(bm.path)]
+    cmd += ["--scores-kind", bm.scores_kind]
+    if grpc_port is not None:
+        cmd += ["--grpc-port", str(grpc_port)]
+    bare = popen_logged(cmd, log, env, pin)
+    try:
+        wait_ready(port, bare)
+    except BaseException:
+        stop_process(bare)
+        raise
+    return bare
+
+
+def serve_mode(
+    args: argparse.Namespace,
+    bm: BenchModel,
+    bundle: Path,
+    x_all: np.ndarray,
+    tmp: Path,
+    env: dict[str, str],
+    pin: Any,
+    results: dict[str, Any],
+) -> None:
+    """The agent in serve mode against the bare server, every setting of every protocol, into ``results``."""
+    agent_port, bare_port = free_port(), free_port()
+    protocols = ("http", "grpc") if args.protocol == "both" else (args.protocol,)
+    grpc_ports = (free_port(), free_port()) if "grpc" in protocols else (None, None)
+    agent_cfg = agent_config("serve", bm, bundle, agent_port, None)
+    agent_cfg["server"]["grpc_port"] = grpc_ports[0]
+    t0 = time.perf_counter()
+    agent = start_agent(agent_cfg, tmp / "agent.yaml", env, pin)
+    try:
+        results["agent_start_to_ready_s"] = time.perf_counter() - t0
+        time.sleep(0.2)
+        results["agent_rss_after_start_mb"] = rss_mb(agent.pid)
+        bare = start_bare(bm, env, pin, bare_port, grpc_ports[1], tmp / "bare.log")
+        try:
+            for protocol in protocols:
+                ports = (agent_port, bare_port) if protocol == "http" else grpc_ports
+                results["settings"] += serve_settings(
+                    args, bm.name, x_all, protocol, ports, (agent.pid, bare.pid), results["errors"]
+                )
+            if agent.poll() is not None:
+                raise RuntimeError(f"agent {exited(agent)}")
+            results["agent_rss_after_load_mb"] = rss_mb(agent.pid)
+            agent.terminate()
+            results["agent_exit_code_on_sigterm"] = agent.wait(timeout=60)
+        finally:
+            stop_process(bare)
+    finally:
+        stop_process(agent)
+
+
+def proxy_mode(
+    args: argparse.Namespace,
+    bm: BenchModel,
+    bundle: Path,
+    x_all: np.ndarray,
+    tmp: Path,
+    env: dict[str, str],
+    pin: Any,
+) -> list[dict[str, Any]]:
+    """The agent in proxy mode in front of the bare server (:func:`bench.serving.subjects.measure_proxy`)."""
+    bare_port = free_port()
+    bare = start_bare(bm, env, pin, bare_port, None, tmp / "bare-proxy.log")
+    try:
+        return measure_proxy(
+            lambda c: start_agent(c, tmp / "proxy.yaml", env, pin),
+            stop_process,
+            measure,
+            request_bytes,
+            bm,
+            bundle,
+            (free_port(), bare_port),
+            bare.pid,
+            x_all,
+            args.seconds,
+            args.rounds,
+        )
+    finally:
+        stop_process(bare)
 
 
 def serve_settings(
@@ -440,9 +524,11 @@ def serve_settings(
     protocol: str,
     ports: tuple[int | None, int | None],
     pids: tuple[int, int],
+    errors: list[dict[str, str]],
 ) -> list[dict[str, Any]]:
     """Concurrency 1 and 16, batches 1 and 32, over one protocol: the agent asked for the bare server's
-    outputs, the agent asked for every output (verdicts too), and the bare server, interleaved."""
+    outputs, the agent asked for every output (verdicts too), and the bare server, interleaved. A setting
+    that fails goes to ``errors`` and the next one runs."""
     agent_port, bare_port = ports
     assert agent_port is not None and bare_port is not None
     out = []
@@ -456,10 +542,20 @@ def serve_settings(
                 same = grpc_request(x, model, ("probabilities", "label"))
                 every, plain = grpc_request(x, model), grpc_request(x, model)
             runs: tuple[list[dict[str, float]], ...] = ([], [], [])
-            for _ in range(max(1, args.rounds)):
-                runs[0].append(measure(agent_port, same, concurrency, args.seconds, batch, pids[0]))
-                runs[1].append(measure(agent_port, every, concurrency, args.seconds, batch, pids[0]))
-                runs[2].append(measure(bare_port, plain, concurrency, args.seconds, batch, pids[1]))
+            where = f"serve mode, {protocol}, concurrency {concurrency}, batch {batch}"
+            try:
+                for _ in range(max(1, args.rounds)):
+                    for server, (port, req, pid) in enumerate(
+                        ((agent_port, same, pids[0]), (agent_port, every, pids[0]), (bare_port, plain, pids[1]))
+                    ):
+                        who = ("agent", "agent asked for verdicts", "bare server")[server]
+                        try:
+                            runs[server].append(measure(port, req, concurrency, args.seconds, batch, pid))
+                        except Exception as exc:
+                            raise RuntimeError(f"{who}: {failure(exc)}") from exc
+            except RuntimeError as exc:  # named the server and the cause above
+                errors.append({"setting": where, "error": str(exc)})
+                continue
             a, v, b = (median_of(r) for r in runs)
             out.append(
                 {
@@ -483,14 +579,8 @@ def start_agent(cfg: dict[str, Any], path: Path, env: dict[str, str], pin: Any) 
     import yaml
 
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "serve", "--config", str(path)],
-        cwd=ROOT,
-        env=env,
-        preexec_fn=pin,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    cmd = [sys.executable, "-m", "agent", "serve", "--config", str(path)]
+    proc = popen_logged(cmd, path.with_suffix(".log"), env, pin)
     try:
         wait_ready(int(cfg["server"]["port"]), proc)
     except BaseException:

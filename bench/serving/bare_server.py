@@ -9,6 +9,7 @@ Both protocols take requests as large as the agent does with its defaults (``ser
 (19 MB) that the agent serves.
 
     python -m bench.serving.bare_server --port 8000 [--grpc-port 8001] --model agent/shipped_models/mnist_cnn.onnx
+        [--scores-kind logits|probabilities]
 """
 
 from __future__ import annotations
@@ -22,22 +23,29 @@ import numpy as np
 
 
 class BareModel:
-    """The model and its softmax; ``predict`` returns the probabilities and labels as raw bytes."""
+    """The model and its softmax (of logits; ``probabilities=True``: the scores are taken as they are);
+    ``predict`` returns the probabilities and labels as raw bytes. The scores are the graph's first
+    floating-point output (a LightGBM model's first output is its INT64 label)."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, probabilities: bool = False) -> None:
         from invariants.onnx_session import OnnxSession
 
         self.session = OnnxSession(model_path)
+        self.probabilities = probabilities
         self.in_name = self.session.inputs[0].name
-        self.out_name = self.session.outputs[0].name
+        scores = next(o for o in self.session.outputs if o.dtype.kind == "f")
+        self.out_name = scores.name
         self.in_shape = [-1 if d is None else d for d in self.session.inputs[0].shape]
-        self.k = self.session.outputs[0].shape[-1] or -1
+        self.k = scores.shape[-1] or -1
 
     def predict(self, x: np.ndarray) -> tuple[bytes, bytes]:
         (scores,) = self.session.run({self.in_name: x}, [self.out_name])
-        z = scores - scores.max(axis=1, keepdims=True)
-        e = np.exp(z)
-        probs = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+        if self.probabilities:
+            probs = np.asarray(scores, dtype=np.float32)
+        else:
+            z = scores - scores.max(axis=1, keepdims=True)
+            e = np.exp(z)
+            probs = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
         return probs.tobytes(), probs.argmax(axis=1).astype(np.int64).tobytes()
 
 
@@ -177,10 +185,10 @@ async def bare_grpc_server(model: BareModel, port: int) -> Any:
     return server
 
 
-def run_bare(port: int, model_path: str, grpc_port: int | None = None) -> None:
+def run_bare(port: int, model_path: str, grpc_port: int | None = None, probabilities: bool = False) -> None:
     import uvicorn
 
-    app = bare_app(BareModel(model_path), grpc_port)
+    app = bare_app(BareModel(model_path, probabilities), grpc_port)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -189,8 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--grpc-port", type=int)
     ap.add_argument("--model", required=True, help="the ONNX model file")
+    ap.add_argument(
+        "--scores-kind",
+        choices=("logits", "probabilities"),
+        default="logits",
+        help="what the model's scores are: softmax applies to logits only",
+    )
     args = ap.parse_args(argv)
-    run_bare(args.port, args.model, args.grpc_port)
+    run_bare(args.port, args.model, args.grpc_port, args.scores_kind == "probabilities")
     return 0
 
 

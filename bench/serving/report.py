@@ -11,7 +11,17 @@ THREAD_GROUPS: tuple[str, ...] = ("loop", "icos-worker", "icos-judge", "icos-sto
 
 
 def print_results(results: dict[str, Any]) -> None:
-    """The tables, the headline ratios and the targets of one model."""
+    """The tables, the headline ratios and the targets of one model; first, every setting that failed."""
+    for e in results.get("errors", []):
+        print(f"FAILED {e['setting']}: {e['error']}")
+    if results["settings"]:
+        print_settings(results)
+    print(f"imported on the serve path: {results['serve_path_imports']}")
+    print_proxy_and_misses(results)
+
+
+def print_settings(results: dict[str, Any]) -> None:
+    """The tables of the settings measured, their ratios against the targets and the agent's figures."""
     print("agent: same outputs as bare (probabilities, label; judged off the request path);")
     print("agent+v: all outputs incl. icos_verdict (judged in the request path)")
     rounds, seconds = results["rounds"], results["seconds"]
@@ -63,12 +73,10 @@ def print_results(results: dict[str, Any]) -> None:
     print(f"throughput ratio agent/bare: min {min(ratios):.2f}, median {statistics.median(ratios):.2f} (target >= 0.9)")
     print(
         f"agent RSS after start: {results['agent_rss_after_start_mb']:.0f} MB (target <= 300 MB); "
-        f"after load: {results['agent_rss_after_load_mb']:.0f} MB"
+        f"after load: {results.get('agent_rss_after_load_mb', float('nan')):.0f} MB"
     )
     print(f"agent start to ready: {results['agent_start_to_ready_s']:.2f} s (target <= 3 s)")
-    print(f"imported on the serve path: {results['serve_path_imports']}")
-    print(f"agent exit code after SIGTERM: {results['agent_exit_code_on_sigterm']}")
-    print_proxy_and_misses(results)
+    print(f"agent exit code after SIGTERM: {results.get('agent_exit_code_on_sigterm')}")
 
 
 def print_proxy_and_misses(results: dict[str, Any]) -> None:
@@ -124,7 +132,7 @@ def markdown(everything: dict[str, dict[str, Any]], names: dict[str, str]) -> st
     """The figures of every model measured, as the Markdown block of docs/serving.md's "Performance"
     (bold: target met). ``names``: the model's name in the tables."""
     lines: list[str] = []
-    any_results = next(iter(everything.values()))
+    any_results = next(iter(everything.values()))  # every model's run has the same rounds and seconds
     lines += [
         f"Medians of {any_results['rounds']} interleaved round(s) of {any_results['seconds']:g} s per setting; "
         "servers not pinned unless said. The headline, server CPU per request agent ÷ bare (targets ≤ 1.10, "
@@ -179,11 +187,14 @@ def markdown(everything: dict[str, dict[str, Any]], names: dict[str, str]) -> st
     lines.append("")
     for name, results in everything.items():
         label = names.get(name, name)
-        lines.append(
-            f"* {label}: agent memory after start {results['agent_rss_after_start_mb']:.0f} MB (target ≤ 300 MB), "
-            f"after the load {results['agent_rss_after_load_mb']:.0f} MB; start to ready "
-            f"{results['agent_start_to_ready_s']:.2f} s (target ≤ 3 s)."
-        )
+        for e in results.get("errors", []):
+            lines.append(f"* {label}: **failed**: {e['setting']}: {e['error']}")
+        if "agent_rss_after_load_mb" in results:
+            lines.append(
+                f"* {label}: agent memory after start {results['agent_rss_after_start_mb']:.0f} MB (target ≤ 300 MB), "
+                f"after the load {results['agent_rss_after_load_mb']:.0f} MB; start to ready "
+                f"{results['agent_start_to_ready_s']:.2f} s (target ≤ 3 s)."
+            )
         for p in results.get("proxy", []):
             met = "met" if p["added_p50_ms"] <= 1.0 else "missed"
             lines.append(

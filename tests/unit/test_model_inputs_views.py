@@ -218,3 +218,29 @@ def test_offline_batches_hold_about_16_mib_of_large_inputs() -> None:
     assert Signature.of_array("input", [3, 4096, 4096]).batch_rows() == 1  # never none
     text = Signature.from_list([{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}])
     assert text.batch_rows(512) == 512  # strings: no fixed size to bound by
+
+
+def test_hashed_text_counts_every_ngram_in_its_crc32_bin_across_cache_clears(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch's counts (one ``bincount``, n-gram bins cached) are each text's character 2- and 3-grams, of
+    its lower-cased text padded with a space, in bin ``crc32 % width``, L2-normalised: the encoding bundles
+    were fitted with, whether a bin comes from the cache or is hashed again after the cache is emptied."""
+    import zlib
+
+    from agent.model import views
+
+    texts = np.array([["Hello World"], ["héllo wörld \ud800"], [""], ["aa aa aa"], [b"bytes"]], dtype=object)
+
+    def reference(width: int) -> np.ndarray:
+        out = np.zeros((len(texts), width), np.float32)
+        for i, value in enumerate(texts[:, 0]):
+            t = f" {str(value).lower()} "
+            for n in (2, 3):
+                for j in range(len(t) - n + 1):
+                    out[i, zlib.crc32(t[j : j + n].encode("utf-8", "surrogatepass")) % width] += 1.0
+        norm = np.linalg.norm(out, axis=1, keepdims=True)
+        return np.divide(out, norm, out=out, where=norm > 0)
+
+    monkeypatch.setattr(views, "MAX_CACHED_GRAMS", 4)  # emptied at every batch past four n-grams
+    for width in (64, 7, 64):
+        for _ in range(2):  # hashed, then (partly) from the cache
+            np.testing.assert_array_equal(hashed_text(texts, width), reference(width))
