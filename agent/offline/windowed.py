@@ -95,6 +95,16 @@ class Windowing:
         return 0, 0
 
 
+@dataclass(frozen=True)
+class Added:
+    """A batch as :meth:`Windowed.add` judged it: the model's prediction and verdicts, the labels as class indices
+    (None: none given) and every row's window."""
+
+    judged: Judged
+    y: np.ndarray | None
+    keys: np.ndarray
+
+
 @dataclass
 class Windowed:
     """``check`` over windows of a model's data: add batches (:meth:`add`), then read the result."""
@@ -110,11 +120,11 @@ class Windowed:
         self.calibration = EstimatorCalibration.from_dict(self.bundle.estimator_calibration)
         self.headline = headline_estimator(self.bundle.headline)
 
-    def add(self, rows: FrameRows) -> None:
-        """Judge one batch and add each row to its window (and to the total)."""
+    def add(self, rows: FrameRows) -> Added | None:
+        """Judge one batch and add each row to its window (and to the total); what was judged (None: no rows)."""
         n = len(rows)
         if n == 0:
-            return
+            return None
         judged = judge(self.model, self.bundle, rows.x, rows.metadata or None)
         y = label_indices(rows.y, self.model.classes, allow_none=True) if rows.y is not None else None
         keys = self.windowing.keys(self.seen, n, rows.timestamps)
@@ -123,6 +133,7 @@ class Windowed:
         for key in np.unique(keys).tolist():
             idx = np.flatnonzero(keys == key)
             self._add(self.windows.setdefault(int(key), Tally()), judged, y, None if len(idx) == n else idx)
+        return Added(judged, y, keys)
 
     def _add(self, tally: Tally, judged: Judged, y: np.ndarray | None, idx: np.ndarray | None) -> None:
         pred = judged.prediction
