@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from agent.commands.data_args import image_reading
 from agent.data.files import Dataset, label_indices, load_data
-from agent.data.frame_rows import FrameRows, frame_rows, timestamps_ns
+from agent.data.frame_rows import FrameRows, frame_rows, rebatched, timestamps_ns
 from agent.data.limits import DataError, DataLimits
 from agent.data.table_files import frames
 from agent.errors import UserError
@@ -55,5 +55,6 @@ __all__ = [
     "lake_files",
     "load_data",
     "realized_accuracy",
+    "rebatched",
     "timestamps_ns",
 ]

@@ -25,6 +25,7 @@ from agent.api import (
     fit_warnings,
     flag_name,
     image_reading,
+    rebatched,
 )
 from icos_agent._inputs import BATCH_ROWS, Batches
 from icos_agent.estimates import ALERT_MARGIN, Estimates
@@ -100,8 +101,6 @@ class Bundle:
         if window is None and timestamp is not None:
             window = "1h"
         windowing = Windowing.of(window)
-        if windowing.by_time and timestamp is None:
-            raise UserError("a time window needs timestamp= (a column name or one timestamp per row)")
         batches = Batches(
             data, self.model, labels=labels, timestamp=timestamp, metadata=metadata, batch_rows=batch_rows
         )
@@ -110,7 +109,7 @@ class Bundle:
         from tqdm import tqdm
 
         with tqdm(total=batches.n, desc="estimate", unit="rows", disable=not progress, leave=False) as bar:
-            for rows in batches:
+            for rows in rebatched(batches, batch_rows):
                 added = windowed.add(rows)
                 if paired is not None and added is not None:
                     paired.add(rows.x, rows.metadata or None, added)

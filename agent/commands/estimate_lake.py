@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         batch_rows=args.batch_rows,
         limits=data_limits(args),
     )
-    report = Windowed(model, bundle, windowing).add_all(batches).report()
+    report = Windowed(model, bundle, windowing).add_all(batches, args.batch_rows).report()
     report["files"] = len(files)
     print(json.dumps(report) if args.json else "\n".join(_text(report)))
     return 0

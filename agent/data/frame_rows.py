@@ -6,7 +6,7 @@ reads every remaining column as float32 features, in the table's order."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -90,3 +90,58 @@ def frame_rows(
             f"{where}: non-numeric feature column(s): {', '.join(non_numeric)}; name them as metadata or the label"
         )
     return FrameRows(df[features].to_numpy(dtype=np.float32), y, ts, meta)
+
+
+def _take(rows: FrameRows, part: slice) -> FrameRows:
+    x = {k: v[part] for k, v in rows.x.items()} if isinstance(rows.x, dict) else rows.x[part]
+    return FrameRows(
+        x,
+        None if rows.y is None else rows.y[part],
+        None if rows.timestamps is None else rows.timestamps[part],
+        {k: v[part] for k, v in rows.metadata.items()},
+    )
+
+
+def _joined(parts: Sequence[FrameRows]) -> FrameRows:
+    """Batches of the same columns as one; labels and timestamps kept only where every batch has them (a
+    :class:`DataError` where some have them and others not)."""
+    if len(parts) == 1:
+        return parts[0]
+    for name in ("y", "timestamps"):
+        given = [getattr(p, name) is not None for p in parts]
+        if any(given) and not all(given):
+            raise DataError(f"some batches have {'labels' if name == 'y' else name} and others not")
+    first = parts[0]
+    if isinstance(first.x, dict):
+        x: np.ndarray | dict[str, np.ndarray] = {
+            k: np.concatenate([p.x[k] for p in parts])  # type: ignore[index]
+            for k in first.x
+        }
+    else:
+        x = np.concatenate([np.asarray(p.x) for p in parts])
+    return FrameRows(
+        x,
+        None if first.y is None else np.concatenate([p.y for p in parts if p.y is not None]),
+        None if first.timestamps is None else np.concatenate([p.timestamps for p in parts if p.timestamps is not None]),
+        {k: np.concatenate([p.metadata[k] for p in parts]) for k in first.metadata},
+    )
+
+
+def rebatched(batches: Iterable[FrameRows], rows: int) -> Iterator[FrameRows]:
+    """The same rows in the same order, regrouped into batches of ``rows`` (the last one shorter): however the
+    data was cut (files, row groups, partitions), the model sees batches of the same sizes, and memory holds at
+    most one batch."""
+    held: list[FrameRows] = []
+    n = 0
+    for batch in batches:
+        start = 0
+        while start < len(batch):
+            take = min(rows - n, len(batch) - start)
+            held.append(batch if take == len(batch) else _take(batch, slice(start, start + take)))
+            n += take
+            start += take
+            if n == rows:
+                yield _joined(held)
+                held, n = [], 0
+    if held:
+        yield _joined(held)

@@ -19,7 +19,8 @@ import numpy as np
 
 from agent.core.label_values import NONE_INDEX
 from agent.data.files import label_indices
-from agent.data.frame_rows import FrameRows
+from agent.data.frame_rows import FrameRows, rebatched
+from agent.data.tables import DEFAULT_BATCH_ROWS
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.evidence import evidence_section
@@ -27,11 +28,12 @@ from agent.estimation.estimators.registry import headline_estimator
 from agent.estimation.segments.segmentation import truth_counts
 from agent.estimation.segments.table import SegmentTable, segment_table
 from agent.estimation.statistics.window import WindowStats
-from agent.model.classifier import OnnxClassifier
+from agent.model.classifier import OnnxClassifier, Prediction
 from agent.offline.check import Judged, calibration_summary, judge
 from agent.offline.tables import Tally
 from agent.results.window import WindowEntry, window_entry
 from invariants.bundle import Bundle
+from invariants.oracle import OracleResult
 
 #: Classes up to which a window's CBPE figures are kept per class (the agent's default cap).
 PER_CLASS_CAP = 20
@@ -79,7 +81,7 @@ class Windowing:
         """The window of each of ``n`` rows read after ``offset`` others (int64 window indices)."""
         if self.width_ns is not None:
             if timestamps is None:
-                raise UserError("time windows need timestamps (give the timestamp column)")
+                raise UserError("time windows need timestamps: give timestamp= (a column, or one timestamp per row)")
             return np.floor_divide(timestamps, self.width_ns)
         if self.rows is not None:
             return (offset + np.arange(n, dtype=np.int64)) // self.rows
@@ -125,7 +127,7 @@ class Windowed:
         n = len(rows)
         if n == 0:
             return None
-        judged = judge(self.model, self.bundle, rows.x, rows.metadata or None)
+        judged = _judged(self.model, self.bundle, rows)
         y = label_indices(rows.y, self.model.classes, allow_none=True) if rows.y is not None else None
         keys = self.windowing.keys(self.seen, n, rows.timestamps)
         self.seen += n
@@ -164,8 +166,9 @@ class Windowed:
             truth = truth_counts(seg.ids(features, predicted, rules, len(predicted)), seg.size, ~wrong)
         tally.add(stats, verdicts, wrong, int(np.count_nonzero(labels == NONE_INDEX)), truth)
 
-    def add_all(self, batches: Iterable[FrameRows]) -> Windowed:
-        for rows in batches:
+    def add_all(self, batches: Iterable[FrameRows], batch_rows: int = DEFAULT_BATCH_ROWS) -> Windowed:
+        """Every batch, regrouped into batches of ``batch_rows`` (:func:`~agent.data.frame_rows.rebatched`)."""
+        for rows in rebatched(batches, batch_rows):
             self.add(rows)
         return self
 
@@ -209,6 +212,25 @@ class Windowed:
                 for k, t in self.ordered()
             ]
         return out
+
+
+def _judged(model: OnnxClassifier, bundle: Bundle, rows: FrameRows) -> Judged:
+    """The batch judged as ``check`` judges it. A batch of one row is judged as two copies of it: onnxruntime
+    computes a one-row product by another kernel (GEMV), whose float32 result may differ in its last bits from the
+    same row's in a batch, and the estimates must not depend on how the data was cut."""
+    if len(rows) != 1:
+        return judge(model, bundle, rows.x, rows.metadata or None)
+    x = {k: np.repeat(v, 2, axis=0) for k, v in rows.x.items()} if isinstance(rows.x, dict) else np.repeat(rows.x, 2, 0)
+    meta = {k: np.repeat(v, 2, axis=0) for k, v in rows.metadata.items()}
+    two = judge(model, bundle, x, meta or None)
+    pred = two.prediction
+    first = slice(0, 1)
+    return Judged(
+        Prediction(pred.probabilities[first], pred.predicted[first], {k: v[first] for k, v in pred.extra.items()}),
+        OracleResult(two.result.verdict[first], two.result.rule[first]),
+        None if two.tdi_rules is None else two.tdi_rules[first],
+        None if two.features is None else two.features[first],
+    )
 
 
 def realized_accuracy(tally: Tally) -> float | None:
