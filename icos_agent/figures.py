@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: Segments a segments figure shows (those that lost the most).
 TOP_SEGMENTS = 12
+#: Characters of a segment's label on the figure's axis.
+LABEL_WIDTH = 40
 
 
 def _figure(width: float = 9.0, height: float = 4.0) -> tuple[Figure, Axes]:
@@ -71,6 +73,11 @@ def accuracy_figure(df: pd.DataFrame, headline: str, by_time: bool) -> Figure:
     return fig
 
 
+def _short(label: str, width: int = LABEL_WIDTH) -> str:
+    """A segment's label cut to ``width`` characters (a TDI rule's text can be long); the table keeps it whole."""
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
 def segments_figure(df: pd.DataFrame) -> Figure:
     """The segments that lost the most over every row: each one's contribution to the drop (its share times what
     it lost against its reference accuracy), largest first."""
@@ -80,7 +87,7 @@ def segments_figure(df: pd.DataFrame) -> Figure:
         ax.set_axis_off()
         return fig
     top = df.sort_values("rank").head(TOP_SEGMENTS).iloc[::-1]
-    labels = [f"{d}: {s}" for d, s in zip(top["dimension"], top["segment"], strict=True)]
+    labels = [_short(f"{d}: {s}") for d, s in zip(top["dimension"], top["segment"], strict=True)]
     colors = ["tab:red" if c > 0 else "tab:blue" for c in top["contribution"]]
     ax.barh(labels, top["contribution"].astype(float), color=colors)
     ax.axvline(0.0, color="black", linewidth=0.8)
