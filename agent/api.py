@@ -15,7 +15,7 @@ from agent.model.classifier import OnnxClassifier
 from agent.offline.fit import FitReport, fit_bundle, fit_warnings
 from agent.offline.lake import lake_batches, lake_files
 from agent.offline.tables import Tally
-from agent.offline.windowed import Windowed, Windowing, alert_of, realized_accuracy
+from agent.offline.windowed import Windowed, Windowing, alert_of, realized_accuracy, tally_of_json
 from agent.offline.windowed_pair import WindowedPair
 from agent.results.estimate import estimate_row
 from agent.results.paired import PairedEntry
@@ -55,6 +55,7 @@ __all__ = [
     "lake_files",
     "load_data",
     "realized_accuracy",
+    "tally_of_json",
     "rebatched",
     "timestamps_ns",
 ]

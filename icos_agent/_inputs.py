@@ -173,6 +173,8 @@ class Batches:
             raise UserError("with a path, labels and timestamp name columns (or arrays of a .npz)")
         p = Path(path)
         suffix = p.suffix.lower()
+        if suffix in (".csv", ".npz", ".npy") and not p.is_file():
+            raise UserError(f"data file not found: {p}")
         if p.is_file() and suffix in (".csv", ".parquet", ".pq"):
             for df in frames(p, None, self.batch_rows, self.limits):
                 yield frame_rows(

@@ -56,10 +56,18 @@ class Bundle:
     """A model and its bundle: :meth:`estimate` judges data with it, :meth:`save` writes the bundle as ``fit --out``
     does. ``report``: the fit's figures (None for a bundle loaded from disk)."""
 
-    def __init__(self, model: OnnxClassifier, bundle: InvariantBundle, report: FitReport | None = None) -> None:
+    def __init__(
+        self,
+        model: OnnxClassifier,
+        bundle: InvariantBundle,
+        report: FitReport | None = None,
+        directory: Path | None = None,
+    ) -> None:
         self.model = model
         self.invariants = bundle
         self.report = report
+        #: where the bundle was read from or saved to (None: not yet saved)
+        self.directory = directory
         model.decision_threshold = bundle.decision_threshold
 
     @property
@@ -74,7 +82,8 @@ class Bundle:
     def save(self, directory: str | Path) -> Path:
         """Write the bundle (JSON and ONNX files with their digests), as ``icos-agent fit --out`` does."""
         self.invariants.save(directory)
-        return Path(directory)
+        self.directory = Path(directory)
+        return self.directory
 
     def estimate(
         self,
@@ -175,4 +184,4 @@ def fit(
 def load(bundle_dir: str | Path, model: str | Path | OnnxClassifier) -> Bundle:
     """A bundle written by ``fit`` (or ``icos-agent fit``) and its model (whose digest the bundle checks)."""
     onnx = _model(model, None, "auto")
-    return Bundle(onnx, InvariantBundle.load(bundle_dir, expected_model_sha256=onnx.sha256))
+    return Bundle(onnx, InvariantBundle.load(bundle_dir, expected_model_sha256=onnx.sha256), directory=Path(bundle_dir))

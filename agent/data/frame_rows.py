@@ -44,6 +44,8 @@ def timestamps_ns(values: object, where: str) -> np.ndarray:
     try:
         if arr.dtype.kind in "iuf":
             ts = pd.to_datetime(arr, unit="s", utc=True)
+        elif arr.dtype.kind == "M":
+            ts = pd.to_datetime(arr, utc=True)
         else:
             ts = pd.to_datetime(pd.Series(np.asarray(values, dtype=object)), utc=True)
     except (ValueError, TypeError) as exc:

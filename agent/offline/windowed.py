@@ -11,6 +11,7 @@ partitions or files, nor on their order: only the order of floating-point additi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +173,17 @@ class Windowed:
             self.add(rows)
         return self
 
+    def partials(self) -> list[tuple[int, str]]:
+        """Every window's tally as JSON (:func:`tally_json`): what one partition of a distributed run hands on, to
+        be merged (:meth:`merge`) with the other partitions' tallies of the same window."""
+        return [(k, tally_json(t)) for k, t in self.ordered()]
+
+    def merge(self, key: int, tally: Tally) -> None:
+        """Add another partition's tally of window ``key`` (to the window and to the total)."""
+        merged_into(self.windows.setdefault(key, Tally()), tally)
+        merged_into(self.total, tally)
+        self.seen += tally.n
+
     def ordered(self) -> list[tuple[int, Tally]]:
         """The windows in the order of their keys (time, or rows)."""
         return sorted(self.windows.items())
@@ -231,6 +243,54 @@ def _judged(model: OnnxClassifier, bundle: Bundle, rows: FrameRows) -> Judged:
         None if two.tdi_rules is None else two.tdi_rules[first],
         None if two.features is None else two.features[first],
     )
+
+
+def tally_json(tally: Tally) -> str:
+    """A tally's additive parts as JSON (its statistics, verdict counts, labels, the oracle's confusion and the
+    labels per segment); a tally with revealed labels (``check --labels``) has no such form."""
+    if tally.revealed is not None:
+        raise ValueError("a tally with revealed labels is a sample, not a sum: it does not merge")
+    return json.dumps(
+        {
+            "stats": None if tally.stats is None else tally.stats.to_dict(),
+            "verdicts": tally.verdicts.tolist(),
+            "labeled": tally.labeled,
+            "correct": tally.correct,
+            "none": tally.none,
+            "confusion": tally.confusion.tolist(),
+            "truth_n": tally.truth_n.tolist(),
+            "truth_right": tally.truth_right.tolist(),
+        }
+    )
+
+
+def tally_of_json(text: str) -> Tally:
+    """Inverse of :func:`tally_json`."""
+    d = json.loads(text)
+    return Tally(
+        stats=None if d["stats"] is None else WindowStats.from_dict(d["stats"]),
+        verdicts=np.asarray(d["verdicts"], dtype=np.int64),
+        labeled=int(d["labeled"]),
+        correct=int(d["correct"]),
+        none=int(d["none"]),
+        confusion=np.asarray(d["confusion"], dtype=np.int64),
+        truth_n=np.asarray(d["truth_n"], dtype=np.int64),
+        truth_right=np.asarray(d["truth_right"], dtype=np.int64),
+    )
+
+
+def merged_into(into: Tally, other: Tally) -> None:
+    """``other``'s sums added to ``into``'s."""
+    if other.stats is None:
+        return
+    into.stats = other.stats.copy() if into.stats is None else into.stats + other.stats
+    into.verdicts = into.verdicts + other.verdicts
+    into.labeled += other.labeled
+    into.correct += other.correct
+    into.none += other.none
+    into.confusion = into.confusion + other.confusion
+    if len(other.truth_n):
+        into.add_truth((other.truth_n.tolist(), other.truth_right.tolist()))
 
 
 def realized_accuracy(tally: Tally) -> float | None:

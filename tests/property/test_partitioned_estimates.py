@@ -19,33 +19,14 @@ import icos_agent
 from agent.data.datasets import Splits
 from agent.model.classifier import default_model_path
 from tests.support.digits import digits
+from tests.support.estimates import assert_same_estimates
 
-TOLERANCE = 1e-9
 ROWS = 240
 START = pd.Timestamp("2026-03-01", tz="UTC")
 
 PARTITIONS = settings(
     max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-def _assert_frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    """Equal columns and rows; numbers within :data:`TOLERANCE`, everything else exactly."""
-    assert list(a.columns) == list(b.columns)
-    assert len(a) == len(b) and len(a) > 0
-    for col in a.columns:
-        x, y = a[col], b[col]
-        if pd.api.types.is_float_dtype(x) or pd.api.types.is_float_dtype(y):
-            xv, yv = x.astype(float).to_numpy(), y.astype(float).to_numpy()
-            assert np.array_equal(np.isnan(xv), np.isnan(yv)), col
-            assert np.nanmax(np.abs(np.nan_to_num(xv) - np.nan_to_num(yv)), initial=0.0) <= TOLERANCE, col
-        else:
-            assert x.tolist() == y.tolist(), col
-
-
-def _assert_same(whole: icos_agent.Estimates, parts: icos_agent.Estimates) -> None:
-    _assert_frames_equal(whole.to_df(), parts.to_df())
-    _assert_frames_equal(whole.segments_df(), parts.segments_df())
 
 
 def _split(n: int, partitions: int, seed: int) -> list[np.ndarray]:
@@ -92,12 +73,14 @@ def test_a_table_models_estimates_over_partitions_equal_the_whole(
     pieces = [frame.iloc[idx] for idx in _split(len(frame), partitions, seed)]
     if not ts:
         pieces = [p.drop(columns=["ts"]) for p in pieces]
-    _assert_same(whole, bundle.estimate(iter(pieces), timestamp=ts, window=window, labels="label", progress=False))
+    assert_same_estimates(
+        whole, bundle.estimate(iter(pieces), timestamp=ts, window=window, labels="label", progress=False)
+    )
     lake = tmp_path / f"lake-{partitions}-{seed}-{window}"
     lake.mkdir()
     for i, piece in enumerate(pieces):
         piece.to_parquet(lake / f"part-{i:03d}.parquet", index=False)
-    _assert_same(whole, bundle.estimate(lake, timestamp=ts, window=window, labels="label", progress=False))
+    assert_same_estimates(whole, bundle.estimate(lake, timestamp=ts, window=window, labels="label", progress=False))
 
 
 @pytest.mark.parametrize("partitions", [1, 7, 64])
@@ -109,4 +92,4 @@ def test_an_image_models_estimates_over_partitions_equal_the_whole(
     bundle, data = mnist_case
     whole = bundle.estimate(data["x"], timestamp=data["ts"], window="1h", labels=data["y"], progress=False)
     batches = ((data["x"][i], data["y"][i], data["ts"][i]) for i in _split(ROWS, partitions, seed))
-    _assert_same(whole, bundle.estimate(batches, window="1h", progress=False))
+    assert_same_estimates(whole, bundle.estimate(batches, window="1h", progress=False))
