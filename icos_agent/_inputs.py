@@ -47,7 +47,7 @@ def fit_dataset(
         if label_column is None:
             raise UserError("a data frame for fit needs its label column: (frame, 'label') or label_column='label'")
         rows = frame_rows(data, model.signature.names, label_column=label_column, metadata=metadata, where="frame")
-        return Dataset(rows.x, rows.y, rows.metadata)
+        return Dataset(rows.x, rows.y, rows.metadata, rows.feature_names, "frame")
     if isinstance(data, tuple) and len(data) == 2:
         x, y = data
         return Dataset(np.asarray(x), np.asarray(y))

@@ -28,6 +28,8 @@ class FrameRows:
     y: np.ndarray | None = None
     timestamps: np.ndarray | None = None
     metadata: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the columns the inputs were read from, as :func:`agent.data.files.load_table` names them (None: not a table)
+    feature_names: list[str] | None = None
 
     def __len__(self) -> int:
         if isinstance(self.x, dict):
@@ -84,14 +86,14 @@ def frame_rows(
             col = df[name]
             values = col.to_numpy() if pd.api.types.is_numeric_dtype(col) else col.astype(str).to_numpy(dtype=object)
             x[name] = values.reshape(-1, 1)
-        return FrameRows(x, y, ts, meta)
+        return FrameRows(x, y, ts, meta, list(inputs))
     features = [c for c in df.columns if c not in set_aside]
     non_numeric = [str(c) for c in features if not pd.api.types.is_numeric_dtype(df[c])]
     if non_numeric:
         raise DataError(
             f"{where}: non-numeric feature column(s): {', '.join(non_numeric)}; name them as metadata or the label"
         )
-    return FrameRows(df[features].to_numpy(dtype=np.float32), y, ts, meta)
+    return FrameRows(df[features].to_numpy(dtype=np.float32), y, ts, meta, [str(c) for c in features])
 
 
 def _take(rows: FrameRows, part: slice) -> FrameRows:

@@ -80,6 +80,7 @@ def test_fit_from_a_frame_saves_a_bundle_that_loads_to_the_same_estimates(tmp_pa
         tmp_path / "m.onnx", (train, "y"), (x[400:800], y[400:800]), trees=10, shift_sets=12, plan=plan, progress=False
     )
     assert bundle.invariants.fit_params["n_estimators"] == 10
+    assert bundle.invariants.feature_names == list("abcde")  # the frame's columns, as fit names a table's
     bundle.save(tmp_path / "bundle")
     again = icos_agent.load(tmp_path / "bundle", model=tmp_path / "m.onnx")
     live = pd.DataFrame(x[800:], columns=list("abcde")).assign(y=y[800:])
