@@ -2,7 +2,7 @@
 
 matplotlib, not plotly: matplotlib is already a dependency (the demo's report and the audits' heatmaps draw with
 it) and plotly is not; a static PNG embedded as base64 makes a page that needs no script and fetches nothing when
-it is viewed (plotly's page carries about 3.5 MB of JavaScript inline, or fetches it from a CDN), opens in any
+it is viewed (plotly's page carries its whole JavaScript library inline, or fetches it from a CDN), opens in any
 browser, mail client or CI artifact viewer, and a :class:`~matplotlib.figure.Figure` shows itself in a notebook.
 Figures are built without ``pyplot``, so nothing global changes in the caller's session.
 """
