@@ -128,7 +128,7 @@ class Windowed:
         n = len(rows)
         if n == 0:
             return None
-        judged = _judged(self.model, self.bundle, rows)
+        judged = judge_rows(self.model, self.bundle, rows)
         y = label_indices(rows.y, self.model.classes, allow_none=True) if rows.y is not None else None
         keys = self.windowing.keys(self.seen, n, rows.timestamps)
         self.seen += n
@@ -226,7 +226,7 @@ class Windowed:
         return out
 
 
-def _judged(model: OnnxClassifier, bundle: Bundle, rows: FrameRows) -> Judged:
+def judge_rows(model: OnnxClassifier, bundle: Bundle, rows: FrameRows) -> Judged:
     """The batch judged as ``check`` judges it. A batch of one row is judged as two copies of it: onnxruntime
     computes a one-row product by another kernel (GEMV), whose float32 result may differ in its last bits from the
     same row's in a batch, and the estimates must not depend on how the data was cut."""
