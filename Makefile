@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-installs test-fast lint venv python-version system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-installs test-fast lint venv spark-extra python-version system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
 
 # First of all: an interpreter older than pyproject.toml's requires-python stops here, in one line.
 python-version:
@@ -32,6 +32,16 @@ $(STAMP): pyproject.toml requirements.lock | $(BIN)/python
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The optional extra `icos-agent[spark]` (icos_agent.spark; its test runs Spark in local mode on the machine's Java),
+# installed for the tests only: `make venv` and `make demo` stay without its download.
+SPARK_STAMP := $(VENV)/.spark-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
+$(SPARK_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[spark]'
+	rm -f $(VENV)/.spark-*
+	touch $(SPARK_STAMP)
+
+spark-extra: $(SPARK_STAMP)
 
 # Debian packages the tests use: prometheus (promtool and a real server), victoria-metrics (the fleet
 # evaluator's second query backend), npm (dashboard type-check),
@@ -76,7 +86,7 @@ PYTEST_WORKERS ?= 3
 
 # What the tests need installed. Each step is skipped when up to date (a stamp of its lock file);
 # they wait on the network and run side by side, each step's output kept together.
-TEST_INSTALLS := venv system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck
+TEST_INSTALLS := venv spark-extra system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck
 SIDE_BY_SIDE  := $(MAKE) --no-print-directory -j 8 --output-sync=target
 
 test-installs:

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "zoo": "bench.zoo.__main__",
     "fit_images": "bench.fit.images",
     "model_kinds": "bench.bench_model_kinds",
+    "notebook_report": "bench.notebook_report",
 }
 DEFAULT = ("oracle", "dscore")
 

@@ -4,6 +4,7 @@
 COMMAND_MODULES = (
     "agent.commands.fit",
     "agent.commands.check",
+    "agent.commands.estimate_lake",
     "agent.commands.serve",
     "agent.commands.audit",
     "agent.commands.labels",

@@ -68,7 +68,7 @@ def read_reference(
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What ``check`` adds up over the batches of one span of rows (the file, or one chunk)."""
 
     start: int = 0
@@ -276,7 +276,7 @@ class _TableCheck:
 
 @dataclass(frozen=True)
 class _JudgedPart:
-    """A judged batch: what its tallies add up (:meth:`_Tally.add`), and its top-class probabilities (what
+    """A judged batch: what its tallies add up (:meth:`Tally.add`), and its top-class probabilities (what
     the revealed labels keep)."""
 
     stats: WindowStats
@@ -286,7 +286,7 @@ class _JudgedPart:
     truth: tuple[list[int], list[int]] | None
     conf: np.ndarray
 
-    def into(self, tally: _Tally) -> None:
+    def into(self, tally: Tally) -> None:
         tally.add(self.stats, self.verdicts, self.wrong, self.none, self.truth)
 
 
@@ -296,17 +296,17 @@ def _tallied(
     chunk_rows: int | None,
     labels: int,
     seed: int,
-) -> tuple[_Tally, list[_Tally]]:
+) -> tuple[Tally, list[Tally]]:
     """The whole table's tally and each chunk's (none without ``chunk_rows``), their revealed labels drawn."""
-    total = _Tally(revealed=_Reservoir(labels, seed, 0) if labels else None)
-    chunks: list[_Tally] = []
+    total = Tally(revealed=_Reservoir(labels, seed, 0) if labels else None)
+    chunks: list[Tally] = []
     for new_chunk, part in _slices(batches, chunk_rows):
         judged = judge.part(part)
         judged.into(total)
         if chunk_rows is not None:
             if new_chunk:
                 revealed = _Reservoir(labels, seed, len(chunks) + 1) if labels else None
-                chunks.append(_Tally(start=total.n - len(part), revealed=revealed))
+                chunks.append(Tally(start=total.n - len(part), revealed=revealed))
             judged.into(chunks[-1])
         if labels:
             if judged.wrong is None:

@@ -1,7 +1,7 @@
 """Docs say only what was measured: the benchmark figures of docs/serving.md, docs/estimation.md,
-docs/labels.md, docs/challenger.md, docs/diagnosis.md and docs/scaling.md's "1,000 replicas and more" sit in
-blocks their benchmark writes (with the command and the commit they were measured on), and the prose of those
-pages (that section of scaling.md) quotes no figure that could contradict them. A constant of the code (a
+docs/labels.md, docs/challenger.md, docs/diagnosis.md, docs/python.md and docs/scaling.md's "1,000 replicas and
+more" sit in blocks their benchmark writes (with the command and the commit they were measured on), and the prose
+of those pages (that section of scaling.md) quotes no figure that could contradict them. A constant of the code (a
 default, a threshold, a strength) is written as code (`0.05`), where it says what the code does, not what
 was measured; the interval's level (95%) is a definition, not a figure."""
 
@@ -27,7 +27,9 @@ def _prose(text: str) -> str:
     return re.sub(r"`[^`\n]*`", "", text)
 
 
-@pytest.mark.parametrize("page", ["serving.md", "estimation.md", "labels.md", "challenger.md", "diagnosis.md"])
+@pytest.mark.parametrize(
+    "page", ["serving.md", "estimation.md", "labels.md", "challenger.md", "diagnosis.md", "python.md"]
+)
 def test_prose_quotes_no_figure(page: str) -> None:
     prose = _prose((DOCS / page).read_text(encoding="utf-8"))
     figures = [f for f in FIGURE.findall(prose) if f not in DEFINITIONS]
@@ -61,6 +63,7 @@ def test_scaling_prose_quotes_no_figure() -> None:
             "python -m bench.serving --model mnist --challenger-share 0.1 --out docs/challenger.md",
         ),
         ("diagnosis.md", "python -m bench.localization"),
+        ("python.md", "python -m bench.notebook_report"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:

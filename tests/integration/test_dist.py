@@ -23,12 +23,13 @@ import yaml
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent", "invariants", "exporters")
+PACKAGES = ("agent", "invariants", "exporters", "icos_agent")
 #: Files besides the modules that the installed package reads.
 DATA_FILES = {
     "agent/py.typed",
     "invariants/py.typed",
     "exporters/py.typed",
+    "icos_agent/py.typed",
     "agent/shipped_models/models.json",
     "agent/protocol/grpc_stubs/open_inference_grpc.proto",
     "agent/protocol/grpc_stubs/open_inference_grpc_pb2.pyi",
@@ -119,7 +120,7 @@ def _install_and_run(wheel: Path, venv: Path, tmp_path: Path, bundle: Path) -> N
 
     helped = run(cli, "--help")
     assert helped.returncode == 0, helped.stderr
-    for command in ("fit", "check", "serve", "audit", "labels", "demo"):
+    for command in ("fit", "check", "estimate-lake", "serve", "audit", "labels", "demo"):
         assert command in helped.stdout
     assert run(cli, "--version").stdout.strip() == "icos-agent 0.1.0"
     where = run(
@@ -139,3 +140,11 @@ def _install_and_run(wheel: Path, venv: Path, tmp_path: Path, bundle: Path) -> N
     checked = run(cli, "serve", "--config", config, "--check")
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.startswith("config OK: serve mode, model mnist version 1"), checked.stdout
+    # the notebook's package, from the installed wheel: the shipped model's bundle loads and estimates
+    code = (
+        "import sys, numpy as np, icos_agent; "
+        "b = icos_agent.load(sys.argv[1], model=sys.argv[2]); "
+        "print(b.estimate(np.zeros((3, 1, 28, 28), np.float32), progress=False).to_df()['n'].tolist())"
+    )
+    estimated = run(python, "-c", code, bundle, model)
+    assert estimated.returncode == 0 and estimated.stdout.strip() == "[3]", estimated.stderr[-2000:]

@@ -16,5 +16,6 @@
 * :mod:`.mnist` — the shared MNIST bundle; :mod:`.digits` — the digits model and its bundle;
   :mod:`.demo` — the demo; each made once per run (:mod:`.once`, however many xdist workers);
 * :mod:`.batches` — prediction batches for the store's tests;
+* :mod:`.estimates` — two ``icos_agent`` estimates compared as the equality guarantee states it;
 * :mod:`.parallel` — the xdist plan: modules that share a fixture stay on one worker, the demo in the background.
 """

@@ -1,0 +1,187 @@
+"""``fit`` and ``load``: a model's bundle in a notebook, fitted as ``icos-agent fit`` fits it (the same stages under
+the same progress bar) or read from a directory, and its ``estimate`` over any data."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from agent.api import (
+    CalibrationPlan,
+    DataLimits,
+    FitParams,
+    FitParamsError,
+    FitReport,
+    InvariantBundle,
+    OnnxClassifier,
+    UserError,
+    Windowed,
+    WindowedPair,
+    Windowing,
+    fit_bundle,
+    fit_warnings,
+    flag_name,
+    image_reading,
+    rebatched,
+)
+from icos_agent._inputs import BATCH_ROWS, Batches
+from icos_agent.estimates import ALERT_MARGIN, Estimates
+
+#: What a model's score output holds (``auto``: probabilities after a Softmax or when named so, else logits).
+ScoresKind = Literal["auto", "logits", "probabilities"]
+
+
+def _fit_params(options: dict[str, Any]) -> FitParams:
+    """The fit parameters among ``options``, by field name or by the flag's name (``trees`` or ``n_estimators``);
+    a value out of range says which."""
+    names = {f.name: f.name for f in dataclasses.fields(FitParams)}
+    names.update({flag_name(f).replace("-", "_"): f.name for f in dataclasses.fields(FitParams)})
+    given = {names[k]: options.pop(k) for k in list(options) if k in names}
+    try:
+        return FitParams(**given)
+    except FitParamsError as exc:
+        raise UserError(f"{exc.name} {exc.problem}") from None
+
+
+def _model(model: str | Path | OnnxClassifier, scores_output: str | None, scores_kind: ScoresKind) -> OnnxClassifier:
+    if isinstance(model, OnnxClassifier):
+        return model
+    return OnnxClassifier.load(model, scores_output=scores_output, scores_kind=scores_kind)
+
+
+class Bundle:
+    """A model and its bundle: :meth:`estimate` judges data with it, :meth:`save` writes the bundle as ``fit --out``
+    does. ``report``: the fit's figures (None for a bundle loaded from disk)."""
+
+    def __init__(
+        self,
+        model: OnnxClassifier,
+        bundle: InvariantBundle,
+        report: FitReport | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        self.model = model
+        self.invariants = bundle
+        self.report = report
+        #: where the bundle was read from or saved to (None: not yet saved)
+        self.directory = directory
+        model.decision_threshold = bundle.decision_threshold
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.model.classes)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What ``fit`` warns of (none for a bundle loaded from disk)."""
+        return [] if self.report is None else fit_warnings(self.report.calibration, self.report.validation)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the bundle (JSON and ONNX files with their digests), as ``icos-agent fit --out`` does."""
+        self.invariants.save(directory)
+        self.directory = Path(directory)
+        return self.directory
+
+    def estimate(
+        self,
+        data: Any,
+        timestamp: Any = None,
+        window: str | int | None = None,
+        labels: Any = None,
+        *,
+        metadata: Sequence[str] = (),
+        challenger: Bundle | None = None,
+        alert_margin: float = ALERT_MARGIN,
+        batch_rows: int = BATCH_ROWS,
+        progress: bool = True,
+    ) -> Estimates:
+        """Every estimate per window of ``data``, as ``icos-agent check`` and a running agent compute them.
+
+        ``data``: a data frame, an array, a path (``.npz``, ``.csv``, ``.parquet``, a directory or glob of Parquet
+        files, an image folder) or an iterator of batches (frames, arrays, or ``(x, labels[, timestamps])``
+        tuples), read ``batch_rows`` rows at a time. ``timestamp`` and ``labels``: column names, or arrays of one
+        value per row. ``window``: a duration (``"1h"``, the default with a timestamp) cuts windows of time
+        aligned on the epoch in UTC; a number of rows cuts windows of that many rows; without either, one window
+        of every row. ``challenger``: another version's bundle, fitted with ``champion=`` this model.
+        """
+        if window is None and timestamp is not None:
+            window = "1h"
+        windowing = Windowing.of(window)
+        batches = Batches(
+            data, self.model, labels=labels, timestamp=timestamp, metadata=metadata, batch_rows=batch_rows
+        )
+        windowed = Windowed(self.model, self.invariants, windowing)
+        paired = None if challenger is None else WindowedPair(windowed, challenger.model, challenger.invariants)
+        from tqdm import tqdm
+
+        with tqdm(total=batches.n, desc="estimate", unit="rows", disable=not progress, leave=False) as bar:
+            for rows in rebatched(batches, batch_rows):
+                added = windowed.add(rows)
+                if paired is not None and added is not None:
+                    paired.add(rows.x, rows.metadata or None, added)
+                bar.update(len(rows))
+        if windowed.total.stats is None:
+            raise UserError("estimate: the data has no rows")
+        return Estimates(windowed, alert_margin=alert_margin, paired=paired)
+
+
+def fit(
+    model: str | Path | OnnxClassifier,
+    train: Any,
+    val: Any,
+    *,
+    label_column: str | None = None,
+    metadata: Sequence[str] = (),
+    idi: str | Path | None = None,
+    champion: str | Path | OnnxClassifier | None = None,
+    scores_output: str | None = None,
+    scores_kind: ScoresKind = "auto",
+    plan: CalibrationPlan | None = None,
+    progress: bool = True,
+    **options: Any,
+) -> Bundle:
+    """Fit a model's bundle, as ``icos-agent fit --model M --train T --val V`` does: the same stages, under the same
+    progress bar. ``train`` and ``val``: ``(frame, "label")``, a frame with ``label_column``, ``(x, y)`` arrays, or
+    a path (``.npz``, ``.csv``, ``.parquet``, an image folder). ``options``: the fit parameters, by the names of
+    ``icos-agent fit``'s flags or of :class:`invariants.fit_params.FitParams`'s fields (``trees=30``,
+    ``confidence=0.99``). ``champion``: the model this one is the challenger of."""
+    params = _fit_params(options)
+    if options:
+        raise UserError(f"fit: unknown option(s) {', '.join(sorted(options))} (see `icos-agent fit --help`)")
+    onnx = _model(model, scores_output, scores_kind)
+    limits = DataLimits()
+    from icos_agent._inputs import fit_dataset
+
+    train_set = fit_dataset(train, onnx, label_column, metadata, limits)
+    val_set = fit_dataset(val, onnx, label_column, metadata, limits)
+    image = image_reading(onnx, None)
+    preprocess = image[1].to_dict() if image is not None and hasattr(train_set.x, "preprocess") else None
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"  {message}", file=sys.stderr)
+
+    report = fit_bundle(
+        onnx,
+        train_set,
+        val_set,
+        idi_path=idi,
+        params=params,
+        progress=say,
+        preprocess=preprocess,
+        plan=plan or CalibrationPlan(),
+        champion=None if champion is None else _model(champion, None, "auto"),
+    )
+    out = Bundle(onnx, report.bundle, report)
+    for warning in out.warnings:
+        say(f"warning: {warning}")
+    return out
+
+
+def load(bundle_dir: str | Path, model: str | Path | OnnxClassifier) -> Bundle:
+    """A bundle written by ``fit`` (or ``icos-agent fit``) and its model (whose digest the bundle checks)."""
+    onnx = _model(model, None, "auto")
+    return Bundle(onnx, InvariantBundle.load(bundle_dir, expected_model_sha256=onnx.sha256), directory=Path(bundle_dir))
