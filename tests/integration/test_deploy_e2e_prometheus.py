@@ -232,9 +232,9 @@ def test_one_agent_headline_counters_and_alert_through_prometheus(
     # IcosEstimateMayBeWrong fires instead, naming the flag's main reason. Either way the drop alerts.
     reference = _poll(lambda: _query(prometheus, 'icos:reference_accuracy:ratio{model="mnist"}'))
     head = own["windows"]["1h"]["headline"]
-    trust = own["windows"]["1h"]["trust"]
+    flag = own["windows"]["1h"]["flag"]
     assert reference and float(reference[0]["value"][1]) > head["value"] + 0.05, (reference, head)
-    if trust["calibrated"]:
+    if not flag["raised"]:
         assert float(reference[0]["value"][1]) > head["upper"], (reference, head)
         alerts = _poll(lambda: _firing(prometheus, "IcosEstimatedAccuracyLow"))
         assert alerts, httpx.get(f"{prometheus}/api/v1/rules", timeout=5).text[:3000]
@@ -247,6 +247,6 @@ def test_one_agent_headline_counters_and_alert_through_prometheus(
         )
         assert alerts, httpx.get(f"{prometheus}/api/v1/rules", timeout=5).text[:3000]
         labels = alerts[0]["labels"]
-        assert labels["reason"] == trust["reasons"][0], (labels, trust)
+        assert labels["reason"] == flag["reasons"][0], (labels, flag)
         assert not _firing(prometheus, "IcosEstimatedAccuracyLow")
     assert labels["model"] == "mnist" and labels["severity"] == "warning"

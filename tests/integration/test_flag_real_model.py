@@ -45,12 +45,12 @@ def test_mirrored_digits_raise_the_flag_with_its_evidence_and_an_interval_holdin
     x, y = mnist_splits.test.x, mnist_splits.test.y
     report = check_report(mnist_model, Bundle.load(mnist_bundle_dir), Dataset(x[..., ::-1].copy(), y))
     truth = report["truth"]["accuracy"]
-    trust, head = report["trust"], report["headline_estimate"]
-    print(f"mirrored: truth {truth:.3f}, headline {head}, trust {trust}")
+    flag, head = report["flag"], report["headline_estimate"]
+    print(f"mirrored: truth {truth:.3f}, headline {head}, flag {flag}")
     assert truth < 0.6  # a shift that costs the model most of its accuracy
-    assert trust["basis"] == "flag" and trust["calibrated"] is False
-    assert trust["reasons"] and set(trust["reasons"]) <= set(REASONS)
-    assert head["calibrated"] is False and "may be off by more than 0.05" in head["may_be_wrong"]
+    assert flag["basis"] == "flag" and flag["raised"] is True
+    assert flag["reasons"] and set(flag["reasons"]) <= set(REASONS)
+    assert head["flag_raised"] is True and "may be off by more than 0.05" in head["may_be_wrong"]
     own = head.get("own_interval")  # absent where the estimator's own interval was already as wide
     assert own is None or (head["lower"] <= own["lower"] and own["upper"] <= head["upper"])
     assert head["lower"] <= truth <= head["upper"], (head, truth)
@@ -65,11 +65,11 @@ def test_a_change_of_class_mix_alone_keeps_the_flag_down_and_says_so(
     idx = np.concatenate([np.flatnonzero(y == k) for k in (1, 1, 1, 4, 4)])
     report = check_report(mnist_model, Bundle.load(mnist_bundle_dir), Dataset(x[idx], y[idx]))
     truth = report["truth"]["accuracy"]
-    trust, head = report["trust"], report["headline_estimate"]
-    print(f"classes 1 and 4: truth {truth:.3f}, headline {head}, trust {trust}")
-    assert trust["calibrated"] is True and "class_mix_changed" in trust["reasons"]
-    assert trust["class_mix"]["changed"] and trust["class_mix"]["only"]
-    assert "outside_calibrated_range" not in trust["reasons"]
+    flag, head = report["flag"], report["headline_estimate"]
+    print(f"classes 1 and 4: truth {truth:.3f}, headline {head}, flag {flag}")
+    assert flag["raised"] is False and "class_mix_changed" in flag["reasons"]
+    assert flag["class_mix"]["changed"] and flag["class_mix"]["only"]
+    assert "outside_calibrated_range" not in flag["reasons"]
     assert abs(head["value"] - truth) <= 0.05 and head["lower"] <= truth <= head["upper"]
 
 
@@ -106,7 +106,7 @@ def test_a_split_of_three_errors_keeps_its_intervals_and_the_default_headline(
         if REGISTRY[name].split_calibrated:
             assert e["value"] - e["lower"] >= below - 1e-9 or e["lower"] == 0.0, (name, e)
             assert e["upper"] - e["value"] >= above - 1e-9 or e["upper"] == 1.0, (name, e)
-    assert "few_calibration_errors" in checked["trust"]["reasons"]
+    assert "few_calibration_errors" in checked["flag"]["reasons"]
 
 
 def test_labels_of_none_of_the_classes_count_as_wrong(

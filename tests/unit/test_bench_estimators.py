@@ -131,16 +131,21 @@ def test_targets_compare_with_the_baselines_of_the_run_and_rate_the_flag() -> No
                 value = 0.95 if not far else 0.6  # off by 0.2 on the shifted scenario
                 down = (not far) if est == "shift_aware" else True
                 down = down and not (sc == "in_distribution" and rep == 0)  # one right window flagged
-                recs.append(Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, 2.0 if far else 0.3, down))
+                distance = 2.0 if far else 0.3
+                recs.append(Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, distance, not down))
     shipped = flag_rates(recs, "digits", "shift_aware")
     assert shipped is not None
     assert (shipped.down_within, shipped.n_down, shipped.right_flagged, shipped.n_right) == (1.0, 9, 0.1, 10)
     assert (shipped.in_distribution, shipped.bad_flagged, shipped.n_bad) == (0.1, 1.0, 10)
+    assert (shipped.silent, shipped.n_all) == (0.0, 20)
     held = flag_rates(recs, "digits", HELD_OUT)
     assert held is not None and held.down_within == 9 / 19 and held.bad_flagged == 0.0
+    assert held.silent == 0.5  # the 10 shifted windows, off by 0.2 with the flag down
     got = {(m, t.text): t for m, t in all_targets(summarise(recs), recs)}
     assert got[("digits (shipped)", "flag down: headline within 0.05 in ≥ 95%")].ok
     assert not got[("digits (kind held out)", "flag down: headline within 0.05 in ≥ 95%")].ok
+    assert got[("digits (shipped)", "off by > 0.10 with the flag down: ≤ 2% of windows")].ok
+    assert not got[("digits (kind held out)", "off by > 0.10 with the flag down: ≤ 2% of windows")].ok
     assert got[("digits (shipped)", "headline within 0.03: flagged on ≤ 25%")].ok
     assert not got[("digits (shipped)", "in distribution: flagged on ≤ 5%")].ok  # 1 of 10
     assert not got[("digits (shipped)", "mean MAE ≤ 0.03")].ok  # (0 + 0.2) / 2
