@@ -27,12 +27,14 @@ def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
         b = sc.transform(x, np.random.default_rng(1))
         assert a.shape == x.shape and a.min() >= 0 and a.max() <= 16
         np.testing.assert_array_equal(a, b)
-    assert len(names) == 21 and "mixture" in names and "label_shift_strong" in names
-    for family in ("stroke", "speckle", "flip"):  # families of no kind in the calibration
+    assert len(names) == 23 and "mixture" in names and "label_shift_strong" in names
+    for family in ("stroke", "speckle", "flip", "invert"):  # families of no kind in the calibration
         assert {f"{family}_mild", f"{family}_strong"} <= set(names)
     kin = {sc.name: sc.calibration_kin for sc in image_scenarios(ImageSpec(16.0))}
     assert kin["blur_strong"] == ("audit:blur",) and kin["label_shift_mild"] == ()
-    assert set(kin["mixture"]) == {k for v in kin.values() for k in v if v is not kin["mixture"]}
+    assert kin["invert_mild"] == ("invert",) and "far_brightness" in kin["brightness_contrast_strong"]
+    mixed = {k for n, v in kin.items() for k in v if n != "mixture" and not n.startswith("invert")}
+    assert set(kin["mixture"]) == mixed  # the mixture is of the calibration's kinds; inversions are no part of it
     t = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
     for sc in tabular_scenarios(TabularSpec(t.mean(axis=0), t.std(axis=0))):
         if sc.transform is not None:
@@ -44,7 +46,7 @@ def test_new_scenario_kinds_natural_subpopulation_and_clean_or_shifted_windows()
     image = {sc.name: sc for sc in image_scenarios(ImageSpec(16.0), lambda: other)}
     assert image["other_dataset"].pool is not None and image["other_dataset"].pool()[1].tolist() == [0, 1, 2]
     mixed = image["clean_or_shifted"]
-    assert mixed.segments[0] is None and len(mixed.segments) == 4 and mixed.transform is None
+    assert mixed.segments[0] is None and len(mixed.segments) == 5 and mixed.transform is None
     up = resample_images(np.full((2, 1, 8, 8), 16.0, np.float32), 28, 255.0)
     assert up.shape == (2, 1, 28, 28) and float(up.max()) == pytest.approx(255.0)
     t = np.arange(40, dtype=np.float32).reshape(20, 2)

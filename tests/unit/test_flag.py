@@ -23,6 +23,7 @@ from agent.estimation.flag.model import (
     TOLERANCE,
     FlagModel,
     WindowEvidence,
+    feature_row,
     flag_or_none,
 )
 from agent.estimation.intervals import Estimate
@@ -125,6 +126,26 @@ def test_the_flag_is_raised_with_its_reasons_and_widens_by_its_band() -> None:
     d2 = _model(z_gate=0.0).decide(WindowEvidence(1000, 0.8, 4.0, label, 0.0, 0.0))
     assert not d2.raised and d2.reasons == ("class_mix_changed",) and (d2.below, d2.above) == (0.0, 0.0)
     assert set(d.reasons + d2.reasons) <= set(REASONS)
+
+
+def test_a_class_mix_keeps_the_flag_down_only_where_the_residual_is_within_noise() -> None:
+    """The evidence of MNIST with a fifth of the digits inverted: the class mix moved (class_z 6) and the
+    class-adjusted residual far beyond noise (z 12.8), inside the calibrated range, the score below the
+    threshold. The change of mix explains nothing of the residual: the flag is raised, naming what moved, not
+    ``class_mix_changed``. The same mix with a residual within noise (z at most the gate) keeps it down."""
+    model = _model(threshold=5.0, z_gate=3.0)
+    moved = MixTest(z=12.8, effect=0.5, class_z=6.0, groups={"confidence_shifted": 12.8, "inputs_unlike_reference": 3})
+    ev = WindowEvidence(n=1000, headline=0.92, distance=0.9, mix=moved, disagreement=0.0, drop=0.0)
+    assert model.score(feature_row(ev, model.features)) < model.threshold
+    d = model.decide(ev)
+    assert d.raised and "class_mix_changed" not in d.reasons and d.reasons[0] == "confidence_shifted"
+    assert d.below > 0.0 and d.above > 0.0  # its interval widens
+    # the same without the class mix moving: the score decides, and it is below the threshold
+    assert not model.decide(WindowEvidence(1000, 0.92, 0.9, MixTest(12.8, 0.5, 0.0, moved.groups), 0.0, 0.0)).raised
+    # the mix moved, the residual beyond MIX_Z but within the gate: within noise, the mix may keep it down
+    near = MixTest(z=2.9, effect=0.1, class_z=6.0, groups=moved.groups)
+    d2 = model.decide(WindowEvidence(1000, 0.92, 0.9, near, 0.0, 0.0))
+    assert not near.mix_only and not d2.raised and d2.reasons == ("class_mix_changed",)
 
 
 def test_the_flag_model_round_trips_and_old_bundles_have_none() -> None:
