@@ -32,7 +32,7 @@ keep the flag down and read ``class_mix_changed``: confidence-based estimates ho
 A change of class mix explains a window only where the class-adjusted residual stays within noise (``z`` at
 most the gate, and at most :data:`~agent.estimation.flag.class_mix.MIX_Z`): a class mix that moved while the
 inputs moved beyond what that mix explains is a covariate shift that moved the predictions (a fifth of the
-digits inverted: many read as one class), and raises the flag whatever the score (:func:`mix_unexplained`).
+digits inverted moves both), and raises the flag whatever the score (:func:`mix_unexplained`).
 
 Where it is raised, the headline's interval widens to ``[h − below, h + above]`` (never narrower than its
 own), ``below``/``above`` the 95% quantiles of how far the fit's flagged windows' truth lay below and
