@@ -30,7 +30,7 @@ covariate shift (the class-adjusted ``z`` above :attr:`FlagModel.z_gate`, the 99
 fit's clean windows, or a trust distance above 1) and it is not a change of class mix alone (those
 keep the flag down and read ``class_mix_changed``: confidence-based estimates hold under label shift).
 A change of class mix explains a window only where the class-adjusted residual stays within noise (``z`` at
-most the gate, and at most :data:`~agent.estimation.flag.class_mix.MIX_Z`): a class mix that moved while the
+most the larger of the gate and :data:`~agent.estimation.flag.class_mix.MIX_Z`): a class mix that moved while the
 inputs moved beyond what that mix explains is a covariate shift that moved the predictions (a fifth of the
 digits inverted moves both), and raises the flag whatever the score (:func:`mix_unexplained`).
 
