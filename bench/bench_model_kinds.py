@@ -15,9 +15,9 @@ the test split at ``--strength``. ``--features`` fits the MNIST CNN once per vie
 ``fit`` chooses, and ``embedding`` for comparison).
 
 Columns: the headline's absolute error; ``avg_conf``'s (average confidence, the label-free baseline); and
-whether the trust signal is raised (the window outside the range ``shift_aware`` was calibrated on). The
+whether the flag "this number may be wrong" is raised (``flag.raised`` of ``check --json``). The
 targets: in distribution within 0.02; under shift no worse than average confidence by more than 0.02,
-with trust raised where the headline is more than 0.05 off.
+with the flag raised where the headline is more than 0.05 off.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ DEFAULT = ("text_tfidf", "tabular_categorical", "lightgbm", "token_classifier", 
 IMAGE_SIZES = (1000, 600, 1000)
 IN_DISTRIBUTION = 0.02
 BEHIND_CONFIDENCE = 0.02
-TRUST_NEEDED = 0.05
+FLAG_NEEDED = 0.05
 
 
 def save_npz(split: Any, path: Path) -> Path:
@@ -93,14 +93,14 @@ def check(model: Path, bundle: Path, data: Path, log: Path) -> dict[str, Any]:
     report = last_json(text)
     truth = float(report["truth"]["accuracy"])
     head = report["estimates"][report["headline"]]
-    trust = report.get("trust") or {}
+    flag = report.get("flag") or {}
     return {
         "truth": truth,
         "headline": report["headline"],
         "error": abs(float(head["value"]) - truth),
         "conf_error": abs(float(report["estimates"]["avg_conf"]["value"]) - truth),
         "covered": float(head.get("lower", -1)) <= truth <= float(head.get("upper", 2)),
-        "trust_raised": trust.get("calibrated") is False,
+        "flag_raised": flag.get("raised") is True,
     }
 
 
@@ -147,8 +147,8 @@ def verdict(row: dict[str, Any]) -> str:
     for kind, s in row["shifts"].items():
         if s["error"] > s["conf_error"] + BEHIND_CONFIDENCE:
             misses.append(f"{kind}: behind avg_conf")
-        if s["error"] > TRUST_NEEDED and not s["trust_raised"]:
-            misses.append(f"{kind}: trust not raised")
+        if s["error"] > FLAG_NEEDED and not s["flag_raised"]:
+            misses.append(f"{kind}: flag not raised")
     return "met" if not misses else "missed (" + "; ".join(misses) + ")"
 
 
@@ -161,13 +161,13 @@ def render(rows: list[dict[str, Any]], argv: list[str], strength: float) -> str:
         f"commit: {commit}; {os.cpu_count()} cores; shifts at strength {strength:g}",
         "",
         "| model | view | fit | fit peak | oracle TPR / FPR | in distribution: truth, headline error | "
-        "under shift: truth, headline error / avg_conf error, trust | targets |",
+        "under shift: truth, headline error / avg_conf error, flag | targets |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         d = r["in_distribution"]
         shifts = "; ".join(
-            f"{k} {s['truth']:.3f}, {s['error']:.3f} / {s['conf_error']:.3f}" + (", trust raised" * s["trust_raised"])
+            f"{k} {s['truth']:.3f}, {s['error']:.3f} / {s['conf_error']:.3f}" + (", flag raised" * s["flag_raised"])
             for k, s in r["shifts"].items()
         )
         lines.append(

@@ -371,6 +371,15 @@ class CalibrationPlan:
     """Windows of every simulated shift of the headline's choice (clean, label, tilts, subpopulation,
     confidence, mixture), per refit: the shifts the flag must not cry wolf on."""
 
+    flag_held_out_sets: int = 3
+    """Corrupted copies of each kind of shift held out of every ``shift_aware`` fit (inversions and large
+    covariate moves: the calibration's ``HELD_OUT_KINDS``), at strengths one in each of equal slices of
+    (0, 1]: what only the flag's fit sees."""
+
+    flag_held_out_windows: int = 30
+    """Windows of each held-out kind of shift, per refit: a kind no refit (nor the shipped estimate) was
+    fitted on, so the flag learns to raise on inputs unlike anything the estimate saw."""
+
     flag_table_windows_per_kind: int = 40
     """Windows of every simulated shift per fold of the calibration split, for a bundle without
     ``shift_aware`` (no refits: the estimators are calibrated on the other fold)."""

@@ -23,6 +23,7 @@ from agent.model.inputs import Inputs, rule_values
 from agent.model.view_choice import choose_view
 from agent.model.views import FeatureView, ViewError
 from agent.offline.calibration.corruptions import calibration_family, is_image_input
+from agent.offline.calibration.held_out_kinds import HELD_OUT_KINDS
 from agent.offline.calibration.segments.data import ViewShape, column_groups
 from agent.offline.calibration.sets import CalibrationSets, calibration_sets, input_calibration_sets
 from agent.offline.fit_pair import pair_of_model
@@ -189,7 +190,8 @@ class ModelFitSource(FitSource[ModelData]):
             "calibrating the shift-aware estimator on corrupted copies of the calibration split (generic + audit)"
             + (f": {n_sets} copies of {len(rows)} rows (wide inputs)" if n_sets is not None else "")
         )
-        expect_rows(len(rows) * (n_sets or plan.min_sets))
+        held_out = plan.flag_held_out_sets * max(len(k) for k in HELD_OUT_KINDS.values())
+        expect_rows(len(rows) * ((n_sets or plan.min_sets) + held_out))
         sets = calibration_sets(
             model,
             fit.fitted.oracle,
@@ -202,6 +204,7 @@ class ModelFitSource(FitSource[ModelData]):
             seed=params.seed,
             train_features=od.train_features,
             clean=data.val.take(rows),
+            plan=plan,
         )
         return sets, rows
 

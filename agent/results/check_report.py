@@ -13,7 +13,7 @@ from typing import Any
 from agent.results.bundle import evidence_lines
 from agent.results.paired import challenger_lines
 from agent.results.segments import segment_lines
-from agent.results.window import class_lines, estimate_lines, trust_lines
+from agent.results.window import class_lines, estimate_lines, flag_lines
 
 
 def chunk_lines(report: Mapping[str, Any]) -> list[str]:
@@ -30,9 +30,9 @@ def chunk_lines(report: Mapping[str, Any]) -> list[str]:
         est = f"{e['value']:>10.4f}   [{e['lower']:.4f}, {e['upper']:.4f}]" if e else f"{'-':>10}{'':>22}"
         truth = f"{c['truth']['accuracy']:>9.4f}" if "truth" in c else f"{'-':>9}"
         fails = c["n"] - c["verdicts"].get("pass", 0)
-        trust = c.get("trust") or {}
-        flag = f"  RAISED: {', '.join(trust['reasons'])}" if trust.get("calibrated") is False else ""
-        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}{flag}")
+        flag = c.get("flag") or {}
+        raised = f"  RAISED: {', '.join(flag['reasons'])}" if flag.get("raised") is True else ""
+        lines.append(f"{c['start']:>8}..{c['end']:<7}{est}{truth}{fails:>8}{raised}")
     return lines
 
 
@@ -72,9 +72,9 @@ class CheckReport:
         r = self.report
         headline = r.get("headline")
         e = r.get("headline_estimate") or r["estimates"].get(headline) or {}
-        trust = r.get("trust") or {}
+        flag = r.get("flag") or {}
         truth = r.get("truth") or {}
-        flagged = trust.get("calibrated")
+        raised = flag.get("raised")
         return {
             "n": r["n"],
             "fails": r["n"] - r["verdicts"].get("pass", 0),
@@ -83,8 +83,8 @@ class CheckReport:
             "lower": e.get("lower"),
             "upper": e.get("upper"),
             "truth": truth.get("accuracy"),
-            "alert": None if flagged is None else not flagged,
-            "reasons": None if flagged is None else ";".join(trust.get("reasons", [])),
+            "alert": raised,
+            "reasons": None if raised is None else ";".join(flag.get("reasons", [])),
         }
 
     def to_text(self) -> str:
@@ -103,7 +103,7 @@ class CheckReport:
         oracle = r.get("oracle")
         if isinstance(oracle, dict):
             lines.append(f"oracle: TPR {oracle['tpr']:.3f}  FPR {oracle['fpr']:.3f}  F1 {oracle['f1']:.3f}")
-        lines.extend(trust_lines(r.get("trust"), r.get("headline_estimate")))
+        lines.extend(flag_lines(r.get("flag"), r.get("headline_estimate")))
         lines.extend(_calibration_lines(r.get("calibration")))
         lines.extend(segment_lines(r))
         lines.append("* headline estimator")

@@ -5,7 +5,7 @@ metrics never disagree.
 
 A window is estimated once (:func:`window_entry`: every estimator, the trust signal and the headline from
 one :func:`~agent.estimation.estimators.registry.estimate_window` call, the flag "this number may be wrong" on them
-(:func:`~agent.estimation.flag.assessment.assess`: ``trust`` with ``calibrated`` and ``reasons``, the headline's
+(:func:`~agent.estimation.flag.assessment.assess`: ``flag`` with ``raised`` and ``reasons``, the headline's
 interval widened where the flag is raised), CBPE's label-free per-class figures from the same statistics,
 and its segment table) and renders itself from that entry: :meth:`WindowEntry.to_json` for the documents,
 :meth:`WindowEntry.points` for the metrics, :meth:`WindowEntry.to_text` for the lines ``check`` prints,
@@ -35,15 +35,17 @@ from exporters.prometheus import EstimatePoint, WindowPoint
 from exporters.segment_metrics import SegmentPoint
 
 
-def trust_json(assessment: Assessment) -> dict[str, Any]:
-    """Is the window's number right: the flag (``calibrated``, ``reasons``) and the evidence it rests on."""
-    return assessment.to_dict()
+def flag_json(assessment: Assessment) -> dict[str, Any]:
+    """Is the window's number right: ``flag`` (``raised``, ``reasons`` and the evidence it rests on) and, until
+    :data:`~agent.estimation.flag.assessment.TRUST_REMOVED_IN`, the same under its deprecated name ``trust``
+    (``calibrated``: not raised)."""
+    return {"flag": assessment.to_dict(), "trust": assessment.trust_dict()}
 
 
 def flag_sections(window: WindowEstimates, headline: str, calibration: EstimatorCalibration) -> dict[str, Any]:
     """What ``check`` reports of the flag on its data: ``headline_estimate`` (the headline's estimate, its
-    interval widened where the flag is raised, and ``calibrated``) and ``trust`` (absent for a bundle with
-    neither a flag nor a trust model)."""
+    interval widened where the flag is raised, and ``flag_raised``) and ``flag`` with its deprecated alias
+    ``trust`` (absent for a bundle with neither a flag nor a trust model)."""
     head = headline_of(window.estimates, headline)
     assessment = assess(window, head, calibration)
     if assessment is not None and assessment.headline is not None:
@@ -52,7 +54,7 @@ def flag_sections(window: WindowEstimates, headline: str, calibration: Estimator
     if head is not None:
         out["headline_estimate"] = headline_json(head, assessment)
     if assessment is not None:
-        out["trust"] = trust_json(assessment)
+        out.update(flag_json(assessment))
     return out
 
 
@@ -94,15 +96,15 @@ def class_lines(classes: object) -> list[str]:
     return lines
 
 
-def trust_lines(trust: object, head: object) -> list[str]:
-    """Is the headline right, from a document's ``trust`` and headline: the flag (raised, with its reasons and
+def flag_lines(flag: object, head: object) -> list[str]:
+    """Is the headline right, from a document's ``flag`` and headline: the flag (raised, with its reasons and
     the widened interval, or down), and the trust distance it rests on."""
-    if not isinstance(trust, dict):
+    if not isinstance(flag, dict):
         return []
     lines = []
-    reasons = [str(r).replace("_", " ") for r in trust.get("reasons", [])]
-    if trust.get("basis") == "flag":
-        if not trust["calibrated"] and isinstance(head, dict):
+    reasons = [str(r).replace("_", " ") for r in flag.get("reasons", [])]
+    if flag.get("basis") == "flag":
+        if flag["raised"] and isinstance(head, dict):
             own = head.get("own_interval")
             interval = f"[{head['lower']:.3f}, {head['upper']:.3f}]"
             widened = (
@@ -111,25 +113,25 @@ def trust_lines(trust: object, head: object) -> list[str]:
                 else f"its own interval {interval} is already as wide as the flag asks"
             )
             lines.append(
-                f"FLAG RAISED: the headline may be off by more than {trust['tolerance']:.2f} (estimated probability "
-                f"{trust['probability']:.0%}): {', '.join(reasons)}; {widened}"
+                f"FLAG RAISED: the headline may be off by more than {flag['tolerance']:.2f} (estimated probability "
+                f"{flag['probability']:.0%}): {', '.join(reasons)}; {widened}"
             )
         else:
             text = (
-                f"flag down: the headline is expected within {trust['tolerance']:.2f} of the truth (estimated "
-                f"probability of a larger error {trust['probability']:.0%})"
+                f"flag down: the headline is expected within {flag['tolerance']:.2f} of the truth (estimated "
+                f"probability of a larger error {flag['probability']:.0%})"
             )
-            if "class_mix" in trust and trust["class_mix"].get("only"):
+            if "class_mix" in flag and flag["class_mix"].get("only"):
                 text += "; the class mix changed and nothing else did (label shift): confidence-based estimates hold"
             lines.append(text + (f"; notes: {', '.join(reasons)}" if reasons else ""))
-    if "distance" in trust:
-        where = "inside" if trust["in_calibrated_range"] else "outside"
+    if "distance" in flag:
+        where = "inside" if flag["in_calibrated_range"] else "outside"
         lines.append(
-            f"trust: distance {trust['distance']:.2f} ({where} the calibrated range; "
-            f"{trust['weight']:.0%} of the learnt correction used)"
+            f"trust: distance {flag['distance']:.2f} ({where} the calibrated range; "
+            f"{flag['weight']:.0%} of the learnt correction used)"
         )
-    if trust.get("basis") != "flag" and trust.get("note"):
-        lines.append(f"note: {trust['note']}")
+    if flag.get("basis") != "flag" and flag.get("note"):
+        lines.append(f"note: {flag['note']}")
     return lines
 
 
@@ -190,7 +192,7 @@ class WindowEntry:
         if self.headline is not None:
             out["headline"] = headline_json(self.headline, self.assessment)
         if self.assessment is not None:
-            out["trust"] = trust_json(self.assessment)
+            out.update(flag_json(self.assessment))
         if self.classes is not None:
             out["classes"] = {"estimated": self.classes}
         segments = self.segment_result
@@ -207,7 +209,7 @@ class WindowEntry:
         return [
             *estimate_lines(doc["estimates"], head),
             *class_lines(doc.get("classes")),
-            *trust_lines(doc.get("trust"), doc.get("headline")),
+            *flag_lines(doc.get("flag"), doc.get("headline")),
             *segment_lines(doc),
         ]
 
@@ -221,7 +223,7 @@ class WindowEntry:
             dict(stats.fails_by_family),
             trust.distance if trust is not None else None,
             self.classes,
-            flagged=None if a is None else not a.calibrated,
+            flagged=None if a is None else a.raised,
             flag_reason=None if a is None else (a.reasons[0] if a.reasons else "none"),
         )
         segments = self.segment_result
@@ -252,7 +254,7 @@ class WindowEntry:
         for name, e in self.estimates.items():
             row.update(estimate_row(name, e))
         row["realized"] = realized
-        row["alert"] = None if a is None else not a.calibrated
+        row["alert"] = None if a is None else a.raised
         row["reasons"] = None if a is None else ";".join(a.reasons)
         return row
 

@@ -28,15 +28,16 @@ ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, a
   `n_labels`: labeled predictions of the labeling sample among them (time windows).
 * `headline`: the estimate to read first (`estimator` names which: the bundle's headline, `shift_aware` unless
   it says otherwise), with `value`, `lower`, `upper` (a 95% interval, widened where the flag is raised) and
-  `calibrated` (the flag is down); where raised, `may_be_wrong` (why, in one sentence) and `own_interval`
-  (the interval before widening).
+  `flag_raised` (the flag "this number may be wrong"); where raised, `may_be_wrong` (why, in one sentence)
+  and `own_interval` (the interval before widening). `calibrated` (not `flag_raised`) is deprecated and
+  removed in 0.2.0.
 * `estimates`: every estimator's `value`, `lower`, `upper` and `n`; an estimate marked `unreliable` (with the
   reason: an interval wider than 0.5, or an oracle that separates right from wrong predictions poorly) says
   too little to be read as a number. `with_labels` appears once sampled predictions have labels (`n_labels`),
   with `weighted` (each label weighted by the inverse of its draw probability, under active sampling) and
   `predictor`: `calibrated` (the bundle's per-prediction probability of being correct) or `confidence` (the
   top-class probability: bundles fitted before the calibrated predictor, or unweighted labels).
-* `trust`: is the number right. `calibrated`: the flag "this number may be wrong" is down; `reasons`: the
+* `flag`: is the number right. `raised`: the flag "this number may be wrong" is raised; `reasons`: the
   evidence, largest first (`outside_calibrated_range`, `confidence_shifted`, `oracle_verdicts_shifted`,
   `inputs_unlike_reference`, `estimators_disagree`, `estimated_drop_large`, `small_window`; and, the flag
   down or not, `class_mix_changed`: a change of class mix alone, where confidence-based estimates hold, and
@@ -44,7 +45,9 @@ ESTIMATES_DOC = """Per window (`windows`: the time windows such as `5m`, `1h`, a
   the class-adjusted test (`changed`, `only`, `class_z`, `residual_z`); and how far the window lies from the
   data `shift_aware` was calibrated on: `distance` (above 1 outside them), `in_calibrated_range`, `drift` and
   `weight` (the share of `shift_aware`'s learnt correction used). `basis` is `flag`, or `trust_distance` for
-  bundles fitted before the flag (`calibrated` is then the distance alone, and `note` says so).
+  bundles fitted before the flag (`raised` is then the distance alone, and `note` says so).
+* `trust` (deprecated, removed in 0.2.0): the `flag` section under its former name, with `calibrated` (not
+  `raised`) for `raised`.
 * `classes.estimated`: label-free precision, recall and F1 per class (CBPE: the expected figures if the
   model's probabilities are calibrated), macro and weighted.
 * `realized`: from delayed labels, the accuracy of the labeled predictions of the window and how far each

@@ -18,7 +18,7 @@ of a kind the calibration has not seen.
 Every ``shift_aware`` calibration of the label-free variant (shipped and without each kin) carries the flag
 "this number may be wrong", fitted as ``fit`` fits it (:func:`agent.offline.calibration.flag.fitting.model_flag`
 on the refits behind its interval); the records of ``shift_aware`` and of :data:`HELD_OUT` keep whether it was
-down (``calibrated``) on each window.
+raised (``flag_raised``) on each window.
 
 ``shift_aware``'s calibration is a random draw (corruption strengths, windows, trees; all from
 ``calibration_sets``' seed). Every scenario is also estimated with the calibrations of
@@ -136,10 +136,10 @@ class Record:
     lower: float
     upper: float
     truth: float
-    #: the window's trust distance and whether the flag "this number may be wrong" is down
-    #: (``trust.calibrated``; ``shift_aware`` and its held-out pseudo-estimator only; NaN / None elsewhere)
+    #: the window's trust distance and whether the flag "this number may be wrong" is raised
+    #: (``flag.raised``; ``shift_aware`` and its held-out pseudo-estimator only; NaN / None elsewhere)
     trust: float = float("nan")
-    calibrated: bool | None = None
+    flag_raised: bool | None = None
 
     @property
     def error(self) -> float:
@@ -182,10 +182,10 @@ class _Pool:
 
 
 def _tr(window: WindowEstimates, calibration: EstimatorCalibration) -> tuple[float, bool | None]:
-    """The trust distance of a window and whether the flag is down on ``shift_aware`` as its headline."""
+    """The trust distance of a window and whether the flag is raised on ``shift_aware`` as its headline."""
     a: Assessment | None = assess(window, headline_of(window.estimates, RECOMMENDED_ESTIMATOR), calibration)
     distance = window.trust.distance if window.trust is not None else float("nan")
-    return distance, None if a is None else a.calibrated
+    return distance, None if a is None else a.raised
 
 
 def flagged_calibration(

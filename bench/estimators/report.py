@@ -72,9 +72,11 @@ class Target:
 
 
 #: The flag's targets: among windows whose flag is down, the headline within ``DOWN_WITHIN`` of the truth in at
-#: least ``DOWN_SHARE``; among windows whose headline is within ``RIGHT_WITHIN``, the flag raised on at most
-#: ``RIGHT_FLAGGED``; among in-distribution windows, on at most ``IN_DISTRIBUTION_FLAGGED``.
+#: least ``DOWN_SHARE``; silent misses (the headline off by more than ``MISS_BEYOND`` with the flag down) in at
+#: most ``SILENT_MISSES`` of all windows; among windows whose headline is within ``RIGHT_WITHIN``, the flag
+#: raised on at most ``RIGHT_FLAGGED``; among in-distribution windows, on at most ``IN_DISTRIBUTION_FLAGGED``.
 DOWN_WITHIN, DOWN_SHARE = 0.05, 0.95
+MISS_BEYOND, SILENT_MISSES = 0.10, 0.02
 RIGHT_WITHIN, RIGHT_FLAGGED = 0.03, 0.25
 IN_DISTRIBUTION_FLAGGED = 0.05
 
@@ -83,7 +85,8 @@ IN_DISTRIBUTION_FLAGGED = 0.05
 class FlagRates:
     """The flag on ``estimator``'s windows of one model: the share of flag-down windows within 0.05 of the
     truth, of windows within 0.03 that are flagged, of in-distribution windows flagged, of windows off by more
-    than 0.10 flagged, and how many windows each share is of."""
+    than 0.10 flagged, and how many windows each share is of; the share of all windows off by more than 0.10
+    with the flag down (silent misses), of ``n_all``."""
 
     down_within: float
     n_down: int
@@ -93,25 +96,30 @@ class FlagRates:
     n_in_distribution: int
     bad_flagged: float
     n_bad: int
+    silent: float
+    n_all: int
 
 
 def flag_rates(records: Sequence[Record], model: str, estimator: str) -> FlagRates | None:
     """The flag's figures for ``estimator``'s label-free records of ``model`` (None: no record carries it)."""
     mine = [r for r in records if r.model == model and r.idi == "none" and r.estimator == estimator]
-    mine = [r for r in mine if r.calibrated is not None]
+    mine = [r for r in mine if r.flag_raised is not None]
     if not mine:
         return None
-    down = [r for r in mine if r.calibrated]
+    down = [r for r in mine if not r.flag_raised]
     right = [r for r in mine if r.error <= RIGHT_WITHIN]
     ind = [r for r in mine if r.scenario == "in_distribution"]
-    bad = [r for r in mine if r.error > 0.10]
-    flagged = lambda rs: float(np.mean([not r.calibrated for r in rs])) if rs else float("nan")  # noqa: E731
+    bad = [r for r in mine if r.error > MISS_BEYOND]
+    flagged = lambda rs: float(np.mean([bool(r.flag_raised) for r in rs])) if rs else float("nan")  # noqa: E731
     within = float(np.mean([r.error <= DOWN_WITHIN for r in down])) if down else float("nan")
-    return FlagRates(within, len(down), flagged(right), len(right), flagged(ind), len(ind), flagged(bad), len(bad))
+    silent = float(np.mean([r.error > MISS_BEYOND and not r.flag_raised for r in mine]))
+    return FlagRates(
+        within, len(down), flagged(right), len(right), flagged(ind), len(ind), flagged(bad), len(bad), silent, len(mine)
+    )
 
 
 def flag_targets(records: Sequence[Record], model: str, estimator: str) -> list[Target]:
-    """The three silent-miss targets of the flag on ``estimator``'s windows of ``model``."""
+    """The four silent-miss targets of the flag on ``estimator``'s windows of ``model``."""
     f = flag_rates(records, model, estimator)
     if f is None:
         return []
@@ -120,6 +128,11 @@ def flag_targets(records: Sequence[Record], model: str, estimator: str) -> list[
             f"flag down: headline within {DOWN_WITHIN} in ≥ {DOWN_SHARE:.0%}",
             f"{f.down_within:.1%} of {f.n_down} (flagged: {f.bad_flagged:.0%} of the {f.n_bad} off by > 0.10)",
             f.n_down == 0 or f.down_within >= DOWN_SHARE,
+        ),
+        Target(
+            f"off by > {MISS_BEYOND:.2f} with the flag down: ≤ {SILENT_MISSES:.0%} of windows",
+            f"{f.silent:.1%} of {f.n_all}",
+            f.silent <= SILENT_MISSES,
         ),
         Target(
             f"headline within {RIGHT_WITHIN}: flagged on ≤ {RIGHT_FLAGGED:.0%}",

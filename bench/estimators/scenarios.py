@@ -41,6 +41,7 @@ images                   mild                            strong
 stroke (dilation)        grey dilation, 2-px footprint   erosion, 2-px footprint
 speckle (photometric)    x·(1 + N(0, 0.3))               x·(1 + N(0, 0.8))
 flip (geometry)          horizontal flip of 25%          horizontal flip of every image
+invert (negatives)       20% of the images inverted      60% of the images inverted
 other data set           MNIST-5k ↔ scikit-learn digits resampled to the model's size (natural)
 =======================  ==============================  ==============================
 
@@ -53,6 +54,11 @@ outlier rows             5% of rows +6 std on 3 features 20% of rows
 subpopulation (natural)  the upper half of the most      the upper fifth of it
                          class-informative feature
 =======================  ==============================  ==============================
+
+Inversions and the large covariate moves (outlier rows, unit changes, feature offsets, brightness and
+contrast) are kin of the kinds held out of every ``shift_aware`` fit that only the flag's fit sees
+(:data:`agent.offline.calibration.held_out_kinds.HELD_OUT_KINDS`): their ``calibration_kin`` names them, so that
+the calibration without a scenario's kin has seen nothing like it, the flag's fit included.
 
 ``clean_or_shifted``: every window is, at random, all clean or all from one strong scenario of
 the new families (a stream switching between clean and shifted traffic; what the trust signal
@@ -196,6 +202,18 @@ def flip(spec: ImageSpec, share: float) -> Transform:
     return f
 
 
+def invert(spec: ImageSpec, share: float) -> Transform:
+    """Invert ``share`` of the images in the pixel range (negatives: ``max_value − x``)."""
+
+    def f(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        out = x.astype(np.float32, copy=True)
+        idx = rng.uniform(size=len(x)) < share
+        out[idx] = spec.max_value - out[idx]
+        return out
+
+    return f
+
+
 def resample_images(x: np.ndarray, size: int, max_value: float) -> np.ndarray:
     """Images ``[N, 1, h, w]`` in ``[0, max(x)]`` resampled to ``size × size`` in ``[0, max_value]``."""
     top = max(float(x.max()), 1e-9)
@@ -331,7 +349,7 @@ def image_scenarios(
             "brightness_contrast",
             brightness_contrast(spec, 0.7, 0.10),
             brightness_contrast(spec, 0.4, 0.30),
-            ("audit:brightness", "audit:contrast"),
+            ("audit:brightness", "audit:contrast", "far_brightness"),
         ),
         ("rotation", rotation(spec, 15.0), rotation(spec, 35.0), ("audit:rotation",)),
         ("blur", blur(spec, 0.035), blur(spec, 0.07), ("audit:blur",)),
@@ -340,6 +358,7 @@ def image_scenarios(
         ("stroke", stroke(spec, True), stroke(spec, False), ()),
         ("speckle", speckle(spec, 0.3), speckle(spec, 0.8), ()),
         ("flip", flip(spec, 0.25), flip(spec, 1.0), ()),
+        ("invert", invert(spec, 0.2), invert(spec, 0.6), ("invert",)),
     ]
     out = _assemble(shifts, new)
     if other is not None:
@@ -352,14 +371,14 @@ def tabular_scenarios(spec: TabularSpec, informative: int = 0) -> list[Scenario]
     whose upper part forms the subpopulation."""
     shifts: list[Shift] = [
         ("gaussian_noise", tab_noise(spec, 0.3), tab_noise(spec, 0.8), ("audit:noise",)),
-        ("feature_offset", tab_offset(spec, 0.5), tab_offset(spec, 1.5), ()),
+        ("feature_offset", tab_offset(spec, 0.5), tab_offset(spec, 1.5), ("far_offset",)),
         ("feature_scale", tab_scale(spec, 1.5), tab_scale(spec, 3.0), ("audit:scale",)),
         ("missing_values", tab_missing(spec, 0.2), tab_missing(spec, 0.5), ()),
     ]
     new: list[Shift] = [
-        ("unit_change", tab_units(spec, 1, 10.0), tab_units(spec, 3, 1000.0), ()),
+        ("unit_change", tab_units(spec, 1, 10.0), tab_units(spec, 3, 1000.0), ("far_offset",)),
         ("saturation", tab_saturate(spec, 0.10), tab_saturate(spec, 0.25), ()),
-        ("outlier_rows", tab_outliers(spec, 0.05), tab_outliers(spec, 0.20), ()),
+        ("outlier_rows", tab_outliers(spec, 0.05), tab_outliers(spec, 0.20), ("far_offset",)),
     ]
     out = _assemble(shifts, new)
     for strength, share in (("mild", 0.5), ("strong", 0.2)):

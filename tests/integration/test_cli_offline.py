@@ -91,12 +91,12 @@ def test_check_json_has_the_documented_shape(bundle_dir: Path, data_dir: Path) -
     assert 0.9 < report["truth"]["accuracy"] < 1.0
     assert set(report["oracle"]) >= {"tpr", "fpr", "f1"}
     # the test split looks like the calibration data: inside the calibrated range, the flag down
-    trust = report["trust"]
-    assert {"calibrated", "reasons", "basis", "probability", "tolerance", "distance", "class_mix"} <= set(trust)
-    assert trust["basis"] == "flag" and trust["calibrated"] is True and trust["reasons"] == []
-    assert trust["in_calibrated_range"] is True and 0.0 <= trust["distance"] <= 1.0
+    flag = report["flag"]
+    assert {"raised", "reasons", "basis", "probability", "tolerance", "distance", "class_mix"} <= set(flag)
+    assert flag["basis"] == "flag" and flag["raised"] is False and flag["reasons"] == []
+    assert flag["in_calibrated_range"] is True and 0.0 <= flag["distance"] <= 1.0
     head = report["headline_estimate"]
-    assert head["estimator"] == report["headline"] and head["calibrated"] is True and "own_interval" not in head
+    assert head["estimator"] == report["headline"] and head["flag_raised"] is False and "own_interval" not in head
     assert head["value"] == report["estimates"][report["headline"]]["value"]
     assert report["calibration"]["too_few_errors"] is False and report["calibration"]["n_wrong"] >= 10
     # a model bundle's headline is chosen from evidence too, shift_aware measured out of sample beside the others

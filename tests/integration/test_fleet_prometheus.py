@@ -205,11 +205,11 @@ def test_fleet_headline_equals_one_agent_across_a_restart_and_survives_prometheu
             assert mine[est]["n"] == theirs[est]["n"] == total
         # one rendering: the fleet reads as one agent, its trust signal and unreliable marks included
         mine_w, theirs_w = body["windows"][window], ref["windows"][window]
-        assert mine_w["trust"]["calibrated"] == theirs_w["trust"]["calibrated"], (window, mine_w, theirs_w)
-        assert mine_w["trust"]["distance"] == pytest.approx(theirs_w["trust"]["distance"], abs=0.05)
+        assert mine_w["flag"]["raised"] == theirs_w["flag"]["raised"], (window, mine_w, theirs_w)
+        assert mine_w["flag"]["distance"] == pytest.approx(theirs_w["flag"]["distance"], abs=0.05)
         marked = {est: e["unreliable"] for est, e in mine.items() if "unreliable" in e}
         assert set(marked) == {est for est, e in theirs.items() if "unreliable" in e}, (window, marked)
-        print(window, "trust", mine_w["trust"], "unreliable", marked)
+        print(window, "flag", mine_w["flag"], "unreliable", marked)
         _same_segments(mine_w, theirs_w, window)
     _segments_exported(reference, ref)
     delta = abs(

@@ -310,5 +310,5 @@ def test_a_window_outside_the_calibrated_range_boosts_the_label_budget_with_no_s
     drifted = np.clip(x * 0.6 + rng.normal(0, 0.15, x.shape), 0, 1).astype(np.float32)
     send_traffic(srv.url, drifted)
     assert wait_until(agent.sample.boosted, timeout=30)
-    trust = httpx.get(f"{srv.url}/v1/estimates").json()["windows"]["5m"]["trust"]
-    assert not trust["in_calibrated_range"]
+    flag = httpx.get(f"{srv.url}/v1/estimates").json()["windows"]["5m"]["flag"]
+    assert not flag["in_calibrated_range"]

@@ -170,14 +170,18 @@ def test_metrics_and_estimates_move(
     assert est1["headline"] in est1["windows"]["5m"]["estimates"]
     n5 = after.value("icos_estimated_accuracy_samples", window="5m")
     assert n5 == est1["windows"]["5m"]["n"]
-    trust = est1["windows"]["5m"]["trust"]  # is the headline right: the flag and the evidence it rests on
-    assert {"calibrated", "reasons", "basis", "probability", "distance", "in_calibrated_range"} <= set(trust)
-    assert trust["basis"] == "flag" and trust["distance"] >= 0.0
-    assert after.value("icos_estimate_trust_distance", window="5m") == pytest.approx(trust["distance"])
-    reason = trust["reasons"][0] if trust["reasons"] else "none"
+    flag = est1["windows"]["5m"]["flag"]  # is the headline right: the flag and the evidence it rests on
+    assert {"raised", "reasons", "basis", "probability", "distance", "in_calibrated_range"} <= set(flag)
+    assert flag["basis"] == "flag" and flag["distance"] >= 0.0
+    assert after.value("icos_estimate_trust_distance", window="5m") == pytest.approx(flag["distance"])
+    reason = flag["reasons"][0] if flag["reasons"] else "none"
     flagged = after.value("icos_estimate_flagged", window="5m", reason=reason)
-    assert flagged == (0.0 if trust["calibrated"] else 1.0)
-    assert est1["windows"]["5m"]["headline"]["calibrated"] is trust["calibrated"]
+    assert flagged == (1.0 if flag["raised"] else 0.0)
+    assert est1["windows"]["5m"]["headline"]["flag_raised"] is flag["raised"]
+    # the deprecated aliases (until 0.2.0) agree with the flag
+    trust = est1["windows"]["5m"]["trust"]
+    assert trust["calibrated"] is (not flag["raised"]) and trust["reasons"] == flag["reasons"]
+    assert est1["windows"]["5m"]["headline"]["calibrated"] is (not flag["raised"])
     value = after.value("icos_estimated_accuracy_ratio", estimator="icos", window="last1000")
     assert 0.0 < value <= 1.0
     duration_count = "icos_inference_duration_seconds_count"

@@ -27,12 +27,14 @@ def test_scenarios_keep_shapes_ranges_and_are_seeded() -> None:
         b = sc.transform(x, np.random.default_rng(1))
         assert a.shape == x.shape and a.min() >= 0 and a.max() <= 16
         np.testing.assert_array_equal(a, b)
-    assert len(names) == 21 and "mixture" in names and "label_shift_strong" in names
-    for family in ("stroke", "speckle", "flip"):  # families of no kind in the calibration
+    assert len(names) == 23 and "mixture" in names and "label_shift_strong" in names
+    for family in ("stroke", "speckle", "flip", "invert"):  # families of no kind in the calibration
         assert {f"{family}_mild", f"{family}_strong"} <= set(names)
     kin = {sc.name: sc.calibration_kin for sc in image_scenarios(ImageSpec(16.0))}
     assert kin["blur_strong"] == ("audit:blur",) and kin["label_shift_mild"] == ()
-    assert set(kin["mixture"]) == {k for v in kin.values() for k in v if v is not kin["mixture"]}
+    assert kin["invert_mild"] == ("invert",) and "far_brightness" in kin["brightness_contrast_strong"]
+    mixed = {k for n, v in kin.items() for k in v if n != "mixture" and not n.startswith("invert")}
+    assert set(kin["mixture"]) == mixed  # the mixture is of the calibration's kinds; inversions are no part of it
     t = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
     for sc in tabular_scenarios(TabularSpec(t.mean(axis=0), t.std(axis=0))):
         if sc.transform is not None:
@@ -44,7 +46,7 @@ def test_new_scenario_kinds_natural_subpopulation_and_clean_or_shifted_windows()
     image = {sc.name: sc for sc in image_scenarios(ImageSpec(16.0), lambda: other)}
     assert image["other_dataset"].pool is not None and image["other_dataset"].pool()[1].tolist() == [0, 1, 2]
     mixed = image["clean_or_shifted"]
-    assert mixed.segments[0] is None and len(mixed.segments) == 4 and mixed.transform is None
+    assert mixed.segments[0] is None and len(mixed.segments) == 5 and mixed.transform is None
     up = resample_images(np.full((2, 1, 8, 8), 16.0, np.float32), 28, 255.0)
     assert up.shape == (2, 1, 28, 28) and float(up.max()) == pytest.approx(255.0)
     t = np.arange(40, dtype=np.float32).reshape(20, 2)
@@ -131,16 +133,21 @@ def test_targets_compare_with_the_baselines_of_the_run_and_rate_the_flag() -> No
                 value = 0.95 if not far else 0.6  # off by 0.2 on the shifted scenario
                 down = (not far) if est == "shift_aware" else True
                 down = down and not (sc == "in_distribution" and rep == 0)  # one right window flagged
-                recs.append(Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, 2.0 if far else 0.3, down))
+                distance = 2.0 if far else 0.3
+                recs.append(Record("digits", "none", sc, rep, est, value, 0.3, 1.0, truth, distance, not down))
     shipped = flag_rates(recs, "digits", "shift_aware")
     assert shipped is not None
     assert (shipped.down_within, shipped.n_down, shipped.right_flagged, shipped.n_right) == (1.0, 9, 0.1, 10)
     assert (shipped.in_distribution, shipped.bad_flagged, shipped.n_bad) == (0.1, 1.0, 10)
+    assert (shipped.silent, shipped.n_all) == (0.0, 20)
     held = flag_rates(recs, "digits", HELD_OUT)
     assert held is not None and held.down_within == 9 / 19 and held.bad_flagged == 0.0
+    assert held.silent == 0.5  # the 10 shifted windows, off by 0.2 with the flag down
     got = {(m, t.text): t for m, t in all_targets(summarise(recs), recs)}
     assert got[("digits (shipped)", "flag down: headline within 0.05 in ≥ 95%")].ok
     assert not got[("digits (kind held out)", "flag down: headline within 0.05 in ≥ 95%")].ok
+    assert got[("digits (shipped)", "off by > 0.10 with the flag down: ≤ 2% of windows")].ok
+    assert not got[("digits (kind held out)", "off by > 0.10 with the flag down: ≤ 2% of windows")].ok
     assert got[("digits (shipped)", "headline within 0.03: flagged on ≤ 25%")].ok
     assert not got[("digits (shipped)", "in distribution: flagged on ≤ 5%")].ok  # 1 of 10
     assert not got[("digits (shipped)", "mean MAE ≤ 0.03")].ok  # (0 + 0.2) / 2

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import WindowEstimates, estimate_window, headline_of
 from agent.estimation.estimators.trust import Trust
-from agent.estimation.flag.assessment import NO_FLAG_NOTE, assess
+from agent.estimation.flag.assessment import NO_FLAG_NOTE, TRUST_REMOVED_IN, assess
 from agent.estimation.flag.class_mix import CLASS_Z, MIX_Z, N_REDUCED, ClassReference, MixTest, per_sample_quantities
 from agent.estimation.flag.model import (
     FEATURES,
@@ -23,6 +23,7 @@ from agent.estimation.flag.model import (
     TOLERANCE,
     FlagModel,
     WindowEvidence,
+    feature_row,
     flag_or_none,
 )
 from agent.estimation.intervals import Estimate
@@ -31,7 +32,7 @@ from agent.offline.calibration.corruptions import corruption_groups
 from agent.offline.calibration.flag.fitting import FlagWindow, fit_flag_model, isotonic_steps, monotone_logistic
 from agent.offline.calibration.judged import JudgedSet
 from agent.offline.calibration.shift_windows import tilt_coordinates
-from agent.results.window import snapshot_points, window_entry
+from agent.results.window import flag_sections, snapshot_points, window_entry
 from exporters.prometheus import EstimatesCollector, Snapshot
 
 
@@ -127,6 +128,26 @@ def test_the_flag_is_raised_with_its_reasons_and_widens_by_its_band() -> None:
     assert set(d.reasons + d2.reasons) <= set(REASONS)
 
 
+def test_a_class_mix_keeps_the_flag_down_only_where_the_residual_is_within_noise() -> None:
+    """The evidence of MNIST with a fifth of the digits inverted: the class mix moved (class_z 6) and the
+    class-adjusted residual far beyond noise (z 12.8), inside the calibrated range, the score below the
+    threshold. The change of mix explains nothing of the residual: the flag is raised, naming what moved, not
+    ``class_mix_changed``. The same mix with a residual within noise (z at most the gate) keeps it down."""
+    model = _model(threshold=5.0, z_gate=3.0)
+    moved = MixTest(z=12.8, effect=0.5, class_z=6.0, groups={"confidence_shifted": 12.8, "inputs_unlike_reference": 3})
+    ev = WindowEvidence(n=1000, headline=0.92, distance=0.9, mix=moved, disagreement=0.0, drop=0.0)
+    assert model.score(feature_row(ev, model.features)) < model.threshold
+    d = model.decide(ev)
+    assert d.raised and "class_mix_changed" not in d.reasons and d.reasons[0] == "confidence_shifted"
+    assert d.below > 0.0 and d.above > 0.0  # its interval widens
+    # the same without the class mix moving: the score decides, and it is below the threshold
+    assert not model.decide(WindowEvidence(1000, 0.92, 0.9, MixTest(12.8, 0.5, 0.0, moved.groups), 0.0, 0.0)).raised
+    # the mix moved, the residual beyond MIX_Z but within the gate: within noise, the mix may keep it down
+    near = MixTest(z=2.9, effect=0.1, class_z=6.0, groups=moved.groups)
+    d2 = model.decide(WindowEvidence(1000, 0.92, 0.9, near, 0.0, 0.0))
+    assert not near.mix_only and not d2.raised and d2.reasons == ("class_mix_changed",)
+
+
 def test_the_flag_model_round_trips_and_old_bundles_have_none() -> None:
     model = _model(threshold=math.inf)
     back = FlagModel.from_dict(json.loads(json.dumps(model.to_dict())))
@@ -146,7 +167,7 @@ def test_a_bundle_without_a_flag_falls_back_to_the_trust_distance_and_says_so() 
     est = {"doc": Estimate(0.9, 0.85, 0.95, 100)}
     window = WindowEstimates(stats, est, Trust(1.7, False, 3.0, 0.2))
     a = assess(window, ("doc", est["doc"]), cal)
-    assert a is not None and not a.calibrated and a.basis == "trust_distance"
+    assert a is not None and a.raised and a.basis == "trust_distance"
     assert a.reasons == ("outside_calibrated_range", "few_calibration_errors")  # 5 wrong in the split
     d = a.to_dict()
     assert d["note"] == NO_FLAG_NOTE and d["in_calibrated_range"] is False and "probability" not in d
@@ -216,7 +237,7 @@ def test_related_corruptions_are_held_out_together() -> None:
 
 
 def test_the_flag_reaches_the_window_json_and_the_metrics() -> None:
-    """A bundle whose flag is always raised (threshold −inf, gate 0): the window's trust says so, its
+    """A bundle whose flag is always raised (threshold −inf, gate 0): the window's flag says so, its
     headline's interval is widened and says so, and ``icos_estimate_flagged`` is 1 with the main reason."""
     pred, conf, verdicts = _split(seed=2)
     stats = _window(pred[:500], np.clip(conf[:500] - 0.2, 0.34, 1), verdicts[:500])
@@ -227,11 +248,11 @@ def test_the_flag_reaches_the_window_json_and_the_metrics() -> None:
     cal = cal.with_flag(model)
     entry = window_entry("5m", stats, cal, "cbpe", per_class_cap=10)
     doc = entry.to_json(cal)
-    assert doc["trust"]["calibrated"] is False and doc["trust"]["basis"] == "flag"
-    assert doc["trust"]["reasons"][0] == "confidence_shifted"
+    assert doc["flag"]["raised"] is True and doc["flag"]["basis"] == "flag"
+    assert doc["flag"]["reasons"][0] == "confidence_shifted"
     head = doc["headline"]
     own = head["own_interval"]
-    assert head["calibrated"] is False and "may be off by more than 0.05" in head["may_be_wrong"]
+    assert head["flag_raised"] is True and "may be off by more than 0.05" in head["may_be_wrong"]
     assert head["lower"] < own["lower"] and head["upper"] >= own["upper"]
     plain = headline_of(estimate_window(stats, cal).estimates, "cbpe")
     assert plain is not None and (own["lower"], own["upper"]) == (plain[1].lower, plain[1].upper)
@@ -263,3 +284,32 @@ def test_table_flag_on_a_split_with_shifts(n: int) -> None:
     model = table_flag(clean, pred, "cbpe", tilt_coordinates(x), 3, seed=0)
     assert model is not None and model.features == TABLE_FEATURES and model.headline == "cbpe"
     assert model.windows == 2 * 7 * 40 and model.reference.width == N_REDUCED
+
+
+@pytest.mark.parametrize("threshold", [-math.inf, math.inf])
+def test_the_deprecated_trust_section_is_emitted_beside_the_flag_and_agrees_with_it(threshold: float) -> None:
+    """Until 0.2.0 every document carries the former ``trust`` section (``calibrated`` = not ``raised``) and the
+    headline its former ``calibrated``, beside ``flag`` and ``flag_raised``: a flag always raised and one never
+    raised, in a window's JSON and in ``check``'s sections."""
+    pred, conf, verdicts = _split(seed=2)
+    stats = _window(pred[:500], np.clip(conf[:500] - 0.2, 0.34, 1), verdicts[:500])
+    cal = EstimatorCalibration.fit(conf, np.random.default_rng(0).uniform(size=len(conf)) < conf, verdicts != 0)
+    model = _model(
+        features=TABLE_FEATURES, mean=(0.0,) * 4, scale=(1.0,) * 4, coef=(1.0,) * 4, threshold=threshold, z_gate=0.0
+    )
+    cal = cal.with_flag(model)
+    entry = window_entry("5m", stats, cal, "cbpe", per_class_cap=10)
+    doc = entry.to_json(cal)
+    checked = flag_sections(estimate_window(stats, cal), "cbpe", cal)
+    raised = threshold < 0
+    for flag, trust, head in (
+        (doc["flag"], doc["trust"], doc["headline"]),
+        (checked["flag"], checked["trust"], checked["headline_estimate"]),
+    ):
+        assert flag["raised"] is raised and trust["calibrated"] is (not raised)
+        assert head["flag_raised"] is raised and head["calibrated"] is (not raised)
+        assert {k: v for k, v in trust.items() if k not in ("calibrated", "deprecated")} == {
+            k: v for k, v in flag.items() if k != "raised"
+        }
+        assert "raised" not in trust and "calibrated" not in flag
+        assert TRUST_REMOVED_IN in trust["deprecated"] and TRUST_REMOVED_IN == "0.2.0"

@@ -40,7 +40,7 @@ def test_a_windows_row_holds_what_its_json_and_points_hold() -> None:
         assert doc["estimates"][name]["value"] == pytest.approx(e.value, abs=1e-6)
     assert row["realized"] == 0.8 and entry.to_row()["realized"] is None
     a = entry.assessment
-    assert row["alert"] == (None if a is None else not a.calibrated)
+    assert row["alert"] == (None if a is None else a.raised)
     assert all(isinstance(v, str | int | float | bool | type(None)) for v in row.values())
     points = entry.points()
     assert [(p.estimator, p.value) for p in points.estimates] == [(k, e.value) for k, e in entry.estimates.items()]
@@ -117,11 +117,11 @@ def test_checks_row_holds_the_headline_the_truth_and_the_flag_of_its_report() ->
     doc = entry.to_json(cal)
     report = {"n": doc["n"], "verdicts": {"pass": doc["n"] - doc["fails"]}, "estimates": doc["estimates"]}
     report.update(headline=doc["headline"]["estimator"], truth={"accuracy": 0.75})
-    report["trust"] = {"calibrated": False, "reasons": ["confidence_shifted", "class_mix"]}
+    report["flag"] = {"raised": True, "reasons": ["confidence_shifted", "class_mix"]}
     row = CheckReport(report).to_row()
     e = doc["estimates"][report["headline"]]
     assert (row["value"], row["lower"], row["upper"]) == (e["value"], e["lower"], e["upper"])
     assert (row["n"], row["fails"], row["truth"]) == (doc["n"], doc["fails"], 0.75)
     assert (row["alert"], row["reasons"]) == (True, "confidence_shifted;class_mix")
-    del report["trust"]
+    del report["flag"]
     assert CheckReport(report).to_row()["alert"] is None

@@ -1,10 +1,14 @@
 """Is a window's number right? The flag of :mod:`agent.estimation.flag.model` on one estimated window: what
-every surface reports as ``trust`` (``calibrated``: the flag is down; ``reasons``: the evidence), and
+every surface reports as ``flag`` (``raised``: this number may be wrong; ``reasons``: the evidence), and
 the headline with its interval widened where the flag is raised.
 
-Bundles fitted before the flag have no flag model: ``calibrated`` is then the trust distance alone
-(inside the calibrated range, distance ≤ 1), with the one reason ``outside_calibrated_range``, and the
-``note`` says so; a bundle without a trust model either (a table fitted before the flag) has no ``trust``.
+Bundles fitted before the flag have no flag model: ``raised`` is then the trust distance alone (outside
+the calibrated range, distance > 1), with the one reason ``outside_calibrated_range``, and the ``note``
+says so; a bundle without a trust model either (a table fitted before the flag) has no ``flag``.
+
+Until :data:`TRUST_REMOVED_IN`, every surface also carries the section under its former name ``trust``, whose
+``calibrated`` is ``not raised`` (:meth:`Assessment.trust_dict`), and the headline its former ``calibrated``:
+deprecated aliases, so that readers of the former names keep working for one release.
 """
 
 from __future__ import annotations
@@ -33,8 +37,14 @@ class FlagCalibration(EstimatesCalibration, Protocol):
 
 #: Why a window of a bundle without a flag model is judged by its trust distance alone.
 NO_FLAG_NOTE = (
-    "the bundle was fitted before the flag: calibrated says only whether the window lies inside the range "
-    "shift_aware was calibrated on (trust distance at most 1); refit the bundle for the flag"
+    "the bundle was fitted before the flag: raised says only whether the window lies outside the range "
+    "shift_aware was calibrated on (trust distance above 1); refit the bundle for the flag"
+)
+#: The release that drops the deprecated ``trust`` section and the headline's ``calibrated`` (read ``flag``).
+TRUST_REMOVED_IN = "0.2.0"
+#: What the deprecated ``trust`` section says of itself.
+TRUST_DEPRECATED = (
+    f"deprecated: read flag (flag.raised is the negation of trust.calibrated); trust is removed in {TRUST_REMOVED_IN}"
 )
 
 
@@ -48,13 +58,13 @@ def spread_estimators() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Assessment:
-    """The answer for one window: ``calibrated`` (the flag is down), the ``reasons`` (largest first),
+    """The answer for one window: ``raised`` (this number may be wrong), the ``reasons`` (largest first),
     what decided (``basis``: ``flag`` or ``trust_distance`` for bundles without a flag model), the
     probability that the headline is off by more than ``tolerance``, the trust signal and the
     class-adjusted test it rests on, and the headline (its interval widened where the flag is raised;
     ``own``: its interval before)."""
 
-    calibrated: bool
+    raised: bool
     reasons: tuple[str, ...]
     basis: str
     probability: float | None = None
@@ -69,8 +79,8 @@ class Assessment:
         return self.own is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The window's ``trust`` section."""
-        out: dict[str, Any] = {"calibrated": self.calibrated, "reasons": list(self.reasons), "basis": self.basis}
+        """The window's ``flag`` section."""
+        out: dict[str, Any] = {"raised": self.raised, "reasons": list(self.reasons), "basis": self.basis}
         if self.probability is not None:
             out["probability"] = self.probability
             out["tolerance"] = self.tolerance
@@ -87,13 +97,20 @@ class Assessment:
             out["note"] = NO_FLAG_NOTE
         return out
 
+    def trust_dict(self) -> dict[str, Any]:
+        """The deprecated ``trust`` section (until :data:`TRUST_REMOVED_IN`): the ``flag`` section under its
+        former name, with ``calibrated`` (``not raised``) for ``raised``."""
+        out = {"calibrated": not self.raised, **{k: v for k, v in self.to_dict().items() if k != "raised"}}
+        out["deprecated"] = TRUST_DEPRECATED
+        return out
+
     def headline_dict(self) -> dict[str, Any]:
-        """What the flag adds to the window's headline: ``calibrated`` and, where raised, the sentence
-        saying so and the interval before it was widened."""
-        out: dict[str, Any] = {"calibrated": self.calibrated}
+        """What the flag adds to the window's headline: ``flag_raised`` (and its deprecated negation
+        ``calibrated``) and, where raised, the sentence saying so and the interval before it was widened."""
+        out: dict[str, Any] = {"flag_raised": self.raised, "calibrated": not self.raised}
         if self.own is not None:
             out["own_interval"] = {"lower": self.own.lower, "upper": self.own.upper}
-        if not self.calibrated:
+        if self.raised:
             out["may_be_wrong"] = self.sentence()
         return out
 
@@ -136,7 +153,7 @@ def assess(
         if trust is None or headline is None:
             return None
         reasons = (() if trust.calibrated else (OUTSIDE_CALIBRATED_RANGE,)) + few
-        return Assessment(trust.calibrated, reasons, "trust_distance", trust=trust, headline=headline)
+        return Assessment(not trust.calibrated, reasons, "trust_distance", trust=trust, headline=headline)
     name, est = headline
     evidence = window_evidence(window, est, calibration, flag.reference)
     decision = flag.decide(evidence)
@@ -148,7 +165,7 @@ def assess(
             own = est
             est = replace(est, lower=lower, upper=upper)
     return Assessment(
-        calibrated=not decision.raised,
+        raised=decision.raised,
         reasons=decision.reasons + few,
         basis="flag",
         probability=decision.probability,

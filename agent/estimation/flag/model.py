@@ -29,6 +29,10 @@ fit's windows left down hold at most :data:`RISK` of such misses —, the window
 covariate shift (the class-adjusted ``z`` above :attr:`FlagModel.z_gate`, the 99% quantile of the
 fit's clean windows, or a trust distance above 1) and it is not a change of class mix alone (those
 keep the flag down and read ``class_mix_changed``: confidence-based estimates hold under label shift).
+A change of class mix explains a window only where the class-adjusted residual stays within noise (``z`` at
+most the larger of the gate and :data:`~agent.estimation.flag.class_mix.MIX_Z`): a class mix that moved while the
+inputs moved beyond what that mix explains is a covariate shift that moved the predictions (a fifth of the
+digits inverted moves both), and raises the flag whatever the score (:func:`mix_unexplained`).
 
 Where it is raised, the headline's interval widens to ``[h − below, h + above]`` (never narrower than its
 own), ``below``/``above`` the 95% quantiles of how far the fit's flagged windows' truth lay below and
@@ -48,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.flag.class_mix import ClassReference, MixTest
+from agent.estimation.flag.class_mix import MIX_Z, ClassReference, MixTest
 
 #: The headline is wrong beyond this absolute error (accuracy points).
 TOLERANCE = 0.05
@@ -122,6 +126,13 @@ def feature_row(evidence: WindowEvidence, names: Sequence[str]) -> list[float | 
     return [FEATURES[n].value(evidence) for n in names]
 
 
+def mix_unexplained(mix: MixTest | None, z_gate: float) -> bool:
+    """The class mix moved beyond noise and the class-adjusted residual did too (``z`` above ``z_gate`` and
+    above :data:`~agent.estimation.flag.class_mix.MIX_Z`): what the mix does not explain moved as well, so the
+    change of mix is no reason to keep the flag down."""
+    return mix is not None and mix.changed and mix.z > max(z_gate, MIX_Z)
+
+
 @dataclass(frozen=True)
 class Decision:
     """The flag on one window: ``raised``; the probability that the headline is off by more than the
@@ -179,7 +190,7 @@ class FlagModel:
         mix = evidence.mix
         shifted = (mix is not None and mix.z > self.z_gate) or (evidence.distance or 0.0) > 1.0
         mix_only = mix is not None and mix.mix_only
-        raised = s >= self.threshold and shifted and not mix_only
+        raised = (s >= self.threshold or mix_unexplained(mix, self.z_gate)) and shifted and not mix_only
         reasons: list[str] = []
         if raised:
             terms = [(c * self._z(i, v), self.features[i]) for i, (c, v) in enumerate(zip(self.coef, row, strict=True))]

@@ -434,7 +434,7 @@ def iter_shifted_sets(
         raise ValueError("no calibration transformation left")
     kept = integer_range(x, train_x) if clip is None else None  # images are clipped to their pixel range
     for name, s in schedule(names, n_sets, rng):
-        out = _corrupt(family[name], xs, s, rng, input_shape, clip)
+        out = corrupt_copy(family[name], xs, s, rng, input_shape, clip)
         yield ShiftedSet(name, s, out if kept is None else kept(out))
 
 
@@ -456,7 +456,7 @@ def integer_range(x: np.ndarray, train_x: np.ndarray) -> Callable[[np.ndarray], 
     return back
 
 
-def _corrupt(
+def corrupt_copy(
     fn: Corruption,
     xs: np.ndarray,
     s: float,

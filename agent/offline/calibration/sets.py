@@ -13,7 +13,7 @@ text, categories, token ids or image files input by input, a batch at a time (:f
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -24,6 +24,7 @@ from agent.model.classifier import OnnxClassifier
 from agent.model.inputs import Inputs
 from agent.offline.calibration.corruptions import FAMILIES, is_image_input, iter_shifted_sets, schedule
 from agent.offline.calibration.estimators.shift_fitting import ShiftFit, fit_shift, fit_shift_calibration
+from agent.offline.calibration.held_out_kinds import iter_held_out_sets
 from agent.offline.calibration.input_corruptions import InputCorruption, input_corruptions
 from agent.offline.calibration.judged import JudgedSet, judge_set
 from agent.offline.fit_progress import expect_rows
@@ -35,11 +36,14 @@ from invariants.oracle import Oracle
 @dataclass(frozen=True)
 class CalibrationSets:
     """What ``shift_aware`` is fitted from, and the headline's choice reuses: the judged clean calibration
-    split, its judged corrupted copies (row ``i`` of each is row ``i`` of the split) and the reference."""
+    split, its judged corrupted copies (row ``i`` of each is row ``i`` of the split) and the reference; and
+    ``held_out``, judged copies of the kinds of shift no ``shift_aware`` fit sees
+    (:mod:`agent.offline.calibration.held_out_kinds`), which only the flag's fit reads."""
 
     clean: JudgedSet
     shifted: list[JudgedSet]
     reference: InputReference
+    held_out: list[JudgedSet] = field(default_factory=list)
 
     def fit(
         self,
@@ -94,13 +98,15 @@ def _judged_sets(
     reference: InputReference,
     metadata: Mapping[str, np.ndarray] | None,
     feature_names: Sequence[str] | None,
+    held_out: Iterable[tuple[str, Viewed]] = (),
 ) -> CalibrationSets:
-    """The clean split and its corrupted ``copies`` (judged as they are made: one exists at a time)."""
+    """The clean split, its corrupted ``copies`` and the copies of the ``held_out`` kinds (judged as they are
+    made: one exists at a time)."""
     judge = partial(
         judge_set, y=y_cal, oracle=oracle, reference=reference, metadata=metadata, feature_names=feature_names
     )
     shifted = [judge(name, viewed) for name, viewed in copies]
-    return CalibrationSets(judge("clean", clean), shifted, reference)
+    return CalibrationSets(judge("clean", clean), shifted, reference, [judge(n, v) for n, v in held_out])
 
 
 def calibration_sets(
@@ -118,6 +124,7 @@ def calibration_sets(
     exclude: Collection[str] = (),
     train_features: np.ndarray | None = None,
     clean: Viewed | None = None,
+    plan: CalibrationPlan = CalibrationPlan(),
 ) -> CalibrationSets:
     """The judged clean and corrupted calibration sets of a model of one numeric tensor and its oracle, and
     their reference. ``x_cal``/``train_x`` are the prepared tensor's arrays, ``y_cal`` class indices;
@@ -125,7 +132,9 @@ def calibration_sets(
     :attr:`~invariants.fit_params.FitParams.seed`). ``train_features`` (the view of ``train_x``) and
     ``clean`` (the model's pass over ``x_cal``), where ``fit`` has them already, spare the model a pass
     over each. The model runs in the offline batches of its signature
-    (:meth:`~agent.model.inputs.Signature.batch_rows`)."""
+    (:meth:`~agent.model.inputs.Signature.batch_rows`). Beside the copies, ``plan``'s
+    :attr:`~invariants.fit_params.CalibrationPlan.flag_held_out_sets` copies of each held-out kind
+    (:mod:`agent.offline.calibration.held_out_kinds`; ``exclude`` applies to them too)."""
 
     def viewed(x: np.ndarray) -> Viewed:
         return predict_and_view(model, model.prepare_file(x))
@@ -138,7 +147,11 @@ def calibration_sets(
         x_cal, model.input_shape, train_x=train_x, n_sets=n_sets, seed=seed, families=families, exclude=exclude
     )
     copies = ((s.name, viewed(s.x.astype(x_cal.dtype, copy=False))) for s in sets)
-    return _judged_sets(oracle, clean, copies, y_cal, reference, metadata, feature_names)
+    unseen = iter_held_out_sets(
+        x_cal, model.input_shape, train_x=train_x, per_kind=plan.flag_held_out_sets, seed=seed, exclude=exclude
+    )
+    held_out = ((s.name, viewed(s.x.astype(x_cal.dtype, copy=False))) for s in unseen)
+    return _judged_sets(oracle, clean, copies, y_cal, reference, metadata, feature_names, held_out)
 
 
 def _at(corrupt: InputCorruption, strength: float, rng: np.random.Generator) -> Transform:

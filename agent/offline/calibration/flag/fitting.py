@@ -13,7 +13,10 @@ truth is known and whose kind of shift the estimate was *fitted without*:
   a third resampled to a random class prior) and
   :attr:`~invariants.fit_params.CalibrationPlan.flag_windows_per_kind` windows of every simulated shift of
   the headline's choice (:class:`~agent.offline.calibration.shift_windows.WindowPlanner`: clean, label,
-  tilts, subpopulation, confidence, mixture). No refit beyond those the interval needs.
+  tilts, subpopulation, confidence, mixture); and
+  :attr:`~invariants.fit_params.CalibrationPlan.flag_held_out_windows` windows of each kind of shift held
+  out of every ``shift_aware`` fit (:mod:`agent.offline.calibration.held_out_kinds`: inversions and large
+  covariate moves), which no refit saw either. No refit beyond those the interval needs.
 * **a bundle without ``shift_aware``** (:func:`table_flag`: a table of predictions, or a model no corruption
   applies to): the simulated shifts of held-out folds of the calibration split, estimated by the estimators
   calibrated on the other folds (as the headline's choice draws them).
@@ -46,6 +49,7 @@ from agent.estimation.flag.model import (
     FlagModel,
     WindowEvidence,
     feature_row,
+    mix_unexplained,
 )
 from agent.estimation.statistics.window import WindowStats
 from agent.offline.calibration.estimators.headline_choice import classic_calibration, fold_of, window_stats
@@ -136,7 +140,9 @@ def fit_flag_model(
     levels_arr, steps_arr = np.asarray(levels), np.asarray(steps)
     p = levels_arr[np.searchsorted(steps_arr, score, side="right")]
     band = np.searchsorted(np.asarray(P_EDGES), p, side="right")
-    raised = score >= threshold
+    # the windows the flag raises on (a class mix the residual does not explain raises it below the threshold)
+    unexplained = np.array([mix_unexplained(w.evidence.mix, z_gate) for w in windows], dtype=bool)
+    raised = (score >= threshold) | unexplained
     below, above = [], []
     for b in range(len(P_EDGES) + 1):
         e = err[(band >= b) & raised]  # this band and riskier ones: never narrower for a higher risk
@@ -228,7 +234,11 @@ def model_flag(
     if not shift.refits or clean.y is None or clean.extras is None or clean.extras.label is None:
         return None
     reference = class_reference(clean, clean.extras.label, n_classes, sets.reference.pca_edges)
-    all_sets = [clean, *sets.shifted]
+    all_sets = [clean, *sets.shifted, *sets.held_out]
+    first = 1 + len(sets.shifted)
+    unseen: dict[str, list[int]] = {}
+    for k, s in enumerate(sets.held_out, first):
+        unseen.setdefault(s.name, []).append(k)
     rows = np.arange(len(clean.correct))
     planner = WindowPlanner(coords, clean.confidences, clean.y, 0)
     rng = np.random.default_rng([seed, 37])
@@ -236,7 +246,7 @@ def model_flag(
     windows: list[FlagWindow] = []
     for refit in shift.refits:
         calibration = classic.with_shift(refit.calibration)
-        pick = [k for k, s in enumerate(all_sets) if k and s.name in refit.left_out]
+        pick = [k for k, s in enumerate(all_sets[:first]) if k and s.name in refit.left_out]
         planned: list[Window] = []
         if pick:
             planned += [
@@ -247,6 +257,11 @@ def model_flag(
             planned += [
                 planner.window(kind, rows, int(rng.integers(lo, hi + 1)), rng)
                 for _ in range(plan.flag_windows_per_kind)
+            ]
+        for name, copies in unseen.items():
+            planned += [
+                replace(_corrupted(all_sets, copies, rows, int(rng.integers(lo, hi + 1)), rng), kind=f"held_out:{name}")
+                for _ in range(plan.flag_held_out_windows)
             ]
         for w in planned:
             fw = _flag_window(
