@@ -98,7 +98,7 @@ class Estimates:
             **row,
             "reference_accuracy": self.reference_accuracy,
             "alert_threshold": self.alert_threshold,
-            "flag_raised": None if a is None else not a.calibrated,
+            "flag_raised": None if a is None else a.raised,
             "flag_reasons": None if a is None else ";".join(a.reasons),
             "alert": alert_of(entry, self.reference_accuracy, self.alert_margin),
         }

@@ -348,7 +348,7 @@ def panels() -> list[dict[str, Any]]:
             "Segment accuracy against its reference (1h)",
             [
                 (
-                    f"avg by (kind, segment) (icos_segment_estimated_accuracy_ratio{{{SEL}, window=\"1h\"}}) "
+                    f'avg by (kind, segment) (icos_segment_estimated_accuracy_ratio{{{SEL}, window="1h"}}) '
                     f"and on (kind, segment) topk(5, max by (kind, segment) "
                     f"(icos:segment_contribution:ratio1h{{{SEL}}}))",
                     "{{segment}} estimated",
