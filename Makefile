@@ -45,7 +45,7 @@ spark-extra: $(SPARK_STAMP)
 
 # Debian packages the tests use: prometheus (promtool and a real server), victoria-metrics (the fleet
 # evaluator's second query backend), npm (dashboard type-check),
-# chromium (demo report), postgresql; and the en_US.UTF-8 locale, without which onnxruntime cannot load
+# chromium (demo report), postgresql, openjdk-17-jre-headless (Spark's local mode); and the en_US.UTF-8 locale, without which onnxruntime cannot load
 # text pipelines exported by skl2onnx (Debian's locales, then localedef). Installed only when running as
 # root and missing; otherwise those tests skip with a message naming this step (under CI=true a missing
 # package is an error here).

@@ -9,6 +9,8 @@ command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 # chromium: headless rendering of the demo report (tests/e2e/test_demo_report_chromium.py).
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+# java: Spark's local mode for icos_agent.spark (tests/integration/test_spark_estimate.py) runs on the JVM.
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 # postgresql: a throwaway server for the shared prediction store's tests (tests/support/postgres.py).
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 # The en_US.UTF-8 locale: onnxruntime's StringNormalizer, in every text pipeline skl2onnx exports, does not load

@@ -5,6 +5,7 @@ every estimate, interval, flag and segment to 1e-9."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
+    if shutil.which("java") is None:
+        pytest.skip("Spark's local mode needs Java 17: make system-tools as root installs openjdk-17-jre-headless")
     from pyspark.sql import SparkSession
 
     # the executors' Python workers import icos_agent from the repository, as an installed package would be
