@@ -1,4 +1,4 @@
-"""A window's segment table as a result: ranked by contribution to the window's drop, rendered as the
+"""A window's segment table as a result: ranked by evidence of a drop (changed inputs first), rendered as the
 ``segments`` and ``segment_drop`` sections of the documents, as the ``*_segment_*`` metrics, as the lines
 ``check`` prints ("where the drop is") and as one flat row — each from the one
 :class:`~agent.estimation.segments.table.SegmentTable`, so that they never disagree."""
@@ -19,8 +19,8 @@ SEGMENTS_SHOWN = 3
 
 
 def segments_json(table: SegmentTable, *, decimals: int | None = DECIMALS) -> dict[str, Any]:
-    """A window's ``segments`` (ranked by contribution, largest first) and ``segment_drop`` (each dimension's
-    mix and within parts, :mod:`agent.estimation.segments.table`)."""
+    """A window's ``segments`` (ranked by evidence of a drop: changed inputs first) and ``segment_drop`` (each
+    dimension's mix and within parts, :mod:`agent.estimation.segments.table`)."""
     return {"segments": table.rows_json(decimals), "segment_drop": table.drop_json(decimals)}
 
 

@@ -40,10 +40,14 @@ bundle whose headline is ``cbpe`` still shows where ``shift_aware`` sees a drop)
 
 **Contribution.** With reference share ``q_s`` and accuracy ``a_s``, live share ``p_s`` and estimate ``â_s``,
 a dimension's drop ``Σ q_s a_s − Σ p_s â_s`` is the mix part ``Σ (q_s − p_s) a_s`` (a change of traffic
-mix, harmless in itself) plus the within part ``Σ p_s (a_s − â_s)``; segments are ranked by their own loss
+mix, harmless in itself) plus the within part ``Σ p_s (a_s − â_s)``; a segment's contribution is its own loss
 ``p_s (a_s − â_s)``, shrunk toward 0 by :data:`~agent.estimation.intervals.Z95` standard errors of ``a_s −
 â_s`` (the sampling noise of the live confidence and of the reference accuracy), so that a segment within
 noise of its reference contributes nothing.
+
+**Rank.** Segments whose inputs changed (:mod:`agent.estimation.segments.change`) come first, by the size of
+their change (:func:`rank`): a model confidently wrong on changed inputs moves no estimate, so a change is
+never ranked below "no drop"; the others follow by contribution.
 """
 
 from __future__ import annotations
@@ -191,7 +195,7 @@ class DimensionDrop:
 
 @dataclass(frozen=True)
 class SegmentTable:
-    """One window's segments, ranked by contribution (largest first), and each dimension's drop."""
+    """One window's segments, ranked by evidence of a drop (:func:`rank`), and each dimension's drop."""
 
     estimator: str
     reference_accuracy: float
