@@ -37,6 +37,7 @@ its module (``tests/unit/test_error_tree.py`` draws it from the code and fails w
     │   ├── StateDirInUse                   agent.core.state_lock
     │   ├── DataError (ValueError)          agent.data.limits
     │   │   └── DataLimitError              agent.data.limits
+    │   ├── BadOutput                       agent.dataplane.challenger.pairing
     │   ├── ModelLoadError (ValueError)     agent.model.classifier
     │   ├── ViewError (ValueError)          agent.model.views
     │   └── PortUnavailable                 agent.server.listeners

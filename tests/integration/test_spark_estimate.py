@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ def spark() -> Iterator[Any]:
         pytest.skip("Spark's local mode needs Java 17: make system-tools as root installs openjdk-17-jre-headless")
     from pyspark.sql import SparkSession
 
-    # the executors' Python workers import icos_agent from the repository, as an installed package would be
+    # the executors' Python workers run this interpreter (the one with the agent's packages, not the first
+    # python3 on the PATH) and import icos_agent from the repository, as an installed package would be
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     session = (
         SparkSession.builder.master("local[2]")

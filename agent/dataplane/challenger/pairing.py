@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from agent.errors import UserError
 from agent.estimation.pairs.calibration import Disagreements, PairCalibration
 from agent.estimation.pairs.paired import PairSums
 from agent.estimation.statistics.window import extras_from_columns, sample_extras
@@ -21,9 +22,10 @@ from agent.model.inputs import Inputs
 from exporters.challenger_metrics import ChallengerMetrics
 
 
-class BadOutput(ValueError):
+class BadOutput(UserError):
     """The challenger's model answered what no classifier of the pair can: scores that are not finite, or
-    another number of classes than its bundle's (nothing of such an answer is recorded)."""
+    another number of classes than its bundle's (nothing of such an answer is recorded): a mistake in the model
+    file the user gave as challenger, counted and set aside, never answered to a client."""
 
 
 def checked(runtime: Runtime, probabilities: np.ndarray, n: int) -> np.ndarray:
