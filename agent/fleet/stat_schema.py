@@ -85,11 +85,11 @@ class StatSchema:
         size = segments.size if segments is not None else 0
         full.seg_n, full.seg_fails, full.seg_novel = [0] * size, [0] * size, [0] * size
         full.seg_conf, full.seg_conf_sq = [0.0] * size, [0.0] * size
-        change = segments.change if segments is not None else None
-        if change is not None:
+        columns, pairs = segments.change_sizes if segments is not None else (0, 0)
+        if columns:
             full.change_n = [0] * size
-            full.change_sum = full.change_sq = [0.0] * (size * len(change.columns))
-            full.change_cross = [0.0] * (size * len(change.pairs))
+            full.change_sum = full.change_sq = [0.0] * (size * columns)
+            full.change_cross = [0.0] * (size * pairs)
         k = n_classes if n_classes is not None else ref.n_classes if ref is not None else 0
         full.cbpe_predicted = [0] * k
         full.cbpe_true_positive = full.cbpe_support = [0.0] * k

@@ -99,8 +99,9 @@ def _segment_sums(stats: WindowStats, segments: Segmentation | None, rng: np.ran
     )
     conf = np.full(n, stats.conf_sum / n if n else 0.0)
     stats.add_segment_sums(ids, segments.size, conf, np.zeros(n, np.int8), rng.random(n) < 0.01)
-    if segments.change is not None and n:  # what changed where: the change columns' sums, as a replica exports them
-        z = np.clip(rng.normal(CLIP, 1.0, (n, len(segments.change.columns))), 0.0, 2 * CLIP)
+    columns, _ = segments.change_sizes
+    if columns and n:  # what changed where: the change columns' sums, as a replica exports them
+        z = np.clip(rng.normal(CLIP, 1.0, (n, columns)), 0.0, 2 * CLIP)
         stats.add_change_sums(ids, segments.size, z, segments.change_cross(z))
     return stats
 

@@ -294,6 +294,12 @@ class Segmentation:
         """Every prediction's change columns ``[N, C]`` (:meth:`ChangeSketch.values`; None without a sketch)."""
         return None if self.change is None else self.change.values(features)
 
+    @property
+    def change_sizes(self) -> tuple[int, int]:
+        """The change columns and the sketched pairs of them (``(0, 0)`` without a sketch): the lengths of a
+        window's per-segment change sums."""
+        return (0, 0) if self.change is None else (len(self.change.columns), len(self.change.pairs))
+
     def change_cross(self, z: np.ndarray) -> np.ndarray:
         """The products of the sketched pairs of change columns ``[N, P]`` (none in sketches without pairs)."""
         if self.change is None or not self.change.pairs:

@@ -378,8 +378,7 @@ def _padded(stats: WindowStats, size: int) -> WindowStats:
 def _padded_change(stats: WindowStats, seg: Segmentation) -> WindowStats:
     """``stats`` with the change sums as long as the sketch's (an export holds only the segments with
     predictions), or empty when they do not fit it (sums of another sketch)."""
-    c = len(seg.change.columns) if seg.change is not None else 0
-    p = len(seg.change.pairs) if seg.change is not None else 0
+    c, p = seg.change_sizes
     wanted = (seg.size, seg.size * c, seg.size * c, seg.size * p)
     lengths = (len(stats.change_n), len(stats.change_sum), len(stats.change_sq), len(stats.change_cross))
     if lengths == wanted or not any(lengths):

@@ -9,6 +9,7 @@ import numpy as np
 from agent.estimation.segments.change import MAX_COLUMNS, ChangeSketch, reference_moments
 from agent.estimation.statistics.reference import leading_components
 from agent.offline.calibration.segments.data import SegmentData, ViewShape
+from agent.offline.calibration.segments.kinds.column import information
 
 #: Principal components sketched for a view without table columns (images, text, embeddings).
 COMPONENTS = 8
@@ -77,17 +78,11 @@ def _table_columns(
 
 
 def _information(col: np.ndarray, y: np.ndarray, finite: np.ndarray) -> float:
-    """Mutual information (nats) between a column's quantile bin and the class."""
+    """Mutual information (nats) between a column's quantile bin and the class (:func:`information`)."""
     if len(y) != len(col) or not finite.any():
         return 0.0
     edges = np.unique(np.quantile(col[finite], np.arange(1, RANK_BINS) / RANK_BINS))
-    bins = np.searchsorted(edges, np.where(finite, col, edges[0] if len(edges) else 0.0))
-    joint = np.zeros((int(bins.max()) + 1, int(y.max()) + 1))
-    np.add.at(joint, (bins, y), 1.0)
-    p = joint / joint.sum()
-    outer = p.sum(axis=1, keepdims=True) @ p.sum(axis=0, keepdims=True)
-    nz = p > 0
-    return float((p[nz] * np.log(p[nz] / outer[nz])).sum())
+    return information(np.searchsorted(edges, np.where(finite, col, edges[0] if len(edges) else 0.0)), y)
 
 
 def _components(train: np.ndarray) -> Read | None:

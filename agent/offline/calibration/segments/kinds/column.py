@@ -36,12 +36,12 @@ def _columns(data: SegmentData, shape: ViewShape, plan: CalibrationPlan) -> list
             continue
         local = dim.local_ids(x, None, None)
         assert local is not None
-        scored.append((-_information(local, data.train_y), i, dim))
+        scored.append((-information(local, data.train_y), i, dim))
     scored.sort(key=lambda t: (t[0], t[1]))
     return [dim for _, _, dim in scored[: plan.segment_columns]]
 
 
-def _information(ids: np.ndarray, y: np.ndarray) -> float:
+def information(ids: np.ndarray, y: np.ndarray) -> float:
     """Mutual information (nats) between the segment and the class, from their joint counts."""
     joint = np.zeros((int(ids.max()) + 1, int(y.max()) + 1))
     np.add.at(joint, (ids, y), 1.0)
