@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from agent.estimation.statistics.window import per_segment
+
 #: Most change columns a bundle sketches.
 MAX_COLUMNS = 16
 #: The first change columns whose correlations (every pair of them) are sketched as well.
@@ -174,16 +176,6 @@ def cross_products(z: np.ndarray) -> np.ndarray:
         return np.zeros((len(z), 0))
     i, j = (np.asarray(x) for x in zip(*pairs, strict=True))
     return z[:, i] * z[:, j]
-
-
-def per_segment(ids: np.ndarray, size: int, values: np.ndarray) -> np.ndarray:
-    """Per segment, the sums of every column of ``values`` ``[N, K]`` over the rows with segment numbers ``ids``
-    ``[D, N]`` (a number ≥ ``size``: counted nowhere), segment-major ``[S × K]``: one ``np.bincount``."""
-    n_rows, k = values.shape
-    ids2 = np.minimum(np.asarray(ids, dtype=np.int64).reshape(-1, n_rows), size)
-    flat = (ids2[:, :, None] * k + np.arange(k)).ravel()
-    w = np.broadcast_to(values, (ids2.shape[0], n_rows, k)).ravel()
-    return np.bincount(flat, weights=w, minlength=(size + 1) * k)[: size * k]
 
 
 def reference_moments(ids: np.ndarray, size: int, z: np.ndarray) -> tuple[list[int], list[list[float]], list[float]]:

@@ -286,11 +286,7 @@ class WindowStats:
         numbers."""
         n_rows, c = z.shape
         values = np.concatenate([np.ones((n_rows, 1)), z, z * z, cross], axis=1)
-        k = values.shape[1]
-        ids2 = np.minimum(ids.reshape(-1, n_rows), size)
-        flat = (ids2[:, :, None] * k + np.arange(k)).ravel()
-        w = np.broadcast_to(values, (ids2.shape[0], n_rows, k)).ravel()
-        sums = np.bincount(flat, weights=w, minlength=(size + 1) * k)[: size * k].reshape(size, k)
+        sums = per_segment(ids, size, values).reshape(size, values.shape[1])
         self.change_n = np.rint(sums[:, 0]).astype(np.int64).tolist()
         self.change_sum = cast(list[float], sums[:, 1 : 1 + c].ravel().tolist())
         self.change_sq = cast(list[float], sums[:, 1 + c : 1 + 2 * c].ravel().tolist())
@@ -528,6 +524,16 @@ _IPW_FIELDS = (
     "lab_ipw_vyf_sum",
     "lab_ipw_vff_sum",
 )
+
+
+def per_segment(ids: np.ndarray, size: int, values: np.ndarray) -> np.ndarray:
+    """Per segment, the sums of every column of ``values`` ``[N, K]`` over the rows with segment numbers ``ids``
+    ``[D, N]`` (a number ≥ ``size``: counted nowhere), segment-major ``[S × K]``: one ``np.bincount``."""
+    n_rows, k = values.shape
+    ids2 = np.minimum(np.asarray(ids, dtype=np.int64).reshape(-1, n_rows), size)
+    flat = (ids2[:, :, None] * k + np.arange(k)).ravel()
+    w = np.broadcast_to(values, (ids2.shape[0], n_rows, k)).ravel()
+    return np.bincount(flat, weights=w, minlength=(size + 1) * k)[: size * k]
 
 
 def _default(f: Field[Any]) -> Any:
