@@ -10,7 +10,8 @@ that version gets no estimate and a ``icos_fleet_bundle_mismatch`` series instea
 
 With the shared prediction store configured (``labels.store_url``), the labels of the evaluator's model
 (its configured version) are read after the sums (:mod:`agent.fleet.labels`) and added to each time
-window's statistics, so the estimators include the fleet's ``with_labels``. A store that fails fails
+window's statistics, so the estimators include the fleet's ``with_labels`` and its segments their realized
+accuracy from every replica's labels. A store that fails fails
 that part only: counted by reason (``icos_fleet_label_errors_total``), shown in ``labels.last_error``,
 the label-free estimates served as usual.
 
@@ -37,6 +38,7 @@ from agent.core import logs
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import RECOMMENDED_ESTIMATOR
+from agent.estimation.segments.realized import with_realized
 from agent.estimation.statistics.window import WindowStats
 from agent.fleet.companions import FleetCompanion, FleetPart
 from agent.fleet.labels import LABEL_ERROR_REASONS, FleetLabels, StoreUnavailable, error_reason
@@ -168,6 +170,10 @@ class FleetEvaluator:
         for name, lab in read.sums.items():
             if name in windows:
                 windows[name] = self._entry(name, windows[name].stats + lab)
+        for name, by_segment in read.segments.items():
+            entry = windows.get(name)
+            if entry is not None and entry.segments is not None:
+                windows[name] = replace(entry, segments=with_realized(entry.segments, by_segment))
         realized = {
             name: w.to_dict() if w is not None else {"n": 0} for name, w in read.realized.items() if name in windows
         }

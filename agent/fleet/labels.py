@@ -12,6 +12,8 @@ of the ``(identity, ts)`` index, at most ``labels.max_predictions`` rows, under 
 timeout). They go through :class:`~agent.labels.realized.RealizedWindows`, the very code an agent's
 realized windows run, so each window's ``lab_*`` sums come from the same function
 (:meth:`RealizedWindows.labeled_sums`) and the same weighting of the labeling sample as an agent's.
+The labels of the labeling sample keep their segment numbers, so the fleet's segments get their realized
+accuracy from every replica's labels (:meth:`RealizedWindows.segment_labels`).
 When the cap cut the read short, windows reaching back before the oldest row read get no labels:
 the rows kept are the newest, not a random share of the window, so they would bias the estimate.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.estimation.calibration import EstimatorCalibration
+from agent.estimation.segments.realized import SegmentLabels
 from agent.estimation.statistics.window import WindowStats
 from agent.labels.backend import StoreUnavailable, StoreUnreachable
 from agent.labels.realized import RealizedWindow, RealizedWindows
@@ -54,6 +57,8 @@ class LabelsRead:
     rows: int = 0
     #: windows left without labels because the cap cut the read short
     truncated: tuple[str, ...] = ()
+    #: per time window, the labeling sample's labels per segment (every segment's realized accuracy)
+    segments: Mapping[str, SegmentLabels] = field(default_factory=dict)
 
 
 def error_reason(exc: StoreUnavailable) -> str:
@@ -97,4 +102,5 @@ class FleetLabels:
         windows.reset(rows)
         realized = windows.compute(calibration, at, self.classes, per_class=self.per_class)
         sums = windows.labeled_sums(calibration, at, self.classes, per_class=self.per_class)
-        return LabelsRead(sums, realized, rows.n, truncated)
+        segments = windows.segment_labels(calibration, at, self.classes, per_class=self.per_class)
+        return LabelsRead(sums, realized, rows.n, truncated, segments)

@@ -29,6 +29,7 @@ from agent.labels.rows import (
     _extras_blob,
     onehot_errors,
     sample_indices,
+    segments_blob,
     split_prediction_id,
     storable_text,
 )
@@ -138,6 +139,7 @@ class JoinedLabels:
     sampled_by_identity: dict[str, list[bool]] = field(default_factory=dict)
     label_by_identity: dict[str, list[int]] = field(default_factory=dict)
     draw_p_by_identity: dict[str, list[float | None]] = field(default_factory=dict)
+    segments_by_identity: dict[str, list[np.ndarray | None]] = field(default_factory=dict)
 
     def outcome(self) -> LabelOutcome:
         accepted = [
@@ -150,6 +152,7 @@ class JoinedLabels:
                     self.sampled_by_identity[k],
                     self.label_by_identity[k],
                     self.draw_p_by_identity[k],
+                    self.segments_by_identity[k],
                 ),
             )
             for k, v in self.by_identity.items()
@@ -212,6 +215,7 @@ def join_labels(
             correct = predicted == label
             sampled = (row.seq, idx) in in_sample
             draw_p = row.draw_probability(idx) if sampled else None
+            segments = row.segments(idx) if sampled else None
             values = (row.seq, idx, row.identity, row.ts, verdict, confidence, int(correct), len(probs)) + (
                 label,
                 now,
@@ -222,6 +226,7 @@ def join_labels(
                 int(sampled),
                 source,
                 draw_p,
+                segments_blob(segments),
             )
             (replacing if corrects else inserts).append(values)
             if corrects:
@@ -234,6 +239,7 @@ def join_labels(
             out.sampled_by_identity.setdefault(row.identity, []).append(sampled)
             out.label_by_identity.setdefault(row.identity, []).append(label)
             out.draw_p_by_identity.setdefault(row.identity, []).append(draw_p)
+            out.segments_by_identity.setdefault(row.identity, []).append(segments)
         if inserts:
             insert(inserts, False)
         if replacing:

@@ -117,16 +117,25 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE icos_labels ADD COLUMN draw_p DOUBLE PRECISION",
         ),
     ),
+    (
+        5,
+        (  # the segment numbers of each sampled index, and of each labeled prediction (per-segment realized)
+            "ALTER TABLE icos_requests ADD COLUMN sampled_seg BYTEA",
+            "ALTER TABLE icos_labels ADD COLUMN segments BYTEA",
+        ),
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 POSTGRES_EVICTION = EvictionStatements("icos_requests", "icos_labels", "%s")
 
 #: What :meth:`PostgresBackend._labeled` decodes, in its order (one list for every read of labels).
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
+_REQUEST_COLUMNS = (
+    "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p, sampled_seg"
+)
 _INSERT_LABEL = (
     "INSERT INTO icos_labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled, source, draw_p)"
-    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " sq_err, extras, predicted, sampled, source, draw_p, segments)"
+    " VALUES(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (seq, idx) DO NOTHING"
 )
 #: A correction: the newer label replaces the row of the same prediction.
@@ -275,12 +284,12 @@ class PostgresBackend(BackendCounts):
                 conn.cursor() as cur,
                 cur.copy(
                     "COPY icos_requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras,"
-                    " sampled, sampled_p) FROM STDIN"
+                    " sampled, sampled_p, sampled_seg) FROM STDIN"
                 ) as copy,
             ):
-                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p in rows:
+                for rid, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p, seg in rows:
                     copy.write_row(
-                        (rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p)
+                        (rid, 0, 0, n, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p, seg)
                     )
             written = sum(b.n for b in batches)
             self._add_counts(conn, written - replaced, -labels_gone)

@@ -31,12 +31,18 @@ interval whatever the shift: :meth:`RealizedWindows.labeled_sums` gives the samp
 window's statistics before estimating it. Count windows have none (their labeled predictions are not
 the window's latest predictions).
 
+Every labeled prediction of the labeling sample keeps its segment numbers (stored with it, in both store
+backends), so each window's labels give its segments their realized accuracy too
+(:meth:`RealizedWindows.segment_labels`, :class:`~agent.estimation.segments.realized.SegmentLabels`): the
+labels of every replica with a shared store, and of predictions made before a restart.
+
 The labeled samples are kept in memory (at most ``capacity``, the newest by prediction time, and
 only those a window can still hold); statistics are recomputed when read (cached for a second).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -49,6 +55,7 @@ from agent.core.label_values import NONE_INDEX
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import estimate_all
 from agent.estimation.intervals import Estimate, wilson
+from agent.estimation.segments.realized import SegmentLabels
 from agent.estimation.statistics.class_metrics import realized_class_metrics
 from agent.estimation.statistics.window import WindowStats
 from agent.judging.windows import count_window_name
@@ -92,6 +99,8 @@ class RealizedWindow:
     classes: dict[str, Any] | None = None
     #: labeled predictions whose input belongs to none of the model's classes (label ``__none__``)
     none_of_the_classes: int = 0
+    #: the labeling sample's labels per segment of the bundle's segmentation (None: no segments, or none kept)
+    segments: SegmentLabels | None = None
 
     @property
     def none_share(self) -> float:
@@ -142,7 +151,25 @@ def realized_window(
         sample=_labeled_sample(rows, calibration),
         classes=_class_figures(rows, classes, per_class),
         none_of_the_classes=int(np.count_nonzero(rows.label == NONE_INDEX)) if rows.label is not None else 0,
+        segments=sample_segment_labels(rows, calibration),
     )
+
+
+def sample_segment_labels(rows: LabeledRows, calibration: EstimatorCalibration) -> SegmentLabels | None:
+    """Per segment of the calibration's segmentation, the labels of the labeling sample among ``rows`` that
+    kept their segment numbers, each weighted by ``1/π`` of its draw (1 where the draws were equal). None
+    without segments or without such labels. Rows of another segmentation (another count of dimensions)
+    are left out."""
+    seg = calibration.segments
+    ids = rows.segments
+    if seg is None or ids is None or ids.shape[1] != len(seg.dimensions) or rows.n == 0:
+        return None
+    keep = rows.sampled & (ids >= 0).all(axis=1) & (ids < seg.size).all(axis=1)  # type: ignore[operator]
+    if not keep.any():
+        return None
+    p = rows.draw_probability[keep]  # type: ignore[index]
+    weights = np.where(np.isfinite(p) & (p > 0), 1.0 / np.where(p > 0, p, 1.0), 1.0)
+    return SegmentLabels.of(ids[keep].T, seg.size, rows.correct[keep], weights)
 
 
 def _labeled_sample(rows: LabeledRows, calibration: EstimatorCalibration) -> WindowStats:
@@ -175,7 +202,14 @@ def _concat(parts: list[LabeledRows]) -> LabeledRows:
         return LabeledRows.empty()
     if len(parts) == 1:
         return parts[0]
+    width = max(p.segments.shape[1] for p in parts)  # type: ignore[union-attr]
+    parts = [p if p.segments.shape[1] == width else _widened(p, width) for p in parts]  # type: ignore[union-attr]
     return LabeledRows(*(np.concatenate([getattr(p, f) for p in parts]) for f in LabeledRows.__dataclass_fields__))
+
+
+def _widened(rows: LabeledRows, width: int) -> LabeledRows:
+    """``rows`` with ``width`` segment columns, unknown (-1) where they kept fewer (none, or another bundle's)."""
+    return dataclasses.replace(rows, segments=np.full((rows.n, width), -1, dtype=np.int64))
 
 
 class RealizedWindows:
@@ -269,4 +303,21 @@ class RealizedWindows:
             w = realized.get(name)
             if w is not None and w.sample.lab_n:
                 out[name] = w.sample
+        return out
+
+    def segment_labels(
+        self,
+        calibration: EstimatorCalibration,
+        now: float,
+        classes: Sequence[str] | None = None,
+        *,
+        per_class: bool = True,
+    ) -> dict[str, SegmentLabels]:
+        """Per time window whose labeling sample kept segment numbers, its labels per segment."""
+        realized = self.compute(calibration, now, classes, per_class=per_class)
+        out: dict[str, SegmentLabels] = {}
+        for name in self.time:
+            w = realized.get(name)
+            if w is not None and w.segments is not None:
+                out[name] = w.segments
         return out

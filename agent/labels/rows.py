@@ -24,6 +24,8 @@ from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 PREDICTED_DTYPE = "<i4"
 #: dtype of the ``sampled`` BLOB of a ``requests`` row (the indices in the labeling sample)
 SAMPLED_DTYPE = "<i4"
+#: dtype of the segment numbers kept for the labeling sample (``requests.sampled_seg``, ``labels.segments``)
+SEGMENTS_DTYPE = "<i4"
 
 #: ``(seq, rid, lo, hi, ts, sampled)`` of a request row with predictions in the labeling sample
 SampleRow = tuple[int, str, int, int, float, Any]
@@ -61,6 +63,10 @@ def batch_problem(b: PendingBatch) -> str | None:
         return "arrays of inconsistent lengths"
     if b.sampled is not None and np.size(b.sampled) and not bool(((b.sampled >= 0) & (b.sampled < n)).all()):
         return "labeling sample indices outside the request"
+    if b.sampled_segments is not None and (
+        b.sampled is None or np.ndim(b.sampled_segments) != 2 or len(b.sampled_segments) != np.size(b.sampled)
+    ):
+        return "segment numbers that do not match the labeling sample"
     return None
 
 
@@ -73,7 +79,34 @@ def sample_indices(blob: object, lo: int, hi: int) -> np.ndarray:
 
 
 #: the labels table's columns that :meth:`LabeledRows.from_selected` reads, in its order (both backends' tables)
-LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
+LABELED_COLUMNS = (
+    "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p, segments"
+)
+
+
+def segments_blob(ids: np.ndarray | None) -> bytes | None:
+    """One prediction's segment numbers (one per dimension of the bundle's segmentation) as stored."""
+    return None if ids is None or not np.size(ids) else np.asarray(ids, dtype=SEGMENTS_DTYPE).reshape(-1).tobytes()
+
+
+def segments_of_blob(blob: object) -> np.ndarray | None:
+    """The segment numbers a ``labels.segments`` BLOB holds (None: not kept, or damaged)."""
+    if isinstance(blob, memoryview):
+        blob = bytes(blob)
+    if not isinstance(blob, bytes) or not blob or len(blob) % 4:
+        return None
+    return np.frombuffer(blob, dtype=SEGMENTS_DTYPE).astype(np.int64)
+
+
+def segment_matrix(rows: Sequence[np.ndarray | None]) -> np.ndarray:
+    """Per labeled prediction its segment numbers, int64 ``[N, D]``; a row without them (or with another
+    count of dimensions than the widest: another bundle's) is all -1."""
+    width = max((len(r) for r in rows if r is not None), default=0)
+    out = np.full((len(rows), width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r is not None and len(r) == width:
+            out[i] = r
+    return out
 
 
 def _extras_blob(row: np.ndarray | None) -> bytes | None:
@@ -107,6 +140,8 @@ class PendingBatch:
     inputs: Mapping[str, np.ndarray] | None = None
     #: the probability each of ``sampled`` was drawn with (same order; None: not kept)
     sampled_p: np.ndarray | None = None
+    #: the segment numbers of each of ``sampled``, ``[len(sampled), D]`` (None: the bundle has no segments)
+    sampled_segments: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -136,6 +171,9 @@ class LabeledRows:
     #: float64 [N]: the probability the prediction was drawn into the labeling sample with, NaN where
     #: unknown (not drawn, or stored before draw probabilities were kept; ``None`` given: all NaN)
     draw_probability: np.ndarray | None = None
+    #: int64 [N, D]: the prediction's segment number in each dimension of the bundle's segmentation, kept
+    #: for the labeling sample; -1 where unknown (``None`` given: none known, ``D = 0``)
+    segments: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
@@ -148,6 +186,8 @@ class LabeledRows:
             object.__setattr__(self, "label", np.full(len(self.timestamp), -1, dtype=np.int64))
         if self.draw_probability is None:
             object.__setattr__(self, "draw_probability", np.full(len(self.timestamp), np.nan))
+        if self.segments is None:
+            object.__setattr__(self, "segments", np.full((len(self.timestamp), 0), -1, dtype=np.int64))
 
     @property
     def n(self) -> int:
@@ -182,6 +222,7 @@ class LabeledRows:
             [bool(r[9]) for r in rows],
             [int(r[10]) for r in rows],
             [r[11] for r in rows],
+            [segments_of_blob(r[12]) for r in rows],
         )
 
     @classmethod
@@ -193,10 +234,11 @@ class LabeledRows:
         sampled: Sequence[bool] | None = None,
         label: Sequence[int] | None = None,
         draw_probability: Sequence[float | None] | None = None,
+        segments: Sequence[np.ndarray | None] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
         one extras row (5 floats, NaN when absent), one predicted class (None when unknown), whether it
-        is in the labeling sample and its true class per row."""
+        is in the labeling sample, its true class, its draw probability and its segment numbers per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -215,6 +257,7 @@ class LabeledRows:
             np.asarray([np.nan if p is None else p for p in draw_probability], np.float64)
             if draw_probability is not None
             else None,
+            segment_matrix(segments) if segments is not None else None,
         )
 
 
@@ -274,6 +317,8 @@ class RequestRow:
     sampled_blob: bytes | None = None
     #: little-endian float64 draw probabilities of those indices, same order (None: not kept)
     sampled_p_blob: bytes | None = None
+    #: little-endian int32 segment numbers of those indices, ``[len(sampled), D]`` row-major (None: not kept)
+    sampled_seg_blob: bytes | None = None
 
     @classmethod
     def of(cls, r: Sequence[Any]) -> RequestRow:
@@ -299,6 +344,22 @@ class RequestRow:
             return None
         p = float(np.frombuffer(self.sampled_p_blob, dtype="<f8")[hit[0]])
         return p if 0.0 < p <= 1.0 else None
+
+    def segments(self, idx: int) -> np.ndarray | None:
+        """The segment numbers of sampled prediction ``idx`` (None: not drawn, or not kept)."""
+        blob = self.sampled_seg_blob
+        if isinstance(blob, memoryview):
+            blob = bytes(blob)
+        if not isinstance(self.sampled_blob, bytes) or not isinstance(blob, bytes) or len(self.sampled_blob) % 4:
+            return None
+        idx_all = np.frombuffer(self.sampled_blob, dtype=SAMPLED_DTYPE)
+        if not len(idx_all) or len(blob) % (4 * len(idx_all)):
+            return None
+        hit = np.flatnonzero(idx_all == idx)
+        if not len(hit):
+            return None
+        d = len(blob) // (4 * len(idx_all))
+        return np.frombuffer(blob, dtype=SEGMENTS_DTYPE, count=d, offset=4 * d * int(hit[0])).astype(np.int64)
 
     def prediction(self, idx: int) -> tuple[int, int, np.ndarray, np.ndarray]:
         """``(predicted class, verdict, probabilities [K], extras row [5] (NaN when none))`` of index ``idx``."""

@@ -35,7 +35,6 @@ from agent.labels.draw_policies import draw_policy_of
 from agent.labels.draw_policy import DrawPolicy
 from agent.labels.kept_inputs import KeptInputsPolicy
 from agent.labels.rows import PendingBatch
-from agent.labels.segment_labels import SampleSegmentLabels
 from agent.labels.store import PredictionStore
 from exporters.label_metrics import LabelMetrics
 
@@ -80,8 +79,6 @@ class LabelingSample:
         self.boost_factor = float(boost_factor)
         #: every draw keeps its probability (a challenger's preference makes uniform draws unequal)
         self.keep_probabilities = keep_probabilities or policy.weighted
-        #: the sample's labels by segment (every segment's realized accuracy in a window)
-        self.segment_labels = SampleSegmentLabels()
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng() if rng is None else rng  # never drawn from the request
@@ -131,9 +128,8 @@ class LabelingSample:
 
     def labeled(self, labels: list[tuple[str, int]]) -> None:
         """Accepted labels ``(prediction id, true class)`` (from the label intake): the draw policy learns from
-        them (stratified draws' allocation), and they join their segments' realized figures."""
+        them (stratified draws' allocation)."""
         self.draw_policy.learn(labels)
-        self.segment_labels.learn(labels)
 
     def on_judged(self, batch: JudgedBatch, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Judged-batch sink (called while recording, so it only enqueues). ``prefer``: per prediction, the
@@ -155,7 +151,6 @@ class LabelingSample:
             sampled, probability = (indices, p) if len(indices) else (None, None)
             if sampled is not None:
                 drawn += len(sampled)
-                self.segment_labels.remember(batch, sampled, probability)
             self.store.enqueue(
                 PendingBatch(
                     batch.request_id,
@@ -168,9 +163,19 @@ class LabelingSample:
                     sampled,
                     inputs=batch.inputs if sampled is not None and self.store.kept.enabled else None,
                     sampled_p=probability,
+                    sampled_segments=_segments_of(batch, sampled),
                 )
             )
             out.append((sampled, probability))
         if drawn:
             self.metrics.label_sample.inc(drawn)
         return out
+
+
+def _segments_of(batch: JudgedBatch, sampled: np.ndarray | None) -> np.ndarray | None:
+    """The segment numbers of the sampled predictions, ``[m, D]``, kept with them so that a label gives its
+    segments their realized accuracy (:mod:`agent.labels.realized`); None without segments."""
+    ids = batch.segments
+    if sampled is None or ids is None or ids.ndim != 2 or ids.shape[1] != len(batch.predicted):
+        return None
+    return np.ascontiguousarray(ids[:, sampled].T)

@@ -133,7 +133,7 @@ class SQLiteBackend(BackendCounts):
                 replaced_rows, replaced_labels = delete_requests(db, [b.request_id for b in batches])
                 db.executemany(
                     "INSERT INTO requests(rid, start, lo, hi, ts, identity, k, predicted, verdict, probs,"
-                    " extras, sampled, sampled_p) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " extras, sampled, sampled_p, sampled_seg) VALUES(?, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 db.execute("COMMIT")

@@ -19,7 +19,15 @@ import numpy as np
 
 from agent.estimation.statistics.window import EXTRAS_DTYPE, EXTRAS_FIELDS, extras_columns
 from agent.labels.kept_inputs import SQLITE_SCHEMA as KEPT_INPUTS_SCHEMA
-from agent.labels.rows import PREDICTED_DTYPE, SAMPLED_DTYPE, PendingBatch, RequestRow, SampleRow, split_prediction_id
+from agent.labels.rows import (
+    PREDICTED_DTYPE,
+    SAMPLED_DTYPE,
+    SEGMENTS_DTYPE,
+    PendingBatch,
+    RequestRow,
+    SampleRow,
+    split_prediction_id,
+)
 
 log = logging.getLogger("icos_agent.labels")
 
@@ -48,16 +56,21 @@ _ADDED_COLUMNS = (
     ("labels", "source", "TEXT"),  # who gave the label (NULL: before sources were kept)
     ("requests", "sampled_p", "BLOB"),  # the draw probability of each sampled index (float64)
     ("labels", "draw_p", "REAL"),  # the probability the prediction was drawn with (NULL: unknown)
+    ("requests", "sampled_seg", "BLOB"),  # the segment numbers of each sampled index (int32 [m, D])
+    ("labels", "segments", "BLOB"),  # the labeled prediction's segment numbers (NULL: not kept)
 )
 #: indexes on added columns, created after the columns exist
 _INDEXES = ("CREATE INDEX IF NOT EXISTS requests_sampled ON requests(identity, ts) WHERE sampled IS NOT NULL",)
 INSERT_LABEL = (
     "INSERT INTO labels(seq, idx, identity, ts, verdict, confidence, correct, k, label, labeled_at, abs_err,"
-    " sq_err, extras, predicted, sampled, source, draw_p) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " sq_err, extras, predicted, sampled, source, draw_p, segments)"
+    " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 #: A correction: the newer label replaces the row of the same prediction.
 REPLACE_LABEL = INSERT_LABEL.replace("INSERT INTO", "INSERT OR REPLACE INTO", 1)
-_REQUEST_COLUMNS = "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p"
+_REQUEST_COLUMNS = (
+    "seq, rid, start, lo, hi, ts, identity, k, predicted, verdict, probs, extras, sampled, sampled_p, sampled_seg"
+)
 
 
 def init_schema(db: sqlite3.Connection) -> None:
@@ -92,9 +105,14 @@ def last_per_request(batches: list[PendingBatch]) -> list[PendingBatch]:
     return [b for i, b in enumerate(batches) if last[b.request_id] == i]
 
 
+#: one ``requests`` row's values after ``rid, start=0, lo=0``: hi, ts, identity, k, then the BLOBs
+_Blob = bytes | None
+RequestValues = tuple[str, int, float, str, int, bytes, bytes, bytes, _Blob, _Blob, _Blob, _Blob]
+
+
 def request_rows(
     batches: Sequence[PendingBatch],
-) -> list[tuple[str, int, float, str, int, bytes, bytes, bytes, bytes | None, bytes | None, bytes | None]]:
+) -> list[RequestValues]:
     """The ``requests`` values (after ``rid, start=0, lo=0``) of queued batches. The arrays of all
     batches are converted and serialised together and cut into one BLOB per request, so a request
     costs a few bytes slices, not a dozen small numpy calls."""
@@ -120,7 +138,7 @@ def request_rows(
             extras[i] = blob
     return [
         (b.request_id, b.n, float(b.timestamp), b.identity, k, predicted[i], verdicts[i], probs[i], extras[i])
-        + (_sampled_blob(b), _sampled_p_blob(b))
+        + (_sampled_blob(b), _sampled_p_blob(b), _sampled_seg_blob(b))
         for i, (b, k) in enumerate(zip(batches, ks, strict=True))
     ]
 
@@ -137,6 +155,14 @@ def _sampled_p_blob(b: PendingBatch) -> bytes | None:
     if b.sampled is None or b.sampled_p is None or np.size(b.sampled_p) != np.size(b.sampled) or not np.size(b.sampled):
         return None
     return np.asarray(b.sampled_p, dtype="<f8").reshape(-1).tobytes()
+
+
+def _sampled_seg_blob(b: PendingBatch) -> bytes | None:
+    """The segment numbers of the batch's sampled predictions (int32 ``[m, D]``), NULL when not given."""
+    seg = b.sampled_segments
+    if b.sampled is None or seg is None or np.ndim(seg) != 2 or len(seg) != np.size(b.sampled) or not np.size(seg):
+        return None
+    return np.ascontiguousarray(seg, dtype=SEGMENTS_DTYPE).tobytes()
 
 
 def _extras_of(b: PendingBatch) -> np.ndarray | None:
@@ -254,7 +280,7 @@ def _convert_per_prediction_rows(db: sqlite3.Connection) -> int:
                 db.execute(
                     REPLACE_LABEL,
                     (seq, idx, identity, ts, verdict, confidence, int(predicted == label), k)
-                    + (label, labeled_at, a, s, ext, predicted, 0, None, None),
+                    + (label, labeled_at, a, s, ext, predicted, 0, None, None, None),
                 )
             moved += 1
     db.execute("DROP TABLE predictions")

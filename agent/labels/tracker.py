@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from agent.config.settings import AgentSettings
+from agent.estimation.segments.realized import SegmentLabels
 from agent.estimation.statistics.window import WindowStats
 from agent.judging.runtime import Runtime
 from agent.labels.intake import CurrentRuntime
@@ -115,6 +116,11 @@ class RealizedTracker:
         the estimator ``with_labels`` adds to the window's statistics)."""
         per_class = len(rt.classes) <= self.per_class_cap
         return self.windows.labeled_sums(rt.calibration, now, rt.classes, per_class=per_class)
+
+    def segment_labels(self, rt: Runtime, now: float) -> dict[str, SegmentLabels]:
+        """Per time window, the labels of its labeling sample per segment (every segment's realized accuracy)."""
+        per_class = len(rt.classes) <= self.per_class_cap
+        return self.windows.segment_labels(rt.calibration, now, rt.classes, per_class=per_class)
 
     def section(self, rt: Runtime, now: float) -> dict[str, dict[str, Any]]:
         """``/v1/estimates``: the ``realized`` section of every window."""

@@ -98,7 +98,7 @@ class Agent:
             self.windows,
             labeled=self.realized.labeled_sums,
             section=self.realized.section,
-            segment_labels=lambda rt, now: self.sample.segment_labels.by_window(rt.calibration, s.window_seconds, now),
+            segment_labels=self.realized.segment_labels,
             per_class_cap=self.metrics.per_class_label_cap,
             companions=self.companions,
             segments_seen=lambda cal, rows: self.sample.draw_policy.on_segments(cal, rows),

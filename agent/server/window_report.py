@@ -14,7 +14,8 @@ estimator, or ``doc`` where it cannot estimate the window:
 ``icos_headline_accuracy_ratio`` with the estimator that gave it. Sections (e.g. ``realized`` from
 delayed labels) are added to the JSON only, and so are the companions' top-level sections (a challenger's
 comparison with the champion, ``challenger``: :mod:`agent.dataplane.challenger`) and every segment's
-realized accuracy from the labeling sample's labels (:mod:`agent.labels.segment_labels`).
+realized accuracy from the labeling sample's labels, stored with their segment numbers
+(:meth:`agent.labels.realized.RealizedWindows.segment_labels`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ A replica's own ``with_labels`` adds the fleet's labels to its own window, which
 replicas' traffic differs; the fleet's adds them to the sum of every replica's window. It must equal the
 prediction-powered accuracy of all the traffic with the same labels, computed here by the library from
 the answers the replicas gave (|Δ| ≤ 0.005), its interval must cover the true accuracy of all the
-traffic, the realized figures (per class too) must be those of every labeled prediction, the recorded
+traffic, the realized figures (per class and per segment too) must be those of every labeled prediction, the recorded
 headline must take ``with_labels`` exactly when its interval is the narrower, and a store that goes
 down must cost ``with_labels`` only (counted), the label-free estimates staying."""
 
@@ -199,6 +199,13 @@ def test_fleet_with_labels_is_one_agent_on_all_the_traffic(parts: dict[str, Any]
         realized = w["realized"]
         assert realized["n"] == total and realized["correct"] == int(correct.sum())
         assert realized["n_sampled"] == len(sample)
+        # every segment's realized accuracy from every replica's labels of the sample (segments kept in the store)
+        segments = w["segments"]
+        assert segments
+        for dim in {seg["dimension"] for seg in segments}:
+            mine = [seg["realized"] for seg in segments if seg["dimension"] == dim and "realized" in seg]
+            assert sum(r["n"] for r in mine) == len(sample)
+            assert sum(r["value"] * r["n"] for r in mine) == pytest.approx(float(correct[drawn].sum()))
         precision, recall, f1, support = precision_recall_fscore_support(
             [truth[t] for t in ids], np.concatenate(predicted), labels=list(range(10)), zero_division=0
         )
