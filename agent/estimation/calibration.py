@@ -102,6 +102,11 @@ class EstimatorCalibration:
         """A copy carrying the flag's model."""
         return replace(self, flag=flag)
 
+    @property
+    def segment_strata(self) -> tuple[tuple[str, int, int], ...]:
+        """Every segment dimension as ``(name, first segment number, end)`` (``with_labels``'s strata)."""
+        return () if self.segments is None else tuple((d.name, a, b) for d, a, b in self.segments.spans())
+
     def with_segments(self, segments: Segmentation | None) -> EstimatorCalibration:
         """A copy carrying the segments fixed at fit."""
         return replace(self, segments=segments)

@@ -174,14 +174,26 @@ def sample_segment_labels(rows: LabeledRows, calibration: EstimatorCalibration) 
 
 def _labeled_sample(rows: LabeledRows, calibration: EstimatorCalibration) -> WindowStats:
     """The ``lab_*`` sums of the labeling sample among ``rows`` (weighted ones where every draw
-    probability is known), with the calibration's per-prediction predictor."""
+    probability is known, per segment too where every one kept its segments), with the calibration's
+    per-prediction predictor."""
     s = rows.sampled
-    return WindowStats.of_labeled_sample(
+    out = WindowStats.of_labeled_sample(
         rows.confidence[s],
         rows.correct[s],
         predicted_correct=calibration.predicted_correct(rows.confidence[s], rows.verdict[s]),
         draw_probability=rows.draw_probability[s],  # type: ignore[index]
     )
+    seg, ids = calibration.segments, rows.segments[s]  # type: ignore[index]
+    if out.lab_ipw_n and seg is not None and ids.shape[1] == len(seg.dimensions) and bool((ids >= 0).all()):
+        # every weighted label knows its segments: with_labels can be post-stratified on them
+        out.add_segment_labels(
+            ids.T,
+            seg.size,
+            rows.confidence[s],
+            rows.correct[s],
+            rows.draw_probability[s],  # type: ignore[index]
+        )
+    return out
 
 
 def _class_figures(rows: LabeledRows, classes: Sequence[str] | None, per_class: bool) -> dict[str, Any] | None:

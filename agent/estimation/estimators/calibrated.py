@@ -8,6 +8,7 @@ estimates, so importing it here would make the estimators depend on the rooms ab
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from agent.estimation.estimators.shift_calibration import ShiftCalibration
@@ -16,7 +17,8 @@ from agent.estimation.estimators.shift_calibration import ShiftCalibration
 class EstimatesCalibration(Protocol):
     """The oracle's TPR/FPR and the split's counts (``icos_corrected``, the split floor), accuracy and mean
     confidence (``doc``), confidence offsets (``cbpe``), the ``shift_aware`` regressions and the name of the
-    per-prediction predictor (``with_labels``)."""
+    per-prediction predictor (``with_labels``) and the segment dimensions it may be post-stratified on (``(name,
+    first segment number, end)``; empty without segments)."""
 
     @property
     def tpr(self) -> float: ...
@@ -40,3 +42,5 @@ class EstimatesCalibration(Protocol):
     def shift(self) -> ShiftCalibration | None: ...
     @property
     def predictor(self) -> str: ...
+    @property
+    def segment_strata(self) -> Sequence[tuple[str, int, int]]: ...

@@ -75,6 +75,7 @@ from dataclasses import dataclass, replace
 
 from agent.estimation.estimators.active import active_of_sums
 from agent.estimation.estimators.calibrated import EstimatesCalibration
+from agent.estimation.estimators.post_stratified import post_stratified
 from agent.estimation.estimators.prediction_powered import WITH_LABELS, prediction_powered_of_sums
 from agent.estimation.estimators.shift_aware import shift_aware
 from agent.estimation.estimators.trust import Trust, confidence_base
@@ -339,6 +340,23 @@ def _shift_aware(stats: WindowStats, calibration: EstimatesCalibration) -> Estim
 
 @register_estimator(WITH_LABELS, needs_labels=True)
 def _with_labels(stats: WindowStats, calibration: EstimatesCalibration) -> Estimate | None:
+    whole = _whole_window_with_labels(stats, calibration)
+    if stats.lab_ipw_n == stats.lab_n and stats.seg_lab_n:
+        stratified = post_stratified(stats, calibration.segment_strata)
+        if stratified is not None and (
+            whole is None or stratified.upper - stratified.lower < whole.upper - whole.lower
+        ):
+            return stratified
+    return whole
+
+
+def _width(e: Estimate) -> float:
+    return e.upper - e.lower
+
+
+def _whole_window_with_labels(stats: WindowStats, calibration: EstimatesCalibration) -> Estimate | None:
+    """``with_labels`` of the whole window: inverse-probability-weighted where every draw's probability was
+    kept, else plain PPI++ over a uniform sample."""
     if stats.lab_ipw_n == stats.lab_n and stats.pcorrect_n == stats.n:
         est = active_of_sums(
             stats.n,

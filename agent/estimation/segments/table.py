@@ -242,6 +242,8 @@ class SegmentCalibration:
     atc_threshold: float
     conf_offsets: tuple[float, ...]
     predictor: str
+    #: a segment is not post-stratified further (its ``with_labels`` is never computed)
+    segment_strata: tuple[tuple[str, int, int], ...] = ()
     shift: ShiftCalibration | None = None
 
     @property

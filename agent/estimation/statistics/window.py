@@ -225,6 +225,17 @@ class WindowStats:
     lab_ipw_vy_sum: float = field(default=0.0, metadata=_agent_only())
     lab_ipw_vyf_sum: float = field(default=0.0, metadata=_agent_only())
     lab_ipw_vff_sum: float = field(default=0.0, metadata=_agent_only())
+    #: Per segment, the labeled predictions of the labeling sample above, and over them Σw, Σw², Σwr, Σwr², Σw²r,
+    #: Σw²r², Σwf (``f`` the top-class probability, ``r = Y − f``): ``with_labels`` post-stratified on a segment
+    #: dimension (:mod:`agent.estimation.estimators.post_stratified`). Filled by :meth:`add_segment_labels`. Agent-only.
+    seg_lab_n: list[int] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_w: list[float] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_w2: list[float] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_wr: list[float] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_wr2: list[float] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_w2r: list[float] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_w2r2: list[float] = field(default_factory=list, metadata=_agent_only())
+    seg_lab_wf: list[float] = field(default_factory=list, metadata=_agent_only())
     #: Per segment of the bundle's segmentation (:mod:`agent.estimation.segments.segmentation`, numbered across its
     #: dimensions; empty without segments): predictions, their confidence sum and sum of squares, the
     #: oracle's failures and the novel inputs (:func:`novel_inputs`; zeros without a ``shift_aware``
@@ -364,6 +375,27 @@ class WindowStats:
         for name, value in zip(_IPW_FIELDS, sums, strict=True):
             setattr(out, name, value)
         return out
+
+    def add_segment_labels(
+        self, ids: np.ndarray, size: int, confidence: np.ndarray, correct: np.ndarray, draw_probability: np.ndarray
+    ) -> None:
+        """Fill the ``seg_lab_*`` sums from the labels' segment numbers ``ids`` ``[D, m]``, their top-class
+        probabilities, whether each was right and the probability each was drawn with (in (0, 1])."""
+        f = np.asarray(confidence, dtype=np.float64).reshape(-1)
+        r = np.asarray(correct, dtype=np.float64).reshape(-1) - f
+        w = 1.0 / np.asarray(draw_probability, dtype=np.float64).reshape(-1)
+        cols = np.stack([np.ones_like(w), w, w * w, w * r, w * r * r, w * w * r, w * w * r * r, w * f], axis=1)
+        sums = per_segment(np.asarray(ids, dtype=np.int64).reshape(-1, len(f)), size, cols).reshape(size, 8)
+        self.seg_lab_n = [int(round(v)) for v in sums[:, 0]]
+        (
+            self.seg_lab_w,
+            self.seg_lab_w2,
+            self.seg_lab_wr,
+            self.seg_lab_wr2,
+            self.seg_lab_w2r,
+            self.seg_lab_w2r2,
+            self.seg_lab_wf,
+        ) = sums[:, 1:].T.tolist()
 
     def add_class_sums(self, probabilities: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Fill the ``cbpe_*`` sums from the samples' probability vectors ``[N, K]`` and predicted
