@@ -21,6 +21,7 @@ from agent.errors import UserError
 from agent.offline.windowed import Windowed, Windowing
 from agent.results.bundle import BundleSection
 from agent.results.window import WindowEntry, estimates_snapshot
+from exporters.label_values import bounded_label
 from exporters.openmetrics import MetricsHistory
 from exporters.prometheus import EstimatesCollector, Snapshot
 
@@ -87,19 +88,20 @@ def write_openmetrics(
     """Every window of ``windowed`` (``entries``: their keys and entries where already estimated, else each is
     estimated here) written to ``path`` as OpenMetrics text, each sample stamped with its window's end.
     ``model_name`` and ``model_version`` are the ``model`` and ``version`` labels (the live agent's
-    ``model.name`` and ``model.version``; the name defaults to the ONNX model's, as ``check`` reports it)."""
+    ``model.name`` and ``model.version``; the name defaults to the ONNX model's, as ``check`` reports it), kept to one
+    bounded line as every label made of data is (:func:`~exporters.label_values.bounded_label`)."""
     label = window_label(windowed.windowing)
     if entries is None:
         entries = [(k, windowed.entry(label, t)) for k, t in windowed.ordered()]
     if not entries:
         raise UserError("the data has no rows: no window to write")
     bundle = BundleSection(windowed.headline, windowed.calibration)
-    name = model_name or windowed.model.name
+    name, version = bounded_label(model_name or windowed.model.name), bounded_label(model_version)
     history = MetricsHistory()
     ends = []
     for key, entry in entries:
         named = dataclasses.replace(entry, name=label)
-        snap = estimates_snapshot(name, model_version, [named], bundle)
+        snap = estimates_snapshot(name, version, [named], bundle)
         end = windowed.windowing.bounds(key)[1]
         ends.append(end)
         history.add(end, scraped(snap))
