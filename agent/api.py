@@ -12,6 +12,7 @@ from agent.data.table_files import frames
 from agent.errors import UserError
 from agent.estimation.segments.table import SegmentTable
 from agent.model.classifier import OnnxClassifier
+from agent.offline.backfill import Backfill, write_openmetrics
 from agent.offline.fit import FitReport, fit_bundle, fit_warnings
 from agent.offline.lake import lake_batches, lake_files
 from agent.offline.tables import Tally
@@ -24,6 +25,7 @@ from invariants.bundle import Bundle as InvariantBundle
 from invariants.fit_params import CalibrationPlan, FitParams, FitParamsError, flag_name
 
 __all__ = [
+    "Backfill",
     "CalibrationPlan",
     "DataError",
     "DataLimits",
@@ -58,4 +60,5 @@ __all__ = [
     "tally_of_json",
     "rebatched",
     "timestamps_ns",
+    "write_openmetrics",
 ]

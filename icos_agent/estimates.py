@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.api import (
+    Backfill,
     SegmentTable,
     Tally,
     UserError,
@@ -17,6 +18,7 @@ from agent.api import (
     alert_of,
     estimate_row,
     realized_accuracy,
+    write_openmetrics,
 )
 
 if TYPE_CHECKING:
@@ -33,7 +35,8 @@ PLOT_KINDS = ("accuracy", "segments", "challenger")
 
 class Estimates:
     """The windows of one estimate: :meth:`to_df`, :meth:`segments_df`, :meth:`challenger_df`, :meth:`plot`,
-    :meth:`save_html`; ``report()`` is ``check``'s report of every row (``--json``'s object)."""
+    :meth:`save_html`, :meth:`to_openmetrics` (time windows as the agent's metrics history); ``report()`` is
+    ``check``'s report of every row (``--json``'s object)."""
 
     def __init__(
         self, windowed: Windowed, *, alert_margin: float = ALERT_MARGIN, paired: WindowedPair | None = None
@@ -205,6 +208,14 @@ class Estimates:
         out = Path(path)
         out.write_text(html_page(self), encoding="utf-8")
         return out
+
+    def to_openmetrics(self, path: str | Path, *, model_name: str | None = None, model_version: str = "1") -> Backfill:
+        """Every time window written to ``path`` as the agent's metrics history (OpenMetrics text, each sample
+        stamped with its window's end: the families, names and labels the live agent exports), for ``promtool
+        tsdb create-blocks-from openmetrics``; ``model_name`` and ``model_version`` are the agent's ``model.name``
+        and ``model.version`` (the name defaults to the ONNX model's). Windows of rows have no time: refused."""
+        entries = [(k, e) for k, _, e in self.windows] if self.by_time else None
+        return write_openmetrics(path, self.windowed, entries, model_name=model_name, model_version=model_version)
 
     def _repr_html_(self) -> str:
         """A notebook shows the windows' table."""

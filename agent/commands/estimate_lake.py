@@ -33,6 +33,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=16384,
         help="rows read at once (bounds memory whatever the lake's size; default 16384)",
     )
+    p.add_argument(
+        "--openmetrics",
+        metavar="FILE",
+        help="also write the time windows as the agent's metrics history (OpenMetrics text, each sample stamped "
+        "with its window's end) for `promtool tsdb create-blocks-from openmetrics FILE DATA_DIR`",
+    )
+    p.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="the model label of --openmetrics' series: the agent's model.name (default: file name)",
+    )
+    p.add_argument(
+        "--model-version",
+        metavar="VERSION",
+        default="1",
+        help="the version label of --openmetrics' series: model.version (default 1)",
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     add_limit_arguments(p)
     p.set_defaults(func=run)
@@ -47,6 +64,7 @@ def _window(text: str | None) -> str | int | None:
 
 def run(args: argparse.Namespace) -> int:
     from agent.errors import UserError
+    from agent.offline.backfill import window_label, write_openmetrics
     from agent.offline.lake import lake_batches, lake_files
     from agent.offline.windowed import Windowed, Windowing
     from invariants.bundle import Bundle
@@ -56,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     windowing = Windowing.of(_window(args.window))
     if windowing.by_time and not args.timestamp:
         raise UserError("a duration --window needs --timestamp (the column of the rows' times)")
+    if args.openmetrics:
+        window_label(windowing)  # refuses windows of rows before the model runs
     model = load_model(args)
     bundle = Bundle.load(args.bundle, expected_model_sha256=model.sha256)
     model.decision_threshold = bundle.decision_threshold
@@ -69,8 +89,14 @@ def run(args: argparse.Namespace) -> int:
         batch_rows=args.batch_rows,
         limits=data_limits(args),
     )
-    report = Windowed(model, bundle, windowing).add_all(batches, args.batch_rows).report()
+    windowed = Windowed(model, bundle, windowing).add_all(batches, args.batch_rows)
+    report = windowed.report()
     report["files"] = len(files)
+    if args.openmetrics:
+        written = write_openmetrics(
+            args.openmetrics, windowed, model_name=args.model_name, model_version=args.model_version
+        )
+        report["openmetrics"] = written.to_json()
     print(json.dumps(report) if args.json else "\n".join(_text(report)))
     return 0
 
@@ -90,4 +116,10 @@ def _text(report: dict[str, object]) -> list[str]:
             trust = w.get("trust") or {}
             flag = f"  RAISED: {', '.join(trust['reasons'])}" if trust.get("calibrated") is False else ""
             lines.append(f"  {w['start']}..{w['end']}  n {w['n']}  {est}{flag}")
+    om = report.get("openmetrics")
+    if isinstance(om, dict):
+        lines.append(
+            f"metrics history: {om['samples']} samples of {om['series']} series over {om['windows']} windows "
+            f"({om['first']}..{om['last']}) in {om['path']}"
+        )
     return lines

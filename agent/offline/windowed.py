@@ -97,6 +97,16 @@ class Windowing:
             return key * self.rows, (key + 1) * self.rows
         return 0, 0
 
+    def report_bounds(self, key: int) -> dict[str, str | int]:
+        """Window ``key``'s ``start`` and ``end`` as the reports give them: ISO 8601 times in UTC for time windows
+        (``2026-02-01T09:00:00+00:00``, as ``to_df()``'s timestamps print), else row numbers (the end excluded)."""
+        start, end = self.bounds(key)
+        if self.width_ns is None:
+            return {"start": start, "end": end}
+        import pandas as pd
+
+        return {k: pd.Timestamp(ns, unit="ns", tz="UTC").isoformat() for k, ns in (("start", start), ("end", end))}
+
 
 @dataclass(frozen=True)
 class Added:
@@ -217,10 +227,7 @@ class Windowed:
         }
         if self.windowing.by_time or self.windowing.rows is not None:
             out["windows"] = [
-                {
-                    **dict(zip(("start", "end"), self.windowing.bounds(k), strict=True)),
-                    **t.report(self.calibration, self.headline),
-                }
+                {**self.windowing.report_bounds(k), **t.report(self.calibration, self.headline)}
                 for k, t in self.ordered()
             ]
         return out

@@ -29,9 +29,10 @@ from agent.estimation.intervals import Estimate
 from agent.estimation.segments.table import SegmentTable, segment_table
 from agent.estimation.statistics.class_metrics import window_class_metrics
 from agent.estimation.statistics.window import WindowStats
+from agent.results.bundle import BundleSection
 from agent.results.estimate import estimate_point, estimate_row, estimates_json, headline_json
 from agent.results.segments import SegmentResult, segment_lines
-from exporters.prometheus import EstimatePoint, WindowPoint
+from exporters.prometheus import EstimatePoint, Snapshot, WindowPoint
 from exporters.segment_metrics import SegmentPoint
 
 
@@ -309,3 +310,23 @@ def snapshot_points(entries: Iterable[WindowEntry]) -> SnapshotPoints:
         if p.headline is not None:
             out.headline.append(p.headline)
     return out
+
+
+def estimates_snapshot(model: str, version: str, entries: Iterable[WindowEntry], bundle: BundleSection) -> Snapshot:
+    """What the estimates collector (:class:`exporters.prometheus.EstimatesCollector`) exports of the windows
+    ``entries`` of model ``model`` at ``version``: an agent's at a scrape, a lake's window as backfilled history."""
+    points = snapshot_points(entries)
+    fixed = bundle.points()
+    return Snapshot(
+        model,
+        version,
+        points.estimates,
+        points.windows,
+        fixed.oracle_tpr,
+        fixed.oracle_fpr,
+        fixed.calibration_wrong,
+        fixed.calibration_right,
+        headline=points.headline,
+        reference_accuracy=fixed.reference_accuracy,
+        segments=points.segments,
+    )

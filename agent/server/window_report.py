@@ -31,7 +31,7 @@ from agent.judging.companions import Companion
 from agent.judging.runtime import Runtime
 from agent.judging.windows import WindowSet
 from agent.results.bundle import BundleSection
-from agent.results.window import WindowEntry, snapshot_points, window_entry
+from agent.results.window import WindowEntry, estimates_snapshot, window_entry
 from exporters.prometheus import Snapshot
 
 #: An extra per-window section of ``/v1/estimates``: ``(runtime, now)`` → ``{window: {section: value}}``.
@@ -120,18 +120,5 @@ class WindowReport:
 
     def snapshot(self, rt: Runtime, now: float) -> Snapshot:
         """What the estimates collector exports at a scrape."""
-        points = snapshot_points(self.windows_of(rt, now))
-        bundle = BundleSection(rt.headline, rt.calibration).points()
-        return Snapshot(
-            rt.name,
-            rt.version,
-            points.estimates,
-            points.windows,
-            bundle.oracle_tpr,
-            bundle.oracle_fpr,
-            bundle.calibration_wrong,
-            bundle.calibration_right,
-            headline=points.headline,
-            reference_accuracy=bundle.reference_accuracy,
-            segments=points.segments,
-        )
+        bundle = BundleSection(rt.headline, rt.calibration)
+        return estimates_snapshot(rt.name, rt.version, self.windows_of(rt, now), bundle)

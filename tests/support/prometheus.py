@@ -72,9 +72,19 @@ class PrometheusServer:
         stop_process(self.proc)
         return self.log()[-3000:]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """An instant query's result vector."""
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query's result vector, now or ``at`` (unix seconds)."""
+        params = {"query": expr} if at is None else {"query": expr, "time": str(at)}
+        r = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=5)
+        r.raise_for_status()
+        result: list[dict[str, Any]] = r.json()["data"]["result"]
+        return result
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query's result matrix: every series with its ``values`` at ``start``, ``start + step``, … up to
+        ``end`` (unix seconds; explicit times, so that stored history is read whatever the clock says)."""
+        params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+        r = httpx.get(f"{self.url}/api/v1/query_range", params=params, timeout=5)
         r.raise_for_status()
         result: list[dict[str, Any]] = r.json()["data"]["result"]
         return result
