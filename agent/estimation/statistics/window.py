@@ -387,15 +387,8 @@ class WindowStats:
         cols = np.stack([np.ones_like(w), w, w * w, w * r, w * r * r, w * w * r, w * w * r * r, w * f], axis=1)
         sums = per_segment(np.asarray(ids, dtype=np.int64).reshape(-1, len(f)), size, cols).reshape(size, 8)
         self.seg_lab_n = [int(round(v)) for v in sums[:, 0]]
-        (
-            self.seg_lab_w,
-            self.seg_lab_w2,
-            self.seg_lab_wr,
-            self.seg_lab_wr2,
-            self.seg_lab_w2r,
-            self.seg_lab_w2r2,
-            self.seg_lab_wf,
-        ) = sums[:, 1:].T.tolist()
+        for name, column in zip(_SEG_LAB_FIELDS, sums[:, 1:].T.tolist(), strict=True):
+            setattr(self, name, column)
 
     def add_class_sums(self, probabilities: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Fill the ``cbpe_*`` sums from the samples' probability vectors ``[N, K]`` and predicted
@@ -543,6 +536,8 @@ _VECTOR_FIELDS = tuple((f.name, _VECTOR_ZERO[str(f.type)]) for f in _FIELDS if s
 _FAMILY_FIELDS = tuple(f.name for f in _FIELDS if str(f.type) == _FAMILY_KIND)
 
 
+#: the ``seg_lab_*`` sums of :meth:`WindowStats.add_segment_labels` after the count, in its order
+_SEG_LAB_FIELDS = ("seg_lab_w", "seg_lab_w2", "seg_lab_wr", "seg_lab_wr2", "seg_lab_w2r", "seg_lab_w2r2", "seg_lab_wf")
 #: the ``lab_ipw_*`` fields in the order of :func:`agent.estimation.statistics.window.weighted_sums`
 _IPW_FIELDS = (
     "lab_ipw_n",
