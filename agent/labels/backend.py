@@ -138,6 +138,8 @@ class JoinedLabels:
     sampled_by_identity: dict[str, list[bool]] = field(default_factory=dict)
     label_by_identity: dict[str, list[int]] = field(default_factory=dict)
     draw_p_by_identity: dict[str, list[float | None]] = field(default_factory=dict)
+    #: who gave these labels (one source per call)
+    source: str = ""
 
     def outcome(self) -> LabelOutcome:
         accepted = [
@@ -150,11 +152,12 @@ class JoinedLabels:
                     self.sampled_by_identity[k],
                     self.label_by_identity[k],
                     self.draw_p_by_identity[k],
+                    [self.source] * len(v),
                 ),
             )
             for k, v in self.by_identity.items()
         ]
-        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected)
+        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected, self.source)
 
     @property
     def new(self) -> int:
@@ -178,7 +181,7 @@ def join_labels(
     stored (or evicted) is unknown; one already labeled is a duplicate (the first label stays), or with
     ``replace`` corrected (the newer label replaces it). A label keeps whether its prediction was drawn
     into the labeling sample when it was judged, its ``source`` and its time ``now``."""
-    out = JoinedLabels()
+    out = JoinedLabels(source=source)
     for first in range(0, len(labels), CHUNK):
         chunk = []
         for pid, label in labels[first : first + CHUNK]:

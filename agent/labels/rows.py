@@ -73,7 +73,9 @@ def sample_indices(blob: object, lo: int, hi: int) -> np.ndarray:
 
 
 #: the labels table's columns that :meth:`LabeledRows.from_selected` reads, in its order (both backends' tables)
-LABELED_COLUMNS = "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p"
+LABELED_COLUMNS = (
+    "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p, source"
+)
 
 
 def _extras_blob(row: np.ndarray | None) -> bytes | None:
@@ -136,6 +138,9 @@ class LabeledRows:
     #: float64 [N]: the probability the prediction was drawn into the labeling sample with, NaN where
     #: unknown (not drawn, or stored before draw probabilities were kept; ``None`` given: all NaN)
     draw_probability: np.ndarray | None = None
+    #: object [N]: who gave each label (its source, ``""`` where unknown: stored before sources were kept;
+    #: ``None`` given: all unknown), what ``labels.max_source_share`` caps (:mod:`agent.labels.source_cap`)
+    source: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
@@ -148,6 +153,8 @@ class LabeledRows:
             object.__setattr__(self, "label", np.full(len(self.timestamp), -1, dtype=np.int64))
         if self.draw_probability is None:
             object.__setattr__(self, "draw_probability", np.full(len(self.timestamp), np.nan))
+        if self.source is None:
+            object.__setattr__(self, "source", np.full(len(self.timestamp), "", dtype=object))
 
     @property
     def n(self) -> int:
@@ -182,6 +189,7 @@ class LabeledRows:
             [bool(r[9]) for r in rows],
             [int(r[10]) for r in rows],
             [r[11] for r in rows],
+            ["" if r[12] is None else str(r[12]) for r in rows],
         )
 
     @classmethod
@@ -193,10 +201,11 @@ class LabeledRows:
         sampled: Sequence[bool] | None = None,
         label: Sequence[int] | None = None,
         draw_probability: Sequence[float | None] | None = None,
+        source: Sequence[str] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
         one extras row (5 floats, NaN when absent), one predicted class (None when unknown), whether it
-        is in the labeling sample and its true class per row."""
+        is in the labeling sample, its true class, draw probability and label source per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -215,6 +224,7 @@ class LabeledRows:
             np.asarray([np.nan if p is None else p for p in draw_probability], np.float64)
             if draw_probability is not None
             else None,
+            np.asarray(list(source), dtype=object).reshape(len(rows)) if source is not None else None,
         )
 
 
@@ -238,6 +248,8 @@ class LabelOutcome:
     duplicate: list[str]
     #: ids whose earlier label this one replaced (``replace``: an authorized labeler's correction)
     corrected: list[str] = field(default_factory=list)
+    #: who gave these labels
+    source: str = ""
 
 
 def prediction_id(request_id: str, index: int) -> str:

@@ -62,7 +62,8 @@ def open_prediction_store(config: LabelsConfig, state_dir: Path | None, metrics:
 class LabelingSample:
     """Draws judged predictions into the labeling sample by its draw ``policy`` and queues them for the
     prediction store. ``rng``: the random source of the draws (default: seeded from OS entropy); ``clock``: the
-    time the policy's budget and the boost count in (:func:`time.monotonic`)."""
+    time the policy's budget and the boost count in (:func:`time.monotonic`); ``max_source_share``: one label
+    source's share of a segment's realized figures at most (:mod:`agent.labels.source_cap`)."""
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class LabelingSample:
         keep_probabilities: bool = False,
         rng: np.random.Generator | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_source_share: float = 1.0,
     ) -> None:
         self.store = store
         self.draw_policy = policy
@@ -81,7 +83,7 @@ class LabelingSample:
         #: every draw keeps its probability (a challenger's preference makes uniform draws unequal)
         self.keep_probabilities = keep_probabilities or policy.weighted
         #: the sample's labels by segment (every segment's realized accuracy in a window)
-        self.segment_labels = SampleSegmentLabels()
+        self.segment_labels = SampleSegmentLabels(max_source_share=max_source_share)
         self._boost_until = 0.0
         self._lock = threading.Lock()
         self._rng = np.random.default_rng() if rng is None else rng  # never drawn from the request
@@ -92,7 +94,14 @@ class LabelingSample:
         cls, config: LabelsConfig, store: PredictionStore, metrics: LabelMetrics, keep_probabilities: bool = False
     ) -> LabelingSample:
         """The sample of ``labels`` settings (``keep_probabilities``: a challenger prefers disagreements)."""
-        return cls(store, draw_policy_of(config), metrics, config.boost_factor, keep_probabilities)
+        return cls(
+            store,
+            draw_policy_of(config),
+            metrics,
+            config.boost_factor,
+            keep_probabilities,
+            max_source_share=config.max_source_share,
+        )
 
     def boost(self, seconds: float, now: float | None = None) -> None:
         """Spend a budgeted policy's labels faster, by the boost factor, for the next ``seconds``."""
@@ -129,11 +138,11 @@ class LabelingSample:
             out.append((mine - offsets[i], pi[mine] if kept else None))
         return out
 
-    def labeled(self, labels: list[tuple[str, int]]) -> None:
-        """Accepted labels ``(prediction id, true class)`` (from the label intake): the draw policy learns from
-        them (stratified draws' allocation), and they join their segments' realized figures."""
+    def labeled(self, labels: list[tuple[str, int]], source: str = "") -> None:
+        """Accepted labels ``(prediction id, true class)`` from ``source`` (from the label intake): the draw policy
+        learns from them (stratified draws' allocation), and they join their segments' realized figures."""
         self.draw_policy.learn(labels)
-        self.segment_labels.learn(labels)
+        self.segment_labels.learn(labels, source)
 
     def on_judged(self, batch: JudgedBatch, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Judged-batch sink (called while recording, so it only enqueues). ``prefer``: per prediction, the
