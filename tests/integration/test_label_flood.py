@@ -3,10 +3,12 @@ another client (its own loopback address, so its own source) labels every other 
 or a wrong class. With ``labels.max_source_share`` the window's and every segment's realized accuracy move by
 no more than the cap allows (from the formula: the flood's labels, all wrong, weigh at most ``c'`` of the
 figure, so it drops by at most ``c'`` times the honest figure); without the cap the same flood drags them
-down much further. The labels keep their sources in the store. Stores: SQLite and a real PostgreSQL alike."""
+down much further. The labels keep their sources in the store, read back with them (a label stored before
+sources were kept reads as the unknown source ``""``). Stores: SQLite and a real PostgreSQL alike."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from agent.core.label_values import NONE_LABEL
 from agent.data.datasets import Splits
+from agent.labels.store import STORE_FILE, PredictionStore
 from agent.server.app import create_app
+from tests.support.batches import batch
 from tests.support.inprocess import RunningServer
 from tests.support.metrics import scrape
 from tests.support.settings import stateful_settings
@@ -31,6 +35,39 @@ ATTACKER = "127.0.0.2"  # a second loopback address: labels without a token take
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest) -> str | None:
     return str(request.getfixturevalue("postgres").url) if request.param == "postgresql" else None
+
+
+def _sources(store: PredictionStore) -> dict[int, str]:
+    """Each labeled prediction's true class → its label's source, as the realized windows read them."""
+    rows = store.labeled_rows("m:b")
+    assert rows.label is not None and rows.source is not None
+    return dict(zip(rows.label.tolist(), rows.source.tolist(), strict=True))
+
+
+def test_labels_read_back_with_their_sources_and_none_from_before_sources_were_kept(
+    store_url: str | None, tmp_path: Path
+) -> None:
+    store = PredictionStore(tmp_path, max_predictions=1000, max_age_seconds=1e12, store_url=store_url)
+    store.open()
+    try:
+        store.enqueue(batch("a", 4, 100.0, [0, 1]))
+        store.flush(now=110.0)
+        store.apply_labels([("a:0", 0), ("a:1", 1)], now=200.0, source="labels")
+        store.apply_labels([("a:2", 2)], now=201.0, source="client:10.0.0.9")
+        assert _sources(store) == {0: "labels", 1: "labels", 2: "client:10.0.0.9"}
+        # a label stored before sources were kept (NULL): one source of its own, the unknown one
+        sql = "UPDATE {} SET source = NULL WHERE idx = 1"
+        if store_url is None:
+            with sqlite3.connect(tmp_path / STORE_FILE) as db:
+                db.execute(sql.format("labels"))
+        else:
+            import psycopg
+
+            with psycopg.connect(store_url) as conn:
+                conn.execute(sql.format("icos_labels"))
+        assert _sources(store) == {0: "labels", 1: "", 2: "client:10.0.0.9"}
+    finally:
+        store.stop()
 
 
 def _window(url: str) -> dict[str, Any]:
