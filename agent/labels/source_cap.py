@@ -58,10 +58,9 @@ def cap_factors(totals: np.ndarray, share: float) -> np.ndarray:
 
 def source_codes(sources: np.ndarray) -> tuple[np.ndarray, int]:
     """Each label's source as a small integer, and how many distinct sources there are."""
-    if len(sources) == 0:
-        return np.zeros(0, dtype=np.int64), 0
-    names, codes = np.unique(np.asarray(sources, dtype=object).astype(str), return_inverse=True)
-    return codes.reshape(-1).astype(np.int64), len(names)
+    index: dict[object, int] = {}
+    codes = np.fromiter((index.setdefault(s, len(index)) for s in sources), dtype=np.int64, count=len(sources))
+    return codes, len(index)
 
 
 def capped_weights(sources: np.ndarray, weights: np.ndarray | None, share: float) -> tuple[np.ndarray, int]:
