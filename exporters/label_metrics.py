@@ -26,6 +26,8 @@ At scrape time (:class:`RealizedCollector`, from a snapshot function), per windo
 * ``icos_realized_none_ratio{model,version,window}`` — share of them labeled as none of the model's classes
   (``__none__``; counted as wrong in the accuracy);
 * ``icos_labeled_samples{model,version,window}`` — labeled predictions behind it;
+* ``icos_realized_capped_labels{model,version,window}`` — those down-weighted because their source held more
+  than ``labels.max_source_share`` of the window's labels (one labeler's flood; the source is never a label);
 * ``icos_estimator_abs_error_ratio{model,version,estimator,window}`` — |estimate − realized
   accuracy|, the estimate computed on the same labeled predictions;
 * ``icos_probability_error_ratio{model,version,window,metric}`` — ``mae``/``mse``/``rmse`` of the
@@ -69,6 +71,8 @@ class RealizedPoint:
     classes: Mapping[str, Any] | None = None
     #: share of the labeled predictions labeled as none of the model's classes
     none_share: float = 0.0
+    #: labels down-weighted because their source held more than ``labels.max_source_share`` of the window's
+    capped: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,12 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
             "Share of the window's labeled predictions labeled as none of the model's classes (counted as wrong).",
             labels=["model", "version", "window"],
         )
+        capped = GaugeMetricFamily(
+            "icos_realized_capped_labels",
+            "Labeled predictions of the window down-weighted because their source held more than "
+            "labels.max_source_share of its labels.",
+            labels=["model", "version", "window"],
+        )
         per_class = GaugeMetricFamily(
             "icos_realized_class_metric",
             "Precision, recall and F1 per class of the labeled predictions of the window; class _macro and "
@@ -116,6 +126,7 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
         )
         for w in snap.windows:
             samples.add_metric([*mv, w.window], w.n)
+            capped.add_metric([*mv, w.window], w.capped)
             if w.n <= 0:
                 continue
             for cls, metric, v in class_metric_rows(w.classes):
@@ -130,6 +141,7 @@ class RealizedCollector(SnapshotCollector[RealizedSnapshot]):
         yield acc
         yield none
         yield samples
+        yield capped
         yield err
         yield prob
         yield per_class

@@ -34,6 +34,12 @@ class LabelsConfig(LabelSampling):
     max_batch: int = Field(10_000, ge=1, le=1_000_000)
     """labels per `POST /v1/labels` request at most"""
 
+    max_source_share: float = Field(0.5, gt=0, le=1)
+    """the share of a window's (and of each of its segments') labels that one source (the labels token's name, or
+    the client's address without a token) weighs at most in the realized figures: a source holding more has its
+    labels down-weighted to that share (with fewer than 1/share sources each weighs the same; a single source is
+    not capped; 1: no cap), counted in `icos_realized_capped_labels`"""
+
     min_recalibration_samples: int = Field(200, ge=10)
     """labeled predictions `POST /v1/recalibrate` needs at least"""
 

@@ -108,6 +108,7 @@ def create_fleet_app(settings: AgentSettings, registry: CollectorRegistry | None
             settings.labels.max_predictions,
             rt.classes,
             settings.metrics.per_class_label_cap,
+            settings.labels.max_source_share,
         )
         if store is not None
         else None

@@ -77,8 +77,11 @@ class FleetLabels:
         cap: int,
         classes: Sequence[str] | None = None,
         per_class_cap: int = 0,
+        max_source_share: float = 1.0,
     ) -> None:
         self.source = source
+        #: ``labels.max_source_share``: one label source weighs at most this share of a window's realized figures
+        self.max_source_share = float(max_source_share)
         self.identity = identity
         self.windows = dict(windows)
         self.cap = int(cap)
@@ -98,7 +101,7 @@ class FleetLabels:
             oldest = float(rows.timestamp.min())
             truncated = tuple(name for name, seconds in self.windows.items() if at - seconds < oldest)
             kept = {name: s for name, s in self.windows.items() if name not in truncated}
-        windows = RealizedWindows(kept, None, max(self.cap, 1))
+        windows = RealizedWindows(kept, None, max(self.cap, 1), self.max_source_share)
         windows.reset(rows)
         realized = windows.compute(calibration, at, self.classes, per_class=self.per_class)
         sums = windows.labeled_sums(calibration, at, self.classes, per_class=self.per_class)

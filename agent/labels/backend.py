@@ -140,6 +140,8 @@ class JoinedLabels:
     label_by_identity: dict[str, list[int]] = field(default_factory=dict)
     draw_p_by_identity: dict[str, list[float | None]] = field(default_factory=dict)
     segments_by_identity: dict[str, list[np.ndarray | None]] = field(default_factory=dict)
+    #: who gave these labels (one source per call)
+    source: str = ""
 
     def outcome(self) -> LabelOutcome:
         accepted = [
@@ -153,11 +155,12 @@ class JoinedLabels:
                     self.label_by_identity[k],
                     self.draw_p_by_identity[k],
                     self.segments_by_identity[k],
+                    [self.source] * len(v),
                 ),
             )
             for k, v in self.by_identity.items()
         ]
-        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected)
+        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected, self.source)
 
     @property
     def new(self) -> int:
@@ -181,7 +184,7 @@ def join_labels(
     stored (or evicted) is unknown; one already labeled is a duplicate (the first label stays), or with
     ``replace`` corrected (the newer label replaces it). A label keeps whether its prediction was drawn
     into the labeling sample when it was judged, its ``source`` and its time ``now``."""
-    out = JoinedLabels()
+    out = JoinedLabels(source=source)
     for first in range(0, len(labels), CHUNK):
         chunk = []
         for pid, label in labels[first : first + CHUNK]:

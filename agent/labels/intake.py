@@ -9,7 +9,9 @@ here knows HTTP: a body is bytes, a mistake a :class:`~agent.errors.ClientError`
   (never seen, evicted) and invalid entries are counted, never fatal; at most ``labels.max_batch`` labels
   per body. A label of an already labeled prediction is a ``duplicate`` (the first label stays) unless its
   sender may correct labels (an authorized labeler, with ``ICOS_AGENT_LABELS_TOKEN`` set): then the newer
-  label replaces the older (``corrected``) and the estimates follow. Every label is stored with its source and time.
+  label replaces the older (``corrected``) and the estimates follow. Every label is stored with its source and time;
+  no source weighs more than ``labels.max_source_share`` of a window's realized figures
+  (:mod:`agent.labels.source_cap`).
 * A label whose prediction was answered a moment ago may find it still on its way to the store (in
   the judge queue or the store's write queue). The judge queue and the store say which requests they
   still hold, and the label waits for those, bounded by ``labels.commit_timeout_seconds``
@@ -231,6 +233,7 @@ class LabelIntake:
             unknown=[pid for pid in first.unknown if pid not in retried] + second.unknown,
             duplicate=[*first.duplicate, *second.duplicate],
             corrected=[*first.corrected, *second.corrected],
+            source=source,
         )
 
     def _on_their_way(self, request_id: str) -> bool:

@@ -9,7 +9,10 @@ For every window, :class:`RealizedWindows` reports on the labeled predictions in
 
 * the realized accuracy (share of correct predictions) with its Wilson 95% interval; a label of none of the
   model's classes (``__none__``, :mod:`agent.core.label_values`) counts as wrong, and the share of such
-  labels is reported on its own (``none_of_the_classes``);
+  labels is reported on its own (``none_of_the_classes``). No label source weighs more than
+  ``labels.max_source_share`` of a window in them (nor in the probability errors): a source over it has its
+  labels down-weighted (:mod:`agent.labels.source_cap`; ``capped_labels`` counts them), the accuracy is then
+  the weighted share and its interval the Wilson interval at the Kish effective number of labels;
 * every estimator computed on *the same labeled predictions* (their verdicts and confidences, with
   the runtime's calibration), and its absolute error ``|estimate − realized accuracy|`` — the
   comparison is between equal sets of predictions. When every prediction of the window kept the
@@ -60,6 +63,7 @@ from agent.estimation.statistics.class_metrics import realized_class_metrics
 from agent.estimation.statistics.window import WindowStats
 from agent.judging.windows import count_window_name
 from agent.labels.rows import LabeledRows
+from agent.labels.source_cap import NO_CAP, capped_group_weights, capped_weights, source_codes
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,15 @@ class RealizedWindow:
     none_of_the_classes: int = 0
     #: the labeling sample's labels per segment of the bundle's segmentation (None: no segments, or none kept)
     segments: SegmentLabels | None = None
+    #: their share of the labels' weight after the source cap (None: their plain share)
+    none_weight: float | None = None
+    #: labels down-weighted because their source held more than ``labels.max_source_share`` of the window's
+    capped: int = 0
 
     @property
     def none_share(self) -> float:
+        if self.none_weight is not None:
+            return self.none_weight
         return self.none_of_the_classes / self.n if self.n else 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +123,7 @@ class RealizedWindow:
             "correct": self.correct,
             "accuracy": self.accuracy.to_dict(),
             "none_of_the_classes": {"n": self.none_of_the_classes, "share": self.none_share},
+            "capped_labels": self.capped,
             "estimates": {k: e.to_dict() for k, e in self.estimates.items()},
             "abs_error": dict(self.abs_errors),
             "probability_error": self.probability_errors.to_dict(),
@@ -126,39 +137,55 @@ def realized_window(
     classes: Sequence[str] | None = None,
     *,
     per_class: bool = True,
+    max_source_share: float = NO_CAP,
 ) -> RealizedWindow | None:
     """The realized statistics of a set of labeled predictions (``None`` when empty); with the model's
-    ``classes``, their per-class precision, recall and F1 too (``per_class=False``: only the means)."""
+    ``classes``, their per-class precision, recall and F1 too (``per_class=False``: only the means). No source
+    weighs more than ``max_source_share`` of the accuracy, the share of ``__none__`` labels and the probability
+    errors (:mod:`agent.labels.source_cap`)."""
     n = rows.n
     if n == 0:
         return None
     correct = int(np.sum(rows.correct))
-    acc = correct / n
-    lo, hi = wilson(correct, n)
+    f, capped = capped_weights(rows.source, None, max_source_share)  # type: ignore[arg-type]
+    total = float(np.sum(f))
+    acc = float(np.sum(f * rows.correct)) / total
+    if capped:  # the Wilson interval at the Kish effective number of labels
+        n_eff = total * total / float(np.sum(f * f))
+        lo, hi = wilson(acc * n_eff, n_eff)
+        lo, hi = min(lo, acc), max(hi, acc)
+    else:
+        lo, hi = wilson(correct, n)
     shift = calibration.shift
     extras = rows.sample_extras() if shift is not None else None
     stats = WindowStats.of_samples(
         rows.verdict, rows.confidence, calibration.atc_threshold, extras, shift.reference if shift else None
     )
     ests = estimate_all(stats, calibration)
+    none = rows.label == NONE_INDEX if rows.label is not None else np.zeros(n, dtype=bool)
     return RealizedWindow(
         n=n,
         correct=correct,
         accuracy=Estimate(acc, lo, hi, n),
         estimates=ests,
         abs_errors={k: abs(e.value - acc) for k, e in ests.items()},
-        probability_errors=probability_errors(rows.abs_err, rows.sq_err, rows.n_classes),
+        probability_errors=probability_errors(f * rows.abs_err, f * rows.sq_err, f * rows.n_classes),
         sample=_labeled_sample(rows, calibration),
         classes=_class_figures(rows, classes, per_class),
-        none_of_the_classes=int(np.count_nonzero(rows.label == NONE_INDEX)) if rows.label is not None else 0,
-        segments=sample_segment_labels(rows, calibration),
+        none_of_the_classes=int(np.count_nonzero(none)),
+        none_weight=float(np.sum(f * none)) / total,
+        capped=capped,
+        segments=sample_segment_labels(rows, calibration, max_source_share),
     )
 
 
-def sample_segment_labels(rows: LabeledRows, calibration: EstimatorCalibration) -> SegmentLabels | None:
+def sample_segment_labels(
+    rows: LabeledRows, calibration: EstimatorCalibration, max_source_share: float = NO_CAP
+) -> SegmentLabels | None:
     """Per segment of the calibration's segmentation, the labels of the labeling sample among ``rows`` that
-    kept their segment numbers, each weighted by ``1/π`` of its draw (1 where the draws were equal). None
-    without segments or without such labels. Rows of another segmentation (another count of dimensions)
+    kept their segment numbers, each weighted by ``1/π`` of its draw (1 where the draws were equal) and, within
+    each segment, no source over ``max_source_share`` of its labels' weight (:mod:`agent.labels.source_cap`).
+    None without segments or without such labels. Rows of another segmentation (another count of dimensions)
     are left out."""
     seg = calibration.segments
     ids = rows.segments
@@ -169,7 +196,13 @@ def sample_segment_labels(rows: LabeledRows, calibration: EstimatorCalibration) 
         return None
     p = rows.draw_probability[keep]  # type: ignore[index]
     weights = np.where(np.isfinite(p) & (p > 0), 1.0 / np.where(p > 0, p, 1.0), 1.0)
-    return SegmentLabels.of(ids[keep].T, seg.size, rows.correct[keep], weights)
+    kept_ids = ids[keep].T
+    d = kept_ids.shape[0]
+    codes, n_sources = source_codes(rows.source[keep])  # type: ignore[index]
+    capped = capped_group_weights(
+        kept_ids.reshape(-1), seg.size, np.tile(codes, d), n_sources, np.tile(weights, d), max_source_share
+    )
+    return SegmentLabels.of(kept_ids, seg.size, rows.correct[keep], capped.reshape(d, -1))
 
 
 def _labeled_sample(rows: LabeledRows, calibration: EstimatorCalibration) -> WindowStats:
@@ -227,8 +260,12 @@ def _widened(rows: LabeledRows, width: int) -> LabeledRows:
 class RealizedWindows:
     """Labeled predictions of one model, kept for the time windows and the count window (thread-safe)."""
 
-    def __init__(self, time_windows: Mapping[str, float], count: int | None, capacity: int) -> None:
+    def __init__(
+        self, time_windows: Mapping[str, float], count: int | None, capacity: int, max_source_share: float = NO_CAP
+    ) -> None:
         self.time = dict(time_windows)
+        #: ``labels.max_source_share``: one source's labels weigh at most this share of a window's
+        self.max_source_share = float(max_source_share)
         self.count = count
         self.count_name = count_window_name(count) if count else None
         self.capacity = int(capacity)
@@ -293,10 +330,14 @@ class RealizedWindows:
         out: dict[str, RealizedWindow | None] = {}
         for name, seconds in self.time.items():
             in_window = _take(rows, np.flatnonzero(rows.timestamp >= now - seconds))
-            out[name] = realized_window(in_window, calibration, classes, per_class=per_class)
+            out[name] = realized_window(
+                in_window, calibration, classes, per_class=per_class, max_source_share=self.max_source_share
+            )
         if self.count and self.count_name:
             last = _take(rows, np.arange(max(rows.n - self.count, 0), rows.n))
-            out[self.count_name] = realized_window(last, calibration, classes, per_class=per_class)
+            out[self.count_name] = realized_window(
+                last, calibration, classes, per_class=per_class, max_source_share=self.max_source_share
+            )
         self._cache = (key, out)
         return out
 

@@ -80,7 +80,7 @@ def sample_indices(blob: object, lo: int, hi: int) -> np.ndarray:
 
 #: the labels table's columns that :meth:`LabeledRows.from_selected` reads, in its order (both backends' tables)
 LABELED_COLUMNS = (
-    "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p, segments"
+    "ts, verdict, confidence, correct, abs_err, sq_err, k, extras, predicted, sampled, label, draw_p, segments, source"
 )
 
 
@@ -174,6 +174,9 @@ class LabeledRows:
     #: int64 [N, D]: the prediction's segment number in each dimension of the bundle's segmentation, kept
     #: for the labeling sample; -1 where unknown (``None`` given: none known, ``D = 0``)
     segments: np.ndarray | None = None
+    #: object [N]: who gave each label (its source, ``""`` where unknown: stored before sources were kept;
+    #: ``None`` given: all unknown), what ``labels.max_source_share`` caps (:mod:`agent.labels.source_cap`)
+    source: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.extras is None:
@@ -188,6 +191,8 @@ class LabeledRows:
             object.__setattr__(self, "draw_probability", np.full(len(self.timestamp), np.nan))
         if self.segments is None:
             object.__setattr__(self, "segments", np.full((len(self.timestamp), 0), -1, dtype=np.int64))
+        if self.source is None:
+            object.__setattr__(self, "source", np.full(len(self.timestamp), "", dtype=object))
 
     @property
     def n(self) -> int:
@@ -223,6 +228,7 @@ class LabeledRows:
             [int(r[10]) for r in rows],
             [r[11] for r in rows],
             [segments_of_blob(r[12]) for r in rows],
+            ["" if r[13] is None else str(r[13]) for r in rows],
         )
 
     @classmethod
@@ -235,10 +241,12 @@ class LabeledRows:
         label: Sequence[int] | None = None,
         draw_probability: Sequence[float | None] | None = None,
         segments: Sequence[np.ndarray | None] | None = None,
+        source: Sequence[str] | None = None,
     ) -> LabeledRows:
         """From ``(ts, verdict, confidence, correct, abs_err, sq_err, n_classes)`` rows and, optionally,
         one extras row (5 floats, NaN when absent), one predicted class (None when unknown), whether it
-        is in the labeling sample, its true class, its draw probability and its segment numbers per row."""
+        is in the labeling sample, its true class, its draw probability, its segment numbers and its label's
+        source per row."""
         if not rows:
             return cls.empty()
         ts, v, c, ok, a, s, k = zip(*rows, strict=True)
@@ -258,6 +266,7 @@ class LabeledRows:
             if draw_probability is not None
             else None,
             segment_matrix(segments) if segments is not None else None,
+            np.asarray(list(source), dtype=object).reshape(len(rows)) if source is not None else None,
         )
 
 
@@ -281,6 +290,8 @@ class LabelOutcome:
     duplicate: list[str]
     #: ids whose earlier label this one replaced (``replace``: an authorized labeler's correction)
     corrected: list[str] = field(default_factory=list)
+    #: who gave these labels
+    source: str = ""
 
 
 def prediction_id(request_id: str, index: int) -> str:

@@ -34,7 +34,9 @@ class RealizedTracker:
         self.per_class_cap = settings.metrics.per_class_label_cap
         self.store = store
         self.runtimes = runtimes
-        self.windows = RealizedWindows(settings.window_seconds, settings.windows.count, self.config.max_predictions)
+        self.windows = RealizedWindows(
+            settings.window_seconds, settings.windows.count, self.config.max_predictions, self.config.max_source_share
+        )
         self.identity = runtimes.current.identity
         self._fleet_read = 0.0  # monotonic time the windows last re-read a shared store
         #: Whether the tracker runs (``labels.enabled`` and started with the agent).
@@ -147,6 +149,7 @@ class RealizedTracker:
                         w.probability_errors.to_dict(),
                         w.classes,
                         w.none_share,
+                        w.capped,
                     )
                 )
         return RealizedSnapshot(rt.name, rt.version, points)

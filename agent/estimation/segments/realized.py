@@ -31,18 +31,20 @@ class SegmentLabels:
     @classmethod
     def of(cls, ids: np.ndarray, size: int, correct: np.ndarray, weights: np.ndarray | None = None) -> SegmentLabels:
         """From the labels' segment numbers ``ids`` ``[D, m]`` (a number ≥ ``size``: counted nowhere), whether
-        each was right and their weights (None: all 1)."""
+        each was right and their weights (None: all 1; ``[m]``: one per label; ``[D, m]``: one per label and
+        dimension, e.g. after a cap within each segment)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1, len(correct)) if len(correct) else np.zeros((0, 0), int)
         d = ids.shape[0]
         flat = np.minimum(ids.ravel(), size)
         y = np.asarray(correct, dtype=np.float64).reshape(-1)
-        w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+        w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
+        w = w.reshape(-1) if w.size == flat.size else np.tile(w.reshape(-1), d)
+        yy = np.tile(y, d)
 
         def sums(v: np.ndarray | None) -> np.ndarray:
-            tiled = None if v is None else np.tile(v, d)
-            return np.bincount(flat, weights=tiled, minlength=size + 1)[:size].astype(np.float64)
+            return np.bincount(flat, weights=v, minlength=size + 1)[:size].astype(np.float64)
 
-        return cls(sums(None), sums(w), sums(w * y), sums(w * w))
+        return cls(sums(None), sums(w), sums(w * yy), sums(w * w))
 
     def estimate(self, s: int) -> tuple[int, Estimate | None]:
         """Segment ``s``'s labels and realized accuracy with its interval (None without a label)."""
