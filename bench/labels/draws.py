@@ -9,8 +9,10 @@ import math
 import numpy as np
 
 from agent.estimation.estimators.active import active_accuracy, rate_for, spread_probabilities
+from agent.estimation.estimators.post_stratified import Strata, post_stratified
 from agent.estimation.estimators.prediction_powered import LabeledEstimate
 from agent.estimation.estimators.strata import StrataLearner, strata_of
+from agent.estimation.statistics.window import WindowStats
 
 ACTIVE = "active"
 STRATIFIED = "stratified"
@@ -28,11 +30,15 @@ def stratified_draw(
     labels: int,
     floor: float,
     dimensions: tuple[int, ...] | None = None,
+    post_stratify: tuple[np.ndarray, Strata] | None = None,
 ) -> LabeledEstimate:
     """Stratified draws over one window as an agent makes them (:mod:`agent.estimation.estimators.strata`): the
     predictions arrive in batches of :data:`BATCH`; each batch is drawn with the allocation learnt from the
     labels of the batches before it (none at the window's start: the bundle's prior), at the window's
-    expected rate; every draw keeps its probability and the estimate is the active one."""
+    expected rate; every draw keeps its probability and the estimate is the active one. ``post_stratify``
+    (every prediction's top-class probability, and the segment dimensions as ``(name, first, end)``): the
+    agent's ``with_labels`` then, the narrower of the active estimate and the post-stratified one
+    (:mod:`agent.estimation.estimators.post_stratified`) as the agent reports it."""
     learner = StrataLearner(n_segments, tau=math.inf, dimensions=dimensions)
     strata = strata_of(f, segments)
     target = labels / len(f)
@@ -47,5 +53,15 @@ def stratified_draw(
         probs.append(pi[got])
         learner.learn(strata[:, part][:, got], f[part][got], correct[part][got], 0.0)
     s = np.concatenate(drawn)
-    a = active_accuracy(f, s, correct[s], np.concatenate(probs))
+    p = np.concatenate(probs)
+    a = active_accuracy(f, s, correct[s], p)
+    if a is not None and post_stratify is not None and len(s):
+        conf, strata = post_stratify
+        stats = WindowStats(n=len(f), conf_sum=float(conf.sum()), conf_sq_sum=float((conf * conf).sum()))
+        stats.add_segment_sums(segments, n_segments, conf, np.zeros(len(f), dtype=np.int8), None)
+        stats += WindowStats.of_labeled_sample(conf[s], correct[s], predicted_correct=f[s], draw_probability=p)
+        stats.add_segment_labels(segments[:, s], n_segments, conf[s], correct[s], p)
+        ps = post_stratified(stats, strata)
+        if ps is not None and ps.upper - ps.lower < a.upper - a.lower:
+            return ps
     return a if a is not None else LabeledEstimate(0.0, 0.0, 1.0, len(f), 0)

@@ -1,7 +1,8 @@
 """The label benchmark on windows with a localized drop: the localization benchmark's faults (one segment of a
 real model's inputs broken, :mod:`bench.localization.runs`), each window labeled by uniform, active and stratified
 draws as :func:`bench.labels.__main__.run_model` labels the estimator benchmark's windows. The strata are the
-segments the bundle fixed at ``fit`` (every dimension) and the bins of the bundle's predicted correctness.
+segments the bundle fixed at ``fit`` (every dimension) and the bins of the bundle's predicted correctness;
+the stratified design's estimate is the agent's ``with_labels``, which may be post-stratified on those segments.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _window(
         a = active_accuracy(f, d, correct[d], pi[d]) or LabeledEstimate(0.0, 0.0, 1.0, len(rows), 0)
         out.append((name, scenario, n, ACTIVE, a.value, a.lower, a.upper, truth))
         dims = tuple(len(d.segments) for d in subject.segments.dimensions)
-        st = stratified_draw(rng, f, correct, segs, size, n, floor, dims)
+        strata = tuple((d.name, a, b) for d, a, b in subject.segments.spans())
+        st = stratified_draw(rng, f, correct, segs, size, n, floor, dims, post_stratify=(conf, strata))
         out.append((name, scenario, n, STRATIFIED, st.value, st.lower, st.upper, truth))
     return out
 
