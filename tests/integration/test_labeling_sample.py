@@ -144,7 +144,16 @@ def test_a_postgres_store_of_the_first_schema_is_migrated(postgres: PostgresData
     s.flush(now=210.0)
     with psycopg.connect(postgres.url) as conn:
         assert conn.execute("SELECT MAX(version) FROM icos_store_schema").fetchone() == (SCHEMA_VERSION,)
-    assert SCHEMA_VERSION == 4
+        columns = {
+            (str(t), str(c))
+            for t, c in conn.execute(
+                "SELECT table_name, column_name FROM information_schema.columns WHERE table_name LIKE 'icos_%'"
+            )
+        }
+    assert SCHEMA_VERSION == 5
+    # every later migration ran: the labeling sample, sources, draw probabilities, segment numbers
+    assert {("icos_requests", "sampled"), ("icos_labels", "source"), ("icos_requests", "sampled_p")} <= columns
+    assert {("icos_requests", "sampled_seg"), ("icos_labels", "segments")} <= columns
     assert s.label_requests("m:b", 10) == [("new:1", 200.0)]
     assert s.apply_labels([("old:0", 0), ("new:1", 1)], now=220.0).n_accepted == 2
     rows = s.labeled_rows("m:b")
