@@ -135,8 +135,8 @@ def _templates(
 
 
 def _write_series(
-    om: Path,
-    text: Path,
+    om: Path | None,
+    text: Path | None,
     replicas: int,
     scrape: int,
     end: int,
@@ -145,8 +145,9 @@ def _write_series(
     segments: Segmentation | None = None,
 ) -> dict[str, float]:
     """The simulated series, as OpenMetrics (``om``, seconds: promtool's input) and Prometheus's text
-    format (``text``, milliseconds: VictoriaMetrics's import); returns the true prediction count of
-    each window ending at the evaluation time."""
+    format (``text``, milliseconds: VictoriaMetrics's import), each only where a store that reads it is
+    measured (None: not written; at 1,000 replicas of a bundle with segments each is tens of GB); returns the
+    true prediction count of each window ending at the evaluation time."""
     rng = np.random.default_rng(1)
     templates = _templates(ref, int(rate * scrape), rng, segments)
     names = [k for k, _ in stat_items(_sample_stats(ref, segments))]
@@ -157,8 +158,11 @@ def _write_series(
     truth = dict.fromkeys(WINDOWS, 0.0)
     n_index = names.index("n")
     at = _evaluation_time(end, scrape)
-    with om.open("w", encoding="utf-8") as f, text.open("w", encoding="utf-8") as g:
-        f.write(f"# TYPE {STAT_METRIC.removesuffix('_total')} counter\n")
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(om.open("w", encoding="utf-8")) if om is not None else None
+        g = stack.enter_context(text.open("w", encoding="utf-8")) if text is not None else None
+        if f is not None:
+            f.write(f"# TYPE {STAT_METRIC.removesuffix('_total')} counter\n")
         for r in range(replicas):
             picks = rng.integers(0, len(templates), steps + 1)
             incs = np.asarray([templates[i] for i in picks])  # [steps+1, stats]
@@ -173,9 +177,12 @@ def _write_series(
             for j, stat in enumerate(names):
                 head = f'{STAT_METRIC}{{{labels},stat="{stat}"}} '
                 col = [f"{v:.17g}" for v in values[:, j].tolist()]
-                f.writelines(f"{head}{v} {t}\n" for t, v in zip(stamps_s, col, strict=True))
-                g.writelines(f"{head}{v} {t}\n" for t, v in zip(stamps_ms, col, strict=True))
-        f.write("# EOF\n")
+                if f is not None:
+                    f.writelines(f"{head}{v} {t}\n" for t, v in zip(stamps_s, col, strict=True))
+                if g is not None:
+                    g.writelines(f"{head}{v} {t}\n" for t, v in zip(stamps_ms, col, strict=True))
+        if f is not None:
+            f.write("# EOF\n")
     return truth
 
 
@@ -267,17 +274,21 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         end = int(time.time()) // 60 * 60 - 120
         t0 = time.perf_counter()
-        om, text = root / "series.om", root / "series.prom"
+        om = root / "series.om" if "prometheus" in backends else None
+        text = root / "series.prom" if "victoria-metrics" in backends else None
         truth = _write_series(om, text, args.replicas, args.scrape, end, ref, args.rate, cal.segments)
         series = args.replicas * len(list(stat_items(_sample_stats(ref, cal.segments))))
+        written = next(p for p in (om, text) if p is not None)
         print(
-            f"{args.replicas} replicas, {series} series, {om.stat().st_size / 1e6:.0f} MB of OpenMetrics "
+            f"{args.replicas} replicas, {series} series, {written.stat().st_size / 1e6:.0f} MB of samples "
             f"({time.perf_counter() - t0:.0f} s); estimators with a {what}",
             flush=True,
         )
         for backend in backends:
             (root / backend).mkdir()
-            with BACKENDS[backend](root / backend, om if backend == "prometheus" else text) as url:
+            source = om if backend == "prometheus" else text
+            assert source is not None
+            with BACKENDS[backend](root / backend, source) as url:
                 rows.append(_measure(backend, url, _evaluation_time(end, args.scrape), truth, cal, args.repeat))
     table = _table(rows, args.replicas, series)
     print(table)
