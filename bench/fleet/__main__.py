@@ -207,8 +207,9 @@ def _sample_stats(ref: InputReference | None, segments: Segmentation | None = No
 
 
 @contextlib.contextmanager
-def _prometheus(root: Path, om: Path) -> Iterator[str]:
-    """A real Prometheus serving ``om`` turned into TSDB blocks by promtool; yields its URL."""
+def _prometheus(root: Path, om: Path, samples: int) -> Iterator[str]:
+    """A real Prometheus serving ``om`` turned into TSDB blocks by promtool, allowed to load the ``samples`` a
+    refresh reads at once (``--query.max-samples``, 50 million by default); yields its URL."""
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     assert prometheus is not None and promtool is not None
     tsdb = root / "tsdb"
@@ -220,7 +221,8 @@ def _prometheus(root: Path, om: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
     )
     print(f"prometheus: blocks written ({time.perf_counter() - t0:.0f} s)", flush=True)
-    server = PrometheusServer(root, {"global": {"scrape_interval": "1m"}}, retention=None)
+    flags = [f"--query.max-samples={max(50_000_000, 2 * samples)}"]
+    server = PrometheusServer(root, {"global": {"scrape_interval": "1m"}}, retention=None, flags=flags)
     server.start(timeout=300)
     try:
         yield server.url
@@ -229,11 +231,13 @@ def _prometheus(root: Path, om: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _victoria_metrics(root: Path, text: Path) -> Iterator[str]:
+def _victoria_metrics(root: Path, text: Path, series: int) -> Iterator[str]:
     """A real single-node VictoriaMetrics holding ``text`` (imported through ``/api/v1/import/prometheus``
-    in parts of about 16 MB); yields its URL."""
+    in parts of about 16 MB), allowed to match the ``series`` one query selects (``-search.maxUniqueTimeseries``,
+    300,000 or less by default, by memory); yields its URL."""
     (root / "vm").mkdir()
-    server = VictoriaMetricsServer(root / "vm").start()
+    flags = [f"-search.maxUniqueTimeseries={max(300_000, 2 * series)}"]
+    server = VictoriaMetricsServer(root / "vm", flags=flags).start()
     try:
         t0 = time.perf_counter()
         with text.open("rb") as f, httpx.Client(timeout=600) as client:
@@ -288,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             (root / backend).mkdir()
             source = om if backend == "prometheus" else text
             assert source is not None
-            with BACKENDS[backend](root / backend, source) as url:
+            limit = series if backend == "victoria-metrics" else series * (SPAN // args.scrape + 1)
+            with BACKENDS[backend](root / backend, source, limit) as url:
                 rows.append(_measure(backend, url, _evaluation_time(end, args.scrape), truth, cal, args.repeat))
     table = _table(rows, args.replicas, series)
     print(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,16 @@ class PrometheusServer:
     :meth:`stop` returns the end of its log (stderr)."""
 
     def __init__(
-        self, directory: Path, config: dict[str, Any], retention: str | None = "1h", port: int | None = None
+        self,
+        directory: Path,
+        config: dict[str, Any],
+        retention: str | None = "1h",
+        port: int | None = None,
+        flags: Sequence[str] = (),
     ) -> None:
         self.binary: str = require("prometheus")
+        #: further command-line flags (e.g. a query limit a benchmark's many series need)
+        self.flags = list(flags)
         self.dir = directory
         self.config = config
         self.retention = retention
@@ -53,7 +61,7 @@ class PrometheusServer:
         config_path = self.dir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(self.config, sort_keys=False), encoding="utf-8")
         cmd = [self.binary, f"--config.file={config_path}", f"--storage.tsdb.path={self.dir / 'tsdb'}"]
-        cmd += [f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        cmd += [f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", *self.flags]
         if self.retention:
             cmd.append(f"--storage.tsdb.retention.time={self.retention}")
         with self.log_path.open("ab") as log:

@@ -6,6 +6,7 @@ unchanged."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,16 @@ class VictoriaMetricsServer:
     ``scrape_configs`` of a prometheus.yml; None: no scraping, samples are imported); :meth:`stop`
     returns the end of its log."""
 
-    def __init__(self, directory: Path, config: dict[str, Any] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        port: int | None = None,
+        flags: Sequence[str] = (),
+    ) -> None:
         self.binary: str = require("victoria-metrics")
+        #: further command-line flags (e.g. a search limit a benchmark's many series need)
+        self.flags = list(flags)
         self.dir = directory
         self.config = _scrape_part(config) if config is not None else None
         self.port = port or free_port()
@@ -34,7 +43,7 @@ class VictoriaMetricsServer:
 
     def start(self, timeout: float = 60.0) -> VictoriaMetricsServer:
         cmd = [self.binary, f"-httpListenAddr=127.0.0.1:{self.port}", f"-storageDataPath={self.dir / 'vm-data'}"]
-        cmd += ["-retentionPeriod=1d", "-loggerLevel=ERROR", "-search.disableCache"]
+        cmd += ["-retentionPeriod=1d", "-loggerLevel=ERROR", "-search.disableCache", *self.flags]
         if self.config is not None:
             path = self.dir / "promscrape.yml"
             path.write_text(yaml.safe_dump(self.config, sort_keys=False), encoding="utf-8")
