@@ -132,13 +132,18 @@ class Windowed:
         y = label_indices(rows.y, self.model.classes, allow_none=True) if rows.y is not None else None
         keys = self.windowing.keys(self.seen, n, rows.timestamps)
         self.seen += n
-        self._add(self.total, judged, y, None)
-        for key in np.unique(keys).tolist():
+        found = np.unique(keys).tolist()
+        if len(found) == 1:  # the whole batch in one window: its sums computed once, for the window and the total
+            self._add((self.total, self.windows.setdefault(int(found[0]), Tally())), judged, y, None)
+            return Added(judged, y, keys)
+        self._add((self.total,), judged, y, None)
+        for key in found:
             idx = np.flatnonzero(keys == key)
-            self._add(self.windows.setdefault(int(key), Tally()), judged, y, None if len(idx) == n else idx)
+            self._add((self.windows.setdefault(int(key), Tally()),), judged, y, idx)
         return Added(judged, y, keys)
 
-    def _add(self, tally: Tally, judged: Judged, y: np.ndarray | None, idx: np.ndarray | None) -> None:
+    def _add(self, tallies: tuple[Tally, ...], judged: Judged, y: np.ndarray | None, idx: np.ndarray | None) -> None:
+        """The rows ``idx`` of the batch (None: all) added to each of ``tallies``, their sums computed once."""
         pred = judged.prediction
 
         def part(a: np.ndarray | None) -> np.ndarray | None:
@@ -157,15 +162,15 @@ class Windowed:
             tdi_rules=rules,
         )
         labels = part(y)
-        if labels is None:
-            tally.add(stats, verdicts, None)
-            return
-        wrong = labels != predicted
-        seg = self.calibration.segments
-        truth = None
-        if seg is not None:
-            truth = truth_counts(seg.ids(features, predicted, rules, len(predicted)), seg.size, ~wrong)
-        tally.add(stats, verdicts, wrong, int(np.count_nonzero(labels == NONE_INDEX)), truth)
+        wrong, none, truth = None, 0, None
+        if labels is not None:
+            wrong = labels != predicted
+            none = int(np.count_nonzero(labels == NONE_INDEX))
+            seg = self.calibration.segments
+            if seg is not None:
+                truth = truth_counts(seg.ids(features, predicted, rules, len(predicted)), seg.size, ~wrong)
+        for i, tally in enumerate(tallies):
+            tally.add(stats if i == 0 else stats.copy(), verdicts, wrong, none, truth)
 
     def add_all(self, batches: Iterable[FrameRows], batch_rows: int = DEFAULT_BATCH_ROWS) -> Windowed:
         """Every batch, regrouped into batches of ``batch_rows`` (:func:`~agent.data.frame_rows.rebatched`)."""
