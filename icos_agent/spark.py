@@ -55,6 +55,7 @@ def _partition_tallies(
         import pyarrow as pa
 
         bundle = _loaded(bundle_dir, model_path)
+        assert bundle.model is not None  # loaded with its model
         windowed = Windowed(bundle.model, bundle.invariants, windowing)
         names = bundle.model.signature.names
         rows = (
@@ -92,6 +93,8 @@ def estimate(
     """Every estimate per window of a Spark data frame: ``timestamp`` its time column and ``window`` a duration
     (``"1 hour"``, ``"15 minutes"``; None: one window of every row), ``labels`` its label column (None: no labels);
     every other column is an input, as :meth:`icos_agent.Bundle.estimate` reads a pandas frame."""
+    if bundle.model is None:
+        raise UserError("a bundle fitted from logged predictions is estimated in-process: bundle.estimate(frame)")
     if bundle.directory is None or bundle.model.path is None:
         raise UserError("the executors load the bundle from its directory: save it first (bundle.save(dir))")
     windowing = Windowing.of(window)
