@@ -116,7 +116,9 @@ class Bundle:
             window = "1h"
         windowing = Windowing.of(window)
         if self.model is None:
-            return self._estimate_logged(data, timestamp, windowing, labels, challenger, alert_margin, batch_rows)
+            return self._estimate_logged(
+                data, timestamp, windowing, labels, metadata, challenger, alert_margin, batch_rows
+            )
         batches = Batches(
             data, self.model, labels=labels, timestamp=timestamp, metadata=metadata, batch_rows=batch_rows
         )
@@ -144,6 +146,7 @@ class Bundle:
         timestamp: Any,
         windowing: Windowing,
         labels: Any,
+        metadata: Sequence[str],
         challenger: Bundle | None,
         alert_margin: float,
         batch_rows: int,
@@ -159,7 +162,8 @@ class Bundle:
             raise UserError("challenger= compares ONNX models: a bundle fitted from logged predictions has none")
         if batch_rows < 1:
             raise UserError("batch_rows must be at least 1")
-        columns = TableColumns(table.proba_columns, table.feature_columns, None, tuple(self._metadata))
+        # the metadata columns named, or those the IDI rules read
+        columns = TableColumns(table.proba_columns, table.feature_columns, None, tuple(metadata or self._metadata))
         windowed = Windowed(None, self.invariants, windowing)
         for batch, ts in table_batches(data, columns, labels=labels, timestamp=timestamp, batch_rows=batch_rows):
             windowed.add_table(batch, ts)
