@@ -1,4 +1,4 @@
-"""NannyML's quickstart (its performance-estimation cells) ported to ``icos_agent`` as docs/python.md shows it: the
+"""NannyML's quickstart (its performance-estimation steps) ported to ``icos_agent`` as docs/python.md shows it: the
 port changes at most ten lines, runs on NannyML's own synthetic car-loan data (read from its pinned wheel, which
 ``make nannyml-wheel`` downloads: nannyml itself pins an older LightGBM than the agent) and produces the estimate
 and the figure; every window's estimates are those of ``icos-agent check --chunk-size 5000`` over the same rows."""
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _code_blocks() -> tuple[list[str], list[str]]:
-    """NannyML's cells and the port, the second and third Python blocks of the section."""
+    """NannyML's steps and the port, the second and third Python blocks of the section."""
     text = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
     section = text[text.index(SECTION) :]
     section = section[: section.index("\n## ", 1)]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 3, "the section shows the API, NannyML's cells and the port"
+    assert len(blocks) == 3, "the section shows the API, NannyML's steps and the port"
     return blocks[1].splitlines(), blocks[2].splitlines()
 
 
