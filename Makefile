@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
 
-.PHONY: demo test test-installs test-fast lint venv spark-extra python-version system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck bench clean audit-deps lock dist image
+.PHONY: demo test test-installs test-fast lint venv spark-extra python-version system-tools mlserver-venv kserve-venv label-studio-venv nannyml-wheel grafana-typecheck bench clean audit-deps lock dist image
 
 # First of all: an interpreter older than pyproject.toml's requires-python stops here, in one line.
 python-version:
@@ -65,6 +65,11 @@ kserve-venv:
 label-studio-venv:
 	@PYTHON=$(PYTHON) bash .ci/side-venv.sh label-studio "label-studio-sdk, for the labeling-loop test" 2
 
+# NannyML's wheel, not installed (its dependencies pin other versions than the agent's): the synthetic car-loan data
+# inside it is what the port of NannyML's quickstart reads (tests/integration/test_nannyml_quickstart.py).
+nannyml-wheel: $(STAMP)
+	@PYTHON=$(BIN)/python bash .ci/side-wheel.sh nannyml "its synthetic car-loan data, for the quickstart's port"
+
 # @grafana/schema and TypeScript for the dashboard type-check (npm ci in deploy/grafana/typecheck; npm
 # itself comes from system-tools).
 grafana-typecheck: system-tools
@@ -86,7 +91,7 @@ PYTEST_WORKERS ?= 3
 
 # What the tests need installed. Each step is skipped when up to date (a stamp of its lock file);
 # they wait on the network and run side by side, each step's output kept together.
-TEST_INSTALLS := venv spark-extra system-tools mlserver-venv kserve-venv label-studio-venv grafana-typecheck
+TEST_INSTALLS := venv spark-extra system-tools mlserver-venv kserve-venv label-studio-venv nannyml-wheel grafana-typecheck
 SIDE_BY_SIDE  := $(MAKE) --no-print-directory -j 8 --output-sync=target
 
 test-installs:

@@ -9,11 +9,12 @@ from agent.data.files import Dataset, label_indices, load_data
 from agent.data.frame_rows import FrameRows, frame_rows, rebatched, timestamps_ns
 from agent.data.limits import DataError, DataLimits
 from agent.data.table_files import frames
+from agent.data.tables import TableBatch, TableColumns, columns_of_schema, default_classes, table_batch
 from agent.errors import UserError
 from agent.estimation.segments.table import SegmentTable
 from agent.model.classifier import OnnxClassifier
 from agent.offline.backfill import Backfill, write_openmetrics
-from agent.offline.fit import FitReport, fit_bundle, fit_warnings
+from agent.offline.fit import FitReport, fit_bundle, fit_table_bundle, fit_warnings
 from agent.offline.lake import lake_batches, lake_files
 from agent.offline.tables import Tally
 from agent.offline.windowed import Windowed, Windowing, alert_of, realized_accuracy, tally_of_json
@@ -37,6 +38,8 @@ __all__ = [
     "InvariantBundle",
     "OnnxClassifier",
     "SegmentTable",
+    "TableBatch",
+    "TableColumns",
     "Tally",
     "UserError",
     "WindowEntry",
@@ -45,8 +48,11 @@ __all__ = [
     "WindowedPair",
     "PairedEntry",
     "alert_of",
+    "columns_of_schema",
+    "default_classes",
     "estimate_row",
     "fit_bundle",
+    "fit_table_bundle",
     "fit_warnings",
     "flag_name",
     "image_reading",
@@ -57,6 +63,7 @@ __all__ = [
     "lake_files",
     "load_data",
     "realized_accuracy",
+    "table_batch",
     "tally_of_json",
     "rebatched",
     "timestamps_ns",

@@ -22,6 +22,7 @@ BENCHMARKS = {
     "fit_images": "bench.fit.images",
     "model_kinds": "bench.bench_model_kinds",
     "notebook_report": "bench.notebook_report",
+    "lake": "bench.lake.__main__",
 }
 DEFAULT = ("oracle", "dscore")
 

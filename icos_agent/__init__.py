@@ -8,7 +8,7 @@ frame, arrays, files, a data lake — window by window, with the same additive s
 >>> est.to_df()
 """
 
-from icos_agent.bundle import Bundle, fit, load
+from icos_agent.bundle import Bundle, fit, fit_reference, load
 from icos_agent.estimates import ALERT_MARGIN, Estimates
 
-__all__ = ["ALERT_MARGIN", "Bundle", "Estimates", "fit", "load"]
+__all__ = ["ALERT_MARGIN", "Bundle", "Estimates", "fit", "fit_reference", "load"]

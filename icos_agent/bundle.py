@@ -17,11 +17,14 @@ from agent.api import (
     FitReport,
     InvariantBundle,
     OnnxClassifier,
+    TableColumns,
     UserError,
     Windowed,
     WindowedPair,
     Windowing,
+    default_classes,
     fit_bundle,
+    fit_table_bundle,
     fit_warnings,
     flag_name,
     image_reading,
@@ -54,11 +57,12 @@ def _model(model: str | Path | OnnxClassifier, scores_output: str | None, scores
 
 class Bundle:
     """A model and its bundle: :meth:`estimate` judges data with it, :meth:`save` writes the bundle as ``fit --out``
-    does. ``report``: the fit's figures (None for a bundle loaded from disk)."""
+    does. ``report``: the fit's figures (None for a bundle loaded from disk). ``model`` None: a bundle fitted from
+    logged predictions (:func:`fit_reference`), which judges the logged probabilities of its data."""
 
     def __init__(
         self,
-        model: OnnxClassifier,
+        model: OnnxClassifier | None,
         bundle: InvariantBundle,
         report: FitReport | None = None,
         directory: Path | None = None,
@@ -68,11 +72,12 @@ class Bundle:
         self.report = report
         #: where the bundle was read from or saved to (None: not yet saved)
         self.directory = directory
-        model.decision_threshold = bundle.decision_threshold
+        if model is not None:
+            model.decision_threshold = bundle.decision_threshold
 
     @property
     def classes(self) -> list[str]:
-        return list(self.model.classes)
+        return list(self.invariants.classes if self.model is None else self.model.classes)
 
     @property
     def warnings(self) -> list[str]:
@@ -110,11 +115,19 @@ class Bundle:
         if window is None and timestamp is not None:
             window = "1h"
         windowing = Windowing.of(window)
+        if self.model is None:
+            return self._estimate_logged(
+                data, timestamp, windowing, labels, metadata, challenger, alert_margin, batch_rows
+            )
         batches = Batches(
             data, self.model, labels=labels, timestamp=timestamp, metadata=metadata, batch_rows=batch_rows
         )
         windowed = Windowed(self.model, self.invariants, windowing)
-        paired = None if challenger is None else WindowedPair(windowed, challenger.model, challenger.invariants)
+        paired = None
+        if challenger is not None:
+            if challenger.model is None:
+                raise UserError("challenger= is a model's bundle (fitted with champion=): this one has no model")
+            paired = WindowedPair(windowed, challenger.model, challenger.invariants)
         from tqdm import tqdm
 
         with tqdm(total=batches.n, desc="estimate", unit="rows", disable=not progress, leave=False) as bar:
@@ -126,6 +139,43 @@ class Bundle:
         if windowed.total.stats is None:
             raise UserError("estimate: the data has no rows")
         return Estimates(windowed, alert_margin=alert_margin, paired=paired)
+
+    def _estimate_logged(
+        self,
+        data: Any,
+        timestamp: Any,
+        windowing: Windowing,
+        labels: Any,
+        metadata: Sequence[str],
+        challenger: Bundle | None,
+        alert_margin: float,
+        batch_rows: int,
+    ) -> Estimates:
+        """``estimate`` with a bundle fitted from logged predictions: data frames of logged rows, judged as
+        ``icos-agent check`` judges a table with such a bundle."""
+        from icos_agent.reference import table_batches
+
+        table = self.invariants.table
+        if table is None:
+            raise UserError("this bundle was fitted from a model: load it with its model (icos_agent.load)")
+        if challenger is not None:
+            raise UserError("challenger= compares ONNX models: a bundle fitted from logged predictions has none")
+        if batch_rows < 1:
+            raise UserError("batch_rows must be at least 1")
+        # the metadata columns named, or those the IDI rules read
+        columns = TableColumns(table.proba_columns, table.feature_columns, None, tuple(metadata or self._metadata))
+        windowed = Windowed(None, self.invariants, windowing)
+        for batch, ts in table_batches(data, columns, labels=labels, timestamp=timestamp, batch_rows=batch_rows):
+            windowed.add_table(batch, ts)
+        if windowed.total.stats is None:
+            raise UserError("estimate: the data has no rows")
+        return Estimates(windowed, alert_margin=alert_margin)
+
+    @property
+    def _metadata(self) -> list[str]:
+        """The metadata columns the IDI rules read (a bundle fitted from logged predictions reads them by name)."""
+        idi = self.invariants.idi
+        return sorted(idi.metadata_fields) if idi is not None else []
 
 
 def fit(
@@ -181,7 +231,62 @@ def fit(
     return out
 
 
-def load(bundle_dir: str | Path, model: str | Path | OnnxClassifier) -> Bundle:
-    """A bundle written by ``fit`` (or ``icos-agent fit``) and its model (whose digest the bundle checks)."""
+def fit_reference(
+    reference: Any,
+    *,
+    proba_columns: Sequence[str],
+    label_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
+    exclude: Sequence[str] = (),
+    classes: Sequence[str] | None = None,
+    metadata: Sequence[str] = (),
+    idi: str | Path | None = None,
+    plan: CalibrationPlan | None = None,
+    progress: bool = True,
+    **options: Any,
+) -> Bundle:
+    """Fit a bundle from a model's logged predictions, as ``icos-agent fit --reference`` does: ``reference`` a data
+    frame (or ``(frame, "label")``) of features, the model's predicted probabilities (``proba_columns``: one per
+    class, or the probability of class 1 of a binary model) and the labels. Features: ``feature_columns``, or every
+    other numeric column but ``exclude`` (ids, the logged predicted class). ``classes``: their names, in the order
+    of ``proba_columns`` (default as the CLI's). ``options``: the fit parameters, as :func:`fit` takes them."""
+    from icos_agent._inputs import _is_frame
+    from icos_agent.reference import reference_columns
+
+    if isinstance(reference, tuple) and len(reference) == 2 and isinstance(reference[1], str):
+        reference, label_column = reference
+    if not _is_frame(reference) or label_column is None:
+        raise UserError("fit_reference reads a data frame and its label column: (frame, 'label') or label_column=")
+    params = _fit_params(options)
+    if options:
+        raise UserError(f"fit_reference: unknown option(s) {', '.join(sorted(options))}")
+    columns, skipped = reference_columns(reference, proba_columns, label_column, feature_columns, metadata, exclude)
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"  {message}", file=sys.stderr)
+
+    if skipped:
+        say(f"non-numeric columns left out of the features: {', '.join(skipped)}")
+    from agent.api import table_batch
+
+    ref = table_batch(reference, columns, "reference")
+    names = list(classes) if classes is not None else default_classes(list(proba_columns))
+    report = fit_table_bundle(
+        ref, columns, names, idi_path=idi, params=params, progress=say, plan=plan or CalibrationPlan()
+    )
+    out = Bundle(None, report.bundle, report)
+    for warning in out.warnings:
+        say(f"warning: {warning}")
+    return out
+
+
+def load(bundle_dir: str | Path, model: str | Path | OnnxClassifier | None = None) -> Bundle:
+    """A bundle written by ``fit`` (or ``icos-agent fit``) and its model (whose digest the bundle checks); without
+    ``model``, a bundle fitted from logged predictions (:func:`fit_reference`, ``icos-agent fit --reference``)."""
+    if model is None:
+        if InvariantBundle.table_source(bundle_dir) is None:
+            raise UserError(f"{bundle_dir} was fitted from a model: give model= (its ONNX file)")
+        return Bundle(None, InvariantBundle.load(bundle_dir), directory=Path(bundle_dir))
     onnx = _model(model, None, "auto")
     return Bundle(onnx, InvariantBundle.load(bundle_dir, expected_model_sha256=onnx.sha256), directory=Path(bundle_dir))

@@ -23,6 +23,22 @@ if TYPE_CHECKING:
 #: The schema of what each partition hands on: one row per window it saw.
 PARTIAL_SCHEMA = "window long, tally string"
 
+#: Bundles loaded in this process (an executor's Python worker, which Spark reuses from partition to partition),
+#: by their paths and the files' times and sizes: a bundle or model rewritten in place is loaded again.
+_LOADED: dict[tuple[object, ...], Bundle] = {}
+
+
+def _loaded(bundle_dir: str, model_path: str) -> Bundle:
+    """The bundle and model at these paths, loaded once per worker process rather than once per partition."""
+    from pathlib import Path
+
+    files = (Path(model_path), *sorted(Path(bundle_dir).iterdir()))
+    key = (bundle_dir, model_path, *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files))
+    if key not in _LOADED:
+        _LOADED.clear()  # one bundle at a time: a worker serving another estimate drops the last one
+        _LOADED[key] = load(bundle_dir, model=model_path)
+    return _LOADED[key]
+
 
 def _partition_tallies(
     bundle_dir: str,
@@ -38,7 +54,8 @@ def _partition_tallies(
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        bundle = load(bundle_dir, model=model_path)
+        bundle = _loaded(bundle_dir, model_path)
+        assert bundle.model is not None  # loaded with its model
         windowed = Windowed(bundle.model, bundle.invariants, windowing)
         names = bundle.model.signature.names
         rows = (
@@ -76,6 +93,8 @@ def estimate(
     """Every estimate per window of a Spark data frame: ``timestamp`` its time column and ``window`` a duration
     (``"1 hour"``, ``"15 minutes"``; None: one window of every row), ``labels`` its label column (None: no labels);
     every other column is an input, as :meth:`icos_agent.Bundle.estimate` reads a pandas frame."""
+    if bundle.model is None:
+        raise UserError("a bundle fitted from logged predictions is estimated in-process: bundle.estimate(frame)")
     if bundle.directory is None or bundle.model.path is None:
         raise UserError("the executors load the bundle from its directory: save it first (bundle.save(dir))")
     windowing = Windowing.of(window)

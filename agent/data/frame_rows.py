@@ -42,9 +42,14 @@ def timestamps_ns(values: object, where: str) -> np.ndarray:
     nanoseconds since the epoch in UTC; naive datetimes are read as UTC."""
     import pandas as pd
 
-    arr = np.asarray(values)
+    if isinstance(values, pd.Series) and pd.api.types.is_datetime64_any_dtype(values.dtype):
+        # a column of datetimes converted whole: np.asarray of a zoned one would build a Timestamp per row
+        values = pd.DatetimeIndex(values)
+    arr = values if isinstance(values, pd.DatetimeIndex) else np.asarray(values)
     try:
-        if arr.dtype.kind in "iuf":
+        if isinstance(arr, pd.DatetimeIndex):
+            ts = arr.tz_localize("UTC") if arr.tz is None else arr.tz_convert("UTC")
+        elif arr.dtype.kind in "iuf":
             ts = pd.to_datetime(arr, unit="s", utc=True)
         elif arr.dtype.kind == "M":
             ts = pd.to_datetime(arr, utc=True)
@@ -77,7 +82,7 @@ def frame_rows(
             f"{where}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})"
         )
     y = parse_labels(df[label_column].to_numpy(), where) if label_column is not None else None
-    ts = timestamps_ns(df[timestamp_column].to_numpy(), where) if timestamp_column is not None else None
+    ts = timestamps_ns(df[timestamp_column], where) if timestamp_column is not None else None
     meta = {m: df[m].to_numpy() for m in metadata}
     named = len(inputs) > 1 or (len(inputs) == 1 and inputs[0] not in ("x", "input"))
     if named and all(name in df.columns for name in inputs):

@@ -89,7 +89,20 @@ def resolve_columns(
     Without ``features``, every other numeric column is a feature (non-numeric ones are skipped and
     returned, so the caller can say so); named features must exist and be numeric.
     """
-    schema = table_schema(path, limits)
+    return columns_of_schema(table_schema(path, limits), str(path), proba, label, features, metadata, require_label)
+
+
+def columns_of_schema(
+    schema: dict[str, bool],
+    where: str,
+    proba: Sequence[str],
+    label: str | None,
+    features: Sequence[str] | None,
+    metadata: Sequence[str],
+    require_label: bool,
+) -> tuple[TableColumns, list[str]]:
+    """:func:`resolve_columns` over a table's columns (name → numeric), read from a file or a data frame."""
+    path = where
     wanted = [*proba, *metadata, *([label] if label else []), *(features or [])]
     missing = [c for c in wanted if c not in schema]
     if label and require_label is False and label in missing:
@@ -154,12 +167,14 @@ def iter_table(
     with tqdm(total=parquet_rows(p), desc=desc, unit="row", leave=False, mininterval=0.5, delay=1.0) as bar:
         for df in reader:
             where = f"{p} (rows {start + 1}..{start + len(df)})"
-            yield _batch(df, columns, where)
+            yield table_batch(df, columns, where)
             start += len(df)
             bar.update(len(df))
 
 
-def _batch(df: pd.DataFrame, columns: TableColumns, where: str) -> TableBatch:
+def table_batch(df: pd.DataFrame, columns: TableColumns, where: str) -> TableBatch:
+    """The rows of ``df`` (a batch of a table, or a frame in memory) as features, probabilities, labels and
+    metadata, checked as a table file's rows are."""
     feats = df[list(columns.features)]
     try:
         x = feats.to_numpy(dtype=np.float32)

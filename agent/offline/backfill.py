@@ -96,7 +96,10 @@ def write_openmetrics(
     if not entries:
         raise UserError("the data has no rows: no window to write")
     bundle = BundleSection(windowed.headline, windowed.calibration)
-    name, version = bounded_label(model_name or windowed.model.name), bounded_label(model_version)
+    if model_name is None and windowed.model is None:
+        raise UserError("a bundle fitted from logged predictions has no model file to name: give model_name")
+    name = bounded_label(model_name or windowed.model.name)  # type: ignore[union-attr]  # checked above
+    version = bounded_label(model_version)
     history = MetricsHistory()
     ends = []
     for key, entry in entries:

@@ -21,7 +21,7 @@ import numpy as np
 from agent.core.label_values import NONE_INDEX
 from agent.data.files import label_indices
 from agent.data.frame_rows import FrameRows, rebatched
-from agent.data.tables import DEFAULT_BATCH_ROWS
+from agent.data.tables import DEFAULT_BATCH_ROWS, TableBatch
 from agent.errors import UserError
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.evidence import evidence_section
@@ -29,11 +29,12 @@ from agent.estimation.estimators.registry import headline_estimator
 from agent.estimation.segments.segmentation import truth_counts
 from agent.estimation.segments.table import SegmentTable, segment_table
 from agent.estimation.statistics.window import WindowStats
-from agent.model.classifier import OnnxClassifier, Prediction
+from agent.model.classifier import OnnxClassifier, Prediction, predicted_classes_of
 from agent.offline.check import Judged, calibration_summary, judge
 from agent.offline.tables import Tally
 from agent.results.window import WindowEntry, window_entry
 from invariants.bundle import Bundle
+from invariants.compiled import CompiledOracle
 from invariants.oracle import OracleResult
 
 #: Classes up to which a window's CBPE figures are kept per class (the agent's default cap).
@@ -120,35 +121,57 @@ class Added:
 
 @dataclass
 class Windowed:
-    """``check`` over windows of a model's data: add batches (:meth:`add`), then read the result."""
+    """``check`` over windows of a model's data: add batches (:meth:`add`), then read the result. ``model`` None:
+    a bundle fitted from a reference table (``fit --reference``), whose batches come with the model's logged
+    probabilities (:meth:`add_table`)."""
 
-    model: OnnxClassifier
+    model: OnnxClassifier | None
     bundle: Bundle
     windowing: Windowing = field(default_factory=Windowing)
     total: Tally = field(default_factory=Tally)
     windows: dict[int, Tally] = field(default_factory=dict)
     seen: int = 0
+    _table_oracle: CompiledOracle | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.calibration = EstimatorCalibration.from_dict(self.bundle.estimator_calibration)
-        self.headline = headline_estimator(self.bundle.headline)
+        self.headline = headline_estimator(self.bundle.headline, with_model=self.model is not None)
+        self.classes = list(self.bundle.classes if self.model is None else self.model.classes)
 
     def add(self, rows: FrameRows) -> Added | None:
         """Judge one batch and add each row to its window (and to the total); what was judged (None: no rows)."""
-        n = len(rows)
-        if n == 0:
+        if len(rows) == 0:
             return None
-        judged = judge_rows(self.model, self.bundle, rows)
-        y = label_indices(rows.y, self.model.classes, allow_none=True) if rows.y is not None else None
-        keys = self.windowing.keys(self.seen, n, rows.timestamps)
+        if self.model is None:
+            raise UserError("a bundle fitted from a reference table judges logged probabilities: add_table")
+        return self._judged(judge_rows(self.model, self.bundle, rows), rows.y, rows.timestamps)
+
+    def add_table(self, batch: TableBatch, timestamps: np.ndarray | None = None) -> Added | None:
+        """A batch of logged rows (features and the model's probabilities) judged as ``check`` judges a table with
+        a bundle fitted from a reference table, each row added to its window."""
+        if len(batch) == 0:
+            return None
+        if self._table_oracle is None:
+            self._table_oracle = CompiledOracle(self.bundle.oracle(), batch.x.shape[1], len(self.classes))
+        return self._judged(judge_table(self.bundle, self._table_oracle, batch), batch.y, timestamps)
+
+    def _judged(self, judged: Judged, labels: np.ndarray | None, timestamps: np.ndarray | None) -> Added:
+        n = len(judged.prediction.predicted)
+        y = label_indices(labels, self.classes, allow_none=True) if labels is not None else None
+        keys = self.windowing.keys(self.seen, n, timestamps)
         self.seen += n
-        self._add(self.total, judged, y, None)
-        for key in np.unique(keys).tolist():
+        found = np.unique(keys).tolist()
+        if len(found) == 1:  # the whole batch in one window: its sums computed once, for the window and the total
+            self._add((self.total, self.windows.setdefault(int(found[0]), Tally())), judged, y, None)
+            return Added(judged, y, keys)
+        self._add((self.total,), judged, y, None)
+        for key in found:
             idx = np.flatnonzero(keys == key)
-            self._add(self.windows.setdefault(int(key), Tally()), judged, y, None if len(idx) == n else idx)
+            self._add((self.windows.setdefault(int(key), Tally()),), judged, y, idx)
         return Added(judged, y, keys)
 
-    def _add(self, tally: Tally, judged: Judged, y: np.ndarray | None, idx: np.ndarray | None) -> None:
+    def _add(self, tallies: tuple[Tally, ...], judged: Judged, y: np.ndarray | None, idx: np.ndarray | None) -> None:
+        """The rows ``idx`` of the batch (None: all) added to each of ``tallies``, their sums computed once."""
         pred = judged.prediction
 
         def part(a: np.ndarray | None) -> np.ndarray | None:
@@ -167,15 +190,15 @@ class Windowed:
             tdi_rules=rules,
         )
         labels = part(y)
-        if labels is None:
-            tally.add(stats, verdicts, None)
-            return
-        wrong = labels != predicted
-        seg = self.calibration.segments
-        truth = None
-        if seg is not None:
-            truth = truth_counts(seg.ids(features, predicted, rules, len(predicted)), seg.size, ~wrong)
-        tally.add(stats, verdicts, wrong, int(np.count_nonzero(labels == NONE_INDEX)), truth)
+        wrong, none, truth = None, 0, None
+        if labels is not None:
+            wrong = labels != predicted
+            none = int(np.count_nonzero(labels == NONE_INDEX))
+            seg = self.calibration.segments
+            if seg is not None:
+                truth = truth_counts(seg.ids(features, predicted, rules, len(predicted)), seg.size, ~wrong)
+        for i, tally in enumerate(tallies):
+            tally.add(stats if i == 0 else stats.copy(), verdicts, wrong, none, truth)
 
     def add_all(self, batches: Iterable[FrameRows], batch_rows: int = DEFAULT_BATCH_ROWS) -> Windowed:
         """Every batch, regrouped into batches of ``batch_rows`` (:func:`~agent.data.frame_rows.rebatched`)."""
@@ -203,7 +226,7 @@ class Windowed:
         if tally.stats is None:
             raise UserError("the data has no rows")
         return window_entry(
-            name, tally.stats, self.calibration, self.headline, self.model.classes, per_class_cap=PER_CLASS_CAP
+            name, tally.stats, self.calibration, self.headline, self.classes, per_class_cap=PER_CLASS_CAP
         )
 
     def segments(self, entry: WindowEntry, tally: Tally) -> SegmentTable | None:
@@ -220,7 +243,14 @@ class Windowed:
             raise UserError("the data has no rows")
         out: dict[str, Any] = {
             "n": self.total.n,
-            "model": {"name": self.model.name, "sha256": self.model.sha256},
+            "model": (
+                {
+                    "table": self.bundle.table.to_dict() if self.bundle.table else None,
+                    "sha256": self.bundle.model_sha256,
+                }
+                if self.model is None
+                else {"name": self.model.name, "sha256": self.model.sha256}
+            ),
             **{k: v for k, v in self.total.report(self.calibration, self.headline).items() if k != "n"},
             **evidence_section(self.calibration.headline, shift_aware=self.calibration.shift is not None),
             "calibration": calibration_summary(self.calibration),
@@ -231,6 +261,20 @@ class Windowed:
                 for k, t in self.ordered()
             ]
         return out
+
+
+def judge_table(bundle: Bundle, oracle: CompiledOracle, batch: TableBatch) -> Judged:
+    """Logged rows judged as ``check`` judges a table (:mod:`agent.offline.tables`): the predicted class from the
+    logged probabilities (with the bundle's decision threshold), the oracle over the feature columns."""
+    if batch.probabilities.shape[1] != len(bundle.classes):
+        raise UserError(
+            f"{batch.probabilities.shape[1]} classes of probabilities; the bundle has {len(bundle.classes)}"
+        )
+    predicted = predicted_classes_of(batch.probabilities, bundle.decision_threshold)
+    result, rules = oracle.judge_with_rules(
+        batch.x, batch.probabilities, predicted, metadata=batch.metadata or None, feature_names=bundle.feature_names
+    )
+    return Judged(Prediction(batch.probabilities, predicted), result, rules, batch.x)
 
 
 def judge_rows(model: OnnxClassifier, bundle: Bundle, rows: FrameRows) -> Judged:

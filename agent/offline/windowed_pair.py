@@ -33,6 +33,8 @@ class WindowedPair:
     windows: dict[int, PairedTally] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.champion.model is None:
+            raise UserError("a challenger is compared with a model: this bundle was fitted from logged predictions")
         try:
             self.pair = pair_of_bundle(self.bundle.pair, self.champion.model.sha256)
         except ValueError as exc:

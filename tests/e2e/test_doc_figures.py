@@ -64,6 +64,7 @@ def test_scaling_prose_quotes_no_figure() -> None:
         ),
         ("diagnosis.md", "python -m bench.localization"),
         ("python.md", "python -m bench.notebook_report"),
+        ("python.md", "python -m bench.lake --out docs/python.md"),
     ],
 )
 def test_figures_come_from_their_benchmark_with_the_commit(page: str, command: str) -> None:
