@@ -17,7 +17,11 @@ estimates; :data:`FEATURES` turns it into the model's inputs, each naming the re
 ``drop`` → ``estimated_drop_large``
     how far the headline lies below the calibration split's accuracy (0 above it);
 ``small_window`` → ``small_window``
-    ``1/√n``.
+    ``1/√n``;
+``inputs_beyond_confidence`` → ``inputs_unlike_reference``
+    how far the inputs moved beyond what the model's confidence did (:func:`inputs_beyond_confidence`): the
+    estimates read a drop mostly from the confidence, so inputs unlike the reference on which the model stays
+    confident are where it can be confidently wrong and the headline cannot see the drop.
 
 **Model** (:class:`FlagModel`, fitted at ``fit`` by :mod:`agent.offline.calibration.flag.fitting` on
 windows of corruption kinds the estimators were fitted without): a logistic regression on the
@@ -85,6 +89,23 @@ class WindowEvidence:
     drop: float
 
 
+#: The groups of the class-adjusted test :func:`inputs_beyond_confidence` compares.
+INPUTS_GROUP, CONFIDENCE_GROUP = "inputs_unlike_reference", "confidence_shifted"
+
+
+def inputs_beyond_confidence(mix: MixTest | None) -> float | None:
+    """``log(1 + z_inputs) − log(1 + z_confidence)``, at least 0: how far the inputs moved (PCA error, TDI
+    coverage and agreement) beyond the model's confidence. Each group's class-adjusted ``z`` is in units of its
+    own sampling noise, so a clean window gives about 0 and a clear shift about the log of the ratio of the two
+    moves whatever the window's size. A shift the confidence follows (rotated or noisy images the model grows
+    unsure of) gives about 0; a share of the digits inverted, on which the model stays confident, gives the
+    most. None where the window holds no per-sample inputs (no inputs group)."""
+    groups = mix.groups if mix is not None else {}
+    if INPUTS_GROUP not in groups or CONFIDENCE_GROUP not in groups:
+        return None
+    return max(math.log1p(groups[INPUTS_GROUP]) - math.log1p(groups[CONFIDENCE_GROUP]), 0.0)
+
+
 @dataclass(frozen=True)
 class Feature:
     """One input of the flag: its value on a window's evidence (None: the window cannot tell, the term is
@@ -103,6 +124,7 @@ FEATURES: dict[str, Feature] = {
     "disagreement": Feature(lambda e: e.disagreement, "estimators_disagree"),
     "drop": Feature(lambda e: e.drop, "estimated_drop_large"),
     "small_window": Feature(lambda e: 1.0 / math.sqrt(max(e.n, 1)), "small_window"),
+    "inputs_beyond_confidence": Feature(lambda e: inputs_beyond_confidence(e.mix), INPUTS_GROUP),
 }
 #: The features of a bundle fitted with the model, and of one without ``shift_aware`` (no trust distance).
 MODEL_FEATURES: tuple[str, ...] = tuple(FEATURES)

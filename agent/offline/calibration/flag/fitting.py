@@ -121,9 +121,10 @@ def fit_flag_model(
     names = tuple(features)
     rows = [feature_row(w.evidence, names) for w in windows]
     x = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
-    mean = np.nanmean(x, axis=0)
-    mean = np.where(np.isfinite(mean), mean, 0.0)
-    x = np.where(np.isfinite(x), x, mean)
+    finite = np.isfinite(x)
+    # a feature no window can tell (e.g. no per-sample inputs) has mean 0 and adds nothing
+    mean = np.where(finite, x, 0.0).sum(axis=0) / np.maximum(finite.sum(axis=0), 1)
+    x = np.where(finite, x, mean)
     scale = np.maximum(x.std(axis=0), 1e-9)
     err = np.array([w.evidence.headline - w.truth for w in windows])
     bad = np.abs(err) > TOLERANCE
