@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -152,6 +153,13 @@ def test_a_class_mix_keeps_the_flag_down_only_where_the_residual_is_within_noise
     near = MixTest(z=2.9, effect=0.1, class_z=6.0, groups=moved.groups)
     d2 = model.decide(WindowEvidence(1000, 0.92, 0.9, near, 0.0, 0.0))
     assert not near.mix_only and not d2.raised and d2.reasons == ("class_mix_changed",)
+    # a model fitted with inputs_beyond_confidence (0 here: the confidence moved most): its score decides
+    k = len(MODEL_FEATURES)
+    current = _model(threshold=5.0, z_gate=3.0, features=MODEL_FEATURES, mean=(0.0,) * k, scale=(1.0,) * k)
+    current = replace(current, coef=(1.0, 2.0, 0.0, 1.0, 0.0, 1.0))
+    assert current.score(feature_row(ev, current.features)) == model.score(feature_row(ev, model.features))
+    d3 = current.decide(ev)
+    assert not d3.raised and d3.reasons == ("class_mix_changed",)
 
 
 def test_the_flag_model_round_trips_and_old_bundles_have_none() -> None:

@@ -36,7 +36,9 @@ keep the flag down and read ``class_mix_changed``: confidence-based estimates ho
 A change of class mix explains a window only where the class-adjusted residual stays within noise (``z`` at
 most the larger of the gate and :data:`~agent.estimation.flag.class_mix.MIX_Z`): a class mix that moved while the
 inputs moved beyond what that mix explains is a covariate shift that moved the predictions (a fifth of the
-digits inverted moves both), and raises the flag whatever the score (:func:`mix_unexplained`).
+digits inverted moves both), and the score decides. Models fitted without ``inputs_beyond_confidence`` had no
+evidence of that in the score and raise the flag there whatever the score (:func:`mix_unexplained`,
+:func:`raises_on_unexplained_mix`).
 
 Where it is raised, the headline's interval widens to ``[h − below, h + above]`` (never narrower than its
 own), ``below``/``above`` the 95% quantiles of how far the fit's flagged windows' truth lay below and
@@ -89,8 +91,9 @@ class WindowEvidence:
     drop: float
 
 
-#: The groups of the class-adjusted test :func:`inputs_beyond_confidence` compares.
+#: The groups of the class-adjusted test :func:`inputs_beyond_confidence` compares, and its feature's name.
 INPUTS_GROUP, CONFIDENCE_GROUP = "inputs_unlike_reference", "confidence_shifted"
+INPUTS_BEYOND_CONFIDENCE = "inputs_beyond_confidence"
 
 
 def inputs_beyond_confidence(mix: MixTest | None) -> float | None:
@@ -124,7 +127,7 @@ FEATURES: dict[str, Feature] = {
     "disagreement": Feature(lambda e: e.disagreement, "estimators_disagree"),
     "drop": Feature(lambda e: e.drop, "estimated_drop_large"),
     "small_window": Feature(lambda e: 1.0 / math.sqrt(max(e.n, 1)), "small_window"),
-    "inputs_beyond_confidence": Feature(lambda e: inputs_beyond_confidence(e.mix), INPUTS_GROUP),
+    INPUTS_BEYOND_CONFIDENCE: Feature(lambda e: inputs_beyond_confidence(e.mix), INPUTS_GROUP),
 }
 #: The features of a bundle fitted with the model, and of one without ``shift_aware`` (no trust distance).
 MODEL_FEATURES: tuple[str, ...] = tuple(FEATURES)
@@ -153,6 +156,15 @@ def mix_unexplained(mix: MixTest | None, z_gate: float) -> bool:
     above :data:`~agent.estimation.flag.class_mix.MIX_Z`): what the mix does not explain moved as well, so the
     change of mix is no reason to keep the flag down."""
     return mix is not None and mix.changed and mix.z > max(z_gate, MIX_Z)
+
+
+def raises_on_unexplained_mix(features: Sequence[str]) -> bool:
+    """Whether a model of ``features`` raises the flag on :func:`mix_unexplained` whatever its score: only one
+    fitted without ``inputs_beyond_confidence``, whose score had no evidence of a model staying confident on
+    moved inputs (the fifth of the digits inverted). With that evidence in the score, the rule would only
+    overrule the model where it gives a miss a low probability; and its ``z`` grows with ``√n``, so on a large
+    window any slight covariate shift that moves the class mix would trip it."""
+    return INPUTS_BEYOND_CONFIDENCE not in features
 
 
 @dataclass(frozen=True)
@@ -212,7 +224,8 @@ class FlagModel:
         mix = evidence.mix
         shifted = (mix is not None and mix.z > self.z_gate) or (evidence.distance or 0.0) > 1.0
         mix_only = mix is not None and mix.mix_only
-        raised = (s >= self.threshold or mix_unexplained(mix, self.z_gate)) and shifted and not mix_only
+        by_mix = raises_on_unexplained_mix(self.features) and mix_unexplained(mix, self.z_gate)
+        raised = (s >= self.threshold or by_mix) and shifted and not mix_only
         reasons: list[str] = []
         if raised:
             terms = [(c * self._z(i, v), self.features[i]) for i, (c, v) in enumerate(zip(self.coef, row, strict=True))]
