@@ -52,7 +52,8 @@ def test_a_table_fit_reports_the_seconds_of_every_stage(tmp_path: Path, capsys: 
     assert advice["errors_seen"] > 100 and advice["more"] == 0 and advice["needed"] <= advice["validation"]
     # a table bundle's flag, fitted on simulated shifts of held-out folds (no shift_aware, no trust distance)
     flag = Bundle.load(tmp_path / "bundle").estimator_calibration["flag"]
-    assert flag["features"] == ["log_shift", "disagreement", "drop", "small_window"] and flag["windows"] > 0
+    assert flag["features"] == ["log_shift", "disagreement", "drop", "small_window", "inputs_beyond_confidence"]
+    assert flag["windows"] > 0
 
 
 def test_a_model_fit_leaves_the_model_as_given_and_draws_the_plans_sizes(tmp_path: Path) -> None:

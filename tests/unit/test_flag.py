@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from agent.estimation.flag.model import (
     WindowEvidence,
     feature_row,
     flag_or_none,
+    inputs_beyond_confidence,
 )
 from agent.estimation.intervals import Estimate
 from agent.estimation.statistics.window import WindowStats
@@ -90,9 +92,14 @@ def test_the_class_reference_round_trips_with_only_the_classes_it_saw() -> None:
     np.testing.assert_allclose(back.counts, ref.counts)
 
 
+#: The features of a model bundle fitted before ``inputs_beyond_confidence``: such bundles keep deciding by them.
+EARLIER_FEATURES = ("log_distance", "log_shift", "disagreement", "drop", "small_window")
+N_TABLE = len(TABLE_FEATURES)
+
+
 def _model(**kw: object) -> FlagModel:
     base: dict[str, object] = dict(
-        features=MODEL_FEATURES,
+        features=EARLIER_FEATURES,
         mean=(0.0,) * 5,
         scale=(1.0,) * 5,
         coef=(1.0, 2.0, 0.0, 1.0, 0.0),
@@ -146,6 +153,13 @@ def test_a_class_mix_keeps_the_flag_down_only_where_the_residual_is_within_noise
     near = MixTest(z=2.9, effect=0.1, class_z=6.0, groups=moved.groups)
     d2 = model.decide(WindowEvidence(1000, 0.92, 0.9, near, 0.0, 0.0))
     assert not near.mix_only and not d2.raised and d2.reasons == ("class_mix_changed",)
+    # a model fitted with inputs_beyond_confidence (0 here: the confidence moved most): its score decides
+    k = len(MODEL_FEATURES)
+    current = _model(threshold=5.0, z_gate=3.0, features=MODEL_FEATURES, mean=(0.0,) * k, scale=(1.0,) * k)
+    current = replace(current, coef=(1.0, 2.0, 0.0, 1.0, 0.0, 1.0))
+    assert current.score(feature_row(ev, current.features)) == model.score(feature_row(ev, model.features))
+    d3 = current.decide(ev)
+    assert not d3.raised and d3.reasons == ("class_mix_changed",)
 
 
 def test_the_flag_model_round_trips_and_old_bundles_have_none() -> None:
@@ -157,7 +171,7 @@ def test_the_flag_model_round_trips_and_old_bundles_have_none() -> None:
     assert flag_or_none(None) is None and flag_or_none({"features": ["from_the_future"]}) is None
     cal = EstimatorCalibration(0.8, 0.1, 25, 100, 0.8, 0.8, 0.7).with_flag(model)
     again = EstimatorCalibration.from_dict(json.loads(json.dumps(cal.to_dict())))
-    assert again.flag is not None and again.flag.features == MODEL_FEATURES
+    assert again.flag is not None and again.flag.features == EARLIER_FEATURES
     assert EstimatorCalibration.from_dict(EstimatorCalibration(0.8, 0.1, 25, 100, 0.8, 0.8, 0.7).to_dict()).flag is None
 
 
@@ -211,6 +225,68 @@ def test_the_fitted_flag_leaves_few_misses_down_and_names_the_shift() -> None:
     assert fit_flag_model(windows, ref, TABLE_FEATURES, "cbpe") == model
 
 
+def test_inputs_beyond_confidence_is_what_the_confidence_does_not_follow() -> None:
+    def value(conf: float, inputs: float) -> float | None:
+        mix = MixTest(6.0, 0.5, 0.0, {"confidence_shifted": conf, "inputs_unlike_reference": inputs})
+        return inputs_beyond_confidence(mix)
+
+    assert value(12.0, 12.0) == 0.0 and value(12.0, 3.0) == 0.0  # the confidence moved as much or more
+    assert value(1.0, 1.0) == 0.0 and value(1.0, 15.0) == pytest.approx(math.log(8.0))
+    # the same shift in a window ten times larger (both z about √10 times larger): about the same value, the log
+    # of the ratio of the two moves
+    small, large = value(3.0, 15.0), value(3.0 * math.sqrt(10), 15.0 * math.sqrt(10))
+    assert small == pytest.approx(math.log(5.0), abs=0.25) and large == pytest.approx(math.log(5.0), abs=0.25)
+    assert inputs_beyond_confidence(MixTest(6.0, 0.5, 0.0, {"confidence_shifted": 1.0})) is None  # no inputs
+    assert inputs_beyond_confidence(None) is None
+
+
+def _confident_windows(seed: int = 0) -> list[FlagWindow]:
+    """Shifts of every size, half of them followed by the confidence (the headline drops with the truth and
+    holds it), half not (the model stays confident on inputs unlike the reference: the headline stays put
+    while the truth falls by 0.15·effect); a fifth clean."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(800):
+        clean = i % 5 == 0
+        effect = float(rng.uniform(0, 0.1) if clean else rng.uniform(0, 1.5))
+        moved = 1.0 + 10.0 * effect
+        confident = not clean and i % 2 == 1
+        groups = {"confidence_shifted": 1.0 if confident else moved, "inputs_unlike_reference": moved}
+        truth = 0.9 - 0.15 * effect + float(rng.normal(0, 0.005))
+        head = 0.9 if confident else truth + float(rng.normal(0, 0.01))
+        ev = WindowEvidence(
+            int(rng.integers(300, 1600)), head, None, MixTest(moved, effect, 0.0, groups), 0.0, max(0.9 - head, 0.0)
+        )
+        out.append(FlagWindow(ev, "clean" if clean else "corruption", truth))
+    return out
+
+
+def test_the_flag_tells_a_confident_model_on_moved_inputs_from_a_shift_the_confidence_follows() -> None:
+    """Both kinds of shift move the inputs alike; only the one the confidence does not follow leaves the
+    headline wrong. With ``inputs_beyond_confidence`` the flag raises on it and not on the other; with the
+    features of earlier bundles it cannot tell them apart."""
+    windows = _confident_windows()
+    ref = _reference()
+    mid = [w for w in windows if 0.5 < w.evidence.mix.effect and w.kind != "clean"]  # type: ignore[union-attr]
+    confident = [w.evidence.headline == 0.9 for w in mid]
+
+    def raised(features: tuple[str, ...]) -> tuple[float, float]:
+        model = fit_flag_model(windows, ref, features, "cbpe")
+        assert model is not None
+        up = np.array([model.decide(w.evidence).raised for w in mid])
+        return float(up[np.array(confident)].mean()), float(up[~np.array(confident)].mean())
+
+    model = fit_flag_model(windows, ref, TABLE_FEATURES, "cbpe")
+    assert model is not None and model.coef[model.features.index("inputs_beyond_confidence")] > 0
+    on_confident, on_followed = raised(TABLE_FEATURES)
+    assert on_confident >= 0.95 and on_followed <= 0.05
+    reasons = [model.decide(w.evidence).reasons for w, c in zip(mid, confident, strict=True) if c]
+    assert all(r[0] == "inputs_unlike_reference" for r in reasons)
+    earlier = tuple(f for f in EARLIER_FEATURES if f != "log_distance")
+    on_confident, on_followed = raised(earlier)
+    assert on_confident < 0.95 or on_followed > 0.05
+
+
 def test_monotone_logistic_never_gives_a_negative_weight() -> None:
     rng = np.random.default_rng(0)
     z = rng.normal(size=(500, 2))
@@ -243,7 +319,12 @@ def test_the_flag_reaches_the_window_json_and_the_metrics() -> None:
     stats = _window(pred[:500], np.clip(conf[:500] - 0.2, 0.34, 1), verdicts[:500])
     cal = EstimatorCalibration.fit(conf, np.random.default_rng(0).uniform(size=len(conf)) < conf, verdicts != 0)
     model = _model(
-        features=TABLE_FEATURES, mean=(0.0,) * 4, scale=(1.0,) * 4, coef=(1.0,) * 4, threshold=-math.inf, z_gate=0.0
+        features=TABLE_FEATURES,
+        mean=(0.0,) * N_TABLE,
+        scale=(1.0,) * N_TABLE,
+        coef=(1.0,) * N_TABLE,
+        threshold=-math.inf,
+        z_gate=0.0,
     )
     cal = cal.with_flag(model)
     entry = window_entry("5m", stats, cal, "cbpe", per_class_cap=10)
@@ -295,7 +376,12 @@ def test_the_deprecated_trust_section_is_emitted_beside_the_flag_and_agrees_with
     stats = _window(pred[:500], np.clip(conf[:500] - 0.2, 0.34, 1), verdicts[:500])
     cal = EstimatorCalibration.fit(conf, np.random.default_rng(0).uniform(size=len(conf)) < conf, verdicts != 0)
     model = _model(
-        features=TABLE_FEATURES, mean=(0.0,) * 4, scale=(1.0,) * 4, coef=(1.0,) * 4, threshold=threshold, z_gate=0.0
+        features=TABLE_FEATURES,
+        mean=(0.0,) * N_TABLE,
+        scale=(1.0,) * N_TABLE,
+        coef=(1.0,) * N_TABLE,
+        threshold=threshold,
+        z_gate=0.0,
     )
     cal = cal.with_flag(model)
     entry = window_entry("5m", stats, cal, "cbpe", per_class_cap=10)

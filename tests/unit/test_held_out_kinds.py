@@ -32,13 +32,15 @@ def test_inverted_images_are_negatives_in_the_pixel_range_a_share_s_of_them() ->
     assert 0.35 < inverted.mean() < 0.65
 
 
-def test_far_brightness_moves_beyond_the_audits_brightness() -> None:
+def test_far_brightness_moves_a_share_s_of_the_images_beyond_the_audits_brightness() -> None:
     x = _digits_like().astype(np.float64)
     kinds, _ = held_out_corruptions((1, 12, 12), x)
     audit_top = AUDIT_RANGES["brightness"][1]  # the audit's brightness at strength 1, as a share of the range
-    for seed in range(6):
-        moved = kinds["far_brightness"](x, float(seed) / 5, np.random.default_rng(seed))
-        offset = np.unique(np.round(moved - x, 6))
+    for seed, share in enumerate([0.2, 0.5, 0.8, 1.0]):
+        moved = kinds["far_brightness"](x, share, np.random.default_rng(seed))
+        rows = np.any(moved != x, axis=(1, 2, 3))
+        assert abs(rows.mean() - share) < 0.12 and (share < 1.0 or rows.all())  # each image with probability s
+        offset = np.unique(np.round(moved[rows] - x[rows], 6))
         assert len(offset) == 1 and audit_top * 255.0 < abs(offset[0]) <= 255.0  # one move, beyond the audit's
 
 

@@ -17,7 +17,11 @@ estimates; :data:`FEATURES` turns it into the model's inputs, each naming the re
 ``drop`` → ``estimated_drop_large``
     how far the headline lies below the calibration split's accuracy (0 above it);
 ``small_window`` → ``small_window``
-    ``1/√n``.
+    ``1/√n``;
+``inputs_beyond_confidence`` → ``inputs_unlike_reference``
+    how far the inputs moved beyond what the model's confidence did (:func:`inputs_beyond_confidence`): the
+    estimates read a drop mostly from the confidence, so inputs unlike the reference on which the model stays
+    confident are where it can be confidently wrong and the headline cannot see the drop.
 
 **Model** (:class:`FlagModel`, fitted at ``fit`` by :mod:`agent.offline.calibration.flag.fitting` on
 windows of corruption kinds the estimators were fitted without): a logistic regression on the
@@ -32,7 +36,9 @@ keep the flag down and read ``class_mix_changed``: confidence-based estimates ho
 A change of class mix explains a window only where the class-adjusted residual stays within noise (``z`` at
 most the larger of the gate and :data:`~agent.estimation.flag.class_mix.MIX_Z`): a class mix that moved while the
 inputs moved beyond what that mix explains is a covariate shift that moved the predictions (a fifth of the
-digits inverted moves both), and raises the flag whatever the score (:func:`mix_unexplained`).
+digits inverted moves both), and the score decides. Models fitted without ``inputs_beyond_confidence`` had no
+evidence of that in the score and raise the flag there whatever the score (:func:`mix_unexplained`,
+:func:`raises_on_unexplained_mix`).
 
 Where it is raised, the headline's interval widens to ``[h − below, h + above]`` (never narrower than its
 own), ``below``/``above`` the 95% quantiles of how far the fit's flagged windows' truth lay below and
@@ -85,6 +91,24 @@ class WindowEvidence:
     drop: float
 
 
+#: The groups of the class-adjusted test :func:`inputs_beyond_confidence` compares, and its feature's name.
+INPUTS_GROUP, CONFIDENCE_GROUP = "inputs_unlike_reference", "confidence_shifted"
+INPUTS_BEYOND_CONFIDENCE = "inputs_beyond_confidence"
+
+
+def inputs_beyond_confidence(mix: MixTest | None) -> float | None:
+    """``log(1 + z_inputs) − log(1 + z_confidence)``, at least 0: how far the inputs moved (PCA error, TDI
+    coverage and agreement) beyond the model's confidence. Each group's class-adjusted ``z`` is in units of its
+    own sampling noise, so a clean window gives about 0 and a clear shift about the log of the ratio of the two
+    moves whatever the window's size. A shift the confidence follows (rotated or noisy images the model grows
+    unsure of) gives about 0; a share of the digits inverted, on which the model stays confident, gives the
+    most. None where the window holds no per-sample inputs (no inputs group)."""
+    groups = mix.groups if mix is not None else {}
+    if INPUTS_GROUP not in groups or CONFIDENCE_GROUP not in groups:
+        return None
+    return max(math.log1p(groups[INPUTS_GROUP]) - math.log1p(groups[CONFIDENCE_GROUP]), 0.0)
+
+
 @dataclass(frozen=True)
 class Feature:
     """One input of the flag: its value on a window's evidence (None: the window cannot tell, the term is
@@ -103,6 +127,7 @@ FEATURES: dict[str, Feature] = {
     "disagreement": Feature(lambda e: e.disagreement, "estimators_disagree"),
     "drop": Feature(lambda e: e.drop, "estimated_drop_large"),
     "small_window": Feature(lambda e: 1.0 / math.sqrt(max(e.n, 1)), "small_window"),
+    INPUTS_BEYOND_CONFIDENCE: Feature(lambda e: inputs_beyond_confidence(e.mix), INPUTS_GROUP),
 }
 #: The features of a bundle fitted with the model, and of one without ``shift_aware`` (no trust distance).
 MODEL_FEATURES: tuple[str, ...] = tuple(FEATURES)
@@ -131,6 +156,15 @@ def mix_unexplained(mix: MixTest | None, z_gate: float) -> bool:
     above :data:`~agent.estimation.flag.class_mix.MIX_Z`): what the mix does not explain moved as well, so the
     change of mix is no reason to keep the flag down."""
     return mix is not None and mix.changed and mix.z > max(z_gate, MIX_Z)
+
+
+def raises_on_unexplained_mix(features: Sequence[str]) -> bool:
+    """Whether a model of ``features`` raises the flag on :func:`mix_unexplained` whatever its score: only one
+    fitted without ``inputs_beyond_confidence``, whose score had no evidence of a model staying confident on
+    moved inputs (the fifth of the digits inverted). With that evidence in the score, the rule would only
+    overrule the model where it gives a miss a low probability; and its ``z`` grows with ``√n``, so on a large
+    window any slight covariate shift that moves the class mix would trip it."""
+    return INPUTS_BEYOND_CONFIDENCE not in features
 
 
 @dataclass(frozen=True)
@@ -190,7 +224,8 @@ class FlagModel:
         mix = evidence.mix
         shifted = (mix is not None and mix.z > self.z_gate) or (evidence.distance or 0.0) > 1.0
         mix_only = mix is not None and mix.mix_only
-        raised = (s >= self.threshold or mix_unexplained(mix, self.z_gate)) and shifted and not mix_only
+        by_mix = raises_on_unexplained_mix(self.features) and mix_unexplained(mix, self.z_gate)
+        raised = (s >= self.threshold or by_mix) and shifted and not mix_only
         reasons: list[str] = []
         if raised:
             terms = [(c * self._z(i, v), self.features[i]) for i, (c, v) in enumerate(zip(self.coef, row, strict=True))]

@@ -38,9 +38,14 @@ def _invert(x: np.ndarray, s: float, rng: np.random.Generator, lo: float, top: f
 
 
 def _far_brightness(x: np.ndarray, s: float, rng: np.random.Generator, lo: float, top: float) -> np.ndarray:
-    """Every image of the copy brightened or darkened by 0.7 to 1 of the pixel range: beyond the audit
-    family's brightness (at most 0.6 of it), so the move is farther than any the estimate was fitted on."""
-    return x + float(rng.choice([-1.0, 1.0])) * (0.7 + 0.3 * s) * (top - lo)
+    """Each image brightened or darkened by 0.7 to 1 of the pixel range with probability ``s``, as
+    :func:`_invert` inverts: beyond the audit family's brightness (at most 0.6 of it), so the move is farther
+    than any the estimate was fitted on, on every share of the images (a source gone wrong, not only all of
+    the traffic at once, where any evidence tells it)."""
+    rows = rng.uniform(size=len(x)) < s
+    out = x.copy()
+    out[rows] = x[rows] + float(rng.choice([-1.0, 1.0])) * float(rng.uniform(0.7, 1.0)) * (top - lo)
+    return out
 
 
 def _tab_invert(x: np.ndarray, s: float, rng: np.random.Generator, mean: np.ndarray, std: np.ndarray) -> np.ndarray:

@@ -50,6 +50,7 @@ from agent.estimation.flag.model import (
     WindowEvidence,
     feature_row,
     mix_unexplained,
+    raises_on_unexplained_mix,
 )
 from agent.estimation.statistics.window import WindowStats
 from agent.offline.calibration.estimators.headline_choice import classic_calibration, fold_of, window_stats
@@ -121,9 +122,10 @@ def fit_flag_model(
     names = tuple(features)
     rows = [feature_row(w.evidence, names) for w in windows]
     x = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
-    mean = np.nanmean(x, axis=0)
-    mean = np.where(np.isfinite(mean), mean, 0.0)
-    x = np.where(np.isfinite(x), x, mean)
+    finite = np.isfinite(x)
+    # a feature no window can tell (e.g. no per-sample inputs) has mean 0 and adds nothing
+    mean = np.where(finite, x, 0.0).sum(axis=0) / np.maximum(finite.sum(axis=0), 1)
+    x = np.where(finite, x, mean)
     scale = np.maximum(x.std(axis=0), 1e-9)
     err = np.array([w.evidence.headline - w.truth for w in windows])
     bad = np.abs(err) > TOLERANCE
@@ -140,8 +142,10 @@ def fit_flag_model(
     levels_arr, steps_arr = np.asarray(levels), np.asarray(steps)
     p = levels_arr[np.searchsorted(steps_arr, score, side="right")]
     band = np.searchsorted(np.asarray(P_EDGES), p, side="right")
-    # the windows the flag raises on (a class mix the residual does not explain raises it below the threshold)
-    unexplained = np.array([mix_unexplained(w.evidence.mix, z_gate) for w in windows], dtype=bool)
+    # the windows the flag raises on (a model without inputs_beyond_confidence: a class mix the residual does not
+    # explain raises it below the threshold too)
+    by_mix = raises_on_unexplained_mix(names)
+    unexplained = np.array([by_mix and mix_unexplained(w.evidence.mix, z_gate) for w in windows], dtype=bool)
     raised = (score >= threshold) | unexplained
     below, above = [], []
     for b in range(len(P_EDGES) + 1):
