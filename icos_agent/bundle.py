@@ -162,14 +162,21 @@ class Bundle:
             raise UserError("challenger= compares ONNX models: a bundle fitted from logged predictions has none")
         if batch_rows < 1:
             raise UserError("batch_rows must be at least 1")
-        # the metadata columns named, or those the IDI rules read
-        columns = TableColumns(table.proba_columns, table.feature_columns, None, tuple(metadata or self._metadata))
+        columns = self.logged_columns(metadata)
         windowed = Windowed(None, self.invariants, windowing)
         for batch, ts in table_batches(data, columns, labels=labels, timestamp=timestamp, batch_rows=batch_rows):
             windowed.add_table(batch, ts)
         if windowed.total.stats is None:
             raise UserError("estimate: the data has no rows")
         return Estimates(windowed, alert_margin=alert_margin)
+
+    def logged_columns(self, metadata: Sequence[str] = ()) -> TableColumns:
+        """The columns a bundle fitted from logged predictions reads of a logged row: its probability and feature
+        columns, and the metadata columns named (or those the IDI rules read)."""
+        table = self.invariants.table
+        if table is None:
+            raise UserError("this bundle was fitted from a model: load it with its model (icos_agent.load)")
+        return TableColumns(table.proba_columns, table.feature_columns, None, tuple(metadata or self._metadata))
 
     @property
     def _metadata(self) -> list[str]:

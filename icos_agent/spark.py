@@ -5,7 +5,9 @@ sums each group, so the estimates are those of ``Bundle.estimate`` over the same
 partitioning: docs/python.md, "The equality guarantee").
 
 The executors load the bundle and the model from their paths: a bundle saved (``Bundle.save``) or loaded from a
-directory every executor can read (a shared filesystem on a cluster)."""
+directory every executor can read (a shared filesystem on a cluster). A bundle fitted from logged predictions
+(:func:`icos_agent.fit_reference`) has no model: the data frame then holds the logged rows (features and
+probabilities), judged as :meth:`icos_agent.Bundle.estimate` judges them."""
 
 from __future__ import annotations
 
@@ -28,11 +30,12 @@ PARTIAL_SCHEMA = "window long, tally string"
 _LOADED: dict[tuple[object, ...], Bundle] = {}
 
 
-def _loaded(bundle_dir: str, model_path: str) -> Bundle:
-    """The bundle and model at these paths, loaded once per worker process rather than once per partition."""
+def _loaded(bundle_dir: str, model_path: str | None) -> Bundle:
+    """The bundle and model at these paths (no model: a bundle of logged predictions), loaded once per worker
+    process rather than once per partition."""
     from pathlib import Path
 
-    files = (Path(model_path), *sorted(Path(bundle_dir).iterdir()))
+    files = (*([Path(model_path)] if model_path else []), *sorted(Path(bundle_dir).iterdir()))
     key = (bundle_dir, model_path, *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files))
     if key not in _LOADED:
         _LOADED.clear()  # one bundle at a time: a worker serving another estimate drops the last one
@@ -40,9 +43,44 @@ def _loaded(bundle_dir: str, model_path: str) -> Bundle:
     return _LOADED[key]
 
 
+def _add_partition(
+    bundle: Bundle,
+    windowed: Windowed,
+    frames: Iterator[Any],
+    label_column: str | None,
+    timestamp_column: str | None,
+    metadata: Sequence[str],
+    batch_rows: int,
+) -> None:
+    """A partition's rows (pandas frames) added to ``windowed``: judged by the model, or read as logged rows."""
+    if bundle.model is None:
+        from icos_agent.reference import table_batches
+
+        columns = bundle.logged_columns(metadata)
+        for frame in frames:
+            for batch, ts in table_batches(
+                frame, columns, labels=label_column, timestamp=timestamp_column, batch_rows=batch_rows
+            ):
+                windowed.add_table(batch, ts)
+        return
+    names = bundle.model.signature.names
+    rows = (
+        frame_rows(
+            frame,
+            names,
+            label_column=label_column,
+            timestamp_column=timestamp_column,
+            metadata=metadata,
+            where="spark partition",
+        )
+        for frame in frames
+    )
+    windowed.add_all(rows, batch_rows)
+
+
 def _partition_tallies(
     bundle_dir: str,
-    model_path: str,
+    model_path: str | None,
     windowing: Windowing,
     label_column: str | None,
     timestamp_column: str | None,
@@ -55,21 +93,9 @@ def _partition_tallies(
         import pyarrow as pa
 
         bundle = _loaded(bundle_dir, model_path)
-        assert bundle.model is not None  # loaded with its model
         windowed = Windowed(bundle.model, bundle.invariants, windowing)
-        names = bundle.model.signature.names
-        rows = (
-            frame_rows(
-                batch.to_pandas(),
-                names,
-                label_column=label_column,
-                timestamp_column=timestamp_column,
-                metadata=metadata,
-                where="spark partition",
-            )
-            for batch in batches
-        )
-        windowed.add_all(rows, batch_rows)
+        frames = (batch.to_pandas() for batch in batches)
+        _add_partition(bundle, windowed, frames, label_column, timestamp_column, metadata, batch_rows)
         partials = windowed.partials()
         yield pa.RecordBatch.from_pydict(
             {"window": [k for k, _ in partials], "tally": [t for _, t in partials]},
@@ -92,10 +118,9 @@ def estimate(
 ) -> Estimates:
     """Every estimate per window of a Spark data frame: ``timestamp`` its time column and ``window`` a duration
     (``"1 hour"``, ``"15 minutes"``; None: one window of every row), ``labels`` its label column (None: no labels);
-    every other column is an input, as :meth:`icos_agent.Bundle.estimate` reads a pandas frame."""
-    if bundle.model is None:
-        raise UserError("a bundle fitted from logged predictions is estimated in-process: bundle.estimate(frame)")
-    if bundle.directory is None or bundle.model.path is None:
+    every other column is an input, as :meth:`icos_agent.Bundle.estimate` reads a pandas frame; with a bundle fitted
+    from logged predictions, the logged rows' feature and probability columns."""
+    if bundle.directory is None or (bundle.model is not None and bundle.model.path is None):
         raise UserError("the executors load the bundle from its directory: save it first (bundle.save(dir))")
     windowing = Windowing.of(window)
     if windowing.rows is not None:
@@ -104,7 +129,7 @@ def estimate(
         raise UserError("a time window needs timestamp= (the time column)")
     run = _partition_tallies(
         str(bundle.directory),
-        str(bundle.model.path),
+        str(bundle.model.path) if bundle.model is not None else None,
         windowing,
         labels,
         timestamp if windowing.by_time else None,

@@ -66,3 +66,35 @@ def test_spark_estimates_are_the_in_process_estimates(spark: Any, digits_logreg:
     assert_same_estimates(bundle.estimate(frame.drop(columns=["ts"]), labels="label", progress=False), one)
     with pytest.raises(UserError, match="no row order"):
         estimate(sdf, bundle, window=100)  # type: ignore[arg-type]
+
+
+def test_spark_estimates_logged_predictions_of_a_reference_bundle(spark: Any, tmp_path: Path) -> None:
+    """A bundle fitted from logged predictions (no model): the executors read the logged rows' features and
+    probabilities as ``Bundle.estimate`` reads them, and the estimates are the same."""
+    from icos_agent.spark import estimate
+    from invariants.fit_params import CalibrationPlan
+
+    def logged(n: int, seed: int, shift: float = 0.0) -> pd.DataFrame:
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(n, 3)) + shift
+        p1 = 1.0 / (1.0 + np.exp(-(1.5 * x[:, 0] - x[:, 1])))
+        y = (rng.random(n) < 1.0 / (1.0 + np.exp(-(1.5 * x[:, 0] - x[:, 1] + 0.8 * x[:, 2])))).astype(int)
+        frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(p1=p1.round(4), label=y)
+        frame["ts"] = pd.Timestamp("2026-04-01", tz="UTC") + pd.to_timedelta(np.arange(n) * 7, unit="s")
+        return frame
+
+    plan = CalibrationPlan(shift_windows=300, clean_windows=40, windows_per_kind=3, bootstrap=20, min_fold_rows=20)
+    reference = logged(1500, 1).drop(columns=["ts"])
+    fitted = icos_agent.fit_reference(reference, label_column="label", proba_columns=["p1"], trees=10, plan=plan)
+    unsaved = icos_agent.fit_reference(reference, label_column="label", proba_columns=["p1"], trees=10, plan=plan)
+    fitted.save(tmp_path / "bundle")
+    bundle = icos_agent.load(tmp_path / "bundle")
+    assert bundle.model is None
+    live = logged(2000, 2, shift=0.4)
+    whole = bundle.estimate(live, timestamp="ts", window="1h", labels="label", progress=False)
+    sdf = spark.createDataFrame(live.sample(frac=1.0, random_state=5)).repartition(7)
+    on_spark = estimate(sdf, bundle, timestamp="ts", window="1 hour", labels="label")
+    assert on_spark.to_df()["n"].sum() == 2000
+    assert_same_estimates(whole, on_spark)
+    with pytest.raises(UserError, match="save it first"):
+        estimate(sdf, unsaved, timestamp="ts", window="1 hour")
