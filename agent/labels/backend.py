@@ -143,6 +143,26 @@ class JoinedLabels:
     #: who gave these labels (one source per call)
     source: str = ""
 
+    def add(
+        self,
+        identity: str,
+        row: tuple[float, int, float, bool, float, float, int],
+        extras: np.ndarray,
+        predicted: int,
+        sampled: bool,
+        label: int,
+        draw_p: float | None,
+        segments: np.ndarray | None,
+    ) -> None:
+        """One newly labeled prediction of model ``identity``, for :meth:`outcome`'s rows."""
+        self.by_identity.setdefault(identity, []).append(row)
+        self.extras_by_identity.setdefault(identity, []).append(extras)
+        self.predicted_by_identity.setdefault(identity, []).append(predicted)
+        self.sampled_by_identity.setdefault(identity, []).append(sampled)
+        self.label_by_identity.setdefault(identity, []).append(label)
+        self.draw_p_by_identity.setdefault(identity, []).append(draw_p)
+        self.segments_by_identity.setdefault(identity, []).append(segments)
+
     def outcome(self) -> LabelOutcome:
         accepted = [
             (
@@ -234,15 +254,8 @@ def join_labels(
             (replacing if corrects else inserts).append(values)
             if corrects:
                 out.corrected.append(pid)
-            out.by_identity.setdefault(row.identity, []).append(
-                (row.ts, verdict, confidence, correct, a, s, len(probs))
-            )
-            out.extras_by_identity.setdefault(row.identity, []).append(ext)
-            out.predicted_by_identity.setdefault(row.identity, []).append(predicted)
-            out.sampled_by_identity.setdefault(row.identity, []).append(sampled)
-            out.label_by_identity.setdefault(row.identity, []).append(label)
-            out.draw_p_by_identity.setdefault(row.identity, []).append(draw_p)
-            out.segments_by_identity.setdefault(row.identity, []).append(segments)
+            row_values = (row.ts, verdict, confidence, correct, a, s, len(probs))
+            out.add(row.identity, row_values, ext, predicted, sampled, label, draw_p, segments)
         if inserts:
             insert(inserts, False)
         if replacing:
