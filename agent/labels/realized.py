@@ -351,12 +351,7 @@ class RealizedWindows:
     ) -> dict[str, WindowStats]:
         """Per time window holding labeled predictions of the labeling sample, their ``lab_*`` sums."""
         realized = self.compute(calibration, now, classes, per_class=per_class)
-        out: dict[str, WindowStats] = {}
-        for name in self.time:
-            w = realized.get(name)
-            if w is not None and w.sample.lab_n:
-                out[name] = w.sample
-        return out
+        return {name: w.sample for name, w in self._time_windows(realized) if w.sample.lab_n}
 
     def segment_labels(
         self,
@@ -368,9 +363,8 @@ class RealizedWindows:
     ) -> dict[str, SegmentLabels]:
         """Per time window whose labeling sample kept segment numbers, its labels per segment."""
         realized = self.compute(calibration, now, classes, per_class=per_class)
-        out: dict[str, SegmentLabels] = {}
-        for name in self.time:
-            w = realized.get(name)
-            if w is not None and w.segments is not None:
-                out[name] = w.segments
-        return out
+        return {name: w.segments for name, w in self._time_windows(realized) if w.segments is not None}
+
+    def _time_windows(self, realized: Mapping[str, RealizedWindow | None]) -> list[tuple[str, RealizedWindow]]:
+        """The time windows of ``realized`` that hold labeled predictions (count windows have no labeling sample)."""
+        return [(name, w) for name in self.time if (w := realized.get(name)) is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.estimation.estimators.active import active_of_sums
+from agent.estimation.estimators.active import active_of_stats
 from agent.estimation.estimators.post_stratified import MIN_LABELS, PostStratifiedEstimate, post_stratified
 from agent.estimation.statistics.window import WindowStats
 
@@ -46,20 +46,7 @@ def window(
 
 
 def whole_window(stats: WindowStats) -> tuple[float, float, float]:
-    est = active_of_sums(
-        stats.n,
-        stats.pcorrect_sum,
-        stats.lab_ipw_n,
-        stats.lab_ipw_f_sum,
-        stats.lab_ipw_w_sum,
-        stats.lab_ipw_wy_sum,
-        stats.lab_ipw_wf_sum,
-        stats.lab_ipw_v_sum,
-        stats.lab_ipw_vf_sum,
-        stats.lab_ipw_vy_sum,
-        stats.lab_ipw_vyf_sum,
-        stats.lab_ipw_vff_sum,
-    )
+    est = active_of_stats(stats)
     assert est is not None
     return est.value, est.lower, est.upper
 

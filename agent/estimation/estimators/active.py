@@ -47,7 +47,7 @@ import numpy as np
 
 from agent.estimation.estimators.prediction_powered import LabeledEstimate
 from agent.estimation.intervals import Z95, clip01
-from agent.estimation.statistics.window import weighted_sums
+from agent.estimation.statistics.window import WindowStats, weighted_sums
 
 #: Share of the budget drawn uniformly (the floor of :func:`draw_probabilities`): every prediction is
 #: drawn with probability at least this share of the mean rate, so no weight ``1/π`` exceeds twice the
@@ -195,3 +195,22 @@ def active_accuracy(
     idx = np.asarray(labeled, dtype=np.int64).reshape(-1)
     sums = weighted_sums(f[idx], correct, draw_probability)
     return active_of_sums(len(f), float(f.sum()), *sums, tuned=tuned, z=z)
+
+
+def active_of_stats(stats: WindowStats) -> LabeledEstimate | None:
+    """:func:`active_of_sums` of a window's statistics: its calibrated predictor's sum (``pcorrect_*``) and its
+    labeling sample's weighted sums (``lab_ipw_*``)."""
+    return active_of_sums(
+        stats.n,
+        stats.pcorrect_sum,
+        stats.lab_ipw_n,
+        stats.lab_ipw_f_sum,
+        stats.lab_ipw_w_sum,
+        stats.lab_ipw_wy_sum,
+        stats.lab_ipw_wf_sum,
+        stats.lab_ipw_v_sum,
+        stats.lab_ipw_vf_sum,
+        stats.lab_ipw_vy_sum,
+        stats.lab_ipw_vyf_sum,
+        stats.lab_ipw_vff_sum,
+    )

@@ -73,7 +73,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, replace
 
-from agent.estimation.estimators.active import active_of_sums
+from agent.estimation.estimators.active import active_of_stats
 from agent.estimation.estimators.calibrated import EstimatesCalibration
 from agent.estimation.estimators.post_stratified import post_stratified
 from agent.estimation.estimators.prediction_powered import WITH_LABELS, prediction_powered_of_sums
@@ -358,20 +358,7 @@ def _whole_window_with_labels(stats: WindowStats, calibration: EstimatesCalibrat
     """``with_labels`` of the whole window: inverse-probability-weighted where every draw's probability was
     kept, else plain PPI++ over a uniform sample."""
     if stats.lab_ipw_n == stats.lab_n and stats.pcorrect_n == stats.n:
-        est = active_of_sums(
-            stats.n,
-            stats.pcorrect_sum,
-            stats.lab_ipw_n,
-            stats.lab_ipw_f_sum,
-            stats.lab_ipw_w_sum,
-            stats.lab_ipw_wy_sum,
-            stats.lab_ipw_wf_sum,
-            stats.lab_ipw_v_sum,
-            stats.lab_ipw_vf_sum,
-            stats.lab_ipw_vy_sum,
-            stats.lab_ipw_vyf_sum,
-            stats.lab_ipw_vff_sum,
-        )
+        est = active_of_stats(stats)
         return None if est is None else replace(est, predictor=calibration.predictor, weighted=True)
     return prediction_powered_of_sums(
         stats.n,
