@@ -65,12 +65,7 @@ def accuracy_figure(df: pd.DataFrame, headline: str, by_time: bool) -> Figure:
     alerted = df["alert"].fillna(False).astype(bool).to_numpy()
     if alerted.any():
         ax.scatter(x[alerted], value[alerted], s=140, facecolors="none", edgecolors="tab:red", zorder=3, label="alert")
-    ax.set_ylabel("accuracy")
-    ax.set_xlabel("window start (UTC)" if by_time else "first row of the window")
-    ax.set_title("Estimated accuracy per window")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize="small")
-    return fig
+    return _finished(fig, ax, "accuracy", "Estimated accuracy per window", by_time)
 
 
 def _short(label: str, width: int = LABEL_WIDTH) -> str:
@@ -111,9 +106,14 @@ def challenger_figure(df: pd.DataFrame, by_time: bool) -> Figure:
     if np.isfinite(realized).any():
         ax.plot(x, realized, marker="s", markersize=3, linestyle="--", color="black", label="realized (labels)")
     ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_ylabel("difference in accuracy")
+    return _finished(fig, ax, "difference in accuracy", "Challenger against the model, per window", by_time)
+
+
+def _finished(fig: Figure, ax: Axes, ylabel: str, title: str, by_time: bool) -> Figure:
+    """``fig`` with the axes, title, grid and legend every per-window figure has."""
+    ax.set_ylabel(ylabel)
     ax.set_xlabel("window start (UTC)" if by_time else "first row of the window")
-    ax.set_title("Challenger against the model, per window")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize="small")
     return fig

@@ -180,7 +180,7 @@ class JoinedLabels:
             )
             for k, v in self.by_identity.items()
         ]
-        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected, self.source)
+        return LabelOutcome(accepted, len(self.inserts), self.unknown, self.duplicate, self.corrected)
 
     @property
     def new(self) -> int:

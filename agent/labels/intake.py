@@ -233,7 +233,6 @@ class LabelIntake:
             unknown=[pid for pid in first.unknown if pid not in retried] + second.unknown,
             duplicate=[*first.duplicate, *second.duplicate],
             corrected=[*first.corrected, *second.corrected],
-            source=source,
         )
 
     def _on_their_way(self, request_id: str) -> bool:

@@ -290,8 +290,6 @@ class LabelOutcome:
     duplicate: list[str]
     #: ids whose earlier label this one replaced (``replace``: an authorized labeler's correction)
     corrected: list[str] = field(default_factory=list)
-    #: who gave these labels
-    source: str = ""
 
 
 def prediction_id(request_id: str, index: int) -> str:

@@ -126,11 +126,10 @@ class LabelingSample:
             out.append((mine - offsets[i], pi[mine] if kept else None))
         return out
 
-    def labeled(self, labels: list[tuple[str, int]], source: str = "") -> None:
-        """Accepted labels ``(prediction id, true class)`` from ``source`` (from the label intake): the draw policy
-        learns from them (stratified draws' allocation). Their segments' realized figures read them from the
+    def labeled(self, labels: list[tuple[str, int]]) -> None:
+        """Accepted labels ``(prediction id, true class)`` (from the label intake): the draw policy learns from them
+        (stratified draws' allocation), whatever their source. Their segments' realized figures read them from the
         store, with their source (:mod:`agent.labels.realized`)."""
-        del source  # the draws learn from every source alike
         self.draw_policy.learn(labels)
 
     def on_judged(self, batch: JudgedBatch, prefer: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -173,7 +173,7 @@ class Agent:
         """Labels the store applied: the labeling sample learns from the accepted ones (stratified draws,
         segments' realized figures) and a challenger's drawn disagreements get their outcome."""
         refused = {*outcome.unknown, *outcome.duplicate}
-        self.sample.labeled([(pid, label) for pid, label in labels if pid not in refused], outcome.source)
+        self.sample.labeled([(pid, label) for pid, label in labels if pid not in refused])
         for companion in self.companions:
             companion.on_labels(labels, outcome)
 

@@ -312,20 +312,21 @@ def test_related_corruptions_are_held_out_together() -> None:
     assert ("table:audit:noise", "table:heavy_noise") in tables and len(tables) == 3
 
 
-def test_the_flag_reaches_the_window_json_and_the_metrics() -> None:
-    """A bundle whose flag is always raised (threshold −inf, gate 0): the window's flag says so, its
-    headline's interval is widened and says so, and ``icos_estimate_flagged`` is 1 with the main reason."""
+def _fixed_flag(threshold: float) -> tuple[WindowStats, EstimatorCalibration, FlagModel]:
+    """A darkened window, its calibration and a flag model over the table features whose decision is fixed by
+    ``threshold`` (−inf: always raised, +inf: never) with no gate."""
     pred, conf, verdicts = _split(seed=2)
     stats = _window(pred[:500], np.clip(conf[:500] - 0.2, 0.34, 1), verdicts[:500])
     cal = EstimatorCalibration.fit(conf, np.random.default_rng(0).uniform(size=len(conf)) < conf, verdicts != 0)
-    model = _model(
-        features=TABLE_FEATURES,
-        mean=(0.0,) * N_TABLE,
-        scale=(1.0,) * N_TABLE,
-        coef=(1.0,) * N_TABLE,
-        threshold=-math.inf,
-        z_gate=0.0,
-    )
+    ones, zeros = (1.0,) * N_TABLE, (0.0,) * N_TABLE
+    model = _model(features=TABLE_FEATURES, mean=zeros, scale=ones, coef=ones, threshold=threshold, z_gate=0.0)
+    return stats, cal, model
+
+
+def test_the_flag_reaches_the_window_json_and_the_metrics() -> None:
+    """A bundle whose flag is always raised (threshold −inf, gate 0): the window's flag says so, its
+    headline's interval is widened and says so, and ``icos_estimate_flagged`` is 1 with the main reason."""
+    stats, cal, model = _fixed_flag(-math.inf)
     cal = cal.with_flag(model)
     entry = window_entry("5m", stats, cal, "cbpe", per_class_cap=10)
     doc = entry.to_json(cal)
@@ -372,17 +373,7 @@ def test_the_deprecated_trust_section_is_emitted_beside_the_flag_and_agrees_with
     """Until 0.2.0 every document carries the former ``trust`` section (``calibrated`` = not ``raised``) and the
     headline its former ``calibrated``, beside ``flag`` and ``flag_raised``: a flag always raised and one never
     raised, in a window's JSON and in ``check``'s sections."""
-    pred, conf, verdicts = _split(seed=2)
-    stats = _window(pred[:500], np.clip(conf[:500] - 0.2, 0.34, 1), verdicts[:500])
-    cal = EstimatorCalibration.fit(conf, np.random.default_rng(0).uniform(size=len(conf)) < conf, verdicts != 0)
-    model = _model(
-        features=TABLE_FEATURES,
-        mean=(0.0,) * N_TABLE,
-        scale=(1.0,) * N_TABLE,
-        coef=(1.0,) * N_TABLE,
-        threshold=threshold,
-        z_gate=0.0,
-    )
+    stats, cal, model = _fixed_flag(threshold)
     cal = cal.with_flag(model)
     entry = window_entry("5m", stats, cal, "cbpe", per_class_cap=10)
     doc = entry.to_json(cal)
