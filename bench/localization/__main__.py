@@ -88,6 +88,7 @@ def _row(group: Sequence[Outcome]) -> str:
         f"| {o.model} | {o.fault} | {o.target_name[:48]} | {len(group)} | {np.mean([x.retained for x in group]):.2f} | "
         f"{np.mean(truths) if truths else float('nan'):.3f} | {_share([x.first for x in group]):.2f} | "
         f"{_share([x.top_two for x in group]):.2f} | {_share([not x.estimable for x in group]):.2f} | "
+        f"{_share([x.honest for x in group]):.2f} | "
         f"{np.mean(labels):.0f} | {_share([x.close for x in group]):.2f} | "
         f"{np.mean(errors) if errors else float('nan'):.3f} | {group[0].top[:40]} |"
     )
@@ -105,12 +106,13 @@ def report(run: Run, *, quick: bool, seconds: float) -> str:
         "Each injection: the windows drawn, the share of its broken rows the agent still finds in the target "
         "(inputs that moved to another region leave it), the target's true accuracy in them, how often it "
         "ranked first and in the top two, how often it said its inputs changed so that no label-free estimate "
-        f"holds, the labels drawn in it (of {LABELS} per window), how often their realized accuracy lay within "
+        "holds, how often its label-free interval covered its truth or it said so (honest), the labels drawn in "
+        f"it (of {LABELS} per window), how often their realized accuracy lay within "
         "the tolerance and its mean error, and the segment ranked first in the first window.",
         "",
-        "| model | fault | target | windows | retained | true acc. | first | top two | not label-free | labels "
-        "| within | mean error | ranked first |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | fault | target | windows | retained | true acc. | first | top two | not label-free | honest "
+        "| labels | within | mean error | ranked first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str, str], list[Outcome]] = {}
     for o in run.faulted:

@@ -149,3 +149,54 @@ def test_the_labels_follow_the_change_within_the_same_budget() -> None:
     inside = pi[ids[0] == 1].sum()
     assert inside / pi.sum() > 0.7
     assert focus_factors(ids, {}, n) is None and focus_factors(None, {1: 1.0}, n) is None
+
+
+def _confidence_changes(conf: np.ndarray, seg: np.ndarray, ref_conf: np.ndarray, ref_seg: np.ndarray) -> list:
+    """The changes of a window whose sketched columns do not move, with confidences ``conf`` against a
+    reference of ``ref_conf`` (only the model's confidence can show a change)."""
+    ref_n = np.bincount(ref_seg, minlength=SEGMENTS)
+    mean = np.bincount(ref_seg, weights=ref_conf, minlength=SEGMENTS) / ref_n
+    square = np.bincount(ref_seg, weights=ref_conf**2, minlength=SEGMENTS) / ref_n
+    seg_n = np.bincount(seg, minlength=SEGMENTS).tolist()
+    window = WindowChange(
+        [],
+        [],
+        [],
+        seg_n,
+        [0] * SEGMENTS,
+        (),
+        np.bincount(seg, weights=conf, minlength=SEGMENTS).tolist(),
+        np.bincount(seg, weights=conf**2, minlength=SEGMENTS).tolist(),
+    )
+    ref = ChangeReference(
+        ref_n.tolist(), [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01, mean, ref_n, square - mean**2
+    )
+    return segment_changes(None, window, ref)
+
+
+def test_a_confidence_fallen_beyond_noise_is_a_change_that_ranks_by_nothing() -> None:
+    """A model's confidence moves only when its inputs do: a segment whose confidence fell far beyond noise is
+    changed (``model confidence``) although no sketched column shows it, with no input effect to rank it by;
+    a confidence within noise, or risen, is no change."""
+    rng = np.random.default_rng(7)
+
+    def confidences(seg: np.ndarray, fallen: float) -> np.ndarray:
+        out = rng.beta(8.0, 2.0, len(seg))
+        out[seg == 1] -= fallen
+        return np.clip(out, 0.0, 1.0)
+
+    ref_seg = rng.integers(0, SEGMENTS, 4000)
+    ref_conf = confidences(ref_seg, 0.0)
+    quiet = 0
+    for _ in range(40):
+        seg = rng.integers(0, SEGMENTS, 1000)
+        quiet += not any(c.changed for c in _confidence_changes(confidences(seg, 0.0), seg, ref_conf, ref_seg))
+    assert quiet >= 38
+    seg = rng.integers(0, SEGMENTS, 1000)
+    found = _confidence_changes(confidences(seg, 0.1), seg, ref_conf, ref_seg)
+    assert [c.changed for c in found] == [False, True, False, False]
+    assert found[1].names == ["model confidence"] and found[1].columns[0].kind == "confidence"
+    assert found[1].score == pytest.approx(found[1].columns[0].distance) and found[1].score > 0.5
+    assert found[1].input_score == 0.0  # it tells that the inputs moved, not how far
+    risen = _confidence_changes(confidences(seg, -0.1), seg, ref_conf, ref_seg)
+    assert not any(c.changed for c in risen)

@@ -23,7 +23,10 @@ reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)
 A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a constant, scaled,
 blurred) moves ``m₂``. The oracle's failure rate is one more column (a shuffled column breaks the invariants
 mined between columns even where its own distribution stays): a one-sided binomial test of the segment's
-failures against its calibration split's rate.
+failures against its calibration split's rate. The model's confidence is one more: a one-sided test of the
+segment's mean confidence against its reference's (a model's outputs move only when its inputs do, so a confidence
+fallen far beyond noise is a change of the inputs even where no sketched column or pair shows it, e.g. a column
+shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be believed).
 
 A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations
 when it had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of
@@ -34,7 +37,9 @@ enough to matter. A segment
 the window is changed by definition: nothing at fit looked like its inputs. Its **score** is the largest
 effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its inputs moved, whatever
 its size, so that the segment the fault lives in (all its rows moved) outranks the segments that only share
-some of its rows.
+some of its rows. The segment is ranked by its inputs' effects alone (``input_score``): the confidence tells
+that the inputs moved, not how far, and a narrower segment inside the one a fault lives in often holds its least
+confident rows.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ ALPHA = 0.001
 #: Smallest effect reported as a change, by the kind of test: a column's per-row distance (reference
 #: standard deviations of ``(z, z²)``), a pair's correlation (difference of Fisher's ``z``), the oracle's
 #: failure rate (its standard deviations at reference).
-MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "share": 0.0}
+MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "confidence": 0.25, "share": 0.0}
 #: Predictions a segment needs in a window before its inputs are tested.
 MIN_ROWS = 20
 #: Validation rows below which a segment counts as unseen at fit.
@@ -75,6 +80,8 @@ PRIOR_ROWS = 20.0
 MAX_SCORE = 2 * CLIP
 #: Name of the oracle's failure rate among the change columns of a report.
 ORACLE_COLUMN = "oracle failures"
+#: Name of the model's mean confidence among the change columns of a report.
+CONFIDENCE_COLUMN = "model confidence"
 #: Name of a segment's share, for a segment unseen at fit.
 SHARE_COLUMN = "share (unseen at fit)"
 #: Changed columns a segment reports (the largest effects).
@@ -196,7 +203,8 @@ class ColumnChange:
     spread: float
     distance: float
     p: float
-    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``, ``share``
+    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``, ``confidence``,
+    #: ``share``
     kind: str = "column"
 
     def to_json(self, decimals: int | None = None) -> dict[str, Any]:
@@ -221,6 +229,8 @@ class SegmentChange:
     changed: bool
     score: float
     columns: tuple[ColumnChange, ...] = ()
+    #: the largest effect among its changed input columns, without the model's confidence (what ranks it)
+    input_score: float = 0.0
 
     @property
     def names(self) -> list[str]:
@@ -243,7 +253,7 @@ UNCHANGED = SegmentChange(False, 0.0)
 @dataclass(frozen=True)
 class WindowChange:
     """The window's per-segment sums of the sketch (:class:`~agent.estimation.statistics.window.WindowStats`'s
-    ``change_*``) and of the oracle's failures, as the test reads them."""
+    ``change_*``), of the oracle's failures and of the model's confidence, as the test reads them."""
 
     n: Sequence[int]
     sums: Sequence[float]
@@ -251,19 +261,27 @@ class WindowChange:
     seg_n: Sequence[int]
     seg_fails: Sequence[int]
     cross: Sequence[float] = ()
+    seg_conf: Sequence[float] = ()
+    seg_conf_sq: Sequence[float] = ()
 
 
 @dataclass(frozen=True)
 class ChangeReference:
     """What the test reads of the segments at fit besides the sketch: every segment's validation rows ``n``, the
     span ``(start, end)`` of every dimension's segments, and per segment the calibration split's predictions and
-    the oracle's failures among them with the whole split's failure rate (the prior of thin segments)."""
+    the oracle's failures among them with the whole split's failure rate (the prior of thin segments); per segment
+    its mean confidence on the validation data (pulled toward its dimension's, as its estimators read it) and the
+    validation rows behind it, counting the prior's, and its confidence's variance there (pulled the same way;
+    empty: the confidence is not tested)."""
 
     n: Sequence[int]
     spans: Sequence[tuple[int, int]]
     cal_n: Sequence[int]
     cal_fails: Sequence[int]
     rate: float
+    conf: Sequence[float] = ()
+    conf_n: Sequence[float] = ()
+    conf_var: Sequence[float] = ()
 
 
 def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: ChangeReference) -> list[SegmentChange]:
@@ -275,7 +293,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     if not tested:
         return out
     pairs = len(sketch.pairs) if sketch is not None else 0
-    tests = max(len(tested) * (c + pairs + 1), 1)
+    tests = max(len(tested) * (c + pairs + 2), 1)
     moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
     for a, b in ref.spans:
         total, total_ref = max(sum(window.seg_n[a:b]), 1), max(sum(ref.n[a:b]), 1)
@@ -284,7 +302,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
                 share = window.seg_n[s] / total
                 share_ref = (ref.n[s] + 0.5) / total_ref
                 column = ColumnChange(SHARE_COLUMN, share / share_ref, 1.0, MAX_SCORE, 0.0, "share")
-                out[s] = SegmentChange(True, MAX_SCORE, (column,))
+                out[s] = SegmentChange(True, MAX_SCORE, (column,), MAX_SCORE)
                 continue
             found: list[ColumnChange] = []
             if moments is not None and sketch is not None and window.n[s] >= MIN_ROWS:
@@ -293,11 +311,13 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
                 if sketch.ref_n[s] >= MIN_REFERENCE_PAIRS:
                     found += moments.correlations(sketch, window, s)
             found += _failures(ref, window, s)
+            found += _confidence(ref, window, s)
             changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
             if changed:
                 changed.sort(key=lambda x: -x.distance)
+                inputs = min(max((x.distance for x in changed if x.kind != "confidence"), default=0.0), MAX_SCORE)
                 score = min(changed[0].distance, MAX_SCORE)
-                out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]))
+                out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]), inputs)
     return out
 
 
@@ -404,3 +424,19 @@ def _failures(ref: ChangeReference, window: WindowChange, s: int) -> list[Column
     z = d / (sd * math.sqrt(1.0 / n + 1.0 / (m + PRIOR_ROWS)))
     p = 0.5 * math.erfc(z / math.sqrt(2.0))
     return [ColumnChange(ORACLE_COLUMN, d / sd, 1.0, max(d / sd, 0.0), p, "oracle")]
+
+
+def _confidence(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnChange]:
+    """The model's mean confidence in segment ``s`` against its reference's (one-sided: it fell), in standard
+    deviations of the confidence at reference (a two-sample test, each sample with its own variance)."""
+    if s >= len(ref.conf_var) or s >= len(window.seg_conf) or s >= len(window.seg_conf_sq):
+        return []
+    n, m = float(window.seg_n[s]), float(ref.conf_n[s])
+    mean = window.seg_conf[s] / n
+    var_w = max(window.seg_conf_sq[s] / n - mean * mean, 0.0)
+    sd = math.sqrt(max(ref.conf_var[s], 1e-6))
+    d = ref.conf[s] - mean
+    z = d / math.sqrt(var_w / n + sd * sd / m)
+    p = 0.5 * math.erfc(z / math.sqrt(2.0))
+    effect = min(max(d / sd, 0.0), MAX_SCORE)  # a reference of one confidence makes any fall "infinitely" large
+    return [ColumnChange(CONFIDENCE_COLUMN, -d / sd, math.sqrt(var_w) / sd, effect, p, "confidence")]

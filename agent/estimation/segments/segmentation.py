@@ -142,7 +142,9 @@ class SegmentReference:
     ``conf`` (the whole validation set: the model's accuracy there does not depend on the oracle); on the
     calibration split (held out of ADI training), its wrong and right predictions and how many of each the
     oracle failed (``cal_*``, the segment's own TPR/FPR); and its novel inputs on the validation set
-    (:func:`~agent.estimation.statistics.window.novel_inputs`; zero without a ``shift_aware`` reference)."""
+    (:func:`~agent.estimation.statistics.window.novel_inputs`; zero without a ``shift_aware`` reference); the sum
+    of squared confidences ``conf_sq`` (the spread the change test reads the confidence against; empty in bundles
+    fitted before it)."""
 
     n: tuple[int, ...]
     correct: tuple[int, ...]
@@ -152,17 +154,21 @@ class SegmentReference:
     cal_fail_wrong: tuple[int, ...]
     cal_fail_right: tuple[int, ...]
     novel: tuple[int, ...]
+    conf_sq: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         sizes = {len(getattr(self, f)) for f in _REFERENCE_FIELDS}
-        if len(sizes) != 1:
+        if len(sizes) != 1 or (self.conf_sq and len(self.conf_sq) != len(self.n)):
             raise ValueError("segment reference vectors of different lengths")
 
     def __len__(self) -> int:
         return len(self.n)
 
     def to_dict(self) -> dict[str, list[float]]:
-        return {f: list(getattr(self, f)) for f in _REFERENCE_FIELDS}
+        out = {f: list(getattr(self, f)) for f in _REFERENCE_FIELDS}
+        if self.conf_sq:
+            out["conf_sq"] = list(self.conf_sq)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SegmentReference:
@@ -181,6 +187,7 @@ class SegmentReference:
             ints("cal_fail_wrong"),
             ints("cal_fail_right"),
             ints("novel"),
+            floats("conf_sq") if "conf_sq" in d else (),
         )
 
 
@@ -447,6 +454,7 @@ def reference_of(
         cal_fail_wrong=ints(sums(fail & wrong_cal, cal)),
         cal_fail_right=ints(sums(fail & ~wrong_cal, cal)),
         novel=ints(sums(nov)),
+        conf_sq=floats(sums(np.asarray(confidences, dtype=np.float64) ** 2)),
     )
 
 

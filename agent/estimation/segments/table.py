@@ -349,9 +349,9 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
 
 
 def rank_evidence(row: SegmentRow) -> float:
-    """A changed segment's evidence in :func:`rank`: the size of its change times its share to the power
-    :data:`SHARE_POWER` (0 when unchanged)."""
-    return row.change.score * row.share**SHARE_POWER if row.change.changed else 0.0
+    """A changed segment's evidence in :func:`rank`: the size of its inputs' change (not its confidence's) times
+    its share to the power :data:`SHARE_POWER` (0 when unchanged)."""
+    return row.change.input_score * row.share**SHARE_POWER if row.change.changed else 0.0
 
 
 def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[SegmentChange]:
@@ -363,9 +363,27 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
     rate = sum(cal_fails) / total if total else fpr
     spans = [(a, b) for _, a, b in seg.spans()]
     window = WindowChange(
-        stats.change_n, stats.change_sum, stats.change_sq, stats.seg_n, stats.seg_fails, stats.change_cross
+        stats.change_n,
+        stats.change_sum,
+        stats.change_sq,
+        stats.seg_n,
+        stats.seg_fails,
+        stats.change_cross,
+        stats.seg_conf,
+        stats.seg_conf_sq,
     )
-    return segment_changes(seg.change, window, ChangeReference(ref.n, spans, cal_n, cal_fails, rate))
+    conf, conf_n, conf_var = [], [], []
+    if ref.conf_sq:  # bundles fitted before the reference kept its squares do not test the confidence
+        _, a, b = seg.spans()[0]  # every dimension holds each validation row once
+        whole_sq = sum(ref.conf_sq[a:b]) / max(sum(ref.n[a:b]), 1)
+        for (_, a, b), prior in zip(seg.spans(), seg.priors, strict=True):
+            for s in range(a, b):  # the mean as the segment's estimators read it (segment_calibration)
+                conf_n.append(ref.n[s] + prior.strength)
+                conf.append((ref.conf[s] + prior.strength * prior.conf) / conf_n[-1])
+                square = (ref.conf_sq[s] + prior.strength * whole_sq) / conf_n[-1]
+                conf_var.append(max(square - conf[-1] ** 2, 0.0))
+    reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var)
+    return segment_changes(seg.change, window, reference)
 
 
 def _padded(stats: WindowStats, size: int) -> WindowStats:
