@@ -195,7 +195,7 @@ def test_a_confidence_fallen_beyond_noise_is_a_change_that_ranks_by_nothing() ->
     seg = rng.integers(0, SEGMENTS, 1000)
     found = _confidence_changes(confidences(seg, 0.1), seg, ref_conf, ref_seg)
     assert [c.changed for c in found] == [False, True, False, False]
-    assert found[1].names == ["model confidence"] and found[1].columns[0].kind == "confidence"
+    assert found[1].names == ["model confidence"] and found[1].columns[0].kind == "model_confidence"
     assert found[1].score == pytest.approx(found[1].columns[0].distance) and found[1].score > 0.5
     assert found[1].input_score == 0.0  # it tells that the inputs moved, not how far
     risen = _confidence_changes(confidences(seg, -0.1), seg, ref_conf, ref_seg)

@@ -65,7 +65,7 @@ ALPHA = 0.001
 #: Smallest effect reported as a change, by the kind of test: a column's per-row distance (reference
 #: standard deviations of ``(z, z²)``), a pair's correlation (difference of Fisher's ``z``), the oracle's
 #: failure rate (its standard deviations at reference).
-MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "confidence": 0.25, "share": 0.0}
+MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "model_confidence": 0.25, "share": 0.0}
 #: Predictions a segment needs in a window before its inputs are tested.
 MIN_ROWS = 20
 #: Validation rows below which a segment counts as unseen at fit.
@@ -203,7 +203,7 @@ class ColumnChange:
     spread: float
     distance: float
     p: float
-    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``, ``confidence``,
+    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``, ``model_confidence``,
     #: ``share``
     kind: str = "column"
 
@@ -315,7 +315,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
             changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
             if changed:
                 changed.sort(key=lambda x: -x.distance)
-                inputs = min(max((x.distance for x in changed if x.kind != "confidence"), default=0.0), MAX_SCORE)
+                inputs = min(max((x.distance for x in changed if x.kind != "model_confidence"), default=0.0), MAX_SCORE)
                 score = min(changed[0].distance, MAX_SCORE)
                 out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]), inputs)
     return out
@@ -439,4 +439,4 @@ def _confidence(ref: ChangeReference, window: WindowChange, s: int) -> list[Colu
     z = d / math.sqrt(var_w / n + sd * sd / m)
     p = 0.5 * math.erfc(z / math.sqrt(2.0))
     effect = min(max(d / sd, 0.0), MAX_SCORE)  # a reference of one confidence makes any fall "infinitely" large
-    return [ColumnChange(CONFIDENCE_COLUMN, -d / sd, math.sqrt(var_w) / sd, effect, p, "confidence")]
+    return [ColumnChange(CONFIDENCE_COLUMN, -d / sd, math.sqrt(var_w) / sd, effect, p, "model_confidence")]
