@@ -44,8 +44,8 @@ class FleetConfig(Section):
     """further label matchers of the replicas' series, e.g. namespace="prod",job="icos-agent\""""
 
     lookback_seconds: float = Field(300.0, ge=1, le=86_400)
-    """how far before a window's start a replica's last counter value is looked for (Prometheus's default lookback is
-    5 minutes)"""
+    """how far before the longest window's start a replica's last counter value is looked for (every window reads
+    from there: Prometheus's default lookback is 5 minutes)"""
 
     stale_after_seconds: float | None = Field(None, gt=0)
     """age of the last successful evaluation after which estimates are marked stale (default: three refresh periods)"""

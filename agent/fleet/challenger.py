@@ -1,7 +1,7 @@
 """The fleet's comparison of the champion with its challenger: the replicas' pair sums
 (``icos_challenger_stat_total{model,version,bundle,stat}``, ``bundle`` the challenger bundle's label) summed
 per window exactly as the window statistics are (:func:`~agent.fleet.window_sums.window_sums`: raw counter
-values differenced, restarted replicas read sample by sample), checked, and the label-free paired difference
+values differenced, restarts corrected per replica), checked, and the label-free paired difference
 estimated on them with the pair's calibration from the challenger's bundle (``challenger.bundle_path`` of the
 evaluator's settings), as one agent estimates its own (:func:`agent.results.paired.paired_entry`).
 

@@ -2,21 +2,34 @@
 
 Why not ``increase()``: it extrapolates to the window's edges and returns fractions of predictions,
 so a fleet estimate built on it would not equal the estimate of one agent that saw the same
-predictions. Instead the evaluator reads raw counter values and differences them itself:
+predictions. Instead the evaluator reads raw counter values and differences them itself. Every value
+is read within one span ``(t−W−L, t]`` (``W`` the longest window, ``L`` the lookback,
+``fleet.lookback_seconds``), so that every window reads the same samples:
 
-* for every series, ``increment = last value in [t−w−L, t]`` minus ``last value in [t−w−L, t−w]``
-  (0 when the series was born in the window: a replica that joined), evaluated by Prometheus as two
-  exact sums over all replicas (``last_over_time`` reads raw samples, no extrapolation; a replica that
-  left keeps its last value, so it counts until its data leaves the window);
-* the few replicas with a reset (``resets() > 0`` on any of their series: the process restarted) are
-  then read sample by sample: their share of the two sums is replaced by their increments summed with
-  a reset restarting from zero, like one agent would have counted. A scrape at which any series of
-  the replica fell is a restart for all its series (one that grew past its old value before that
-  scrape started from zero too).
+* for every series, ``increment = last value in the span`` minus ``last value in the span up to the
+  window's start t−w`` (0 when there is none: a replica that joined), evaluated by the store as exact
+  sums over all replicas (``last_over_time`` reads raw samples, no extrapolation). The end sum is one
+  query shared by every window; each window adds one query for its start. Why it is exact: a series
+  with samples on both sides of ``t−w`` adds its last value minus its last before ``t−w``; one born
+  after ``t−w`` adds its last value; one whose last sample came before ``t−w`` (a replica that left)
+  has that sample as both ends and adds 0, its predictions having counted while they were in the
+  window; one that left before the span is in neither sum. A replica missed by the scrapes across
+  ``t−w`` (but not restarted) adds its counter's growth over the gap, never its whole life;
+* a restarted replica (its ``n`` fell: ``resets()`` over the ``n`` series only, one per replica,
+  not every series) adds, per series and per restart within the window, the value it held just
+  before the restart: the sample-by-sample sum of its increments, a reset counting from zero as one
+  agent would have counted, equals its last value minus its baseline plus those values. Its restart times are read
+  from its ``n`` samples (one series), then its series' values just before each restart with one
+  instant query (one value per series, not every sample), for the series with a sample between that
+  restart and the next: a series the new process exports only later counts from zero too, one it no
+  longer exports keeps its last value.
 
-``L`` is the lookback (``fleet.lookback_seconds``). The figures are exact up to the scrape interval:
-predictions a replica judged after its last scrape before a crash are lost (the process is gone),
-and the window's edges fall on scrapes, not on the predictions' own times.
+A restart at which ``n`` did not fall (the new process judged, before its first scrape, at least as
+many predictions as the old one in its whole life) is not seen: the window then loses at most those
+few predictions, or is refused if another series fell (its increment would be negative). The figures
+are exact up to the scrape interval: predictions a replica judged after its last scrape before a crash
+are lost (the process is gone), and the window's edges fall on scrapes, not on the predictions' own
+times.
 
 Nothing of an answer is believed unchecked (:class:`_Reader`): the ``model`` label must be this
 evaluator's, versions and bundles must be label values a replica can have (at most
@@ -27,9 +40,8 @@ with counter values; other bundles' series are read for their ``n`` only (to tel
 
 from __future__ import annotations
 
-import bisect
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, concurrently, printable
@@ -91,36 +103,15 @@ def selector(model: str, extra: str = "", metric: str = STAT_METRIC, **labels: s
     return f"{metric}{{{','.join(parts)}}}"
 
 
-def _ms(seconds: float) -> str:
-    return f"{max(1, round(seconds * 1000))}ms"
+def _ms(seconds: float) -> int:
+    """Seconds in whole milliseconds (the store's resolution: every range and time is written in them)."""
+    return max(1, round(seconds * 1000))
 
 
-def series_increment(
-    points: Iterable[tuple[float, float]], start: float, resets: frozenset[float] = frozenset()
-) -> float:
-    """The increase of one counter over the samples after ``start`` (unix time), a reset (a value
-    below its predecessor, or a sample at one of the times ``resets``: the process restarted)
-    counting from zero; the last sample at or before ``start`` is the baseline (0 when there is none:
-    the series was born in the window)."""
-    prev = 0.0
-    total = 0.0
-    for t, v in points:
-        if t <= start:
-            prev = v
-            continue
-        total += v if v < prev or t in resets else v - prev
-        prev = v
-    return total
-
-
-def reset_times(series: Iterable[Series]) -> frozenset[float]:
-    """The sample times at which any of one replica's series fell (its restarts)."""
-    out: set[float] = set()
-    for s in series:
-        for i in range(1, len(s.values)):
-            if s.values[i] < s.values[i - 1]:
-                out.add(s.times[i])
-    return frozenset(out)
+def restart_times(series: Series) -> list[float]:
+    """The sample times at which a counter fell below its predecessor (its process restarted)."""
+    v, t = series.values, series.times
+    return [t[i] for i in range(1, len(v)) if v[i] < v[i - 1]]
 
 
 class _Reader:
@@ -195,33 +186,32 @@ async def window_sums(
     """The fleet's statistic of every window ``name → seconds`` over ``(at − seconds, at]`` (see the
     module docstring); raises :class:`~agent.fleet.prometheus_api.RefreshError`.
 
-    Every aggregating query runs at once (``api.max_concurrent`` in flight). The restarts are read
-    once, over the longest window: a replica that restarted within a shorter window restarted within
-    the longest, and its raw samples over the longest hold those of every shorter one, so each window
-    takes its share of them (samples from ``at − seconds − lookback_s`` on, as the store's range
-    selectors do) instead of asking the store again; a store scans every series for each ``resets``.
-    What the restarted replicas add is summed in one order whatever order they answer in."""
+    Every aggregating query runs at once (``api.max_concurrent`` in flight): the end sum, each
+    window's start sum and replica count, and the restarted replicas (``resets()`` of ``n`` over the
+    span, which holds every window). A store's cost grows with the series a query selects, so each
+    of them selects every series at most once. What the restarted replicas add is summed in one order
+    whatever order they answer in."""
     if not windows:
         return {}
     at = round(at, 3)  # the time the store is asked for (milliseconds): the client's edges are its edges
     sel = selector(scope.model, scope.extra, scope.metric)
     by = ", ".join((*GROUP_LABELS, "stat"))
     n_sel = selector(scope.model, scope.extra, scope.metric, stat="n")
-    longest = _ms(max(windows.values()) + lookback_s)
-    asked = []
+    span = _ms(max(windows.values()) + lookback_s)  # every window's start is at least the lookback inside it
+    asked = [api.vector(f"sum by ({by}) (last_over_time({sel}[{span}ms]))", at)]
     for window_s in windows.values():
+        w = _ms(window_s)
         asked += [
-            api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(window_s + lookback_s)}]))", at),
-            api.vector(f"sum by ({by}) (last_over_time({sel}[{_ms(lookback_s)}] offset {_ms(window_s)}))", at),
-            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{_ms(window_s)}]))", at),
+            api.vector(f"sum by ({by}) (last_over_time({sel}[{span - w}ms] offset {w}ms))", at),
+            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{w}ms]))", at),
         ]
-    asked.append(api.vector(f"count without (stat) (resets({sel}[{longest}]) > 0)", at))
+    asked.append(api.vector(f"count without (stat) (resets({n_sel}[{span}ms]) > 0)", at))
     answers = await concurrently(*asked)
     outs = {name: WindowSums() for name in windows}
     readers = {name: _Reader(scope, outs[name]) for name in windows}
     for i, name in enumerate(windows):
-        reader, (plus, minus, counted) = readers[name], answers[3 * i : 3 * i + 3]
-        for sign, answer in ((1.0, plus), (-1.0, minus)):
+        reader, (start, counted) = readers[name], answers[1 + 2 * i : 3 + 2 * i]
+        for sign, answer in ((1.0, answers[0]), (-1.0, start)):
             for s in answer:
                 key = reader.accept(s.labels)
                 if key is not None:
@@ -230,69 +220,91 @@ async def window_sums(
             group = reader.group(dict(s.labels))
             _count("a replica count", s.value)
             outs[name].replicas[group] = int(s.value)
-        outs[name].queries = 3
+        outs[name].queries = 2
     replicas = sorted({replica_labels(s.labels) for s in answers[-1]})
-    shares: dict[str, dict[LabelSet, list[tuple[GroupKey, str, float]]]] = {name: {} for name in windows}
-    todo = iter(replicas)
-
-    async def read_restarted() -> None:
-        for replica in todo:  # one iterator shared by the readers: each replica is read once
-            for reader in readers.values():  # its labels checked before they go into a query
-                reader.group(dict(replica))
-            matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
-            raw = await api.matrix(f"{sel[:-1]},{matchers}}}[{longest}]", at)
-            for name, window_s in windows.items():
-                start = at - window_s
-                share = _restarted_share(readers[name], replica, raw, start, start - lookback_s)
-                if share is not None:
-                    shares[name][replica] = share
-
-    await concurrently(*(read_restarted() for _ in range(min(api.max_concurrent, len(replicas)))))
+    restarted = _Restarted(api, readers, windows, at, span, (sel, n_sel), iter(replicas))
+    await concurrently(*(restarted.read() for _ in range(min(api.max_concurrent, len(replicas)))))
     for name in windows:
         reader = readers[name]
         for replica in replicas:
-            for group, stat, delta in shares[name].get(replica, ()):
+            for group, stat, value in restarted.shares[name].get(replica, ()):
                 stats = reader.sums.setdefault(group, {})
-                stats[stat] = stats.get(stat, 0.0) + delta
-        outs[name].restarted_replicas = len(shares[name])
+                stats[stat] = stats.get(stat, 0.0) + value
+        outs[name].restarted_replicas = len(restarted.shares[name])
         outs[name].stats = reader.sums
-    # the restarts' queries are the longest window's
-    outs[max(windows, key=lambda name: windows[name])].queries += 1 + len(replicas)
+    # the end sum is shared by the windows; the restarts' queries are the longest window's
+    outs[next(iter(windows))].queries += 1
+    outs[max(windows, key=lambda name: windows[name])].queries += 1 + restarted.queries
     return outs
 
 
-def _restarted_share(
-    reader: _Reader, replica: LabelSet, raw: list[Series], start: float, first: float
-) -> list[tuple[GroupKey, str, float]] | None:
-    """What a restarted replica's raw samples from ``first`` on change in one window's two sums: per
-    statistic, its increments read sample by sample (a reset counting from zero) minus its share of
-    them (last value minus the baseline); None when it did not restart within them (its share of the
-    sums is then exact)."""
-    within = [_from(series, first) for series in raw]
-    resets = reset_times(within)
-    if not resets:
-        return None
-    out = []
-    for series in within:
-        if tuple((k, v) for k, v in series.labels if k != "stat") != replica:
-            raise QueryError("malformed", "a restarted replica's samples hold a series of another replica")
-        key = reader.accept(series.labels)
-        if key is None or not series.values:
-            continue
-        group, stat = key
-        for v in (min(series.values), max(series.values)):
-            reader.check(group, stat, v)
-        if stat in reader.scope.schema.counts and not all(v.is_integer() for v in series.values):
-            raise RefusedAnswer("bad_value", f"count {stat} has counter values that are not whole")
-        baseline = [v for t, v in series.points if t <= start]
-        last = series.values[-1] - (baseline[-1] if baseline else 0.0)
-        out.append((group, stat, series_increment(series.points, start, resets) - last))
-    return out
+class _Restarted:
+    """What the restarted replicas add to each window: per series and restart within the window, the
+    value the series held just before the restart (see the module docstring). :meth:`read` takes the
+    replicas one by one from ``todo`` (several readers share it: each replica is read once)."""
+
+    def __init__(
+        self,
+        api: PrometheusAPI,
+        readers: Mapping[str, _Reader],
+        windows: Mapping[str, float],
+        at: float,
+        span_ms: int,
+        selectors: tuple[str, str],
+        todo: Iterator[LabelSet],
+    ) -> None:
+        self.api, self.readers, self.selectors, self.todo = api, readers, selectors, todo
+        self.at = at
+        self.at_ms = round(at * 1000)
+        self.span_ms = span_ms
+        self.starts_ms = {name: self.at_ms - _ms(s) for name, s in windows.items()}
+        self.shares: dict[str, dict[LabelSet, list[tuple[GroupKey, str, float]]]] = {name: {} for name in windows}
+        self.queries = 0
+
+    async def read(self) -> None:
+        for replica in self.todo:  # one iterator shared by the readers: each replica is read once
+            for reader in self.readers.values():  # its labels checked before they go into a query
+                reader.group(dict(replica))
+            matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
+            sel, n_sel = (f"{s[:-1]},{matchers}}}" for s in self.selectors)
+            self.queries += 1
+            times: set[int] = set()
+            for series in await self.api.matrix(f"{n_sel}[{self.span_ms}ms]", self.at):
+                _own(series.labels, replica)
+                times.update(round(t * 1000) for t in restart_times(series))
+            first = min(self.starts_ms.values())
+            restarts = sorted(times)
+            for r, until in zip(restarts, [*restarts[1:], self.at_ms + 1], strict=True):
+                if r <= first:
+                    continue
+                within = [name for name, start in self.starts_ms.items() if r > start]
+                for name in within:
+                    self.shares[name].setdefault(replica, [])
+                await self._before(replica, sel, (r, until), within)
+
+    async def _before(self, replica: LabelSet, sel: str, lifetime: tuple[int, int], within: list[str]) -> None:
+        """Each series' last value before the restart at ``lifetime[0]`` (ms) within the span, for the
+        series with a sample in the process's ``lifetime`` (up to the next restart: a series the new
+        process exports only later, and that then fell, counts from zero too), added to the windows
+        ``within``."""
+        r, until = lifetime
+        reach = max(1, r - 1 - (self.at_ms - self.span_ms))  # from the span's start, as the sums read
+        expr = (
+            f"last_over_time({sel}[{reach}ms] @ {(r - 1) / 1000:.3f})"
+            f" and last_over_time({sel}[{until - r}ms] @ {(until - 1) / 1000:.3f})"
+        )
+        self.queries += 1
+        for s in await self.api.vector(expr, self.at):
+            _own(s.labels, replica)
+            for name in within:
+                reader = self.readers[name]
+                key = reader.accept(s.labels)
+                if key is not None:
+                    reader.check(*key, s.value)
+                    self.shares[name][replica].append((*key, s.value))
 
 
-def _from(series: Series, first: float) -> Series:
-    """``series``'s samples at or after ``first`` (a range selector's samples from its start on)."""
-    i = bisect.bisect_left(series.times, first)
-    if i == 0:
-        return series
-    return Series(series.labels, series.times[i:], series.values[i:])
+def _own(labels: LabelSet, replica: LabelSet) -> None:
+    """Refuses a series of another replica in an answer about ``replica``."""
+    if tuple((k, v) for k, v in labels if k != "stat") != replica:
+        raise QueryError("malformed", "a restarted replica's answer holds a series of another replica")

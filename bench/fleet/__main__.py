@@ -356,7 +356,7 @@ def _measure(
     _largest_answer(url, end)
     print(
         f"  refresh (evaluate, windows {', '.join(WINDOWS)}): {best:.3f} s best of {repeat}, {result.queries} queries, "
-        f"{result.restarted_replicas} replicas with a reset read sample by sample; the evaluator's own CPU "
+        f"{result.restarted_replicas} restarted replicas; the evaluator's own CPU "
         f"{cpu:.3f} s (the rest is the store's)"
     )
     print(f"  baseline increase() sums, same windows: {base_best:.3f} s; ratio refresh/baseline {best / base_best:.2f}")
@@ -384,7 +384,7 @@ def _table(rows: list[Row], replicas: int, series: int) -> str:
     out = [
         f"{replicas:,} simulated replicas, {series:,} series, windows {' and '.join(WINDOWS)} in one refresh:",
         "",
-        "| store | refresh (best) | evaluator CPU | queries | replicas read sample by sample "
+        "| store | refresh (best) | evaluator CPU | queries | restarted replicas "
         f"| n error ({' / '.join(WINDOWS)}) | `increase()` sums | its n error |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -397,17 +397,16 @@ def _table(rows: list[Row], replicas: int, series: int) -> str:
 
 
 def _largest_answer(url: str, end: float) -> None:
-    """The size of the largest answer a refresh reads: one restarted replica's raw samples over the
-    longest window and the default lookback (what ``fleet.max_response_bytes`` must hold)."""
+    """The size of the largest answer a refresh reads: a sum over every replica, one value per
+    statistic series of one replica (what ``fleet.max_response_bytes`` must hold)."""
     seconds = int(max(WINDOWS.values()) + 300)
-    expr = f'{STAT_METRIC}{{model="{MODEL}",instance="r0007"}}[{seconds}s]'
+    expr = f'sum by (model, version, bundle, stat) (last_over_time({STAT_METRIC}{{model="{MODEL}"}}[{seconds}s]))'
     r = httpx.post(f"{url}/api/v1/query", data={"query": expr, "time": f"{end:.3f}", "nocache": "1"}, timeout=120)
     result = r.json()["data"]["result"]
-    samples = sum(len(s["values"]) for s in result)
-    if samples:
+    if result:
         print(
-            f"  largest answer: one restarted replica's raw samples over {seconds} s: {len(r.content)} bytes "
-            f"({len(result)} series, {samples} samples, {len(r.content) / samples:.1f} bytes per sample)"
+            f"  largest answer: a sum over every replica: {len(r.content)} bytes ({len(result)} series, "
+            f"{len(r.content) / len(result):.1f} bytes per series)"
         )
 
 

@@ -31,12 +31,19 @@ def _series() -> dict[tuple[str, str, str], Sequence[float | None]]:
     joined = [None] * 100 + [float(10 * i) for i in range(1, 22)]  # born 5 minutes before the end
     left = [float(10 * i) for i in range(110)] + [None] * 11  # gone 2.5 minutes before the end
     restarted = [float(10 * i) for i in range(100)] + [float(3 * i) for i in range(21)]  # reset, then 3 per scrape
+    # restarted at index 90 (3 per scrape from zero), again at 117 (2 per scrape from zero)
+    twice = [float(10 * i) for i in range(90)] + [3.0 * (i - 89) for i in range(90, 117)]
+    twice += [2.0 * (i - 116) for i in range(117, STEPS)]
+    # unscraped from index 108 to 116 (2.5 minutes, longer than the lookback)
+    gap = [float(10 * i) for i in range(108)] + [None] * 9 + [float(10 * i) for i in range(117, STEPS)]
     return {
         ("3", "ours", "r1"): ramp,
         ("3", "ours", "r2"): joined,
         ("3", "ours", "r3"): left,
         ("3", "ours", "r4"): restarted,
         ("4", "ours", "r5"): ramp,  # a second version of the same bundle, side by side
+        ("5", "ours", "r9"): twice,
+        ("5", "ours", "r10"): gap,
         ("1", "ours", "r6"): ramp,  # version 1: replicas of two bundles
         ("1", "theirs", "r7"): ramp,
         ("2", "theirs", "r8"): ramp,  # version 2: another bundle only
@@ -135,7 +142,7 @@ def test_joins_leaves_and_restarts_are_counted_exactly(prometheus: str) -> None:
     # r4: 990 − 790 before its reset at index 100, then 0, 3, …, 57 counting from zero
     assert stats10.n == 400 + 200 + 300 + (200 + 57)
     assert abs(stats10.fails - 0.1 * stats10.n) < 1
-    assert result.versions["3"].replicas["10m"] == 4 and result.restarted_replicas == 1
+    assert result.versions["3"].replicas["10m"] == 4 and result.restarted_replicas == 2  # r4 and version 5's r9
     assert set(ests) >= {"icos", "icos_corrected", "avg_conf", "atc", "doc"}
     assert ests["avg_conf"].value == pytest.approx(0.92, abs=1e-6)
     stats1 = result.versions["3"].windows["1m"].stats
@@ -144,9 +151,23 @@ def test_joins_leaves_and_restarts_are_counted_exactly(prometheus: str) -> None:
     assert result.versions["3"].replicas["1m"] == 3
 
 
+def test_restarts_before_and_within_a_window_and_a_scrape_gap_across_its_start(prometheus: str) -> None:
+    result = _evaluator(prometheus, ["10m", "1m"]).evaluate(float(AT))
+    version = result.versions["5"]
+    # r9, 10m (indices 80 … 119, baseline 790 at 79): 10 × 10, then 3 from zero and 26 × 3 after the restart
+    # at 90, then 2 from zero and 2 × 2 after the one at 117; r10 1190 − 790
+    assert version.windows["10m"].stats.n == (100 + 3 + 78 + 2 + 4) + 400
+    assert version.windows["10m"].stats.fails == (100 + 3 + 78 + 2 + 4) // 10 + 40
+    # 1m (indices 116 … 119, baseline index 115): r9 3, then 2 from zero and 2 × 2; r10, unscraped from 108 to
+    # 116 (longer than the lookback): its last value before the gap (1070 at 107) is its baseline, so the gap's
+    # growth counts (not its whole life, as if it had joined)
+    assert version.windows["1m"].stats.n == (3 + 2 + 4) + (1190 - 1070)
+    assert version.replicas == {"10m": 2, "1m": 2} and result.restarted_replicas == 2
+
+
 def test_versions_side_by_side_and_bundles_never_mixed(prometheus: str) -> None:
     result = _evaluator(prometheus, ["10m"]).evaluate(float(AT))
-    assert set(result.versions) == {"3", "4"}  # two versions of our bundle, estimated apart
+    assert set(result.versions) == {"3", "4", "5"}  # versions of our bundle, estimated apart
     assert result.versions["4"].windows["10m"].stats.n == 400
     assert result.mismatches == {("1", "mixed"), ("2", "other_bundle")}
     snap = _evaluator(prometheus, ["10m"])

@@ -4,7 +4,6 @@ and the relations every window of real predictions keeps; every failure counted 
 from __future__ import annotations
 
 import socket
-from array import array
 
 import numpy as np
 import pytest
@@ -16,9 +15,8 @@ from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.reference import InputReference
 from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.fleet.evaluator import FleetEvaluator
-from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Sample, Series
+from agent.fleet.prometheus_api import REASONS, PrometheusAPI, Sample
 from agent.fleet.stat_schema import RefusedAnswer, StatSchema
-from agent.fleet.window_sums import reset_times, series_increment
 
 
 def _reference(leaf_bins: int = LEAF_BINS) -> InputReference:
@@ -142,19 +140,6 @@ def test_bundles_before_the_leaf_bins_export_no_inputs_and_are_checked_against_n
     assert schema.window(items, 1e6, "w").n == items["n"]
     no_shift = StatSchema.of_reference(None)
     assert "pca_bins:0" in no_shift.names and not any(k.startswith(("leaves", "class_")) for k in no_shift.names)
-
-
-def test_a_replica_restart_resets_every_series_at_the_scrape_where_one_fell() -> None:
-    def series(stat: str, values: list[float]) -> Series:
-        return Series((("stat", stat),), array("d", [10, 20, 30, 40]), array("d", values))
-
-    n = series("n", [100, 120, 5, 15])  # restarted between 20 and 30
-    rare = series("class_counts:3", [2, 2, 3, 4])  # grew past its old value before the first scrape after it
-    resets = reset_times([n, rare])
-    assert resets == frozenset({30.0})
-    assert series_increment(n.points, 10, resets) == 20 + 5 + 10
-    assert series_increment(rare.points, 10, resets) == 0 + 3 + 1  # without the restart: 2
-    assert series_increment(rare.points, 10) == 2
 
 
 def _settings(url: str) -> AgentSettings:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,8 @@ from agent.estimation.layout import LEAF_BINS
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.reference import InputReference, leaf_bin_of_rule
 from agent.estimation.statistics.window import SampleExtras, WindowStats
-from agent.fleet.window_sums import quote, selector, series_increment
+from agent.fleet.prometheus_api import Series
+from agent.fleet.window_sums import quote, restart_times, selector
 
 
 def _reference(n_rules: int, rng: np.random.Generator) -> InputReference:
@@ -76,13 +79,11 @@ def test_leaf_bins_are_contiguous_runs_of_about_equal_mass() -> None:
     assert leaf_bin_of_rule(skewed, 4).max() <= 3
 
 
-def test_counter_increment_restarts_from_zero_after_a_reset() -> None:
-    # baseline at t=10 is 100; then +20, a restart (reset to 5), +10
-    points = [(5.0, 90.0), (10.0, 100.0), (11.0, 120.0), (12.0, 5.0), (13.0, 15.0)]
-    assert series_increment(points, start=10.0) == 20 + 5 + 10
-    # a series born in the window counts from zero
-    assert series_increment([(11.0, 7.0), (12.0, 9.0)], start=10.0) == 9.0
-    assert series_increment([(1.0, 3.0)], start=10.0) == 0.0
+def test_a_restart_is_a_sample_below_its_predecessor() -> None:
+    # 100, +20, a restart (5, counting from zero), +10, a second restart (the old value passed: unseen)
+    s = Series((("stat", "n"),), array("d", [10, 11, 12, 13, 14]), array("d", [100, 120, 5, 15, 30]))
+    assert restart_times(s) == [12.0]
+    assert restart_times(Series((), array("d", [1.0]), array("d", [3.0]))) == []
 
 
 def test_selectors_quote_label_values() -> None:
@@ -114,7 +115,7 @@ def test_a_raw_nan_is_a_staleness_marker_and_skipped_any_other_non_finite_value_
 
     s = _series({"metric": {"stat": "n"}, "values": [[1, "5"], [2, "NaN"], [3, "0"], [4, "2"]]})
     assert list(s.points) == [(1.0, 5.0), (3.0, 0.0), (4.0, 2.0)]
-    assert series_increment(s.points, 0.5) == 5 + 0 + 2  # the reset after the marker counts from zero
+    assert restart_times(s) == [3.0]  # the reset after the marker
     with pytest.raises(QueryError) as refused:
         _series({"metric": {}, "values": [[1, "5"], [2, "+Inf"]]})
     assert refused.value.reason == "bad_value"
