@@ -272,6 +272,14 @@ class Segmentation:
         """Every dimension's :class:`DimensionPrior` (computed once)."""
         return tuple(_prior(self.reference, a, b) for _, a, b in self.spans())
 
+    def pulled_confidence(self, index: int) -> tuple[float, float]:
+        """Segment ``index``'s mean confidence on the validation data, pulled toward its dimension's by the
+        dimension's prior, and the rows behind it (the prior's pseudo-rows included): what its estimators and
+        the change test read as its reference confidence."""
+        prior = self.priors[self.dimension_of(index)]
+        rows = self.reference.n[index] + prior.strength
+        return (self.reference.conf[index] + prior.strength * prior.conf) / rows, rows
+
     def dimension_of(self, index: int) -> int:
         """The dimension segment ``index`` belongs to."""
         return int(np.searchsorted(np.asarray(self.offsets), index, side="right")) - 1

@@ -267,7 +267,7 @@ def segment_calibration(calibration: SegmentsCalibration, index: int) -> Segment
         n_wrong=wrong,
         n_right=right,
         accuracy=(ref.correct[index] + m * prior.accuracy) / (ref.n[index] + m),
-        avg_conf=(ref.conf[index] + m * prior.conf) / (ref.n[index] + m),
+        avg_conf=seg.pulled_confidence(index)[0],
         atc_threshold=calibration.atc_threshold,
         conf_offsets=calibration.conf_offsets,
         predictor=calibration.predictor,
@@ -376,12 +376,12 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
     if ref.conf_sq:  # bundles fitted before the reference kept its squares do not test the confidence
         _, a, b = seg.spans()[0]  # every dimension holds each validation row once
         whole_sq = sum(ref.conf_sq[a:b]) / max(sum(ref.n[a:b]), 1)
-        for (_, a, b), prior in zip(seg.spans(), seg.priors, strict=True):
-            for s in range(a, b):  # the mean as the segment's estimators read it (segment_calibration)
-                conf_n.append(ref.n[s] + prior.strength)
-                conf.append((ref.conf[s] + prior.strength * prior.conf) / conf_n[-1])
-                square = (ref.conf_sq[s] + prior.strength * whole_sq) / conf_n[-1]
-                conf_var.append(max(square - conf[-1] ** 2, 0.0))
+        for s in range(seg.size):
+            mean, rows = seg.pulled_confidence(s)
+            conf.append(mean)
+            conf_n.append(rows)
+            square = (ref.conf_sq[s] + (rows - ref.n[s]) * whole_sq) / rows  # pulled by the same prior rows
+            conf_var.append(max(square - mean * mean, 0.0))
     reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var)
     return segment_changes(seg.change, window, reference)
 
