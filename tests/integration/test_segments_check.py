@@ -144,6 +144,27 @@ def test_a_column_broken_inside_one_category_is_found_without_labels(
     assert realized["status"] in ("changed", "dropping") and "realized" in realized
 
 
+def test_a_categorical_column_broken_inside_one_category_is_a_change_not_an_estimate(
+    fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``plan`` read as a value never seen at fit, for one city only: no sketched (numeric) column of that city
+    moved, but its inputs are novel to the input PCA, so the city is changed (``novel inputs``) and its
+    label-free estimate, which the learnt estimator's drop moved, is marked not estimable instead of being
+    offered as its accuracy."""
+    zoo, root, bundle = fitted
+    test = _frame(zoo.test)
+    city = test["city"].value_counts().index[1]
+    test.loc[test["city"] == city, "plan"] = "plan_never_seen"
+    test.to_parquet(root / "broken-plan.parquet")
+    report: dict[str, Any] = json.loads(_check(zoo, bundle, root / "broken-plan.parquet", capsys, "--json"))
+    row = next(s for s in report["segments"] if s["name"] == f"city={city}")
+    assert row["change"]["changed"] and "novel inputs" in [c["column"] for c in row["change"]["columns"]], row
+    assert row["estimable"] is False and "novel inputs" in row["why"]
+    assert row["status"] in ("dropping", "changed_cost_unknown")
+    clean = json.loads(_check(zoo, bundle, root / "clean.parquet", capsys, "--json"))
+    assert not any(s["change"]["changed"] for s in clean["segments"])
+
+
 def test_a_reference_table_gets_segments_of_its_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(4)
 

@@ -200,3 +200,29 @@ def test_a_confidence_fallen_beyond_noise_is_a_change_that_ranks_by_nothing() ->
     assert found[1].input_score == 0.0  # it tells that the inputs moved, not how far
     risen = _confidence_changes(confidences(seg, -0.1), seg, ref_conf, ref_seg)
     assert not any(c.changed for c in risen)
+
+
+def test_a_share_of_novel_inputs_above_the_reference_is_a_change_that_ranks_by_nothing() -> None:
+    """Novel inputs (the input PCA's error beyond its clean quantile) read the whole feature view: a segment
+    whose share of them rose far beyond its reference share is changed (``novel inputs``), unranked; a share
+    within noise is no change."""
+    rng = np.random.default_rng(8)
+    ref_n = [1000] * SEGMENTS
+
+    def changes(novel_rate: list[float]) -> list:
+        seg = rng.integers(0, SEGMENTS, 2000)
+        novel = rng.uniform(size=len(seg)) < np.asarray(novel_rate)[seg]
+        window = WindowChange(
+            [], [], [], np.bincount(seg, minlength=SEGMENTS).tolist(), [0] * SEGMENTS, (), (), (),
+            np.bincount(seg, weights=novel, minlength=SEGMENTS).astype(int).tolist(),
+        )  # fmt: skip
+        ref = ChangeReference(
+            ref_n, [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01, novel=[0.01] * SEGMENTS, novel_n=ref_n
+        )
+        return segment_changes(None, window, ref)
+
+    assert sum(any(c.changed for c in changes([0.01] * SEGMENTS)) for _ in range(40)) <= 2
+    found = changes([0.01, 0.01, 0.3, 0.01])
+    assert [c.changed for c in found] == [False, False, True, False]
+    assert found[2].names == ["novel inputs"] and found[2].columns[0].kind == "novelty"
+    assert found[2].input_score == 0.0 and found[2].score > 1.0

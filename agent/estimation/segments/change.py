@@ -26,7 +26,10 @@ mined between columns even where its own distribution stays): a one-sided binomi
 failures against its calibration split's rate. The model's confidence is one more: a one-sided test of the
 segment's mean confidence against its reference's (a model's outputs move only when its inputs do, so a confidence
 fallen far beyond noise is a change of the inputs even where no sketched column or pair shows it, e.g. a column
-shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be believed).
+shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be believed). So is the
+segment's share of novel inputs (whose reconstruction by the input PCA errs beyond the clean 99% quantile,
+:func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its reference share: it reads the whole
+feature view, the columns the sketch leaves out too (a categorical column broken inside one category).
 
 A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations
 when it had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of
@@ -64,8 +67,10 @@ CLIP = 6.0
 ALPHA = 0.001
 #: Smallest effect reported as a change, by the kind of test: a column's per-row distance (reference
 #: standard deviations of ``(z, z²)``), a pair's correlation (difference of Fisher's ``z``), the oracle's
-#: failure rate (its standard deviations at reference).
-MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "model_confidence": 0.25, "share": 0.0}
+#: failure rate and the model's confidence (their standard deviations at reference), the share of novel inputs
+#: (the standard deviation of one reference input's novelty: a whole standard deviation, since the novelty
+#: threshold is one split's 99% quantile and a clean segment's share moves by several points around it).
+MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "model_confidence": 0.25, "novelty": 1.0, "share": 0.0}
 #: Predictions a segment needs in a window before its inputs are tested.
 MIN_ROWS = 20
 #: Validation rows below which a segment counts as unseen at fit.
@@ -82,6 +87,11 @@ MAX_SCORE = 2 * CLIP
 ORACLE_COLUMN = "oracle failures"
 #: Name of the model's mean confidence among the change columns of a report.
 CONFIDENCE_COLUMN = "model confidence"
+#: Name of a segment's share of novel inputs among the change columns of a report.
+NOVELTY_COLUMN = "novel inputs"
+#: The tests that tell that a segment's inputs moved but not how far (they do not rank it: every segment holding
+#: some of the moved rows shows them, the narrower ones often more).
+UNRANKED = frozenset({"model_confidence", "novelty"})
 #: Name of a segment's share, for a segment unseen at fit.
 SHARE_COLUMN = "share (unseen at fit)"
 #: Changed columns a segment reports (the largest effects).
@@ -203,8 +213,8 @@ class ColumnChange:
     spread: float
     distance: float
     p: float
-    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``, ``model_confidence``,
-    #: ``share``
+    #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``,
+    #: ``model_confidence``, ``novelty``, ``share``
     kind: str = "column"
 
     def to_json(self, decimals: int | None = None) -> dict[str, Any]:
@@ -229,7 +239,7 @@ class SegmentChange:
     changed: bool
     score: float
     columns: tuple[ColumnChange, ...] = ()
-    #: the largest effect among its changed input columns, without the model's confidence (what ranks it)
+    #: the largest effect among its changed columns whose test ranks (not :data:`UNRANKED`): what ranks it
     input_score: float = 0.0
 
     @property
@@ -263,6 +273,7 @@ class WindowChange:
     cross: Sequence[float] = ()
     seg_conf: Sequence[float] = ()
     seg_conf_sq: Sequence[float] = ()
+    seg_novel: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -272,7 +283,8 @@ class ChangeReference:
     the oracle's failures among them with the whole split's failure rate (the prior of thin segments); per segment
     its mean confidence on the validation data (pulled toward its dimension's, as its estimators read it) and the
     validation rows behind it, counting the prior's, and its confidence's variance there (pulled the same way;
-    empty: the confidence is not tested)."""
+    empty: the confidence is not tested); per segment its share of novel inputs there and the rows behind it,
+    pulled toward its dimension's by the novelty prior (empty: novelty is not tested)."""
 
     n: Sequence[int]
     spans: Sequence[tuple[int, int]]
@@ -282,6 +294,8 @@ class ChangeReference:
     conf: Sequence[float] = ()
     conf_n: Sequence[float] = ()
     conf_var: Sequence[float] = ()
+    novel: Sequence[float] = ()
+    novel_n: Sequence[float] = ()
 
 
 def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: ChangeReference) -> list[SegmentChange]:
@@ -293,7 +307,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     if not tested:
         return out
     pairs = len(sketch.pairs) if sketch is not None else 0
-    tests = max(len(tested) * (c + pairs + 2), 1)
+    tests = max(len(tested) * (c + pairs + 3), 1)
     moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
     for a, b in ref.spans:
         total, total_ref = max(sum(window.seg_n[a:b]), 1), max(sum(ref.n[a:b]), 1)
@@ -312,10 +326,11 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
                     found += moments.correlations(sketch, window, s)
             found += _failures(ref, window, s)
             found += _confidence(ref, window, s)
+            found += _novelty(ref, window, s)
             changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
             if changed:
                 changed.sort(key=lambda x: -x.distance)
-                inputs = min(max((x.distance for x in changed if x.kind != "model_confidence"), default=0.0), MAX_SCORE)
+                inputs = min(max((x.distance for x in changed if x.kind not in UNRANKED), default=0.0), MAX_SCORE)
                 score = min(changed[0].distance, MAX_SCORE)
                 out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]), inputs)
     return out
@@ -440,3 +455,18 @@ def _confidence(ref: ChangeReference, window: WindowChange, s: int) -> list[Colu
     p = 0.5 * math.erfc(z / math.sqrt(2.0))
     effect = min(max(d / sd, 0.0), MAX_SCORE)  # a reference of one confidence makes any fall "infinitely" large
     return [ColumnChange(CONFIDENCE_COLUMN, -d / sd, math.sqrt(var_w) / sd, effect, p, "model_confidence")]
+
+
+def _novelty(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnChange]:
+    """Segment ``s``'s share of novel inputs against its reference share (one-sided: more), in standard
+    deviations of a reference input's novelty (a Bernoulli trial)."""
+    if s >= len(ref.novel) or s >= len(window.seg_novel):
+        return []
+    n, m = float(window.seg_n[s]), float(ref.novel_n[s])
+    rate = min(max(ref.novel[s], 0.5 / (m + n)), 1 - 1e-9)  # a segment never novel at fit still has a floor of noise
+    sd = math.sqrt(rate * (1 - rate))
+    d = window.seg_novel[s] / n - rate
+    z = d / (sd * math.sqrt(1.0 / n + 1.0 / m))
+    p = 0.5 * math.erfc(z / math.sqrt(2.0))
+    effect = min(max(d / sd, 0.0), MAX_SCORE)
+    return [ColumnChange(NOVELTY_COLUMN, d / sd, 1.0, effect, p, "novelty")]

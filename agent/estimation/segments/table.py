@@ -371,6 +371,7 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
         stats.change_cross,
         stats.seg_conf,
         stats.seg_conf_sq,
+        stats.seg_novel if len(stats.seg_novel) == seg.size else (),
     )
     conf, conf_n, conf_var = [], [], []
     if ref.conf_sq:  # bundles fitted before the reference kept its squares do not test the confidence
@@ -382,7 +383,13 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
             conf_n.append(rows)
             square = (ref.conf_sq[s] + (rows - ref.n[s]) * whole_sq) / rows  # pulled by the same prior rows
             conf_var.append(max(square - mean * mean, 0.0))
-    reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var)
+    novel, novel_n = [], []
+    if any(ref.novel):  # a bundle without a shift_aware reference counts no novel input
+        for (_, a, b), prior in zip(seg.spans(), seg.priors, strict=True):
+            for s in range(a, b):  # as the reconciliation reads it (_excess_novelty)
+                novel_n.append(ref.n[s] + prior.novel_strength)
+                novel.append((ref.novel[s] + prior.novel_strength * prior.novel) / novel_n[-1])
+    reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var, novel, novel_n)
     return segment_changes(seg.change, window, reference)
 
 
