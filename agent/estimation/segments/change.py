@@ -465,8 +465,16 @@ def _novelty(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnC
     n, m = float(window.seg_n[s]), float(ref.novel_n[s])
     rate = min(max(ref.novel[s], 0.5 / (m + n)), 1 - 1e-9)  # a segment never novel at fit still has a floor of noise
     sd = math.sqrt(rate * (1 - rate))
-    d = window.seg_novel[s] / n - rate
+    share = window.seg_novel[s] / n
+    d = share - rate
     z = d / (sd * math.sqrt(1.0 / n + 1.0 / m))
     p = 0.5 * math.erfc(z / math.sqrt(2.0))
+    if share > rate:  # a thin segment's few novel rows: the Chernoff bound of the binomial tail, not the normal one
+        p = max(p, math.exp(-n * _kl(min(share, 1 - 1e-12), rate)))
     effect = min(max(d / sd, 0.0), MAX_SCORE)
     return [ColumnChange(NOVELTY_COLUMN, d / sd, 1.0, effect, p, "novelty")]
+
+
+def _kl(q: float, r: float) -> float:
+    """The Kullback-Leibler divergence of Bernoulli(``q``) from Bernoulli(``r``): ``P(share ≥ q) ≤ exp(−n·KL)``."""
+    return q * math.log(q / r) + (1 - q) * math.log((1 - q) / (1 - r))
