@@ -226,3 +226,10 @@ def test_a_share_of_novel_inputs_above_the_reference_is_a_change_that_ranks_by_n
     assert [c.changed for c in found] == [False, False, True, False]
     assert found[2].names == ["novel inputs"] and found[2].columns[0].kind == "novelty"
     assert found[2].input_score == 0.0 and found[2].score > 1.0
+    # a thin segment's few novel rows (4 of 27 at a reference share of 1.5%) lie within the binomial tail's bound,
+    # though the normal approximation would call them a change
+    thin = WindowChange([], [], [], [27, 500, 500, 500], [0] * SEGMENTS, (), (), (), [4, 5, 5, 5])
+    ref = ChangeReference(
+        ref_n, [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01, novel=[0.015] * SEGMENTS, novel_n=ref_n
+    )
+    assert not segment_changes(None, thin, ref)[0].changed
