@@ -40,9 +40,9 @@ enough to matter. A segment
 the window is changed by definition: nothing at fit looked like its inputs. Its **score** is the largest
 effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its inputs moved, whatever
 its size, so that the segment the fault lives in (all its rows moved) outranks the segments that only share
-some of its rows. The segment is ranked by its inputs' effects alone (``input_score``): the confidence tells
-that the inputs moved, not how far, and a narrower segment inside the one a fault lives in often holds its least
-confident rows.
+some of its rows. The segment is ranked by the effects of the other tests alone (``input_score``): the
+confidence and the novel inputs (:data:`UNRANKED`) tell that the inputs moved, not how far, and a narrower
+segment inside the one a fault lives in often holds more of its least confident or novel rows.
 """
 
 from __future__ import annotations

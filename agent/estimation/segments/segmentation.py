@@ -280,6 +280,14 @@ class Segmentation:
         rows = self.reference.n[index] + prior.strength
         return (self.reference.conf[index] + prior.strength * prior.conf) / rows, rows
 
+    def pulled_novelty(self, index: int) -> tuple[float, float]:
+        """Segment ``index``'s share of novel inputs on the validation data, pulled toward its dimension's by
+        the dimension's novelty prior, and the rows behind it (the prior's pseudo-rows included): what the
+        reconciliation and the change test read as its reference share."""
+        prior = self.priors[self.dimension_of(index)]
+        rows = self.reference.n[index] + prior.novel_strength
+        return (self.reference.novel[index] + prior.novel_strength * prior.novel) / rows, rows
+
     def dimension_of(self, index: int) -> int:
         """The dimension segment ``index`` belongs to."""
         return int(np.searchsorted(np.asarray(self.offsets), index, side="right")) - 1

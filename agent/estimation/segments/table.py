@@ -385,10 +385,10 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
             conf_var.append(max(square - mean * mean, 0.0))
     novel, novel_n = [], []
     if any(ref.novel):  # a bundle without a shift_aware reference counts no novel input
-        for (_, a, b), prior in zip(seg.spans(), seg.priors, strict=True):
-            for s in range(a, b):  # as the reconciliation reads it (_excess_novelty)
-                novel_n.append(ref.n[s] + prior.novel_strength)
-                novel.append((ref.novel[s] + prior.novel_strength * prior.novel) / novel_n[-1])
+        for s in range(seg.size):
+            share, rows = seg.pulled_novelty(s)
+            novel.append(share)
+            novel_n.append(rows)
     reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var, novel, novel_n)
     return segment_changes(seg.change, window, reference)
 
@@ -451,7 +451,7 @@ def _estimates(
             continue
         se_ref = math.sqrt(cal.accuracy * (1 - cal.accuracy) / (ref.n[s] + prior.strength))
         base[s] = _Base(est, cal.accuracy, se_ref)
-        weights[s] = n_s * _excess_novelty(novel[s] / n_s, n_s, ref.novel[s], ref.n[s], prior)
+        weights[s] = n_s * _excess_novelty(novel[s] / n_s, n_s, *seg.pulled_novelty(s))
     return base, weights
 
 
@@ -532,16 +532,15 @@ def _truth(truth: tuple[Sequence[int], Sequence[int]] | None, s: int) -> tuple[i
     return int(truth[0][s]), truth[1][s] / truth[0][s]
 
 
-def _excess_novelty(share: float, n: int, ref_count: int, ref_n: int, prior: DimensionPrior) -> float:
-    """How far a segment's share of novel inputs lies above its reference share (pulled toward the dimension's
-    by the prior), beyond :data:`NOVELTY_Z` binomial standard errors of their difference (0 when within them,
-    or without novelty)."""
-    m = prior.novel_strength
-    expected = (ref_count + m * prior.novel) / (ref_n + m)
+def _excess_novelty(share: float, n: int, expected: float, rows: float) -> float:
+    """How far a segment's share of novel inputs lies above its reference share ``expected`` over ``rows``
+    (pulled toward the dimension's, :meth:`~agent.estimation.segments.segmentation.Segmentation.pulled_novelty`),
+    beyond :data:`NOVELTY_Z` binomial standard errors of their difference (0 when within them, or without
+    novelty)."""
     if share <= 0 or n <= 0:
         return 0.0
-    p0 = max(expected, 0.5 / (ref_n + m + n))  # a segment never novel at fit still has a floor of noise
-    se = math.sqrt(p0 * (1 - p0) * (1.0 / n + 1.0 / (ref_n + m)))
+    p0 = max(expected, 0.5 / (rows + n))  # a segment never novel at fit still has a floor of noise
+    se = math.sqrt(p0 * (1 - p0) * (1.0 / n + 1.0 / rows))
     return max(share - expected - NOVELTY_Z * se, 0.0)
 
 
