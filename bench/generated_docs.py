@@ -13,14 +13,15 @@ END = "<!-- END GENERATED -->"
 
 
 def commit_of(root: Path) -> str:
-    """``root``'s short commit, and whether tracked files differ from it."""
+    """``root``'s short commit, and whether tracked files outside ``docs/`` differ from it: a benchmark writes
+    its page (and its plot) before it stamps the block, and no page changes what was measured."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
 
     try:
         sha = git("rev-parse", "--short", "HEAD").strip()
-        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs").strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return sha + (" with uncommitted changes" if dirty else "")
