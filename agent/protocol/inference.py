@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -234,6 +234,17 @@ def check_parameters(params: object, what: str = "'parameters'") -> dict[str, An
         raise ProtocolError(
             "parameters_too_large", f"{what} has {len(params)} entries; the limit is {MAX_PARAMETERS}", status=413
         )
+    if not params:
+        return params
+    if not any(isinstance(v, dict | list) for v in params.values()):
+        # flat (the common case): the walk below, without it; its bound on values cannot be crossed
+        size = 0
+        for k, v in params.items():
+            size += len(k) if isinstance(k, str) else 8
+            size += len(v) if isinstance(v, str) else 8
+        if size > MAX_PARAMETER_BYTES:
+            _too_large(what)
+        return params
     size, items = 0, 0
     for item in json_nodes(params):
         items += 1
@@ -242,12 +253,16 @@ def check_parameters(params: object, what: str = "'parameters'") -> dict[str, An
         elif not isinstance(item, dict | list):
             size += 8
         if size > MAX_PARAMETER_BYTES or items > 4 * MAX_PARAMETERS:
-            raise ProtocolError(
-                "parameters_too_large",
-                f"{what} holds more than {MAX_PARAMETER_BYTES} bytes or {4 * MAX_PARAMETERS} values",
-                status=413,
-            )
+            _too_large(what)
     return params
+
+
+def _too_large(what: str) -> NoReturn:
+    raise ProtocolError(
+        "parameters_too_large",
+        f"{what} holds more than {MAX_PARAMETER_BYTES} bytes or {4 * MAX_PARAMETERS} values",
+        status=413,
+    )
 
 
 def check_shape_list(name: str, raw: object) -> list[int]:
