@@ -115,6 +115,10 @@ class Tensor:
         ]
 
 
+#: Up to this many elements, :meth:`Vocabulary.wire` joins each code's bytes (fewer steps than the table's).
+SMALL_CODES = 16
+
+
 class Vocabulary:
     """The few values a coded BYTES tensor takes (e.g. the oracle's verdicts), each encoded once: a
     tensor of ``n`` codes becomes its elements, its text or its length-prefixed wire form in a few numpy
@@ -131,6 +135,7 @@ class Vocabulary:
             self._table[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
         self._lengths = np.array([len(w) for w in wire], dtype=np.int64)
         self._columns = np.arange(width)
+        self._wire = wire
 
     def elements(self, codes: np.ndarray) -> np.ndarray:
         """The elements of ``codes``, an object array of ``bytes``."""
@@ -143,6 +148,8 @@ class Vocabulary:
     def wire(self, codes: np.ndarray) -> bytes:
         """:func:`encode_bytes_elements` of :meth:`elements`: each code's row of the table, cut to its length."""
         c = np.asarray(codes, dtype=np.intp).reshape(-1)
+        if len(c) <= SMALL_CODES:  # a few elements: joined, without the numpy steps
+            return b"".join([self._wire[i] for i in c.tolist()])
         return self._table[c][self._columns < self._lengths[c][:, None]].tobytes()
 
 
