@@ -274,13 +274,22 @@ def _too_large(what: str) -> NoReturn:
 
 def check_shape_list(name: str, raw: object) -> list[int]:
     """A declared shape: a list of at most :data:`MAX_RANK` non-negative integers."""
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise ProtocolError("shape", f"tensor {name[:100]!r}: shape must be a list of integers, got {raw!r}"[:300])
+    if not isinstance(raw, list):
+        raise _not_integers(name, raw)
+    negative = False
+    for d in raw:  # one pass (every request decodes one), the checks in the same order
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise _not_integers(name, raw)
+        negative = negative or d < 0
     if len(raw) > MAX_RANK:
         raise ProtocolError("shape", f"tensor {name[:100]!r}: shape has {len(raw)} dimensions, more than {MAX_RANK}")
-    if any(d < 0 for d in raw):
+    if negative:
         raise ProtocolError("shape", f"tensor {name[:100]!r}: shape {raw} has a negative dimension"[:300])
     return list(raw)
+
+
+def _not_integers(name: str, raw: object) -> ProtocolError:
+    return ProtocolError("shape", f"tensor {name[:100]!r}: shape must be a list of integers, got {raw!r}"[:300])
 
 
 def decode_bytes_elements(name: str, buf: memoryview, count: int) -> np.ndarray:
@@ -323,7 +332,7 @@ def check_elements(name: str, shape: list[int], max_elements: int | None) -> Non
             f"tensor {name!r}: shape {shape} has more than {max_elements} elements (server.max_tensor_elements)"[:300],
             status=413,
         )
-    if any(d > MAX_DIMENSION for d in shape):
+    if shape and max(shape) > MAX_DIMENSION:
         raise ProtocolError(
             "shape", f"tensor {name[:100]!r}: shape {shape} has a dimension larger than {MAX_DIMENSION}"[:300]
         )
