@@ -217,8 +217,9 @@ class CompiledOracle:
             hit = out[ADI_LABEL] != 0
             if open_ is not None:
                 hit &= open_
-            verdict[hit] = 3
-            rule[hit] = 0
+            if np.logical_or.reduce(hit):
+                verdict[hit] = 3
+                rule[hit] = 0
         return OracleResult(verdict, rule), tdi_rules
 
     def without_idi(self) -> CompiledOracle:
