@@ -171,7 +171,8 @@ class CompiledOracle:
         predicted = np.asarray(predicted).reshape(-1).astype(np.int64, copy=False)  # only read
         n = predicted.shape[0]
         verdict = np.zeros(n, dtype=np.int8)
-        rule = np.full(n, -1, dtype=np.int32)
+        rule = np.empty(n, dtype=np.int32)  # ``np.full`` without its Python call (judged per request)
+        rule.fill(-1)
         if n == 0:
             return OracleResult(verdict, rule), (np.zeros(0, dtype=np.int64) if self._tdi is not None else None)
         flat = None if features is None else np.asarray(features, dtype=np.float32).reshape(n, -1)
@@ -208,7 +209,7 @@ class CompiledOracle:
             hit = self._selected[r] & (predicted != self._label[r])
             if open_ is not None:
                 hit &= open_
-            if hit.any():
+            if np.logical_or.reduce(hit):  # ``hit.any()`` without its Python call
                 verdict[hit] = 2
                 rule[hit] = r[hit]
                 open_ = ~hit if open_ is None else open_ & ~hit
@@ -216,8 +217,9 @@ class CompiledOracle:
             hit = out[ADI_LABEL] != 0
             if open_ is not None:
                 hit &= open_
-            verdict[hit] = 3
-            rule[hit] = 0
+            if np.logical_or.reduce(hit):
+                verdict[hit] = 3
+                rule[hit] = 0
         return OracleResult(verdict, rule), tdi_rules
 
     def without_idi(self) -> CompiledOracle:

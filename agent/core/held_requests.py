@@ -19,7 +19,8 @@ class HeldRequests:
 
     def add(self, request_id: str) -> None:
         """A batch of ``request_id`` is held."""
-        self._count[request_id] += 1
+        count = self._count
+        count[request_id] = count.get(request_id, 0) + 1  # without Counter's __missing__ (the request path)
 
     def release(self, request_id: str) -> bool:
         """A batch of ``request_id`` is no longer held; True when it was the request's last."""

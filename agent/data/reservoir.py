@@ -21,6 +21,7 @@ at most ``capacity × max_sample_bytes`` of them.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -113,7 +114,10 @@ class Reservoir:
             mine = tuple((k, a.dtype, None if k in dynamic else tuple(a.shape[1:])) for k, a in arrays.items())
             if layout is None:
                 layout = mine
-            if mine != layout or any(shape is None or dtype.kind == "O" for _, dtype, shape in mine):
+                variable = any(shape is None or dtype.kind == "O" for _, dtype, shape in mine)
+            else:
+                variable = mine != layout  # the first layout, checked above, holds fixed sizes
+            if variable:
                 for b in batches:  # sizes that vary per sample, or batches of another layout: one by one
                     self.add(b, dynamic)
                 return
@@ -193,12 +197,12 @@ class Reservoir:
             if len(rows):
                 self._put(gen, slots, rows, parts[0][0])
         else:  # rows ascend: each part's are one slice, put in the parts' order (a later part wins a slot)
-            start = 0
-            for arrays, size in parts:
-                a, b = np.searchsorted(rows, (start, start + size))
+            starts = [0, *itertools.accumulate(size for _, size in parts)]
+            bounds = np.searchsorted(rows, starts).tolist()  # one search for every part's slice
+            for i, (arrays, _) in enumerate(parts):
+                a, b = bounds[i], bounds[i + 1]
                 if b > a:
-                    self._put(gen, slots[a:b], rows[a:b] - start, arrays)
-                start += size
+                    self._put(gen, slots[a:b], rows[a:b] - starts[i], arrays)
         gen.seen = t0 + n
 
     def _put(self, gen: _Generation, slots: np.ndarray, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:

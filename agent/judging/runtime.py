@@ -7,6 +7,7 @@ bundle with its compiled oracle, and the estimator calibration.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -85,12 +86,12 @@ class Runtime:
     #: What the invariants read of a sample (the bundle's feature view).
     view: FeatureView = field(default_factory=lambda: FeatureView("raw"))
 
-    @property
+    @functools.cached_property
     def identity(self) -> str:
         """What the estimator windows belong to: the model and the bundle judging it."""
         return f"{self.model_sha256[:16]}:{self.bundle_digest[:16]}"
 
-    @property
+    @functools.cached_property
     def bundle_label(self) -> str:
         """The ``bundle`` label of the exported window statistics: the manifest digest's first 16 hex
         digits (one value per bundle; the fleet evaluator refuses to add statistics of two)."""

@@ -30,6 +30,12 @@ class InFlight:
         with self._lock:
             self._held.add(request_id)
 
+    def arrived_many(self, request_ids: Iterable[str]) -> None:
+        """:meth:`arrived` of every request of a recording call, under one lock."""
+        with self._lock:
+            for rid in request_ids:
+                self._held.add(rid)
+
     def awaited(self, request_id: str) -> bool:
         """Whether somebody waits for ``request_id`` to leave (the writer should not wait its interval)."""
         return request_id in self._waiters

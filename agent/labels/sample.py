@@ -140,19 +140,21 @@ class LabelingSample:
         return (sampled, probability) if sampled is not None else (np.zeros(0, dtype=np.int64), None)
 
     def on_judged_group(self, batches: Sequence[JudgedBatch]) -> None:
-        """Judged-group sink: the requests of one recording call drawn together, then queued one by one."""
+        """Judged-group sink: the requests of one recording call drawn together, then queued together."""
         self._queue(batches, None)
 
     def _queue(
         self, batches: Sequence[JudgedBatch], prefer: np.ndarray | None
     ) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
         out: list[tuple[np.ndarray | None, np.ndarray | None]] = []
+        pending: list[PendingBatch] = []
         drawn = 0
+        keep_inputs = self.store.kept.enabled
         for batch, (indices, p) in zip(batches, self._draw(batches, prefer), strict=True):
             sampled, probability = (indices, p) if len(indices) else (None, None)
             if sampled is not None:
                 drawn += len(sampled)
-            self.store.enqueue(
+            pending.append(
                 PendingBatch(
                     batch.request_id,
                     batch.timestamp,
@@ -162,12 +164,13 @@ class LabelingSample:
                     batch.verdicts,
                     batch.extras,
                     sampled,
-                    inputs=batch.inputs if sampled is not None and self.store.kept.enabled else None,
+                    inputs=batch.inputs if sampled is not None and keep_inputs else None,
                     sampled_p=probability,
                     sampled_segments=_segments_of(batch, sampled),
                 )
             )
             out.append((sampled, probability))
+        self.store.enqueue_many(pending)
         if drawn:
             self.metrics.label_sample.inc(drawn)
         return out

@@ -197,21 +197,33 @@ class PredictionStore:
     # -- writing ---------------------------------------------------------------------------------
     def enqueue(self, batch: PendingBatch) -> bool:
         """Queue a judged request for the writer (cheap). ``False`` when the queue is full (dropped)."""
-        self.in_flight.arrived(batch.request_id)
+        return self.enqueue_many((batch,))[0]
+
+    def enqueue_many(self, batches: Sequence[PendingBatch]) -> list[bool]:
+        """Queue judged requests for the writer in order (a recording call's), each lock taken once for them
+        all: the request path records dozens at a time. Per batch, whether it was kept (``False``: the queue
+        was full, it is dropped and counted)."""
+        self.in_flight.arrived_many([b.request_id for b in batches])
+        kept: list[bool] = []
         with self._queue_lock:
-            if self._queued + batch.n > self.queue_limit:
-                dropped = True
-            else:
-                self._queue.append(batch)
-                self._queued += batch.n
-                dropped = False
-        if dropped:
-            self.in_flight.left([batch.request_id])
-            self.on_drop(batch.n, "queue_full")
-            self._settle([batch.request_id], ok=False)
-        elif self.durability == "commit" or self.in_flight.awaited(batch.request_id):
-            self._wake.set()  # somebody waits for this commit, or for this request to be written
-        return not dropped
+            for batch in batches:
+                if self._queued + batch.n > self.queue_limit:
+                    kept.append(False)
+                else:
+                    self._queue.append(batch)
+                    self._queued += batch.n
+                    kept.append(True)
+        wake = False
+        for batch, ok in zip(batches, kept, strict=True):
+            if not ok:
+                self.in_flight.left([batch.request_id])
+                self.on_drop(batch.n, "queue_full")
+                self._settle([batch.request_id], ok=False)
+            elif self.durability == "commit" or self.in_flight.awaited(batch.request_id):
+                wake = True  # somebody waits for this commit, or for this request to be written
+        if wake:
+            self._wake.set()
+        return kept
 
     @property
     def queued(self) -> int:

@@ -125,12 +125,13 @@ def scores_as_probabilities(s: np.ndarray, kind: str) -> np.ndarray:
     ``auto``, when every row is non-negative and sums to 1), else a softmax of the logits."""
     if kind == "probabilities":
         return s
-    if kind == "auto" and s.min() >= 0 and float(np.abs(s.sum(axis=1) - 1.0).max()) <= 1e-3:
+    # the ufuncs' reductions themselves: ``s.min()`` and the like add a Python call each (request path)
+    if kind == "auto" and np.minimum.reduce(s, axis=None) >= 0 and float(np.abs(s.sum(axis=1) - 1.0).max()) <= 1e-3:
         return s
-    # softmax(s) in place: the same float32 operations without the temporaries (request path)
-    z = s - s.max(axis=1, keepdims=True)
+    # softmax(s) in place: the same float32 operations without the temporaries
+    z = s - np.maximum.reduce(s, axis=1, keepdims=True)
     np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
+    z /= np.add.reduce(z, axis=1, keepdims=True)
     return z
 
 

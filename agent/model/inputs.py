@@ -13,8 +13,9 @@ flattened to ``[N, prod(shape)]``), as it always did.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,21 +60,22 @@ class InputSpec:
     dtype: np.dtype
     shape: tuple[int | None, ...]
 
-    @property
+    # Read for every request: computed once (the spec is frozen).
+    @functools.cached_property
     def is_string(self) -> bool:
         return self.dtype.kind in "OUS"
 
-    @property
+    @functools.cached_property
     def datatype(self) -> str:
         """The V2 datatype of this input (``BYTES`` for strings)."""
         return "BYTES" if self.is_string else _V2[(self.dtype.kind, self.dtype.itemsize)]
 
-    @property
+    @functools.cached_property
     def fixed(self) -> bool:
         """Whether every dimension (but the batch's) is fixed."""
         return all(d is not None for d in self.shape)
 
-    @property
+    @functools.cached_property
     def size(self) -> int | None:
         """Values per sample (None with a dynamic dimension)."""
         return math.prod(d for d in self.shape if d is not None) if self.fixed else None
@@ -115,7 +117,15 @@ class Signature:
         return [i.name for i in self.inputs]
 
     def get(self, name: str) -> InputSpec | None:
-        return next((i for i in self.inputs if i.name == name), None)
+        return self._by_name.get(name)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, InputSpec]:
+        """The inputs by name (the first of a repeated name), for :meth:`get` on the request path."""
+        out: dict[str, InputSpec] = {}
+        for i in self.inputs:
+            out.setdefault(i.name, i)
+        return out
 
     def batch_rows(self, limit: int = 256, target_bytes: int = BATCH_BYTES) -> int:
         """Samples per batch of offline work: ``limit``, fewer for large fixed-size samples so that one
@@ -163,6 +173,23 @@ class Inputs(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         """The number of *samples* (not of inputs: iterate for the names)."""
         return self.n
+
+    # The mixins of ``Mapping`` go through ``__getitem__`` per name: the dictionary's own views are read
+    # on the request path (onnxruntime's feeds, the reservoir, the rules' inputs).
+    def __contains__(self, name: object) -> bool:
+        return name in self._arrays
+
+    def keys(self) -> KeysView[str]:
+        return self._arrays.keys()
+
+    def values(self) -> ValuesView[np.ndarray]:
+        return self._arrays.values()
+
+    def items(self) -> ItemsView[str, np.ndarray]:
+        return self._arrays.items()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._arrays.get(name, default)
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
@@ -233,6 +260,8 @@ def _fit_shape(spec: InputSpec, arr: np.ndarray, single: bool) -> np.ndarray:
     for an input whose dimensions are fixed, any layout with the same number of values per sample."""
     n = arr.shape[0]
     per = arr.shape[1:]
+    if per == spec.shape:  # the common case, without the loop below
+        return arr
     if len(per) == len(spec.shape) and all(d is None or d == p for d, p in zip(spec.shape, per, strict=True)):
         return arr
     want = [-1, *(-1 if d is None else d for d in spec.shape)]
@@ -253,11 +282,12 @@ def _fit_dtype(spec: InputSpec, arr: np.ndarray, single: bool) -> np.ndarray:
         if arr.dtype.kind not in "OUS":
             raise InvalidInput("dtype", f"{label} holds {arr.dtype} values; the model takes text")
         return _strings(spec.name, arr)
-    if arr.dtype.kind not in "fiub" or arr.dtype.kind == "O":
+    kind = arr.dtype.kind
+    if kind not in "fiub" or kind == "O":
         raise InvalidInput("dtype", f"{label} dtype {arr.dtype} is not numeric")
-    if arr.dtype.kind == "b" and spec.dtype.kind != "b":
+    if kind == "b" and spec.dtype.kind != "b":
         raise InvalidInput("dtype", f"{label}: dtype bool is not accepted; send numbers")
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+    if kind == "f" and not np.logical_and.reduce(np.isfinite(arr), axis=None):  # ``.all()`` without its Python call
         bad = int((~np.isfinite(arr)).reshape(len(arr), -1).any(axis=1).sum())
         raise InvalidInput(
             "non_finite", f"{label} holds NaN or Inf values (or values beyond the {arr.dtype} range) in {bad} sample(s)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -115,6 +115,10 @@ class Tensor:
         ]
 
 
+#: Up to this many elements, :meth:`Vocabulary.wire` joins each code's bytes (fewer steps than the table's).
+SMALL_CODES = 16
+
+
 class Vocabulary:
     """The few values a coded BYTES tensor takes (e.g. the oracle's verdicts), each encoded once: a
     tensor of ``n`` codes becomes its elements, its text or its length-prefixed wire form in a few numpy
@@ -131,6 +135,7 @@ class Vocabulary:
             self._table[i, : len(w)] = np.frombuffer(w, dtype=np.uint8)
         self._lengths = np.array([len(w) for w in wire], dtype=np.int64)
         self._columns = np.arange(width)
+        self._wire = wire
 
     def elements(self, codes: np.ndarray) -> np.ndarray:
         """The elements of ``codes``, an object array of ``bytes``."""
@@ -143,6 +148,8 @@ class Vocabulary:
     def wire(self, codes: np.ndarray) -> bytes:
         """:func:`encode_bytes_elements` of :meth:`elements`: each code's row of the table, cut to its length."""
         c = np.asarray(codes, dtype=np.intp).reshape(-1)
+        if len(c) <= SMALL_CODES:  # a few elements: joined, without the numpy steps
+            return b"".join([self._wire[i] for i in c.tolist()])
         return self._table[c][self._columns < self._lengths[c][:, None]].tobytes()
 
 
@@ -234,6 +241,17 @@ def check_parameters(params: object, what: str = "'parameters'") -> dict[str, An
         raise ProtocolError(
             "parameters_too_large", f"{what} has {len(params)} entries; the limit is {MAX_PARAMETERS}", status=413
         )
+    if not params:
+        return params
+    if not any(isinstance(v, dict | list) for v in params.values()):
+        # flat (the common case): the walk below, without it; its bound on values cannot be crossed
+        size = 0
+        for k, v in params.items():
+            size += len(k) if isinstance(k, str) else 8
+            size += len(v) if isinstance(v, str) else 8
+        if size > MAX_PARAMETER_BYTES:
+            _too_large(what)
+        return params
     size, items = 0, 0
     for item in json_nodes(params):
         items += 1
@@ -242,23 +260,36 @@ def check_parameters(params: object, what: str = "'parameters'") -> dict[str, An
         elif not isinstance(item, dict | list):
             size += 8
         if size > MAX_PARAMETER_BYTES or items > 4 * MAX_PARAMETERS:
-            raise ProtocolError(
-                "parameters_too_large",
-                f"{what} holds more than {MAX_PARAMETER_BYTES} bytes or {4 * MAX_PARAMETERS} values",
-                status=413,
-            )
+            _too_large(what)
     return params
+
+
+def _too_large(what: str) -> NoReturn:
+    raise ProtocolError(
+        "parameters_too_large",
+        f"{what} holds more than {MAX_PARAMETER_BYTES} bytes or {4 * MAX_PARAMETERS} values",
+        status=413,
+    )
 
 
 def check_shape_list(name: str, raw: object) -> list[int]:
     """A declared shape: a list of at most :data:`MAX_RANK` non-negative integers."""
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise ProtocolError("shape", f"tensor {name[:100]!r}: shape must be a list of integers, got {raw!r}"[:300])
+    if not isinstance(raw, list):
+        raise _not_integers(name, raw)
+    negative = False
+    for d in raw:  # one pass (every request decodes one), the checks in the same order
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise _not_integers(name, raw)
+        negative = negative or d < 0
     if len(raw) > MAX_RANK:
         raise ProtocolError("shape", f"tensor {name[:100]!r}: shape has {len(raw)} dimensions, more than {MAX_RANK}")
-    if any(d < 0 for d in raw):
+    if negative:
         raise ProtocolError("shape", f"tensor {name[:100]!r}: shape {raw} has a negative dimension"[:300])
     return list(raw)
+
+
+def _not_integers(name: str, raw: object) -> ProtocolError:
+    return ProtocolError("shape", f"tensor {name[:100]!r}: shape must be a list of integers, got {raw!r}"[:300])
 
 
 def decode_bytes_elements(name: str, buf: memoryview, count: int) -> np.ndarray:
@@ -301,7 +332,7 @@ def check_elements(name: str, shape: list[int], max_elements: int | None) -> Non
             f"tensor {name!r}: shape {shape} has more than {max_elements} elements (server.max_tensor_elements)"[:300],
             status=413,
         )
-    if any(d > MAX_DIMENSION for d in shape):
+    if shape and max(shape) > MAX_DIMENSION:
         raise ProtocolError(
             "shape", f"tensor {name[:100]!r}: shape {shape} has a dimension larger than {MAX_DIMENSION}"[:300]
         )

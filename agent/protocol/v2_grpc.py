@@ -150,7 +150,9 @@ def decode_infer_request(msg: pb.ModelInferRequest, max_elements: int | None) ->
         if t.datatype not in DATATYPES:
             raise ProtocolError("datatype", f"tensor {name!r}: datatype {t.datatype!r} is not supported")
         shape = check_shape(name, list(t.shape), max_elements)
-        tensor_params = check_parameters(parameters_of(t.parameters), f"tensor {name[:100]!r}: 'parameters'")
+        tensor_params = parameters_of(t.parameters)
+        if tensor_params:  # none: nothing to check (nor a message to build)
+            tensor_params = check_parameters(tensor_params, f"tensor {name[:100]!r}: 'parameters'")
         if raw:
             if t.HasField("contents"):
                 raise ProtocolError(
@@ -165,10 +167,13 @@ def decode_infer_request(msg: pb.ModelInferRequest, max_elements: int | None) ->
     outputs: list[RequestedOutput] | None = None
     if msg.outputs:
         outputs = []
+        requested: set[str] = set()
         for o in msg.outputs:
-            if any(r.name == o.name for r in outputs):
-                raise ProtocolError("duplicate_tensor", f"output {o.name[:100]!r} is requested twice")
-            outputs.append(RequestedOutput(o.name, True))
+            out_name = o.name
+            if out_name in requested:
+                raise ProtocolError("duplicate_tensor", f"output {out_name[:100]!r} is requested twice")
+            requested.add(out_name)
+            outputs.append(RequestedOutput(out_name, True))
     return InferRequest(rid, params, inputs, outputs, True, bool(raw), msg.model_name, msg.model_version or None)
 
 

@@ -25,6 +25,7 @@ from agent.server.middleware import declared_length, send_too_large
 from agent.server.responses import JSON, send_body
 from exporters.prometheus import AgentMetrics
 
+_JSON_TYPE = (b"content-type", JSON.encode())
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
 
@@ -44,7 +45,6 @@ class InferFastPath:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, m: re.Match[str]) -> None:
-        headers = [(b"content-type", JSON.encode())]
         header_length = None
         declared = 0
         for k, v in scope["headers"]:
@@ -97,7 +97,10 @@ class InferFastPath:
                 answer = answer_of(exc)
                 answer.count(self.metrics)
                 status, content = answer.status, v2.error_body(answer.message)
-                headers += [(k.encode(), v.encode()) for k, v in (answer.headers or {}).items()]  # e.g. Retry-After
+                headers = [
+                    _JSON_TYPE,
+                    *((k.encode(), v.encode()) for k, v in (answer.headers or {}).items()),
+                ]  # e.g. Retry-After
             await send_body(send, status, headers, content)
         finally:
             self.budget.give(taken)

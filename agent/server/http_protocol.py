@@ -131,8 +131,11 @@ class _BoundedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.logger = _QuietLogger(self.logger, self.bounds.throttled)  # type: ignore[assignment]
-        #: the armed deadlines (:data:`HEAD`, :data:`BODY`)
-        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        #: the armed deadlines (:data:`HEAD`, :data:`BODY`), in the loop's time
+        self._deadlines: dict[str, float] = {}
+        #: the one timer that looks at them, and when it fires (see :meth:`_arm`)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._head_size = 0
         self._head_too_large = False
 
@@ -146,8 +149,10 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._arm(HEAD, self.bounds.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel(HEAD)
-        self._cancel(BODY)
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -175,14 +180,33 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def _arm(self, reason: str, seconds: float) -> None:
-        """Close the connection, counted under ``reason``, unless the phase ends within ``seconds``."""
-        self._cancel(reason)
-        self._deadlines[reason] = self.loop.call_later(seconds, self._expire, reason)
+        """Close the connection, counted under ``reason``, unless the phase ends within ``seconds``.
+
+        Every request arms two deadlines and ends both: a timer each (created, then cancelled) cost more
+        than the rest of this class. One timer per connection looks at the deadlines instead; it is set
+        again only when a deadline comes before it, and a deadline ended meanwhile costs nothing."""
+        at = self.loop.time() + seconds
+        self._deadlines[reason] = at
+        if self._timer is None or at < self._timer_at:
+            self._schedule(at)
 
     def _cancel(self, reason: str) -> None:
-        timer = self._deadlines.pop(reason, None)
-        if timer is not None:
-            timer.cancel()
+        self._deadlines.pop(reason, None)  # the timer, when it fires, finds it gone
+
+    def _schedule(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = self.loop.call_at(at, self._check), at
+
+    def _check(self) -> None:
+        """The timer fired: expire what is due, then wait for the next deadline."""
+        self._timer = None
+        now = self.loop.time()
+        for reason, at in list(self._deadlines.items()):
+            if at <= now:
+                self._expire(reason)
+        if self._deadlines:
+            self._schedule(min(self._deadlines.values()))
 
     def _expire(self, reason: str) -> None:
         # A request under way ends without an answer: the app's receive() then reports a disconnect.

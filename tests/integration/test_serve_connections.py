@@ -192,3 +192,37 @@ def test_a_body_sent_too_slowly_is_cut_off(agent: AgentProcess, path: str) -> No
     answer, _ = _exchange(agent, b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 OK")
     assert "internal error" not in agent.log()
+
+
+def test_the_deadlines_of_a_kept_alive_connections_next_request_hold(agent: AgentProcess) -> None:
+    """A connection's deadlines outlive the requests that ended theirs: after answered requests (each arming
+    and ending a head and a body deadline), a next request on the same connection whose body never
+    completes is still closed ``server.body_timeout_seconds`` after its head."""
+    metrics = agent.metrics()
+    before = metrics.get("icos_connections_refused_total{reason=body_timeout}", 0.0)
+    heads = metrics.get("icos_connections_refused_total{reason=header_timeout}", 0.0)
+    live = b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\n\r\n"
+    slow = b"POST /v1/labels HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    with _connect(agent) as s:
+        for _ in range(3):  # answered, well within every deadline and the keep-alive timeout
+            s.sendall(live)
+            answer = b""
+            for _ in range(100):  # the answer's pieces
+                chunk = s.recv(4096)
+                assert chunk, "closed after an answered request"
+                answer += chunk
+                if b"\r\n\r\n" in answer and answer.rstrip().endswith(b"}"):
+                    break
+            assert answer.startswith(b"HTTP/1.1 200 OK")
+        s.sendall(slow)
+        s.settimeout(BODY_TIMEOUT + 10)
+        try:
+            data = s.recv(4096)
+        except TimeoutError:
+            pytest.fail(f"the connection was still open {BODY_TIMEOUT + 10} s after the head")
+        except OSError:  # reset
+            data = b""
+        assert data == b"", data[:300]  # closed without an answer
+    after = agent.metrics()
+    assert after["icos_connections_refused_total{reason=body_timeout}"] == before + 1
+    assert after.get("icos_connections_refused_total{reason=header_timeout}", 0.0) == heads  # its head came whole

@@ -48,8 +48,9 @@ class Store:
     queued: list[PendingBatch] = field(default_factory=list)
     kept: Any = field(default_factory=lambda: SimpleNamespace(enabled=False))
 
-    def enqueue(self, batch: PendingBatch) -> None:
-        self.queued.append(batch)
+    def enqueue_many(self, batches: list[PendingBatch]) -> list[bool]:
+        self.queued.extend(batches)
+        return [True] * len(batches)
 
 
 def sample(name: str, seed: int) -> tuple[LabelingSample, Store]:

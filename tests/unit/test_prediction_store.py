@@ -153,6 +153,27 @@ def test_full_queue_drops_and_counts() -> None:
     s.stop()
 
 
+def test_a_recording_calls_requests_queue_as_one_by_one() -> None:
+    """``enqueue_many`` (one lock for a recording call's requests) keeps and drops what ``enqueue`` would,
+    in order; the kept are held in flight until written."""
+    dropped: list[tuple[int, str]] = []
+    s = PredictionStore(
+        None,
+        max_predictions=100_000,
+        max_age_seconds=60,
+        queue_limit=1000,
+        on_drop=lambda n, reason: dropped.append((n, reason)),
+    )
+    s.open()
+    kept = s.enqueue_many([batch("a", 600, 1.0), batch("b", 600, 1.0), batch("c", 400, 1.0), batch("d", 1, 1.0)])
+    assert kept == [True, False, True, False]
+    assert dropped == [(600, "queue_full"), (1, "queue_full")] and s.queued == 1000
+    assert s.in_flight.holds("a") and s.in_flight.holds("c") and not s.in_flight.holds("b")
+    s.flush()
+    assert not s.in_flight.holds("a") and s.queued == 0
+    s.stop()
+
+
 def test_background_writer_flushes(tmp_path: Path) -> None:
     import time
 

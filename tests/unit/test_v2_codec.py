@@ -180,3 +180,36 @@ def test_an_output_is_requested_once() -> None:
     with pytest.raises(ProtocolError) as info:
         v2.decode_request(json.dumps(body).encode())
     assert info.value.reason == "duplicate_tensor" and "requested twice" in str(info.value)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 16, 17, 64])
+def test_coded_bytes_wire_is_the_length_prefixed_elements(n: int) -> None:
+    """A few codes are joined per element, many go through the table: both give the plain serialisation."""
+    from agent.protocol.inference import SMALL_CODES, Vocabulary, encode_bytes_elements
+
+    vocabulary = Vocabulary((b"pass", b"fail:idi", b"", "é".encode()))
+    codes = np.random.default_rng(n).integers(0, 4, n).astype(np.int8)
+    assert vocabulary.wire(codes) == encode_bytes_elements(vocabulary.elements(codes))
+    assert (n <= SMALL_CODES) == (n in (0, 1, 3, 16))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"a": "x" * 8000, "b": "y" * 8000, "c": 1},  # just within, flat
+        {"a": "x" * 16370, "bb": 1, "c": None},  # past the bound by its other keys and values
+        {"a": ["x" * 8000], "b": {"c": "y" * 8000}},  # nested
+        {"a": ["x" * 16390]},  # nested, past
+    ],
+)
+def test_parameters_bound_counts_keys_strings_and_values(params: dict[str, object]) -> None:
+    """Flat parameters are bounded as the nested walk bounds them: keys and strings by length, other values 8."""
+    from agent.protocol.inference import MAX_PARAMETER_BYTES, check_parameters, json_nodes
+
+    size = sum(len(i) if isinstance(i, str) else 0 if isinstance(i, dict | list) else 8 for i in json_nodes(params))
+    if size > MAX_PARAMETER_BYTES:
+        with pytest.raises(ProtocolError) as err:
+            check_parameters(params)
+        assert err.value.reason == "parameters_too_large" and err.value.status == 413
+    else:
+        assert check_parameters(params) is params
