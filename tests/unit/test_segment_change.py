@@ -10,6 +10,7 @@ import pytest
 from agent.estimation.estimators.active import rate_for, spread_probabilities
 from agent.estimation.segments.change import (
     CLIP,
+    MAX_SCORE,
     ChangeReference,
     ChangeSketch,
     WindowChange,
@@ -122,6 +123,20 @@ def test_a_column_broken_inside_one_segment_is_found_there(how: str, column: str
     assert changes[2].changed and changes[2].columns[0].column == column, changes[2]
     assert [s for s, c in enumerate(changes) if c.changed] == [2]
     assert changes[2].score == max(c.score for c in changes)
+
+
+def test_effects_beyond_the_score_cap_still_rank_by_their_size() -> None:
+    """A column scaled inside a segment moves it by tens of its own deviations: the score (a bounded figure)
+    is capped, the rank's effect is not, so the segment whose inputs moved most still ranks first rather than
+    the share alone deciding between two capped ones."""
+    rng = np.random.default_rng(3)
+    sketch = _sketch(rng)
+    seg, x = _rows(1000, rng)
+    x[seg == 0, 2] *= 100
+    x[seg == 1, 2] *= 10
+    changes = _changes(sketch, _window(sketch, seg, x))
+    assert changes[0].score == changes[1].score == MAX_SCORE
+    assert changes[0].input_score > changes[1].input_score > MAX_SCORE
 
 
 def test_a_segment_unseen_at_fit_is_changed_by_definition() -> None:

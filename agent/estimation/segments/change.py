@@ -40,7 +40,9 @@ enough to matter. A segment
 the window is changed by definition: nothing at fit looked like its inputs. Its **score** is the largest
 effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its inputs moved, whatever
 its size, so that the segment the fault lives in (all its rows moved) outranks the segments that only share
-some of its rows. The segment is ranked by the effects of the other tests alone (``input_score``): the
+some of its rows. The segment is ranked by the effects of the other tests alone (``input_score``, not capped: a
+segment's own deviations inside a bin of a column are far narrower than the column's, so its effects can pass
+:data:`MAX_SCORE`, and capped ones would tie and leave the rank to the share): the
 confidence and the novel inputs (:data:`UNRANKED`) tell that the inputs moved, not how far, and a narrower
 segment inside the one a fault lives in often holds more of its least confident or novel rows.
 """
@@ -239,7 +241,8 @@ class SegmentChange:
     changed: bool
     score: float
     columns: tuple[ColumnChange, ...] = ()
-    #: the largest effect among its changed columns whose test ranks (not :data:`UNRANKED`): what ranks it
+    #: the largest effect among its changed columns whose test ranks (not :data:`UNRANKED`), not capped like
+    #: ``score`` (:data:`MAX_SCORE` for an unseen segment): what ranks it
     input_score: float = 0.0
 
     @property
@@ -330,7 +333,10 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
             changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
             if changed:
                 changed.sort(key=lambda x: -x.distance)
-                inputs = min(max((x.distance for x in changed if x.kind not in UNRANKED), default=0.0), MAX_SCORE)
+                # not capped: a segment's effect is in its own reference deviations, which inside a bin of the
+                # column are far narrower than the column's (a column scaled inside its top bin moves it 17 of them),
+                # and a capped effect would leave the rank to the share alone, the wider segment first
+                inputs = max((x.distance for x in changed if x.kind not in UNRANKED), default=0.0)
                 score = min(changed[0].distance, MAX_SCORE)
                 out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]), inputs)
     return out
