@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,8 +215,8 @@ async def window_sums(
     Every aggregating query runs at once (``api.max_concurrent`` in flight): the range query of the sums
     (one search of every series for all windows, see :func:`range_plan`), and over the ``n`` series only
     (one per replica) each window's replica count and replicas gone before the span, and the restarted
-    replicas. Then each of those replicas is read alone. What they add is summed in one order whatever
-    order they answer in."""
+    replicas; each of those replicas is then read alone while the store still searches every series.
+    What they add is summed in one order whatever order they answer in."""
     if not windows:
         return {}
     at = round(at, 3)  # the time the store is asked for (milliseconds): the client's edges are its edges
@@ -225,50 +225,29 @@ async def window_sums(
     by = ", ".join((*GROUP_LABELS, "stat"))
     n_sel = selector(scope.model, scope.extra, scope.metric, stat="n")
     widths = {name: _ms(s) for name, s in windows.items()}
-    longest = max(widths.values())
     span = _ms(max(windows.values()) + lookback_s)  # every window's start is at least the lookback inside it
     plan = range_plan(at_ms, widths.values())
     total = f"sum by ({by}) (last_over_time({sel}[{span}ms]))"
     wanted = {at_ms, *(at_ms - w for w in widths.values())}
-    asked: list[Awaitable[Any]] = [api.range_points(total, grid, wanted) for grid in plan]
-    for w in widths.values():
-        asked += [
-            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{w}ms]))", at),
-            api.vector(
-                f"count without (stat) (last_over_time({n_sel}[{w}ms] offset {span}ms)"
-                f" unless last_over_time({n_sel}[{span - w}ms] offset {w}ms))",
-                at,
-            ),
-        ]
-    asked.append(api.vector(f"count without (stat) (resets({n_sel}[{span + longest}ms]) > 0)", at))
-    answers = await concurrently(*asked)
-    sums_at: dict[int, list[Sample]] = {}
-    for points in answers[: len(plan)]:
-        for ms, samples in points.items():
-            sums_at.setdefault(ms, samples)
     outs = {name: WindowSums() for name in windows}
     readers = {name: _Reader(scope, outs[name]) for name in windows}
-    left: dict[LabelSet, set[str]] = {}
-    for i, name in enumerate(windows):
-        reader = readers[name]
+    fixes = _Replicas(api, readers, widths, at, span, (sel, n_sel))
+    both: list[Any] = await concurrently(  # the replicas are read while the store searches every series
+        concurrently(*(api.range_points(total, grid, wanted) for grid in plan)),
+        _replicas(api, fixes, outs, at, span, n_sel),
+    )
+    ranges: list[dict[int, list[Sample]]] = both[0]
+    todo: list[LabelSet] = both[1]
+    sums_at: dict[int, list[Sample]] = {}
+    for points in ranges:
+        for ms, samples in points.items():
+            sums_at.setdefault(ms, samples)
+    for name, reader in readers.items():
         for sign, samples in ((1.0, sums_at[at_ms]), (-1.0, sums_at[at_ms - widths[name]])):
             for s in samples:
                 key = reader.accept(s.labels)
                 if key is not None:
                     reader.add(*key, s.value, sign)
-        counted, gone = answers[len(plan) + 2 * i : len(plan) + 2 * i + 2]
-        for s in counted:
-            group = reader.group(dict(s.labels))
-            _count("a replica count", s.value)
-            outs[name].replicas[group] = int(s.value)
-        for s in gone:
-            left.setdefault(replica_labels(s.labels), set()).add(name)
-        outs[name].queries = 2
-    restarted = {replica_labels(s.labels) for s in answers[-1]}
-    todo = sorted(restarted | set(left))
-    fixes = _Replicas(api, readers, widths, at, span, (sel, n_sel))
-    shared = iter(todo)  # one iterator for every reader: each replica is read once
-    await concurrently(*(fixes.read(shared, restarted, left) for _ in range(min(api.max_concurrent, len(todo)))))
     for name in windows:
         reader = readers[name]
         for replica in todo:
@@ -280,6 +259,42 @@ async def window_sums(
     # the range queries and the restarts' are counted once, under the longest window
     outs[max(windows, key=lambda name: windows[name])].queries += len(plan) + 1 + fixes.queries
     return outs
+
+
+async def _replicas(
+    api: PrometheusAPI, fixes: _Replicas, outs: Mapping[str, WindowSums], at: float, span: int, n_sel: str
+) -> list[LabelSet]:
+    """Over the ``n`` series only (one per replica): each window's replica count (into ``outs``) and the
+    replicas gone just before the span, and the restarted replicas; then each of those replicas read
+    alone by ``fixes``. Returns them, sorted (the order their shares are added in)."""
+    widths = fixes.widths_ms
+    asked = []
+    for w in widths.values():
+        asked += [
+            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{w}ms]))", at),
+            api.vector(
+                f"count without (stat) (last_over_time({n_sel}[{w}ms] offset {span}ms)"
+                f" unless last_over_time({n_sel}[{span - w}ms] offset {w}ms))",
+                at,
+            ),
+        ]
+    asked.append(api.vector(f"count without (stat) (resets({n_sel}[{span + max(widths.values())}ms]) > 0)", at))
+    answers = await concurrently(*asked)
+    left: dict[LabelSet, set[str]] = {}
+    for i, name in enumerate(widths):
+        counted, gone = answers[2 * i : 2 * i + 2]
+        for s in counted:
+            group = fixes.readers[name].group(dict(s.labels))
+            _count("a replica count", s.value)
+            outs[name].replicas[group] = int(s.value)
+        for s in gone:
+            left.setdefault(replica_labels(s.labels), set()).add(name)
+        outs[name].queries = 2
+    restarted = {replica_labels(s.labels) for s in answers[-1]}
+    todo = sorted(restarted | set(left))
+    shared = iter(todo)  # one iterator for every reader: each replica is read once
+    await concurrently(*(fixes.read(shared, restarted, left) for _ in range(min(api.max_concurrent, len(todo)))))
+    return todo
 
 
 class _Replicas:
