@@ -411,4 +411,4 @@ class _Replicas:
 def _own(labels: LabelSet, replica: LabelSet) -> None:
     """Refuses a series of another replica in an answer about ``replica``."""
     if tuple((k, v) for k, v in labels if k != "stat") != replica:
-        raise QueryError("malformed", "a restarted replica's answer holds a series of another replica")
+        raise QueryError("malformed", "an answer about one replica holds a series of another replica")
