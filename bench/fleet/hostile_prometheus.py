@@ -33,7 +33,7 @@ from agent.estimation.statistics.window import WindowStats
 #: What each hostile mode sends instead of the sums' range answer (its end's values).
 CASES: dict[str, str] = {
     "class_index": 'one series stat="class_counts:100000000" (150 bytes) beside the good ones',
-    "many_series": "200,000 series of distinct versions, at the end only (about 38 MB, formatted like Prometheus)",
+    "many_series": "200,000 series of distinct versions, at the end only (about 31 MB, formatted like Prometheus)",
     "huge_body": "a 200 MB body (an empty result and a padding string), chunked, no declared length",
     "negative_sums": "conf_sum at the window's end 500 below its value at the start: a negative confidence sum",
     "inf": 'conf_sum "+Inf"',
