@@ -14,7 +14,7 @@ class FleetConfig(Section):
 
     prometheus_url: str | None = None
     """base URL of a Prometheus-compatible HTTP API (Prometheus, VictoriaMetrics, Thanos Query, Mimir's /prometheus
-    prefix); /api/v1/query is appended"""
+    prefix); /api/v1/query and /api/v1/query_range are appended"""
 
     refresh_seconds: float = Field(30.0, ge=1, le=3600)
     """seconds between two evaluations of the fleet"""

@@ -1,7 +1,9 @@
-"""A small client of the Prometheus HTTP query API (``/api/v1/query``) over httpx, that trusts no answer.
+"""A small client of the Prometheus HTTP query API (``/api/v1/query`` and ``/api/v1/query_range``) over
+httpx, that trusts no answer.
 
-Only instant queries are used (vectors, and matrices of raw samples for range selectors), so the same
-code works against Prometheus, Thanos Query, Mimir or any API that speaks this protocol.
+Instant queries (vectors, and matrices of raw samples for range selectors) and range queries (an
+expression evaluated on a grid of times) only, so the same code works against Prometheus,
+VictoriaMetrics, Thanos Query, Mimir or any API that speaks this protocol.
 
 Every answer is bounded before it is believed: one query has one total deadline
 (``fleet.query_timeout_seconds``: connecting, sending and reading the whole answer, so a server
@@ -21,7 +23,7 @@ import json
 import math
 import re
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args
 
@@ -221,19 +223,20 @@ class PrometheusAPI:
                 self._client = None
                 self._slots = None
 
-    async def _body(self, expr: str, at: float) -> tuple[int, bytes]:
-        """The status and the whole body of one query, within its deadline and the byte bound."""
+    async def _body(self, path: str, form: dict[str, str]) -> tuple[int, bytes]:
+        """The status and the whole body of one query (``form`` posted to ``path``), within its deadline
+        and the byte bound."""
         if self._client is None:
             raise RuntimeError("PrometheusAPI queried outside connected()")
         self.queries += 1
         cap = self.max_response_bytes
         # nocache: VictoriaMetrics otherwise answers a query for the last -search.latencyOffset (30 s)
         # as of that long ago, and from its cache of answers; Prometheus and the others ignore it
-        data = {"query": expr, "time": f"{at:.3f}", "nocache": "1"}
+        data = {**form, "nocache": "1"}
         headers = {"Accept-Encoding": "identity"}  # a compressed answer could expand far past the bound
         try:
             async with asyncio.timeout(self.timeout):
-                async with self._client.stream("POST", "/api/v1/query", data=data, headers=headers) as r:
+                async with self._client.stream("POST", path, data=data, headers=headers) as r:
                     encoding = r.headers.get("content-encoding", "identity").strip().lower()
                     if encoding not in ("", "identity"):
                         raise QueryError("malformed", f"the answer is compressed ({printable(encoding, 40)})")
@@ -258,13 +261,13 @@ class PrometheusAPI:
     def _too_large(self, what: str) -> str:
         return f"the answer is larger than fleet.max_response_bytes ({self.max_response_bytes} bytes): {what}"
 
-    async def _query(self, expr: str, at: float, kind: str) -> list[Any]:
+    async def _query(self, form: dict[str, str], kind: str, path: str = "/api/v1/query") -> list[Any]:
         """The ``result`` list of a successful answer of ``kind`` (``vector`` or ``matrix``). A slot is
         held from the request to the parse: at most ``max_concurrent`` bodies are held at once."""
         if self._slots is None:
             raise RuntimeError("PrometheusAPI queried outside connected()")
         async with self._slots:
-            status, raw = await self._body(expr, at)
+            status, raw = await self._body(path, form)
             return self._result(status, raw, kind)
 
     def _result(self, status: int, raw: bytes, kind: str) -> list[Any]:
@@ -302,7 +305,7 @@ class PrometheusAPI:
 
     async def vector(self, expr: str, at: float) -> list[Sample]:
         """The instant vector of ``expr`` at ``at``."""
-        result = await self._query(expr, at, "vector")
+        result = await self._query({"query": expr, "time": f"{at:.3f}"}, "vector")
         try:
             with _collector_paused():
                 out = []
@@ -318,7 +321,25 @@ class PrometheusAPI:
     async def matrix(self, expr: str, at: float) -> list[Series]:
         """The raw samples of a range selector ``expr`` (e.g. ``m{...}[5m]``) ending at ``at``; the
         times of each series must increase."""
-        result = await self._query(expr, at, "matrix")
+        return await self._series_of({"query": expr, "time": f"{at:.3f}"})
+
+    async def range_points(
+        self, expr: str, grid: tuple[int, int, int], wanted: Collection[int]
+    ) -> dict[int, list[Sample]]:
+        """``expr`` evaluated on the ``grid`` ``(start, end, step)`` of a range query (``/api/v1/query_range``;
+        milliseconds): each ``wanted`` time's values (see :func:`grid_points`)."""
+        start, end, step = (f"{ms / 1000:.3f}" for ms in grid)
+        form = {"query": expr, "start": start, "end": end, "step": step}
+        result = await self._query(form, "matrix", "/api/v1/query_range")
+        try:
+            with _collector_paused():
+                return grid_points(result, grid, wanted)
+        finally:
+            _let_go(result)
+
+    async def _series_of(self, form: dict[str, str]) -> list[Series]:
+        """The series of a matrix answer, each as two float arrays."""
+        result = await self._query(form, "matrix")
         try:
             with _collector_paused():
                 out = []
@@ -328,6 +349,34 @@ class PrometheusAPI:
                 return out
         finally:
             _let_go(result)
+
+
+def grid_points(result: list[Any], grid: tuple[int, int, int], wanted: Collection[int]) -> dict[int, list[Sample]]:
+    """The values of a range answer's series (``result``, emptied as it is read) at each ``wanted`` time
+    (ms) of ``grid`` ``(start, end, step)``: a time with no value is an empty list (nothing there). A
+    point off the grid is refused (a store that moved the grid would otherwise have its times read as
+    these), and so is any value that is not a finite number; a series' times must increase."""
+    start, end, step = grid
+    out: dict[int, list[Sample]] = {t: [] for t in wanted if start <= t <= end and (t - start) % step == 0}
+    for i, r in enumerate(result):
+        if not isinstance(r, dict) or not isinstance(r.get("values"), list):
+            raise QueryError("malformed", "a matrix series is not {metric, values: [[time, value], ...]}")
+        labels = label_set(r.get("metric"))
+        last = -math.inf
+        for point in r["values"]:
+            if not isinstance(point, list) or len(point) != 2:
+                raise QueryError("malformed", "a matrix point is not [time, value]")
+            t = _number(point[0], "a point's time")
+            if t <= last:
+                raise QueryError("malformed", "a series' point times do not increase")
+            last = t
+            ms = round(t * 1000)
+            if not (start <= ms <= end and (ms - start) % step == 0):
+                raise QueryError("malformed", "a range answer holds a point off the times asked")
+            if ms in out:
+                out[ms].append(Sample(labels, _number(point[1], "a point's value")))
+        result[i] = None  # let the parsed document go as it is read
+    return out
 
 
 def _let_go(result: list[Any]) -> None:

@@ -8,13 +8,23 @@ is read within one span ``(t−W−L, t]`` (``W`` the longest window, ``L`` the 
 
 * for every series, ``increment = last value in the span`` minus ``last value in the span up to the
   window's start t−w`` (0 when there is none: a replica that joined), evaluated by the store as exact
-  sums over all replicas (``last_over_time`` reads raw samples, no extrapolation). The end sum is one
-  query shared by every window; each window adds one query for its start. Why it is exact: a series
-  with samples on both sides of ``t−w`` adds its last value minus its last before ``t−w``; one born
-  after ``t−w`` adds its last value; one whose last sample came before ``t−w`` (a replica that left)
-  has that sample as both ends and adds 0, its predictions having counted while they were in the
+  sums over all replicas (``last_over_time`` reads raw samples, no extrapolation). Why it is exact: a
+  series with samples on both sides of ``t−w`` adds its last value minus its last before ``t−w``; one
+  born after ``t−w`` adds its last value; one whose last sample came before ``t−w`` (a replica that
+  left) has that sample as both ends and adds 0, its predictions having counted while they were in the
   window; one that left before the span is in neither sum. A replica missed by the scrapes across
   ``t−w`` (but not restarted) adds its counter's growth over the gap, never its whole life;
+* the end sum and every window's start sum come from one range query (``/api/v1/query_range``) of
+  ``last_over_time(S[W+L])`` on a grid through ``t`` and every ``t−w`` (:func:`range_plan`): one search
+  of every series for all windows (one per window when their grid would be too fine), where instant
+  queries would search them once per window and once for the end. Its lookback at ``t−w`` reaches
+  ``w`` before the span, so it also reads there the series with no sample from the span's start to
+  ``t−w``: those of replicas gone just before the span, and those a restarted process no longer
+  exports. Such a series is in no start sum of the span, so the value read is added back. Both kinds
+  are found from ``n`` alone, one series per replica, since a process exports every series it has at
+  every scrape, ``n`` first: a replica whose ``n`` has a sample in that reach and none from the span's
+  start to ``t−w``, or whose ``n`` fell in that reach or at its first sample in the span. Only their
+  series are read, replica by replica;
 * a restarted replica (its ``n`` fell: ``resets()`` over the ``n`` series only, one per replica,
   not every series) adds, per series and per restart within the window, the value it held just
   before the restart: the sample-by-sample sum of its increments, a reset counting from zero as one
@@ -40,11 +50,13 @@ with counter values; other bundles' series are read for their ``n`` only (to tel
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Series, concurrently, printable
+from agent.fleet.prometheus_api import LabelSet, PrometheusAPI, QueryError, Sample, Series, concurrently, printable
 from agent.fleet.stat_schema import MAX_EXACT, RefusedAnswer, StatSchema
 
 #: The replicas' counter of additive window statistics (``exporters.prometheus.AgentMetrics``).
@@ -59,6 +71,9 @@ LABEL_VALUE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: Unknown statistic names kept for the log (the rest are only counted).
 UNKNOWN_NAMES_KEPT = 5
+#: Points one range query of the sums may have (:func:`range_plan`): 61 holds windows on a minute's grid
+#: up to an hour; an answer holds a value per statistic and point.
+MAX_POINTS = 61
 
 
 @dataclass(frozen=True)
@@ -180,107 +195,179 @@ def replica_labels(labels: LabelSet) -> LabelSet:
     return tuple((k, v) for k, v in labels if k != "stat")
 
 
+def range_plan(at_ms: int, widths_ms: Collection[int]) -> list[tuple[int, int, int]]:
+    """``(start, end, step)`` in milliseconds of the range queries that read the end sum at ``at_ms`` and
+    the sum at every window's start: one on the grid of the windows' greatest common divisor when it has
+    at most :data:`MAX_POINTS` points (one search of every series for every window), else one per window
+    (its start and the end)."""
+    longest, step = max(widths_ms), math.gcd(*widths_ms)
+    if longest // step + 1 <= MAX_POINTS:
+        return [(at_ms - longest, at_ms, step)]
+    return [(at_ms - w, at_ms, w) for w in sorted(set(widths_ms), reverse=True)]
+
+
 async def window_sums(
     api: PrometheusAPI, scope: FleetScope, at: float, windows: Mapping[str, float], lookback_s: float
 ) -> dict[str, WindowSums]:
     """The fleet's statistic of every window ``name → seconds`` over ``(at − seconds, at]`` (see the
     module docstring); raises :class:`~agent.fleet.prometheus_api.RefreshError`.
 
-    Every aggregating query runs at once (``api.max_concurrent`` in flight): the end sum, each
-    window's start sum and replica count, and the restarted replicas (``resets()`` of ``n`` over the
-    span, which holds every window). A store's cost grows with the series a query selects, so each
-    of them selects every series at most once. What the restarted replicas add is summed in one order
-    whatever order they answer in."""
+    Every aggregating query runs at once (``api.max_concurrent`` in flight): the range query of the sums
+    (one search of every series for all windows, see :func:`range_plan`), and over the ``n`` series only
+    (one per replica) each window's replica count and replicas gone before the span, and the restarted
+    replicas; each of those replicas is then read alone while the store still searches every series.
+    What they add is summed in one order whatever order they answer in."""
     if not windows:
         return {}
     at = round(at, 3)  # the time the store is asked for (milliseconds): the client's edges are its edges
+    at_ms = round(at * 1000)
     sel = selector(scope.model, scope.extra, scope.metric)
     by = ", ".join((*GROUP_LABELS, "stat"))
     n_sel = selector(scope.model, scope.extra, scope.metric, stat="n")
+    widths = {name: _ms(s) for name, s in windows.items()}
     span = _ms(max(windows.values()) + lookback_s)  # every window's start is at least the lookback inside it
-    asked = [api.vector(f"sum by ({by}) (last_over_time({sel}[{span}ms]))", at)]
-    for window_s in windows.values():
-        w = _ms(window_s)
-        asked += [
-            api.vector(f"sum by ({by}) (last_over_time({sel}[{span - w}ms] offset {w}ms))", at),
-            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{w}ms]))", at),
-        ]
-    asked.append(api.vector(f"count without (stat) (resets({n_sel}[{span}ms]) > 0)", at))
-    answers = await concurrently(*asked)
+    plan = range_plan(at_ms, widths.values())
+    total = f"sum by ({by}) (last_over_time({sel}[{span}ms]))"
+    wanted = {at_ms, *(at_ms - w for w in widths.values())}
     outs = {name: WindowSums() for name in windows}
     readers = {name: _Reader(scope, outs[name]) for name in windows}
-    for i, name in enumerate(windows):
-        reader, (start, counted) = readers[name], answers[1 + 2 * i : 3 + 2 * i]
-        for sign, answer in ((1.0, answers[0]), (-1.0, start)):
-            for s in answer:
+    fixes = _Replicas(api, readers, widths, at, span, (sel, n_sel))
+    both: list[Any] = await concurrently(  # the replicas are read while the store searches every series
+        concurrently(*(api.range_points(total, grid, wanted) for grid in plan)),
+        _replicas(api, fixes, outs, at, span, n_sel),
+    )
+    ranges: list[dict[int, list[Sample]]] = both[0]
+    todo: list[LabelSet] = both[1]
+    sums_at: dict[int, list[Sample]] = {}
+    for points in ranges:
+        for ms, samples in points.items():
+            sums_at.setdefault(ms, samples)
+    for name, reader in readers.items():
+        for sign, samples in ((1.0, sums_at[at_ms]), (-1.0, sums_at[at_ms - widths[name]])):
+            for s in samples:
                 key = reader.accept(s.labels)
                 if key is not None:
                     reader.add(*key, s.value, sign)
-        for s in counted:
-            group = reader.group(dict(s.labels))
-            _count("a replica count", s.value)
-            outs[name].replicas[group] = int(s.value)
-        outs[name].queries = 2
-    replicas = sorted({replica_labels(s.labels) for s in answers[-1]})
-    restarted = _Restarted(api, readers, windows, at, span, (sel, n_sel), iter(replicas))
-    await concurrently(*(restarted.read() for _ in range(min(api.max_concurrent, len(replicas)))))
     for name in windows:
         reader = readers[name]
-        for replica in replicas:
-            for group, stat, value in restarted.shares[name].get(replica, ()):
+        for replica in todo:
+            for group, stat, value in fixes.shares[name].get(replica, ()):
                 stats = reader.sums.setdefault(group, {})
                 stats[stat] = stats.get(stat, 0.0) + value
-        outs[name].restarted_replicas = len(restarted.shares[name])
+        outs[name].restarted_replicas = len(fixes.restarted[name])
         outs[name].stats = reader.sums
-    # the end sum is shared by the windows; the restarts' queries are the longest window's
-    outs[next(iter(windows))].queries += 1
-    outs[max(windows, key=lambda name: windows[name])].queries += 1 + restarted.queries
+    # the range queries and the restarts' are counted once, under the longest window
+    outs[max(windows, key=lambda name: windows[name])].queries += len(plan) + 1 + fixes.queries
     return outs
 
 
-class _Restarted:
-    """What the restarted replicas add to each window: per series and restart within the window, the
-    value the series held just before the restart (see the module docstring). :meth:`read` takes the
-    replicas one by one from ``todo`` (several readers share it: each replica is read once)."""
+async def _replicas(
+    api: PrometheusAPI, fixes: _Replicas, outs: Mapping[str, WindowSums], at: float, span: int, n_sel: str
+) -> list[LabelSet]:
+    """Over the ``n`` series only (one per replica): each window's replica count (into ``outs``) and the
+    replicas gone just before the span, and the restarted replicas; then each of those replicas read
+    alone by ``fixes``. Returns them, sorted (the order their shares are added in)."""
+    widths = fixes.widths_ms
+    asked = []
+    for w in widths.values():
+        asked += [
+            api.vector(f"count by ({', '.join(GROUP_LABELS)}) (last_over_time({n_sel}[{w}ms]))", at),
+            api.vector(
+                f"count without (stat) (last_over_time({n_sel}[{w}ms] offset {span}ms)"
+                f" unless last_over_time({n_sel}[{span - w}ms] offset {w}ms))",
+                at,
+            ),
+        ]
+    asked.append(api.vector(f"count without (stat) (resets({n_sel}[{span + max(widths.values())}ms]) > 0)", at))
+    answers = await concurrently(*asked)
+    left: dict[LabelSet, set[str]] = {}
+    for i, name in enumerate(widths):
+        counted, gone = answers[2 * i : 2 * i + 2]
+        for s in counted:
+            group = fixes.readers[name].group(dict(s.labels))
+            _count("a replica count", s.value)
+            outs[name].replicas[group] = int(s.value)
+        for s in gone:
+            left.setdefault(replica_labels(s.labels), set()).add(name)
+        outs[name].queries = 2
+    restarted = {replica_labels(s.labels) for s in answers[-1]}
+    todo = sorted(restarted | set(left))
+    shared = iter(todo)  # one iterator for every reader: each replica is read once
+    await concurrently(*(fixes.read(shared, restarted, left) for _ in range(min(api.max_concurrent, len(todo)))))
+    return todo
+
+
+class _Replicas:
+    """What the restarted replicas and the replicas gone before a window's start add to each window, read
+    replica by replica (see the module docstring): per series and restart within the window, the value the
+    series held just before the restart; per series the range query read at a window's start but not since
+    the span's start, that value back (it was no baseline of that window)."""
 
     def __init__(
         self,
         api: PrometheusAPI,
         readers: Mapping[str, _Reader],
-        windows: Mapping[str, float],
+        widths_ms: Mapping[str, int],
         at: float,
         span_ms: int,
         selectors: tuple[str, str],
-        todo: Iterator[LabelSet],
     ) -> None:
-        self.api, self.readers, self.selectors, self.todo = api, readers, selectors, todo
+        self.api, self.readers, self.selectors = api, readers, selectors
         self.at = at
         self.at_ms = round(at * 1000)
         self.span_ms = span_ms
-        self.starts_ms = {name: self.at_ms - _ms(s) for name, s in windows.items()}
-        self.shares: dict[str, dict[LabelSet, list[tuple[GroupKey, str, float]]]] = {name: {} for name in windows}
+        self.widths_ms = widths_ms
+        self.starts_ms = {name: self.at_ms - w for name, w in widths_ms.items()}
+        self.shares: dict[str, dict[LabelSet, list[tuple[GroupKey, str, float]]]] = {name: {} for name in widths_ms}
+        #: per window, the replicas with a restart within it
+        self.restarted: dict[str, set[LabelSet]] = {name: set() for name in widths_ms}
         self.queries = 0
 
-    async def read(self) -> None:
-        for replica in self.todo:  # one iterator shared by the readers: each replica is read once
+    async def read(
+        self, todo: Iterator[LabelSet], restarted: Collection[LabelSet], left: Mapping[LabelSet, set[str]]
+    ) -> None:
+        """Reads the replicas of ``todo`` one by one: the ``restarted`` replicas' restarts, and for each
+        window that ``left`` names for a replica or that a restart's hidden series may concern, what
+        :meth:`_gone` adds."""
+        for replica in todo:  # shared with the other readers: each replica is read once
             for reader in self.readers.values():  # its labels checked before they go into a query
                 reader.group(dict(replica))
             matchers = ",".join(f"{k}={quote(v)}" for k, v in replica if k != "model")
             sel, n_sel = (f"{s[:-1]},{matchers}}}" for s in self.selectors)
-            self.queries += 1
-            times: set[int] = set()
-            for series in await self.api.matrix(f"{n_sel}[{self.span_ms}ms]", self.at):
-                _own(series.labels, replica)
-                times.update(round(t * 1000) for t in restart_times(series))
-            first = min(self.starts_ms.values())
-            restarts = sorted(times)
-            for r, until in zip(restarts, [*restarts[1:], self.at_ms + 1], strict=True):
-                if r <= first:
-                    continue
-                within = [name for name, start in self.starts_ms.items() if r > start]
-                for name in within:
-                    self.shares[name].setdefault(replica, [])
-                await self._before(replica, sel, (r, until), within)
+            gaps = set(left.get(replica, ()))
+            if replica in restarted:
+                gaps |= await self._restarts(replica, sel, n_sel)
+            for name in self.widths_ms:
+                if name in gaps:
+                    await self._gone(replica, sel, name)
+
+    async def _restarts(self, replica: LabelSet, sel: str, n_sel: str) -> set[str]:
+        """Reads the restarts of ``replica`` (its ``n`` samples over the span and the longest window before
+        it) and what those within a window add; returns the windows whose start a restart may have hidden
+        series from (a restart after their baseline, before any sample of the span or at its first)."""
+        self.queries += 1
+        times: set[int] = set()
+        sampled: list[int] = []
+        for series in await self.api.matrix(f"{n_sel}[{self.span_ms + max(self.widths_ms.values())}ms]", self.at):
+            _own(series.labels, replica)
+            times.update(round(t * 1000) for t in restart_times(series))
+            sampled += (round(t * 1000) for t in series.times)
+        span_start = self.at_ms - self.span_ms
+        after = min((t for t in sampled if t > span_start), default=self.at_ms + 1)
+        first = min(self.starts_ms.values())
+        restarts = sorted(times)
+        for r, until in zip(restarts, [*restarts[1:], self.at_ms + 1], strict=True):
+            if r <= first:
+                continue
+            within = [name for name, start in self.starts_ms.items() if r > start]
+            for name in within:
+                self.restarted[name].add(replica)
+            await self._before(replica, sel, (r, until), within)
+        return {
+            name
+            for name, start in self.starts_ms.items()
+            if any(start - self.span_ms < r <= min(start, after) for r in restarts)
+        }
 
     async def _before(self, replica: LabelSet, sel: str, lifetime: tuple[int, int], within: list[str]) -> None:
         """Each series' last value before the restart at ``lifetime[0]`` (ms) within the span, for the
@@ -297,14 +384,31 @@ class _Restarted:
         for s in await self.api.vector(expr, self.at):
             _own(s.labels, replica)
             for name in within:
-                reader = self.readers[name]
-                key = reader.accept(s.labels)
-                if key is not None:
-                    reader.check(*key, s.value)
-                    self.shares[name][replica].append((*key, s.value))
+                self._share(name, replica, s)
+
+    async def _gone(self, replica: LabelSet, sel: str, name: str) -> None:
+        """The series of ``replica`` that the range query read at window ``name``'s start from before the
+        span (a sample within the window's width before the span, none from the span's start to the
+        window's): their values, added back to the window."""
+        w = self.widths_ms[name]
+        expr = (
+            f"last_over_time({sel}[{w}ms] offset {self.span_ms}ms)"
+            f" unless last_over_time({sel}[{self.span_ms - w}ms] offset {w}ms)"
+        )
+        self.queries += 1
+        for s in await self.api.vector(expr, self.at):
+            _own(s.labels, replica)
+            self._share(name, replica, s)
+
+    def _share(self, name: str, replica: LabelSet, s: Sample) -> None:
+        reader = self.readers[name]
+        key = reader.accept(s.labels)
+        if key is not None:
+            reader.check(*key, s.value)
+            self.shares[name].setdefault(replica, []).append((*key, s.value))
 
 
 def _own(labels: LabelSet, replica: LabelSet) -> None:
     """Refuses a series of another replica in an answer about ``replica``."""
     if tuple((k, v) for k, v in labels if k != "stat") != replica:
-        raise QueryError("malformed", "a restarted replica's answer holds a series of another replica")
+        raise QueryError("malformed", "an answer about one replica holds a series of another replica")

@@ -48,7 +48,7 @@ from agent.estimation.statistics.reference import InputReference
 from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.fleet.evaluator import FleetEvaluator
 from agent.fleet.prometheus_api import PrometheusAPI
-from agent.fleet.window_sums import STAT_METRIC
+from agent.fleet.window_sums import STAT_METRIC, range_plan
 from bench.generated_docs import provenance, write_block
 from invariants.bundle import Bundle
 from tests.support.prometheus import PrometheusServer
@@ -397,16 +397,21 @@ def _table(rows: list[Row], replicas: int, series: int) -> str:
 
 
 def _largest_answer(url: str, end: float) -> None:
-    """The size of the largest answer a refresh reads: a sum over every replica, one value per
-    statistic series of one replica (what ``fleet.max_response_bytes`` must hold)."""
+    """The size of the largest answer a refresh reads: the range query of the sums over every replica, one
+    value per statistic series of one replica and point (what ``fleet.max_response_bytes`` must hold)."""
+    at_ms = round(end * 1000)
+    (start, stop, step), *_ = range_plan(at_ms, [round(s * 1000) for s in WINDOWS.values()])
     seconds = int(max(WINDOWS.values()) + 300)
     expr = f'sum by (model, version, bundle, stat) (last_over_time({STAT_METRIC}{{model="{MODEL}"}}[{seconds}s]))'
-    r = httpx.post(f"{url}/api/v1/query", data={"query": expr, "time": f"{end:.3f}", "nocache": "1"}, timeout=120)
+    form = {"query": expr, "start": f"{start / 1000:.3f}", "end": f"{stop / 1000:.3f}", "step": f"{step / 1000:.3f}"}
+    r = httpx.post(f"{url}/api/v1/query_range", data={**form, "nocache": "1"}, timeout=120)
     result = r.json()["data"]["result"]
     if result:
+        points = sum(len(s["values"]) for s in result)
         print(
-            f"  largest answer: a sum over every replica: {len(r.content)} bytes ({len(result)} series, "
-            f"{len(r.content) / len(result):.1f} bytes per series)"
+            f"  largest answer: the range query of the sums over every replica: {len(r.content)} bytes "
+            f"({len(result)} series, {points // len(result)} points each, "
+            f"{len(r.content) / points:.1f} bytes per point)"
         )
 
 

@@ -1,13 +1,15 @@
 """A hostile Prometheus query API for the fleet evaluator (``mode: fleet``): a raw asyncio HTTP/1.1
-server on a loopback port that answers ``POST /api/v1/query`` as its :attr:`HostilePrometheus.mode`
-says, from a consistent answer to everything a scrape target matching ``fleet.selector`` (or a broken
-store) could make it send: a huge class index, 200,000 series, a 200 MB body, negative sums, values
-that are no counters, malformed documents and an answer dripped one byte per second.
+server on a loopback port that answers ``POST /api/v1/query`` and ``/api/v1/query_range`` as its
+:attr:`HostilePrometheus.mode` says, from a consistent answer to everything a scrape target matching
+``fleet.selector`` (or a broken store) could make it send: a huge class index, 200,000 series, a 200 MB
+body, negative sums, values that are no counters, malformed documents and an answer dripped one byte per
+second.
 
 The consistent answer (``mode = "good"``) is one replica's ``icos_window_stat_total`` totals at the
-window's start and end, made by :meth:`WindowStats.of_samples` from random verdicts and confidences,
-so the evaluator has a good estimate to keep. Hostile modes change the end-of-window answer (the
-evaluator's first query); the other queries keep their consistent answers.
+window's start and end (the range query of the sums: the start's totals at every point before its end),
+made by :meth:`WindowStats.of_samples` from random verdicts and confidences, so the evaluator has a
+good estimate to keep. Hostile modes change the values at the range's end (the evaluator's first
+query); the other queries keep their consistent answers.
 
 Used by ``tests/integration/test_fleet_hostile.py`` and ``bench/fleet/hostile.py``.
 """
@@ -28,10 +30,10 @@ import numpy as np
 from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.window import WindowStats
 
-#: What each hostile mode sends instead of the end-of-window answer.
+#: What each hostile mode sends instead of the sums' range answer (its end's values).
 CASES: dict[str, str] = {
     "class_index": 'one series stat="class_counts:100000000" (150 bytes) beside the good ones',
-    "many_series": "200,000 series of distinct versions (about 33 MB, formatted like Prometheus)",
+    "many_series": "200,000 series of distinct versions, at the end only (about 31 MB, formatted like Prometheus)",
     "huge_body": "a 200 MB body (an empty result and a padding string), chunked, no declared length",
     "negative_sums": "conf_sum at the window's end 500 below its value at the start: a negative confidence sum",
     "inf": 'conf_sum "+Inf"',
@@ -50,6 +52,8 @@ DRIP_BYTES = 3600
 CHUNK = 1024 * 1024
 HUGE_BODY = 200 * 1024 * 1024
 MANY_SERIES = 200_000
+#: The time written into the ``many_series`` answer as it is built (replaced by the range's end).
+MANY_END = 1.25
 COMPACT_BYTES = 8 * 1024 * 1024 - 4096
 
 
@@ -62,6 +66,19 @@ def vector_body(series: Iterable[tuple[dict[str, str], object]]) -> bytes:
     """A Prometheus instant-vector answer of ``(labels, value)``; ``value`` is sent as given."""
     result = [{"metric": labels, "value": [AT, value]} for labels, value in series]
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+def range_body(series: Iterable[tuple[dict[str, str], list[list[object]]]]) -> bytes:
+    """A Prometheus range answer (a matrix) of ``(labels, [[time, value], ...])``, sent as given."""
+    result = [{"metric": labels, "values": values} for labels, values in series]
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
+
+
+def grid(form: dict[str, str]) -> list[float]:
+    """The times a range query asks for (``start``, ``start + step``, … up to ``end``; at most 1,000)."""
+    start, end, step = (float(form.get(k, "0")) for k in ("start", "end", "step"))
+    points = min(999, round((end - start) / step)) if step > 0 else 0
+    return [round(start + k * step, 3) for k in range(points + 1)]
 
 
 def good_totals(seed: int = 0) -> tuple[dict[str, float], dict[str, float]]:
@@ -113,55 +130,65 @@ class HostilePrometheus:
             "version": version or self.version,
         }
 
-    def _totals(self, totals: dict[str, float], change: Callable[[str, float], object] | None = None) -> bytes:
-        series = [(self.labels(k), repr(float(v)) if change is None else change(k, v)) for k, v in totals.items()]
-        return vector_body(series)
+    def _totals(
+        self, times: list[float], change: Callable[[str, float], object] | None = None, version: str | None = None
+    ) -> list[tuple[dict[str, str], list[list[object]]]]:
+        """Every statistic's series of the range: the start's totals at every point but the last, the
+        end's (``change``d) at the last."""
+        return [
+            (
+                self.labels(k, version),
+                [[t, repr(float(self.begin[k]))] for t in times[:-1]]
+                + [[times[-1], repr(float(v)) if change is None else change(k, v)]],
+            )
+            for k, v in self.end.items()
+        ]
 
-    def _many_series(self) -> bytes:
-        """The ``many_series`` answer, built once: building it holds this process's GIL for most of a
-        second, which would otherwise recur at every refresh."""
+    def _many_series(self, end: float) -> bytes:
+        """The ``many_series`` answer at the range's ``end``, built once (building it holds this process's
+        GIL for most of a second, which would otherwise recur at every refresh; the time is put in after)."""
         if self._many is None:
-            self._many = vector_body((self.labels("n", f"v{i}"), "1") for i in range(MANY_SERIES))
-        return self._many
+            self._many = range_body((self.labels("n", f"v{i}"), [[MANY_END, "1"]]) for i in range(MANY_SERIES))
+        return self._many.replace(json.dumps(MANY_END).encode(), json.dumps(end).encode())
 
     # -- the answers -----------------------------------------------------------------------------
-    async def _answer(self, query: str, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, form: dict[str, str], writer: asyncio.StreamWriter) -> None:
         mode = self.mode
         self.served[mode] += 1
-        if "resets(" in query:
+        query = form.get("query", "")
+        if query.startswith("count without"):  # restarted replicas, replicas gone before the span: none
             await self._send(writer, vector_body([]))
         elif query.startswith("count by"):
             labels = {"bundle": self.bundle, "model": self.model, "version": self.version}
             await self._send(writer, vector_body([(labels, "1")]))
-        elif " offset " in query:
-            await self._send(writer, self._totals(self.begin))
         elif query.startswith("sum by"):
             self.hostile_ends += mode != "good"
-            await self._end_answer(mode, writer)
+            await self._end_answer(mode, grid(form), writer)
         else:  # the raw samples of a restarted replica: none restarted
             await self._send(writer, b'{"status":"success","data":{"resultType":"matrix","result":[]}}')
 
-    async def _end_answer(self, mode: str, writer: asyncio.StreamWriter) -> None:
+    async def _end_answer(self, mode: str, times: list[float], writer: asyncio.StreamWriter) -> None:
         if mode == "class_index":
-            good = json.loads(self._totals(self.end))
-            good["data"]["result"].append({"metric": self.labels("class_counts:100000000"), "value": [AT, "1"]})
-            await self._send(writer, json.dumps(good).encode())
+            extra = (self.labels("class_counts:100000000"), [[times[-1], "1"]])
+            await self._send(writer, range_body([*self._totals(times), extra]))
         elif mode == "many_series":
-            await self._send(writer, self._many_series())
+            await self._send(writer, self._many_series(times[-1]))
         elif mode == "many_versions":
-            series = [(self.labels(k, f"v{i}"), repr(float(v))) for i in range(40) for k, v in self.end.items()]
-            await self._send(writer, vector_body(series))
+            await self._send(writer, range_body(s for i in range(40) for s in self._totals(times, version=f"v{i}")))
         elif mode == "negative_sums":
             start = self.begin["conf_sum"]
-            await self._send(writer, self._totals(self.end, lambda k, v: repr(start - 500.0 if k == "conf_sum" else v)))
+            await self._send(
+                writer, range_body(self._totals(times, lambda k, v: repr(start - 500.0 if k == "conf_sum" else v)))
+            )
         elif mode == "inf":
-            await self._send(writer, self._totals(self.end, lambda k, v: "+Inf" if k == "conf_sum" else repr(v)))
+            inf = self._totals(times, lambda k, v: "+Inf" if k == "conf_sum" else repr(v))
+            await self._send(writer, range_body(inf))
         elif mode == "huge_value":
-            await self._send(writer, self._totals(self.end, lambda k, v: "1e300" if k == "n" else repr(v)))
+            await self._send(writer, range_body(self._totals(times, lambda k, v: "1e300" if k == "n" else repr(v))))
         elif mode == "value_list":
-            body = json.loads(self._totals(self.end))
-            body["data"]["result"][0]["value"] = [1, 2, 3]
-            await self._send(writer, json.dumps(body).encode())
+            series = self._totals(times)
+            series[0][1][-1] = [1, 2, 3]
+            await self._send(writer, range_body(series))
         elif mode == "data_string":
             await self._send(writer, b'{"status":"success","data":"x"}')
         elif mode == "huge_body":
@@ -173,7 +200,7 @@ class HostilePrometheus:
             count = (COMPACT_BYTES - len(head) - 4) // 8
             await self._send(writer, head + b",".join([b'[0,"1"]'] * count) + b"]}]}}")
         else:
-            await self._send(writer, self._totals(self.end))
+            await self._send(writer, range_body(self._totals(times)))
 
     async def _send(self, writer: asyncio.StreamWriter, body: bytes) -> None:
         head = {"Content-Type": "application/json", "Content-Length": str(len(body))}
@@ -218,7 +245,7 @@ class HostilePrometheus:
                 length = re.search(rb"(?i)content-length:\s*(\d+)", head)
                 body = await reader.readexactly(int(length.group(1))) if length else b""
                 form = urllib.parse.parse_qs(body.decode("latin-1"))
-                await self._answer(form.get("query", [""])[0], writer)
+                await self._answer({k: v[0] for k, v in form.items()}, writer)
         self._writers.discard(writer)
         writer.close()
 

@@ -198,7 +198,7 @@ def test_every_reason_is_exported_from_the_start(fleet: AgentProcess, hostile: H
     assert metrics[f"icos_fleet_unknown_stats_total{{model={MODEL}}}"] == 0
 
 
-#: Bounds of an evaluator configured for a large fleet: the 200,000 series (33 MB) are read and parsed whole.
+#: Bounds of an evaluator configured for a large fleet: the 200,000 series (about 31 MB) are read and parsed whole.
 RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
 
 

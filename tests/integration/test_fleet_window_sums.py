@@ -1,7 +1,9 @@
 """The fleet's sums against a real store holding hand-made replica series: Prometheus (backfilled with
 ``promtool tsdb create-blocks-from openmetrics``) and VictoriaMetrics (``/api/v1/import/prometheus``),
 which must give the same sums: replicas joining, leaving and restarting, two versions side by side,
-and statistics of several bundles, which are refused rather than mixed."""
+and statistics of several bundles, which are refused rather than mixed. The sums at every window's start
+come from one range query whose lookback reaches before the span: replicas gone, and series a restarted
+process no longer exports, just before the span must count nothing."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ def _series() -> dict[tuple[str, str, str], Sequence[float | None]]:
     twice += [2.0 * (i - 116) for i in range(117, STEPS)]
     # unscraped from index 108 to 116 (2.5 minutes, longer than the lookback)
     gap = [float(10 * i) for i in range(108)] + [None] * 9 + [float(10 * i) for i in range(117, STEPS)]
+    # restarted at index 50 (before every span), then 72 (the span's first scrape): see PASSING_FROM
+    early = [float(10 * i) for i in range(50)] + [float(10 * (i - 50)) for i in range(50, STEPS)]
+    at_span = [float(10 * i) for i in range(72)] + [float(10 * (i - 72)) for i in range(72, STEPS)]
     return {
         ("3", "ours", "r1"): ramp,
         ("3", "ours", "r2"): joined,
@@ -44,6 +49,13 @@ def _series() -> dict[tuple[str, str, str], Sequence[float | None]]:
         ("4", "ours", "r5"): ramp,  # a second version of the same bundle, side by side
         ("5", "ours", "r9"): twice,
         ("5", "ours", "r10"): gap,
+        # version 6: replicas gone, and series no longer exported, before the span (AT − 12 minutes: the 10m
+        # window and the lookback of 2 minutes) but after the range query's reach from a window's start
+        ("6", "ours", "r11"): [float(10 * i) for i in range(61)] + [None] * 60,  # gone at index 60
+        ("6", "ours", "r12"): [float(10 * i) for i in range(72)] + [None] * 49,  # gone at 71: the 1m window's too
+        ("6", "ours", "r13"): ramp,
+        ("6", "ours", "r14"): early,
+        ("6", "ours", "r15"): at_span,
         ("1", "ours", "r6"): ramp,  # version 1: replicas of two bundles
         ("1", "theirs", "r7"): ramp,
         ("2", "theirs", "r8"): ramp,  # version 2: another bundle only
@@ -62,16 +74,27 @@ _STATS: dict[str, Callable[[float], float]] = {
     "conf_sum": lambda n: 0.92 * n,
     "conf_sq_sum": lambda n: 0.85 * n,
 }
+#: instance → the scrape from which it is a process whose predictions all passed its rules: it exports no
+#: failing series (``fails``, ``fails_by_family:idi``, ``cells:9``), so those of the process before it end
+_PASSING_FROM = {"r14": 50, "r15": 72}
+_PASSING: dict[str, Callable[[float], float]] = {
+    "n": lambda n: n,
+    "cells:3": lambda n: n,
+    "atc_above": lambda n: n * 9 // 10,
+    "conf_sum": lambda n: 0.92 * n,
+    "conf_sq_sum": lambda n: 0.85 * n,
+}
 
 
 def _samples() -> Iterator[tuple[str, float, int]]:
     """(series, value, unix time) of every sample."""
     for (version, bundle, inst), values in _series().items():
-        for stat, value in _STATS.items():
+        for stat in _STATS:
             labels = f'model="m",version="{version}",bundle="{bundle}",instance="{inst}",job="icos-agent",stat="{stat}"'
             for i, v in enumerate(values):
-                if v is not None:
-                    yield f"icos_window_stat_total{{{labels}}}", value(v), END - STEP * (STEPS - 1 - i)
+                of = _PASSING if i >= _PASSING_FROM.get(inst, STEPS) else _STATS
+                if v is not None and stat in of:
+                    yield f"icos_window_stat_total{{{labels}}}", of[stat](v), END - STEP * (STEPS - 1 - i)
 
 
 @pytest.fixture(
@@ -165,9 +188,28 @@ def test_restarts_before_and_within_a_window_and_a_scrape_gap_across_its_start(p
     assert version.replicas == {"10m": 2, "1m": 2} and result.restarted_replicas == 2
 
 
+@pytest.mark.parametrize("windows", [["10m", "1m"], ["10m", "47s"]], ids=["one-grid", "a-range-per-window"])
+def test_replicas_and_series_gone_just_before_the_span_count_nothing(prometheus: str, windows: list[str]) -> None:
+    """The range query reads a window's start with the span's lookback, so it sees samples up to a window
+    before the span: r11 and r12 left there, r14's and r15's failing series ended there (their processes
+    restarted, the new ones export none), and each must add nothing. With 10m and 47s the windows' grid has
+    more points than one range query may ask for: a range query per window, the same sums."""
+    result = _evaluator(prometheus, windows).evaluate(float(AT))
+    version = result.versions["6"]
+    w10 = version.windows["10m"].stats
+    # 10m (indices 80 … 119, baseline 79): r13 1190 − 790 with a failing tenth; r14 and r15 400 each, none failing
+    assert (w10.n, w10.fails, w10.cells[3], w10.cells[9]) == (1200, 40, 360 + 400 + 400, 40)
+    assert version.replicas["10m"] == 3
+    short = version.windows[windows[1]].stats
+    scrapes = 4 if windows[1] == "1m" else 3  # (AT − 1m, AT]: indices 116 … 119; (AT − 47s, AT]: 117 … 119
+    assert (short.n, short.fails, short.cells[9]) == (30 * scrapes, scrapes, scrapes)
+    assert result.restarted_replicas == 2  # r4 and r9: r14's and r15's restarts are before every window
+    assert result.versions["3"].windows["10m"].stats.n == 400 + 200 + 300 + (200 + 57)
+
+
 def test_versions_side_by_side_and_bundles_never_mixed(prometheus: str) -> None:
     result = _evaluator(prometheus, ["10m"]).evaluate(float(AT))
-    assert set(result.versions) == {"3", "4", "5"}  # versions of our bundle, estimated apart
+    assert set(result.versions) == {"3", "4", "5", "6"}  # versions of our bundle, estimated apart
     assert result.versions["4"].windows["10m"].stats.n == 400
     assert result.mismatches == {("1", "mixed"), ("2", "other_bundle")}
     snap = _evaluator(prometheus, ["10m"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.reference import InputReference, leaf_bin_of_rule
 from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.fleet.prometheus_api import Series
-from agent.fleet.window_sums import quote, restart_times, selector
+from agent.fleet.window_sums import MAX_POINTS, quote, range_plan, restart_times, selector
 
 
 def _reference(n_rules: int, rng: np.random.Generator) -> InputReference:
@@ -84,6 +85,46 @@ def test_a_restart_is_a_sample_below_its_predecessor() -> None:
     s = Series((("stat", "n"),), array("d", [10, 11, 12, 13, 14]), array("d", [100, 120, 5, 15, 30]))
     assert restart_times(s) == [12.0]
     assert restart_times(Series((), array("d", [1.0]), array("d", [3.0]))) == []
+
+
+def test_one_range_query_reads_every_windows_start_unless_its_grid_is_too_fine() -> None:
+    at = 1_000_000_000
+    assert range_plan(at, [300_000, 3_600_000]) == [(at - 3_600_000, at, 300_000)]  # 13 points
+    assert range_plan(at, [600_000]) == [(at - 600_000, at, 600_000)]  # the start and the end
+    hour = range_plan(at, [60_000, 3_600_000])  # a minute's grid over an hour: 61 points, the most one may have
+    assert hour == [(at - 3_600_000, at, 60_000)] and 3_600_000 // 60_000 + 1 == MAX_POINTS
+    # a second's grid: each window's start and the end, by a range query of its own
+    assert range_plan(at, [600_000, 47_000]) == [(at - 600_000, at, 600_000), (at - 47_000, at, 47_000)]
+    for plan in (range_plan(at, w) for w in ([300_000, 3_600_000], [420_000, 900_000, 86_400_000], [1, 7, 3_600_000])):
+        assert all(s < e == at and (e - s) % g == 0 and (e - s) // g + 1 <= MAX_POINTS for s, e, g in plan)
+
+
+def test_a_range_answer_is_read_at_the_times_asked_and_refused_off_them() -> None:
+    from agent.fleet.prometheus_api import QueryError, grid_points
+
+    def series(*points: tuple[float, str]) -> dict[str, Any]:
+        return {"metric": {"__name__": "x", "stat": "n"}, "values": [list(p) for p in points]}
+
+    answer = [series((1.0, "5"), (1.3, "7"), (1.6, "9"))]  # from 1 s by 300 ms
+    got = grid_points(answer, (1000, 1600, 300), [1000, 1600, 1900])
+    assert {t: [(s.labels, s.value) for s in v] for t, v in got.items()} == {
+        1000: [((("stat", "n"),), 5.0)],
+        1600: [((("stat", "n"),), 9.0)],
+    }
+    assert grid_points([], (1000, 1600, 300), [1000]) == {1000: []}  # nothing there: the sum is zero
+    refused = {
+        "malformed": [
+            [series((0.9, "5"), (1.2, "7"))],  # a store that moved the grid (aligned its start to the step)
+            [series((1.3, "7"), (1.0, "5"))],  # times that do not increase
+            [series((1.0, "5", "6"))],  # not [time, value]
+        ],
+        "bad_value": [[series((1.0, "NaN"))], [series((1.0, "+Inf"))]],
+    }
+    for reason, answers in refused.items():
+        for bad in answers:
+            with pytest.raises(QueryError) as err:
+                grid_points(bad, (1000, 1600, 300), [1000])
+            assert err.value.reason == reason, bad
 
 
 def test_selectors_quote_label_values() -> None:
