@@ -380,11 +380,7 @@ class _Replicas:
             f"last_over_time({sel}[{reach}ms] @ {(r - 1) / 1000:.3f})"
             f" and last_over_time({sel}[{until - r}ms] @ {(until - 1) / 1000:.3f})"
         )
-        self.queries += 1
-        for s in await self.api.vector(expr, self.at):
-            _own(s.labels, replica)
-            for name in within:
-                self._share(name, replica, s)
+        await self._add(replica, expr, within)
 
     async def _gone(self, replica: LabelSet, sel: str, name: str) -> None:
         """The series of ``replica`` that the range query read at window ``name``'s start from before the
@@ -395,17 +391,19 @@ class _Replicas:
             f"last_over_time({sel}[{w}ms] offset {self.span_ms}ms)"
             f" unless last_over_time({sel}[{self.span_ms - w}ms] offset {w}ms)"
         )
+        await self._add(replica, expr, (name,))
+
+    async def _add(self, replica: LabelSet, expr: str, windows: Collection[str]) -> None:
+        """The values of ``expr``, a query about ``replica`` alone, added to each of ``windows``."""
         self.queries += 1
         for s in await self.api.vector(expr, self.at):
             _own(s.labels, replica)
-            self._share(name, replica, s)
-
-    def _share(self, name: str, replica: LabelSet, s: Sample) -> None:
-        reader = self.readers[name]
-        key = reader.accept(s.labels)
-        if key is not None:
-            reader.check(*key, s.value)
-            self.shares[name].setdefault(replica, []).append((*key, s.value))
+            for name in windows:
+                reader = self.readers[name]
+                key = reader.accept(s.labels)
+                if key is not None:
+                    reader.check(*key, s.value)
+                    self.shares[name].setdefault(replica, []).append((*key, s.value))
 
 
 def _own(labels: LabelSet, replica: LabelSet) -> None:
