@@ -180,14 +180,7 @@ def test_a_body_sent_too_slowly_is_cut_off(agent: AgentProcess, path: str) -> No
     ).encode()
     with _connect(agent) as s:
         s.sendall(head + b'{"inputs": [')
-        s.settimeout(BODY_TIMEOUT + 10)
-        try:
-            data = s.recv(4096)
-        except TimeoutError:
-            pytest.fail(f"the connection was still open {BODY_TIMEOUT + 10} s after the head")
-        except OSError:  # reset
-            data = b""
-        assert data == b"", data[:300]  # closed without an answer
+        _closed_without_answer(s)
     assert agent.metrics()["icos_connections_refused_total{reason=body_timeout}"] == before + 1
     answer, _ = _exchange(agent, b"GET /v2/health/live HTTP/1.1\r\nHost: agent\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 OK")
@@ -215,14 +208,19 @@ def test_the_deadlines_of_a_kept_alive_connections_next_request_hold(agent: Agen
                     break
             assert answer.startswith(b"HTTP/1.1 200 OK")
         s.sendall(slow)
-        s.settimeout(BODY_TIMEOUT + 10)
-        try:
-            data = s.recv(4096)
-        except TimeoutError:
-            pytest.fail(f"the connection was still open {BODY_TIMEOUT + 10} s after the head")
-        except OSError:  # reset
-            data = b""
-        assert data == b"", data[:300]  # closed without an answer
+        _closed_without_answer(s)
     after = agent.metrics()
     assert after["icos_connections_refused_total{reason=body_timeout}"] == before + 1
     assert after.get("icos_connections_refused_total{reason=header_timeout}", 0.0) == heads  # its head came whole
+
+
+def _closed_without_answer(s: socket.socket) -> None:
+    """``s`` is closed by the agent, without an answer, within the body deadline (and a margin)."""
+    s.settimeout(BODY_TIMEOUT + 10)
+    try:
+        data = s.recv(4096)
+    except TimeoutError:
+        pytest.fail(f"the connection was still open {BODY_TIMEOUT + 10} s after the head")
+    except OSError:  # reset
+        data = b""
+    assert data == b"", data[:300]  # closed without an answer

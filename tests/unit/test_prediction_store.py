@@ -138,14 +138,7 @@ def test_unopenable_file_falls_back_to_memory(tmp_path: Path) -> None:
 
 def test_full_queue_drops_and_counts() -> None:
     dropped: list[tuple[int, str]] = []
-    s = PredictionStore(
-        None,
-        max_predictions=100_000,
-        max_age_seconds=60,
-        queue_limit=1000,
-        on_drop=lambda n, reason: dropped.append((n, reason)),
-    )
-    s.open()
+    s = _store_of_1000(dropped)
     assert s.enqueue(batch("a", 600, 1.0))
     assert not s.enqueue(batch("b", 600, 1.0))
     assert s.enqueue(batch("c", 400, 1.0))
@@ -157,14 +150,7 @@ def test_a_recording_calls_requests_queue_as_one_by_one() -> None:
     """``enqueue_many`` (one lock for a recording call's requests) keeps and drops what ``enqueue`` would,
     in order; the kept are held in flight until written."""
     dropped: list[tuple[int, str]] = []
-    s = PredictionStore(
-        None,
-        max_predictions=100_000,
-        max_age_seconds=60,
-        queue_limit=1000,
-        on_drop=lambda n, reason: dropped.append((n, reason)),
-    )
-    s.open()
+    s = _store_of_1000(dropped)
     kept = s.enqueue_many([batch("a", 600, 1.0), batch("b", 600, 1.0), batch("c", 400, 1.0), batch("d", 1, 1.0)])
     assert kept == [True, False, True, False]
     assert dropped == [(600, "queue_full"), (1, "queue_full")] and s.queued == 1000
@@ -348,3 +334,16 @@ def test_labeled_predictions_of_a_per_prediction_file_survive_the_conversion(tmp
     s.stop()
     tables = {r[0] for r in sqlite3.connect(tmp_path / STORE_FILE).execute("SELECT name FROM sqlite_master")}
     assert "predictions" not in tables and {"requests", "labels"} <= tables
+
+
+def _store_of_1000(dropped: list[tuple[int, str]]) -> PredictionStore:
+    """An open in-memory store whose queue holds 1,000 predictions, its drops noted in ``dropped``."""
+    s = PredictionStore(
+        None,
+        max_predictions=100_000,
+        max_age_seconds=60,
+        queue_limit=1000,
+        on_drop=lambda n, reason: dropped.append((n, reason)),
+    )
+    s.open()
+    return s
