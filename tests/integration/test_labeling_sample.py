@@ -267,7 +267,9 @@ def test_served_agent_under_active_sampling_weights_its_labels(
     listed = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": 1000}).json()
     assert listed["sampling"] == "active"
     ids = [r["id"] for r in listed["requests"]]
-    assert 200 < len(ids) < 1000  # every π at least the floor's share, and below 1 for confident ones
+    # how many are drawn follows the traffic's rate, measured as it arrives (how fast this machine sends it):
+    # only that some are and some are not is certain
+    assert 0 < len(ids) < 1000
     post_labels(srv.url, [{"id": pid, "label": truth[pid]} for pid in ids])
 
     def windows() -> dict[str, Any]:
@@ -296,6 +298,11 @@ def test_served_agent_under_active_sampling_weights_its_labels(
             pi.append(drawn[(seq, idx)])
             correct.append(traffic["labels"][i] == y[i])
     assert len(labeled) == len(ids) and 0 < min(pi) < max(pi) <= 1
+    # uncertain predictions are drawn more often: the least confident tenth at a higher share than the
+    # most confident half, whatever the rate
+    order = np.argsort(f)
+    is_drawn = np.isin(np.arange(len(f)), labeled)
+    assert is_drawn[order[: len(f) // 10]].mean() > is_drawn[order[len(f) // 2 :]].mean()
     want = active_accuracy(np.array(f), np.array(labeled), np.array(correct), np.array(pi))
     assert want is not None
     assert e["value"] == pytest.approx(want.value, abs=1e-6)
