@@ -4,6 +4,8 @@ broken by a shuffle and a segment unseen at fit, while clean windows report noth
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,12 +15,15 @@ from agent.estimation.segments.change import (
     MAX_SCORE,
     ChangeReference,
     ChangeSketch,
+    ColumnChange,
+    SegmentChange,
     WindowChange,
     column_pairs,
     cross_products,
     reference_moments,
     segment_changes,
 )
+from agent.estimation.segments.table import SegmentRow, rank
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.window import WindowStats
 from agent.labels.change_focus import FOCUS, focus_factors
@@ -248,3 +253,38 @@ def test_a_share_of_novel_inputs_above_the_reference_is_a_change_that_ranks_by_n
         ref_n, [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01, novel=[0.015] * SEGMENTS, novel_n=ref_n
     )
     assert not segment_changes(None, thin, ref)[0].changed
+
+
+def _confidence_row(index: int, name: str, share: float, distance: float, contribution: float) -> SegmentRow:
+    """A segment whose only change is its model confidence (a test that does not rank by effect)."""
+    change = ColumnChange("model confidence", -distance, 1.0, distance, 1e-9, "model_confidence")
+    return SegmentRow(
+        index,
+        "column",
+        "dim",
+        name,
+        int(1000 * share),
+        share,
+        share,
+        0.9,
+        500,
+        None,
+        0.0,
+        contribution,
+        0.0,
+        change=SegmentChange(True, distance, (change,), input_score=0.0),
+    )
+
+
+def test_changed_segments_without_ranked_evidence_rank_by_the_size_of_their_change() -> None:
+    """Two segments whose confidence alone moved: the narrow one whose confidence fell by two deviations ranks
+    before the wide one whose confidence fell by a few tenths, whichever contributes more; a segment whose
+    inputs moved (ranked evidence) still comes first."""
+    narrow = _confidence_row(0, "narrow", 0.04, 2.25, 0.001)
+    wide = _confidence_row(1, "wide", 0.67, 0.40, 0.010)
+    assert [r.name for r in sorted([wide, narrow], key=rank)] == ["narrow", "wide"]
+    moved = dataclasses.replace(
+        _confidence_row(2, "moved", 0.2, 0.5, 0.0),
+        change=SegmentChange(True, 0.7, (ColumnChange("x", 0.7, 1.0, 0.7, 1e-9),), input_score=0.7),
+    )
+    assert [r.name for r in sorted([wide, narrow, moved], key=rank)] == ["moved", "narrow", "wide"]

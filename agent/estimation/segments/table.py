@@ -46,8 +46,9 @@ mix, harmless in itself) plus the within part ``Σ p_s (a_s − â_s)``; a segme
 noise of its reference contributes nothing.
 
 **Rank.** Segments whose inputs changed (:mod:`agent.estimation.segments.change`) come first, by the size of
-their change (:func:`rank`): a model confidently wrong on changed inputs moves no estimate, so a change is
-never ranked below "no drop"; the others follow by contribution.
+their change (:func:`rank`; those whose confidence or novel inputs alone moved by the size of that): a model
+confidently wrong on changed inputs moves no estimate, so a change is never ranked below "no drop"; the
+others follow by contribution.
 """
 
 from __future__ import annotations
@@ -342,10 +343,13 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     """The order of the table, by evidence of a drop: segments whose inputs changed first, by the size of their
     change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
     times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
-    a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change),
-    then the others by their contribution."""
+    a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change);
+    changed segments with no such evidence (only their confidence or novel inputs moved) by the size of any
+    change of theirs, weighed the same way (a segment whose confidence fell by two deviations before a wider one
+    whose confidence fell by a few tenths), then the others by their contribution."""
     loss = row.share * (row.reference_accuracy - _value(row))
-    return (-float(row.change.changed), -rank_evidence(row), -row.contribution, -loss, row.index)
+    change = row.change.score * row.share**SHARE_POWER if row.change.changed else 0.0
+    return (-float(row.change.changed), -rank_evidence(row), -change, -row.contribution, -loss, row.index)
 
 
 def rank_evidence(row: SegmentRow) -> float:
