@@ -279,7 +279,7 @@ def _confidence_row(index: int, name: str, share: float, distance: float, contri
 def test_changed_segments_without_ranked_evidence_rank_by_the_size_of_their_change() -> None:
     """Two segments whose confidence alone moved: the narrow one whose confidence fell by two deviations ranks
     before the wide one whose confidence fell by a few tenths, whichever contributes more; a segment whose
-    inputs moved (ranked evidence) still comes first."""
+    inputs moved (ranked evidence) still comes first; scores tied at the cap rank by contribution."""
     narrow = _confidence_row(0, "narrow", 0.04, 2.25, 0.001)
     wide = _confidence_row(1, "wide", 0.67, 0.40, 0.010)
     assert [r.name for r in sorted([wide, narrow], key=rank)] == ["narrow", "wide"]
@@ -288,3 +288,7 @@ def test_changed_segments_without_ranked_evidence_rank_by_the_size_of_their_chan
         change=SegmentChange(True, 0.7, (ColumnChange("x", 0.7, 1.0, 0.7, 1e-9),), input_score=0.7),
     )
     assert [r.name for r in sorted([wide, narrow, moved], key=rank)] == ["moved", "narrow", "wide"]
+    # effects at the cap (a reference of one confidence) tie: the contribution decides, not the share
+    hurt = _confidence_row(3, "hurt", 0.3, MAX_SCORE, 0.1)
+    overlapping = _confidence_row(4, "overlapping", 0.35, MAX_SCORE, 0.03)
+    assert [r.name for r in sorted([overlapping, hurt], key=rank)] == ["hurt", "overlapping"]

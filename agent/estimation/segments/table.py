@@ -344,11 +344,12 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
     times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
     a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change);
-    changed segments with no such evidence (only their confidence or novel inputs moved) by the size of any
-    change of theirs, weighed the same way (a segment whose confidence fell by two deviations before a wider one
-    whose confidence fell by a few tenths), then the others by their contribution."""
+    changed segments with no such evidence (only their confidence or novel inputs moved) by their ``score`` (a
+    segment whose confidence fell by two deviations before a wider one whose confidence fell by a few tenths;
+    scores tied at :data:`~agent.estimation.segments.change.MAX_SCORE` by contribution), then the others by their
+    contribution."""
     loss = row.share * (row.reference_accuracy - _value(row))
-    change = row.change.score * row.share**SHARE_POWER if row.change.changed else 0.0
+    change = row.change.score if row.change.changed else 0.0
     return (-float(row.change.changed), -rank_evidence(row), -change, -row.contribution, -loss, row.index)
 
 
