@@ -101,17 +101,25 @@ def test_check_with_labels_gives_every_segment_its_realized_accuracy(
     assert "labels drawn:" in words.split("where the drop is")[1]
 
 
+def _clean(zoo: ZooModel, root: Path) -> Path:
+    """The test split as a file, written by whichever test needs it first (the tests of this module may run
+    on different workers, each with its own ``root``)."""
+    path = root / "clean.parquet"
+    if not path.exists():
+        _frame(zoo.test).to_parquet(path)
+    return path
+
+
 def test_a_clean_batch_names_no_segment(
     fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     zoo, root, bundle = fitted
-    _frame(zoo.test).to_parquet(root / "clean.parquet")
-    report = json.loads(_check(zoo, bundle, root / "clean.parquet", capsys, "--json"))
+    report = json.loads(_check(zoo, bundle, _clean(zoo, root), capsys, "--json"))
     largest = max(s["contribution"] for s in report["segments"])
     assert largest <= 0.02
     assert not any(s["change"]["changed"] for s in report["segments"]), report["segments"][:3]
     assert {s["status"] for s in report["segments"]} <= {"ok", "dropping"}
-    words = _check(zoo, bundle, root / "clean.parquet", capsys)
+    words = _check(zoo, bundle, _clean(zoo, root), capsys)
     quiet = "where the drop is: no segment's inputs changed and none lost accuracy beyond noise"
     assert (quiet in words) == (largest <= 0), words
 
@@ -161,7 +169,7 @@ def test_a_categorical_column_broken_inside_one_category_is_a_change_not_an_esti
     assert row["change"]["changed"] and "novel inputs" in [c["column"] for c in row["change"]["columns"]], row
     assert row["estimable"] is False and "novel inputs" in row["why"]
     assert row["status"] in ("dropping", "changed_cost_unknown")
-    clean = json.loads(_check(zoo, bundle, root / "clean.parquet", capsys, "--json"))
+    clean = json.loads(_check(zoo, bundle, _clean(zoo, root), capsys, "--json"))
     assert not any(s["change"]["changed"] for s in clean["segments"])
 
 
