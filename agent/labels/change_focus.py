@@ -2,7 +2,8 @@
 
 A segment whose inputs changed while no label-free estimate moved (:mod:`agent.estimation.segments.change`) has
 an accuracy nobody knows: only labels measure it. :class:`ChangeFocus` holds the changed segments of the latest
-window the agent estimated, each with its weight (its rank evidence over the largest); a prediction in one of them
+window the agent estimated, each with its weight (its rank evidence over the largest, or its score where
+only confidences or novel inputs moved: :func:`focus_weights`); a prediction in one of them
 has its draw probability multiplied by ``1 +`` :data:`FOCUS` ``× weight`` over the traffic's mean factor
 (:func:`focus_factors`, :func:`~agent.estimation.estimators.active.spread_probabilities`: the budget stays the
 same, and so does the share every other prediction keeps, at least the floor over that mean), so that the
@@ -29,8 +30,13 @@ SHARPNESS = 4.0
 
 def focus_weights(rows: Iterable[SegmentRow]) -> dict[int, float]:
     """Every changed segment's weight: its rank evidence over the largest, to the power :data:`SHARPNESS` (1 for
-    the most changed; a segment that only shares some of its rows, with half its evidence, gets a sixteenth)."""
-    evidence = {r.index: rank_evidence(r) for r in rows if r.change.changed}
+    the most changed; a segment that only shares some of its rows, with half its evidence, gets a sixteenth).
+    When no changed segment has rank evidence (only confidences or novel inputs moved), the labels follow the
+    table's order all the same: each changed segment's ``score`` over the largest, to that power."""
+    changed = [r for r in rows if r.change.changed]
+    evidence = {r.index: rank_evidence(r) for r in changed}
+    if not any(e > 0 for e in evidence.values()):
+        evidence = {r.index: r.change.score for r in changed}
     top = max(evidence.values(), default=0.0)
     return {s: (e / top) ** SHARPNESS for s, e in evidence.items() if top > 0 and e > 0}
 

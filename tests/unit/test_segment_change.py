@@ -26,7 +26,7 @@ from agent.estimation.segments.change import (
 from agent.estimation.segments.table import SegmentRow, rank
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.window import WindowStats
-from agent.labels.change_focus import FOCUS, focus_factors
+from agent.labels.change_focus import FOCUS, focus_factors, focus_weights
 
 SEGMENTS = 4  # one dimension: a categorical column of four values
 
@@ -292,3 +292,19 @@ def test_changed_segments_without_ranked_evidence_rank_by_the_size_of_their_chan
     hurt = _confidence_row(3, "hurt", 0.3, MAX_SCORE, 0.1)
     overlapping = _confidence_row(4, "overlapping", 0.35, MAX_SCORE, 0.03)
     assert [r.name for r in sorted([overlapping, hurt], key=rank)] == ["hurt", "overlapping"]
+
+
+def test_the_labels_follow_the_tables_order_when_only_confidences_moved() -> None:
+    """With no rank evidence anywhere, the focus follows the changed segments' scores (the narrow segment whose
+    confidence fell by two deviations gets nearly all of it); once a segment's inputs moved, only such segments
+    get a weight, as the table ranks them first."""
+    narrow = _confidence_row(0, "narrow", 0.04, 2.25, 0.001)
+    wide = _confidence_row(1, "wide", 0.67, 0.40, 0.010)
+    weights = focus_weights([wide, narrow])
+    assert weights[0] == 1.0 and weights[1] == pytest.approx((0.40 / 2.25) ** 4)
+    moved = dataclasses.replace(
+        _confidence_row(2, "moved", 0.2, 0.5, 0.0),
+        change=SegmentChange(True, 0.7, (ColumnChange("x", 0.7, 1.0, 0.7, 1e-9),), input_score=0.7),
+    )
+    assert focus_weights([wide, narrow, moved]) == {2: 1.0}
+    assert focus_weights([]) == {}
