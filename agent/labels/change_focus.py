@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from agent.estimation.segments.table import SegmentRow, rank_evidence
+from agent.estimation.segments.table import SegmentRow, change_size, rank_evidence
 
 #: How many times more a prediction in the most changed segment is worth a label than its spread alone says.
 FOCUS = 40.0
@@ -36,7 +36,7 @@ def focus_weights(rows: Iterable[SegmentRow]) -> dict[int, float]:
     changed = [r for r in rows if r.change.changed]
     evidence = {r.index: rank_evidence(r) for r in changed}
     if not any(e > 0 for e in evidence.values()):
-        evidence = {r.index: r.change.score for r in changed}
+        evidence = {r.index: change_size(r) for r in changed}
     top = max(evidence.values(), default=0.0)
     return {s: (e / top) ** SHARPNESS for s, e in evidence.items() if top > 0 and e > 0}
 

@@ -349,14 +349,19 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     scores tied at :data:`~agent.estimation.segments.change.MAX_SCORE` by contribution), then the others by their
     contribution."""
     loss = row.share * (row.reference_accuracy - _value(row))
-    change = row.change.score if row.change.changed else 0.0
-    return (-float(row.change.changed), -rank_evidence(row), -change, -row.contribution, -loss, row.index)
+    return (-float(row.change.changed), -rank_evidence(row), -change_size(row), -row.contribution, -loss, row.index)
 
 
 def rank_evidence(row: SegmentRow) -> float:
     """A changed segment's evidence in :func:`rank`: the size of its inputs' change (not its confidence's) times
     its share to the power :data:`SHARE_POWER` (0 when unchanged)."""
     return row.change.input_score * row.share**SHARE_POWER if row.change.changed else 0.0
+
+
+def change_size(row: SegmentRow) -> float:
+    """A changed segment's ``score`` (0 when unchanged): what orders, in :func:`rank`, the changed segments with
+    no rank evidence (only their confidence or novel inputs moved)."""
+    return row.change.score if row.change.changed else 0.0
 
 
 def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[SegmentChange]:
