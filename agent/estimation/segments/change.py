@@ -284,10 +284,14 @@ class ChangeReference:
     """What the test reads of the segments at fit besides the sketch: every segment's validation rows ``n``, the
     span ``(start, end)`` of every dimension's segments, and per segment the calibration split's predictions and
     the oracle's failures among them with the whole split's failure rate (the prior of thin segments); per segment
-    its mean confidence on the validation data (pulled toward its dimension's, as its estimators read it) and the
-    validation rows behind it, counting the prior's, and its confidence's variance there (pulled the same way;
-    empty: the confidence is not tested); per segment its share of novel inputs there and the rows behind it,
-    pulled toward its dimension's by the novelty prior (empty: novelty is not tested)."""
+    its own mean confidence on the validation data, the validation rows behind it and its confidence's variance
+    there (:func:`pulled_variance`; empty: the confidence is not tested); per segment its own share of novel inputs
+    there and the rows behind it (empty: novelty is not tested).
+
+    Its own, not the figures its estimators read (pulled toward the dimension's by as much as the dimension's
+    segments differ little, up to thousands of pseudo-rows): a segment predicted less confidently than its
+    dimension's average would read as a fall in every window against a pulled mean, with the pseudo-rows' false
+    precision."""
 
     n: Sequence[int]
     spans: Sequence[tuple[int, int]]
@@ -425,6 +429,12 @@ def _correlation(a: float, b: float, aa: float, bb: float, ab: float) -> float |
     if va <= 1e-12 or vb <= 1e-12:
         return None
     return max(min((ab - a * b) / math.sqrt(va * vb), 0.999), -0.999)
+
+
+def pulled_variance(own: float, whole: float, rows: float) -> float:
+    """A segment's variance over its ``rows`` validation rows pulled toward its column's over all segments by
+    :data:`PRIOR_ROWS` rows: a thin segment's few rows do not make their own spread look like a change."""
+    return _pulled(own, whole, rows)
 
 
 def _pulled(own: float, whole: float, rows: float) -> float:

@@ -68,6 +68,7 @@ from agent.estimation.segments.change import (
     ChangeReference,
     SegmentChange,
     WindowChange,
+    pulled_variance,
     segment_changes,
 )
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
@@ -386,19 +387,20 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
     conf, conf_n, conf_var = [], [], []
     if ref.conf_sq:  # bundles fitted before the reference kept its squares do not test the confidence
         _, a, b = seg.spans()[0]  # every dimension holds each validation row once
-        whole_sq = sum(ref.conf_sq[a:b]) / max(sum(ref.n[a:b]), 1)
+        rows = max(sum(ref.n[a:b]), 1)
+        whole_mean = sum(ref.conf[a:b]) / rows
+        whole_var = max(sum(ref.conf_sq[a:b]) / rows - whole_mean * whole_mean, 0.0)
         for s in range(seg.size):
-            mean, rows = seg.pulled_confidence(s)
+            n = max(ref.n[s], 1)
+            mean = ref.conf[s] / n
             conf.append(mean)
-            conf_n.append(rows)
-            square = (ref.conf_sq[s] + (rows - ref.n[s]) * whole_sq) / rows  # pulled by the same prior rows
-            conf_var.append(max(square - mean * mean, 0.0))
+            conf_n.append(float(n))
+            conf_var.append(pulled_variance(max(ref.conf_sq[s] / n - mean * mean, 0.0), whole_var, n))
     novel, novel_n = [], []
     if any(ref.novel):  # a bundle without a shift_aware reference counts no novel input
         for s in range(seg.size):
-            share, rows = seg.pulled_novelty(s)
-            novel.append(share)
-            novel_n.append(rows)
+            novel.append(ref.novel[s] / max(ref.n[s], 1))
+            novel_n.append(float(max(ref.n[s], 1)))
     reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var, novel, novel_n)
     return segment_changes(seg.change, window, reference)
 
