@@ -274,8 +274,8 @@ class Segmentation:
 
     def pulled_confidence(self, index: int) -> tuple[float, float]:
         """Segment ``index``'s mean confidence on the validation data, pulled toward its dimension's by the
-        dimension's prior, and the rows behind it (the prior's pseudo-rows included): what its estimators and
-        the change test read as its reference confidence."""
+        dimension's prior, and the rows behind it (the prior's pseudo-rows included): what its estimators read
+        as its reference confidence (the change test reads the segment's own)."""
         prior = self.priors[self.dimension_of(index)]
         rows = self.reference.n[index] + prior.strength
         return (self.reference.conf[index] + prior.strength * prior.conf) / rows, rows
@@ -283,7 +283,7 @@ class Segmentation:
     def pulled_novelty(self, index: int) -> tuple[float, float]:
         """Segment ``index``'s share of novel inputs on the validation data, pulled toward its dimension's by
         the dimension's novelty prior, and the rows behind it (the prior's pseudo-rows included): what the
-        reconciliation and the change test read as its reference share."""
+        reconciliation reads as its reference share (the change test reads the segment's own)."""
         prior = self.priors[self.dimension_of(index)]
         rows = self.reference.n[index] + prior.novel_strength
         return (self.reference.novel[index] + prior.novel_strength * prior.novel) / rows, rows
