@@ -433,3 +433,29 @@ def test_a_segment_predicted_less_confidently_is_no_change_in_windows_like_the_r
     stats, _ = live(cal, data, rng, 2000, hurt="color=green", confidence=confidence)
     table_ = segment_table(stats, cal)
     assert table_ is not None and "color=green" in [r.name for r in table_.rows if r.change.changed]
+
+
+@pytest.mark.parametrize("bin_name", ["size < -0.632421", "size in [0.0430161, 0.70013)"])
+def test_a_column_stuck_inside_a_bin_of_its_own_is_found_there(bin_name: str) -> None:
+    """A numeric column stuck at one of its values in the rows of one of its own bins keeps them in the bin and
+    its mean about where it was; its spread there collapsed. The bin's own spread is far narrower than the
+    column's, and read against the column's it looked like noise: the bin must be changed, and first."""
+    rng = np.random.default_rng(5)
+    cal, data = fitted(rng)
+    seg = cal.segments
+    assert seg is not None and bin_name in seg.names()
+    target = seg.names().index(bin_name)
+    n = 3000
+    x, y = table(n, rng)
+    right = rng.uniform(size=n) < 0.9
+    predicted = np.where(right, y, (y + 1) % 3)
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    member = seg.ids(x, predicted, rules, n)[seg.dimension_of(target)] == target
+    x[member, 4] = np.median(x[member, 4])
+    stats = WindowStats.from_batch(
+        np.zeros(n, np.int8), np.full(n, 0.9), cal, labels=predicted, features=x, tdi_rules=rules
+    )
+    table_ = segment_table(stats, cal)
+    assert table_ is not None
+    assert table_.rows[0].name == bin_name and table_.rows[0].change.changed
+    assert table_.rows[0].change.names[0] == "size"

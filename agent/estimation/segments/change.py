@@ -16,36 +16,37 @@ predictions read (``change_n``): sums that add across windows and replicas like 
 reference is the same read of the labeled validation data, per segment, with its third and fourth moments.
 
 **The test.** Per segment ``s`` and column ``c`` the window's first two moments ``(m₁, m₂)`` are compared with the
-reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)``, ``V`` the per-row covariance of
-``(z, z²)`` at reference (from its four moments, pulled toward the column's over all segments by
-:data:`PRIOR_ROWS` rows so that a thin segment's few rows do not make its own noise look like a change),
-``T² = dᵀ V⁻¹ d / (1/n + 1/m)``, which is χ² with 2 degrees of freedom under no change: ``p = exp(−T²/2)``.
-A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a constant, scaled,
-blurred) moves ``m₂``. The oracle's failure rate is one more column (a shuffled column breaks the invariants
-mined between columns even where its own distribution stays): a one-sided binomial test of the segment's
-failures against its calibration split's rate. The model's confidence is one more: a one-sided test of the
-segment's mean confidence against its reference's (a model's outputs move only when its inputs do, so a confidence
-fallen far beyond noise is a change of the inputs even where no sketched column or pair shows it, e.g. a column
-shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be believed). So is the
-segment's share of novel inputs (whose reconstruction by the input PCA errs beyond the clean 99% quantile,
-:func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its reference share: it reads the whole
-feature view, the columns the sketch leaves out too (a categorical column broken inside one category).
+reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)``, ``V`` the per-row covariance of ``(z, z²)`` at
+reference (from its four moments, pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so that a
+thin segment's few rows do not make its own noise look like a change), ``T² = dᵀ V⁻¹ d / (1/n + 1/m)``, which is χ²
+with 2 degrees of freedom under no change: ``p = exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves
+``m₁``; a spread change (stuck at a constant, scaled, blurred) moves ``m₂``. A segment of :data:`MIN_REFERENCE_SHAPE`
+validation rows is read a second time in its own deviations (:func:`_own_spread_distance`, one more test per column in
+the Bonferroni factor): a bin of the column is far narrower than the column, and a spread collapsed there is the
+pulled yardstick's noise. The reported ``distance`` (what ranks the segment) stays the first reading's. The oracle's
+failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its own
+distribution stays): a one-sided binomial test of the segment's failures against its calibration split's rate. The
+model's confidence is one more: a one-sided test of the segment's mean confidence against its reference's (a model's
+outputs move only when its inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no
+sketched column or pair shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is
+then no longer to be believed). So is the segment's share of novel inputs (whose reconstruction by the input PCA errs
+beyond the clean 99% quantile, :func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its
+reference share: it reads the whole feature view, the columns the sketch leaves out too (a categorical column broken
+inside one category).
 
-A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations
-when it had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of
-tests in the window (Bonferroni: every segment, every column), is below :data:`ALPHA` *and* its per-row effect
-``D = √(dᵀ V⁻¹ d)`` (in reference standard deviations) is at least :data:`MIN_DISTANCE`: significant and large
-enough to matter. A segment
-(almost) unseen at fit (fewer than :data:`MIN_REFERENCE` validation rows) that now holds a significant share of
-the window is changed by definition: nothing at fit looked like its inputs. Its **score** is the largest
-effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its inputs moved, whatever
-its size, so that the segment the fault lives in (all its rows moved) outranks the segments that only share
-some of its rows. The segment is ranked by the effects of the other tests alone (``input_score``, not capped: a
-segment's own deviations inside a bin of a column are far narrower than the column's, so its effects can pass
-:data:`MAX_SCORE`, and capped ones would tie and leave the rank to the share): the
-confidence and the novel inputs (:data:`UNRANKED`) tell that the inputs moved, not how far, and a narrower
-segment inside the one a fault lives in often holds more of its least confident or novel rows.
-"""
+A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations when it
+had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of tests in the
+window (Bonferroni: every segment, every column), is below :data:`ALPHA` *and* its per-row effect ``D = √(dᵀ V⁻¹ d)``
+(in reference standard deviations; the larger reading where it has two) is at least :data:`MIN_DISTANCE`: significant
+and large enough to matter. A segment (almost) unseen at fit (fewer than :data:`MIN_REFERENCE` validation rows) that
+now holds a significant share of the window is changed by definition: nothing at fit looked like its inputs. Its
+**score** is the largest effect among its changed columns (:data:`MAX_SCORE` for an unseen segment): how far its
+inputs moved, whatever its size, so that the segment the fault lives in (all its rows moved) outranks the segments
+that only share some of its rows. The segment is ranked by the effects of the other tests alone (``input_score``, not
+capped: a segment's own deviations inside a bin of a column are far narrower than the column's, so its effects can
+pass :data:`MAX_SCORE`, and capped ones would tie and leave the rank to the share): the confidence and the novel
+inputs (:data:`UNRANKED`) tell that the inputs moved, not how far, and a narrower segment inside the one a fault lives
+in often holds more of its least confident or novel rows."""
 
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ MIN_REFERENCE = 5
 MIN_REFERENCE_COLUMNS, MIN_REFERENCE_PAIRS = 20, 20
 #: Rows of the column's whole-data covariance a segment's own covariance is pulled toward.
 PRIOR_ROWS = 20.0
+#: Validation rows a segment needs for its columns to be tested in its own deviations too
+#: (:func:`_own_spread_distance`): fewer make its own variance and shape too noisy a yardstick.
+MIN_REFERENCE_SHAPE = 100
 #: The score of a segment unseen at fit, and the cap of any score: the largest mean shift (in standard
 #: deviations) the clipped columns can show.
 MAX_SCORE = 2 * CLIP
@@ -218,6 +222,13 @@ class ColumnChange:
     #: which test: ``column`` (its first two moments), ``pair`` (a correlation), ``oracle``,
     #: ``model_confidence``, ``novelty``, ``share``
     kind: str = "column"
+    #: the effect the test's threshold reads, where it is not ``distance`` (:meth:`_Moments.columns`)
+    effect: float | None = None
+
+    @property
+    def test_effect(self) -> float:
+        """The effect :data:`MIN_DISTANCE` is compared with: ``effect`` where set, else ``distance``."""
+        return self.distance if self.effect is None else self.effect
 
     def to_json(self, decimals: int | None = None) -> dict[str, Any]:
         def r(v: float) -> float:
@@ -314,7 +325,9 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     if not tested:
         return out
     pairs = len(sketch.pairs) if sketch is not None else 0
-    tests = max(len(tested) * (c + pairs + 3), 1)
+    # every column is read twice where the segment's own spread is a yardstick too (:func:`_own_spread_distance`)
+    shaped = sum(1 for s in tested if sketch is not None and sketch.ref_n[s] >= MIN_REFERENCE_SHAPE)
+    tests = max(len(tested) * (c + pairs + 3) + shaped * c, 1)
     moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
     for a, b in ref.spans:
         total, total_ref = max(sum(window.seg_n[a:b]), 1), max(sum(ref.n[a:b]), 1)
@@ -334,7 +347,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
             found += _failures(ref, window, s)
             found += _confidence(ref, window, s)
             found += _novelty(ref, window, s)
-            changed = [x for x in found if x.p * tests <= ALPHA and x.distance >= MIN_DISTANCE[x.kind]]
+            changed = [x for x in found if x.p * tests <= ALPHA and x.test_effect >= MIN_DISTANCE[x.kind]]
             if changed:
                 changed.sort(key=lambda x: -x.distance)
                 # not capped: a segment's effect is in its own reference deviations, which inside a bin of the
@@ -406,8 +419,12 @@ class _Moments:
             i = s * c + j
             d1 = window.sums[i] / n - r1
             d2 = window.squares[i] / n - r2
-            d_sq = (v22 * d1 * d1 - 2 * v12 * d1 * d2 + v11 * d2 * d2) / det
-            t2 = d_sq / (1.0 / n + 1.0 / max(m, 1.0))
+            d_sq = max((v22 * d1 * d1 - 2 * v12 * d1 * d2 + v11 * d2 * d2) / det, 0.0)
+            test_sq = d_sq
+            if m >= MIN_REFERENCE_SHAPE:
+                own, whole = _central(r1, r2, r3, r4), _central(g1, g2, g3, g4)
+                test_sq = max(test_sq, _own_spread_distance(own, whole, m, floor, d1, d2 - 2 * r1 * d1))
+            t2 = test_sq / (1.0 / n + 1.0 / max(m, 1.0))
             var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
             sd_r = math.sqrt(v11)
             out.append(
@@ -415,8 +432,9 @@ class _Moments:
                     sketch.columns[j],
                     d1 / sd_r,
                     math.sqrt(var_w) / sd_r,
-                    math.sqrt(max(d_sq, 0.0)),
+                    math.sqrt(d_sq),
                     math.exp(-t2 / 2.0),
+                    effect=math.sqrt(test_sq) if test_sq > d_sq else None,
                 )
             )
         return out
@@ -429,6 +447,42 @@ def _correlation(a: float, b: float, aa: float, bb: float, ab: float) -> float |
     if va <= 1e-12 or vb <= 1e-12:
         return None
     return max(min((ab - a * b) / math.sqrt(va * vb), 0.999), -0.999)
+
+
+def _central(m1: float, m2: float, m3: float, m4: float) -> tuple[float, float, float]:
+    """The second, third and fourth central moments from the first four raw ones."""
+    c2 = m2 - m1 * m1
+    c3 = m3 - 3 * m1 * m2 + 2 * m1**3
+    c4 = m4 - 4 * m1 * m3 + 6 * m1 * m1 * m2 - 3 * m1**4
+    return c2, c3, c4
+
+
+def _own_spread_distance(
+    own: tuple[float, float, float],
+    whole: tuple[float, float, float],
+    rows: float,
+    floor: float,
+    d1: float,
+    e2: float,
+) -> float:
+    """The squared per-row distance of ``(d1, e2)`` (the mean's shift, and the second moment's about the reference
+    mean) in the segment's own deviations: the covariance of ``(u, u²)``, ``u`` a value less the reference mean,
+    from the segment's own variance with its shape (skewness, kurtosis) pulled toward the column's by
+    :data:`PRIOR_ROWS` rows (the mean's variance pulled as the other tests pull it, never below its own). The
+    pulled pair of raw moments mixes in the column's whole spread, which a bin of the column is far narrower
+    than: a spread collapsed there (the column stuck at a constant, or clipped, inside its own bin) then reads
+    as the column's noise."""
+    c2, w2 = max(own[0], floor), max(whole[0], floor)
+    skew = _pulled(own[1] / c2**1.5, whole[1] / w2**1.5, rows)
+    # never lighter-tailed than the whole column: a bin's own tails are few rows, and too light a yardstick for
+    # the spread flags a reference that merely drew few of them
+    kurt = max(_pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), whole[2] / (w2 * w2))
+    # a pulled shape is a possible one (kurtosis ≥ 1 + skewness², a convex set) and the mean's variance, pulled
+    # as the other tests pull it (a mean shift reads about as before), is never below its own: V stays positive
+    v11 = max(_pulled(own[0], whole[0], rows), c2)
+    v12, v22 = skew * c2**1.5, (max(kurt - 1.0 - skew * skew, 1e-4) + skew * skew) * c2 * c2
+    det = v11 * v22 - v12 * v12
+    return max((v22 * d1 * d1 - 2 * v12 * d1 * e2 + v11 * e2 * e2) / det, 0.0)
 
 
 def pulled_variance(own: float, whole: float, rows: float) -> float:
