@@ -296,7 +296,7 @@ class ChangeReference:
     span ``(start, end)`` of every dimension's segments, and per segment the calibration split's predictions and
     the oracle's failures among them with the whole split's failure rate (the prior of thin segments); per segment
     its own mean confidence on the validation data, the validation rows behind it and its confidence's variance
-    there (:func:`pulled_variance`; empty: the confidence is not tested); per segment its own share of novel inputs
+    there (:func:`pulled`; empty: the confidence is not tested); per segment its own share of novel inputs
     there and the rows behind it (empty: novelty is not tested).
 
     Its own, not the figures its estimators read (pulled toward the dimension's by as much as the dimension's
@@ -408,9 +408,9 @@ class _Moments:
         for j in range(c):
             r1, r2, r3, r4 = (x[s, j] for x in self.m)
             g1, g2, g3, g4 = (x[j] for x in self.whole)
-            v11 = _pulled(r2 - r1 * r1, g2 - g1 * g1, m)
-            v22 = _pulled(r4 - r2 * r2, g4 - g2 * g2, m)
-            v12 = _pulled(r3 - r1 * r2, g3 - g1 * g2, m)
+            v11 = pulled(r2 - r1 * r1, g2 - g1 * g1, m)
+            v22 = pulled(r4 - r2 * r2, g4 - g2 * g2, m)
+            v12 = pulled(r3 - r1 * r2, g3 - g1 * g2, m)
             floor = 1e-4 * max(g2 - g1 * g1, 1e-6)
             v11, v22 = max(v11, floor), max(v22, floor * max(g2, 1.0))
             det = v11 * v22 - v12 * v12
@@ -473,26 +473,22 @@ def _own_spread_distance(
     than: a spread collapsed there (the column stuck at a constant, or clipped, inside its own bin) then reads
     as the column's noise."""
     c2, w2 = max(own[0], floor), max(whole[0], floor)
-    skew = _pulled(own[1] / c2**1.5, whole[1] / w2**1.5, rows)
+    skew = pulled(own[1] / c2**1.5, whole[1] / w2**1.5, rows)
     # never lighter-tailed than the whole column: a bin's own tails are few rows, and too light a yardstick for
     # the spread flags a reference that merely drew few of them
-    kurt = max(_pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), whole[2] / (w2 * w2))
+    kurt = max(pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), whole[2] / (w2 * w2))
     # a pulled shape is a possible one (kurtosis ≥ 1 + skewness², a convex set) and the mean's variance, pulled
     # as the other tests pull it (a mean shift reads about as before), is never below its own: V stays positive
-    v11 = max(_pulled(own[0], whole[0], rows), c2)
+    v11 = max(pulled(own[0], whole[0], rows), c2)
     v12, v22 = skew * c2**1.5, (max(kurt - 1.0 - skew * skew, 1e-4) + skew * skew) * c2 * c2
     det = v11 * v22 - v12 * v12
     return max((v22 * d1 * d1 - 2 * v12 * d1 * e2 + v11 * e2 * e2) / det, 0.0)
 
 
-def pulled_variance(own: float, whole: float, rows: float) -> float:
-    """A segment's variance over its ``rows`` validation rows pulled toward its column's over all segments by
-    :data:`PRIOR_ROWS` rows: a thin segment's few rows do not make their own spread look like a change."""
-    return _pulled(own, whole, rows)
-
-
-def _pulled(own: float, whole: float, rows: float) -> float:
-    """A segment's (co)variance pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows."""
+def pulled(own: float, whole: float, rows: float) -> float:
+    """A segment's figure over its ``rows`` validation rows (a (co)variance, a shape) pulled toward the column's
+    over all segments by :data:`PRIOR_ROWS` rows: a thin segment's few rows do not make their own noise look like a
+    change."""
     return (rows * own + PRIOR_ROWS * whole) / (rows + PRIOR_ROWS)
 
 

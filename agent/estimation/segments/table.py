@@ -68,7 +68,7 @@ from agent.estimation.segments.change import (
     ChangeReference,
     SegmentChange,
     WindowChange,
-    pulled_variance,
+    pulled,
     segment_changes,
 )
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
@@ -395,7 +395,7 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
             mean = ref.conf[s] / n
             conf.append(mean)
             conf_n.append(float(n))
-            conf_var.append(pulled_variance(max(ref.conf_sq[s] / n - mean * mean, 0.0), whole_var, n))
+            conf_var.append(pulled(max(ref.conf_sq[s] / n - mean * mean, 0.0), whole_var, n))
     novel, novel_n = [], []
     if any(ref.novel):  # a bundle without a shift_aware reference counts no novel input
         for s in range(seg.size):
