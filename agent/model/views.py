@@ -95,9 +95,8 @@ def hashed_tokens(ids: np.ndarray, mask: np.ndarray | None, width: int = HASH_WI
     a = np.asarray(ids, dtype=np.int64).reshape(len(ids), -1)
     m = np.ones_like(a, dtype=bool) if mask is None else np.asarray(mask).reshape(a.shape) != 0
     bins = (a * 2654435761 % (1 << 32)) % width
-    out = np.zeros((len(a), width), dtype=np.float32)
-    rows = np.repeat(np.arange(len(a)), a.shape[1])
-    np.add.at(out, (rows[m.reshape(-1)], bins.reshape(-1)[m.reshape(-1)]), 1.0)
+    cells = (np.arange(len(a))[:, None] * width + bins)[m]  # row-major cell of every kept token
+    out = np.bincount(cells, minlength=len(a) * width).astype(np.float32).reshape(len(a), width)
     total = out.sum(axis=1, keepdims=True)
     np.divide(out, total, out=out, where=total > 0)
     return out

@@ -204,3 +204,33 @@ def test_verdicts_as_codes_encode_as_their_bytes_did() -> None:
         assert a.SerializeToString() == b.SerializeToString()
     empty = np.zeros(0, dtype=np.int8)
     assert VERDICT_VOCABULARY.wire(empty) == b"" and VERDICT_VOCABULARY.texts(empty).tolist() == []
+
+
+def test_segment_sums_count_each_prediction_once_in_its_segment_of_every_dimension() -> None:
+    """The ``seg_*`` sums equal a plain loop over predictions and dimensions; id ``size`` counts nowhere."""
+    rng = np.random.default_rng(11)
+    size, n = 9, 200
+    ids = rng.integers(0, size + 1, (3, n))
+    conf = rng.random(n)
+    verdicts = rng.integers(0, 4, n).astype(np.int8)
+    novel = rng.random(n) < 0.2
+    out = WindowStats()
+    out.add_segment_sums(ids, size, conf, verdicts, novel)
+    want_n, want_fails, want_novel = [0] * size, [0] * size, [0] * size
+    want_conf, want_sq = [0.0] * size, [0.0] * size
+    for d in range(ids.shape[0]):
+        for i in range(n):
+            s = int(ids[d, i])
+            if s == size:
+                continue
+            want_n[s] += 1
+            want_fails[s] += int(verdicts[i] != 0)
+            want_novel[s] += int(novel[i])
+            want_conf[s] += float(conf[i])
+            want_sq[s] += float(conf[i]) ** 2
+    assert (out.seg_n, out.seg_fails, out.seg_novel) == (want_n, want_fails, want_novel)
+    assert all(isinstance(v, int) for v in out.seg_n + out.seg_fails + out.seg_novel)
+    np.testing.assert_allclose(out.seg_conf, want_conf)
+    np.testing.assert_allclose(out.seg_conf_sq, want_sq)
+    out.add_segment_sums(ids, size, conf, verdicts, None)  # without novelty: none counted
+    assert out.seg_novel == [0] * size and out.seg_n == want_n

@@ -119,6 +119,12 @@ def test_encoders() -> None:
     mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]])
     t = hashed_tokens(ids, mask)
     assert t.sum(axis=1) == pytest.approx([1.0, 1.0]) and (t[0] > 0).sum() <= 2
+    many = np.random.default_rng(1).integers(0, 5000, (6, 50))  # collisions and repeats: each token counted once
+    keep = np.random.default_rng(2).random((6, 50)) < 0.7
+    want = np.zeros((6, 64))
+    for r, c in zip(*np.nonzero(keep), strict=True):
+        want[r, (int(many[r, c]) * 2654435761 % (1 << 32)) % 64] += 1
+    np.testing.assert_allclose(hashed_tokens(many, keep, width=64), want / want.sum(axis=1, keepdims=True), rtol=1e-6)
     x = np.random.default_rng(0).normal(size=(40, 1000)).astype(np.float32)
     p1, p2 = project(x, 256, seed=3), project(x, 256, seed=3)
     np.testing.assert_array_equal(p1, p2)
