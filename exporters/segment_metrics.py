@@ -26,6 +26,8 @@ class SegmentPoint:
     #: how far its inputs moved from its reference, label-free (0: unchanged), and the column that moved most
     change_score: float = 0.0
     change_column: str = ""
+    #: the window's change is across the traffic, in no one segment (the same on every point of a window)
+    widespread: bool = False
 
 
 def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoint]], what: str) -> list[Metric]:
@@ -33,7 +35,8 @@ def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoi
     ``<prefix>segment_contribution_ratio`` labelled ``model, version, window, kind, segment``, and
     ``<prefix>segment_reference_accuracy_ratio`` labelled ``model, version, kind, segment``, and
     ``<prefix>segment_change_score`` labelled ``model, version, window, kind, segment, column``: one row per
-    ``([model, version], point)``; ``what`` says whose windows, in the help texts."""
+    ``([model, version], point)``; and ``<prefix>segment_change_widespread`` labelled ``model, version, window``,
+    one per window; ``what`` says whose windows, in the help texts."""
     labels = ["model", "version", "window", "kind", "segment"]
     estimate = GaugeMetricFamily(
         f"{prefix}segment_estimated_accuracy_ratio", f"Estimated accuracy of the segment {what}.", labels=labels
@@ -58,9 +61,19 @@ def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoi
         "reference standard deviations; 0: no change beyond noise); column: the input that moved most.",
         labels=[*labels, "column"],
     )
+    across = GaugeMetricFamily(
+        f"{prefix}segment_change_widespread",
+        f"1 when the change {what} is across the traffic, in no one segment: in every dimension, segments whose "
+        "inputs changed hold half its predictions or more; else 0.",
+        labels=["model", "version", "window"],
+    )
     seen: set[tuple[str, ...]] = set()
+    windows: set[tuple[str, ...]] = set()
     for mv, p in rows:
         lv = [*mv, p.window, p.kind, p.segment]
+        if (*mv, p.window) not in windows:
+            windows.add((*mv, p.window))
+            across.add_metric([*mv, p.window], 1.0 if p.widespread else 0.0)
         share.add_metric(lv, p.share)
         contribution.add_metric(lv, p.contribution)
         change.add_metric([*lv, p.change_column], p.change_score)
@@ -70,4 +83,4 @@ def segment_families(prefix: str, rows: Iterable[tuple[Sequence[str], SegmentPoi
         if key not in seen:
             seen.add(key)
             reference.add_metric(list(key), p.reference_accuracy)
-    return [estimate, share, contribution, reference, change]
+    return [estimate, share, contribution, reference, change, across]

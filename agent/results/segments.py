@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.estimation.segments.scope import least_changed, widespread
 from agent.estimation.segments.segmentation import label_of
 from agent.estimation.segments.table import SegmentTable
 from agent.results.estimate import DECIMALS
@@ -35,8 +36,14 @@ def segment_lines(doc: Mapping[str, Any]) -> list[str]:
         return []
     shown = [r for r in rows if r.get("status", "dropping" if r["contribution"] > 0 else "ok") != "ok"]
     shown = shown[:SEGMENTS_SHOWN]
+    across = across_the_traffic(drop)
     if not shown:
         lines = ["where the drop is: no segment's inputs changed and none lost accuracy beyond noise"]
+    elif across is not None:
+        lines = [
+            f"where the drop is: across the traffic, in no one segment: {across}. The segments where the change "
+            f"is largest ({drop['estimator']} per segment):"
+        ]
     else:
         lines = [f"where the drop is (segments by evidence of a drop, {drop['estimator']} per segment):"]
     for r in shown:
@@ -46,6 +53,21 @@ def segment_lines(doc: Mapping[str, Any]) -> list[str]:
         way = "costs" if mix > 0 else "gains"
         lines.append(f"  the change of mix of {name} alone {way} {abs(mix):.3f} of the accuracy")
     return lines
+
+
+def across_the_traffic(drop: Mapping[str, Any]) -> str | None:
+    """When a document's ``segment_drop`` says the change is ``widespread`` (:mod:`agent.estimation.segments.scope`),
+    why, in words; else None."""
+    if not drop.get("widespread"):
+        return None
+    shares = {str(d): float(v.get("changed_share", 0.0)) for d, v in (drop.get("dimensions") or {}).items()}
+    least = least_changed(shares)
+    if least is None:
+        return None
+    return (
+        f"segments whose inputs changed hold {least[1]:.0%} or more of every dimension's predictions, "
+        f"{least[0]} the least"
+    )
 
 
 def _described(r: Mapping[str, Any]) -> str:
@@ -103,6 +125,7 @@ class SegmentResult:
     def points(self) -> list[SegmentPoint]:
         """The segments as the ``*_segment_*`` metrics export them (segments without a prediction in the
         window: their share only)."""
+        across = widespread(self.table.changed_shares())
         return [
             SegmentPoint(
                 self.window,
@@ -114,6 +137,7 @@ class SegmentResult:
                 row.reference_accuracy,
                 row.change.score,
                 label_of(row.change.columns[0].column) if row.change.columns else "",
+                across,
             )
             for row in self.table.rows
         ]

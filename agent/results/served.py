@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.results.segments import across_the_traffic
+
 #: What the demo says of a window without a segment whose inputs changed or that lost accuracy beyond noise.
 NO_DROP = "no segment's inputs changed and none lost accuracy beyond noise"
 
@@ -76,11 +78,14 @@ class TopSegment:
     realized: float | None
     realized_n: int
     changed: tuple[str, ...] = ()
+    #: why the change is across the traffic rather than in this segment (None: it is not; :mod:`.segments`)
+    across: str | None = None
 
     @classmethod
-    def of_rows(cls, rows: list[dict[str, Any]]) -> TopSegment | None:
+    def of_rows(cls, rows: list[dict[str, Any]], drop: Mapping[str, Any] | None = None) -> TopSegment | None:
         """The first of a window's served ``segments`` (ranked by evidence of a drop) when its inputs changed or
-        it lost accuracy beyond noise."""
+        it lost accuracy beyond noise; ``drop``: the window's ``segment_drop``, which says whether the change is
+        across the traffic."""
         if not rows:
             return None
         row = rows[0]
@@ -100,6 +105,7 @@ class TopSegment:
             None if realized.get("value") is None else float(realized["value"]),
             int(realized.get("n", 0) or 0),
             changed,
+            across_the_traffic(drop) if drop else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -113,12 +119,14 @@ class TopSegment:
             "realized": self.realized,
             "realized_n": self.realized_n,
             "changed": list(self.changed),
+            "across": self.across,
         }
 
     def to_text(self) -> str:
         """Where the drop is, in words (one line of the demo's output and report)."""
         est = "-" if self.estimate is None else f"{self.estimate:.3f}"
-        out = f"{self.name} (a {self.kind} segment, {self.share:.0%} of the window): "
+        out = "" if self.across is None else f"across the traffic: {self.across}; the change is largest in "
+        out += f"{self.name} (a {self.kind} segment, {self.share:.0%} of the window): "
         if self.changed:
             out += f"its inputs changed ({', '.join(self.changed)}); "
         if self.changed and self.contribution <= 0:
@@ -158,7 +166,7 @@ class ServedWindow:
             int(win.get("n", 0)),
             {k: ServedEstimate.from_json(v) for k, v in (win.get("estimates") or {}).items()},
             None if realized.get("value") is None else float(realized["value"]),
-            TopSegment.of_rows(win.get("segments") or []),
+            TopSegment.of_rows(win.get("segments") or [], win.get("segment_drop")),
         )
 
 

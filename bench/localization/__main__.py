@@ -133,6 +133,28 @@ def report(run: Run, *, quick: bool, seconds: float) -> str:
         lines.append(
             f"| {model} | {len(group)} | {np.median(tops):.4f}, {max(tops):.4f} | {changed:.2f} | {quiet:.2f} |"
         )
+    lines += [
+        "",
+        "Across the traffic or in a few segments: windows of the test split with one of the zoo's shifts applied to "
+        "every row, their true accuracy, and how often the table read the change as across the traffic (in every "
+        "dimension, segments whose inputs changed hold half the predictions or more); the faulted windows above, "
+        "how often they read so.",
+        "",
+        "| model | change | windows | true acc. | across the traffic |",
+        "|---|---|---|---|---|",
+    ]
+    by_shift: dict[tuple[str, str], list[Outcome]] = {}
+    for o in run.every_row:
+        by_shift.setdefault((o.model, o.fault), []).append(o)
+    for (model, kind), group in by_shift.items():
+        truth, across = np.mean([o.window_truth for o in group]), _share([o.widespread for o in group])
+        lines.append(f"| {model} | {kind} in every row | {len(group)} | {truth:.3f} | {across:.2f} |")
+    for model in dict.fromkeys(o.model for o in run.faulted):
+        group = [o for o in run.faulted if o.model == model]
+        lines.append(
+            f"| {model} | the faults above | {len(group)} | {np.mean([o.window_truth for o in group]):.3f} | "
+            f"{_share([o.widespread for o in group]):.2f} |"
+        )
     fits = ", ".join(f"{m} {s:.0f} s" for m, s in run.fit_seconds.items())
     lines += ["", f"Fits: {fits}; the whole run {seconds:.0f} s."]
     lines += [f"Note: {n}" for n in run.notes]

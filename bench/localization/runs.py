@@ -14,7 +14,8 @@ of :class:`~agent.estimation.statistics.window.WindowStats`, the estimates, the 
 :func:`~agent.estimation.segments.table.segment_table`), against the true accuracy of each segment's rows in
 the window. Every rule of the scoring (:class:`Outcome`) is fixed here, whatever the faults: the target
 ranked first, in the top two, its estimate within 0.05 of its true accuracy; on clean windows, the largest
-contribution of any segment.
+contribution of any segment. Windows of a shift of every row (each of the zoo's shifts) must read as a change
+across the traffic (:mod:`agent.estimation.segments.scope`), and the faulted ones as a change in a few segments.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from agent.estimation.estimators.active import DEFAULT_FLOOR, rate_for, spread_p
 from agent.estimation.estimators.registry import estimate_window, headline_estimator, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.segments.realized import SegmentLabels
+from agent.estimation.segments.scope import widespread
 from agent.estimation.segments.segmentation import Segmentation, truth_counts
 from agent.estimation.segments.table import SegmentTable, segment_table
 from agent.estimation.statistics.window import WindowStats
@@ -48,6 +50,9 @@ ESTIMATE_TOLERANCE = 0.05
 CLEAN_CONTRIBUTION = 0.02
 #: Labels drawn per window for the realized accuracy of the target (the issue's target).
 LABELS = 100
+#: The strength (of 1) of the zoo's shifts applied to every row of the test split: each window of them is a change
+#: across the traffic, which the table must not offer as one segment's.
+EVERY_ROW_STRENGTH = 1.0
 
 
 @dataclass(frozen=True)
@@ -345,6 +350,8 @@ class Outcome:
     window_truth: float
     window_headline: float | None
     retained: float = 1.0
+    #: the window's change read as across the traffic (:mod:`agent.estimation.segments.scope`)
+    widespread: bool = False
 
     @property
     def first(self) -> bool:
@@ -451,6 +458,7 @@ def outcome(subject: Subject, fault: str, window: Window, target: int) -> Outcom
         any(r.change.changed for r in table.rows),
         window.truth,
         window.headline,
+        widespread=widespread(table.changed_shares()),
     )
 
 
@@ -460,6 +468,8 @@ class Run:
 
     faulted: list[Outcome] = field(default_factory=list)
     clean: list[Outcome] = field(default_factory=list)
+    #: windows of the test split with one of the zoo's shifts applied to every row
+    every_row: list[Outcome] = field(default_factory=list)
     fit_seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -486,6 +496,11 @@ def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: i
                 window = read_window(subject, pool, _rows_of(len(split), size, rng), rng)
                 o = outcome(subject, label, window, target)
                 run.faulted.append(Outcome(**{**o.__dict__, "target_name": name, "retained": retained}))
+    for kind in subject.zoo.shifts:  # a change of every row: across the traffic, in no one segment
+        pool = Pool.of(subject, subject.zoo.shift(split, EVERY_ROW_STRENGTH, int(rng.integers(1 << 30)), kind))
+        for _ in range(reps):
+            window = read_window(subject, pool, _rows_of(len(split), size, rng), rng)
+            run.every_row.append(outcome(subject, kind, window, -1))
 
 
 def _rows_of(available: int, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -119,6 +119,7 @@ def test_a_clean_batch_names_no_segment(
     assert largest <= 0.02
     assert not any(s["change"]["changed"] for s in report["segments"]), report["segments"][:3]
     assert {s["status"] for s in report["segments"]} <= {"ok", "dropping"}
+    assert report["segment_drop"]["widespread"] is False
     words = _check(zoo, bundle, _clean(zoo, root), capsys)
     quiet = "where the drop is: no segment's inputs changed and none lost accuracy beyond noise"
     assert (quiet in words) == (largest <= 0), words
@@ -140,6 +141,7 @@ def test_a_column_broken_inside_one_category_is_found_without_labels(
     assert top["name"] == f"city={city}", [(s["name"], s["change"]) for s in report["segments"][:3]]
     assert top["change"]["changed"] and top["change"]["columns"][0]["column"] == "income"
     assert top["change"]["columns"][0]["spread"] < 0.1  # every value the same: its spread collapsed
+    assert report["segment_drop"]["widespread"] is False  # the other cities isolate it
     assert top["status"] in ("changed_cost_unknown", "dropping")
     assert top["truth_accuracy"] < top["reference_accuracy"] - 0.1  # the truth: it did drop
     if top["status"] == "changed_cost_unknown":
@@ -150,6 +152,23 @@ def test_a_column_broken_inside_one_category_is_found_without_labels(
     with_labels = json.loads(_check(zoo, bundle, root / "broken.parquet", capsys, "--json", "--labels", "200"))
     realized = next(s for s in with_labels["segments"] if s["name"] == f"city={city}")
     assert realized["status"] in ("changed", "dropping") and "realized" in realized
+
+
+def test_a_column_broken_in_every_row_is_a_change_across_the_traffic(
+    fitted: tuple[ZooModel, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``income`` read in another unit for every row: every cut of the traffic changed, so ``check`` says the drop
+    is across the traffic, in no one segment, instead of offering its first segment as where the drop is."""
+    zoo, root, bundle = fitted
+    test = _frame(zoo.test)
+    test["income"] = test["income"] * 100.0
+    test.to_parquet(root / "every-row.parquet")
+    report: dict[str, Any] = json.loads(_check(zoo, bundle, root / "every-row.parquet", capsys, "--json"))
+    drop = report["segment_drop"]
+    shares = {d: v["changed_share"] for d, v in drop["dimensions"].items()}
+    assert drop["widespread"] is True and min(shares.values()) >= 0.5, shares
+    words = _check(zoo, bundle, root / "every-row.parquet", capsys)
+    assert "where the drop is: across the traffic, in no one segment" in words, words
 
 
 def test_a_categorical_column_broken_inside_one_category_is_a_change_not_an_estimate(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -459,3 +460,56 @@ def test_a_column_stuck_inside_a_bin_of_its_own_is_found_there(bin_name: str) ->
     assert table_ is not None
     assert table_.rows[0].name == bin_name and table_.rows[0].change.changed
     assert table_.rows[0].change.names[0] == "size"
+
+
+def test_a_change_of_every_row_is_across_the_traffic_and_a_change_in_one_segment_is_not() -> None:
+    """A column offset in every row changes segments holding most of the predictions in every dimension: the
+    table says the change is across the traffic, on every surface, rather than in its first segment. A fault in
+    one colour leaves the other colours unchanged, so the colour dimension isolates it."""
+    from agent.results.segments import segment_lines
+    from agent.results.served import TopSegment
+    from agent.results.window import window_entry
+
+    rng = np.random.default_rng(12)
+    cal, data = fitted(rng)
+    n = 3000
+    x, y = table(n, rng)
+    x[:, 4] += 2.0  # every row's size, as a unit changed upstream
+    right = rng.uniform(size=n) < 0.9
+    predicted = np.where(right, y, (y + 1) % 3)
+    rules = data.tdi.rule_index(x) if data.tdi is not None else None
+    stats = WindowStats.from_batch(
+        np.zeros(n, np.int8), np.full(n, 0.9), cal, labels=predicted, features=x, tdi_rules=rules
+    )
+    body = window_entry("1h", stats, cal, "doc", CLASSES, per_class_cap=20).to_json(cal)
+    drop = body["segment_drop"]
+    assert drop["widespread"] is True
+    assert min(d["changed_share"] for d in drop["dimensions"].values()) >= 0.5
+    lines = segment_lines(body)
+    assert lines[0].startswith("where the drop is: across the traffic, in no one segment")
+    top = TopSegment.of_rows(body["segments"], drop)
+    assert top is not None and top.to_text().startswith("across the traffic: segments whose inputs changed hold")
+    assert exported_widespread(window_entry("1h", stats, cal, "doc", CLASSES, per_class_cap=20)) == {"1h": 1.0}
+
+    local, _ = live(cal, data, rng, 3000, hurt="color=green")
+    body = window_entry("1h", local, cal, "doc", CLASSES, per_class_cap=20).to_json(cal)
+    drop = body["segment_drop"]
+    assert body["segments"][0]["name"] == "color=green" and drop["widespread"] is False
+    assert drop["dimensions"]["color"]["changed_share"] == pytest.approx(body["segments"][0]["share"], abs=1e-6)
+    assert segment_lines(body)[0].startswith("where the drop is (segments by evidence of a drop")
+    top = TopSegment.of_rows(body["segments"], drop)
+    assert top is not None and top.across is None and top.to_text().startswith("color=green")
+    assert exported_widespread(window_entry("1h", local, cal, "doc", CLASSES, per_class_cap=20)) == {"1h": 0.0}
+    clean, _ = live(cal, data, rng, 3000)
+    body = window_entry("1h", clean, cal, "doc", CLASSES, per_class_cap=20).to_json(cal)
+    assert body["segment_drop"]["widespread"] is False
+    assert all(d["changed_share"] == 0.0 for d in body["segment_drop"]["dimensions"].values())
+
+
+def exported_widespread(entry: Any) -> dict[str, float]:
+    """``icos_segment_change_widespread`` as a window entry's segment points export it: value per window."""
+    from exporters.segment_metrics import segment_families
+
+    families = segment_families("icos_", [(("m", "1"), p) for p in entry.points().segments], "in the window")
+    (family,) = [f for f in families if f.name == "icos_segment_change_widespread"]
+    return {s.labels["window"]: s.value for s in family.samples}

@@ -71,6 +71,7 @@ from agent.estimation.segments.change import (
     pulled,
     segment_changes,
 )
+from agent.estimation.segments.scope import changed_shares, widespread
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
 from agent.estimation.statistics.items import CHANGE_STATS, SEGMENT_STATS
 from agent.estimation.statistics.window import WindowStats
@@ -210,13 +211,23 @@ class SegmentTable:
     def rows_json(self, decimals: int | None = None) -> list[dict[str, Any]]:
         return [row.to_json(decimals) for row in self.rows]
 
+    def changed_shares(self) -> dict[str, float]:
+        """Per dimension, the share of its predictions in segments whose inputs changed (:mod:`.scope`)."""
+        return changed_shares((r.dimension, r.share, r.change.changed) for r in self.rows)
+
     def drop_json(self, decimals: int | None = None) -> dict[str, Any]:
+        def r(v: float) -> float:
+            return round(v, decimals) if decimals is not None else v
+
+        shares = self.changed_shares()
         return {
             "estimator": self.estimator,
-            "reference_accuracy": round(self.reference_accuracy, decimals)
-            if decimals is not None
-            else self.reference_accuracy,
-            "dimensions": {d.dimension: d.to_json(decimals) for d in self.dimensions},
+            "reference_accuracy": r(self.reference_accuracy),
+            "dimensions": {
+                d.dimension: {**d.to_json(decimals), "changed_share": r(shares.get(d.dimension, 0.0))}
+                for d in self.dimensions
+            },
+            "widespread": widespread(shares),
         }
 
 
