@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.estimation.segments.scope import least_changed, widespread
+from agent.estimation.segments.scope import least_changed
 from agent.estimation.segments.segmentation import label_of
 from agent.estimation.segments.table import SegmentTable
 from agent.results.estimate import DECIMALS
@@ -125,7 +125,7 @@ class SegmentResult:
     def points(self) -> list[SegmentPoint]:
         """The segments as the ``*_segment_*`` metrics export them (segments without a prediction in the
         window: their share only)."""
-        across = widespread(self.table.changed_shares())
+        across = self.table.widespread
         return [
             SegmentPoint(
                 self.window,

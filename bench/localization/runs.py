@@ -32,7 +32,6 @@ from agent.estimation.estimators.active import DEFAULT_FLOOR, rate_for, spread_p
 from agent.estimation.estimators.registry import estimate_window, headline_estimator, headline_of
 from agent.estimation.intervals import Estimate
 from agent.estimation.segments.realized import SegmentLabels
-from agent.estimation.segments.scope import widespread
 from agent.estimation.segments.segmentation import Segmentation, truth_counts
 from agent.estimation.segments.table import SegmentTable, segment_table
 from agent.estimation.statistics.window import WindowStats
@@ -458,7 +457,7 @@ def outcome(subject: Subject, fault: str, window: Window, target: int) -> Outcom
         any(r.change.changed for r in table.rows),
         window.truth,
         window.headline,
-        widespread=widespread(table.changed_shares()),
+        widespread=table.widespread,
     )
 
 

@@ -63,6 +63,7 @@ from agent.estimation.estimators.calibrated import EstimatesCalibration
 from agent.estimation.estimators.registry import REGISTRY
 from agent.estimation.estimators.shift_calibration import ShiftCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01
+from agent.estimation.segments import scope
 from agent.estimation.segments.change import (
     UNCHANGED,
     ChangeReference,
@@ -71,7 +72,6 @@ from agent.estimation.segments.change import (
     pulled,
     segment_changes,
 )
-from agent.estimation.segments.scope import changed_shares, widespread
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
 from agent.estimation.statistics.items import CHANGE_STATS, SEGMENT_STATS
 from agent.estimation.statistics.window import WindowStats
@@ -213,7 +213,12 @@ class SegmentTable:
 
     def changed_shares(self) -> dict[str, float]:
         """Per dimension, the share of its predictions in segments whose inputs changed (:mod:`.scope`)."""
-        return changed_shares((r.dimension, r.share, r.change.changed) for r in self.rows)
+        return scope.changed_shares((r.dimension, r.share, r.change.changed) for r in self.rows)
+
+    @property
+    def widespread(self) -> bool:
+        """Whether the change is across the traffic, in no one segment (:func:`.scope.widespread`)."""
+        return scope.widespread(self.changed_shares())
 
     def drop_json(self, decimals: int | None = None) -> dict[str, Any]:
         def r(v: float) -> float:
@@ -227,7 +232,7 @@ class SegmentTable:
                 d.dimension: {**d.to_json(decimals), "changed_share": r(shares.get(d.dimension, 0.0))}
                 for d in self.dimensions
             },
-            "widespread": widespread(shares),
+            "widespread": scope.widespread(shares),
         }
 
 
