@@ -513,3 +513,30 @@ def exported_widespread(entry: Any) -> dict[str, float]:
     families = segment_families("icos_", [(("m", "1"), p) for p in entry.points().segments], "in the window")
     (family,) = [f for f in families if f.name == "icos_segment_change_widespread"]
     return {s.labels["window"]: s.value for s in family.samples}
+
+
+def test_a_rule_segment_of_many_conditions_is_abbreviated_in_one_line_and_named_in_full_elsewhere() -> None:
+    """The demo's "where the drop is" line names a deep rule by its first conditions and how many more; the
+    segment's name, its identity in JSON and metrics, keeps every condition. A short rule reads in full."""
+    from agent.estimation.segments.kinds.rule import abbreviated
+    from agent.offline.calibration.segments.kinds.rule import rule_name
+    from agent.results.served import TopSegment
+    from invariants.tdi import TdiRule
+
+    names = [f"f{j}" for j in range(10)] + ["city=paris"]
+    conditions = tuple((j, "<=" if j % 2 else ">", 0.5 + j) for j in range(7)) + ((10, "<=", 0.5),)
+    deep = rule_name(2, TdiRule(5, 1, 40, 0.9, True, conditions, ""), names, frozenset({10}), ["no", "yes"])
+    assert deep == (
+        "TDI rule 2: f0 > 0.5 & f1 <= 1.5 & f2 > 2.5 & f3 <= 3.5 & f4 > 4.5 & f5 <= 5.5 & f6 > 6.5 & city!=paris => yes"
+    )
+    assert abbreviated(deep) == "TDI rule 2: f0 > 0.5 & f1 <= 1.5 & f2 > 2.5 & 5 more => yes"
+    short = rule_name(3, TdiRule(6, 0, 40, 0.9, True, conditions[:4], ""), names, frozenset({10}), ["no", "yes"])
+    assert abbreviated(short) == short
+    empty = rule_name(4, TdiRule(7, 0, 40, 0.9, True, (), ""), names, frozenset(), ["no", "yes"])
+    assert empty == "TDI rule 4: => no" and abbreviated(empty) == empty
+    assert abbreviated("city=paris") == "city=paris" and abbreviated("other rules => 3") == "other rules => 3"
+
+    row = {"kind": "rule", "name": deep, "share": 0.05, "contribution": 0.01, "reference_accuracy": 0.9}
+    top = TopSegment.of_rows([row])
+    assert top is not None and top.name == deep and top.to_json()["name"] == deep
+    assert top.to_text().startswith("TDI rule 2: f0 > 0.5 & f1 <= 1.5 & f2 > 2.5 & 5 more => yes (a rule segment")

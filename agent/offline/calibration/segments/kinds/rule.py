@@ -24,9 +24,10 @@ def rule_name(
             return name if op == ">" else name.replace("=", "!=", 1)
         return f"{name} {op} {format_threshold(threshold)}"
 
-    body = " & ".join(condition(j, op, t) for j, op, t in rule.conditions)
+    body = serving.CONDITIONS_JOIN.join(condition(j, op, t) for j, op, t in rule.conditions)
     cls = classes[rule.label] if 0 <= rule.label < len(classes) else str(rule.label)
-    return f"TDI rule {index}: {body} => {cls}" if body else f"TDI rule {index}: => {cls}"
+    head = f"TDI rule {index}: {body}" if body else f"TDI rule {index}:"
+    return f"{head}{serving.LEAF_CLASS}{cls}"
 
 
 class Rule(SegmentKindFit):
