@@ -127,9 +127,13 @@ class Estimates:
 
     def segments_df(self, every_row: bool = False) -> pd.DataFrame:
         """One row per segment of each window (``every_row``: of one window of every row), ranked within the
-        window by what the segment lost (its ``contribution`` to the window's drop): its ``dimension``, ``kind`` and
-        ``segment`` name, ``n`` and ``share`` beside its ``reference_share`` and ``reference_accuracy``, the segment
-        estimate's ``value``, ``lower`` and ``upper``, ``z``, and ``truth_accuracy`` where every row is labeled."""
+        window by evidence of a drop (segments whose inputs changed first, then by what the segment lost: its
+        ``contribution`` to the window's drop): its ``dimension``, ``kind`` and ``segment`` name, ``n`` and
+        ``share`` beside its ``reference_share`` and ``reference_accuracy``, the segment estimate's ``value``,
+        ``lower`` and ``upper``, ``z``, what changed without labels (``changed``, ``change_score`` and
+        ``changed_columns``, the inputs that moved most, ``", "``-joined), ``widespread`` (the window's change is
+        across the traffic, in no one segment: the same on every row of a window) and ``truth_accuracy`` where
+        every row is labeled."""
         import pandas as pd
 
         tables: list[tuple[Any, Any, SegmentTable | None]] = [
@@ -142,6 +146,7 @@ class Estimates:
         for start, end, table in tables:
             if table is None:
                 continue
+            widespread = table.widespread
             for rank, s in enumerate(table.rows, start=1):
                 rows.append(
                     {
@@ -159,6 +164,10 @@ class Estimates:
                         "adjusted": s.adjusted,
                         "contribution": s.contribution,
                         "z": s.z,
+                        "changed": s.change.changed,
+                        "change_score": s.change.score,
+                        "changed_columns": ", ".join(s.change.names),
+                        "widespread": widespread,
                         "truth_accuracy": s.truth_accuracy,
                         "truth_n": s.truth_n,
                     }

@@ -144,6 +144,37 @@ def test_time_windows_and_what_each_row_says(digits_bundle: icos_agent.Bundle) -
         digits_bundle.estimate(frame.drop(columns=["ts"]), window="1h", labels="label", progress=False)
 
 
+def test_segments_say_what_changed_and_whether_across_the_traffic(digits_bundle: icos_agent.Bundle) -> None:
+    """``segments_df`` says, without labels, which segments' inputs changed and which inputs moved, and whether the
+    window's change is across the traffic. Half the bundle's own validation rows: nothing changed. The digits after
+    them, written by other hands: a few segments changed, ranked first, where the labels say the model lost
+    accuracy that no label-free estimate shows. Every image inverted in its pixel range: across the traffic."""
+    same = digits_bundle.estimate(_frame(slice(900, 1400, 2)), labels="label", progress=False)
+    clean = same.segments_df(every_row=True)
+    for col in ("changed", "change_score", "changed_columns", "widespread"):
+        assert col in clean.columns, col
+    assert not clean["changed"].any() and not clean["widespread"].any()
+    assert (clean["change_score"] == 0).all() and (clean["changed_columns"] == "").all()
+
+    frame = _frame(slice(1400, 1797))
+    later = digits_bundle.estimate(frame, labels="label", progress=False).segments_df(every_row=True)
+    changed, rest = later[later["changed"]], later[~later["changed"]]
+    assert 0 < len(changed) < len(later) and not later["widespread"].any()
+    assert changed["rank"].max() < rest["rank"].min()
+    assert (changed["change_score"] > 0).all() and (changed["changed_columns"] != "").all()
+    lost = np.average(changed["reference_accuracy"] - changed["truth_accuracy"], weights=changed["n"])
+    unseen = np.average(changed["reference_accuracy"] - changed["value"], weights=changed["n"])
+    assert lost > 0.03 and unseen < lost / 2, (lost, unseen)
+
+    inverted = frame.copy()
+    pixels = [c for c in frame.columns if c.startswith("px")]
+    inverted[pixels] = 16.0 - inverted[pixels]
+    moved = digits_bundle.estimate(inverted, labels="label", progress=False).segments_df(every_row=True)
+    assert moved["widespread"].all() and moved["changed"].iloc[0]
+    changed = moved[moved["changed"]]
+    assert (changed["change_score"] > 0).all() and (changed["changed_columns"] != "").all()
+
+
 def test_figures_and_the_page_fetch_nothing(digits_bundle: icos_agent.Bundle, tmp_path: Path) -> None:
     frame = _frame(slice(1400, 1600))
     est = digits_bundle.estimate(frame, window=50, labels="label", progress=False)
