@@ -368,6 +368,37 @@ def panels() -> list[dict[str, Any]]:
         )
     )
     y += 8
+    p.append(
+        _timeseries(
+            "What changed: segments by change score (1h)",
+            [
+                (
+                    f"topk(5, icos:segment_change:score1h{{{SEL}}} > 0)",
+                    "{{kind}} {{segment}}: {{column}} {{model}} {{version}}",
+                ),
+            ],
+            (0, y, 16, 8),
+            description="The five segments whose inputs moved the most from their own at fit over the last hour, "
+            "label-free, with the input that moved most (recording rule icos:segment_change:score1h: the fleet "
+            "evaluator's, else the largest of the agents'; 0, not shown: no change beyond noise). A model "
+            "confidently wrong on changed inputs moves no estimate above, but its inputs moved: "
+            "IcosSegmentAccuracyDrop names the top one. See docs/diagnosis.md.",
+        )
+    )
+    p.append(
+        _stat(
+            "Change across the traffic (1h)",
+            f"icos:segment_change_widespread:1h{{{SEL}}}",
+            "{{model}} {{version}}",
+            (16, y, 8, 8),
+            unit="bool_yes_no",
+            description="Yes when the last hour's change is across the traffic, in no one segment: in every "
+            "dimension, segments whose inputs changed hold half the predictions or more (recording rule "
+            "icos:segment_change_widespread:1h). The segments above are then only where the change is largest; "
+            "the headline and labels drawn across the traffic say how much it costs.",
+        )
+    )
+    y += 8
     p.append(_row("Verdicts", y))
     y += 1
     p.append(
