@@ -200,6 +200,10 @@ def test_every_reason_is_exported_from_the_start(fleet: AgentProcess, hostile: H
 
 #: Bounds of an evaluator configured for a large fleet: the 200,000 series (about 31 MB) are read and parsed whole.
 RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
+#: How long the test waits for each event of the 200,000-series answers (a bound against a hang, not a timing:
+#: alone a whole test takes about 11 s; beside the rest of the suite on two cores, writing, reading and parsing
+#: 31 MB answers took over a minute)
+BIG_ANSWER_WAIT = 240.0
 
 
 @pytest.mark.parametrize("bounds", [{}, RAISED], ids=["defaults", "raised"])
@@ -217,10 +221,14 @@ def test_liveness_answers_while_200k_series_are_read(
         hostile.hostile_ends = 0
         with Probes(proc.url, hostile) as probes:
             hostile.mode = "many_series"
-            _wait(lambda: len([s for s in probes.live_after if s >= 2]) >= 3, 60, "liveness answers meanwhile")
+            _wait(
+                lambda: len([s for s in probes.live_after if s >= 2]) >= 3,
+                BIG_ANSWER_WAIT,
+                "liveness answers meanwhile",
+            )
             failed = _wait(
                 lambda: (b := _estimates(proc))["fleet"]["query_errors"].get(reason, 0) > 0 and b,
-                60,
+                BIG_ANSWER_WAIT,
                 f"a refresh refused with reason {reason}",
             )
             hostile.mode = "good"
