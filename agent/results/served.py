@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.estimation.segments.kinds.rule import abbreviated
+from agent.estimation.segments.kinds.rule import Rule, abbreviated
 from agent.results.segments import across_the_traffic
 
 #: What the demo says of a window without a segment whose inputs changed or that lost accuracy beyond noise.
@@ -127,7 +127,8 @@ class TopSegment:
         """Where the drop is, in words (one line of the demo's output and report)."""
         est = "-" if self.estimate is None else f"{self.estimate:.3f}"
         out = "" if self.across is None else f"across the traffic: {self.across}; the change is largest in "
-        out += f"{abbreviated(self.name)} (a {self.kind} segment, {self.share:.0%} of the window): "
+        name = abbreviated(self.name) if self.kind == Rule.name else self.name
+        out += f"{name} (a {self.kind} segment, {self.share:.0%} of the window): "
         if self.changed:
             out += f"its inputs changed ({', '.join(self.changed)}); "
         if self.changed and self.contribution <= 0:
