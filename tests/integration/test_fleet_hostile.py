@@ -204,6 +204,10 @@ RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
 #: alone a whole test takes about 11 s; beside the rest of the suite on two cores, writing, reading and parsing
 #: 31 MB answers took over a minute)
 BIG_ANSWER_WAIT = 240.0
+#: The deadlines of an evaluator reading 200,000 series: the test is about size and versions, never deadlines (beside
+#: the whole suite, parsing one 31 MB answer took longer than the hostile module's 3 s refresh deadline, so every
+#: refresh failed as ``deadline`` before its versions were counted)
+BIG_ANSWER_DEADLINES = {"query_timeout_seconds": 120, "refresh_timeout_seconds": 120}
 
 
 @pytest.mark.parametrize("bounds", [{}, RAISED], ids=["defaults", "raised"])
@@ -215,7 +219,8 @@ def test_liveness_answers_while_200k_series_are_read(
     the answer, refresh after refresh (counted by events, not timed: answers asked after the second big answer
     began, and no probe failed)."""
     reason = "too_many_versions" if bounds else "too_large"
-    proc = AgentProcess(tmp_path, _fleet_config(tmp_path, mnist_bundle_dir, hostile.url, **bounds)).start()
+    config = _fleet_config(tmp_path, mnist_bundle_dir, hostile.url, **BIG_ANSWER_DEADLINES, **bounds)
+    proc = AgentProcess(tmp_path, config).start()
     try:
         _fresh(proc, hostile)
         hostile.hostile_ends = 0
@@ -226,11 +231,14 @@ def test_liveness_answers_while_200k_series_are_read(
                 BIG_ANSWER_WAIT,
                 "liveness answers meanwhile",
             )
-            failed = _wait(
-                lambda: (b := _estimates(proc))["fleet"]["query_errors"].get(reason, 0) > 0 and b,
-                BIG_ANSWER_WAIT,
-                f"a refresh refused with reason {reason}",
-            )
+            try:
+                failed = _wait(
+                    lambda: (b := _estimates(proc))["fleet"]["query_errors"].get(reason, 0) > 0 and b,
+                    BIG_ANSWER_WAIT,
+                    f"a refresh refused with reason {reason}",
+                )
+            except AssertionError as exc:  # say which reasons the refreshes failed with instead
+                raise AssertionError(f"{exc}; the fleet said: {_estimates(proc)['fleet']}") from exc
             hostile.mode = "good"
         assert failed["fleet"]["last_error_reason"] == reason
         assert not probes.failures, probes.failures
