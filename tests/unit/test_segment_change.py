@@ -255,6 +255,27 @@ def test_a_share_of_novel_inputs_above_the_reference_is_a_change_that_ranks_by_n
     assert not segment_changes(None, thin, ref)[0].changed
 
 
+def test_the_oracles_failures_rank_a_segment_cut_by_the_inputs_not_one_cut_by_the_models_output() -> None:
+    """The oracle's failures far above a segment's calibration rate are a change either way; they rank a segment cut
+    by the inputs (a shuffled column breaks invariants where it lives) but not one cut by the predicted class, where
+    the failing rows of a fault land wherever in the inputs it lives."""
+    seg_n = [500] * SEGMENTS
+    fails = [5, 5, 60, 5]  # 1% at calibration, 12% in segment 2
+    window = WindowChange([], [], [], seg_n, fails)
+
+    def changes(by_output: list[bool]) -> list[SegmentChange]:
+        ref = ChangeReference(
+            [1000] * SEGMENTS, [(0, SEGMENTS)], [1000] * SEGMENTS, [10] * SEGMENTS, 0.01, by_output=by_output
+        )
+        return segment_changes(None, window, ref)
+
+    by_inputs, by_output = changes([False] * SEGMENTS), changes([True] * SEGMENTS)
+    assert [c.changed for c in by_inputs] == [c.changed for c in by_output] == [False, False, True, False]
+    assert by_inputs[2].names == by_output[2].names == ["oracle failures"]
+    assert by_inputs[2].input_score == pytest.approx(by_inputs[2].score) and by_inputs[2].input_score > 1.0
+    assert by_output[2].input_score == 0.0 and by_output[2].score == pytest.approx(by_inputs[2].score)
+
+
 def _confidence_row(index: int, name: str, share: float, distance: float, contribution: float) -> SegmentRow:
     """A segment whose only change is its model confidence (a test that does not rank by effect)."""
     change = ColumnChange("model confidence", -distance, 1.0, distance, 1e-9, "model_confidence")

@@ -72,6 +72,7 @@ from agent.estimation.segments.change import (
     pulled,
     segment_changes,
 )
+from agent.estimation.segments.kinds.registry import KINDS
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
 from agent.estimation.statistics.items import CHANGE_STATS, SEGMENT_STATS
 from agent.estimation.statistics.window import WindowStats
@@ -361,7 +362,8 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
     times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
     a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change);
-    changed segments with no such evidence (only their confidence or novel inputs moved) by their ``score`` (a
+    changed segments with no such evidence (only their confidence or novel inputs moved, or, in a segment cut by the
+    model's output, the oracle's failures) by their ``score`` (a
     segment whose confidence fell by two deviations before a wider one whose confidence fell by a few tenths;
     scores tied at :data:`~agent.estimation.segments.change.MAX_SCORE` by contribution), then the others by their
     contribution."""
@@ -417,7 +419,8 @@ def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[Se
         for s in range(seg.size):
             novel.append(ref.novel[s] / max(ref.n[s], 1))
             novel_n.append(float(max(ref.n[s], 1)))
-    reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var, novel, novel_n)
+    by_output = [KINDS[d.kind].by_output for d, a, b in seg.spans() for _ in range(a, b)]
+    reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var, novel, novel_n, by_output)
     return segment_changes(seg.change, window, reference)
 
 

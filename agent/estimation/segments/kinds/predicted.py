@@ -12,6 +12,7 @@ class Predicted(SegmentKind):
 
     name = "predicted"
     sources = ("predicted",)
+    by_output = True
 
     def local_ids(
         self, tables: Tables, features: np.ndarray | None, predicted: np.ndarray | None, rules: np.ndarray | None
