@@ -255,10 +255,10 @@ def test_a_share_of_novel_inputs_above_the_reference_is_a_change_that_ranks_by_n
     assert not segment_changes(None, thin, ref)[0].changed
 
 
-def test_the_oracles_failures_rank_a_segment_cut_by_the_inputs_not_one_cut_by_the_models_output() -> None:
+def test_a_change_ranks_a_segment_cut_by_the_inputs_not_one_cut_by_the_models_output() -> None:
     """The oracle's failures far above a segment's calibration rate are a change either way; they rank a segment cut
     by the inputs (a shuffled column breaks invariants where it lives) but not one cut by the predicted class, where
-    the failing rows of a fault land wherever in the inputs it lives."""
+    the rows of a fault land wherever in the inputs it lives; nor does a column's change."""
     seg_n = [500] * SEGMENTS
     fails = [5, 5, 60, 5]  # 1% at calibration, 12% in segment 2
     window = WindowChange([], [], [], seg_n, fails)
@@ -274,6 +274,19 @@ def test_the_oracles_failures_rank_a_segment_cut_by_the_inputs_not_one_cut_by_th
     assert by_inputs[2].names == by_output[2].names == ["oracle failures"]
     assert by_inputs[2].input_score == pytest.approx(by_inputs[2].score) and by_inputs[2].input_score > 1.0
     assert by_output[2].input_score == 0.0 and by_output[2].score == pytest.approx(by_inputs[2].score)
+    # a column zeroed inside segment 2: changed either way, ranked only where the segment is cut by the inputs
+    rng = np.random.default_rng(3)
+    sketch = _sketch(rng)
+    seg, x = _rows(1000, rng)
+    x[seg == 2, 0] = 0.0
+    stats = _window(sketch, seg, x)
+    zeroed = WindowChange(stats.change_n, stats.change_sum, stats.change_sq, stats.seg_n, stats.seg_fails)
+    for output, ranked in ((False, True), (True, False)):
+        ref = ChangeReference(
+            sketch.ref_n, [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01, by_output=[output] * SEGMENTS
+        )
+        found = segment_changes(sketch, zeroed, ref)[2]
+        assert found.changed and found.names[0] == "a" and (found.input_score > 0.5) == ranked
 
 
 def _confidence_row(index: int, name: str, share: float, distance: float, contribution: float) -> SegmentRow:

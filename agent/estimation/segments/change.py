@@ -46,9 +46,10 @@ that only share some of its rows. The segment is ranked by the effects of the ot
 capped: a segment's own deviations inside a bin of a column are far narrower than the column's, so its effects can
 pass :data:`MAX_SCORE`, and capped ones would tie and leave the rank to the share): the confidence and the novel
 inputs (:data:`UNRANKED`) tell that the inputs moved, not how far, and a narrower segment inside the one a fault lives
-in often holds more of its least confident or novel rows. In a segment cut by the model's own output (the predicted
-class) the oracle's failures do not rank either (:data:`OUTPUT_UNRANKED`): the failing rows of a fault land in the
-classes they are now predicted as, wherever in the inputs the fault lives."""
+in often holds more of its least confident or novel rows. No test ranks a segment cut by the model's own output (the
+predicted class): a fault sends its rows, their changed inputs and the oracle's failures among them, to the classes
+they are now predicted as, wherever in the inputs it lives; such a segment says where the model's answers went, the
+segments cut by the inputs where the inputs broke."""
 
 from __future__ import annotations
 
@@ -100,11 +101,6 @@ NOVELTY_COLUMN = "novel inputs"
 #: The tests that tell that a segment's inputs moved but not how far (they do not rank it: every segment holding
 #: some of the moved rows shows them, the narrower ones often more).
 UNRANKED = frozenset({"model_confidence", "novelty"})
-#: The tests that do not rank a segment cut by the model's own output (the predicted class) either: a fault in the
-#: inputs sends its failing rows to the classes they are now predicted as, wherever the fault lives, so the excess
-#: of failures there says that inputs moved, not where (the segment cut by the inputs that holds the fault shows it
-#: too, with its inputs' change).
-OUTPUT_UNRANKED = frozenset({"oracle"})
 #: Name of a segment's share, for a segment unseen at fit.
 SHARE_COLUMN = "share (unseen at fit)"
 #: Changed columns a segment reports (the largest effects).
@@ -321,8 +317,8 @@ class ChangeReference:
     conf_var: Sequence[float] = ()
     novel: Sequence[float] = ()
     novel_n: Sequence[float] = ()
-    #: per segment, whether its dimension is cut by the model's own output (the predicted class): its oracle test
-    #: does not rank it (empty: every segment's does)
+    #: per segment, whether its dimension is cut by the model's own output (the predicted class): no test ranks it
+    #: (empty: none is)
     by_output: Sequence[bool] = ()
 
 
@@ -363,8 +359,9 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
                 # not capped: a segment's effect is in its own reference deviations, which inside a bin of the
                 # column are far narrower than the column's (a column scaled inside its top bin moves it 17 of them),
                 # and a capped effect would leave the rank to the share alone, the wider segment first
-                unranked = UNRANKED | OUTPUT_UNRANKED if s < len(ref.by_output) and ref.by_output[s] else UNRANKED
-                inputs = max((x.distance for x in changed if x.kind not in unranked), default=0.0)
+                inputs = max((x.distance for x in changed if x.kind not in UNRANKED), default=0.0)
+                if s < len(ref.by_output) and ref.by_output[s]:
+                    inputs = 0.0  # where the model's answers went, not where its inputs broke
                 score = min(changed[0].distance, MAX_SCORE)
                 out[s] = SegmentChange(True, score, tuple(changed[:REPORTED_COLUMNS]), inputs)
     return out

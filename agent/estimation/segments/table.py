@@ -362,8 +362,8 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
     times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
     a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change);
-    changed segments with no such evidence (only their confidence or novel inputs moved, or, in a segment cut by the
-    model's output, the oracle's failures) by their ``score`` (a
+    changed segments with no such evidence (only their confidence or novel inputs moved, or a segment cut by the
+    model's output, whatever moved) by their ``score`` (a
     segment whose confidence fell by two deviations before a wider one whose confidence fell by a few tenths;
     scores tied at :data:`~agent.estimation.segments.change.MAX_SCORE` by contribution), then the others by their
     contribution."""

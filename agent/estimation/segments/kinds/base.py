@@ -51,8 +51,8 @@ class SegmentKind(ABC):
     name: ClassVar[str]
     sources: ClassVar[tuple[str, ...]]
     #: whether its segments are cut by the model's own output (the predicted class), not by the inputs: a fault in
-    #: the inputs sends its failing rows into such a segment wherever the fault lives, so an excess of the oracle's
-    #: failures there says that inputs moved, not where (:mod:`agent.estimation.segments.change`)
+    #: the inputs sends its rows into such a segment wherever the fault lives, so a change there says that inputs
+    #: moved, not where (:mod:`agent.estimation.segments.change`: such a change does not rank the segment)
     by_output: ClassVar[bool] = False
 
     def check(self, dimension: str, tables: Tables) -> None:  # noqa: B027 (most kinds have nothing to check)
