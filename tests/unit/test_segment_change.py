@@ -23,7 +23,8 @@ from agent.estimation.segments.change import (
     reference_moments,
     segment_changes,
 )
-from agent.estimation.segments.table import SegmentRow, rank
+from agent.estimation.segments.scope import shares_moved
+from agent.estimation.segments.table import SegmentRow, rank, rank_evidence
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.window import WindowStats
 from agent.labels.change_focus import FOCUS, focus_factors, focus_weights
@@ -342,3 +343,39 @@ def test_the_labels_follow_the_tables_order_when_only_confidences_moved() -> Non
     )
     assert focus_weights([wide, narrow, moved]) == {2: 1.0}
     assert focus_weights([]) == {}
+
+
+def test_a_dimension_whose_rows_moved_between_its_segments_is_told_from_one_whose_mix_drifted() -> None:
+    """The shares of a clean window's segments are the reference's within noise; a segment of a tenth emptied into
+    another moves them; a mix that drifts by less than a twentieth does not count, however many predictions show
+    it."""
+    rng = np.random.default_rng(11)
+    reference = [1000, 2000, 3000, 4000]
+    shares = np.asarray(reference) / sum(reference)
+    moved = sum(shares_moved(rng.multinomial(800, shares).tolist(), reference, 10) for _ in range(200))
+    assert moved <= 2
+    emptied = [0, 2000 + 1000, 3000, 4000]
+    assert shares_moved([x // 10 for x in emptied], reference, 10)
+    drifted = [1300, 2000, 3000, 3700]  # 3% of the traffic moved: significant at a million rows, and small
+    assert not shares_moved([x * 100 for x in drifted], reference, 10)
+    assert not shares_moved([0, 0, 0, 0], reference) and not shares_moved([5], [5])
+
+
+def test_a_changed_segment_whose_dimension_moved_ranks_after_one_whose_rows_stayed() -> None:
+    """A column zeroed inside one category fills one bin of that column with the category's rows: the bin (its
+    dimension's shares moved) changed about as much as the category; the category, whose rows stayed, ranks first,
+    and the labels' focus follows it."""
+
+    def row(index: int, name: str, share: float, effect: float, moved: bool) -> SegmentRow:
+        change = SegmentChange(True, effect, (ColumnChange("x", effect, 1.0, effect, 1e-9),), input_score=effect)
+        return SegmentRow(
+            index, "column", name.split("=")[0], name, int(1000 * share), share, share, 0.9, 500, None, 0.0, 0.0,
+            0.0, change=change, moved=moved,
+        )  # fmt: skip
+
+    category = row(0, "city=a", 0.25, 0.77, False)
+    destination = row(1, "income=bin 2", 0.45, 1.0, True)
+    assert rank_evidence(destination) == pytest.approx(1.0 * 0.45**0.25 * 0.5)
+    assert [r.name for r in sorted([destination, category], key=rank)] == ["city=a", "income=bin 2"]
+    weights = focus_weights([destination, category])
+    assert weights[0] > weights[1]

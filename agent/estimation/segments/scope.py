@@ -9,11 +9,18 @@ broken column or the predicted classes. A change of the whole traffic (every ima
 every row) leaves no such dimension. A window is :func:`widespread` when, in every dimension, the segments whose
 inputs changed hold at least :data:`WIDESPREAD_SHARE` of its predictions: then no segment is where the drop is,
 and the top segments only say where the change is largest.
+
+The dimension that isolates a fault keeps its rows where they were; the dimension of a broken column (its bins) or of
+the predicted class sees rows move between its segments. A dimension whose shares moved beyond noise and by at least
+:data:`MOVED_SHARE` (:func:`shares_moved`) holds, in the segments that gained rows, rows changed elsewhere beside its
+own: their change says where the rows went, which the table weighs less than where they broke
+(:func:`agent.estimation.segments.table.rank_evidence`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 #: The share of every dimension's predictions in changed segments from which a change is across the traffic: a
 #: majority in every cut of it.
@@ -41,3 +48,32 @@ def least_changed(shares: Mapping[str, float]) -> tuple[str, float] | None:
         return None
     dim = min(shares, key=lambda d: (shares[d], d))
     return dim, shares[dim]
+
+
+#: The total variation between a dimension's shares now and at reference from which its rows moved (a segment of a
+#: tenth of the traffic emptied into another moves it by 0.1): below it a mix drifts as traffic does.
+MOVED_SHARE = 0.05
+#: Familywise false-alarm rate of the window's share tests (Bonferroni over its dimensions).
+MOVED_ALPHA = 0.001
+
+
+def shares_moved(counts: Sequence[float], reference: Sequence[float], dimensions: int = 1) -> bool:
+    """Whether a dimension's predictions per segment (``counts``) are spread unlike its validation rows
+    (``reference``): a two-sample χ² test of homogeneity (Wilson–Hilferty's normal approximation of its tail),
+    significant at :data:`MOVED_ALPHA` over ``dimensions`` tests, and a total variation of the shares of at least
+    :data:`MOVED_SHARE`."""
+    n, m = float(sum(counts)), float(sum(reference))
+    if n <= 0 or m <= 0 or len(counts) != len(reference):
+        return False
+    pooled = [(a + b) / (n + m) for a, b in zip(counts, reference, strict=True)]
+    used = [(a, b, p) for a, b, p in zip(counts, reference, pooled, strict=True) if p > 0]
+    df = len(used) - 1
+    if df < 1:
+        return False
+    tv = 0.5 * sum(abs(a / n - b / m) for a, b, _ in used)
+    if tv < MOVED_SHARE:
+        return False
+    x2 = sum((a - n * p) ** 2 / (n * p) + (b - m * p) ** 2 / (m * p) for a, b, p in used)
+    k = 2.0 / (9.0 * df)
+    z = ((x2 / df) ** (1.0 / 3.0) - (1.0 - k)) / math.sqrt(k)
+    return 0.5 * math.erfc(z / math.sqrt(2.0)) * max(dimensions, 1) <= MOVED_ALPHA

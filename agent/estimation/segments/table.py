@@ -84,6 +84,9 @@ SEGMENT_HEADLINE = "doc"
 NOVELTY_Z = 2.0
 #: How much a changed segment's share weighs in its rank beside the size of its change (:func:`rank`).
 SHARE_POWER = 0.25
+#: How much a changed segment's evidence weighs in its rank where its dimension's shares moved (:func:`rank_evidence`):
+#: half, so that of a segment whose rows stayed and one that gained rows, changed about as much, the first ranks first.
+MOVED_WEIGHT = 0.5
 #: Pseudo-counts pulling a segment's TDI/ADI TPR and FPR toward the oracle's on the whole calibration split.
 RATE_PRIOR = 10.0
 #: The estimator whose drop beyond the segments' estimates is placed on them by input novelty: the one learnt
@@ -121,6 +124,9 @@ class SegmentRow:
     realized_n: int = 0
     #: what changed in its inputs, label-free (:mod:`agent.estimation.segments.change`)
     change: SegmentChange = UNCHANGED
+    #: its dimension's shares moved (:func:`~agent.estimation.segments.scope.shares_moved`): rows moved between its
+    #: segments, so a change in it may be of rows changed elsewhere
+    moved: bool = False
 
     @property
     def label(self) -> str:
@@ -189,12 +195,20 @@ class DimensionDrop:
     mix: float
     within: float
     adjusted: float
+    #: its shares moved beyond noise (:func:`~agent.estimation.segments.scope.shares_moved`)
+    moved: bool = False
 
     def to_json(self, decimals: int | None = None) -> dict[str, Any]:
         def r(v: float) -> float:
             return round(v, decimals) if decimals is not None else v
 
-        return {"kind": self.kind, "mix": r(self.mix), "within": r(self.within), "adjusted": r(self.adjusted)}
+        return {
+            "kind": self.kind,
+            "mix": r(self.mix),
+            "within": r(self.within),
+            "adjusted": r(self.adjusted),
+            "shares_moved": self.moved,
+        }
 
 
 @dataclass(frozen=True)
@@ -349,10 +363,11 @@ def segment_table(
     changes = window_changes(stats, seg, calibration.fpr)
     rows: list[SegmentRow] = []
     drops: list[DimensionDrop] = []
-    for d in range(len(seg.dimensions)):
+    for d, (_, a, b) in enumerate(seg.spans()):
         found, drop = _dimension(stats, calibration, d, learnt, truth)
-        rows += [dataclasses.replace(r, change=changes[r.index]) for r in found]
-        drops.append(drop)
+        moved = scope.shares_moved(stats.seg_n[a:b], seg.reference.n[a:b], len(seg.dimensions))
+        rows += [dataclasses.replace(r, change=changes[r.index], moved=moved) for r in found]
+        drops.append(dataclasses.replace(drop, moved=moved))
     rows.sort(key=rank)
     return SegmentTable(SEGMENT_HEADLINE, seg.priors[0].accuracy, tuple(rows), tuple(drops))
 
@@ -361,7 +376,8 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     """The order of the table, by evidence of a drop: segments whose inputs changed first, by the size of their
     change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
     times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
-    a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change);
+    a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change), less
+    in a dimension whose shares moved (:func:`rank_evidence`);
     changed segments with no such evidence (only their confidence or novel inputs moved, or a segment cut by the
     model's output, whatever moved) by their ``score`` (a
     segment whose confidence fell by two deviations before a wider one whose confidence fell by a few tenths;
@@ -373,8 +389,13 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
 
 def rank_evidence(row: SegmentRow) -> float:
     """A changed segment's evidence in :func:`rank`: the size of its inputs' change (not its confidence's) times
-    its share to the power :data:`SHARE_POWER` (0 when unchanged)."""
-    return row.change.input_score * row.share**SHARE_POWER if row.change.changed else 0.0
+    its share to the power :data:`SHARE_POWER`, times :data:`MOVED_WEIGHT` where its dimension's shares moved (0 when
+    unchanged): a column zeroed inside one category sends those rows into one bin of that column, which then holds
+    them beside its own, and its change (of the category's column, of its own) is where the rows went, not where
+    they broke."""
+    if not row.change.changed:
+        return 0.0
+    return row.change.input_score * row.share**SHARE_POWER * (MOVED_WEIGHT if row.moved else 1.0)
 
 
 def change_size(row: SegmentRow) -> float:
