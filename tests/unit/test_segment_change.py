@@ -363,8 +363,8 @@ def test_a_dimension_whose_rows_moved_between_its_segments_is_told_from_one_whos
 
 def test_a_changed_segment_whose_dimension_moved_ranks_after_one_whose_rows_stayed() -> None:
     """A column zeroed inside one category fills one bin of that column with the category's rows: the bin (its
-    dimension's shares moved) changed about as much as the category; the category, whose rows stayed, ranks first,
-    and the labels' focus follows it."""
+    dimension's shares moved, its own grew) changed about as much as the category; the category, whose rows stayed,
+    ranks first, and the labels' focus follows it."""
 
     def row(index: int, name: str, share: float, effect: float, moved: bool) -> SegmentRow:
         change = SegmentChange(True, effect, (ColumnChange("x", effect, 1.0, effect, 1e-9),), input_score=effect)
@@ -374,8 +374,11 @@ def test_a_changed_segment_whose_dimension_moved_ranks_after_one_whose_rows_stay
         )  # fmt: skip
 
     category = row(0, "city=a", 0.25, 0.77, False)
-    destination = row(1, "income=bin 2", 0.45, 1.0, True)
+    destination = dataclasses.replace(row(1, "income=bin 2", 0.45, 1.0, True), reference_share=0.25)
     assert rank_evidence(destination) == pytest.approx(1.0 * 0.45**0.25 * 0.5)
+    # the bins that lost rows to it hold only rows of their own: their change counts whole
+    source = dataclasses.replace(row(2, "income=bin 1", 0.1, 1.0, True), reference_share=0.25)
+    assert rank_evidence(source) == pytest.approx(1.0 * 0.1**0.25)
     assert [r.name for r in sorted([destination, category], key=rank)] == ["city=a", "income=bin 2"]
     weights = focus_weights([destination, category])
     assert weights[0] > weights[1]

@@ -84,8 +84,9 @@ SEGMENT_HEADLINE = "doc"
 NOVELTY_Z = 2.0
 #: How much a changed segment's share weighs in its rank beside the size of its change (:func:`rank`).
 SHARE_POWER = 0.25
-#: How much a changed segment's evidence weighs in its rank where its dimension's shares moved (:func:`rank_evidence`):
-#: half, so that of a segment whose rows stayed and one that gained rows, changed about as much, the first ranks first.
+#: How much a changed segment's evidence weighs in its rank where it gained rows in a dimension whose shares moved
+#: (:func:`rank_evidence`): half, so that of a segment whose rows stayed and one that gained rows, changed about as
+#: much, the first ranks first.
 MOVED_WEIGHT = 0.5
 #: Pseudo-counts pulling a segment's TDI/ADI TPR and FPR toward the oracle's on the whole calibration split.
 RATE_PRIOR = 10.0
@@ -377,7 +378,7 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
     change (the segment a fault lives in moved all its rows; the segments sharing some of them moved less)
     times their share to the power :data:`SHARE_POWER` (a change as large over more rows is more evidence: of
     a segment and a narrower one inside it, both wholly changed, the wider one holds more of the change), less
-    in a dimension whose shares moved (:func:`rank_evidence`);
+    where it gained rows in a dimension whose shares moved (:func:`rank_evidence`);
     changed segments with no such evidence (only their confidence or novel inputs moved, or a segment cut by the
     model's output, whatever moved) by their ``score`` (a
     segment whose confidence fell by two deviations before a wider one whose confidence fell by a few tenths;
@@ -389,13 +390,14 @@ def rank(row: SegmentRow) -> tuple[float, ...]:
 
 def rank_evidence(row: SegmentRow) -> float:
     """A changed segment's evidence in :func:`rank`: the size of its inputs' change (not its confidence's) times
-    its share to the power :data:`SHARE_POWER`, times :data:`MOVED_WEIGHT` where its dimension's shares moved (0 when
-    unchanged): a column zeroed inside one category sends those rows into one bin of that column, which then holds
-    them beside its own, and its change (of the category's column, of its own) is where the rows went, not where
-    they broke."""
+    its share to the power :data:`SHARE_POWER`, times :data:`MOVED_WEIGHT` where its dimension's shares moved and its
+    own grew (0 when unchanged): a column zeroed inside one category sends those rows into one bin of that column,
+    which then holds them beside its own, and its change (of the category's column, of its own) is where the rows
+    went, not where they broke. A segment that lost rows or kept its share holds only rows of its own."""
     if not row.change.changed:
         return 0.0
-    return row.change.input_score * row.share**SHARE_POWER * (MOVED_WEIGHT if row.moved else 1.0)
+    gained = row.moved and row.share > row.reference_share
+    return row.change.input_score * row.share**SHARE_POWER * (MOVED_WEIGHT if gained else 1.0)
 
 
 def change_size(row: SegmentRow) -> float:
