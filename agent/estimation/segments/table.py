@@ -64,17 +64,10 @@ from agent.estimation.estimators.registry import REGISTRY
 from agent.estimation.estimators.shift_calibration import ShiftCalibration
 from agent.estimation.intervals import Z95, Estimate, clip01
 from agent.estimation.segments import scope
-from agent.estimation.segments.change import (
-    UNCHANGED,
-    ChangeReference,
-    SegmentChange,
-    WindowChange,
-    pulled,
-    segment_changes,
-)
-from agent.estimation.segments.kinds.registry import KINDS
+from agent.estimation.segments.change import UNCHANGED, SegmentChange
 from agent.estimation.segments.segmentation import DimensionPrior, Segmentation, label_of
-from agent.estimation.statistics.items import CHANGE_STATS, SEGMENT_STATS
+from agent.estimation.segments.window_change import padded_change, window_changes
+from agent.estimation.statistics.items import SEGMENT_STATS
 from agent.estimation.statistics.window import WindowStats
 
 #: The estimator of a segment's accuracy (see the module docstring for why).
@@ -359,7 +352,7 @@ def segment_table(
         return None
     if len(stats.seg_n) < seg.size:  # sums rebuilt from an export that holds only the segments with predictions
         stats = _padded(stats, seg.size)
-    stats = _padded_change(stats, seg)
+    stats = padded_change(stats, seg)
     learnt = (estimates or {}).get(LEARNT)
     changes = window_changes(stats, seg, calibration.fpr)
     rows: list[SegmentRow] = []
@@ -406,72 +399,12 @@ def change_size(row: SegmentRow) -> float:
     return row.change.score if row.change.changed else 0.0
 
 
-def window_changes(stats: WindowStats, seg: Segmentation, fpr: float) -> list[SegmentChange]:
-    """Every segment's change in the window (:func:`~agent.estimation.segments.change.segment_changes`)."""
-    ref = seg.reference
-    cal_n = [w + r for w, r in zip(ref.cal_wrong, ref.cal_right, strict=True)]
-    cal_fails = [w + r for w, r in zip(ref.cal_fail_wrong, ref.cal_fail_right, strict=True)]
-    total = sum(cal_n)
-    rate = sum(cal_fails) / total if total else fpr
-    spans = [(a, b) for _, a, b in seg.spans()]
-    window = WindowChange(
-        stats.change_n,
-        stats.change_sum,
-        stats.change_sq,
-        stats.seg_n,
-        stats.seg_fails,
-        stats.change_cross,
-        stats.seg_conf,
-        stats.seg_conf_sq,
-        stats.seg_novel if len(stats.seg_novel) == seg.size else (),
-    )
-    conf, conf_n, conf_var = [], [], []
-    if ref.conf_sq:  # bundles fitted before the reference kept its squares do not test the confidence
-        _, a, b = seg.spans()[0]  # every dimension holds each validation row once
-        rows = max(sum(ref.n[a:b]), 1)
-        whole_mean = sum(ref.conf[a:b]) / rows
-        whole_var = max(sum(ref.conf_sq[a:b]) / rows - whole_mean * whole_mean, 0.0)
-        for s in range(seg.size):
-            n = max(ref.n[s], 1)
-            mean = ref.conf[s] / n
-            conf.append(mean)
-            conf_n.append(float(n))
-            conf_var.append(pulled(max(ref.conf_sq[s] / n - mean * mean, 0.0), whole_var, n))
-    novel, novel_n = [], []
-    if any(ref.novel):  # a bundle without a shift_aware reference counts no novel input
-        for s in range(seg.size):
-            novel.append(ref.novel[s] / max(ref.n[s], 1))
-            novel_n.append(float(max(ref.n[s], 1)))
-    by_output = [KINDS[d.kind].by_output for d, a, b in seg.spans() for _ in range(a, b)]
-    reference = ChangeReference(ref.n, spans, cal_n, cal_fails, rate, conf, conf_n, conf_var, novel, novel_n, by_output)
-    return segment_changes(seg.change, window, reference)
-
-
 def _padded(stats: WindowStats, size: int) -> WindowStats:
     """``stats`` with every per-segment sum as long as ``size`` (the segments past its end hold nothing)."""
     out = stats.copy()
     for name in SEGMENT_STATS:
         values = getattr(out, name)
         values.extend([0] * (size - len(values)))
-    return out
-
-
-def _padded_change(stats: WindowStats, seg: Segmentation) -> WindowStats:
-    """``stats`` with the change sums as long as the sketch's (an export holds only the segments with
-    predictions), or empty when they do not fit it (sums of another sketch)."""
-    c, p = seg.change_sizes
-    wanted = (seg.size, seg.size * c, seg.size * c, seg.size * p)
-    lengths = (len(stats.change_n), len(stats.change_sum), len(stats.change_sq), len(stats.change_cross))
-    if lengths == wanted or not any(lengths):
-        return stats
-    out = stats.copy()
-    if not c or any(have > want for have, want in zip(lengths, wanted, strict=True)):
-        out.change_n, out.change_sum, out.change_sq, out.change_cross = [], [], [], []
-        return out
-    out.change_n.extend([0] * (seg.size - lengths[0]))
-    for name, want in zip(CHANGE_STATS, wanted[1:], strict=True):
-        values = getattr(out, name)
-        values.extend([0.0] * (want - len(values)))
     return out
 
 
