@@ -200,9 +200,8 @@ def test_every_reason_is_exported_from_the_start(fleet: AgentProcess, hostile: H
 
 #: Bounds of an evaluator configured for a large fleet: the 200,000 series (about 31 MB) are read and parsed whole.
 RAISED = {"max_response_bytes": 64 * 1024 * 1024, "max_series": 400_000}
-#: How long the test waits for each event of the 200,000-series answers (a bound against a hang, not a timing:
-#: alone a whole test takes about 11 s; beside the rest of the suite on two cores, writing, reading and parsing
-#: 31 MB answers took over a minute)
+#: How long the test waits for each event of the 200,000-series answers: a bound against a hang, not a timing (alone
+#: a whole test takes about 11 s; beside the rest of the suite on two cores, several times that)
 BIG_ANSWER_WAIT = 240.0
 #: The deadlines of an evaluator reading 200,000 series: the test is about size and versions, never deadlines (beside
 #: the whole suite, parsing one 31 MB answer took longer than the hostile module's 3 s refresh deadline, so every
