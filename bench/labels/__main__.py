@@ -319,6 +319,36 @@ def needs_table(rows: list[Row], results: list[Result] | None = None) -> str:
     return "\n".join(lines)
 
 
+def ceiling_table(ceilings: list[tuple[str, str, float, float]], floor: float) -> str:
+    """Per model: the mean over its windows of :func:`bench.labels.draws.stratified_ceiling` at ``floor`` and with
+    no floor, each with the scenario whose mean is highest, and whether :data:`TARGET_SHARE` is within reach."""
+    lines = [
+        f"| model | windows | least share at floor {floor:g} | highest scenario | with no floor | highest scenario"
+        f" | target ≤ {TARGET_SHARE:.0%} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model in dict.fromkeys(c[0] for c in ceilings):
+        mine = [c for c in ceilings if c[0] == model]
+        cells = []
+        for k in (2, 3):
+            by_sc: dict[str, list[float]] = defaultdict(list)
+            for c in mine:
+                by_sc[c[1]].append(float(c[k]))
+            sc, top = max(((sc, float(np.mean(v))) for sc, v in by_sc.items()), key=lambda kv: kv[1])
+            cells.append((float(np.mean([c[k] for c in mine])), sc, top))
+        (at, sc_at, top_at), (free, sc_free, top_free) = cells
+        reach = (
+            "within reach"
+            if at <= TARGET_SHARE
+            else ("only with a lower floor" if free <= TARGET_SHARE else "out of reach")
+        )
+        lines.append(
+            f"| {model} (localized) | {len(mine)} | {at:.0%} | {top_at:.0%} ({sc_at}) | {free:.0%}"
+            f" | {top_free:.0%} ({sc_free}) | {reach} |"
+        )
+    return "\n".join(lines)
+
+
 #: no scenario may need more than this share of uniform's labels
 TARGET_SCENARIO_SHARE = 1.05
 #: active's worst scenario error target (≤ :data:`TARGET_WORST`) is at this many labels
@@ -380,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         results += run_model(name, cfg, counts, say=lambda s: print(s, file=sys.stderr, flush=True), floor=args.floor)
     if args.localized != "none":
-        from bench.labels.localized import run_localized
+        from bench.labels.localized import Ceiling, run_localized
 
+        ceilings: list[Ceiling] = []
         local = run_localized(
             tuple(sorted(set(counts) | set(ACTIVE_GRID))),
             quick=args.localized == "quick",
@@ -390,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             floor=args.floor,
             say=lambda s: print(s, file=sys.stderr, flush=True),
+            ceilings=ceilings,
         )
         # uniform draws at every count of the grid too: the per-scenario shares interpolate on both curves
         results += [Result(f"{o[0]} (localized)", *o[1:]) for o in local]
@@ -402,6 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         f" {args.reps} per scenario of the estimator benchmark, {args.localized_reps} per injected fault of"
         f" the localized ones):\n\n{needs_table(rows, results)}"
     )
+    if args.localized != "none":
+        parts.append(
+            "The least the stratified design could need on the localized windows, had it known every stratum's"
+            " errors from the start (`bench.labels.draws.stratified_ceiling`: per window, the share of uniform"
+            " draws' labels for the same variance, the best row of strata; the mean over windows, and the scenario"
+            f" where it is highest):\n\n{ceiling_table(ceilings, args.floor)}"
+        )
     took = time.perf_counter() - t0
     parts.append(f"{len(results)} estimates in {took:.0f}s ({args.reps} windows of {args.size} per scenario)")
     out = "\n\n".join(parts)

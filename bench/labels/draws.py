@@ -11,7 +11,7 @@ import numpy as np
 from agent.estimation.estimators.active import active_accuracy, rate_for, spread_probabilities
 from agent.estimation.estimators.post_stratified import Strata, post_stratified
 from agent.estimation.estimators.prediction_powered import LabeledEstimate
-from agent.estimation.estimators.strata import StrataLearner, strata_of
+from agent.estimation.estimators.strata import MIN_SPREAD, StrataLearner, strata_of
 from agent.estimation.statistics.window import WindowStats
 
 ACTIVE = "active"
@@ -65,3 +65,30 @@ def stratified_draw(
         if ps is not None and ps.upper - ps.lower < a.upper - a.lower:
             return ps
     return a if a is not None else LabeledEstimate(0.0, 0.0, 1.0, len(f), 0)
+
+
+def stratified_ceiling(f: np.ndarray, correct: np.ndarray, strata: np.ndarray, floor: float) -> float:
+    """The least share of uniform draws' labels the stratified design could need on one window, had it known
+    every stratum's excess exactly from the start (:mod:`agent.estimation.estimators.strata`): per row of
+    ``strata`` (:func:`~agent.estimation.estimators.strata.strata_of`), each prediction's spread is
+    ``sqrt(f (1 − f) + e)``, ``e`` the true mean excess ``(Y − f)² − f (1 − f)`` of its stratum in the window;
+    its relative rate ``p = floor + (1 − floor) · spread / mean spread``; the design's variance
+    ``Σ (Y − f)² / p`` (Poisson sampling's, to first order) over uniform draws' ``Σ (Y − f)²``, both with the
+    same difference estimate. The smallest over the rows, as the agent follows one row at a time. No draw on
+    these strata does better at this floor: where it stays above a target, only other strata or a lower floor
+    could reach it."""
+    f = np.asarray(f, dtype=np.float64)
+    sq = (np.asarray(correct, dtype=np.float64) - f) ** 2
+    total = float(sq.sum())
+    if total <= 0.0:
+        return 1.0
+    base = f * (1.0 - f)
+    best = math.inf
+    for row in np.asarray(strata, dtype=np.int64):
+        _, inverse = np.unique(row, return_inverse=True)
+        counts = np.bincount(inverse)
+        excess = np.bincount(inverse, weights=sq - base) / counts
+        spread = np.sqrt(np.maximum(base + excess[inverse], MIN_SPREAD**2))
+        p = floor + (1.0 - floor) * spread / float(spread.mean())
+        best = min(best, float((sq / p).sum()) / total)
+    return best

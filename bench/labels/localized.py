@@ -14,7 +14,8 @@ import numpy as np
 
 from agent.estimation.estimators.active import active_accuracy, draw_probabilities, rate_for, uncertainty
 from agent.estimation.estimators.prediction_powered import WITH_LABELS, LabeledEstimate, prediction_powered_accuracy
-from bench.labels.draws import ACTIVE, STRATIFIED, stratified_draw
+from agent.estimation.estimators.strata import strata_of
+from bench.labels.draws import ACTIVE, STRATIFIED, stratified_ceiling, stratified_draw
 from bench.localization.runs import FAULTS, Pool, Subject, fit_subject, live_target
 from invariants.fit_params import FitParams
 
@@ -23,6 +24,10 @@ MODELS = {"tabular_categorical": "tabular", "lightgbm": "numeric_table", "text_t
 QUICK_MODELS = ("tabular_categorical", "mnist_cnn")
 #: a window's result: (model, scenario, labels, method, value, lower, upper, truth)
 Outcome = tuple[str, str, int, str, float, float, float, float]
+#: a window's ceiling: (model, scenario, at the run's floor, with no floor) (:func:`stratified_ceiling`)
+Ceiling = tuple[str, str, float, float]
+#: the floor standing for "no floor" in the ceiling (the allocation alone)
+NO_FLOOR = 1e-9
 
 
 def _window(
@@ -33,6 +38,7 @@ def _window(
     counts: Sequence[int],
     rng: np.random.Generator,
     floor: float,
+    ceilings: list[Ceiling],
 ) -> list[Outcome]:
     name = subject.name
     conf = pool.confidences[rows]
@@ -44,6 +50,10 @@ def _window(
     size = subject.segments.size
     mean_u = float(uncertainty(f).mean())
     out: list[Outcome] = [(name, scenario, 0, "avg_conf", f_sum / len(rows), np.nan, np.nan, truth)]
+    every = strata_of(f, segs)
+    ceilings.append(
+        (name, scenario, stratified_ceiling(f, correct, every, floor), stratified_ceiling(f, correct, every, NO_FLOOR))
+    )
     for n in counts:
         s = rng.choice(len(rows), size=min(n, len(rows)), replace=False)
         e = prediction_powered_accuracy(len(rows), f_sum, f_sq, conf[s], correct[s])
@@ -70,9 +80,12 @@ def run_localized(
     floor: float,
     workdir: str | None = None,
     say: Callable[[str], None] = print,
+    ceilings: list[Ceiling] | None = None,
 ) -> list[Outcome]:
     """Every fault of every model (the quick set: two models with fewer trees), ``reps`` windows of ``size``
-    rows per injection, each labeled at every count of ``counts``."""
+    rows per injection, each labeled at every count of ``counts``; each window's :data:`Ceiling` appended to
+    ``ceilings``."""
+    ceilings = [] if ceilings is None else ceilings
     params = FitParams(seed=seed, n_estimators=20, shift_sets=24) if quick else FitParams(seed=seed)
     out: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="icos-labels-") as tmp:
@@ -87,7 +100,7 @@ def run_localized(
                     scenario = f"{fault.__name__}#{k}"
                     for _ in range(reps):
                         rows = rng.integers(0, len(split), size)
-                        out += _window(subject, pool, rows, scenario, counts, rng, floor)
+                        out += _window(subject, pool, rows, scenario, counts, rng, floor, ceilings)
                     acc = float(pool.correct.mean())
                     seg_acc = float(pool.correct[pool.ids[subject.segments.dimension_of(target)] == target].mean())
                     say(f"[{name}] {scenario}: accuracy {acc:.3f}, in the target segment {seg_acc:.3f}")
