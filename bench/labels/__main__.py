@@ -35,7 +35,6 @@ same scenarios are in the estimator benchmark (docs/estimation.md).
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 import time
@@ -59,6 +58,7 @@ from agent.estimation.intervals import wilson
 from bench.estimators.harness import Config, draw_window, fit_subject, scenario_pool, scenarios_for, stable_seed
 from bench.estimators.subjects import LOADERS, Subject
 from bench.generated_docs import END, provenance, write_block
+from bench.label_curves import labels_for
 from bench.labels.draws import ACTIVE, STRATIFIED, stratified_draw
 from invariants.oracle import Oracle
 
@@ -223,29 +223,14 @@ def targets(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _need(curve: list[tuple[int, float]], goal: float) -> float:
-    """The labels at which a half-width curve ``[(labels, half-width)]`` reaches ``goal``, interpolated
-    linearly in log–log between the two counts around it (``inf`` when even its largest count is too few)."""
-    curve = sorted(curve)
-    if not curve:
-        return math.inf
-    if curve[0][1] <= goal:
-        return float(curve[0][0])  # at most the smallest count measured
-    for (n0, h0), (n1, h1) in itertools.pairwise(curve):
-        if h1 <= goal <= h0 and h0 > h1 > 0:
-            t = (math.log(h0) - math.log(goal)) / (math.log(h0) - math.log(h1))
-            return math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
-    return math.inf
-
-
 def labels_needed(rows: list[Row], at: int, design: str = ACTIVE) -> tuple[float, float, float] | None:
     """``(uniform's half-width at ``at`` labels, the labels ``design`` needs for it, their share of
-    ``at``)`` for one model's rows (see :func:`_need`)."""
+    ``at``)`` for one model's rows (see :func:`bench.label_curves.labels_for`)."""
     uni = [r for r in rows if r[1] == at and r[2] == WITH_LABELS]
     curve = [(r[1], r[7]) for r in rows if r[2] == design]
     if not uni or len(curve) < 2:
         return None
-    need = _need(curve, uni[0][7])
+    need = labels_for(curve, uni[0][7])
     return uni[0][7], need, need / at
 
 
@@ -261,7 +246,7 @@ def scenario_shares(results: list[Result], model: str, at: int, design: str) -> 
         uni = half.get((sc, at, WITH_LABELS))
         curve = [(n, float(np.mean(v))) for (s2, n, m), v in half.items() if s2 == sc and m == design]
         if uni and len(curve) >= 2:
-            out[sc] = _need(curve, float(np.mean(uni))) / at
+            out[sc] = labels_for(curve, float(np.mean(uni))) / at
     return out
 
 

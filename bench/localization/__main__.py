@@ -29,11 +29,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.generated_docs import provenance, write_block
+from bench.label_curves import labels_for
 from bench.localization.runs import (
     CLEAN_CONTRIBUTION,
     ESTIMATE_TOLERANCE,
     FAULTS,
+    FOCUS_GRID,
     LABELS,
+    NO_LABEL_HALF,
     Outcome,
     Run,
     fit_subject,
@@ -77,6 +80,27 @@ def figures(run: Run) -> list[tuple[str, float, float, int]]:
         [o.quiet for o in c],
     )
     return [(name, _share(m), need, len(m)) for (name, need), m in zip(TARGETS, measured, strict=True)]
+
+
+#: labels drawn where the changes are may need at most this share of uniform draws' for the target's interval
+LABEL_SHARE = 0.5
+
+
+def label_needs(run: Run) -> list[tuple[str, int, float, float, float]]:
+    """Per model, then over every model: ``(model, windows, the target's mean realized half-width from`` LABELS
+    ``uniform draws, its mean half-width from as many drawn where the changes are, the labels those draws need
+    for uniform's half-width)`` (interpolated on :data:`FOCUS_GRID`'s curve; a window whose target drew no label
+    counts :data:`NO_LABEL_HALF`)."""
+    out = []
+    models = [*dict.fromkeys(o.model for o in run.faulted), "every model"]
+    for model in models:
+        group = [o for o in run.faulted if o.focused_halves and model in (o.model, "every model")]
+        if not group:
+            continue
+        uniform = float(np.mean([o.uniform_half for o in group]))
+        curve = [(n, float(np.mean([o.focused_halves[i] for o in group]))) for i, n in enumerate(FOCUS_GRID)]
+        out.append((model, len(group), uniform, dict(curve)[LABELS], labels_for(curve, uniform)))
+    return out
 
 
 def _row(group: Sequence[Outcome]) -> str:
@@ -155,6 +179,21 @@ def report(run: Run, *, quick: bool, seconds: float) -> str:
             f"| {model} | the faults above | {len(group)} | {np.mean([o.window_truth for o in group]):.3f} | "
             f"{_share([o.widespread for o in group]):.2f} |"
         )
+    lines += [
+        "",
+        f"Labels where the change is: the half-width of the target's realized interval from {LABELS} labels drawn "
+        f"uniformly and from {LABELS} drawn as the agent's stratified draws put them (`agent.labels.change_focus`)"
+        f", and how many of those it takes for uniform draws' half-width (a window whose target drew no label counts "
+        f"{NO_LABEL_HALF}; interpolated on {', '.join(map(str, FOCUS_GRID))} labels).",
+        "",
+        f"| model | windows | half-width, {LABELS} uniform | half-width, {LABELS} where the change is | labels needed "
+        f"(≤ {LABEL_SHARE:.0%} of {LABELS}) |",
+        "|---|---|---|---|---|",
+    ]
+    for model, n, uniform, focused, need in label_needs(run):
+        verdict = "PASS" if need <= LABEL_SHARE * LABELS else "FAIL"
+        needed = f"more than {LABELS}" if np.isinf(need) else f"{need:.0f} ({need / LABELS:.0%})"
+        lines.append(f"| {model} | {n} | {uniform:.3f} | {focused:.3f} | {needed} {verdict} |")
     fits = ", ".join(f"{m} {s:.0f} s" for m, s in run.fit_seconds.items())
     lines += ["", f"Fits: {fits}; the whole run {seconds:.0f} s."]
     lines += [f"Note: {n}" for n in run.notes]

@@ -49,6 +49,11 @@ ESTIMATE_TOLERANCE = 0.05
 CLEAN_CONTRIBUTION = 0.02
 #: Labels drawn per window for the realized accuracy of the target (the issue's target).
 LABELS = 100
+#: Labels per window the target's realized interval is also measured at, drawn where the changes are (the curve
+#: on which the labels that match :data:`LABELS` uniform draws' interval are interpolated).
+FOCUS_GRID = (10, 15, 25, 35, 50, 70, 100)
+#: The half-width of a realized interval that has no label (its accuracy anywhere in [0, 1]).
+NO_LABEL_HALF = 0.5
 #: The strength (of 1) of the zoo's shifts applied to every row of the test split: each window of them is a change
 #: across the traffic, which the table must not offer as one segment's.
 EVERY_ROW_STRENGTH = 1.0
@@ -351,6 +356,10 @@ class Outcome:
     retained: float = 1.0
     #: the window's change read as across the traffic (:mod:`agent.estimation.segments.scope`)
     widespread: bool = False
+    #: the half-width of the target's realized interval from labels drawn where the changes are, at every count
+    #: of :data:`FOCUS_GRID`, and from :data:`LABELS` uniform draws (:class:`Window`)
+    focused_halves: tuple[float, ...] = ()
+    uniform_half: float = NO_LABEL_HALF
 
     @property
     def first(self) -> bool:
@@ -391,12 +400,21 @@ class Window:
     truth: float
     headline: float | None
     labels: SegmentLabels
+    #: labels drawn where the changes are at every count of :data:`FOCUS_GRID`, then :data:`LABELS` uniform ones
+    #: (drawn from a generator of their own, so that measuring them leaves every other draw as it was)
+    curve: tuple[SegmentLabels, ...] = ()
 
 
-def read_window(subject: Subject, pool: Pool, rows: np.ndarray, rng: np.random.Generator) -> Window:
+def read_window(
+    subject: Subject,
+    pool: Pool,
+    rows: np.ndarray,
+    rng: np.random.Generator,
+    curve_rng: np.random.Generator | None = None,
+) -> Window:
     """The segment table of a window of ``pool``'s ``rows`` as an agent reads it, the window's true accuracy, its
     headline estimate and :data:`LABELS` labels drawn where the stratified draws put them
-    (:func:`draw_labels`)."""
+    (:func:`draw_labels`); with ``curve_rng``, the :attr:`Window.curve` draws too."""
     cal, seg = subject.calibration, subject.segments
     stats = WindowStats.from_batch(
         pool.verdicts[rows],
@@ -414,23 +432,38 @@ def read_window(subject: Subject, pool: Pool, rows: np.ndarray, rng: np.random.G
     table = segment_table(stats, cal, estimates, truth=truth)
     assert table is not None
     labels = draw_labels(subject, pool, rows, table, rng)
-    return Window(table, float(pool.correct[rows].mean()), None if headline is None else headline.value, labels)
+    curve: tuple[SegmentLabels, ...] = ()
+    if curve_rng is not None:
+        curve = tuple(draw_labels(subject, pool, rows, table, curve_rng, n) for n in FOCUS_GRID)
+        curve += (draw_labels(subject, pool, rows, table, curve_rng, LABELS, focused=False),)
+    headline_value = None if headline is None else headline.value
+    return Window(table, float(pool.correct[rows].mean()), headline_value, labels, curve)
 
 
 def draw_labels(
-    subject: Subject, pool: Pool, rows: np.ndarray, table: SegmentTable, rng: np.random.Generator
+    subject: Subject,
+    pool: Pool,
+    rows: np.ndarray,
+    table: SegmentTable,
+    rng: np.random.Generator,
+    count: int = LABELS,
+    *,
+    focused: bool = True,
 ) -> SegmentLabels:
-    """:data:`LABELS` labels of the window's rows, drawn as the agent's stratified draws draw them before any
-    label came back (each prediction's calibrated uncertainty, times its focus where the inputs changed,
-    :mod:`agent.labels.change_focus`, at the default floor), with their inverse probabilities as weights."""
-    cal = subject.calibration
-    f = cal.predicted_correct(pool.confidences[rows], pool.verdicts[rows])
+    """``count`` labels of the window's rows (in expectation), drawn as the agent's stratified draws draw them
+    before any label came back (each prediction's calibrated uncertainty, times its focus where the inputs changed,
+    :mod:`agent.labels.change_focus`, at the default floor), with their inverse probabilities as weights; not
+    ``focused``: uniform draws (every row at the same probability)."""
     ids = pool.ids[:, rows]
-    u = uncertainty(f)
-    focus = focus_factors(ids, focus_weights(table.rows), len(rows))
-    g = np.ones(len(rows)) if focus is None else focus
-    rate = rate_for(f, LABELS / len(rows), float(u.mean()), DEFAULT_FLOOR, spread=u, focus=g)
-    pi = spread_probabilities(u, rate, float(u.mean()), DEFAULT_FLOOR, g, float(g.mean()))
+    if focused:
+        f = subject.calibration.predicted_correct(pool.confidences[rows], pool.verdicts[rows])
+        u = uncertainty(f)
+        focus = focus_factors(ids, focus_weights(table.rows), len(rows))
+        g = np.ones(len(rows)) if focus is None else focus
+        rate = rate_for(f, count / len(rows), float(u.mean()), DEFAULT_FLOOR, spread=u, focus=g)
+        pi = spread_probabilities(u, rate, float(u.mean()), DEFAULT_FLOOR, g, float(g.mean()))
+    else:
+        pi = np.full(len(rows), min(count / len(rows), 1.0))
     drawn = rng.random(len(rows)) < pi
     return SegmentLabels.of(ids[:, drawn], subject.segments.size, pool.correct[rows][drawn], 1.0 / pi[drawn])
 
@@ -441,6 +474,7 @@ def outcome(subject: Subject, fault: str, window: Window, target: int) -> Outcom
     row = next((r for r in table.rows if r.index == target), None) if target >= 0 else None
     top = table.rows[0]
     realized_n, realized = window.labels.estimate(target) if target >= 0 else (0, None)
+    halves = tuple(_half_width(labels, target) for labels in window.curve) if target >= 0 else ()
     return Outcome(
         subject.name,
         fault,
@@ -458,7 +492,15 @@ def outcome(subject: Subject, fault: str, window: Window, target: int) -> Outcom
         window.truth,
         window.headline,
         widespread=table.widespread,
+        focused_halves=halves[: len(FOCUS_GRID)],
+        uniform_half=halves[-1] if halves else NO_LABEL_HALF,
     )
+
+
+def _half_width(labels: SegmentLabels, segment: int) -> float:
+    """The half-width of ``segment``'s realized interval from ``labels`` (:data:`NO_LABEL_HALF` without one)."""
+    _, est = labels.estimate(segment)
+    return NO_LABEL_HALF if est is None else (est.upper - est.lower) / 2
 
 
 @dataclass
@@ -477,6 +519,7 @@ def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: i
     """Every fault of ``faults`` on ``subject``, ``reps`` windows of ``size`` rows each, and as many clean
     windows."""
     rng = np.random.default_rng([seed, 53])
+    curve_rng = np.random.default_rng([seed, 59])
     split = subject.zoo.test
     clean = Pool.of(subject, split)
     for _ in range(reps):
@@ -492,7 +535,7 @@ def run_subject(subject: Subject, faults: Sequence[Fault], *, reps: int, size: i
             name = _moved(subject, inj.target, target)
             label = f"{fault.__name__} ({inj.how})" if inj.how else fault.__name__
             for _ in range(reps):
-                window = read_window(subject, pool, _rows_of(len(split), size, rng), rng)
+                window = read_window(subject, pool, _rows_of(len(split), size, rng), rng, curve_rng)
                 o = outcome(subject, label, window, target)
                 run.faulted.append(Outcome(**{**o.__dict__, "target_name": name, "retained": retained}))
     for kind in subject.zoo.shifts:  # a change of every row: across the traffic, in no one segment

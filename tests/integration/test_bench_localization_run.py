@@ -28,3 +28,6 @@ def test_quick_benchmark_prints_every_target_and_writes_the_page(
         assert f"| {model} | broken_column (zeroed) |" in text or f"| {model} | region_blur |" in text
         assert f"| {model} | 2 |" in text  # its clean windows
     assert "| tabular_categorical | new_subpopulation | city unseen at fit |" in text
+    # labels where the change is against uniform draws, per model and over both
+    every = [line for line in text.splitlines() if line.startswith("| every model |")]
+    assert len(every) == 1 and ("PASS" in every[0] or "FAIL" in every[0]), every

@@ -4,8 +4,10 @@ has one row per model, label count and estimate, and the command line refuses ba
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from agent.estimation.estimators.strata import strata_of
 from bench.estimators.harness import Config
 from bench.labels.__main__ import (
     ACTIVE,
@@ -19,6 +21,7 @@ from bench.labels.__main__ import (
     table,
     targets,
 )
+from bench.labels.draws import stratified_ceiling
 
 
 def test_all_labels_give_the_truth_and_the_summary_has_every_row() -> None:
@@ -59,3 +62,23 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--models", "nope"]) == 2
     assert main(["--labels", "0"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_ceiling_saves_labels_only_where_a_stratum_holds_the_errors() -> None:
+    rng = np.random.default_rng(0)
+    n = 4000
+    f = np.full(n, 0.9)
+    segment = (np.arange(n) < n // 10).astype(np.int64)  # a tenth of the window in segment 1
+    calibrated = rng.random(n) < f  # every row right 90% of the time, as f says
+    strata = strata_of(f, segment[None, :])
+    # errors spread as the predictor says: no stratum differs, no design saves a label
+    assert stratified_ceiling(f, calibrated, strata, 0.5) == pytest.approx(1.0, abs=0.03)
+    # the segment broken (right 30% of the time): its rows carry most of the squared residual
+    broken = np.where(segment == 1, rng.random(n) < 0.3, calibrated)
+    at_floor, no_floor = stratified_ceiling(f, broken, strata, 0.5), stratified_ceiling(f, broken, strata, 1e-9)
+    assert no_floor < at_floor < 1.0
+    # Neyman's share by hand: (Σ W m)² / Σ W m², m the root mean squared residual of each segment
+    sq = (broken - f) ** 2
+    w = np.array([np.mean(segment == k) for k in (0, 1)])
+    m = np.array([np.sqrt(sq[segment == k].mean()) for k in (0, 1)])
+    assert no_floor == pytest.approx(float((w @ m) ** 2 / (w @ m**2)), rel=1e-6)
