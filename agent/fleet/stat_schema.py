@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.layout import N_CONF_BINS
-from agent.estimation.segments.change import CLIP as CHANGE_CLIP
 from agent.estimation.segments.segmentation import Segmentation
+from agent.estimation.segments.sketch import CLIP as CHANGE_CLIP
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.reference import InputReference
 from agent.estimation.statistics.window import WindowStats

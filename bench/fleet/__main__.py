@@ -41,8 +41,8 @@ import numpy as np
 
 from agent.config.settings import AgentSettings
 from agent.estimation.calibration import EstimatorCalibration
-from agent.estimation.segments.change import CLIP
 from agent.estimation.segments.segmentation import Segmentation
+from agent.estimation.segments.sketch import CLIP
 from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.reference import InputReference
 from agent.estimation.statistics.window import SampleExtras, WindowStats

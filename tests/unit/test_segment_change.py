@@ -11,23 +11,21 @@ import pytest
 
 from agent.estimation.estimators.active import rate_for, spread_probabilities
 from agent.estimation.segments.change import (
-    CLIP,
     MAX_SCORE,
     ChangeReference,
-    ChangeSketch,
     ColumnChange,
     SegmentChange,
     WindowChange,
-    column_pairs,
-    cross_products,
-    reference_moments,
     segment_changes,
 )
 from agent.estimation.segments.scope import shares_moved
+from agent.estimation.segments.sketch import CLIP, ChangeSketch, column_pairs, cross_products, reference_moments
 from agent.estimation.segments.table import SegmentRow, rank, rank_evidence
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.window import WindowStats
 from agent.labels.change_focus import FOCUS, focus_factors, focus_weights
+from agent.offline.calibration.segments.change import define_change
+from agent.offline.calibration.segments.data import ColumnGroup, SegmentData, ViewShape
 
 SEGMENTS = 4  # one dimension: a categorical column of four values
 
@@ -382,3 +380,63 @@ def test_a_changed_segment_whose_dimension_moved_ranks_after_one_whose_rows_stay
     assert [r.name for r in sorted([destination, category], key=rank)] == ["city=a", "income=bin 2"]
     weights = focus_weights([destination, category])
     assert weights[0] > weights[1]
+
+
+def _related_sketch(rng: np.random.Generator) -> tuple[ChangeSketch, np.ndarray, np.ndarray]:
+    """A sketch fitted as ``fit`` fits a table's (:func:`define_change`) on columns ``a``, ``b``, ``d = a + b`` (a
+    column derived from two others) and an unrelated ``c``; and fresh rows ``(segment, x)`` to break."""
+    n = 8000
+    seg = rng.integers(0, SEGMENTS, n)
+    a, b, c = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
+    x = np.stack([a, b, c, a + b], axis=1)
+    y = (a + b > 0).astype(np.int64)
+    train, val, live = slice(0, 3000), slice(3000, 6000), slice(6000, None)
+    data = SegmentData(
+        x[train], y[train], x[val], y[val], np.zeros((3000, 2)), y[val], np.arange(0), np.zeros(0), None, ("0", "1")
+    )
+    shape = ViewShape(tuple(ColumnGroup(name, (j,)) for j, name in enumerate("abcd")), regions=False)
+    sketch = define_change(data, shape, seg[None, val], SEGMENTS)
+    assert sketch is not None
+    return sketch, seg[live], x[live]
+
+
+def test_a_table_sketches_the_relation_of_each_column_the_others_explain() -> None:
+    sketch, _seg, _x = _related_sketch(np.random.default_rng(11))
+    related = {sketch.columns[t] for t in sketch.relations}
+    assert related == {"a", "b", "d"}  # c is unrelated to the others: no relation of it
+    assert all(name.endswith(" from the others") for name in sketch.columns[-len(sketch.relations) :])
+    assert ChangeSketch.from_dict(sketch.to_dict()) == sketch
+    assert len(sketch.ref_cross) == SEGMENTS * len(sketch.pairs)
+
+
+def test_a_column_shuffled_inside_a_segment_breaks_its_relation_there_in_proportion_to_its_broken_rows() -> None:
+    rng = np.random.default_rng(12)
+    sketch, seg, x = _related_sketch(rng)
+
+    def window(rows: np.ndarray) -> WindowStats:
+        z = sketch.values(rows)
+        assert z is not None
+        out = WindowStats(n=len(rows))
+        out.seg_n = np.bincount(seg, minlength=SEGMENTS).tolist()
+        out.seg_fails = [0] * SEGMENTS
+        out.add_change_sums(seg[None, :], SEGMENTS, z, sketch.cross(z))
+        return out
+
+    assert not any(ch.changed for ch in _changes(sketch, window(x)))
+    broken = x.copy()
+    whole = np.flatnonzero(seg == 1)
+    third = np.flatnonzero(seg == 2)[: int(np.sum(seg == 2)) // 3]
+    for rows in (whole, third):  # d shuffled among these rows: its own distribution kept
+        broken[rows, 3] = rng.permutation(broken[rows, 3])
+    found = _changes(sketch, window(broken))
+    assert found[1].changed and not found[0].changed and not found[3].changed
+    # d's relation to a and b broke, so did theirs to d: every change reported is a relation
+    assert {col.kind for col in found[1].columns} == {"relation"}
+    assert not any(col.column == "d" for col in found[1].columns)  # no test of d's own moments finds it
+
+    def lost(ch: SegmentChange) -> float:
+        return max((c.distance for c in ch.columns if c.kind == "relation"), default=0.0)
+
+    # the loss grows with the share of broken rows (a third of segment 2's, all of segment 1's), where the
+    # correlation's Fisher z saturates near an exact relation
+    assert 2.0 * lost(found[2]) < lost(found[1])

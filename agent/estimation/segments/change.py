@@ -4,16 +4,8 @@
 A model confidently wrong on in-range inputs moves no label-free estimate, but its inputs moved: a column broken
 upstream inside one category changes that column's distribution *inside that category*. The sketch reads it.
 
-**The sketch (additive).** At ``fit`` a few *change columns* are fixed (:class:`ChangeSketch`): the numeric columns
-of a table view (at most :data:`MAX_COLUMNS`, the most informative of the predicted class first), or the leading
-principal components of a wide view (images, text, embeddings). Each is a linear read of the feature view,
-standardized on the training data and clipped to ``±``:data:`CLIP` (a column scaled by 100 upstream stays a
-bounded number), then offset by :data:`CLIP` so that every sum is a non-negative counter: ``z = clip(x · W + b)
-+ CLIP``, in ``[0, 2·CLIP]`` (the test below reads ``(z, z²)``, an invertible affine map of the unshifted
-pair: the offset changes none of its figures). A window keeps, per segment and change column, the sums ``Σ z`` and
-``Σ z²`` (:attr:`~agent.estimation.statistics.window.WindowStats.change_sum`, ``change_sq``) and per segment the
-predictions read (``change_n``): sums that add across windows and replicas like every other statistic. The
-reference is the same read of the labeled validation data, per segment, with its third and fourth moments.
+**The sketch** (:mod:`agent.estimation.segments.sketch`): a few *change columns* fixed at ``fit``, summed per
+segment in every window, with the same sums of the labeled validation data as the reference.
 
 **The test.** Per segment ``s`` and column ``c`` the window's first two moments ``(m₁, m₂)`` are compared with the
 reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)``, ``V`` the per-row covariance of ``(z, z²)`` at
@@ -23,9 +15,11 @@ with 2 degrees of freedom under no change: ``p = exp(−T²/2)``. A mean shift (
 ``m₁``; a spread change (stuck at a constant, scaled, blurred) moves ``m₂``. A segment of :data:`MIN_REFERENCE_SHAPE`
 validation rows is read a second time in its own deviations (:func:`_own_spread_distance`, one more test per column in
 the Bonferroni factor): a bin of the column is far narrower than the column, and a spread collapsed there is the
-pulled yardstick's noise. The reported ``distance`` (what ranks the segment) stays the first reading's. The oracle's
-failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its own
-distribution stays): a one-sided binomial test of the segment's failures against its calibration split's rate. The
+pulled yardstick's noise. The reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched
+pair is tested by Fisher's ``z`` of its correlation; a column and its relation (``a ~ the others``) by the same test,
+its effect the share of the column's variance the relation no longer explains (:meth:`_Moments._relation_lost`). The
+oracle's failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its
+own distribution stays): a one-sided binomial test of the segment's failures against its calibration split's rate. The
 model's confidence is one more: a one-sided test of the segment's mean confidence against its reference's (a model's
 outputs move only when its inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no
 sketched column or pair shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is
@@ -54,20 +48,14 @@ segments cut by the inputs where the inputs broke."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from agent.estimation.statistics.window import per_segment
+from agent.estimation.segments.sketch import CLIP, ChangeSketch
 
-#: Most change columns a bundle sketches.
-MAX_COLUMNS = 16
-#: The first change columns whose correlations (every pair of them) are sketched as well.
-PAIR_COLUMNS = 4
-#: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
-CLIP = 6.0
 #: Familywise false-alarm rate of the window's change tests (Bonferroni over segments × columns): low, since
 #: the moments' normal approximation errs on the side of alarms in thin segments and heavy tails.
 ALPHA = 0.001
@@ -76,7 +64,15 @@ ALPHA = 0.001
 #: failure rate and the model's confidence (their standard deviations at reference), the share of novel inputs
 #: (the standard deviation of one reference input's novelty: a whole standard deviation, since the novelty
 #: threshold is one split's 99% quantile and a clean segment's share moves by several points around it).
-MIN_DISTANCE = {"column": 0.5, "pair": 0.4, "oracle": 0.25, "model_confidence": 0.25, "novelty": 1.0, "share": 0.0}
+MIN_DISTANCE = {
+    "column": 0.5,
+    "pair": 0.4,
+    "relation": 0.25,
+    "oracle": 0.25,
+    "model_confidence": 0.25,
+    "novelty": 1.0,
+    "share": 0.0,
+}
 #: Predictions a segment needs in a window before its inputs are tested.
 MIN_ROWS = 20
 #: Validation rows below which a segment counts as unseen at fit.
@@ -105,111 +101,6 @@ UNRANKED = frozenset({"model_confidence", "novelty"})
 SHARE_COLUMN = "share (unseen at fit)"
 #: Changed columns a segment reports (the largest effects).
 REPORTED_COLUMNS = 3
-
-
-@dataclass(frozen=True)
-class ChangeSketch:
-    """The change columns fixed at fit (see the module docstring): their names, the linear read ``W`` ``[D, C]``
-    (``weights``, as rows of the view's ``width`` columns) and ``bias``; per segment of the segmentation, its
-    validation rows ``ref_n`` and the sums of ``z``, ``z²``, ``z³``, ``z⁴`` (``ref_moments``, four vectors of
-    ``S × C`` entries, segment-major)."""
-
-    columns: tuple[str, ...]
-    weights: tuple[tuple[float, ...], ...]
-    bias: tuple[float, ...]
-    ref_n: tuple[int, ...]
-    ref_moments: tuple[tuple[float, ...], ...]
-    #: per segment and pair of :data:`PAIR_COLUMNS` (:func:`column_pairs`), the sum of ``zᵢ zⱼ``
-    ref_cross: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        c = len(self.columns)
-        if not 0 < c <= MAX_COLUMNS:
-            raise ValueError(f"{c} change columns (1 … {MAX_COLUMNS})")
-        if len(self.bias) != c or any(len(w) != c for w in self.weights) or not self.weights:
-            raise ValueError("change columns: weights or bias of the wrong shape")
-        if len(self.ref_moments) != 4 or any(len(m) != len(self.ref_n) * c for m in self.ref_moments):
-            raise ValueError("change columns: reference moments of the wrong shape")
-        if self.ref_cross and len(self.ref_cross) != len(self.ref_n) * len(self.pairs):
-            raise ValueError("change columns: reference correlations of the wrong shape")
-        object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
-        object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
-
-    @property
-    def width(self) -> int:
-        """Columns of the view it reads."""
-        return len(self.weights)
-
-    @property
-    def size(self) -> int:
-        """Segments it has a reference for."""
-        return len(self.ref_n)
-
-    @property
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        """The pairs of change columns whose correlation is sketched (none in sketches fitted without them)."""
-        return column_pairs(len(self.columns)) if self.ref_cross else ()
-
-    def values(self, features: np.ndarray | None) -> np.ndarray | None:
-        """Every prediction's change columns ``[N, C]`` (None when the view is missing or narrower than at fit)."""
-        if features is None:
-            return None
-        f = np.asarray(features).reshape(len(features), -1)
-        if f.shape[1] < self.width:
-            return None
-        x = f[:, : self.width].astype(np.float64, copy=False)
-        z = x @ self._w + self._b  # type: ignore[attr-defined]
-        if not np.isfinite(z).all():  # a missing or infinite input spoils only its own columns
-            x = np.nan_to_num(x, nan=0.0, posinf=1e30, neginf=-1e30)
-            with np.errstate(over="ignore", invalid="ignore"):
-                z = x @ self._w + self._b  # type: ignore[attr-defined]
-            np.nan_to_num(z, copy=False, nan=0.0, posinf=CLIP, neginf=-CLIP)
-        np.clip(z, -CLIP, CLIP, out=z)
-        return np.add(z, CLIP, out=z)  # in [0, 2·CLIP]: every sum a non-negative, growing counter
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "columns": list(self.columns),
-            "weights": [list(w) for w in self.weights],
-            "bias": list(self.bias),
-            "ref_n": list(self.ref_n),
-            "ref_moments": [list(m) for m in self.ref_moments],
-            "ref_cross": list(self.ref_cross),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ChangeSketch:
-        return cls(
-            tuple(str(c) for c in d["columns"]),
-            tuple(tuple(float(x) for x in w) for w in d["weights"]),
-            tuple(float(x) for x in d["bias"]),
-            tuple(int(v) for v in d["ref_n"]),
-            tuple(tuple(float(x) for x in m) for m in d["ref_moments"]),
-            tuple(float(x) for x in d.get("ref_cross", ())),
-        )
-
-
-def column_pairs(columns: int) -> tuple[tuple[int, int], ...]:
-    """Every pair ``(i, j)``, ``i < j``, of the first :data:`PAIR_COLUMNS` of ``columns`` change columns."""
-    k = min(columns, PAIR_COLUMNS)
-    return tuple((i, j) for i in range(k) for j in range(i + 1, k))
-
-
-def cross_products(z: np.ndarray) -> np.ndarray:
-    """``zᵢ zⱼ`` of every row for every pair of :func:`column_pairs` ``[N, P]``."""
-    pairs = column_pairs(z.shape[1])
-    if not pairs:
-        return np.zeros((len(z), 0))
-    i, j = (np.asarray(x) for x in zip(*pairs, strict=True))
-    return z[:, i] * z[:, j]
-
-
-def reference_moments(ids: np.ndarray, size: int, z: np.ndarray) -> tuple[list[int], list[list[float]], list[float]]:
-    """Per segment, the rows, the sums of ``z … z⁴`` (four ``S × C`` vectors) and of the pairs' products of
-    rows with segment numbers ``ids`` ``[D, N]`` and change columns ``z`` ``[N, C]``."""
-    counts = per_segment(ids, size, np.ones((len(z), 1)))
-    moments = [per_segment(ids, size, z**power).tolist() for power in (1, 2, 3, 4)]
-    return [int(round(v)) for v in counts], moments, per_segment(ids, size, cross_products(z)).tolist()
 
 
 @dataclass(frozen=True)
@@ -326,7 +217,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     """Every segment's :class:`SegmentChange` in the window (see the module docstring)."""
     size = len(ref.n)
     out = [UNCHANGED] * size
-    c = len(sketch.columns) if sketch is not None else 0
+    c = len(sketch.columns) - len(sketch.relations) if sketch is not None else 0  # the moments tested: no relation's
     tested = [s for s in range(size) if s < len(window.seg_n) and window.seg_n[s] >= MIN_ROWS]
     if not tested:
         return out
@@ -390,6 +281,7 @@ class _Moments:
         shuffled or swapped column loses the correlation it had with the others)."""
         pairs = sketch.pairs
         c = len(sketch.columns)
+        relations = c - len(sketch.relations)  # the first relation column
         if not pairs or len(window.cross) < (s + 1) * len(pairs):
             return []
         n, m = float(window.n[s]), float(self.n[s])
@@ -405,15 +297,48 @@ class _Moments:
                 continue
             d = math.atanh(live) - math.atanh(ref)
             z = d / math.sqrt(1.0 / (n - 3) + 1.0 / (m - 3))
-            name = f"{sketch.columns[i]} ~ {sketch.columns[j]}"
-            out.append(ColumnChange(name, live - ref, 1.0, abs(d), math.erfc(abs(z) / math.sqrt(2.0)), "pair"))
+            p = math.erfc(abs(z) / math.sqrt(2.0))
+            name = sketch.pair_name(i, j)
+            if j < relations:
+                out.append(ColumnChange(name, live - ref, 1.0, abs(d), p, "pair"))
+                continue
+            lost = self._relation_lost(s, i, j, (a, b, aa, bb, window.cross[s * len(pairs) + k] / n), k)
+            whole = self.whole[1][i] - self.whole[0][i] ** 2
+            if lost is not None and whole > 1e-12:
+                change = ColumnChange(name, live - ref, 1.0, lost[0] / whole, p, "relation", effect=lost[0] / lost[1])
+                out.append(change)
         return out
 
+    def _relation_lost(
+        self, s: int, i: int, j: int, live: tuple[float, float, float, float, float], k: int
+    ) -> tuple[float, float] | None:
+        """How much more of column ``i``'s variance its relation ``j`` (the others' fit of it) leaves unexplained in
+        segment ``s`` in the window than at reference (at least 0), and ``i``'s reference variance there (None when
+        either column is constant there): the mean square of ``i`` less the reference's regression on ``j`` (``c =
+        cov / var(j)``), centered on the window's own means, minus the reference's ``var(i) (1 − ρ²)``. A relation
+        broken in a share ``φ`` of the segment's rows (their ``i`` replaced by values of its distribution there)
+        loses ``2 φ ρ² var(i)``: linear in the share, where the correlation's Fisher ``z`` saturates. Its ``distance``
+        (what ranks the segment) is this loss in ``i``'s variance over all segments, the same unit in every segment
+        (in ``i``'s own variance, a bin of ``i`` would read any loss many times larger); the threshold reads it in
+        the segment's own."""
+        a, b = self.m[0][s, i], self.m[0][s, j]
+        var_i, var_j = self.m[1][s, i] - a * a, self.m[1][s, j] - b * b
+        cov = self.cross[s, k] - a * b
+        if var_i <= 1e-12 or var_j <= 1e-12:
+            return None
+        c = cov / var_j
+        la, lb, laa, lbb, lab = live
+        live_sq = (laa - la * la) - 2.0 * c * (lab - la * lb) + c * c * (lbb - lb * lb)
+        return max(live_sq - (var_i - c * cov), 0.0), var_i
+
     def columns(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
+        """Every sketched column's first two moments against the segment's at reference; not the relations (each a
+        mix of the other columns, tested one by one: in a segment that received a fault's rows the mix of their
+        unusual other columns reads as one more, larger change of the receiving segment's own inputs)."""
         c = len(sketch.columns)
         n, m = float(window.n[s]), float(self.n[s])
         out = []
-        for j in range(c):
+        for j in range(c - len(sketch.relations)):
             r1, r2, r3, r4 = (x[s, j] for x in self.m)
             g1, g2, g3, g4 = (x[j] for x in self.whole)
             v11 = pulled(r2 - r1 * r1, g2 - g1 * g1, m)

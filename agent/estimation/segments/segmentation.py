@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.segments.change import ChangeSketch, cross_products
 from agent.estimation.segments.kinds.base import Tables
 from agent.estimation.segments.kinds.registry import KINDS
+from agent.estimation.segments.sketch import ChangeSketch
 from exporters.label_values import MAX_LABEL as MAX_LABEL
 from exporters.label_values import bounded_label
 
@@ -246,7 +246,7 @@ class Segmentation:
 
     dimensions: tuple[Dimension, ...]
     reference: SegmentReference
-    #: the change columns and their per-segment reference (:mod:`agent.estimation.segments.change`; None in
+    #: the change columns and their per-segment reference (:mod:`agent.estimation.segments.sketch`; None in
     #: bundles fitted before them, or without a view to read)
     change: ChangeSketch | None = None
     offsets: tuple[int, ...] = field(init=False)
@@ -327,7 +327,7 @@ class Segmentation:
         """The products of the sketched pairs of change columns ``[N, P]`` (none in sketches without pairs)."""
         if self.change is None or not self.change.pairs:
             return np.zeros((len(z), 0))
-        return cross_products(z)
+        return self.change.cross(z)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.estimation.segments.change import MAX_COLUMNS, ChangeSketch, reference_moments
+from agent.estimation.segments.sketch import (
+    CLIP,
+    MAX_COLUMNS,
+    MAX_RELATIONS,
+    ChangeSketch,
+    reference_moments,
+    sketched_pairs,
+)
 from agent.estimation.statistics.reference import leading_components
 from agent.offline.calibration.segments.data import SegmentData, ViewShape
 from agent.offline.calibration.segments.kinds.column import information
@@ -17,6 +24,12 @@ COMPONENTS = 8
 MAX_ROWS = 5000
 #: Bins of a numeric column when ranking table columns by their information on the class.
 RANK_BINS = 8
+#: Share of a numeric column's variance the other sketched columns must explain (R² of its least-squares fit on
+#: them, training rows) for its relation to them to be sketched: below it, a shuffle barely moves the correlation.
+MIN_RELATION = 0.5
+#: Ridge of the relation fits, per training row (standardized columns): keeps the fit stable where columns are
+#: collinear (one derived from others).
+RIDGE = 1e-3
 
 
 def define_change(
@@ -26,20 +39,24 @@ def define_change(
     the validation rows, whose segment numbers are ``ids`` ``[D, N]``."""
     train = _rows(np.asarray(data.train_features), seed)
     numeric = [g for g in shape.columns if not g.onehot]
+    relations: tuple[int, ...] = ()
     if numeric:
         read = _table_columns(train, [g.columns[0] for g in numeric], [g.name for g in numeric], data, seed)
+        if read is not None:
+            read, relations = _relations(train, read)
     else:
         read = _components(train)
     if read is None:
         return None
     names, weights, bias = read
-    draft = ChangeSketch(names, weights, bias, (0,) * size, ((0.0,) * (size * len(names)),) * 4)
+    draft = ChangeSketch(names, weights, bias, (0,) * size, ((0.0,) * (size * len(names)),) * 4, (), relations)
     val = np.asarray(data.val_features).reshape(len(data.val_features), -1)
     z = draft.values(val)
     if z is None:
         return None
-    counts, moments, cross = reference_moments(ids, size, z)
-    return ChangeSketch(names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross))
+    pairs = sketched_pairs(len(names) - len(relations), relations)
+    counts, moments, cross = reference_moments(ids, size, z, pairs)
+    return ChangeSketch(names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross), relations)
 
 
 def _rows(x: np.ndarray, seed: int) -> np.ndarray:
@@ -75,6 +92,52 @@ def _table_columns(
         w[j, c] = 1.0 / sd
     bias = tuple(-mean / sd for _, _, _, mean, sd in kept)
     return tuple(name for _, _, name, _, _ in kept), tuple(tuple(float(v) for v in r) for r in w), bias
+
+
+def _relations(train: np.ndarray, read: Read) -> tuple[Read, tuple[int, ...]]:
+    """``read`` with the relation of every sketched column the others explain (R² ≥ :data:`MIN_RELATION`, in the
+    order of the columns, at most :data:`MAX_RELATIONS`) appended: the others' ridge least-squares fit of it
+    (:data:`RIDGE`), standardized on the training rows, named ``<column> from the others``; and for each, the
+    column it fits (:attr:`~agent.estimation.segments.change.ChangeSketch.relations`). Each is one more linear read
+    of the view, so its sums are the sketch's like any column's."""
+    names, weights, bias = read
+    c = len(names)
+    if c < 2:
+        return read, ()
+    w, b = np.asarray(weights), np.asarray(bias)
+    z = np.clip(np.nan_to_num(train[:, : w.shape[0]] @ w + b, nan=0.0, posinf=CLIP, neginf=-CLIP), -CLIP, CLIP)
+    mu = z.mean(axis=0)
+    z = z - mu
+    gram = z.T @ z
+    ridge = RIDGE * len(z)
+    new_w, new_b, new_names, related = [], [], [], []
+    for j in range(c):
+        others = [k for k in range(c) if k != j]
+        g = gram[np.ix_(others, others)] + ridge * np.eye(c - 1)
+        beta = np.linalg.solve(g, gram[others, j])
+        fit = z[:, others] @ beta
+        var = float(z[:, j].var())
+        sd = float(fit.std())
+        if var <= 0 or sd <= 0 or 1.0 - float((z[:, j] - fit).var()) / var < MIN_RELATION:
+            continue
+        # the fit Σ β (x W + b − μ) over the others: one linear read of the view, standardized
+        new_w.append(w[:, others] @ beta / sd)
+        new_b.append(float((b[others] - mu[others]) @ beta) / sd)
+        new_names.append(f"{names[j]} from the others")
+        related.append(j)
+        if len(related) == MAX_RELATIONS:
+            break
+    if not related:
+        return read, ()
+    all_w = np.concatenate([w, np.stack(new_w, axis=1)], axis=1)
+    return (
+        (
+            (*names, *new_names),
+            tuple(tuple(float(v) for v in row) for row in all_w),
+            (*bias, *new_b),
+        ),
+        tuple(related),
+    )
 
 
 def _information(col: np.ndarray, y: np.ndarray, finite: np.ndarray) -> float:

@@ -1,0 +1,176 @@
+"""The change sketch fixed at ``fit``: which linear reads of the feature view a window sums per segment, and the
+reference sums of the labeled validation data (DESIGN, "Diagnosis and comparison"; docs/diagnosis.md, "What
+changed"). :mod:`agent.estimation.segments.change` tests a window's sums against them.
+
+At ``fit`` a few *change columns* are fixed (:class:`ChangeSketch`): the numeric columns of a table view (at most
+:data:`MAX_COLUMNS`, the most informative of the predicted class first), or the leading principal components of a
+wide view (images, text, embeddings), and for a table the *relation* of each numeric column the others explain
+(their least-squares fit of it, at most :data:`MAX_RELATIONS`: a column shuffled or swapped inside a segment keeps
+its distribution there and no longer follows the others). Each is a linear read of the feature view, standardized on
+the training data and clipped to ``±``:data:`CLIP` (a column scaled by 100 upstream stays a bounded number), then
+offset by :data:`CLIP` so that every sum is a non-negative counter: ``z = clip(x · W + b) + CLIP``, in ``[0,
+2·CLIP]`` (the test, :mod:`agent.estimation.segments.change`, reads ``(z, z²)``, an invertible affine map of the
+unshifted pair: the offset changes none of its figures). A window keeps, per segment and change column, the sums ``Σ
+z`` and ``Σ z²`` (:attr:`~agent.estimation.statistics.window.WindowStats.change_sum`, ``change_sq``), per segment
+the predictions read (``change_n``) and the products of the sketched pairs (``change_cross``:
+:attr:`ChangeSketch.pairs`): sums that add across windows and replicas like every other statistic. The reference is
+the same read of the labeled validation data, per segment, with its third and fourth moments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agent.estimation.statistics.window import per_segment
+
+#: Most change columns a bundle sketches (of a table: its numeric columns; each may bring its relation to the
+#: others besides, :data:`MAX_RELATIONS`).
+MAX_COLUMNS = 16
+#: Most *relation* columns a table's sketch adds: a numeric column less its least-squares fit on the other sketched
+#: columns (``a ~ others``), for the columns the others predict well (a column shuffled or swapped inside a segment
+#: keeps its own distribution there and breaks its relation to the others).
+MAX_RELATIONS = 16
+#: The first change columns whose correlations (every pair of them) are sketched as well.
+PAIR_COLUMNS = 4
+#: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
+CLIP = 6.0
+
+
+@dataclass(frozen=True)
+class ChangeSketch:
+    """The change columns fixed at fit (see the module docstring): their names, the linear read ``W`` ``[D, C]``
+    (``weights``, as rows of the view's ``width`` columns) and ``bias``; per segment of the segmentation, its
+    validation rows ``ref_n`` and the sums of ``z``, ``z²``, ``z³``, ``z⁴`` (``ref_moments``, four vectors of
+    ``S × C`` entries, segment-major)."""
+
+    columns: tuple[str, ...]
+    weights: tuple[tuple[float, ...], ...]
+    bias: tuple[float, ...]
+    ref_n: tuple[int, ...]
+    ref_moments: tuple[tuple[float, ...], ...]
+    #: per segment and sketched pair (:attr:`pairs`), the sum of ``zᵢ zⱼ``
+    ref_cross: tuple[float, ...] = ()
+    #: the relation columns (the last ``len(relations)`` columns): for each, the column it is the others' fit of
+    #: (:data:`MAX_RELATIONS`; none in sketches fitted without them)
+    relations: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        c = len(self.columns)
+        if not 0 < c <= MAX_COLUMNS + MAX_RELATIONS:
+            raise ValueError(f"{c} change columns (1 … {MAX_COLUMNS + MAX_RELATIONS})")
+        if len(self.bias) != c or any(len(w) != c for w in self.weights) or not self.weights:
+            raise ValueError("change columns: weights or bias of the wrong shape")
+        if len(self.ref_moments) != 4 or any(len(m) != len(self.ref_n) * c for m in self.ref_moments):
+            raise ValueError("change columns: reference moments of the wrong shape")
+        base = c - len(self.relations)
+        if len(self.relations) > MAX_RELATIONS or any(not 0 <= t < base for t in self.relations):
+            raise ValueError("change columns: relations of the wrong shape")
+        pairs = sketched_pairs(base, self.relations) if self.ref_cross else ()
+        object.__setattr__(self, "_pairs", pairs)
+        index = (np.asarray([i for i, _ in pairs], dtype=np.intp), np.asarray([j for _, j in pairs], dtype=np.intp))
+        object.__setattr__(self, "_pair_index", index)
+        if self.ref_cross and len(self.ref_cross) != len(self.ref_n) * len(self.pairs):
+            raise ValueError("change columns: reference correlations of the wrong shape")
+        object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
+        object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
+
+    @property
+    def width(self) -> int:
+        """Columns of the view it reads."""
+        return len(self.weights)
+
+    @property
+    def size(self) -> int:
+        """Segments it has a reference for."""
+        return len(self.ref_n)
+
+    @property
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The pairs of change columns whose correlation is sketched (none in sketches fitted without them): every
+        pair of the first :data:`PAIR_COLUMNS`, then each column with the others' fit of it (its relation)."""
+        return self._pairs  # type: ignore[attr-defined,no-any-return]
+
+    def cross(self, z: np.ndarray) -> np.ndarray:
+        """``zᵢ zⱼ`` of every row of the change columns ``z`` ``[N, C]`` for every sketched pair ``[N, P]``."""
+        i, j = self._pair_index  # type: ignore[attr-defined]
+        return z[:, i] * z[:, j]  # type: ignore[no-any-return]
+
+    def pair_name(self, i: int, j: int) -> str:
+        """A pair's name in a report: ``a ~ b``, or ``a ~ the others`` for a column and its relation."""
+        relation = j >= len(self.columns) - len(self.relations)
+        return f"{self.columns[i]} ~ {'the others' if relation else self.columns[j]}"
+
+    def values(self, features: np.ndarray | None) -> np.ndarray | None:
+        """Every prediction's change columns ``[N, C]`` (None when the view is missing or narrower than at fit)."""
+        if features is None:
+            return None
+        f = np.asarray(features).reshape(len(features), -1)
+        if f.shape[1] < self.width:
+            return None
+        x = f[:, : self.width].astype(np.float64, copy=False)
+        z = x @ self._w + self._b  # type: ignore[attr-defined]
+        if not np.isfinite(z).all():  # a missing or infinite input spoils only its own columns
+            x = np.nan_to_num(x, nan=0.0, posinf=1e30, neginf=-1e30)
+            with np.errstate(over="ignore", invalid="ignore"):
+                z = x @ self._w + self._b  # type: ignore[attr-defined]
+            np.nan_to_num(z, copy=False, nan=0.0, posinf=CLIP, neginf=-CLIP)
+        np.clip(z, -CLIP, CLIP, out=z)
+        return np.add(z, CLIP, out=z)  # in [0, 2·CLIP]: every sum a non-negative, growing counter
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "columns": list(self.columns),
+            "weights": [list(w) for w in self.weights],
+            "bias": list(self.bias),
+            "ref_n": list(self.ref_n),
+            "ref_moments": [list(m) for m in self.ref_moments],
+            "ref_cross": list(self.ref_cross),
+            "relations": list(self.relations),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ChangeSketch:
+        return cls(
+            tuple(str(c) for c in d["columns"]),
+            tuple(tuple(float(x) for x in w) for w in d["weights"]),
+            tuple(float(x) for x in d["bias"]),
+            tuple(int(v) for v in d["ref_n"]),
+            tuple(tuple(float(x) for x in m) for m in d["ref_moments"]),
+            tuple(float(x) for x in d.get("ref_cross", ())),
+            tuple(int(t) for t in d.get("relations", ())),
+        )
+
+
+def column_pairs(columns: int) -> tuple[tuple[int, int], ...]:
+    """Every pair ``(i, j)``, ``i < j``, of the first :data:`PAIR_COLUMNS` of ``columns`` change columns."""
+    k = min(columns, PAIR_COLUMNS)
+    return tuple((i, j) for i in range(k) for j in range(i + 1, k))
+
+
+def sketched_pairs(base: int, relations: Sequence[int] = ()) -> tuple[tuple[int, int], ...]:
+    """The pairs a sketch of ``base`` columns and ``relations`` (:attr:`ChangeSketch.relations`) reads: every pair
+    of the first :data:`PAIR_COLUMNS`, then each related column with its relation (numbered from ``base``)."""
+    return column_pairs(base) + tuple((t, base + k) for k, t in enumerate(relations))
+
+
+def cross_products(z: np.ndarray, pairs: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+    """``zᵢ zⱼ`` of every row for every pair of ``pairs`` (None: :func:`column_pairs`) ``[N, P]``."""
+    pairs = column_pairs(z.shape[1]) if pairs is None else pairs
+    if not pairs:
+        return np.zeros((len(z), 0))
+    i, j = (np.asarray(x) for x in zip(*pairs, strict=True))
+    return z[:, i] * z[:, j]
+
+
+def reference_moments(
+    ids: np.ndarray, size: int, z: np.ndarray, pairs: Sequence[tuple[int, int]] | None = None
+) -> tuple[list[int], list[list[float]], list[float]]:
+    """Per segment, the rows, the sums of ``z … z⁴`` (four ``S × C`` vectors) and of the products of ``pairs``
+    (None: :func:`column_pairs`) of rows with segment numbers ``ids`` ``[D, N]`` and change columns ``z`` ``[N, C]``."""
+    counts = per_segment(ids, size, np.ones((len(z), 1)))
+    moments = [per_segment(ids, size, z**power).tolist() for power in (1, 2, 3, 4)]
+    return [int(round(v)) for v in counts], moments, per_segment(ids, size, cross_products(z, pairs)).tolist()
