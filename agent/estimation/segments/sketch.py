@@ -33,7 +33,7 @@ MAX_COLUMNS = 16
 #: Most *relation* columns a table's sketch adds: a numeric column less its least-squares fit on the other sketched
 #: columns (``a ~ others``), for the columns the others predict well (a column shuffled or swapped inside a segment
 #: keeps its own distribution there and breaks its relation to the others).
-MAX_RELATIONS = 16
+MAX_RELATIONS = 8
 #: The first change columns whose correlations (every pair of them) are sketched as well.
 PAIR_COLUMNS = 4
 #: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
