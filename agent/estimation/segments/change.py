@@ -426,7 +426,11 @@ def pulled(own: float, whole: float, rows: float) -> float:
 
 
 def _failures(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnChange]:
-    """The oracle's failure rate of segment ``s`` against its calibration split's (one-sided: more failures)."""
+    """The oracle's failure rate of segment ``s`` against its calibration split's (one-sided: more failures), by the
+    two-proportion test: its standard error from the rate both samples share under no change (the window's failures
+    and the reference's pooled), not the reference's alone, which a thin segment's few calibration rows read low
+    (a rate read from few rows errs low more often than high, and the normal tail above a low rate is too thin).
+    The effect is in standard deviations of the reference's rate."""
     if s >= len(window.seg_fails) or s >= len(ref.cal_n):
         return []
     n = float(window.seg_n[s])
@@ -434,8 +438,10 @@ def _failures(ref: ChangeReference, window: WindowChange, s: int) -> list[Column
     rate = (ref.cal_fails[s] + PRIOR_ROWS * ref.rate) / (m + PRIOR_ROWS)
     rate = min(max(rate, 0.5 / (m + PRIOR_ROWS + n)), 1 - 1e-9)
     sd = math.sqrt(rate * (1 - rate))
+    pooled = (window.seg_fails[s] + rate * (m + PRIOR_ROWS)) / (n + m + PRIOR_ROWS)
+    pooled = min(max(pooled, rate), 1 - 1e-9)
     d = window.seg_fails[s] / n - rate
-    z = d / (sd * math.sqrt(1.0 / n + 1.0 / (m + PRIOR_ROWS)))
+    z = d / (math.sqrt(pooled * (1 - pooled)) * math.sqrt(1.0 / n + 1.0 / (m + PRIOR_ROWS)))
     p = 0.5 * math.erfc(z / math.sqrt(2.0))
     return [ColumnChange(ORACLE_COLUMN, d / sd, 1.0, max(d / sd, 0.0), p, "oracle")]
 
