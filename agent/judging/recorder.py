@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from agent.estimation.segments.segmentation import segment_ids
+from agent.estimation.statistics.extras_columns import extras_columns
 from agent.estimation.statistics.items import stat_items
-from agent.estimation.statistics.window import SampleExtras, WindowStats, extras_columns, novel_inputs, sample_extras
+from agent.estimation.statistics.window import SampleExtras, WindowStats, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
 from agent.judging.verdicts import Arrays, JudgeWork, concatenated, judge, oracle_call
 from agent.judging.windows import WindowSet

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from agent.errors import DamagedData
-from agent.estimation.statistics.window import EXTRAS_DTYPE as _EXTRAS_DTYPE
-from agent.estimation.statistics.window import EXTRAS_FIELDS, SampleExtras, extras_from_columns
+from agent.estimation.statistics.extras_columns import EXTRAS_DTYPE as _EXTRAS_DTYPE
+from agent.estimation.statistics.extras_columns import EXTRAS_FIELDS, extras_from_columns
+from agent.estimation.statistics.window import SampleExtras
 from agent.protocol.v2 import MAX_REQUEST_ID_BYTES
 
 #: dtype of the ``predicted`` BLOB of a ``requests`` row (one little-endian int32 per prediction)

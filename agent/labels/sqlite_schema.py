@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agent.estimation.statistics.window import EXTRAS_DTYPE, EXTRAS_FIELDS, extras_columns
+from agent.estimation.statistics.extras_columns import EXTRAS_DTYPE, EXTRAS_FIELDS, extras_columns
 from agent.labels.kept_inputs import SQLITE_SCHEMA as KEPT_INPUTS_SCHEMA
 from agent.labels.rows import (
     PREDICTED_DTYPE,

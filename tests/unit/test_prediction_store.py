@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.estimation.statistics.window import EXTRAS_FIELDS, SampleExtras, extras_columns, extras_from_columns
+from agent.estimation.statistics.extras_columns import EXTRAS_FIELDS, extras_columns, extras_from_columns
+from agent.estimation.statistics.window import SampleExtras
 from agent.labels.rows import (
     LabeledRows,
     PendingBatch,

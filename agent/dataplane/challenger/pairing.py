@@ -13,7 +13,8 @@ import numpy as np
 from agent.errors import UserError
 from agent.estimation.pairs.calibration import Disagreements, PairCalibration
 from agent.estimation.pairs.paired import PairSums
-from agent.estimation.statistics.window import extras_from_columns, sample_extras
+from agent.estimation.statistics.extras_columns import extras_from_columns
+from agent.estimation.statistics.window import sample_extras
 from agent.judging.paired_windows import PairedStats
 from agent.judging.recorder import JudgedBatch, judged_stats
 from agent.judging.runtime import Runtime

@@ -3,8 +3,8 @@
 :class:`WindowStats` is declared once: every field is an additive count, sum or vector of them, and
 its sum, difference, in-place sum, copy and (de)serialisation are all derived from the field
 declarations (the kind of a field is its annotation). :class:`SampleExtras` are the optional
-per-sample inputs of the full ``shift_aware`` model; :func:`extras_columns` is their float64
-column codec, as stored with every prediction.
+per-sample inputs of the full ``shift_aware`` model (stored with every prediction as the columns of
+:mod:`agent.estimation.statistics.extras_columns`).
 """
 
 from __future__ import annotations
@@ -109,29 +109,6 @@ def sample_extras(
     if shift is None or probabilities is None or labels is None or features is None or tdi_rules is None:
         return None
     return SampleExtras.compute(probabilities, labels, features, tdi_rules, shift.reference)
-
-
-#: The :class:`SampleExtras` fields kept per prediction, in the order of the ``extras`` column.
-EXTRAS_FIELDS: tuple[str, ...] = ("margin", "rules", "agree", "covered", "pca_error")
-#: The stored dtype of an extras column (little-endian float64: integers and bools are exact).
-EXTRAS_DTYPE = "<f8"
-
-
-def extras_columns(extras: SampleExtras) -> np.ndarray:
-    """The extras as float64 ``[N, 5]`` (columns :data:`EXTRAS_FIELDS`; integer and bool fields exactly)."""
-    return np.column_stack([np.asarray(getattr(extras, f), dtype=np.float64).reshape(-1) for f in EXTRAS_FIELDS])
-
-
-def extras_from_columns(cols: np.ndarray) -> SampleExtras:
-    """The inverse of :func:`extras_columns`."""
-    c = np.asarray(cols, dtype=np.float64).reshape(-1, len(EXTRAS_FIELDS))
-    return SampleExtras(
-        margin=c[:, 0].copy(),
-        rules=c[:, 1].astype(np.int64),
-        agree=c[:, 2] != 0,
-        covered=c[:, 3] != 0,
-        pca_error=c[:, 4].copy(),
-    )
 
 
 def _required() -> dict[str, bool]:
