@@ -10,23 +10,23 @@ segment in every window, with the same sums of the labeled validation data as th
 **The test.** Per segment ``s`` and column ``c`` the window's first two moments ``(m₁, m₂)`` are compared with the
 reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)``, ``V`` the per-row covariance of ``(z, z²)`` at
 reference (from its four moments, pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so that a
-thin segment's few rows do not make its own noise look like a change), ``T² = dᵀ V⁻¹ d / (1/n + 1/m)``, which is χ²
-with 2 degrees of freedom under no change: ``p = exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves
-``m₁``; a spread change (stuck at a constant, scaled, blurred) moves ``m₂``. A segment of :data:`MIN_REFERENCE_SHAPE`
-validation rows is read a second time in its own deviations (:func:`_own_spread_distance`, one more test per column in
-the Bonferroni factor): a bin of the column is far narrower than the column, and a spread collapsed there is the
-pulled yardstick's noise. The reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched
-pair is tested by Fisher's ``z`` of its correlation; a column and its relation (``a ~ the others``) by the same test,
-its effect the share of the column's variance the relation no longer explains (:meth:`_Moments._relation_lost`). The
-oracle's failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its
-own distribution stays): a one-sided binomial test of the segment's failures against its calibration split's rate. The
-model's confidence is one more: a one-sided test of the segment's mean confidence against its reference's (a model's
-outputs move only when its inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no
-sketched column or pair shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is
-then no longer to be believed). So is the segment's share of novel inputs (whose reconstruction by the input PCA errs
-beyond the clean 99% quantile, :func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its
-reference share: it reads the whole feature view, the columns the sketch leaves out too (a categorical column broken
-inside one category).
+thin segment's few rows do not make its own noise look like a change), ``T² = dᵀ V⁻¹ d / (k/n + 1/m)``, ``k`` the
+window's variance of the column over ``V``'s where larger (Welch), which is χ² with 2 degrees of freedom under no
+change: ``p = exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a
+constant, scaled, blurred) moves ``m₂``. A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a second
+time in its own deviations (:func:`_own_spread_distance`, one more test per column in the Bonferroni factor): a bin of
+the column is far narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported
+``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's ``z`` of
+its correlation; a column and its relation (``a ~ the others``) by the same test, its effect the share of the column's
+variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's failure rate is one more
+column (a shuffled column breaks the invariants mined between columns even where its own distribution stays): a
+one-sided binomial test of the segment's failures against its calibration split's rate. The model's confidence is one
+more: a one-sided test of the segment's mean confidence against its reference's (a model's outputs move only when its
+inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no sketched column or pair
+shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be
+believed). So is the segment's share of novel inputs (whose reconstruction by the input PCA errs beyond the clean 99%
+quantile, :func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its reference share: it reads
+the whole feature view, the columns the sketch leaves out too (a categorical column broken inside one category).
 
 A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations when it
 had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of tests in the
@@ -357,8 +357,11 @@ class _Moments:
             if m >= MIN_REFERENCE_SHAPE:
                 own, whole = _central(r1, r2, r3, r4), _central(g1, g2, g3, g4)
                 test_sq = max(test_sq, _own_spread_distance(own, whole, m, floor, d1, d2 - 2 * r1 * d1))
-            t2 = test_sq / (1.0 / n + 1.0 / max(m, 1.0))
             var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
+            # Welch: the window's rows at their own spread where it is the wider (a reference of a few hundred rows
+            # that came out narrow by chance would otherwise read every window's ordinary spread as a change)
+            wider = max(var_w / v11, 1.0)
+            t2 = test_sq / (wider / n + 1.0 / max(m, 1.0))
             sd_r = math.sqrt(v11)
             out.append(
                 ColumnChange(
