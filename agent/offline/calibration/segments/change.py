@@ -98,7 +98,7 @@ def _relations(train: np.ndarray, read: Read) -> tuple[Read, tuple[int, ...]]:
     """``read`` with the relation of every sketched column the others explain (R² ≥ :data:`MIN_RELATION`, in the
     order of the columns, at most :data:`MAX_RELATIONS`) appended: the others' ridge least-squares fit of it
     (:data:`RIDGE`), standardized on the training rows, named ``<column> from the others``; and for each, the
-    column it fits (:attr:`~agent.estimation.segments.change.ChangeSketch.relations`). Each is one more linear read
+    column it fits (:attr:`~agent.estimation.segments.sketch.ChangeSketch.relations`). Each is one more linear read
     of the view, so its sums are the sketch's like any column's."""
     names, weights, bias = read
     c = len(names)
