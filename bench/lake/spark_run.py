@@ -71,6 +71,7 @@ def session(cores: int = 2) -> Iterator[Any]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(cores * 2))
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")  # where the block manager serves task results over the direct size
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

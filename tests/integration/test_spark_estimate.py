@@ -42,6 +42,9 @@ def spark() -> Iterator[Any]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # the address the driver's block manager advertises too: a task result over the direct-result size is
+        # fetched from it, and only loopback is reachable (the host's own address is refused here)
+        .config("spark.driver.host", "127.0.0.1")
         .getOrCreate()
     )
     yield session
