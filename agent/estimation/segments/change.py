@@ -20,7 +20,7 @@ the column is far narrower than the column, and a spread collapsed there is the 
 its correlation; a column and its relation (``a ~ the others``) by the same test, its effect the share of the column's
 variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's failure rate is one more
 column (a shuffled column breaks the invariants mined between columns even where its own distribution stays): a
-one-sided binomial test of the segment's failures against its calibration split's rate. The model's confidence is one
+one-sided two-proportion test of the segment's failures against its calibration split's. The model's confidence is one
 more: a one-sided test of the segment's mean confidence against its reference's (a model's outputs move only when its
 inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no sketched column or pair
 shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be
@@ -281,7 +281,7 @@ class _Moments:
         shuffled or swapped column loses the correlation it had with the others)."""
         pairs = sketch.pairs
         c = len(sketch.columns)
-        relations = c - len(sketch.relations)  # the first relation column
+        first_relation = c - len(sketch.relations)
         if not pairs or len(window.cross) < (s + 1) * len(pairs):
             return []
         n, m = float(window.n[s]), float(self.n[s])
@@ -299,7 +299,7 @@ class _Moments:
             z = d / math.sqrt(1.0 / (n - 3) + 1.0 / (m - 3))
             p = math.erfc(abs(z) / math.sqrt(2.0))
             name = sketch.pair_name(i, j)
-            if j < relations:
+            if j < first_relation:
                 out.append(ColumnChange(name, live - ref, 1.0, abs(d), p, "pair"))
                 continue
             lost = self._relation_lost(s, i, j, (a, b, aa, bb, window.cross[s * len(pairs) + k] / n), k)
