@@ -131,9 +131,11 @@ class Estimates:
         ``contribution`` to the window's drop): its ``dimension``, ``kind`` and ``segment`` name, ``n`` and
         ``share`` beside its ``reference_share`` and ``reference_accuracy``, the segment estimate's ``value``,
         ``lower`` and ``upper``, ``z``, what changed without labels (``changed``, ``change_score`` and
-        ``changed_columns``, the inputs that moved most, ``", "``-joined), ``widespread`` (the window's change is
-        across the traffic, in no one segment: the same on every row of a window) and ``truth_accuracy`` where
-        every row is labeled."""
+        ``changed_columns``, the inputs that moved most, ``", "``-joined), ``status`` (as in ``/v1/estimates``:
+        ``dropping``, ``changed_cost_unknown``, ``changed`` or ``ok``), ``shares_moved`` (rows moved between the
+        segments of its dimension, so a change in a segment that gained rows may be of rows changed elsewhere: the
+        same on every row of a dimension), ``widespread`` (the window's change is across the traffic, in no one
+        segment: the same on every row of a window) and ``truth_accuracy`` where every row is labeled."""
         import pandas as pd
 
         tables: list[tuple[Any, Any, SegmentTable | None]] = [
@@ -167,6 +169,8 @@ class Estimates:
                         "changed": s.change.changed,
                         "change_score": s.change.score,
                         "changed_columns": ", ".join(s.change.names),
+                        "status": s.status,
+                        "shares_moved": s.moved,
                         "widespread": widespread,
                         "truth_accuracy": s.truth_accuracy,
                         "truth_n": s.truth_n,

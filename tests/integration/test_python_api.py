@@ -151,9 +151,10 @@ def test_segments_say_what_changed_and_whether_across_the_traffic(digits_bundle:
     accuracy that no label-free estimate shows. Every image inverted in its pixel range: across the traffic."""
     same = digits_bundle.estimate(_frame(slice(900, 1400, 2)), labels="label", progress=False)
     clean = same.segments_df(every_row=True)
-    for col in ("changed", "change_score", "changed_columns", "widespread"):
+    for col in ("changed", "change_score", "changed_columns", "status", "shares_moved", "widespread"):
         assert col in clean.columns, col
-    assert not clean["changed"].any() and not clean["widespread"].any()
+    assert not clean["changed"].any() and not clean["widespread"].any() and not clean["shares_moved"].any()
+    assert set(clean["status"]) <= {"ok", "dropping"}
     assert (clean["change_score"] == 0).all() and (clean["changed_columns"] == "").all()
 
     frame = _frame(slice(1400, 1797))
@@ -162,6 +163,8 @@ def test_segments_say_what_changed_and_whether_across_the_traffic(digits_bundle:
     assert 0 < len(changed) < len(later) and not later["widespread"].any()
     assert changed["rank"].max() < rest["rank"].min()
     assert (changed["change_score"] > 0).all() and (changed["changed_columns"] != "").all()
+    assert set(changed["status"]) <= {"changed", "changed_cost_unknown", "dropping"}
+    assert (later.groupby("dimension")["shares_moved"].nunique() == 1).all()
     lost = np.average(changed["reference_accuracy"] - changed["truth_accuracy"], weights=changed["n"])
     unseen = np.average(changed["reference_accuracy"] - changed["value"], weights=changed["n"])
     assert lost > 0.03 and unseen < lost / 2, (lost, unseen)
