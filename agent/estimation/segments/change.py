@@ -7,17 +7,20 @@ upstream inside one category changes that column's distribution *inside that cat
 **The sketch** (:mod:`agent.estimation.segments.sketch`): a few *change columns* fixed at ``fit``, summed per
 segment in every window, with the same sums of the labeled validation data as the reference.
 
-**The test.** Per segment ``s`` and column ``c`` the window's first two moments ``(m₁, m₂)`` are compared with the
-reference's by a two-sample Hotelling test: ``d = (m₁ − r₁, m₂ − r₂)``, ``V`` the per-row covariance of ``(z, z²)`` at
-reference (from its four moments, pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so that a
-thin segment's few rows do not make its own noise look like a change), ``T² = dᵀ V⁻¹ d / (k/n + 1/m)``, ``k`` the
-window's variance of the column over ``V``'s where larger (Welch), which is χ² with 2 degrees of freedom under no
-change: ``p = exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a
-constant, scaled, blurred) moves ``m₂``. A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a second
-time in its own deviations (:func:`_own_spread_distance`, one more test per column in the Bonferroni factor): a bin of
-the column is far narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported
-``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's ``z`` of
-its correlation; a column and its relation (``a ~ the others``) by the same test, its effect the share of the column's
+**The test.** Per segment ``s`` and column ``c`` the window's first two moments are compared with the reference's by a
+two-sample Hotelling test: ``d = (m₁ − r₁, e₂)``, the mean's shift and the second moment's about the reference mean,
+``V`` the per-row covariance of ``(u, u²)`` (``u`` a value less the reference mean) at reference, from the segment's
+variance and shape (skewness, kurtosis) pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so
+that a thin segment's few rows do not make their own noise look like a change, the kurtosis never below the column's
+(a few rows draw few of a column's tails), the correlation of ``(u, u²)`` at most :data:`MAX_MOMENT_CORRELATION`. ``T²
+= dᵀ (V/m + W/n)⁻¹ d`` with ``W`` the window's covariance: ``V`` at the window's own variance where it is the wider
+(Welch; ``u²`` spreads as that variance squared), which is χ² with 2 degrees of freedom under no change: ``p =
+exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a constant,
+scaled, blurred) moves ``e₂``. A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a second time in its
+own deviations (:func:`_moments_test`, one more test per column in the Bonferroni factor): a bin of the column is far
+narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported ``distance``
+(what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's ``z`` of its
+correlation; a column and its relation (``a ~ the others``) by the same test, its effect the share of the column's
 variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's failure rate is one more
 column (a shuffled column breaks the invariants mined between columns even where its own distribution stays): a
 one-sided two-proportion test of the segment's failures against its calibration split's. The model's confidence is one
@@ -83,7 +86,7 @@ MIN_REFERENCE_COLUMNS, MIN_REFERENCE_PAIRS = 20, 20
 #: Rows of the column's whole-data covariance a segment's own covariance is pulled toward.
 PRIOR_ROWS = 20.0
 #: Validation rows a segment needs for its columns to be tested in its own deviations too
-#: (:func:`_own_spread_distance`): fewer make its own variance and shape too noisy a yardstick.
+#: (:func:`_moments_test`): fewer make its own variance and shape too noisy a yardstick.
 MIN_REFERENCE_SHAPE = 100
 #: The score of a segment unseen at fit, and the cap of any score: the largest mean shift (in standard
 #: deviations) the clipped columns can show.
@@ -99,6 +102,10 @@ NOVELTY_COLUMN = "novel inputs"
 UNRANKED = frozenset({"model_confidence", "novelty"})
 #: Name of a segment's share, for a segment unseen at fit.
 SHARE_COLUMN = "share (unseen at fit)"
+#: The largest correlation of a column's ``(u, u²)`` the moments' test reads: a column of one value but for rare others
+#: (zero-inflated) has ``u²`` almost a line in ``u`` at reference, and a window's few other values, off that line,
+#: would read as a change in the near-singular direction.
+MAX_MOMENT_CORRELATION = 0.9
 #: Changed columns a segment reports (the largest effects).
 REPORTED_COLUMNS = 3
 
@@ -222,7 +229,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     if not tested:
         return out
     pairs = len(sketch.pairs) if sketch is not None else 0
-    # every column is read twice where the segment's own spread is a yardstick too (:func:`_own_spread_distance`)
+    # every column is read twice where the segment's own spread is a yardstick too (:func:`_moments_test`)
     shaped = sum(1 for s in tested if sketch is not None and sketch.ref_n[s] >= MIN_REFERENCE_SHAPE)
     tests = max(len(tested) * (c + pairs + 3) + shaped * c, 1)
     moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
@@ -339,30 +346,25 @@ class _Moments:
         n, m = float(window.n[s]), float(self.n[s])
         out = []
         for j in range(c - len(sketch.relations)):
-            r1, r2, r3, r4 = (x[s, j] for x in self.m)
-            g1, g2, g3, g4 = (x[j] for x in self.whole)
-            v11 = pulled(r2 - r1 * r1, g2 - g1 * g1, m)
-            v22 = pulled(r4 - r2 * r2, g4 - g2 * g2, m)
-            v12 = pulled(r3 - r1 * r2, g3 - g1 * g2, m)
-            floor = 1e-4 * max(g2 - g1 * g1, 1e-6)
-            v11, v22 = max(v11, floor), max(v22, floor * max(g2, 1.0))
-            det = v11 * v22 - v12 * v12
-            if det <= 0:
-                v12, det = 0.0, v11 * v22
+            own = _central(*(x[s, j] for x in self.m))
+            whole = _central(*(x[j] for x in self.whole))
+            r1 = self.m[0][s, j]
+            floor = 1e-4 * max(whole[0], 1e-6)
             i = s * c + j
             d1 = window.sums[i] / n - r1
-            d2 = window.squares[i] / n - r2
-            d_sq = max((v22 * d1 * d1 - 2 * v12 * d1 * d2 + v11 * d2 * d2) / det, 0.0)
-            test_sq = d_sq
-            if m >= MIN_REFERENCE_SHAPE:
-                own, whole = _central(r1, r2, r3, r4), _central(g1, g2, g3, g4)
-                test_sq = max(test_sq, _own_spread_distance(own, whole, m, floor, d1, d2 - 2 * r1 * d1))
+            # the second moment's shift about the reference mean: the window's mean square deviation from it
+            e2 = window.squares[i] / n - self.m[1][s, j] - 2 * r1 * d1
             var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
-            # Welch: the window's rows at their own spread where it is the wider (a reference of a few hundred rows
-            # that came out narrow by chance would otherwise read every window's ordinary spread as a change)
-            wider = max(var_w / v11, 1.0)
-            t2 = test_sq / (wider / n + 1.0 / max(m, 1.0))
-            sd_r = math.sqrt(v11)
+            skew, kurt = _shape(own, whole, m, floor)
+            spread = max(pulled(own[0], whole[0], m), floor)
+            # in the segment's variance pulled toward the column's (a thin segment's few rows are a noisy yardstick)
+            d_sq, t2 = _moments_test((spread, spread), (skew, kurt), var_w, n, m, d1, e2)
+            test_sq = d_sq
+            if m >= MIN_REFERENCE_SHAPE:  # and in its own deviations (:func:`_moments_test`)
+                c2 = max(own[0], floor)
+                own_sq, own_t2 = _moments_test((max(spread, c2), c2), (skew, kurt), var_w, n, m, d1, e2)
+                test_sq, t2 = max(test_sq, own_sq), max(t2, own_t2)
+            sd_r = math.sqrt(spread)
             out.append(
                 ColumnChange(
                     sketch.columns[j],
@@ -393,32 +395,59 @@ def _central(m1: float, m2: float, m3: float, m4: float) -> tuple[float, float, 
     return c2, c3, c4
 
 
-def _own_spread_distance(
-    own: tuple[float, float, float],
-    whole: tuple[float, float, float],
-    rows: float,
-    floor: float,
-    d1: float,
-    e2: float,
-) -> float:
-    """The squared per-row distance of ``(d1, e2)`` (the mean's shift, and the second moment's about the reference
-    mean) in the segment's own deviations: the covariance of ``(u, u²)``, ``u`` a value less the reference mean,
-    from the segment's own variance with its shape (skewness, kurtosis) pulled toward the column's by
-    :data:`PRIOR_ROWS` rows (the mean's variance pulled as the other tests pull it, never below its own). The
-    pulled pair of raw moments mixes in the column's whole spread, which a bin of the column is far narrower
-    than: a spread collapsed there (the column stuck at a constant, or clipped, inside its own bin) then reads
-    as the column's noise."""
+def _shape(
+    own: tuple[float, float, float], whole: tuple[float, float, float], rows: float, floor: float
+) -> tuple[float, float]:
+    """The segment's skewness and kurtosis pulled toward the column's by :data:`PRIOR_ROWS` rows, the kurtosis never
+    below the column's: a segment's own tails are few rows, and too light a yardstick for the spread flags a
+    reference that merely drew few of them (a skewed or zero-inflated column's rare values)."""
     c2, w2 = max(own[0], floor), max(whole[0], floor)
     skew = pulled(own[1] / c2**1.5, whole[1] / w2**1.5, rows)
-    # never lighter-tailed than the whole column: a bin's own tails are few rows, and too light a yardstick for
-    # the spread flags a reference that merely drew few of them
     kurt = max(pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), whole[2] / (w2 * w2))
-    # a pulled shape is a possible one (kurtosis ≥ 1 + skewness², a convex set) and the mean's variance, pulled
-    # as the other tests pull it (a mean shift reads about as before), is never below its own: V stays positive
-    v11 = max(pulled(own[0], whole[0], rows), c2)
-    v12, v22 = skew * c2**1.5, (max(kurt - 1.0 - skew * skew, 1e-4) + skew * skew) * c2 * c2
+    return skew, kurt
+
+
+def _covariance(mean_var: float, spread: float, skew: float, kurt: float) -> tuple[float, float, float]:
+    """The per-row covariance of ``(u, u²)``, ``u`` a value less the reference mean, from the variance the mean's
+    shift is read in, the variance the spread's is read in (:func:`_moments_test`) and the shape. A possible shape
+    (kurtosis ≥ 1 + skewness², a convex set) and ``mean_var ≥ spread`` keep it positive definite."""
+    return mean_var, skew * spread**1.5, (max(kurt - 1.0 - skew * skew, 1e-4) + skew * skew) * spread * spread
+
+
+def _quadratic(v: tuple[float, float, float], d1: float, e2: float) -> float:
+    """``dᵀ V⁻¹ d`` with the correlation of ``(u, u²)`` at most :data:`MAX_MOMENT_CORRELATION` in size."""
+    v11, v12, v22 = v
+    bound = MAX_MOMENT_CORRELATION * math.sqrt(v11 * v22)
+    v12 = max(min(v12, bound), -bound)
     det = v11 * v22 - v12 * v12
     return max((v22 * d1 * d1 - 2 * v12 * d1 * e2 + v11 * e2 * e2) / det, 0.0)
+
+
+def _moments_test(
+    reference: tuple[float, float],
+    shape: tuple[float, float],
+    var_w: float,
+    n: float,
+    m: float,
+    d1: float,
+    e2: float,
+) -> tuple[float, float]:
+    """The squared per-row distance of ``(d1, e2)`` (the mean's shift, and the second moment's about the reference
+    mean) in the reference's deviations, and the two-sample Hotelling ``T²``. ``reference``: the variance the
+    mean's shift is read in and the one the spread's is read in, the pulled variance for both, or the mean's pulled
+    and the segment's own for the spread (a bin of the column is far narrower than the column, and a spread
+    collapsed there, the column stuck or clipped inside its own bin, is the pulled yardstick's noise).
+
+    The window's rows count at their own spread where it is the wider (Welch), with the reference's shape: a
+    reference of a few hundred rows that came out narrow by chance, or drew none of a column's rare values, would
+    otherwise read every window's ordinary spread as a change. A window's ``u²`` then spreads as its variance
+    squared, not linearly."""
+    mean_var, spread = reference
+    skew, kurt = shape
+    ref = _covariance(mean_var, spread, skew, kurt)
+    live = _covariance(max(var_w, mean_var), max(var_w, spread), skew, kurt)
+    both = tuple(a / m + b / n for a, b in zip(ref, live, strict=True))
+    return _quadratic(ref, d1, e2), _quadratic(both, d1, e2)  # type: ignore[arg-type]
 
 
 def pulled(own: float, whole: float, rows: float) -> float:
