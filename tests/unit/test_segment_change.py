@@ -5,6 +5,7 @@ broken by a shuffle and a segment unseen at fit, while clean windows report noth
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -19,7 +20,14 @@ from agent.estimation.segments.change import (
     segment_changes,
 )
 from agent.estimation.segments.scope import shares_moved
-from agent.estimation.segments.sketch import CLIP, ChangeSketch, column_pairs, cross_products, reference_moments
+from agent.estimation.segments.sketch import (
+    CLIP,
+    ChangeSketch,
+    column_pairs,
+    correlation_factors,
+    cross_products,
+    reference_moments,
+)
 from agent.estimation.segments.table import SegmentRow, rank, rank_evidence
 from agent.estimation.statistics.items import stat_items, stats_from_items
 from agent.estimation.statistics.window import WindowStats
@@ -110,20 +118,22 @@ def test_clean_windows_report_no_change() -> None:
 
 
 UNEVEN = np.array([0.45, 0.3, 0.15, 0.07, 0.03])  # segments of a validation split of 1,000 rows: 30 to 450 rows
-KINDS = ("normal", "skewed", "binary", "count", "rounded", "zero_inflated")
+KINDS = ("normal", "skewed", "binary", "count", "rounded", "zero_inflated", "mixed")
 
 
 def _kinds(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``n`` rows of columns of the kinds tables hold (:data:`KINDS`), each segment of :data:`UNEVEN` its own."""
     seg = rng.choice(len(UNEVEN), n, p=UNEVEN)
+    normal, skewed = rng.normal(seg * 0.5, 1.0), rng.lognormal(0.0, 0.6 + 0.1 * seg)
     x = np.stack(
         [
-            rng.normal(seg * 0.5, 1.0),
-            rng.lognormal(0.0, 0.6 + 0.1 * seg),
+            normal,
+            skewed,
             (rng.random(n) < 0.2 + 0.1 * seg).astype(float),
             rng.poisson(1.5 + seg).astype(float),
             np.round(rng.normal(40, 12, n)),
             (rng.random(n) < 0.02) * rng.exponential(5.0, n),  # mostly 0: a reference segment may hold no other
+            0.7 * normal + 0.5 * skewed + rng.normal(0.0, 0.4, n),  # skewed, and related to the others
         ],
         axis=1,
     )
@@ -176,6 +186,27 @@ def test_clean_windows_of_skewed_discrete_and_mostly_zero_columns_report_no_chan
         found = _kinds_changes(sketch, ref, seg, x)
         assert [s for s, c in enumerate(found) if c.changed] == [1], (how, found)
         assert found[1].columns[0].column == KINDS[column], (how, found[1])
+
+
+def test_a_pairs_correlation_factor_is_the_variance_of_its_fisher_z_over_a_normal_pairs() -> None:
+    """Fisher's ``z`` of a correlation has variance ``1/(n − 3)`` for normal columns only: the factor fit measures is
+    1 for a normal pair and, for a skewed pair, the variance its correlation shows over repeated samples."""
+    rng = np.random.default_rng(7)
+
+    def skewed(n: int) -> np.ndarray:
+        a = rng.lognormal(0.0, 0.6, n)
+        return np.stack([a, 0.7 * a + rng.normal(0.0, 0.5, n)], axis=1)
+
+    a = rng.normal(size=100_000)
+    normal = np.stack([a, 0.6 * a + 0.8 * rng.normal(size=100_000)], axis=1)
+    assert correlation_factors(normal, [(0, 1)])[0] == pytest.approx(1.0, abs=0.05)
+    n = 400
+    fisher = [math.atanh(np.corrcoef(skewed(n).T)[0, 1]) for _ in range(2000)]
+    seen = float(np.var(fisher)) * (n - 3)
+    measured = correlation_factors(skewed(200_000), [(0, 1)])[0]
+    assert seen > 1.5 and measured == pytest.approx(seen, rel=0.25), (seen, measured)
+    constant = np.stack([np.ones(50), rng.normal(size=50)], axis=1)
+    assert correlation_factors(constant, [(0, 1)])[0] == 1.0
 
 
 @pytest.mark.parametrize(("how", "column"), [("zeroed", "a"), ("scaled", "c"), ("stuck", "c"), ("shuffled", "a ~ b")])

@@ -20,16 +20,19 @@ scaled, blurred) moves ``e₂``. A segment of :data:`MIN_REFERENCE_SHAPE` valida
 own deviations (:func:`_moments_test`, one more test per column in the Bonferroni factor): a bin of the column is far
 narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported ``distance``
 (what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's ``z`` of its
-correlation; a column and its relation (``a ~ the others``) by the same test, its effect the share of the column's
-variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's failure rate is one more
-column (a shuffled column breaks the invariants mined between columns even where its own distribution stays): a
-one-sided two-proportion test of the segment's failures against its calibration split's. The model's confidence is one
-more: a one-sided test of the segment's mean confidence against its reference's (a model's outputs move only when its
-inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no sketched column or pair
-shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is then no longer to be
-believed). So is the segment's share of novel inputs (whose reconstruction by the input PCA errs beyond the clean 99%
-quantile, :func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its reference share: it reads
-the whole feature view, the columns the sketch leaves out too (a categorical column broken inside one category).
+correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the segment
+(:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation varies
+several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its effect
+the share of the column's variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's
+failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its own
+distribution stays): a one-sided two-proportion test of the segment's failures against its calibration split's. The
+model's confidence is one more: a one-sided test of the segment's mean confidence against its reference's (a model's
+outputs move only when its inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no
+sketched column or pair shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is
+then no longer to be believed). So is the segment's share of novel inputs (whose reconstruction by the input PCA errs
+beyond the clean 99% quantile, :func:`~agent.estimation.statistics.window.novel_inputs`), one-sided against its
+reference share: it reads the whole feature view, the columns the sketch leaves out too (a categorical column broken
+inside one category).
 
 A segment's columns are tested when it had :data:`MIN_REFERENCE_COLUMNS` validation rows, their correlations when it
 had :data:`MIN_REFERENCE_PAIRS`. A segment is **changed** when a column's ``p``, times the number of tests in the
@@ -303,7 +306,8 @@ class _Moments:
             if ref is None or live is None:
                 continue
             d = math.atanh(live) - math.atanh(ref)
-            z = d / math.sqrt(1.0 / (n - 3) + 1.0 / (m - 3))
+            # Fisher's 1/(n − 3) holds for normal columns; the sketch's factor for the segment's own (fit)
+            z = d / math.sqrt(sketch.pair_factor(s, k) * (1.0 / (n - 3) + 1.0 / (m - 3)))
             p = math.erfc(abs(z) / math.sqrt(2.0))
             name = sketch.pair_name(i, j)
             if j < first_relation:

@@ -14,7 +14,8 @@ unshifted pair: the offset changes none of its figures). A window keeps, per seg
 z`` and ``Σ z²`` (:attr:`~agent.estimation.statistics.window.WindowStats.change_sum`, ``change_sq``), per segment
 the predictions read (``change_n``) and the products of the sketched pairs (``change_cross``:
 :attr:`ChangeSketch.pairs`): sums that add across windows and replicas like every other statistic. The reference is
-the same read of the labeled validation data, per segment, with its third and fourth moments.
+the same read of the labeled validation data, per segment, with its third and fourth moments and, per sketched pair,
+how much more its correlation varies than a normal pair's (:func:`correlation_factors`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class ChangeSketch:
     #: the relation columns (the last ``len(relations)`` columns): for each, the column it is the others' fit of
     #: (:data:`MAX_RELATIONS`; none in sketches fitted without them)
     relations: tuple[int, ...] = ()
+    #: per segment and sketched pair, how many times the sampling variance of its correlation exceeds a bivariate
+    #: normal's (:func:`correlation_factors`; empty in sketches fitted without them: 1)
+    ref_pair_factor: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         c = len(self.columns)
@@ -75,6 +79,10 @@ class ChangeSketch:
         object.__setattr__(self, "_pair_index", index)
         if self.ref_cross and len(self.ref_cross) != len(self.ref_n) * len(self.pairs):
             raise ValueError("change columns: reference correlations of the wrong shape")
+        if self.ref_pair_factor and (
+            len(self.ref_pair_factor) != len(self.ref_cross) or not all(f > 0 for f in self.ref_pair_factor)
+        ):
+            raise ValueError("change columns: correlation factors of the wrong shape")
         object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
         object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
 
@@ -130,6 +138,7 @@ class ChangeSketch:
             "ref_moments": [list(m) for m in self.ref_moments],
             "ref_cross": list(self.ref_cross),
             "relations": list(self.relations),
+            "ref_pair_factor": list(self.ref_pair_factor),
         }
 
     @classmethod
@@ -142,7 +151,14 @@ class ChangeSketch:
             tuple(tuple(float(x) for x in m) for m in d["ref_moments"]),
             tuple(float(x) for x in d.get("ref_cross", ())),
             tuple(int(t) for t in d.get("relations", ())),
+            tuple(float(x) for x in d.get("ref_pair_factor", ())),
         )
+
+    def pair_factor(self, segment: int, pair: int) -> float:
+        """:attr:`ref_pair_factor` of a segment's sketched pair (1 where the sketch has none)."""
+        if not self.ref_pair_factor:
+            return 1.0
+        return self.ref_pair_factor[segment * len(self.pairs) + pair]
 
 
 def column_pairs(columns: int) -> tuple[tuple[int, int], ...]:
@@ -174,3 +190,32 @@ def reference_moments(
     counts = per_segment(ids, size, np.ones((len(z), 1)))
     moments = [per_segment(ids, size, z**power).tolist() for power in (1, 2, 3, 4)]
     return [int(round(v)) for v in counts], moments, per_segment(ids, size, cross_products(z, pairs)).tolist()
+
+
+#: The range a correlation's variance factor is kept in (:func:`correlation_factors`).
+FACTOR_RANGE = (0.25, 25.0)
+
+
+def correlation_factors(z: np.ndarray, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
+    """For rows ``z`` ``[N, C]``, how many times the large-sample variance of each pair's correlation exceeds a
+    bivariate normal's ``(1 − ρ²)²/N``: ``n·Var(r) = ρ²/4 (μ₄₀ + μ₀₄ + 2μ₂₂) − ρ (μ₃₁ + μ₁₃) + μ₂₂`` in the
+    standardized moments ``μₐᵦ = E[xᵃ yᵇ]`` (the delta method), over ``(1 − ρ²)²``, in :data:`FACTOR_RANGE` (1 for a
+    pair with a constant column). Fisher's ``z`` of a correlation has variance ``1/(N − 3)`` only for normal columns;
+    a skewed or heavy-tailed pair's correlation varies several times more, and a test that ignores it reads a clean
+    window's correlation as broken."""
+    out = np.ones(len(pairs))
+    if len(z) < 4 or not pairs:
+        return out
+    i, j = (np.asarray(v) for v in zip(*pairs, strict=True))
+    u = z - z.mean(axis=0)
+    sd = u.std(axis=0)
+    ok = (sd[i] > 1e-9) & (sd[j] > 1e-9)
+    x = u[:, i] / np.where(sd[i] > 1e-9, sd[i], 1.0)
+    y = u[:, j] / np.where(sd[j] > 1e-9, sd[j], 1.0)
+    rho = np.clip((x * y).mean(axis=0), -0.999, 0.999)
+    x2, y2 = x * x, y * y
+    m40, m04, m22 = (x2 * x2).mean(axis=0), (y2 * y2).mean(axis=0), (x2 * y2).mean(axis=0)
+    m31, m13 = (x2 * x * y).mean(axis=0), (x * y2 * y).mean(axis=0)
+    n_var = rho * rho / 4.0 * (m40 + m04 + 2.0 * m22) - rho * (m31 + m13) + m22
+    factor = np.clip(n_var / (1.0 - rho * rho) ** 2, *FACTOR_RANGE)
+    return np.where(ok, factor, out)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from agent.estimation.segments.change import PRIOR_ROWS
 from agent.estimation.segments.sketch import (
     CLIP,
     MAX_COLUMNS,
     MAX_RELATIONS,
     ChangeSketch,
+    correlation_factors,
     reference_moments,
     sketched_pairs,
 )
@@ -56,7 +58,28 @@ def define_change(
         return None
     pairs = sketched_pairs(len(names) - len(relations), relations)
     counts, moments, cross = reference_moments(ids, size, z, pairs)
-    return ChangeSketch(names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross), relations)
+    factors = tuple(_pair_factors(ids, size, z, pairs, counts)) if pairs else ()
+    return ChangeSketch(
+        names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross), relations, factors
+    )
+
+
+def _pair_factors(
+    ids: np.ndarray, size: int, z: np.ndarray, pairs: tuple[tuple[int, int], ...], counts: list[int]
+) -> list[float]:
+    """Per segment and sketched pair, the variance factor of its correlation
+    (:func:`~agent.estimation.segments.sketch.correlation_factors`) from the segment's validation rows, pulled toward
+    the column pair's over all rows by :data:`~agent.estimation.segments.change.PRIOR_ROWS` rows and never below it:
+    a segment's few rows draw few of its tails, which is what the factor is made of."""
+    whole = correlation_factors(z, pairs)
+    out = np.tile(whole, (size, 1))
+    ids2 = np.asarray(ids, dtype=np.int64).reshape(-1, len(z))
+    for row in ids2:
+        for s in np.unique(row[row < size]):
+            m = float(counts[s])
+            own = correlation_factors(z[row == s], pairs)
+            out[s] = np.maximum((m * own + PRIOR_ROWS * whole) / (m + PRIOR_ROWS), whole)
+    return [float(v) for v in out.ravel()]
 
 
 def _rows(x: np.ndarray, seed: int) -> np.ndarray:
