@@ -306,7 +306,7 @@ class _Moments:
             if ref is None or live is None:
                 continue
             d = math.atanh(live) - math.atanh(ref)
-            # Fisher's 1/(n − 3) holds for normal columns; the sketch's factor for the segment's own (fit)
+            # Fisher's 1/(n − 3) is a normal pair's variance: fit's factor scales it to this pair's in this segment
             z = d / math.sqrt(sketch.pair_factor(s, k) * (1.0 / (n - 3) + 1.0 / (m - 3)))
             p = math.erfc(abs(z) / math.sqrt(2.0))
             name = sketch.pair_name(i, j)
