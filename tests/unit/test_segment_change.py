@@ -506,7 +506,11 @@ def test_a_table_sketches_the_relation_of_each_column_the_others_explain() -> No
     assert related == {"a", "b", "d"}  # c is unrelated to the others: no relation of it
     assert all(name.endswith(" from the others") for name in sketch.columns[-len(sketch.relations) :])
     assert ChangeSketch.from_dict(sketch.to_dict()) == sketch
-    assert len(sketch.ref_cross) == SEGMENTS * len(sketch.pairs)
+    assert len(sketch.ref_cross) == SEGMENTS * len(sketch.pairs) == len(sketch.ref_pair_factor)
+    for bad in (float("inf"), float("nan"), 0.0):  # a factor that would silence or break the pairs' test
+        tampered = {**sketch.to_dict(), "ref_pair_factor": [bad, *sketch.ref_pair_factor[1:]]}
+        with pytest.raises(ValueError, match="correlation factors"):
+            ChangeSketch.from_dict(tampered)
 
 
 def test_a_column_shuffled_inside_a_segment_breaks_its_relation_there_in_proportion_to_its_broken_rows() -> None:

@@ -80,9 +80,10 @@ class ChangeSketch:
         if self.ref_cross and len(self.ref_cross) != len(self.ref_n) * len(self.pairs):
             raise ValueError("change columns: reference correlations of the wrong shape")
         if self.ref_pair_factor and (
-            len(self.ref_pair_factor) != len(self.ref_cross) or not all(f > 0 for f in self.ref_pair_factor)
+            len(self.ref_pair_factor) != len(self.ref_cross)
+            or not all(0 < f < float("inf") for f in self.ref_pair_factor)
         ):
-            raise ValueError("change columns: correlation factors of the wrong shape")
+            raise ValueError("change columns: correlation factors of the wrong shape, or not positive finite numbers")
         object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
         object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
 
