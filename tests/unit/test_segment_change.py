@@ -188,6 +188,24 @@ def test_clean_windows_of_skewed_discrete_and_mostly_zero_columns_report_no_chan
         assert found[1].columns[0].column == KINDS[column], (how, found[1])
 
 
+def test_a_column_stuck_at_a_constant_inside_a_thin_segment_is_found_there() -> None:
+    """A spread collapsed to nothing is as far as a sample's variance can fall, but read linearly in the deviations
+    a count column's kurtosis sets it was about one of them: the column stuck inside a segment of 7% of the rows was
+    found in none of these windows, and inside one of 15% in about half."""
+    rng = np.random.default_rng(500)
+    sketch, ref = _fitted_kinds(rng)
+    column = KINDS.index("count")
+    for s in (2, 3):
+        found = 0
+        for _ in range(10):
+            seg, x = _kinds(1000, rng)
+            hit = np.flatnonzero(seg == s)
+            x[hit, column] = np.median(x[hit, column])
+            changes = _kinds_changes(sketch, ref, seg, x)
+            found += changes[s].changed and changes[s].columns[0].column == "count"
+        assert found >= 9, (s, found)
+
+
 def test_a_pairs_correlation_factor_is_the_variance_of_its_fisher_z_over_a_normal_pairs() -> None:
     """Fisher's ``z`` of a correlation has variance ``1/(n − 3)`` for normal columns only: the factor fit measures is
     1 for a normal pair and, for a skewed pair, the variance its correlation shows over repeated samples."""

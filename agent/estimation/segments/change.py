@@ -16,11 +16,12 @@ that a thin segment's few rows do not make their own noise look like a change, t
 = dᵀ (V/m + W/n)⁻¹ d`` with ``W`` the window's covariance: ``V`` at the window's own variance where it is the wider
 (Welch; ``u²`` spreads as that variance squared), which is χ² with 2 degrees of freedom under no change: ``p =
 exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a constant,
-scaled, blurred) moves ``e₂``. A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a second time in its
-own deviations (:func:`_moments_test`, one more test per column in the Bonferroni factor): a bin of the column is far
-narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported ``distance``
-(what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's ``z`` of its
-correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the segment
+scaled, blurred) moves ``e₂``, read where it fell on the scale of the standard deviation (:func:`_narrowed`: a spread
+collapsed to nothing is as far as it can fall). A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a
+second time in its own deviations (:func:`_moments_test`, one more test per column in the Bonferroni factor): a bin
+of the column is far narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The
+reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's
+``z`` of its correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the segment
 (:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation varies
 several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its effect
 the share of the column's variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's
@@ -448,10 +449,27 @@ def _moments_test(
     squared, not linearly."""
     mean_var, spread = reference
     skew, kurt = shape
+    e2 = _narrowed(e2, spread)
     ref = _covariance(mean_var, spread, skew, kurt)
     live = _covariance(max(var_w, mean_var), max(var_w, spread), skew, kurt)
     both = tuple(a / m + b / n for a, b in zip(ref, live, strict=True))
     return _quadratic(ref, d1, e2), _quadratic(both, d1, e2)  # type: ignore[arg-type]
+
+
+def _narrowed(e2: float, spread: float) -> float:
+    """The second moment's shift ``e2`` where it fell, read on the scale of the standard deviation: ``2 · spread ·
+    (√(1 + e2/spread) − 1)``; unchanged where it rose. Both have the slope 1 at no change, so the covariance of ``(u,
+    u²)`` holds for either. A sample's variance is bounded below by 0 and spreads further above its expectation than
+    below: read linearly, in the deviations a column's kurtosis sets, a spread collapsed to nothing (a count column
+    stuck at a constant inside a segment) was about one of them, and no change. Its square root is about as far below
+    as above (Fisher's ``√(2χ²)``; for a column whose spread comes from a few rare values, the count of those in the
+    window, whose square root steadies a Poisson count), so a collapse reads twice as far. A log scale would read it
+    further still, but a window that merely drew none of a mostly-zero column's rare values collapses too, by chance;
+    it would read that as a change. A rise stays linear: there the kurtosis keeps a heavy tail's chance draws
+    quiet."""
+    if e2 >= 0.0 or spread <= 0.0:
+        return e2
+    return 2.0 * spread * (math.sqrt(max(1.0 + e2 / spread, 0.0)) - 1.0)
 
 
 def pulled(own: float, whole: float, rows: float) -> float:
