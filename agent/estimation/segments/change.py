@@ -10,23 +10,23 @@ segment in every window, with the same sums of the labeled validation data as th
 **The test.** Per segment ``s`` and column ``c`` the window's first two moments are compared with the reference's by a
 two-sample Hotelling test: ``d = (m₁ − r₁, e₂)``, the mean's shift and the second moment's about the reference mean,
 ``V`` the per-row covariance of ``(u, u²)`` (``u`` a value less the reference mean) at reference, from the segment's
-variance and shape (skewness, kurtosis) pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so
-that a thin segment's few rows do not make their own noise look like a change, the kurtosis never below the column's
-(a few rows draw few of a column's tails), the correlation of ``(u, u²)`` at most :data:`MAX_MOMENT_CORRELATION`. ``T²
-= dᵀ (V/m + W/n)⁻¹ d`` with ``W`` the window's covariance: ``V`` at the window's own variance where it is the wider
-(Welch; ``u²`` spreads as that variance squared), which is χ² with 2 degrees of freedom under no change: ``p =
-exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread change (stuck at a constant,
-scaled, blurred) moves ``e₂``, read where it fell on the scale of the standard deviation (:func:`_narrowed`: a spread
-collapsed to nothing is as far as it can fall). A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a
-second time in its own deviations (:func:`_moments_test`, one more test per column in the Bonferroni factor): a bin
-of the column is far narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The
-reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is tested by Fisher's
-``z`` of its correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the segment
-(:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation varies
-several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its effect
-the share of the column's variance the relation no longer explains (:meth:`_Moments._relation_lost`). The oracle's
-failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its own
-distribution stays): a one-sided two-proportion test of the segment's failures against its calibration split's. The
+variance and shape (skewness, kurtosis) pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so that
+a thin segment's few rows do not make their own noise look like a change, the kurtosis never below the segments' own
+averaged over their rows (a few rows draw few of a column's tails), the correlation of ``(u, u²)`` at most
+:data:`MAX_MOMENT_CORRELATION`. ``T² = dᵀ (V/m + W/n)⁻¹ d`` with ``W`` the window's covariance: ``V`` at the window's
+own variance where it is the wider (Welch; ``u²`` spreads as that variance squared), which is χ² with 2 degrees of
+freedom under no change: ``p = exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread
+change (stuck at a constant, scaled, blurred) moves ``e₂``, read where it fell on the scale of the standard deviation
+(:func:`_narrowed`: a spread collapsed to nothing is as far as it can fall). A segment of :data:`MIN_REFERENCE_SHAPE`
+validation rows is read a second time in its own deviations (:func:`_moments_test`, one more test per column in the
+Bonferroni factor): a bin of the column is far narrower than the column, and a spread collapsed there is the pulled
+yardstick's noise. The reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is
+tested by Fisher's ``z`` of its correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the
+segment (:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation
+varies several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its
+effect the share of the column's variance the relation no longer explains (:meth:`_Moments._relation_lost`). The
+oracle's failure rate is one more column (a shuffled column breaks the invariants mined between columns even where its
+own distribution stays): a one-sided two-proportion test of the segment's failures against its calibration split's. The
 model's confidence is one more: a one-sided test of the segment's mean confidence against its reference's (a model's
 outputs move only when its inputs do, so a confidence fallen far beyond noise is a change of the inputs even where no
 sketched column or pair shows it, e.g. a column shuffled inside a bin of itself; the segment's label-free estimate is
@@ -274,6 +274,14 @@ class _Moments:
 
     def __init__(self, n: np.ndarray, m: list[np.ndarray], whole: list[np.ndarray], cross: np.ndarray) -> None:
         self.n, self.m, self.whole, self.cross = n, m, whole, cross
+        c2 = m[1] - m[0] ** 2
+        c4 = m[3] - 4 * m[0] * m[2] + 6 * m[0] ** 2 * m[1] - 3 * m[0] ** 4
+        whole_c2 = np.maximum(whole[1] - whole[0] ** 2, 1e-12)
+        seen = (n[:, None] >= MIN_REFERENCE_COLUMNS) & (c2 > 1e-4 * whole_c2[None, :])
+        kurt = np.where(seen, c4 / np.where(seen, c2 * c2, 1.0), 0.0)
+        weight = np.where(seen, n[:, None], 0.0)
+        #: per column, the segments' own kurtosis averaged over their rows (the column's tails within a segment)
+        self.tails = (kurt * weight).sum(axis=0) / np.maximum(weight.sum(axis=0), 1.0)
 
     @classmethod
     def of(cls, sketch: ChangeSketch, size: int) -> _Moments:
@@ -360,7 +368,7 @@ class _Moments:
             # the second moment's shift about the reference mean: the window's mean square deviation from it
             e2 = window.squares[i] / n - self.m[1][s, j] - 2 * r1 * d1
             var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
-            skew, kurt = _shape(own, whole, m, floor)
+            skew, kurt = _shape(own, whole, m, floor, float(self.tails[j]))
             spread = max(pulled(own[0], whole[0], m), floor)
             # in the segment's variance pulled toward the column's (a thin segment's few rows are a noisy yardstick)
             d_sq, t2 = _moments_test((spread, spread), (skew, kurt), var_w, n, m, d1, e2)
@@ -401,14 +409,17 @@ def _central(m1: float, m2: float, m3: float, m4: float) -> tuple[float, float, 
 
 
 def _shape(
-    own: tuple[float, float, float], whole: tuple[float, float, float], rows: float, floor: float
+    own: tuple[float, float, float], whole: tuple[float, float, float], rows: float, floor: float, tails: float
 ) -> tuple[float, float]:
     """The segment's skewness and kurtosis pulled toward the column's by :data:`PRIOR_ROWS` rows, the kurtosis never
-    below the column's: a segment's own tails are few rows, and too light a yardstick for the spread flags a
-    reference that merely drew few of them (a skewed or zero-inflated column's rare values)."""
+    below ``tails`` (the segments' own kurtosis averaged over their rows) nor the column's where that is lower: a
+    segment's own tails are few rows, and too light a yardstick for the spread flags a reference that merely drew few
+    of them (a skewed or zero-inflated column's rare values). Not the column's alone: where its segments differ in
+    spread, the column over all of them has a mixture's tails, far heavier than any segment's, and a spread halved
+    inside the largest segment read as noise."""
     c2, w2 = max(own[0], floor), max(whole[0], floor)
     skew = pulled(own[1] / c2**1.5, whole[1] / w2**1.5, rows)
-    kurt = max(pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), whole[2] / (w2 * w2))
+    kurt = max(pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), min(tails, whole[2] / (w2 * w2)))
     return skew, kurt
 
 
