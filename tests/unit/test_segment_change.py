@@ -191,7 +191,7 @@ def test_clean_windows_of_skewed_discrete_and_mostly_zero_columns_report_no_chan
 def test_a_column_stuck_at_a_constant_inside_a_thin_segment_is_found_there() -> None:
     """A spread collapsed to nothing is as far as a sample's variance can fall, but read linearly in the deviations
     a count column's kurtosis sets it was about one of them: the column stuck inside a segment of 7% of the rows was
-    found in none of these windows, and inside one of 15% in about half."""
+    found in none of these windows, and inside one of 15% in 4 of these 10."""
     rng = np.random.default_rng(500)
     sketch, ref = _fitted_kinds(rng)
     column = KINDS.index("count")

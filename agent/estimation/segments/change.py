@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -274,8 +274,7 @@ class _Moments:
 
     def __init__(self, n: np.ndarray, m: list[np.ndarray], whole: list[np.ndarray], cross: np.ndarray) -> None:
         self.n, self.m, self.whole, self.cross = n, m, whole, cross
-        c2 = m[1] - m[0] ** 2
-        c4 = m[3] - 4 * m[0] * m[2] + 6 * m[0] ** 2 * m[1] - 3 * m[0] ** 4
+        c2, _, c4 = _central(*m)
         whole_c2 = np.maximum(whole[1] - whole[0] ** 2, 1e-12)
         seen = (n[:, None] >= MIN_REFERENCE_COLUMNS) & (c2 > 1e-4 * whole_c2[None, :])
         kurt = np.where(seen, c4 / np.where(seen, c2 * c2, 1.0), 0.0)
@@ -400,7 +399,11 @@ def _correlation(a: float, b: float, aa: float, bb: float, ab: float) -> float |
     return max(min((ab - a * b) / math.sqrt(va * vb), 0.999), -0.999)
 
 
-def _central(m1: float, m2: float, m3: float, m4: float) -> tuple[float, float, float]:
+#: A moment: one segment's and column's, or an array of them.
+_M = TypeVar("_M", float, np.ndarray)
+
+
+def _central(m1: _M, m2: _M, m3: _M, m4: _M) -> tuple[_M, _M, _M]:
     """The second, third and fourth central moments from the first four raw ones."""
     c2 = m2 - m1 * m1
     c3 = m3 - 3 * m1 * m2 + 2 * m1**3
