@@ -20,7 +20,7 @@ from agent.estimation.statistics.extras_columns import extras_columns
 from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.window import SampleExtras, WindowStats, novel_inputs, sample_extras
 from agent.judging.runtime import Runtime
-from agent.judging.verdicts import Arrays, JudgeWork, concatenated, judge, oracle_call
+from agent.judging.verdicts import Arrays, JudgeWork, RowBuffer, concatenated, judge, oracle_call
 from agent.judging.windows import WindowSet
 from agent.model.classifier import label_confidences
 from agent.model.inputs import Inputs
@@ -59,8 +59,6 @@ JudgedSink = Callable[[JudgedBatch], object]
 #: Receives the judged requests with an id of one recording call together, in their order (the
 #: labeling sample draws them in one pass); called while recording, so it must only enqueue.
 JudgedGroupSink = Callable[[Sequence[JudgedBatch]], None]
-#: Receives the features of every recorded batch.
-FeatureSink = Callable[[np.ndarray], None]
 #: Receives the prepared inputs of the requests of one recording call, in their order, with their runtime
 #: (the audits' reservoir of live inputs); works recorded without their inputs are left out.
 InputSink = Callable[[Runtime, Sequence[Inputs]], None]
@@ -100,7 +98,6 @@ class Recorder:
         windows: WindowSet,
         metrics: AgentMetrics,
         judged_sinks: Sequence[JudgedSink] = (),
-        feature_sinks: Sequence[FeatureSink] = (),
         input_sinks: Sequence[InputSink] = (),
         judged_group_sinks: Sequence[JudgedGroupSink] = (),
     ) -> None:
@@ -108,7 +105,7 @@ class Recorder:
         self.metrics = metrics
         self.judged_sinks = tuple(judged_sinks)
         self.judged_group_sinks = tuple(judged_group_sinks)
-        self.feature_sinks = tuple(feature_sinks)
+        self._rows = RowBuffer()  # the groups' feature rows, for the oracle and the window statistics
         self.input_sinks = tuple(input_sinks)
 
     def record(self, works: Sequence[JudgeWork]) -> None:
@@ -125,7 +122,7 @@ class Recorder:
         for group in groups.values():
             arrays: Arrays | None = None
             if all(w.verdicts is None and w.metadata is None for w in group):
-                arrays = concatenated(group)
+                arrays = concatenated(group, self._rows)
                 try:
                     oracle_call(group, arrays)
                 except Exception as exc:  # delivered to the waiting requests; such works are not recorded
@@ -147,7 +144,7 @@ class Recorder:
 
     def _record_group(self, works: list[JudgeWork], arrays: Arrays | None) -> None:
         rt = works[0].rt
-        features, probabilities, predicted = concatenated(works) if arrays is None else arrays
+        features, probabilities, predicted = concatenated(works, self._rows) if arrays is None else arrays
         if len(works) == 1:
             w = works[0]
             verdicts = np.asarray(w.verdicts, dtype=np.int8)
@@ -156,8 +153,6 @@ class Recorder:
             verdicts = np.concatenate([np.asarray(w.verdicts, dtype=np.int8) for w in works])
             rules = [w.tdi_rules for w in works]
             tdi_rules = None if any(r is None for r in rules) else np.concatenate(rules)  # type: ignore[arg-type]
-        for sink in self.feature_sinks:
-            sink(features)
         if self.input_sinks:
             inputs = [w.inputs for w in works if w.inputs is not None]  # request by request: no copy of them
             if inputs:
@@ -170,6 +165,7 @@ class Recorder:
         # every prediction's segment in each dimension fixed at fit (a few numpy operations per dimension)
         segments = rt.calibration.segments
         ids = segment_ids(segments, features, predicted, tdi_rules, len(verdicts))
+        change = None
         if segments is not None and ids is not None:
             stats.add_segment_sums(ids, segments.size, conf, verdicts, novel_inputs(rt.calibration, extras))
         # the count window keeps the vectors themselves (size × K floats): only within the class cap

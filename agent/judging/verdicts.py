@@ -10,6 +10,7 @@ records nothing: recording (windows, metrics, the prediction store) is
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,14 +61,54 @@ class JudgeWork:
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def concatenated(works: Sequence[JudgeWork]) -> Arrays:
+#: The most bytes of feature rows a :class:`RowBuffer` keeps per row shape (larger calls get arrays of their own).
+ROW_BUFFER_BYTES = 8 << 20
+#: The most row shapes (runtimes of different views) a :class:`RowBuffer` keeps a buffer for.
+ROW_BUFFER_SHAPES = 4
+
+
+class RowBuffer:
+    """Reused arrays for the feature rows of many works concatenated, one per row shape and dtype.
+
+    A fresh array per recording call costs a page fault per 4 KiB touched in a worker thread, whose allocator
+    hands freed memory back to the system: several times the copy itself (a group of MNIST requests of 32 images
+    faulted 25 times per request, and its concatenation cost a fifth of the judge's CPU). What :meth:`rows`
+    returns is overwritten by its next call: it is read only while its works are recorded (the recorder is
+    called under one lock). Calls beyond :data:`ROW_BUFFER_BYTES` get an array of their own, so that a burst of
+    large inputs holds no memory once it is recorded."""
+
+    def __init__(self, limit_bytes: int = ROW_BUFFER_BYTES) -> None:
+        self.limit_bytes = limit_bytes
+        self._buffers: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
+
+    def rows(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        """``parts`` (arrays of rows of one shape) one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        shape, dtype = first.shape[1:], first.dtype
+        row_bytes = max(1, math.prod(shape) * dtype.itemsize)
+        n = sum(len(p) for p in parts)
+        if n * row_bytes > self.limit_bytes or any(p.shape[1:] != shape or p.dtype != dtype for p in parts[1:]):
+            return np.concatenate(parts)
+        key = (dtype.str, shape)
+        buf = self._buffers.get(key)
+        if buf is None:  # allocated once at its full size: the pages never touched stay out of memory
+            if len(self._buffers) >= ROW_BUFFER_SHAPES:
+                self._buffers.pop(next(iter(self._buffers)))
+            buf = self._buffers[key] = np.empty((self.limit_bytes // row_bytes, *shape), dtype)
+        return np.concatenate(parts, out=buf[:n])
+
+
+def concatenated(works: Sequence[JudgeWork], rows: RowBuffer | None = None) -> Arrays:
     """The features, probabilities and predicted classes of ``works``, one after the other (a single
-    work's own arrays, uncopied)."""
+    work's own arrays, uncopied); the features in ``rows``' buffer when given."""
     if len(works) == 1:
         w = works[0]
         return w.features, w.probabilities, w.predicted
+    features = [w.features for w in works]
     return (
-        np.concatenate([w.features for w in works]),
+        rows.rows(features) if rows is not None else np.concatenate(features),
         np.concatenate([w.probabilities for w in works]),
         np.concatenate([w.predicted for w in works]),
     )

@@ -44,7 +44,13 @@ def queue_with(windows: WindowSet, sink: JudgedSink | None = None, linger_second
 def add_sink(svc: Agent, sink: JudgedSink) -> None:
     """Give the agent's recorder one more judged-batch sink (a spy)."""
     rec = svc.judge_queue.recorder
-    svc.judge_queue.recorder = Recorder(rec.windows, rec.metrics, [*rec.judged_sinks, sink], rec.feature_sinks)
+    svc.judge_queue.recorder = Recorder(
+        rec.windows,
+        rec.metrics,
+        [*rec.judged_sinks, sink],
+        input_sinks=rec.input_sinks,
+        judged_group_sinks=rec.judged_group_sinks,
+    )
 
 
 async def infer(svc: Agent, body: bytes, header_length: str | None) -> tuple[bytes, dict[str, str]]:

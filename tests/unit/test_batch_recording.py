@@ -19,7 +19,7 @@ from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.window import WindowStats
 from agent.judging.recorder import JudgedBatch, Recorder
 from agent.judging.runtime import Runtime, load_runtime
-from agent.judging.verdicts import JudgeWork
+from agent.judging.verdicts import JudgeWork, RowBuffer
 from agent.judging.windows import WindowSet
 from agent.labels.rows import PendingBatch
 from agent.labels.sample import LabelingSample, open_prediction_store
@@ -234,3 +234,23 @@ def test_segment_sums_count_each_prediction_once_in_its_segment_of_every_dimensi
     np.testing.assert_allclose(out.seg_conf_sq, want_sq)
     out.add_segment_sums(ids, size, conf, verdicts, None)  # without novelty: none counted
     assert out.seg_novel == [0] * size and out.seg_n == want_n
+
+
+def test_the_row_buffer_concatenates_like_numpy_and_lends_no_memory_beyond_its_bound() -> None:
+    """A recording call's feature rows: what ``np.concatenate`` gives, in one reused array per row shape (the next
+    call of that shape overwrites it); a call beyond the bound, or of parts that do not stack, gets its own."""
+    rng = np.random.default_rng(0)
+    rows = RowBuffer(limit_bytes=64 * 8 * 4)
+    parts = [rng.random((n, 8)).astype(np.float32) for n in (3, 5, 2)]
+    first = rows.rows(parts)
+    assert np.array_equal(first, np.concatenate(parts)) and first.dtype == np.float32
+    again = rows.rows(parts[:2])
+    assert np.shares_memory(first, again) and np.array_equal(again, np.concatenate(parts[:2]))
+    assert rows.rows(parts[:1]) is parts[0]  # one work: its own rows, uncopied
+    wide = [rng.random((2, 3, 4)), rng.random((1, 3, 4))]  # another shape and dtype: a buffer of its own
+    assert np.array_equal(rows.rows(wide), np.concatenate(wide)) and np.array_equal(rows.rows(parts), first)
+    big = [rng.random((40, 8)).astype(np.float32) for _ in range(2)]  # 80 rows > the bound of 64
+    out = rows.rows(big)
+    assert np.array_equal(out, np.concatenate(big)) and not np.shares_memory(out, first)
+    mixed = [parts[0], parts[1].astype(np.float64)]
+    assert np.array_equal(rows.rows(mixed), np.concatenate(mixed))
