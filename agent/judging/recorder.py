@@ -168,6 +168,9 @@ class Recorder:
         change = None
         if segments is not None and ids is not None:
             stats.add_segment_sums(ids, segments.size, conf, verdicts, novel_inputs(rt.calibration, extras))
+            # what changed where: the change columns' sums per segment (one product with the sketch's read)
+            change = segments.change_values(features)
+            stats.add_change_values(segments, ids, change)
         # the count window keeps the vectors themselves (size × K floats): only within the class cap
         per_class = len(rt.classes) <= self.metrics.per_class_label_cap
         self.windows.record(
@@ -180,6 +183,7 @@ class Recorder:
             probabilities=probabilities if per_class else None,
             labels=predicted,
             segments=ids,
+            change=change,
         )
         counts = np.bincount(verdicts.astype(np.int64), minlength=len(VERDICTS)).tolist()
         class_counts = (

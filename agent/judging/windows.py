@@ -8,7 +8,8 @@
   buffer, so it is exact; its statistics are recomputed when read (``N`` is small). When the caller
   passes them (models within the per-class cap), it also keeps their probability vectors and predicted
   classes, from which the label-free per-class sums (``WindowStats.cbpe_*``) are recomputed, and every
-  prediction's segment in each dimension of the bundle's segments (``WindowStats.seg_*``).
+  prediction's segment in each dimension of the bundle's segments (``WindowStats.seg_*``) with its change
+  columns (``WindowStats.change_*``: what changed where).
 * :class:`WindowSet` holds all windows of one model, is thread-safe, and (de)serialises itself for
   the state store.
 """
@@ -139,6 +140,10 @@ class CountWindow:
         #: :mod:`agent.estimation.segments.segmentation`)
         self.segment_ids = np.zeros((self.size, 0), dtype=np.int32)
         self.has_segments = np.zeros(self.size, dtype=bool)
+        #: change columns ``[size, C]`` (C = 0 until a batch passes them;
+        #: :meth:`~agent.estimation.segments.segmentation.Segmentation.change_values`), float32
+        self.change = np.zeros((self.size, 0), dtype=np.float32)
+        self.has_change = np.zeros(self.size, dtype=bool)
         self.pos = 0  # next write position
         self.count = 0  # filled slots
 
@@ -176,6 +181,15 @@ class CountWindow:
             self.has_segments[:] = False
         return [segments.T, np.ones(n, dtype=bool)]
 
+    def _change_columns(self, n: int, change: np.ndarray | None) -> list[np.ndarray]:
+        """The change columns of a batch (``change`` ``[N, C]``); a batch of another width restarts them."""
+        if change is None or n == 0 or change.ndim != 2 or len(change) != n:
+            return [np.zeros((n, self.change.shape[1]), dtype=np.float32), np.zeros(n, dtype=bool)]
+        if change.shape[1] != self.change.shape[1]:
+            self.change = np.zeros((self.size, change.shape[1]), dtype=np.float32)
+            self.has_change[:] = False
+        return [change, np.ones(n, dtype=bool)]
+
     def _sample_buffers(self) -> list[np.ndarray]:
         return [self.verdicts, self.confidences, *(self.extras[f] for f in self._EXTRA_FIELDS), self.has_extras]
 
@@ -187,6 +201,8 @@ class CountWindow:
             self.has_classes,
             self.segment_ids,
             self.has_segments,
+            self.change,
+            self.has_change,
         ]
 
     def add(
@@ -197,15 +213,18 @@ class CountWindow:
         probabilities: np.ndarray | None = None,
         labels: np.ndarray | None = None,
         segments: np.ndarray | None = None,
+        change: np.ndarray | None = None,
     ) -> None:
         """Keep a batch; ``probabilities`` ``[N, K]`` and ``labels`` (predicted classes) together give
-        the window its per-class sums, ``segments`` (``[D, N]`` segment numbers) its per-segment sums."""
+        the window its per-class sums, ``segments`` (``[D, N]`` segment numbers) its per-segment sums and,
+        with them, ``change`` (``[N, C]`` change columns) its per-segment change sums."""
         v = np.asarray(verdicts, dtype=np.int8).reshape(-1)
         c = np.asarray(confidences, dtype=np.float64).reshape(-1)
         cols = (
             self._columns(v, c, extras)
             + self._class_columns(len(v), probabilities, labels)
             + self._segment_columns(len(v), segments)
+            + self._change_columns(len(v), change)
         )
         bufs = self._buffers()
         if len(v) >= self.size:
@@ -254,11 +273,14 @@ class CountWindow:
             novel = None
             if shift is not None and self.has_extras[:n].all() and shift.reference.pca_edges:
                 novel = self.extras["pca_error"][:n] > shift.reference.pca_edges[-1]  # as novel_inputs reads it
-            out.add_segment_sums(self.segment_ids[:n].T, seg.size, self.confidences[:n], self.verdicts[:n], novel)
+            ids = self.segment_ids[:n].T
+            out.add_segment_sums(ids, seg.size, self.confidences[:n], self.verdicts[:n], novel)
+            if self.change.shape[1] and self.has_change[:n].all():
+                out.add_change_values(seg, ids, self.change[:n].astype(np.float64))
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        v, c, *ext, has, probs, labels, has_classes, seg_ids, has_segments = self._ordered()
+        v, c, *ext, has, probs, labels, has_classes, seg_ids, has_segments, change, has_change = self._ordered()
         d: dict[str, Any] = {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
         if has.any():
             d["extras"] = {f: col.tolist() for f, col in zip(self._EXTRA_FIELDS, ext, strict=True)}
@@ -267,6 +289,8 @@ class CountWindow:
             d["classes"] = {"probabilities": probs.tolist(), "labels": labels.tolist()}
         if seg_ids.shape[1] and has_segments.all():
             d["segments"] = seg_ids.tolist()
+            if change.shape[1] and has_change.all():
+                d["change"] = change.tolist()
         return d
 
     @classmethod
@@ -294,7 +318,11 @@ class CountWindow:
         rows = d.get("segments")  # absent from states of an older layout, or without segments
         if isinstance(rows, list) and len(rows) == len(v):
             segments = np.asarray(rows, dtype=np.int32).reshape(len(v), -1).T
-        w.add(v, c, extras, probs, labels, segments)
+        change = None
+        values = d.get("change")  # absent from states of an older layout, or without a change sketch
+        if segments is not None and isinstance(values, list) and len(values) == len(v):
+            change = np.asarray(values, dtype=np.float32).reshape(len(v), -1)
+        w.add(v, c, extras, probs, labels, segments, change)
         return w
 
 
@@ -327,18 +355,20 @@ class WindowSet:
         probabilities: np.ndarray | None = None,
         labels: np.ndarray | None = None,
         segments: np.ndarray | None = None,
+        change: np.ndarray | None = None,
     ) -> WindowStats:
         """Add a judged batch (verdict indices and top-class probabilities; ``stats`` and ``extras``
         when the caller computed them, see :func:`agent.estimation.statistics.window.sample_extras`;
         ``probabilities`` and predicted ``labels`` when the count window is to report per-class
         figures: ``windows.count × K`` float32 more; ``segments``, the batch's ``[D, N]`` segment
-        numbers, for the count window's per-segment sums)."""
+        numbers, for the count window's per-segment sums, and ``change``, its ``[N, C]`` change columns, for its
+        per-segment change sums: ``windows.count × C`` float32 more)."""
         s = stats if stats is not None else WindowStats.from_batch(verdicts, confidences, calibration)
         with self._lock:
             for w in self.time.values():
                 w.add(s, now)
             if self.count is not None:
-                self.count.add(verdicts, confidences, extras, probabilities, labels, segments)
+                self.count.add(verdicts, confidences, extras, probabilities, labels, segments, change)
             self.total += s.n
         return s
 

@@ -1,20 +1,28 @@
 """Where the drop is, end to end: a real table model (the zoo's scikit-learn pipeline over numeric and
 categorical columns) fitted with ``icos-agent fit``, a new subpopulation (a category never seen at fit), and
-``icos-agent check`` ranking it first, in ``--json`` and in words, its true accuracy beside; a reference table
-fitted with ``fit --reference`` and checked with a fault in one of its categories, the same."""
+``icos-agent check`` ranking it first, in ``--json`` and in words, its true accuracy beside; the same model served,
+a column broken inside one category found in its live windows; a reference table fitted with ``fit --reference``
+and checked with a fault in one of its categories, the same."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.cli import main
+from agent.config.settings import load_settings
+from agent.server.app import create_app
 from bench.zoo import Split, ZooModel, build
+from tests.support.inprocess import RunningServer
+from tests.support.waiting import wait_until
 
 NEW = "city unseen at fit"
 
@@ -152,6 +160,57 @@ def test_a_column_broken_inside_one_category_is_found_without_labels(
     with_labels = json.loads(_check(zoo, bundle, root / "broken.parquet", capsys, "--json", "--labels", "200"))
     realized = next(s for s in with_labels["segments"] if s["name"] == f"city={city}")
     assert realized["status"] in ("changed", "dropping") and "realized" in realized
+
+
+def test_a_served_model_finds_a_column_broken_inside_one_category_in_its_live_windows(
+    fitted: tuple[ZooModel, Path, Path], tmp_path: Path, run_server: Callable[..., RunningServer]
+) -> None:
+    """The case above on live traffic: the table model served, ``income`` read as 0 for one city only, sent as
+    V2 requests. The time window and the count window both rank that city first and name ``income`` (the served
+    windows sum the change columns per segment as ``check`` does), and ``/metrics`` exports the change with the
+    column's name."""
+    zoo, _, bundle = fitted
+    city = pd.Series(zoo.test.inputs["city"][:, 0]).value_counts().index[1]
+    inputs = {k: v.copy() for k, v in zoo.test.inputs.items()}
+    inputs["income"][inputs["city"][:, 0] == city] = 0.0
+    rows = len(zoo.test.y)
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "tables", "path": str(zoo.path)},
+        bundle={"path": str(bundle)},
+        state_dir=str(tmp_path / "state"),
+        windows={"time": ["5m"], "count": rows},
+        labels={"sample_rate": 0.0},
+    )
+    srv = run_server(create_app(settings, CollectorRegistry()))
+    types = {spec.name: spec.v2_datatype for spec in zoo.inputs}
+    with httpx.Client(timeout=60) as client:
+        for start in range(0, rows, 100):
+            part = {k: v[start : start + 100] for k, v in inputs.items()}
+            tensors = [
+                {
+                    "name": k,
+                    "datatype": types[k],
+                    "shape": list(v.shape),
+                    "data": [str(x) for x in v.ravel()] if types[k] == "BYTES" else v.ravel().tolist(),
+                }
+                for k, v in part.items()
+            ]
+            r = client.post(f"{srv.url}/v2/models/tables/infer", json={"inputs": tensors})
+            assert r.status_code == 200, r.text
+        assert wait_until(lambda: client.get(f"{srv.url}/v1/estimates").json()["total_judged"] == rows, 30)
+        windows = client.get(f"{srv.url}/v1/estimates").json()["windows"]
+        metrics = client.get(f"{srv.url}/metrics").text
+    for name in ("5m", f"last{rows}"):
+        top = windows[name]["segments"][0]
+        assert top["name"] == f"city={city}", (name, [(s["name"], s["change"]) for s in windows[name]["segments"][:3]])
+        assert top["change"]["changed"] and top["change"]["columns"][0]["column"] == "income", (name, top["change"])
+    timed, counted = (windows[name]["segments"][0]["change"]["columns"] for name in ("5m", f"last{rows}"))
+    assert [c["column"] for c in timed] == [c["column"] for c in counted]  # the same rows, the same test
+    assert [c["distance"] for c in timed] == pytest.approx([c["distance"] for c in counted], rel=1e-4)
+    score = f'icos_segment_change_score{{column="income",kind="column",model="tables",segment="city={city}"'
+    assert score in metrics, [line for line in metrics.splitlines() if line.startswith("icos_segment_change_score")]
 
 
 def test_a_column_broken_in_every_row_is_a_change_across_the_traffic(

@@ -211,6 +211,8 @@ def test_segment_sums_are_the_per_sample_counts_and_add_across_windows() -> None
 
 
 def test_the_count_window_keeps_every_predictions_segments_and_restores_them() -> None:
+    """Its per-segment sums, the change sums among them (kept as each prediction's change columns), are those of
+    its last predictions read at once, and survive a restart."""
     rng = np.random.default_rng(3)
     cal, data = fitted(rng)
     seg = cal.segments
@@ -223,15 +225,19 @@ def test_the_count_window_keeps_every_predictions_segments_and_restores_them() -
         c = rng.uniform(0.5, 1.0, n)
         v = np.zeros(n, np.int8)
         rules = data.tdi.rule_index(x) if data.tdi is not None else None
-        w.add(v, c, labels=p, segments=seg.ids(x, p, rules, n))
+        w.add(v, c, labels=p, segments=seg.ids(x, p, rules, n), change=seg.change_values(x))
         xs, ps, cs, vs = [*xs, x], [*ps, p], [*cs, c], [*vs, v]
     x, p, c, v = (np.concatenate(a)[-50:] for a in (xs, ps, cs, vs))
     rules = data.tdi.rule_index(x) if data.tdi is not None else None
     expected = WindowStats.from_batch(v, c, cal, labels=p, features=x, tdi_rules=rules)
-    assert w.stats(cal).seg_n == expected.seg_n
+    assert expected.change_n and sum(expected.change_n) == 50 * len(seg.dimensions)
     restored = CountWindow.from_dict(json.loads(json.dumps(w.to_dict())))
-    assert restored.stats(cal).seg_n == expected.seg_n
-    assert restored.stats(cal).seg_conf == pytest.approx(expected.seg_conf)
+    for got in (w.stats(cal), restored.stats(cal)):
+        assert got.seg_n == expected.seg_n and got.seg_conf == pytest.approx(expected.seg_conf)
+        assert got.change_n == expected.change_n  # the change columns are kept in float32
+        assert got.change_sum == pytest.approx(expected.change_sum, rel=1e-5)
+        assert got.change_sq == pytest.approx(expected.change_sq, rel=1e-5)
+        assert got.change_cross == pytest.approx(expected.change_cross, rel=1e-5)
 
 
 def test_segments_are_stored_with_the_calibration_and_older_bundles_have_none() -> None:

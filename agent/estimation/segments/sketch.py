@@ -85,6 +85,7 @@ class ChangeSketch:
         ):
             raise ValueError("change columns: correlation factors of the wrong shape, or not positive finite numbers")
         object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
+        object.__setattr__(self, "_w32", self._w.astype(np.float32))  # type: ignore[attr-defined]
         object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
 
     @property
@@ -120,10 +121,15 @@ class ChangeSketch:
         f = np.asarray(features).reshape(len(features), -1)
         if f.shape[1] < self.width:
             return None
-        x = f[:, : self.width].astype(np.float64, copy=False)
-        z = x @ self._w + self._b  # type: ignore[attr-defined]
-        if not np.isfinite(z).all():  # a missing or infinite input spoils only its own columns
-            x = np.nan_to_num(x, nan=0.0, posinf=1e30, neginf=-1e30)
+        x = f[:, : self.width]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if x.dtype == np.float32:  # the served view: one float32 product, no float64 copy of the rows
+                z = (x @ self._w32).astype(np.float64)  # type: ignore[attr-defined]
+                z += self._b  # type: ignore[attr-defined]
+            else:
+                z = x.astype(np.float64, copy=False) @ self._w + self._b  # type: ignore[attr-defined]
+        if not np.isfinite(z).all():  # a missing or infinite input, or a float32 overflow: only its own columns
+            x = np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=1e30, neginf=-1e30)
             with np.errstate(over="ignore", invalid="ignore"):
                 z = x @ self._w + self._b  # type: ignore[attr-defined]
             np.nan_to_num(z, copy=False, nan=0.0, posinf=CLIP, neginf=-CLIP)

@@ -18,7 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from agent.estimation.layout import N_CELLS, N_PCA_BINS, cell_counts, clip_index
-from agent.estimation.statistics.calibrated import StatisticsCalibration
+from agent.estimation.statistics.calibrated import Numbering, StatisticsCalibration
 from agent.estimation.statistics.reference import InputReference
 from invariants.oracle import FAMILIES, Verdict
 
@@ -264,10 +264,16 @@ class WindowStats:
         if seg is not None:
             ids = seg.ids(features, labels, tdi_rules, out.n)
             out.add_segment_sums(ids, seg.size, confidences, verdicts, novel_inputs(calibration, extras))
-            z = seg.change_values(features)
-            if z is not None and len(z) == out.n:
-                out.add_change_sums(ids, seg.size, z, seg.change_cross(z))
+            out.add_change_values(seg, ids, seg.change_values(features))
         return out
+
+    def add_change_values(self, seg: Numbering, ids: np.ndarray, z: np.ndarray | None) -> None:
+        """Fill ``change_*`` from every prediction's change columns ``z`` ``[N, C]``
+        (:meth:`~agent.estimation.segments.segmentation.Segmentation.change_values`) and segment numbers ``ids``
+        ``[D, N]``: nothing when ``z`` is None (no sketch, a view narrower than at fit) or not one row per
+        prediction of these statistics."""
+        if z is not None and len(z) == self.n and ids.shape[-1] == self.n:
+            self.add_change_sums(ids, seg.size, z, seg.change_cross(z))
 
     def add_change_sums(self, ids: np.ndarray, size: int, z: np.ndarray, cross: np.ndarray) -> None:
         """Fill ``change_*`` from the segment numbers ``ids`` ``[D, N]``, the change columns ``z`` ``[N, C]`` and
