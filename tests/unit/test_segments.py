@@ -23,6 +23,7 @@ from agent.estimation.segments.segmentation import (
 )
 from agent.estimation.segments.table import segment_calibration, segment_estimates, segment_table
 from agent.estimation.statistics.items import SEGMENT_STATS, stat_items, stats_from_items
+from agent.estimation.statistics.segment_sums import per_segment
 from agent.estimation.statistics.window import WindowStats
 from agent.fleet.stat_schema import RefusedAnswer, StatSchema
 from agent.judging.windows import CountWindow, TimeWindow
@@ -546,3 +547,27 @@ def test_a_rule_segment_of_many_conditions_is_abbreviated_in_one_line_and_named_
     top = TopSegment.of_rows([row])
     assert top is not None and top.name == deep and top.to_json()["name"] == deep
     assert top.to_text().startswith("TDI rule 2: f0 > 0.5 & f1 <= 1.5 & f2 > 2.5 & 5 more => yes (a rule segment")
+
+
+@pytest.mark.parametrize(("dims", "size", "k"), [(10, 44, 63), (3, 400, 2), (2, 6, 1)])
+def test_per_segment_sums_are_the_rows_sums_whichever_way_they_are_added(dims: int, size: int, k: int) -> None:
+    """Few segments against the sums a row adds are summed by one product with the rows' membership, many by one
+    ``np.bincount``: either way each segment's sums over its own rows; a number at or beyond ``size`` counts nowhere,
+    and a non-finite value stays in its own segment."""
+    rng = np.random.default_rng(dims * size)
+    n = 300
+    # each dimension numbers its own segments; a tenth of the rows read nowhere in it (a number at ``size``)
+    ids = np.stack([rng.integers(d * size // dims, (d + 1) * size // dims, n) for d in range(dims)])
+    ids[rng.uniform(size=ids.shape) < 0.1] = size
+    values = rng.normal(size=(n, k))
+    got = per_segment(ids, size, values).reshape(size, k)
+    want = np.zeros((size, k))
+    for d in range(dims):
+        for row in range(n):
+            if ids[d, row] < size:
+                want[ids[d, row]] += values[row]
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
+    values[0, 0] = np.nan
+    spoiled = per_segment(ids, size, values).reshape(size, k)
+    hit = {int(s) for s in ids[:, 0] if s < size}
+    assert all(np.isnan(spoiled[s, 0]) == (s in hit) for s in range(size))

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.estimation.statistics.window import per_segment
+from agent.estimation.statistics.segment_sums import per_segment
 
 #: Most change columns a bundle sketches (of a table: its numeric columns; each may bring its relation to the
 #: others besides, :data:`MAX_RELATIONS`).

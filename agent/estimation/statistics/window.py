@@ -20,6 +20,7 @@ import numpy as np
 from agent.estimation.layout import N_CELLS, N_PCA_BINS, cell_counts, clip_index
 from agent.estimation.statistics.calibrated import Numbering, StatisticsCalibration
 from agent.estimation.statistics.reference import InputReference
+from agent.estimation.statistics.segment_sums import per_segment
 from invariants.oracle import FAMILIES, Verdict
 
 
@@ -551,16 +552,6 @@ _IPW_FIELDS = (
     "lab_ipw_vyf_sum",
     "lab_ipw_vff_sum",
 )
-
-
-def per_segment(ids: np.ndarray, size: int, values: np.ndarray) -> np.ndarray:
-    """Per segment, the sums of every column of ``values`` ``[N, K]`` over the rows with segment numbers ``ids``
-    ``[D, N]`` (a number ≥ ``size``: counted nowhere), segment-major ``[S × K]``: one ``np.bincount``."""
-    n_rows, k = values.shape
-    ids2 = np.minimum(np.asarray(ids, dtype=np.int64).reshape(-1, n_rows), size)
-    flat = (ids2[:, :, None] * k + np.arange(k)).ravel()
-    w = np.broadcast_to(values, (ids2.shape[0], n_rows, k)).ravel()
-    return np.bincount(flat, weights=w, minlength=(size + 1) * k)[: size * k]
 
 
 def _default(f: Field[Any]) -> Any:
