@@ -90,18 +90,21 @@ def test_values_are_clipped_offset_and_bounded_whatever_the_input() -> None:
 
 
 def test_a_float32_view_reads_the_change_columns_of_its_float64_values() -> None:
-    """The served view is float32 and is read in one float32 product: the same change columns as its values read
-    in float64, to the float32 rounding; values near float32's largest, infinite or missing read as the float64
-    read reads them, clipped."""
+    """The served view is float32 and is read in float64 a few rows at a time: the same change columns as its values
+    read at once in float64, whatever a row's place in its batch (a window's sums over partitions of the data equal
+    its sums over the whole); values near float32's largest, infinite or missing read as the float64 read reads
+    them, clipped."""
     sketch = _sketch(np.random.default_rng(1))
-    _, x = _rows(500, np.random.default_rng(2))
+    _, x = _rows(30_000, np.random.default_rng(2))  # more rows than one step reads
     x32 = x.astype(np.float32)
     got, want = sketch.values(x32), sketch.values(x32.astype(np.float64))
     assert got is not None and want is not None and got.dtype == np.float64
-    assert np.abs(got - want).max() < 1e-5
+    assert np.abs(got - want).max() < 1e-12
+    alone = sketch.values(x32[12_345:12_346])
+    assert alone is not None and np.abs(alone[0] - got[12_345]).max() < 1e-12
     huge = np.array([[3e38, -np.inf, np.nan], [1.0, -3e38, 2.0]], dtype=np.float32)
     got, want = sketch.values(huge), sketch.values(huge.astype(np.float64))
-    assert got is not None and want is not None and np.abs(got - want).max() < 1e-5
+    assert got is not None and want is not None and np.abs(got - want).max() < 1e-12
     assert got[0, 0] == 2 * CLIP and got[0, 1] == 0 and got[1, 1] == 0
 
 

@@ -39,6 +39,10 @@ MAX_RELATIONS = 8
 PAIR_COLUMNS = 4
 #: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
 CLIP = 6.0
+#: Bytes of a float32 view's rows read in float64 at once: a float64 copy of a whole group of wide rows (images)
+#: is a fresh mapping whose every page faults on the judge thread, several times the product's own cost; the
+#: product stays in float64, so a row's change columns do not depend on its place in its batch.
+CHUNK_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,6 @@ class ChangeSketch:
         ):
             raise ValueError("change columns: correlation factors of the wrong shape, or not positive finite numbers")
         object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
-        object.__setattr__(self, "_w32", self._w.astype(np.float32))  # type: ignore[attr-defined]
         object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
 
     @property
@@ -123,12 +126,15 @@ class ChangeSketch:
             return None
         x = f[:, : self.width]
         with np.errstate(over="ignore", invalid="ignore"):
-            if x.dtype == np.float32:  # the served view: one float32 product, no float64 copy of the rows
-                z = (x @ self._w32).astype(np.float64)  # type: ignore[attr-defined]
+            if x.dtype == np.float64:
+                z = x @ self._w + self._b  # type: ignore[attr-defined]
+            else:  # the served view (float32): in float64 a few rows at a time, no float64 copy of them all
+                z = np.empty((len(x), len(self.columns)))
+                step = max(1, CHUNK_BYTES // (8 * self.width))
+                for a in range(0, len(x), step):
+                    np.matmul(x[a : a + step].astype(np.float64), self._w, out=z[a : a + step])  # type: ignore[attr-defined]
                 z += self._b  # type: ignore[attr-defined]
-            else:
-                z = x.astype(np.float64, copy=False) @ self._w + self._b  # type: ignore[attr-defined]
-        if not np.isfinite(z).all():  # a missing or infinite input, or a float32 overflow: only its own columns
+        if not np.isfinite(z).all():  # a missing or infinite input spoils only its own columns
             x = np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=1e30, neginf=-1e30)
             with np.errstate(over="ignore", invalid="ignore"):
                 z = x @ self._w + self._b  # type: ignore[attr-defined]
