@@ -7,9 +7,12 @@ the judging lock next (the background thread, the event loop's
 and records everything pending in one :meth:`Recorder.record` call.
 
 The background thread *lingers* (:class:`~agent.judging.linger.LingerLoop`): once work arrives it waits
-up to ``linger_seconds`` (or until ``linger_samples`` predictions wait) and records everything in one call,
-so that a stream of small requests costs one oracle call, one window update and one wake-up per linger
-period instead of one per request (each wake-up also contends with the request threads for the GIL).
+up to ``linger_seconds`` (or until ``linger_samples`` predictions, or ``linger_bytes`` of their features and
+inputs, wait) and records everything in one call, so that a stream of small requests costs one oracle call,
+one window update and one wake-up per linger period instead of one per request (each wake-up also contends
+with the request threads for the GIL). The bytes bound keeps what waits small for large inputs (images), the
+count bound lets small ones (tables) share a call: a call's fixed costs (the oracle's, the window sums') are
+most of a small model's recording.
 Predictions are recorded at most ``linger_seconds`` late; windows have buckets of a second or more. At most
 ``deferred_limit`` works wait; beyond that, the submitting thread records them itself.
 """
@@ -33,14 +36,17 @@ class JudgeQueue:
         recorder: Recorder,
         deferred_limit: int = 256,
         linger_seconds: float = 0.05,
-        linger_samples: int = 512,
+        linger_samples: int = 4096,
+        linger_bytes: int = 16 << 20,
     ) -> None:
         self.recorder = recorder
         self.deferred_limit = deferred_limit
         self.linger_seconds = linger_seconds
         self.linger_samples = linger_samples
+        self.linger_bytes = linger_bytes
         self._pending: list[JudgeWork] = []
         self._pending_samples = 0  # predictions queued since the last take
+        self._pending_bytes = 0  # their features' and inputs' bytes
         #: request ids of the works queued or being recorded (a label may wait for them: :meth:`holds`)
         self._unrecorded = HeldRequests()
         self._hurry = False  # somebody waits: record without lingering
@@ -63,6 +69,7 @@ class JudgeQueue:
         with self._pending_lock:
             self._pending.extend(works)
             self._pending_samples += sum(w.n for w in works)
+            self._pending_bytes += sum(w.nbytes for w in works)
             self._count(works)
         self._record_until_done(works)
 
@@ -71,6 +78,7 @@ class JudgeQueue:
         with self._wakeup:
             self._pending.append(work)
             self._pending_samples += work.n
+            self._pending_bytes += work.nbytes
             self._count((work,))
             if self._loop.running and len(self._pending) <= self.deferred_limit:
                 if self._loop.idle or self._enough_pending():
@@ -85,6 +93,7 @@ class JudgeQueue:
         with self._pending_lock:
             self._pending.append(work)
             self._pending_samples += work.n
+            self._pending_bytes += work.nbytes
             self._count((work,))
             return self._pending_samples
 
@@ -153,6 +162,7 @@ class JudgeQueue:
         with self._pending_lock:
             batch, self._pending = self._pending, []
             self._pending_samples = 0
+            self._pending_bytes = 0
             self._hurry = False
         return batch
 
@@ -181,5 +191,8 @@ class JudgeQueue:
     def _enough_pending(self) -> bool:
         """Whether the background thread should stop lingering (called holding the pending lock)."""
         return (
-            self._hurry or self._pending_samples >= self.linger_samples or 2 * len(self._pending) >= self.deferred_limit
+            self._hurry
+            or self._pending_samples >= self.linger_samples
+            or self._pending_bytes >= self.linger_bytes
+            or 2 * len(self._pending) >= self.deferred_limit
         )

@@ -50,6 +50,14 @@ class JudgeWork:
     def n(self) -> int:
         return len(self.predicted)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes its features and prepared inputs hold (what waiting to be recorded keeps in memory)."""
+        held = self.features.nbytes + self.probabilities.nbytes
+        if self.inputs is not None:
+            held += sum(a.nbytes for a in self.inputs.values())
+        return int(held)
+
     def verdicts_or_raise(self) -> np.ndarray:
         """The work's verdicts; its judging error raised when it failed."""
         if self.error is not None:
@@ -62,7 +70,7 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 #: The most bytes of feature rows a :class:`RowBuffer` keeps per row shape (larger calls get arrays of their own).
-ROW_BUFFER_BYTES = 8 << 20
+ROW_BUFFER_BYTES = 16 << 20
 #: The most row shapes (runtimes of different views) a :class:`RowBuffer` keeps a buffer for.
 ROW_BUFFER_SHAPES = 4
 

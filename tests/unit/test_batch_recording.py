@@ -17,6 +17,7 @@ from agent.config.settings import load_settings
 from agent.estimation.layout import N_CELLS
 from agent.estimation.statistics.items import stat_items
 from agent.estimation.statistics.window import WindowStats
+from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import JudgedBatch, Recorder
 from agent.judging.runtime import Runtime, load_runtime
 from agent.judging.verdicts import JudgeWork, RowBuffer
@@ -28,6 +29,7 @@ from agent.labels.uniform_draws import UniformDraws
 from agent.model.classifier import default_model_path, label_confidences
 from exporters.label_metrics import LabelMetrics
 from exporters.prometheus import AgentMetrics
+from tests.support.waiting import wait_until
 
 
 def random_stats(rng: np.random.Generator, size: int, leaves: int) -> WindowStats:
@@ -254,3 +256,29 @@ def test_the_row_buffer_concatenates_like_numpy_and_lends_no_memory_beyond_its_b
     assert np.array_equal(out, np.concatenate(big)) and not np.shares_memory(out, first)
     mixed = [parts[0], parts[1].astype(np.float64)]
     assert np.array_equal(rows.rows(mixed), np.concatenate(mixed))
+
+
+def test_the_judge_stops_lingering_once_enough_bytes_wait_not_only_enough_predictions(
+    tmp_path: Path, mnist_bundle_dir: Path
+) -> None:
+    """The background thread records what waits after ``linger_seconds``, or at once when enough predictions or
+    enough bytes of their features and inputs wait: large inputs are not held for the whole linger period."""
+    rt, _store, _metrics = runtime(mnist_bundle_dir, tmp_path)
+    works = judged(rt, [8, 8, 8])
+    per_work = works[0].nbytes
+    assert per_work >= 8 * 28 * 28 * 4  # the features at least
+    queue = JudgeQueue(
+        Recorder(WindowSet({"5m": 300.0}, None), AgentMetrics(CollectorRegistry())),
+        linger_seconds=60,
+        linger_samples=10_000,
+        linger_bytes=2 * per_work,
+    )
+    queue.start()
+    try:
+        queue.submit(works[0])  # below both bounds: it lingers
+        assert not wait_until(lambda: works[0].done, 0.5)
+        queue.submit(works[1])  # two works' bytes: recorded without waiting out the 60 s
+        assert wait_until(lambda: works[0].done and works[1].done, 10)
+    finally:
+        queue.stop()
+    assert works[0].verdicts is not None and not works[2].done
