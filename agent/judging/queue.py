@@ -67,19 +67,13 @@ class JudgeQueue:
         """Judge and record ``works`` now, together with whatever else is pending; returns once they
         are recorded (each with its ``verdicts`` or its ``error``; nothing is raised)."""
         with self._pending_lock:
-            self._pending.extend(works)
-            self._pending_samples += sum(w.n for w in works)
-            self._pending_bytes += sum(w.nbytes for w in works)
-            self._count(works)
+            self._queue(works)
         self._record_until_done(works)
 
     def submit(self, work: JudgeWork) -> None:
         """Queue a work for the background thread (recorded here when the queue is full or no thread runs)."""
         with self._wakeup:
-            self._pending.append(work)
-            self._pending_samples += work.n
-            self._pending_bytes += work.nbytes
-            self._count((work,))
+            self._queue((work,))
             if self._loop.running and len(self._pending) <= self.deferred_limit:
                 if self._loop.idle or self._enough_pending():
                     self._loop.notify()
@@ -91,10 +85,7 @@ class JudgeQueue:
         (:meth:`try_record_pending`) or wakes the thread (:meth:`wake`). Returns the predictions now
         pending. :meth:`flush` records it like any pending work."""
         with self._pending_lock:
-            self._pending.append(work)
-            self._pending_samples += work.n
-            self._pending_bytes += work.nbytes
-            self._count((work,))
+            self._queue((work,))
             return self._pending_samples
 
     # -- state ----------------------------------------------------------------------------------
@@ -166,8 +157,12 @@ class JudgeQueue:
             self._hurry = False
         return batch
 
-    def _count(self, works: Sequence[JudgeWork]) -> None:
-        """Count the works' request ids as unrecorded (called holding the pending lock)."""
+    def _queue(self, works: Sequence[JudgeWork]) -> None:
+        """Add works to the pending ones, their predictions and bytes to the counts the lingering reads, and their
+        request ids to the unrecorded ones (called holding the pending lock)."""
+        self._pending.extend(works)
+        self._pending_samples += sum(w.n for w in works)
+        self._pending_bytes += sum(w.nbytes for w in works)
         for w in works:
             if w.request_id is not None:
                 self._unrecorded.add(w.request_id)

@@ -168,7 +168,7 @@ class Recorder:
         change = None
         if segments is not None and ids is not None:
             stats.add_segment_sums(ids, segments.size, conf, verdicts, novel_inputs(rt.calibration, extras))
-            # what changed where: the change columns' sums per segment (one product with the sketch's read)
+            # what changed where: the change columns' sums per segment (the sketch's linear read of the rows)
             change = segments.change_values(features)
             stats.add_change_values(segments, ids, change)
         # the count window keeps the vectors themselves (size × K floats): only within the class cap

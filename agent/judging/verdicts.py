@@ -82,8 +82,8 @@ class RowBuffer:
     hands freed memory back to the system: several times the copy itself (a group of MNIST requests of 32 images
     faulted 25 times per request, and its concatenation cost a fifth of the judge's CPU). What :meth:`rows`
     returns is overwritten by its next call: it is read only while its works are recorded (the recorder is
-    called under one lock). Calls beyond :data:`ROW_BUFFER_BYTES` get an array of their own, so that a burst of
-    large inputs holds no memory once it is recorded."""
+    called under one lock). A buffer holds at most :data:`ROW_BUFFER_BYTES`; larger calls get an array of their
+    own, so that a burst of large inputs holds no memory once it is recorded."""
 
     def __init__(self, limit_bytes: int = ROW_BUFFER_BYTES) -> None:
         self.limit_bytes = limit_bytes
