@@ -217,20 +217,22 @@ class LabelIntake:
     async def _retry_on_their_way(
         self, labels: list[tuple[str, int]], first: LabelOutcome, source: str, correct: bool
     ) -> LabelOutcome:
-        """Labels of predictions still on their way to the store, applied once they are there."""
+        """Labels of predictions still on their way to the store, applied once they are there.
+
+        Every unknown label is tried once more, not only those whose request is still on its way: a
+        prediction written between the first try and the look at what is on its way is in the store by
+        then, and no longer on its way (the second try costs one more lookup of the unknown ids)."""
         unknown = set(first.unknown)
         by_request = {pid: split_prediction_id(pid)[0] for pid in unknown}
         on_their_way = {rid for rid in set(by_request.values()) if self._on_their_way(rid)}
-        if not on_their_way:
-            return first
-        await self._wait(on_their_way)
-        again = [(pid, lab) for pid, lab in labels if pid in unknown and by_request[pid] in on_their_way]
+        if on_their_way:
+            await self._wait(on_their_way)
+        again = [(pid, lab) for pid, lab in labels if pid in unknown]
         second: LabelOutcome = await self.run(self._apply, again, source, correct)
-        retried = {pid for pid, _ in again}
         return LabelOutcome(
             accepted=[*first.accepted, *second.accepted],
             n_accepted=first.n_accepted + second.n_accepted,
-            unknown=[pid for pid in first.unknown if pid not in retried] + second.unknown,
+            unknown=second.unknown,
             duplicate=[*first.duplicate, *second.duplicate],
             corrected=[*first.corrected, *second.corrected],
         )

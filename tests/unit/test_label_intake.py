@@ -180,3 +180,27 @@ def test_the_labeling_sample_lists_predictions_answered_a_moment_ago(
     finally:
         queue.stop()
         store.stop()
+
+
+def test_a_label_finds_a_prediction_written_between_its_lookup_and_the_look_at_what_is_on_its_way(
+    parts: tuple[AgentSettings, Runtime, JudgeQueue, PredictionStore], mnist_splits: Splits
+) -> None:
+    """The store's writer may write a prediction just after a label's lookup missed it: by the time the intake
+    asks what is still on its way, that prediction is in the store, no longer on its way, and must still be found."""
+    settings, rt, queue, store = parts
+    x, y = mnist_splits.test.x[:4], mnist_splits.test.y[:4]
+    queue.record_now([work(rt, x, "just-written")])
+    assert store.holds("just-written")  # in the store's write queue (its writer waits a minute)
+
+    li, accepted = intake(settings, rt, queue, store)
+
+    async def run_then_write(fn: Any, *args: Any) -> Any:
+        result = fn(*args)
+        if fn == li._apply:
+            store.flush()  # the writer's turn comes right after the lookup
+        return result
+
+    li.run = run_then_write
+    result = asyncio.run(li.accept(body([(f"just-written:{i}", int(y[i])) for i in range(4)]), "test"))
+    assert (result["accepted"], result["unknown"]) == (4, 0), result
+    assert accepted == [4]
