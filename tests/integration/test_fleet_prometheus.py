@@ -272,6 +272,13 @@ def _same_segments(fleet: dict[str, Any], agent: dict[str, Any], window: str) ->
         # what changed where: the fleet's test reads the replicas' summed change sums as the agent reads its own
         assert seg["change"]["changed"] == other["change"]["changed"], (window, name)
         assert seg["change"]["score"] == pytest.approx(other["change"]["score"], abs=0.01), (window, name)
+        assert {c["column"] for c in seg["change"]["columns"]} == {c["column"] for c in other["change"]["columns"]}
+    # ... and there is something to read: the darker, noisy digits moved the inputs of segments, whose change sums
+    # name the components that moved (empty change sums on both sides would compare equal; the model's confidence
+    # and the novel inputs are read without them)
+    summed = {"column", "pair", "relation"}
+    moved = [s for s in agent["segments"] if any(c["kind"] in summed for c in s["change"]["columns"])]
+    assert moved, (window, [s["change"] for s in agent["segments"]])
     assert fleet["segments"][0]["name"] == agent["segments"][0]["name"] or (
         fleet["segments"][0]["contribution"] == pytest.approx(agent["segments"][0]["contribution"], abs=0.01)
     )
