@@ -4,13 +4,16 @@ The window statistic is exported by adding each batch's statistic in place and f
 scrape time: the same series with the same values, bit for bit, as adding every batch's flat pairs. The
 labeling sample draws the requests of one recording call in one draw: with the same random source, the
 same predictions as drawing them request by request. The recorder hands the sample the calibrated
-predictor it computed for the windows: the same numbers the sample computed from the request itself."""
+predictor it computed for the windows: the same numbers the sample computed from the request itself. The served
+windows hold every statistic the offline read of the same predictions holds."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.config.settings import load_settings
@@ -282,3 +285,42 @@ def test_the_judge_stops_lingering_once_enough_bytes_wait_not_only_enough_predic
     finally:
         queue.stop()
     assert works[0].verdicts is not None and not works[2].done
+
+
+def test_the_served_windows_hold_every_statistic_the_offline_check_computes(
+    tmp_path: Path, mnist_bundle_dir: Path
+) -> None:
+    """The recorder behind ``serve``, ``proxy`` and ``observe`` and the offline read (``check``, the Python API,
+    Spark: :meth:`WindowStats.from_batch`) build a batch's statistics each in their own steps: every field of a
+    served window, its time window's and its count window's, equals the offline read of the same predictions (a
+    statistic the served side skipped, as the change sums once were, leaves its field empty there)."""
+    rt, _store, _metrics = runtime(mnist_bundle_dir, tmp_path)
+    assert rt.calibration.segments is not None and rt.calibration.segments.change is not None
+    windows = WindowSet({"5m": 300.0}, 10_000)
+    works = judged(rt, [5, 32, 1, 17])
+    Recorder(windows, AgentMetrics(CollectorRegistry())).record(works)
+    probabilities = np.concatenate([w.probabilities for w in works])
+    predicted = np.concatenate([w.predicted for w in works])
+    verdicts = np.concatenate([w.verdicts_or_raise() for w in works]).astype(np.int8)
+    rules = np.concatenate([w.tdi_rules for w in works if w.tdi_rules is not None])
+    offline = WindowStats.from_batch(
+        verdicts,
+        label_confidences(probabilities, predicted),
+        rt.calibration,
+        probabilities=probabilities,
+        labels=predicted,
+        features=np.concatenate([w.features for w in works]),
+        tdi_rules=rules,
+    ).to_dict()
+    assert offline["change_sum"] and offline["seg_n"] and offline["n_ext"] == len(verdicts)
+    for name, served in windows.stats(rt.calibration, time.time()).items():
+        got = served.to_dict()
+        assert set(got) == set(offline)
+        rel = 1e-6 if name == windows.count_name else 1e-9  # the count window keeps some columns in float32
+        for key, want in offline.items():
+            if isinstance(want, list):
+                np.testing.assert_allclose(got[key], want, rtol=rel, atol=1e-9, err_msg=f"{name}: {key}")
+            elif isinstance(want, float):
+                assert got[key] == pytest.approx(want, rel=rel, abs=1e-9), (name, key)
+            else:
+                assert got[key] == want, (name, key)
