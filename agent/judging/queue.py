@@ -41,7 +41,6 @@ class JudgeQueue:
     ) -> None:
         self.recorder = recorder
         self.deferred_limit = deferred_limit
-        self.linger_seconds = linger_seconds
         self.linger_samples = linger_samples
         self.linger_bytes = linger_bytes
         self._pending: list[JudgeWork] = []
@@ -89,6 +88,16 @@ class JudgeQueue:
             return self._pending_samples
 
     # -- state ----------------------------------------------------------------------------------
+    @property
+    def linger_seconds(self) -> float:
+        """How long the background thread waits for more once work arrived, and the event loop between its
+        recording calls (:class:`~agent.judging.loop.LoopRecorder`); set here, both read the new value at once."""
+        return self._loop.linger_seconds
+
+    @linger_seconds.setter
+    def linger_seconds(self, value: float) -> None:
+        self._loop.linger_seconds = value
+
     def pending_samples(self) -> int:
         """Predictions queued and not yet taken by a recording call."""
         with self._pending_lock:
