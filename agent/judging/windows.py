@@ -23,6 +23,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 import numpy as np
 
+from agent.core.array_json import decode_array, encode_array, is_encoded
 from agent.core.durations import parse_duration
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.statistics.window import SampleExtras, WindowStats
@@ -280,50 +281,73 @@ class CountWindow:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """Its filled slots, oldest first, each column as its bytes (:mod:`agent.core.array_json`): a list of
+        numbers would cost a Python object per number while saved, many times the window's own memory."""
         v, c, *ext, has, probs, labels, has_classes, seg_ids, has_segments, change, has_change = self._ordered()
-        d: dict[str, Any] = {"size": self.size, "verdicts": v.tolist(), "confidences": c.tolist()}
+        d: dict[str, Any] = {"size": self.size, "verdicts": encode_array(v), "confidences": encode_array(c)}
         if has.any():
-            d["extras"] = {f: col.tolist() for f, col in zip(self._EXTRA_FIELDS, ext, strict=True)}
-            d["has_extras"] = has.tolist()
+            d["extras"] = {f: encode_array(col) for f, col in zip(self._EXTRA_FIELDS, ext, strict=True)}
+            d["has_extras"] = encode_array(has)
         if probs.shape[1] and has_classes.all():
-            d["classes"] = {"probabilities": probs.tolist(), "labels": labels.tolist()}
+            d["classes"] = {"probabilities": encode_array(probs), "labels": encode_array(labels)}
         if seg_ids.shape[1] and has_segments.all():
-            d["segments"] = seg_ids.tolist()
+            d["segments"] = encode_array(seg_ids)
             if change.shape[1] and has_change.all():
-                d["change"] = change.tolist()
+                d["change"] = encode_array(change)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], size: int | None = None) -> CountWindow:
+        """Inverse of :meth:`to_dict`; states of older versions (columns as lists of numbers, some absent) load
+        too. Raises ``ValueError`` for columns that do not fit each other."""
         w = cls(int(size or d["size"]))
         if not d.get("verdicts"):
             return w
-        v = np.asarray(d["verdicts"], dtype=np.int8)
-        c = np.asarray(d["confidences"], dtype=np.float64)
+        v = _column(d["verdicts"], np.int8, "verdicts")
+        if not len(v):
+            return w
+        c = _column(d["confidences"], np.float64, "confidences")
         raw = d.get("extras")
-        has = np.asarray(d.get("has_extras") or [], dtype=bool)
+        has = _column(d.get("has_extras") or [], bool, "has_extras")
         extras = None
         if isinstance(raw, Mapping) and len(has) == len(v) and has.all():
             cols: list[np.ndarray] = [
-                np.asarray(raw[f] if f in raw else np.full(len(v), -1), dtype=t)  # state of an older layout
+                _column(raw[f], t, f) if f in raw else np.full(len(v), -1, dtype=t)  # state of an older layout
                 for f, t in zip(cls._EXTRA_FIELDS, cls._EXTRA_DTYPES, strict=True)
             ]
             extras = _extras_of_columns(cols)
         probs = labels = None
         saved = d.get("classes")  # absent from states of an older layout
-        if isinstance(saved, Mapping) and len(saved.get("labels") or ()) == len(v):
-            probs = np.asarray(saved["probabilities"], dtype=np.float32).reshape(len(v), -1)
-            labels = np.asarray(saved["labels"], dtype=np.int64)
+        if isinstance(saved, Mapping) and saved.get("labels") is not None:
+            labels = _column(saved["labels"], np.int64, "labels")
+            if len(labels) == len(v):
+                probs = _column(saved["probabilities"], np.float32, "probabilities").reshape(len(v), -1)
+            else:
+                labels = None
         segments = None
         rows = d.get("segments")  # absent from states of an older layout, or without segments
-        if isinstance(rows, list) and len(rows) == len(v):
-            segments = np.asarray(rows, dtype=np.int32).reshape(len(v), -1).T
+        if rows is not None:
+            ids = _column(rows, np.int32, "segments")
+            if len(ids) == len(v):
+                segments = ids.reshape(len(v), -1).T
         change = None
         values = d.get("change")  # absent from states of an older layout, or without a change sketch
-        if segments is not None and isinstance(values, list) and len(values) == len(v):
-            change = np.asarray(values, dtype=np.float32).reshape(len(v), -1)
+        if segments is not None and values is not None:
+            z = _column(values, np.float32, "change")
+            if len(z) == len(v):
+                change = z.reshape(len(v), -1)
         w.add(v, c, extras, probs, labels, segments, change)
         return w
+
+
+def _column(raw: Any, dtype: Any, what: str) -> np.ndarray:
+    """A saved column: its encoded bytes (:func:`~agent.core.array_json.decode_array`) or, in states of older
+    versions, a list of numbers."""
+    if is_encoded(raw):
+        return decode_array(raw, f"count window's {what}").astype(dtype, copy=False)
+    if not isinstance(raw, list):
+        raise ValueError(f"count window's {what}: neither an encoded array nor a list")
+    return np.asarray(raw, dtype=dtype)
 
 
 def count_window_name(size: int) -> str:

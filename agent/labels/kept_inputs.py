@@ -7,15 +7,14 @@ index, with the predicted class and its probability (the pre-annotation a labeli
 inputs are user data: an encoded input over ``labels.max_kept_input_bytes`` is not kept, and past
 ``labels.max_kept_inputs_bytes`` for the whole table the oldest are dropped first; both are counted.
 
-The encoding is JSON, one object per prediction: input name →
-``{"dtype": "float32", "shape": [8, 8], "base64": "<little-endian bytes>"}`` for numeric arrays (bool
+The encoding is JSON, one object per prediction: input name → its array as :mod:`agent.core.array_json`
+encodes it, ``{"dtype": "float32", "shape": [8, 8], "base64": "<little-endian bytes>"}`` for numeric arrays (bool
 included) and ``{"dtype": "string", "shape": [...], "values": ["..."]}`` for text (bytes decoded as
 UTF-8, undecodable bytes replaced). ``shape`` is the shape of one sample (the batch axis removed).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from agent.config.settings import LabelsConfig
+from agent.core.array_json import decode_array, encode_array
 
 #: SQLite: the table, and triggers so that a deleted or cut request row takes its inputs along
 SQLITE_SCHEMA = (
@@ -65,18 +65,9 @@ class KeptInputsPolicy:
         return cls(config.keep_sampled_inputs, config.max_kept_input_bytes, config.max_kept_inputs_bytes)
 
 
-def _encode_array(a: np.ndarray) -> dict[str, Any]:
-    if a.dtype.kind in "USO":
-        values = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in a.reshape(-1).tolist()]
-        return {"dtype": "string", "shape": list(a.shape), "values": values}
-    le = a.astype(a.dtype.newbyteorder("<"), copy=False)
-    raw = np.ascontiguousarray(le).tobytes()
-    return {"dtype": a.dtype.name, "shape": list(a.shape), "base64": base64.b64encode(raw).decode("ascii")}
-
-
 def encode_sample(inputs: Mapping[str, np.ndarray], index: int) -> str:
     """The JSON encoding of sample ``index`` of a batch of inputs (see the module docstring)."""
-    one = {name: _encode_array(np.asarray(np.asarray(a)[index])) for name, a in inputs.items()}
+    one = {name: encode_array(np.asarray(np.asarray(a)[index])) for name, a in inputs.items()}
     return json.dumps(one, separators=(",", ":"))
 
 
@@ -84,17 +75,7 @@ def decode_sample(obj: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The arrays of one encoded sample (as parsed JSON); raises ``ValueError`` for anything else."""
     out: dict[str, np.ndarray] = {}
     for name, enc in obj.items():
-        if not isinstance(enc, Mapping) or not isinstance(enc.get("shape"), list):
-            raise ValueError(f"input {name!r}: not an encoded array")
-        shape = tuple(int(d) for d in enc["shape"])
-        if enc.get("dtype") == "string":
-            out[name] = np.asarray([str(v) for v in enc.get("values", [])], dtype=object).reshape(shape)
-            continue
-        dtype = np.dtype(str(enc.get("dtype"))).newbyteorder("<")
-        if dtype.kind not in "biuf":
-            raise ValueError(f"input {name!r}: dtype {enc.get('dtype')!r} is not numeric")
-        raw = base64.b64decode(str(enc.get("base64", "")), validate=True)
-        out[name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        out[name] = decode_array(enc, f"input {name!r}")
     return out
 
 

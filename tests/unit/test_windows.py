@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 
+from agent.core.array_json import decode_array, is_encoded
 from agent.estimation.calibration import EstimatorCalibration
 from agent.estimation.estimators.registry import estimate_all
 from agent.estimation.intervals import Estimate
-from agent.estimation.statistics.window import WindowStats
+from agent.estimation.statistics.window import SampleExtras, WindowStats
 from agent.judging.windows import CountWindow, TimeWindow, WindowSet, bucket_seconds_for
 
 CAL = EstimatorCalibration(tpr=0.6, fpr=0.05, n_wrong=50, n_right=950, accuracy=0.95, avg_conf=0.93, atc_threshold=0.7)
@@ -198,3 +200,64 @@ def test_window_set_passes_probability_vectors_to_the_count_window_only() -> Non
     assert got["1m"].cbpe_n == 30 and got["last20"].cbpe_n == 20
     tail = WindowStats.from_batch(v[-20:], c[-20:], CAL, probabilities=p[-20:], labels=pred[-20:])
     assert got["last20"].cbpe_support == pytest.approx(tail.cbpe_support)
+
+
+def _full_count_window(rng: np.random.Generator, size: int, n: int) -> CountWindow:
+    """A count window whose every column is filled: extras, probability vectors, segments and change columns."""
+    w = CountWindow(size)
+    v, c = batch(rng, n)
+    extras = SampleExtras(
+        margin=rng.random(n),
+        rules=rng.integers(0, 9, n),
+        agree=rng.random(n) < 0.8,
+        covered=rng.random(n) < 0.5,
+        pca_error=rng.random(n),
+        label=rng.integers(0, 3, n),
+    )
+    p, pred = _probabilities(rng, n, 3)
+    segments = rng.integers(0, 7, (2, n)).astype(np.int32)
+    w.add(v, c, extras, p, pred, segments, rng.random((n, 5)).astype(np.float32))
+    return w
+
+
+def _as_lists(saved: dict[str, Any]) -> dict[str, Any]:
+    """The same state as the versions that saved every column as a list of numbers wrote it."""
+    return {
+        k: (
+            decode_array(v).tolist()
+            if is_encoded(v)
+            else {kk: decode_array(vv).tolist() for kk, vv in v.items()}
+            if isinstance(v, dict)
+            else v
+        )
+        for k, v in saved.items()
+    }
+
+
+def test_the_count_window_saves_its_columns_as_their_bytes_and_reads_states_of_older_versions() -> None:
+    """Its columns are saved as base64 of their bytes: a column read back bit for bit, a document about a third over
+    the columns' own bytes (a list of numbers costs a Python object per number while saved, and its decimal text);
+    a state saved as lists by older versions restores to the same window."""
+    rng = np.random.default_rng(21)
+    w = _full_count_window(rng, 400, 700)  # the ring has wrapped: saved oldest first
+    text = json.dumps(w.to_dict())
+    own = sum(b[: w.count].nbytes for b in w._buffers())
+    assert len(text) <= 1.4 * own + 2_000
+    restored = CountWindow.from_dict(json.loads(text))
+    for mine, theirs in zip(w._ordered(), restored._ordered(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    older = CountWindow.from_dict(json.loads(json.dumps(_as_lists(json.loads(text)))))
+    for mine, theirs in zip(w._ordered(), older._ordered(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert older.stats(CAL) == w.stats(CAL)
+
+
+def test_a_damaged_count_window_column_is_refused_by_name() -> None:
+    """A saved column whose bytes do not fill its shape, or that is neither encoded nor a list, raises ``ValueError``
+    naming it: the state store quarantines such a document and the agent starts with empty windows."""
+    saved = _full_count_window(np.random.default_rng(3), 50, 50).to_dict()
+    cut = dict(saved, confidences=dict(saved["confidences"], base64=saved["confidences"]["base64"][:-8]))
+    with pytest.raises(ValueError, match="confidences"):
+        CountWindow.from_dict(cut)
+    with pytest.raises(ValueError, match="change"):
+        CountWindow.from_dict(dict(saved, change="3"))
