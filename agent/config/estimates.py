@@ -16,7 +16,7 @@ class WindowsConfig(Section):
     count: int | None = Field(1000, ge=1, le=10_000_000)
     """the count window: the last N predictions (null: none); for models with at most metrics.per_class_label_cap
     classes it keeps their probability vectors too (4 bytes per class each), and for bundles with segments each
-    prediction's change columns (4 bytes per column, at most 24)"""
+    prediction's change columns (4 bytes per column, at most 32)"""
 
     @field_validator("time")
     @classmethod

@@ -96,10 +96,13 @@ def _described(r: Mapping[str, Any]) -> str:
 
 
 def _column(c: Mapping[str, Any]) -> str:
-    """A changed column in words: a mean shift and spread (columns), a correlation's change, a rate's rise."""
+    """A changed column in words: a mean shift and spread (columns), a correlation's change, a share's change (the
+    rows at a column's most common value), a rate's rise."""
     kind = c.get("kind", "column")
     if kind == "column":
         return f"{c['column']}: mean {c['shift']:+.2f} sd, spread ×{c['spread']:.2f}"
+    if kind == "point":
+        return f"{c['column']}: share {c['shift']:+.2f}"
     if kind == "pair":
         return f"correlation {c['column']} {c['shift']:+.2f}"
     if kind == "share":

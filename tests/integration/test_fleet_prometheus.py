@@ -276,7 +276,7 @@ def _same_segments(fleet: dict[str, Any], agent: dict[str, Any], window: str) ->
     # ... and there is something to read: the darker, noisy digits moved the inputs of segments, whose change sums
     # name the components that moved (empty change sums on both sides would compare equal; the model's confidence
     # and the novel inputs are read without them)
-    summed = {"column", "pair", "relation"}
+    summed = {"column", "pair", "relation", "point"}
     moved = [s for s in agent["segments"] if any(c["kind"] in summed for c in s["change"]["columns"])]
     assert moved, (window, [s["change"] for s in agent["segments"]])
     assert fleet["segments"][0]["name"] == agent["segments"][0]["name"] or (

@@ -20,7 +20,9 @@ change (stuck at a constant, scaled, blurred) moves ``e₂``, read where it fell
 (:func:`_narrowed`: a spread collapsed to nothing is as far as it can fall). A segment of :data:`MIN_REFERENCE_SHAPE`
 validation rows is read a second time in its own deviations (:func:`_moments_test`, one more test per column in the
 Bonferroni factor): a bin of the column is far narrower than the column, and a spread collapsed there is the pulled
-yardstick's noise. The reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is
+yardstick's noise. A column mostly at one value has a point column too (its share there: :meth:`_Moments.points`, a
+likelihood-ratio test of two proportions with Cohen's ``h`` for effect), where zeroing its few other values barely
+moves its moments. The reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is
 tested by Fisher's ``z`` of its correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the
 segment (:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation
 varies several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its
@@ -75,6 +77,7 @@ MIN_DISTANCE = {
     "column": 0.5,
     "pair": 0.4,
     "relation": 0.25,
+    "point": 0.5,
     "oracle": 0.25,
     "model_confidence": 0.25,
     "novelty": 1.0,
@@ -228,11 +231,11 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     """Every segment's :class:`SegmentChange` in the window (see the module docstring)."""
     size = len(ref.n)
     out = [UNCHANGED] * size
-    c = len(sketch.columns) - len(sketch.relations) if sketch is not None else 0  # the moments tested: no relation's
+    c = sketch.base if sketch is not None else 0  # the moments tested: no relation's, no point's
     tested = [s for s in range(size) if s < len(window.seg_n) and window.seg_n[s] >= MIN_ROWS]
     if not tested:
         return out
-    pairs = len(sketch.pairs) if sketch is not None else 0
+    pairs = len(sketch.pairs) + len(sketch.points) if sketch is not None else 0
     # every column is read twice where the segment's own spread is a yardstick too (:func:`_moments_test`)
     shaped = sum(1 for s in tested if sketch is not None and sketch.ref_n[s] >= MIN_REFERENCE_SHAPE)
     tests = max(len(tested) * (c + pairs + 3) + shaped * c, 1)
@@ -250,6 +253,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
             if moments is not None and sketch is not None and window.n[s] >= MIN_ROWS:
                 if sketch.ref_n[s] >= MIN_REFERENCE_COLUMNS:
                     found += moments.columns(sketch, window, s)
+                    found += moments.points(sketch, window, s)
                 if sketch.ref_n[s] >= MIN_REFERENCE_PAIRS:
                     found += moments.correlations(sketch, window, s)
             found += _failures(ref, window, s)
@@ -299,7 +303,7 @@ class _Moments:
         shuffled or swapped column loses the correlation it had with the others)."""
         pairs = sketch.pairs
         c = len(sketch.columns)
-        first_relation = c - len(sketch.relations)
+        first_relation = sketch.base
         if not pairs or len(window.cross) < (s + 1) * len(pairs):
             return []
         n, m = float(window.n[s]), float(self.n[s])
@@ -357,7 +361,7 @@ class _Moments:
         c = len(sketch.columns)
         n, m = float(window.n[s]), float(self.n[s])
         out = []
-        for j in range(c - len(sketch.relations)):
+        for j in range(sketch.base):
             own = _central(*(x[s, j] for x in self.m))
             whole = _central(*(x[j] for x in self.whole))
             r1 = self.m[0][s, j]
@@ -388,6 +392,42 @@ class _Moments:
                 )
             )
         return out
+
+    def points(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
+        """Every point column's share (the rows at a column's most common value) against the segment's at
+        reference, pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows: the likelihood-ratio
+        test of two proportions (G, χ² with one degree of freedom: the normal approximation errs by orders of
+        magnitude at a share near 0 or 1, where a zero-inflated column's is), its effect Cohen's ``h = |2 asin √p −
+        2 asin √q|`` (Cohen 1988, §6.2: a proportion's difference on the scale where its noise is even). ``shift``
+        is the share's change."""
+        c = len(sketch.columns)
+        n, m = float(window.n[s]), float(self.n[s])
+        out = []
+        for j in range(sketch.first_point, c):
+            q = (m * self.m[0][s, j] + PRIOR_ROWS * self.whole[0][j]) / (m + PRIOR_ROWS)
+            p = min(max(window.sums[s * c + j] / n, 0.0), 1.0)
+            g = _g_statistic(p * n, n, q * (m + PRIOR_ROWS), m + PRIOR_ROWS)
+            h = abs(2.0 * math.asin(math.sqrt(p)) - 2.0 * math.asin(math.sqrt(min(max(q, 0.0), 1.0))))
+            out.append(ColumnChange(sketch.columns[j], p - q, 1.0, h, math.erfc(math.sqrt(g / 2.0)), "point"))
+        return out
+
+
+def _g_statistic(k1: float, n1: float, k2: float, n2: float) -> float:
+    """The likelihood-ratio statistic ``G = 2 Σ O ln(O/E)`` of two samples' counts ``k`` of ``n`` at one share."""
+    total = n1 + n2
+    if total <= 0:
+        return 0.0
+    pooled = (k1 + k2) / total
+    g = 0.0
+    for observed, expected in (
+        (k1, n1 * pooled),
+        (n1 - k1, n1 * (1 - pooled)),
+        (k2, n2 * pooled),
+        (n2 - k2, n2 * (1 - pooled)),
+    ):
+        if observed > 0 and expected > 0:
+            g += observed * math.log(observed / expected)
+    return max(2.0 * g, 0.0)
 
 
 def _correlation(a: float, b: float, aa: float, bb: float, ab: float) -> float | None:

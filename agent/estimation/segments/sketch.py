@@ -16,6 +16,12 @@ the predictions read (``change_n``) and the products of the sketched pairs (``ch
 :attr:`ChangeSketch.pairs`): sums that add across windows and replicas like every other statistic. The reference is
 the same read of the labeled validation data, per segment, with its third and fourth moments and, per sketched pair,
 how much more its correlation varies than a normal pair's (:func:`correlation_factors`).
+
+A table's column that mostly holds one value (zero-inflated: a balance, a count of rare events) also has a *point*
+column (:attr:`ChangeSketch.points`): ``1`` where the row holds that value, ``0`` elsewhere, whose sums are the rows
+at it. Zeroing such a column moves its moments by a fraction of a deviation (the few other values it held were all
+its spread), but its share at the value jumps; a proportion test reads it
+(:meth:`agent.estimation.segments.change._Moments.points`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,11 @@ MAX_COLUMNS = 16
 MAX_RELATIONS = 8
 #: The first change columns whose correlations (every pair of them) are sketched as well.
 PAIR_COLUMNS = 4
+#: Most *point* columns a table's sketch adds (:attr:`ChangeSketch.points`).
+MAX_POINTS = 8
+#: The share of a column's training rows its most common value must hold, at least and at most, for a point column
+#: to read it: a column mostly at one value, whose other values are still common enough to go missing.
+POINT_SHARE = (0.5, 0.95)
 #: Standardized values are clipped to ``±CLIP`` (bounded sums, whatever broke upstream).
 CLIP = 6.0
 #: Bytes of a float32 view's rows read in float64 at once: a float64 copy of a whole group of wide rows (images)
@@ -65,16 +76,25 @@ class ChangeSketch:
     #: per segment and sketched pair, how many times the sampling variance of its correlation exceeds a bivariate
     #: normal's (:func:`correlation_factors`; empty in sketches fitted without them: 1)
     ref_pair_factor: tuple[float, ...] = ()
+    #: the point columns (the last ``len(points)`` columns, after the relations; none in sketches fitted without
+    #: them): for each, the view's column and the value (as float32) whose rows it counts; not linear reads, so
+    #: ``weights`` and ``bias`` cover the columns before them
+    points: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         c = len(self.columns)
-        if not 0 < c <= MAX_COLUMNS + MAX_RELATIONS:
-            raise ValueError(f"{c} change columns (1 … {MAX_COLUMNS + MAX_RELATIONS})")
-        if len(self.bias) != c or any(len(w) != c for w in self.weights) or not self.weights:
+        if not 0 < c <= MAX_COLUMNS + MAX_RELATIONS + MAX_POINTS:
+            raise ValueError(f"{c} change columns (1 … {MAX_COLUMNS + MAX_RELATIONS + MAX_POINTS})")
+        linear = c - len(self.points)
+        if len(self.bias) != linear or any(len(w) != linear for w in self.weights) or not self.weights:
             raise ValueError("change columns: weights or bias of the wrong shape")
+        if len(self.points) > MAX_POINTS or any(
+            not 0 <= j < len(self.weights) or not np.isfinite(v) for j, v in self.points
+        ):
+            raise ValueError("change columns: points of the wrong shape")
         if len(self.ref_moments) != 4 or any(len(m) != len(self.ref_n) * c for m in self.ref_moments):
             raise ValueError("change columns: reference moments of the wrong shape")
-        base = c - len(self.relations)
+        base = linear - len(self.relations)
         if len(self.relations) > MAX_RELATIONS or any(not 0 <= t < base for t in self.relations):
             raise ValueError("change columns: relations of the wrong shape")
         pairs = sketched_pairs(base, self.relations) if self.ref_cross else ()
@@ -90,6 +110,18 @@ class ChangeSketch:
             raise ValueError("change columns: correlation factors of the wrong shape, or not positive finite numbers")
         object.__setattr__(self, "_w", np.asarray(self.weights, dtype=np.float64))
         object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
+        object.__setattr__(self, "_point_at", np.asarray([j for j, _ in self.points], dtype=np.intp))
+        object.__setattr__(self, "_point_value", np.asarray([v for _, v in self.points], dtype=np.float32))
+
+    @property
+    def base(self) -> int:
+        """The columns tested by their moments: the first ones, before the relations and the points."""
+        return len(self.columns) - len(self.relations) - len(self.points)
+
+    @property
+    def first_point(self) -> int:
+        """The first point column (:attr:`points`), after the relations."""
+        return len(self.columns) - len(self.points)
 
     @property
     def width(self) -> int:
@@ -114,7 +146,7 @@ class ChangeSketch:
 
     def pair_name(self, i: int, j: int) -> str:
         """A pair's name in a report: ``a ~ b``, or ``a ~ the others`` for a column and its relation."""
-        relation = j >= len(self.columns) - len(self.relations)
+        relation = j >= self.base
         return f"{self.columns[i]} ~ {'the others' if relation else self.columns[j]}"
 
     def values(self, features: np.ndarray | None) -> np.ndarray | None:
@@ -129,7 +161,7 @@ class ChangeSketch:
             if x.dtype == np.float64:
                 z = x @ self._w + self._b  # type: ignore[attr-defined]
             else:  # the served view (float32): in float64 a few rows at a time, no float64 copy of them all
-                z = np.empty((len(x), len(self.columns)))
+                z = np.empty((len(x), len(self.bias)))
                 step = max(1, CHUNK_BYTES // (8 * self.width))
                 for a in range(0, len(x), step):
                     np.matmul(x[a : a + step].astype(np.float64), self._w, out=z[a : a + step])  # type: ignore[attr-defined]
@@ -140,7 +172,13 @@ class ChangeSketch:
                 z = x @ self._w + self._b  # type: ignore[attr-defined]
             np.nan_to_num(z, copy=False, nan=0.0, posinf=CLIP, neginf=-CLIP)
         np.clip(z, -CLIP, CLIP, out=z)
-        return np.add(z, CLIP, out=z)  # in [0, 2·CLIP]: every sum a non-negative, growing counter
+        np.add(z, CLIP, out=z)  # in [0, 2·CLIP]: every sum a non-negative, growing counter
+        if not self.points:
+            return z
+        columns: np.ndarray = self._point_at  # type: ignore[attr-defined]
+        with np.errstate(over="ignore", invalid="ignore"):  # the view's own values: a missing one is at no value
+            at = f[:, columns].astype(np.float32, copy=False) == self._point_value  # type: ignore[attr-defined]
+        return np.concatenate([z, at.astype(np.float64)], axis=1)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +190,7 @@ class ChangeSketch:
             "ref_cross": list(self.ref_cross),
             "relations": list(self.relations),
             "ref_pair_factor": list(self.ref_pair_factor),
+            "points": [[j, v] for j, v in self.points],
         }
 
     @classmethod
@@ -165,6 +204,7 @@ class ChangeSketch:
             tuple(float(x) for x in d.get("ref_cross", ())),
             tuple(int(t) for t in d.get("relations", ())),
             tuple(float(x) for x in d.get("ref_pair_factor", ())),
+            tuple((int(j), float(v)) for j, v in d.get("points", ())),
         )
 
     def pair_factor(self, segment: int, pair: int) -> float:

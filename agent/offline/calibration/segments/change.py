@@ -1,6 +1,7 @@
 """The change columns of a bundle's segments, fixed at ``fit`` (:mod:`agent.estimation.segments.change` reads
-them per window): a table view's numeric columns, or the leading principal components of any other view, each
-standardized on the training data; and every segment's reference moments on the labeled validation data."""
+them per window): a table view's numeric columns (with their relations to the others, and the value of each that is
+mostly at one), or the leading principal components of any other view, each standardized on the training data; and
+every segment's reference moments on the labeled validation data."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from agent.estimation.segments.change import PRIOR_ROWS
 from agent.estimation.segments.sketch import (
     CLIP,
     MAX_COLUMNS,
+    MAX_POINTS,
     MAX_RELATIONS,
+    POINT_SHARE,
     ChangeSketch,
     correlation_factors,
     reference_moments,
@@ -42,26 +45,56 @@ def define_change(
     train = _rows(np.asarray(data.train_features), seed)
     numeric = [g for g in shape.columns if not g.onehot]
     relations: tuple[int, ...] = ()
+    points: tuple[tuple[int, float], ...] = ()
     if numeric:
         read = _table_columns(train, [g.columns[0] for g in numeric], [g.name for g in numeric], data, seed)
         if read is not None:
+            at = {g.name: g.columns[0] for g in numeric}
+            point_names, points = _points(train, [(name, at[name]) for name in read[0]], len(read[1]))
             read, relations = _relations(train, read)
+            read = ((*read[0], *point_names), read[1], read[2])
     else:
         read = _components(train)
     if read is None:
         return None
     names, weights, bias = read
-    draft = ChangeSketch(names, weights, bias, (0,) * size, ((0.0,) * (size * len(names)),) * 4, (), relations)
+    empty = ((0.0,) * (size * len(names)),) * 4
+    draft = ChangeSketch(names, weights, bias, (0,) * size, empty, (), relations, (), points)
     val = np.asarray(data.val_features).reshape(len(data.val_features), -1)
     z = draft.values(val)
     if z is None:
         return None
-    pairs = sketched_pairs(len(names) - len(relations), relations)
+    pairs = sketched_pairs(draft.base, relations)
     counts, moments, cross = reference_moments(ids, size, z, pairs)
     factors = tuple(_pair_factors(ids, size, z, pairs, counts)) if pairs else ()
     return ChangeSketch(
-        names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross), relations, factors
+        names, weights, bias, tuple(counts), tuple(tuple(m) for m in moments), tuple(cross), relations, factors, points
     )
+
+
+def _points(
+    train: np.ndarray, columns: list[tuple[str, int]], width: int
+) -> tuple[tuple[str, ...], tuple[tuple[int, float], ...]]:
+    """The point columns (:attr:`~agent.estimation.segments.sketch.ChangeSketch.points`) of the sketched
+    ``columns`` (name, view column, in the sketch's order) that mostly hold one value: its share of the training rows
+    within :data:`~agent.estimation.segments.sketch.POINT_SHARE`, and at least three values (a binary column's share
+    is its mean, which the moments read). Named ``<column> at <value>``; at most
+    :data:`~agent.estimation.segments.sketch.MAX_POINTS`."""
+    names: list[str] = []
+    points: list[tuple[int, float]] = []
+    for name, j in columns:
+        if j >= width or len(points) == MAX_POINTS:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            col = train[:, j].astype(np.float32)
+        values, counts = np.unique(col[np.isfinite(col)], return_counts=True)
+        if len(values) < 3:
+            continue
+        top = int(np.argmax(counts))
+        if POINT_SHARE[0] <= counts[top] / len(col) <= POINT_SHARE[1]:
+            names.append(f"{name} at {float(values[top]):g}")
+            points.append((j, float(values[top])))
+    return tuple(names), tuple(points)
 
 
 def _pair_factors(
