@@ -1,19 +1,27 @@
 """A column that is mostly zero, zeroed upstream inside one category, on a real model: a scikit-learn pipeline
 (StandardScaler, OneHotEncoder, logistic regression) exported with skl2onnx, fitted with ``icos-agent fit`` and read by
 ``icos-agent check``. The few non-zero values were the column's whole spread, so its moments barely move; its share at
-0 does, and ``check`` names the category and the column's point (``balance at 0``), without labels."""
+0 does, and ``check`` names the category and the column's point (``balance at 0``), without labels; served, the live
+windows name it the same, and ``/metrics`` exports it."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pandas as pd
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.cli import main
+from agent.config.settings import load_settings
+from agent.server.app import create_app
+from tests.support.inprocess import RunningServer
+from tests.support.waiting import wait_until
 
 REGIONS = ("north", "south", "east", "west", "centre")
 
@@ -92,3 +100,54 @@ def test_a_mostly_zero_column_zeroed_inside_one_category_is_found_by_its_share_a
     words = _check(fitted, root / "broken.parquet", capsys)
     where = words.split("where the drop is")[1].splitlines()
     assert where[1].strip().startswith("region=south:") and "inputs changed (balance at 0: share +0." in where[1], where
+
+
+#: The model's inputs as V2 tensors: skl2onnx types each column of the frame as its dtype.
+DATATYPES = {"region": "BYTES", "age": "FP64", "visits": "INT64", "balance": "FP32"}
+
+
+def test_a_served_model_names_the_point_column_in_its_live_windows(
+    fitted: tuple[Path, Path, Path], tmp_path: Path, run_server: Callable[..., RunningServer]
+) -> None:
+    """The same fault on live traffic, sent as V2 requests: the served view is float32, the count window keeps each
+    prediction's point column beside its other change columns, and both windows read the same test as ``check``."""
+    model, bundle, _ = fitted
+    test = _rows(2000, np.random.default_rng(2))
+    test.loc[test["region"] == "south", "balance"] = 0.0
+    rows = len(test)
+    settings = load_settings(
+        None,
+        mode="serve",
+        model={"name": "accounts", "path": str(model)},
+        bundle={"path": str(bundle)},
+        state_dir=str(tmp_path / "state"),
+        windows={"time": ["5m"], "count": rows},
+        labels={"sample_rate": 0.0},
+    )
+    srv = run_server(create_app(settings, CollectorRegistry()))
+    with httpx.Client(timeout=60) as client:
+        for start in range(0, rows, 100):
+            part = test.iloc[start : start + 100]
+            tensors = [
+                {
+                    "name": name,
+                    "datatype": datatype,
+                    "shape": [len(part), 1],
+                    "data": [str(v) for v in part[name]] if datatype == "BYTES" else part[name].tolist(),
+                }
+                for name, datatype in DATATYPES.items()
+            ]
+            r = client.post(f"{srv.url}/v2/models/accounts/infer", json={"inputs": tensors})
+            assert r.status_code == 200, r.text
+        assert wait_until(lambda: client.get(f"{srv.url}/v1/estimates").json()["total_judged"] == rows, 30)
+        windows = client.get(f"{srv.url}/v1/estimates").json()["windows"]
+        metrics = client.get(f"{srv.url}/metrics").text
+    for name in ("5m", f"last{rows}"):
+        top = windows[name]["segments"][0]
+        assert top["name"] == "region=south", (name, [(s["name"], s["change"]) for s in windows[name]["segments"][:3]])
+        column = top["change"]["columns"][0]
+        assert (column["column"], column["kind"]) == ("balance at 0", "point"), (name, top["change"])
+    timed, counted = (windows[name]["segments"][0]["change"]["columns"] for name in ("5m", f"last{rows}"))
+    assert [c["distance"] for c in timed] == pytest.approx([c["distance"] for c in counted], rel=1e-4)
+    score = 'icos_segment_change_score{column="balance at 0",kind="column",model="accounts",segment="region=south"'
+    assert score in metrics, [line for line in metrics.splitlines() if line.startswith("icos_segment_change_score")]
