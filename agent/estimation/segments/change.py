@@ -13,16 +13,17 @@ two-sample Hotelling test: ``d = (m₁ − r₁, e₂)``, the mean's shift and t
 variance and shape (skewness, kurtosis) pulled toward the column's over all segments by :data:`PRIOR_ROWS` rows so that
 a thin segment's few rows do not make their own noise look like a change, the kurtosis never below the segments' own
 averaged over their rows (a few rows draw few of a column's tails), the correlation of ``(u, u²)`` at most
-:data:`MAX_MOMENT_CORRELATION`. ``T² = dᵀ (V/m + W/n)⁻¹ d`` with ``W`` the window's covariance: ``V`` at the window's
-own variance where it is the wider (Welch; ``u²`` spreads as that variance squared), which is χ² with 2 degrees of
-freedom under no change: ``p = exp(−T²/2)``. A mean shift (a column zeroed, swapped, offset) moves ``m₁``; a spread
-change (stuck at a constant, scaled, blurred) moves ``e₂``, read where it fell on the scale of the standard deviation
-(:func:`_narrowed`: a spread collapsed to nothing is as far as it can fall). A segment of :data:`MIN_REFERENCE_SHAPE`
-validation rows is read a second time in its own deviations (:func:`_moments_test`, one more test per column in the
-Bonferroni factor): a bin of the column is far narrower than the column, and a spread collapsed there is the pulled
-yardstick's noise. A column mostly at one value has a point column too (its share there: :meth:`_Moments.points`, a
-likelihood-ratio test of two proportions with Cohen's ``h`` for effect), where zeroing its few other values barely
-moves its moments. The reported ``distance`` (what ranks the segment) stays the first reading's. Every sketched pair is
+:data:`~agent.estimation.segments.moments.MAX_MOMENT_CORRELATION`. ``T² = dᵀ (V/m + W/n)⁻¹ d`` with ``W`` the
+window's covariance: ``V`` at the window's own variance where it is the wider (Welch; ``u²`` spreads as that variance
+squared), which is χ² with 2 degrees of freedom under no change: ``p = exp(−T²/2)``. A mean shift (a column zeroed,
+swapped, offset) moves ``m₁``; a spread change (stuck at a constant, scaled, blurred) moves ``e₂``, read where it fell
+on the scale of the standard deviation (:func:`~agent.estimation.segments.moments.narrowed`: a spread collapsed to
+nothing is as far as it can fall). A segment of :data:`MIN_REFERENCE_SHAPE` validation rows is read a second time in
+its own deviations (:func:`moments_test`, one more test per column in the Bonferroni factor): a bin of the column is
+far narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported ``distance``
+(what ranks the segment) stays the first reading's. A column mostly at one value has a point column too (its share
+there: :meth:`_Moments.points`, a likelihood-ratio test of two proportions with Cohen's ``h`` for effect), where
+zeroing its few other values barely moves its moments. Every sketched pair is
 tested by Fisher's ``z`` of its correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the
 segment (:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation
 varies several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its
@@ -59,10 +60,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
+from agent.estimation.segments.moments import (
+    PRIOR_ROWS,
+    central,
+    correlation,
+    g_statistic,
+    moments_test,
+    pulled,
+    shape_of,
+)
 from agent.estimation.segments.sketch import CLIP, ChangeSketch
 
 #: Familywise false-alarm rate of the window's change tests (Bonferroni over segments × columns): low, since
@@ -90,10 +100,8 @@ MIN_REFERENCE = 5
 #: Validation rows a segment needs for its columns' moments, and for their correlations, to be tested: fewer
 #: cannot tell a change from the noise of their own third and fourth moments.
 MIN_REFERENCE_COLUMNS, MIN_REFERENCE_PAIRS = 20, 20
-#: Rows of the column's whole-data covariance a segment's own covariance is pulled toward.
-PRIOR_ROWS = 20.0
 #: Validation rows a segment needs for its columns to be tested in its own deviations too
-#: (:func:`_moments_test`): fewer make its own variance and shape too noisy a yardstick.
+#: (:func:`moments_test`): fewer make its own variance and shape too noisy a yardstick.
 MIN_REFERENCE_SHAPE = 100
 #: The score of a segment unseen at fit, and the cap of any score: the largest mean shift (in standard
 #: deviations) the clipped columns can show.
@@ -109,10 +117,6 @@ NOVELTY_COLUMN = "novel inputs"
 UNRANKED = frozenset({"model_confidence", "novelty"})
 #: Name of a segment's share, for a segment unseen at fit.
 SHARE_COLUMN = "share (unseen at fit)"
-#: The largest correlation of a column's ``(u, u²)`` the moments' test reads: a column of one value but for rare others
-#: (zero-inflated) has ``u²`` almost a line in ``u`` at reference, and a window's few other values, off that line,
-#: would read as a change in the near-singular direction.
-MAX_MOMENT_CORRELATION = 0.9
 #: Changed columns a segment reports (the largest effects).
 REPORTED_COLUMNS = 3
 
@@ -236,7 +240,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     if not tested:
         return out
     pairs = len(sketch.pairs) + len(sketch.points) if sketch is not None else 0
-    # every column is read twice where the segment's own spread is a yardstick too (:func:`_moments_test`)
+    # every column is read twice where the segment's own spread is a yardstick too (:func:`moments_test`)
     shaped = sum(1 for s in tested if sketch is not None and sketch.ref_n[s] >= MIN_REFERENCE_SHAPE)
     tests = max(len(tested) * (c + pairs + 3) + shaped * c, 1)
     moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
@@ -278,7 +282,7 @@ class _Moments:
 
     def __init__(self, n: np.ndarray, m: list[np.ndarray], whole: list[np.ndarray], cross: np.ndarray) -> None:
         self.n, self.m, self.whole, self.cross = n, m, whole, cross
-        c2, _, c4 = _central(*m)
+        c2, _, c4 = central(*m)
         whole_c2 = np.maximum(whole[1] - whole[0] ** 2, 1e-12)
         seen = (n[:, None] >= MIN_REFERENCE_COLUMNS) & (c2 > 1e-4 * whole_c2[None, :])
         kurt = np.where(seen, c4 / np.where(seen, c2 * c2, 1.0), 0.0)
@@ -311,10 +315,10 @@ class _Moments:
             return []
         out = []
         for k, (i, j) in enumerate(pairs):
-            ref = _correlation(self.m[0][s, i], self.m[0][s, j], self.m[1][s, i], self.m[1][s, j], self.cross[s, k])
+            ref = correlation(self.m[0][s, i], self.m[0][s, j], self.m[1][s, i], self.m[1][s, j], self.cross[s, k])
             a, b = window.sums[s * c + i] / n, window.sums[s * c + j] / n
             aa, bb = window.squares[s * c + i] / n, window.squares[s * c + j] / n
-            live = _correlation(a, b, aa, bb, window.cross[s * len(pairs) + k] / n)
+            live = correlation(a, b, aa, bb, window.cross[s * len(pairs) + k] / n)
             if ref is None or live is None:
                 continue
             d = math.atanh(live) - math.atanh(ref)
@@ -362,8 +366,8 @@ class _Moments:
         n, m = float(window.n[s]), float(self.n[s])
         out = []
         for j in range(sketch.base):
-            own = _central(*(x[s, j] for x in self.m))
-            whole = _central(*(x[j] for x in self.whole))
+            own = central(*(x[s, j] for x in self.m))
+            whole = central(*(x[j] for x in self.whole))
             r1 = self.m[0][s, j]
             floor = 1e-4 * max(whole[0], 1e-6)
             i = s * c + j
@@ -371,14 +375,14 @@ class _Moments:
             # the second moment's shift about the reference mean: the window's mean square deviation from it
             e2 = window.squares[i] / n - self.m[1][s, j] - 2 * r1 * d1
             var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
-            skew, kurt = _shape(own, whole, m, floor, float(self.tails[j]))
+            skew, kurt = shape_of(own, whole, m, floor, float(self.tails[j]))
             spread = max(pulled(own[0], whole[0], m), floor)
             # in the segment's variance pulled toward the column's (a thin segment's few rows are a noisy yardstick)
-            d_sq, t2 = _moments_test((spread, spread), (skew, kurt), var_w, n, m, d1, e2)
+            d_sq, t2 = moments_test((spread, spread), (skew, kurt), var_w, n, m, d1, e2)
             test_sq = d_sq
-            if m >= MIN_REFERENCE_SHAPE:  # and in its own deviations (:func:`_moments_test`)
+            if m >= MIN_REFERENCE_SHAPE:  # and in its own deviations (:func:`moments_test`)
                 c2 = max(own[0], floor)
-                own_sq, own_t2 = _moments_test((max(spread, c2), c2), (skew, kurt), var_w, n, m, d1, e2)
+                own_sq, own_t2 = moments_test((max(spread, c2), c2), (skew, kurt), var_w, n, m, d1, e2)
                 test_sq, t2 = max(test_sq, own_sq), max(t2, own_t2)
             sd_r = math.sqrt(spread)
             out.append(
@@ -406,131 +410,10 @@ class _Moments:
         for j in range(sketch.first_point, c):
             q = (m * self.m[0][s, j] + PRIOR_ROWS * self.whole[0][j]) / (m + PRIOR_ROWS)
             p = min(max(window.sums[s * c + j] / n, 0.0), 1.0)
-            g = _g_statistic(p * n, n, q * (m + PRIOR_ROWS), m + PRIOR_ROWS)
+            g = g_statistic(p * n, n, q * (m + PRIOR_ROWS), m + PRIOR_ROWS)
             h = abs(2.0 * math.asin(math.sqrt(p)) - 2.0 * math.asin(math.sqrt(min(max(q, 0.0), 1.0))))
             out.append(ColumnChange(sketch.columns[j], p - q, 1.0, h, math.erfc(math.sqrt(g / 2.0)), "point"))
         return out
-
-
-def _g_statistic(k1: float, n1: float, k2: float, n2: float) -> float:
-    """The likelihood-ratio statistic ``G = 2 Σ O ln(O/E)`` of two samples' counts ``k`` of ``n`` at one share."""
-    total = n1 + n2
-    if total <= 0:
-        return 0.0
-    pooled = (k1 + k2) / total
-    g = 0.0
-    for observed, expected in (
-        (k1, n1 * pooled),
-        (n1 - k1, n1 * (1 - pooled)),
-        (k2, n2 * pooled),
-        (n2 - k2, n2 * (1 - pooled)),
-    ):
-        if observed > 0 and expected > 0:
-            g += observed * math.log(observed / expected)
-    return max(2.0 * g, 0.0)
-
-
-def _correlation(a: float, b: float, aa: float, bb: float, ab: float) -> float | None:
-    """The correlation of two columns from their means, mean squares and mean product (clipped inside ±1;
-    None when either is constant)."""
-    va, vb = aa - a * a, bb - b * b
-    if va <= 1e-12 or vb <= 1e-12:
-        return None
-    return max(min((ab - a * b) / math.sqrt(va * vb), 0.999), -0.999)
-
-
-#: A moment: one segment's and column's, or an array of them.
-_M = TypeVar("_M", float, np.ndarray)
-
-
-def _central(m1: _M, m2: _M, m3: _M, m4: _M) -> tuple[_M, _M, _M]:
-    """The second, third and fourth central moments from the first four raw ones."""
-    c2 = m2 - m1 * m1
-    c3 = m3 - 3 * m1 * m2 + 2 * m1**3
-    c4 = m4 - 4 * m1 * m3 + 6 * m1 * m1 * m2 - 3 * m1**4
-    return c2, c3, c4
-
-
-def _shape(
-    own: tuple[float, float, float], whole: tuple[float, float, float], rows: float, floor: float, tails: float
-) -> tuple[float, float]:
-    """The segment's skewness and kurtosis pulled toward the column's by :data:`PRIOR_ROWS` rows, the kurtosis never
-    below ``tails`` (the segments' own kurtosis averaged over their rows) nor the column's where that is lower: a
-    segment's own tails are few rows, and too light a yardstick for the spread flags a reference that merely drew few
-    of them (a skewed or zero-inflated column's rare values). Not the column's alone: where its segments differ in
-    spread, the column over all of them has a mixture's tails, far heavier than any segment's, and a spread halved
-    inside the largest segment read as noise."""
-    c2, w2 = max(own[0], floor), max(whole[0], floor)
-    skew = pulled(own[1] / c2**1.5, whole[1] / w2**1.5, rows)
-    kurt = max(pulled(own[2] / (c2 * c2), whole[2] / (w2 * w2), rows), min(tails, whole[2] / (w2 * w2)))
-    return skew, kurt
-
-
-def _covariance(mean_var: float, spread: float, skew: float, kurt: float) -> tuple[float, float, float]:
-    """The per-row covariance of ``(u, u²)``, ``u`` a value less the reference mean, from the variance the mean's
-    shift is read in, the variance the spread's is read in (:func:`_moments_test`) and the shape. A possible shape
-    (kurtosis ≥ 1 + skewness², a convex set) and ``mean_var ≥ spread`` keep it positive definite."""
-    return mean_var, skew * spread**1.5, (max(kurt - 1.0 - skew * skew, 1e-4) + skew * skew) * spread * spread
-
-
-def _quadratic(v: tuple[float, float, float], d1: float, e2: float) -> float:
-    """``dᵀ V⁻¹ d`` with the correlation of ``(u, u²)`` at most :data:`MAX_MOMENT_CORRELATION` in size."""
-    v11, v12, v22 = v
-    bound = MAX_MOMENT_CORRELATION * math.sqrt(v11 * v22)
-    v12 = max(min(v12, bound), -bound)
-    det = v11 * v22 - v12 * v12
-    return max((v22 * d1 * d1 - 2 * v12 * d1 * e2 + v11 * e2 * e2) / det, 0.0)
-
-
-def _moments_test(
-    reference: tuple[float, float],
-    shape: tuple[float, float],
-    var_w: float,
-    n: float,
-    m: float,
-    d1: float,
-    e2: float,
-) -> tuple[float, float]:
-    """The squared per-row distance of ``(d1, e2)`` (the mean's shift, and the second moment's about the reference
-    mean) in the reference's deviations, and the two-sample Hotelling ``T²``. ``reference``: the variance the
-    mean's shift is read in and the one the spread's is read in, the pulled variance for both, or the mean's pulled
-    and the segment's own for the spread (a bin of the column is far narrower than the column, and a spread
-    collapsed there, the column stuck or clipped inside its own bin, is the pulled yardstick's noise).
-
-    The window's rows count at their own spread where it is the wider (Welch), with the reference's shape: a
-    reference of a few hundred rows that came out narrow by chance, or drew none of a column's rare values, would
-    otherwise read every window's ordinary spread as a change. A window's ``u²`` then spreads as its variance
-    squared, not linearly."""
-    mean_var, spread = reference
-    skew, kurt = shape
-    e2 = _narrowed(e2, spread)
-    ref = _covariance(mean_var, spread, skew, kurt)
-    live = _covariance(max(var_w, mean_var), max(var_w, spread), skew, kurt)
-    both = tuple(a / m + b / n for a, b in zip(ref, live, strict=True))
-    return _quadratic(ref, d1, e2), _quadratic(both, d1, e2)  # type: ignore[arg-type]
-
-
-def _narrowed(e2: float, spread: float) -> float:
-    """The second moment's shift ``e2`` where it fell, read on the scale of the standard deviation: ``2 · spread ·
-    (√(1 + e2/spread) − 1)``; unchanged where it rose. Both have the slope 1 at no change, so the covariance of ``(u,
-    u²)`` holds for either. A sample's variance is bounded below by 0 and spreads further above its expectation than
-    below: read linearly, in the deviations a column's kurtosis sets, a spread collapsed to nothing (a count column
-    stuck at a constant inside a segment) was about one of them, and no change. Its square root is about as far below
-    as above (Fisher's ``√(2χ²)``; for a column whose spread comes from a few rare values, the count of those in the
-    window, whose square root steadies a Poisson count), so a collapse reads twice as far. A log scale would read it
-    further still, but a window that merely drew none of a mostly-zero column's rare values collapses too, by chance;
-    it would read that as a change. A rise stays linear: there the kurtosis keeps a heavy tail's chance draws
-    quiet."""
-    if e2 >= 0.0 or spread <= 0.0:
-        return e2
-    return 2.0 * spread * (math.sqrt(max(1.0 + e2 / spread, 0.0)) - 1.0)
-
-
-def pulled(own: float, whole: float, rows: float) -> float:
-    """A segment's figure over its ``rows`` validation rows (a (co)variance, a shape) pulled toward the column's
-    over all segments by :data:`PRIOR_ROWS` rows: a thin segment's few rows do not make their own noise look like a
-    change."""
-    return (rows * own + PRIOR_ROWS * whole) / (rows + PRIOR_ROWS)
 
 
 def _failures(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnChange]:
