@@ -102,6 +102,23 @@ def test_a_mostly_zero_column_zeroed_inside_one_category_is_found_by_its_share_a
     assert where[1].strip().startswith("region=south:") and "inputs changed (balance at 0: share +0." in where[1], where
 
 
+def test_a_mostly_zero_column_scaled_inside_one_category_is_found_by_its_other_values(
+    fitted: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit changed upstream for one region: its share at 0 stays, its other values are three times as large."""
+    root = fitted[2]
+    test = _rows(3000, np.random.default_rng(3))
+    test.loc[test["region"] == "east", "balance"] *= 3.0
+    test.to_parquet(root / "scaled.parquet")
+    report: dict[str, Any] = json.loads(_check(fitted, root / "scaled.parquet", capsys, "--json"))
+    top = report["segments"][0]
+    assert top["name"] == "region=east", [(s["name"], s["change"]) for s in report["segments"][:3]]
+    column = top["change"]["columns"][0]
+    assert (column["column"], column["kind"]) == ("balance other than 0", "column"), top["change"]
+    # in the other values' deviations at reference (the largest ones clipped at 6 of the whole column's)
+    assert column["shift"] > 1.0 and column["spread"] > 1.2, column
+
+
 #: The model's inputs as V2 tensors: skl2onnx types each column of the frame as its dtype.
 DATATYPES = {"region": "BYTES", "age": "FP64", "visits": "INT64", "balance": "FP32"}
 

@@ -1,5 +1,6 @@
 """A column mostly at one value (zero-inflated) broken inside one segment: its point column's share finds it where
-its moments cannot (:meth:`agent.estimation.segments.change._Moments.points`)."""
+its moments cannot (:meth:`agent.estimation.segments.change._Moments.points`), and its other values' moments find it
+scaled (:meth:`agent.estimation.segments.change._Moments.off_points`)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,27 @@ def test_a_mostly_zero_column_zeroed_inside_a_segment_is_found_there_by_its_shar
             assert all(c.distance < MIN_DISTANCE["column"] + 0.3 for c in moments)
     assert quiet == 12
     assert found >= 11, found
+
+
+@pytest.mark.parametrize(("nonzero", "scale"), [(0.1, 10.0), (0.2, 3.0)])
+def test_a_mostly_zero_column_scaled_inside_a_segment_is_found_by_its_other_values(
+    nonzero: float, scale: float
+) -> None:
+    """A unit changed upstream inside one segment: the rows at 0 stay there, so the share does not move, and the
+    moments over all rows move by a fraction of the column's spread (its rows at 0 are most of them, and its kurtosis
+    makes the yardstick wide): found in at most one of these windows before. Its other values' moments move by the
+    scale itself."""
+    found = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        sketch, ref = _fitted(rng, nonzero)
+        seg, x = _rows(2000, rng, nonzero)
+        x[seg == 1, 3] *= scale
+        changes = _changes(sketch, ref, seg, x)
+        assert [t for t, c in enumerate(changes) if c.changed] in ([1], []), changes
+        top = changes[1].columns[0] if changes[1].changed else None
+        found += top is not None and top.column == "balance other than 0" and top.kind == "column" and top.shift > 1
+    assert found >= 5, found
 
 
 def test_a_point_change_reads_as_a_share_in_checks_text() -> None:

@@ -23,7 +23,8 @@ its own deviations (:func:`moments_test`, one more test per column in the Bonfer
 far narrower than the column, and a spread collapsed there is the pulled yardstick's noise. The reported ``distance``
 (what ranks the segment) stays the first reading's. A column mostly at one value has a point column too (its share
 there: :meth:`_Moments.points`, a likelihood-ratio test of two proportions with Cohen's ``h`` for effect), where
-zeroing its few other values barely moves its moments. Every sketched pair is
+zeroing its few other values barely moves its moments, and its moments are read again among its rows off that value
+(:meth:`_Moments.off_points`), where scaling it moves them by the scale itself. Every sketched pair is
 tested by Fisher's ``z`` of its correlation, its variance ``1/(n − 3)`` times the sketch's factor for the pair in the
 segment (:func:`~agent.estimation.segments.sketch.correlation_factors`: a skewed or heavy-tailed pair's correlation
 varies several times more than a normal pair's); a column and its relation (``a ~ the others``) by the same test, its
@@ -239,10 +240,11 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
     tested = [s for s in range(size) if s < len(window.seg_n) and window.seg_n[s] >= MIN_ROWS]
     if not tested:
         return out
-    pairs = len(sketch.pairs) + len(sketch.points) if sketch is not None else 0
+    # the pairs, and each point's share and its column's moments off it (:meth:`_Moments.off_points`)
+    pairs = len(sketch.pairs) + 2 * len(sketch.points) if sketch is not None else 0
     # every column is read twice where the segment's own spread is a yardstick too (:func:`moments_test`)
     shaped = sum(1 for s in tested if sketch is not None and sketch.ref_n[s] >= MIN_REFERENCE_SHAPE)
-    tests = max(len(tested) * (c + pairs + 3) + shaped * c, 1)
+    tests = max(len(tested) * (c + pairs + 3) + shaped * (c + len(sketch.points) if sketch is not None else 0), 1)
     moments = _Moments.of(sketch, size) if sketch is not None and len(window.n) == size else None
     for a, b in ref.spans:
         total, total_ref = max(sum(window.seg_n[a:b]), 1), max(sum(ref.n[a:b]), 1)
@@ -258,6 +260,7 @@ def segment_changes(sketch: ChangeSketch | None, window: WindowChange, ref: Chan
                 if sketch.ref_n[s] >= MIN_REFERENCE_COLUMNS:
                     found += moments.columns(sketch, window, s)
                     found += moments.points(sketch, window, s)
+                    found += moments.off_points(sketch, window, s)
                 if sketch.ref_n[s] >= MIN_REFERENCE_PAIRS:
                     found += moments.correlations(sketch, window, s)
             found += _failures(ref, window, s)
@@ -282,13 +285,25 @@ class _Moments:
 
     def __init__(self, n: np.ndarray, m: list[np.ndarray], whole: list[np.ndarray], cross: np.ndarray) -> None:
         self.n, self.m, self.whole, self.cross = n, m, whole, cross
-        c2, _, c4 = central(*m)
-        whole_c2 = np.maximum(whole[1] - whole[0] ** 2, 1e-12)
-        seen = (n[:, None] >= MIN_REFERENCE_COLUMNS) & (c2 > 1e-4 * whole_c2[None, :])
-        kurt = np.where(seen, c4 / np.where(seen, c2 * c2, 1.0), 0.0)
-        weight = np.where(seen, n[:, None], 0.0)
         #: per column, the segments' own kurtosis averaged over their rows (the column's tails within a segment)
-        self.tails = (kurt * weight).sum(axis=0) / np.maximum(weight.sum(axis=0), 1.0)
+        self.tails = _tails(n[:, None], m, whole)
+        #: per point column, the reference of its column's rows off the point (:meth:`off_points`; None: no points)
+        self.off: list[tuple[np.ndarray, list[np.ndarray], tuple[float, ...], float]] | None = None
+
+    def with_off_points(self, sketch: ChangeSketch) -> _Moments:
+        """Itself, with the reference of every point column's column among the rows off its point: per segment
+        the rows, their raw moments, the moments over all segments and the segments' kurtosis averaged."""
+        self.off = []
+        for k, (base, z0) in enumerate(sketch.point_bases):
+            at = self.m[0][:, sketch.first_point + k] * self.n
+            rows = np.maximum(self.n - at, 0.0)
+            own = [(self.m[p][:, base] * self.n - at * z0 ** (p + 1)) / np.maximum(rows, 1.0) for p in range(4)]
+            total, at_all = float(self.n.sum()), float(at.sum())
+            off_all = max(total - at_all, 1.0)
+            whole = tuple(float((self.whole[p][base] * total - at_all * z0 ** (p + 1)) / off_all) for p in range(4))
+            tails = _tails(rows[:, None], [x[:, None] for x in own], [np.asarray([w]) for w in whole])
+            self.off.append((rows, own, whole, float(tails[0])))
+        return self
 
     @classmethod
     def of(cls, sketch: ChangeSketch, size: int) -> _Moments:
@@ -300,7 +315,8 @@ class _Moments:
         means = [x / np.maximum(n, 1.0)[:, None] for x in sums]
         pairs = len(sketch.pairs)
         cross = np.asarray(sketch.ref_cross, dtype=np.float64).reshape(size, pairs) / np.maximum(n, 1.0)[:, None]
-        return cls(n, means, whole, cross)
+        out = cls(n, means, whole, cross)
+        return out.with_off_points(sketch) if sketch.points else out
 
     def correlations(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
         """Every sketched pair's correlation in the window against the segment's at reference (Fisher's z: a
@@ -364,37 +380,38 @@ class _Moments:
         unusual other columns reads as one more, larger change of the receiving segment's own inputs)."""
         c = len(sketch.columns)
         n, m = float(window.n[s]), float(self.n[s])
-        out = []
-        for j in range(sketch.base):
-            own = central(*(x[s, j] for x in self.m))
-            whole = central(*(x[j] for x in self.whole))
-            r1 = self.m[0][s, j]
-            floor = 1e-4 * max(whole[0], 1e-6)
-            i = s * c + j
-            d1 = window.sums[i] / n - r1
-            # the second moment's shift about the reference mean: the window's mean square deviation from it
-            e2 = window.squares[i] / n - self.m[1][s, j] - 2 * r1 * d1
-            var_w = max(window.squares[i] / n - (window.sums[i] / n) ** 2, 0.0)
-            skew, kurt = shape_of(own, whole, m, floor, float(self.tails[j]))
-            spread = max(pulled(own[0], whole[0], m), floor)
-            # in the segment's variance pulled toward the column's (a thin segment's few rows are a noisy yardstick)
-            d_sq, t2 = moments_test((spread, spread), (skew, kurt), var_w, n, m, d1, e2)
-            test_sq = d_sq
-            if m >= MIN_REFERENCE_SHAPE:  # and in its own deviations (:func:`moments_test`)
-                c2 = max(own[0], floor)
-                own_sq, own_t2 = moments_test((max(spread, c2), c2), (skew, kurt), var_w, n, m, d1, e2)
-                test_sq, t2 = max(test_sq, own_sq), max(t2, own_t2)
-            sd_r = math.sqrt(spread)
-            out.append(
-                ColumnChange(
-                    sketch.columns[j],
-                    d1 / sd_r,
-                    math.sqrt(var_w) / sd_r,
-                    math.sqrt(d_sq),
-                    math.exp(-t2 / 2.0),
-                    effect=math.sqrt(test_sq) if test_sq > d_sq else None,
-                )
+        return [
+            _moment_change(
+                sketch.columns[j],
+                tuple(float(x[s, j]) for x in self.m),
+                tuple(float(x[j]) for x in self.whole),
+                float(self.tails[j]),
+                (m, n),
+                (window.sums[s * c + j], window.squares[s * c + j]),
             )
+            for j in range(sketch.base)
+        ]
+
+    def off_points(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
+        """The moments of each point column's column among the rows *not* at its point, against the segment's at
+        reference (:meth:`columns`' test), named ``<column> other than <value>``: scaling a column mostly at 0 leaves
+        its share at 0 as it was and moves its moments over all rows by a fraction of its spread (the rows at 0 are
+        most of them), but its other values' moments by the scale itself. No new sums: the rows at the point all read
+        the same value ``z₀``, so the other rows' sums of ``zᵏ`` are the column's less the point's count times
+        ``z₀ᵏ``."""
+        c, first = len(sketch.columns), sketch.first_point
+        out = []
+        for k, (base, z0) in enumerate(sketch.point_bases):
+            if base < 0 or self.off is None:
+                continue
+            rows, own, whole, tails = self.off[k]
+            at = window.sums[s * c + first + k]
+            n, m = float(window.n[s]) - at, float(rows[s])
+            if n < MIN_ROWS or m < MIN_REFERENCE_COLUMNS:
+                continue
+            live = (window.sums[s * c + base] - at * z0, window.squares[s * c + base] - at * z0 * z0)
+            name = f"{sketch.columns[base]} other than {sketch.columns[first + k].rsplit(' at ', 1)[-1]}"
+            out.append(_moment_change(name, tuple(float(x[s]) for x in own), whole, tails, (m, n), live))
         return out
 
     def points(self, sketch: ChangeSketch, window: WindowChange, s: int) -> list[ColumnChange]:
@@ -414,6 +431,52 @@ class _Moments:
             h = abs(2.0 * math.asin(math.sqrt(p)) - 2.0 * math.asin(math.sqrt(min(max(q, 0.0), 1.0))))
             out.append(ColumnChange(sketch.columns[j], p - q, 1.0, h, math.erfc(math.sqrt(g / 2.0)), "point"))
         return out
+
+
+def _tails(rows: np.ndarray, m: list[np.ndarray], whole: list[np.ndarray]) -> np.ndarray:
+    """Per column, the segments' own kurtosis averaged over their ``rows`` ``[S, C]`` (those of at least
+    :data:`MIN_REFERENCE_COLUMNS` rows whose spread is not nil), from their raw moments ``m`` and the columns' over
+    all segments ``whole``."""
+    c2, _, c4 = central(*m)
+    whole_c2 = np.maximum(whole[1] - whole[0] ** 2, 1e-12)
+    seen = (rows >= MIN_REFERENCE_COLUMNS) & (c2 > 1e-4 * whole_c2[None, :])
+    kurt = np.where(seen, c4 / np.where(seen, c2 * c2, 1.0), 0.0)
+    weight = np.where(seen, rows, 0.0)
+    return (kurt * weight).sum(axis=0) / np.maximum(weight.sum(axis=0), 1.0)  # type: ignore[no-any-return]
+
+
+def _moment_change(
+    name: str,
+    own_raw: tuple[float, ...],
+    whole_raw: tuple[float, ...],
+    tails: float,
+    rows: tuple[float, float],
+    live: tuple[float, float],
+) -> ColumnChange:
+    """One column's first two moments in a segment against its reference (the module docstring's test): ``own_raw``
+    and ``whole_raw`` its first four raw moments in the segment and over all segments at reference, ``tails`` the
+    segments' own kurtosis averaged, ``rows`` the reference's rows and the window's, ``live`` the window's sums of
+    ``z`` and ``z²``."""
+    m, n = rows
+    own, whole = central(*own_raw), central(*whole_raw)
+    r1 = own_raw[0]
+    floor = 1e-4 * max(whole[0], 1e-6)
+    d1 = live[0] / n - r1
+    # the second moment's shift about the reference mean: the window's mean square deviation from it
+    e2 = live[1] / n - own_raw[1] - 2 * r1 * d1
+    var_w = max(live[1] / n - (live[0] / n) ** 2, 0.0)
+    skew, kurt = shape_of(own, whole, m, floor, tails)
+    spread = max(pulled(own[0], whole[0], m), floor)
+    # in the segment's variance pulled toward the column's (a thin segment's few rows are a noisy yardstick)
+    d_sq, t2 = moments_test((spread, spread), (skew, kurt), var_w, n, m, d1, e2)
+    test_sq = d_sq
+    if m >= MIN_REFERENCE_SHAPE:  # and in its own deviations (:func:`moments_test`)
+        c2 = max(own[0], floor)
+        own_sq, own_t2 = moments_test((max(spread, c2), c2), (skew, kurt), var_w, n, m, d1, e2)
+        test_sq, t2 = max(test_sq, own_sq), max(t2, own_t2)
+    sd_r = math.sqrt(spread)
+    effect = math.sqrt(test_sq) if test_sq > d_sq else None
+    return ColumnChange(name, d1 / sd_r, math.sqrt(var_w) / sd_r, math.sqrt(d_sq), math.exp(-t2 / 2.0), effect=effect)
 
 
 def _failures(ref: ChangeReference, window: WindowChange, s: int) -> list[ColumnChange]:

@@ -112,6 +112,7 @@ class ChangeSketch:
         object.__setattr__(self, "_b", np.asarray(self.bias, dtype=np.float64))
         object.__setattr__(self, "_point_at", np.asarray([j for j, _ in self.points], dtype=np.intp))
         object.__setattr__(self, "_point_value", np.asarray([v for _, v in self.points], dtype=np.float32))
+        object.__setattr__(self, "_point_bases", tuple(self._point_base(j, v) for j, v in self.points))
 
     @property
     def base(self) -> int:
@@ -122,6 +123,21 @@ class ChangeSketch:
     def first_point(self) -> int:
         """The first point column (:attr:`points`), after the relations."""
         return len(self.columns) - len(self.points)
+
+    @property
+    def point_bases(self) -> tuple[tuple[int, float], ...]:
+        """Per point column, the change column that reads the same view column alone and the value ``z`` it reads
+        at the point (``(-1, 0.0)`` where none does): the rows at the point all add that value to its sums, so the
+        sums of its other rows are the column's less the point's count times it."""
+        return self._point_bases  # type: ignore[attr-defined,no-any-return]
+
+    def _point_base(self, at: int, value: float) -> tuple[int, float]:
+        w: np.ndarray = self._w  # type: ignore[attr-defined]
+        for c in range(self.base):
+            if w[at, c] != 0.0 and np.count_nonzero(w[:, c]) == 1:
+                z = float(np.float64(np.float32(value)) * w[at, c] + self.bias[c])
+                return c, min(max(z, -CLIP), CLIP) + CLIP
+        return -1, 0.0
 
     @property
     def width(self) -> int:
