@@ -14,7 +14,8 @@ spent waiting for the GIL behind other threads does not keep small requests off 
 
 **Recording.** ``labels.durability: batched`` (:class:`BatchedRecording`): a request that asked for
 ``icos_verdict`` waits for its verdicts only (the :class:`VerdictBatcher` judges the requests of one
-loop turn together); recording — windows, metrics, the prediction store — happens later, for many
+loop turn together, on the loop wherever their models ran: its cost is not counted in a request's, which
+decides only where the model runs); recording — windows, metrics, the prediction store — happens later, for many
 requests at once (on the loop for requests that ran there, :class:`LoopRecorder`; else in the
 background thread, :class:`JudgeQueue`). ``commit`` (:class:`CommitRecording`): every request is
 judged and recorded before its answer, which waits until the prediction store has committed it.
@@ -144,9 +145,7 @@ class BatchedRecording:
             self.skipped(work.n)
             return
         if verdicts_wanted:
-            share = await self.batcher.judge(work)
-            if place.measure:
-                place.cost += share
+            await self.batcher.judge(work)
             work.verdicts_or_raise()
         if place.inline:
             self.loop_recorder.add(work)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.judging.queue import JudgeQueue
-from agent.judging.verdicts import JudgeWork, judge_with_cost
+from agent.judging.verdicts import JudgeWork, judge
 
 #: At most this many predictions are judged in one turn of the event loop (see :class:`LoopRecorder`).
 LOOP_MAX_SAMPLES = 128
@@ -23,8 +23,9 @@ class VerdictBatcher:
     tasks that are already ready: requests whose bodies arrived in the same turn have decoded and run
     their model by then and join the call. A lone request is judged right after it queued, with no
     timer and no added wait. Only the oracle runs here: recording is the caller's next step. Up to
-    ``max_samples`` predictions, the oracle runs on the loop, like the rest of a small request, and
-    each waiting request gets its CPU share of it; a larger call is handed to a worker thread
+    ``max_samples`` predictions, the oracle runs on the loop, like the rest of a small request (its
+    cost is not a request's: it is the loop's wherever the request's model ran, so it does not move
+    a model to the threads); a larger call is handed to a worker thread
     (``run``), so that the loop is not held for milliseconds. The oracle takes no lock, so a recording
     call running in the background thread never holds a verdict request back.
     """
@@ -33,18 +34,17 @@ class VerdictBatcher:
         self.run = run
         self.max_samples = max_samples
         self._works: list[JudgeWork] = []
-        self._waiting: list[asyncio.Future[float]] = []
+        self._waiting: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         #: Calls made, works judged (a work per request) and calls handed to a thread; the tests read them.
         self.calls = 0
         self.works = 0
         self.in_thread = 0
 
-    def judge(self, work: JudgeWork) -> asyncio.Future[float]:
-        """Queue a work; the future resolves, to this request's share of the oracle's seconds, once the
-        work has its verdicts or its error."""
+    def judge(self, work: JudgeWork) -> asyncio.Future[None]:
+        """Queue a work; the future resolves once the work has its verdicts or its error."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[float] = loop.create_future()
+        fut: asyncio.Future[None] = loop.create_future()
         if not self._works:
             loop.call_soon(self._judge_queued)
         self._works.append(work)
@@ -62,16 +62,18 @@ class VerdictBatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        _resolve(waiting, judge_with_cost(works))
+        judge(works)
+        _resolve(waiting)
 
-    async def _judge_in_thread(self, works: list[JudgeWork], waiting: list[asyncio.Future[float]]) -> None:
-        _resolve(waiting, await self.run(judge_with_cost, works))
+    async def _judge_in_thread(self, works: list[JudgeWork], waiting: list[asyncio.Future[None]]) -> None:
+        await self.run(judge, works)
+        _resolve(waiting)
 
 
-def _resolve(waiting: list[asyncio.Future[float]], share: float) -> None:
+def _resolve(waiting: list[asyncio.Future[None]]) -> None:
     for fut in waiting:
         if not fut.done():  # the request may have been cancelled (client gone)
-            fut.set_result(share)
+            fut.set_result(None)
 
 
 class LoopRecorder:

@@ -156,11 +156,3 @@ def judge(works: Sequence[JudgeWork]) -> None:
         except Exception as exc:  # delivered to the waiting requests; such works are not recorded
             for w in group:
                 w.error = exc
-
-
-def judge_with_cost(works: Sequence[JudgeWork]) -> float:
-    """:func:`judge`, and each work's share of the seconds it took (wall time on one thread that holds
-    the GIL throughout: close to its CPU time, without a clock system call)."""
-    t0 = time.perf_counter()
-    judge(works)
-    return (time.perf_counter() - t0) / max(1, len(works))

@@ -270,13 +270,13 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
     judging_threads: list[str] = []
     import agent.judging.loop as loop_module
 
-    judge_with_cost = loop_module.judge_with_cost
+    judge = loop_module.judge
 
-    def spy(works: list[JudgeWork]) -> float:
+    def spy(works: list[JudgeWork]) -> None:
         judging_threads.append(threading.current_thread().name)
-        return judge_with_cost(works)
+        judge(works)
 
-    loop_module.judge_with_cost = spy  # type: ignore[assignment]
+    loop_module.judge = spy  # type: ignore[assignment]
     xs = [mnist_splits.test.x[3 * i : 3 * i + 3] for i in range(4)]
 
     async def together(max_samples: int) -> list[tuple[bytes, dict[str, str]]]:
@@ -293,7 +293,7 @@ def test_a_large_verdict_call_is_judged_in_a_worker_thread(mnist_bundle_dir: Pat
         for x, answer in zip(xs, answers, strict=True):
             (out,) = [o for o in json.loads(answer[0])["outputs"] if o["name"] == "icos_verdict"]
             assert list(out["data"]) == [VERDICT_NAMES[v] for v in reference_verdicts(rt, x)]
-    loop_module.judge_with_cost = judge_with_cost  # type: ignore[assignment]
+    loop_module.judge = judge  # type: ignore[assignment]
     assert (svc.verdicts.calls, svc.verdicts.works) == (2, 8)
 
 

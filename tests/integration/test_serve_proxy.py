@@ -89,14 +89,14 @@ def test_proxy_runs_the_oracle_before_answering_only_for_verdicts(
     import agent.judging.loop as loop_module
 
     calls: list[int] = []
-    judge_with_cost = loop_module.judge_with_cost
+    judge = loop_module.judge
 
-    def spy(works: Any) -> float:
+    def spy(works: Any) -> None:
         if works[0].rt.name == "mnist":  # the proxy's, not its upstream's (an agent in serve mode)
             calls.append(len(works))
-        return judge_with_cost(works)
+        judge(works)
 
-    monkeypatch.setattr(loop_module, "judge_with_cost", spy)
+    monkeypatch.setattr(loop_module, "judge", spy)
     up = run_server(upstream_app(mnist_bundle_dir))
     px = run_server(proxy_app(mnist_bundle_dir, up.url))
     client = th.InferenceServerClient(px.hostport)

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -24,6 +25,7 @@ from agent.dataplane.policy import (
 from agent.judging.loop import LoopRecorder, VerdictBatcher
 from agent.judging.queue import JudgeQueue
 from agent.judging.recorder import Recorder
+from agent.judging.verdicts import JudgeWork
 from agent.judging.windows import WindowSet
 from exporters.prometheus import AgentMetrics
 
@@ -135,6 +137,32 @@ def test_costly_small_requests_leave_the_loop_and_cheap_ones_bring_them_back() -
             await one(0.0)
         assert pol.inline_cost < INLINE_BUDGET_SECONDS
         assert pol.place(100, False).inline
+
+    asyncio.run(scenario())
+
+
+def test_the_verdicts_a_request_waits_for_are_not_counted_in_its_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oracle judges a loop turn's verdicts on the loop wherever each request's model ran, so its time does not
+    decide where a model runs: a costly oracle call leaves a cheap request on the loop. Counted, it sent a table
+    model's requests that asked for verdicts to run their model in a thread, which cost more CPU on the loop and off
+    it than running it there."""
+    import agent.judging.loop as loop_module
+
+    def costly_oracle(works: list[JudgeWork]) -> None:
+        burn(COSTLY)
+        for w in works:
+            w.verdicts = np.zeros(w.n, dtype=np.int8)
+
+    monkeypatch.setattr(loop_module, "judge", costly_oracle)
+    pol = policy()
+    rows = np.zeros((2, 3), np.float32)
+    work = JudgeWork(None, rows, np.full((2, 2), 0.5, np.float32), np.zeros(2, np.int64), None, None)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        async with Placement(pol, True, False, True) as p:
+            await pol.recording.judge(work, True, p)
+        assert work.verdicts is not None and p.cost < INLINE_BUDGET_SECONDS
+        assert pol.inline_cost < INLINE_BUDGET_SECONDS and pol.place(100, False).inline
 
     asyncio.run(scenario())
 
