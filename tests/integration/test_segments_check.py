@@ -22,6 +22,7 @@ from agent.config.settings import load_settings
 from agent.server.app import create_app
 from bench.zoo import Split, ZooModel, build
 from tests.support.inprocess import RunningServer
+from tests.support.v2 import send_table
 from tests.support.waiting import wait_until
 
 NEW = "city unseen at fit"
@@ -185,20 +186,8 @@ def test_a_served_model_finds_a_column_broken_inside_one_category_in_its_live_wi
     )
     srv = run_server(create_app(settings, CollectorRegistry()))
     types = {spec.name: spec.v2_datatype for spec in zoo.inputs}
+    send_table(srv.url, "tables", inputs, types)
     with httpx.Client(timeout=60) as client:
-        for start in range(0, rows, 100):
-            part = {k: v[start : start + 100] for k, v in inputs.items()}
-            tensors = [
-                {
-                    "name": k,
-                    "datatype": types[k],
-                    "shape": list(v.shape),
-                    "data": [str(x) for x in v.ravel()] if types[k] == "BYTES" else v.ravel().tolist(),
-                }
-                for k, v in part.items()
-            ]
-            r = client.post(f"{srv.url}/v2/models/tables/infer", json={"inputs": tensors})
-            assert r.status_code == 200, r.text
         assert wait_until(lambda: client.get(f"{srv.url}/v1/estimates").json()["total_judged"] == rows, 30)
         windows = client.get(f"{srv.url}/v1/estimates").json()["windows"]
         metrics = client.get(f"{srv.url}/metrics").text

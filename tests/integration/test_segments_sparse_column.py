@@ -21,6 +21,7 @@ from agent.cli import main
 from agent.config.settings import load_settings
 from agent.server.app import create_app
 from tests.support.inprocess import RunningServer
+from tests.support.v2 import send_table
 from tests.support.waiting import wait_until
 
 REGIONS = ("north", "south", "east", "west", "centre")
@@ -142,20 +143,8 @@ def test_a_served_model_names_the_point_column_in_its_live_windows(
         labels={"sample_rate": 0.0},
     )
     srv = run_server(create_app(settings, CollectorRegistry()))
+    send_table(srv.url, "accounts", {name: test[name].to_numpy() for name in DATATYPES}, DATATYPES)
     with httpx.Client(timeout=60) as client:
-        for start in range(0, rows, 100):
-            part = test.iloc[start : start + 100]
-            tensors = [
-                {
-                    "name": name,
-                    "datatype": datatype,
-                    "shape": [len(part), 1],
-                    "data": [str(v) for v in part[name]] if datatype == "BYTES" else part[name].tolist(),
-                }
-                for name, datatype in DATATYPES.items()
-            ]
-            r = client.post(f"{srv.url}/v2/models/accounts/infer", json={"inputs": tensors})
-            assert r.status_code == 200, r.text
         assert wait_until(lambda: client.get(f"{srv.url}/v1/estimates").json()["total_judged"] == rows, 30)
         windows = client.get(f"{srv.url}/v1/estimates").json()["windows"]
         metrics = client.get(f"{srv.url}/metrics").text

@@ -72,6 +72,25 @@ def send_traffic(url: str, x: np.ndarray, batch: int = 100, prefix: str = "req")
     }
 
 
+def send_table(
+    url: str, model: str, columns: dict[str, np.ndarray], datatypes: dict[str, str], batch: int = 100
+) -> int:
+    """A table's ``columns`` (one ``[N, 1]`` or ``[N]`` array per model input) in JSON V2 requests of ``batch``
+    rows, each input typed by ``datatypes`` (strings as ``BYTES``); asserts every answer is a 200 and returns the
+    rows sent."""
+    rows = len(next(iter(columns.values())))
+    with httpx.Client(timeout=60) as client:
+        for start in range(0, rows, batch):
+            tensors = []
+            for name, datatype in datatypes.items():
+                part = np.asarray(columns[name][start : start + batch]).reshape(-1, 1)
+                data = [str(v) for v in part.ravel()] if datatype == "BYTES" else part.ravel().tolist()
+                tensors.append({"name": name, "datatype": datatype, "shape": list(part.shape), "data": data})
+            r = client.post(f"{url}/v2/models/{model}/infer", json={"inputs": tensors})
+            assert r.status_code == 200, r.text
+    return rows
+
+
 def post_labels(url: str, entries: list[Any]) -> dict[str, Any]:
     """POST /v1/labels (asserts a 200)."""
     r = httpx.post(f"{url}/v1/labels", json={"labels": entries}, timeout=30)

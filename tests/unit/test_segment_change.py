@@ -34,6 +34,7 @@ from agent.estimation.statistics.window import WindowStats
 from agent.labels.change_focus import FOCUS, focus_factors, focus_weights
 from agent.offline.calibration.segments.change import define_change
 from agent.offline.calibration.segments.data import ColumnGroup, SegmentData, ViewShape
+from tests.support.change_windows import change_window, changes_of, window_change
 
 SEGMENTS = 4  # one dimension: a categorical column of four values
 
@@ -71,12 +72,9 @@ def _window(sketch: ChangeSketch, seg: np.ndarray, x: np.ndarray) -> WindowStats
 
 
 def _changes(sketch: ChangeSketch, stats: WindowStats, ref_n: tuple[int, ...] | None = None) -> list:
-    window = WindowChange(
-        stats.change_n, stats.change_sum, stats.change_sq, stats.seg_n, stats.seg_fails, stats.change_cross
-    )
     n = ref_n if ref_n is not None else sketch.ref_n
     ref = ChangeReference(n, [(0, SEGMENTS)], [100] * SEGMENTS, [0] * SEGMENTS, 0.01)
-    return segment_changes(sketch, window, ref)
+    return segment_changes(sketch, window_change(stats), ref)
 
 
 def test_values_are_clipped_offset_and_bounded_whatever_the_input() -> None:
@@ -172,14 +170,7 @@ def _fitted_kinds(rng: np.random.Generator) -> tuple[ChangeSketch, ChangeReferen
 
 
 def _kinds_changes(sketch: ChangeSketch, ref: ChangeReference, seg: np.ndarray, x: np.ndarray) -> list[SegmentChange]:
-    size = len(UNEVEN)
-    z = sketch.values(x)
-    assert z is not None
-    st = WindowStats(n=len(seg))
-    st.seg_n, st.seg_fails = np.bincount(seg, minlength=size).tolist(), [0] * size
-    st.add_change_sums(seg[None, :], size, z, sketch.cross(z))
-    window = WindowChange(st.change_n, st.change_sum, st.change_sq, st.seg_n, st.seg_fails, st.change_cross)
-    return segment_changes(sketch, window, ref)
+    return changes_of(sketch, ref, seg, x, len(UNEVEN))
 
 
 def test_clean_windows_of_skewed_discrete_and_mostly_zero_columns_report_no_change() -> None:
@@ -585,13 +576,7 @@ def test_a_column_shuffled_inside_a_segment_breaks_its_relation_there_in_proport
     sketch, seg, x = _related_sketch(rng)
 
     def window(rows: np.ndarray) -> WindowStats:
-        z = sketch.values(rows)
-        assert z is not None
-        out = WindowStats(n=len(rows))
-        out.seg_n = np.bincount(seg, minlength=SEGMENTS).tolist()
-        out.seg_fails = [0] * SEGMENTS
-        out.add_change_sums(seg[None, :], SEGMENTS, z, sketch.cross(z))
-        return out
+        return change_window(sketch, seg, rows, SEGMENTS)
 
     assert not any(ch.changed for ch in _changes(sketch, window(x)))
     broken = x.copy()

@@ -9,12 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from agent.estimation.segments.change import MIN_DISTANCE, ChangeReference, SegmentChange, WindowChange, segment_changes
+from agent.estimation.segments.change import MIN_DISTANCE, ChangeReference, SegmentChange
 from agent.estimation.segments.sketch import ChangeSketch
-from agent.estimation.statistics.window import WindowStats
 from agent.offline.calibration.segments.change import define_change
 from agent.offline.calibration.segments.data import ColumnGroup, SegmentData, ViewShape
 from agent.results.segments import segment_lines
+from tests.support.change_windows import changes_of
 
 #: Segment shares of one categorical dimension.
 SHARES = np.array([0.45, 0.3, 0.15, 0.07, 0.03])
@@ -49,14 +49,7 @@ def _fitted(rng: np.random.Generator, nonzero: float = 0.1) -> tuple[ChangeSketc
 
 
 def _changes(sketch: ChangeSketch, ref: ChangeReference, seg: np.ndarray, x: np.ndarray) -> list[SegmentChange]:
-    size = len(SHARES)
-    z = sketch.values(x)
-    assert z is not None
-    st = WindowStats(n=len(seg))
-    st.seg_n, st.seg_fails = np.bincount(seg, minlength=size).tolist(), [0] * size
-    st.add_change_sums(seg[None, :], size, z, sketch.cross(z))
-    window = WindowChange(st.change_n, st.change_sum, st.change_sq, st.seg_n, st.seg_fails, st.change_cross)
-    return segment_changes(sketch, window, ref)
+    return changes_of(sketch, ref, seg, x, len(SHARES))
 
 
 def test_only_a_column_mostly_at_one_value_gets_a_point_column_and_it_counts_the_rows_there() -> None:
