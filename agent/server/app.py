@@ -44,7 +44,7 @@ from agent.server.triton_routes import triton_router
 
 
 class AgentApp(FastAPI):
-    """The agent's FastAPI app: serve-mode inference goes to :class:`InferFastPath` first."""
+    """The agent's FastAPI app: inference goes to :class:`InferFastPath` first."""
 
     infer_fast_path: InferFastPath | None = None
     #: ``server.admin_port``: requests arriving there reach only the admin API and the health checks.

@@ -1,13 +1,14 @@
-"""Serve-mode ``POST /v2/models/{name}[/versions/{v}]/infer`` answered as plain ASGI.
+"""``POST /v2/models/{name}[/versions/{v}]/infer`` answered as plain ASGI, in every mode.
 
 :class:`~agent.server.app.AgentApp` calls :class:`InferFastPath` ahead of FastAPI's middleware stack:
-routing, dependency, exception and telemetry layers cost more than a small model's inference. The
-work itself is :func:`agent.server.http_infer.answer_http` (the dataplane), which the FastAPI route
-(kept for the OpenAPI document, the other modes, and serve mode under FastAPI's native OpenTelemetry,
-so that traced requests keep their spans) calls too. What this path does itself is what FastAPI would
-otherwise do around it: the body limit (as :class:`~agent.server.middleware.BodyLimitMiddleware`),
-reading the body, and the error answers (from :func:`agent.server.errors.answer_of`, the table the
-exception handlers read).
+routing, dependency, exception and telemetry layers cost more than a small model's inference (serve
+mode) and about a sixth of the agent's CPU per forwarded request (proxy mode). The work itself is
+:func:`agent.server.http_infer.answer_http` (the dataplane, which answers in the agent's mode: observe
+mode refuses), which the FastAPI route (kept for the OpenAPI document and for requests under FastAPI's
+native OpenTelemetry, so that traced requests keep their spans) calls too. What this path does itself
+is what FastAPI would otherwise do around it: the body limit (as
+:class:`~agent.server.middleware.BodyLimitMiddleware`), reading the body, and the error answers (from
+:func:`agent.server.errors.answer_of`, the table the exception handlers read).
 """
 
 from __future__ import annotations
@@ -30,17 +31,16 @@ _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
 
 class InferFastPath:
-    """Serve-mode inference without FastAPI (see the module docstring)."""
+    """Inference without FastAPI (see the module docstring)."""
 
     def __init__(self, plane: DataPlane, metrics: AgentMetrics, limit: int, budget: BodyBudget) -> None:
         self.plane = plane
         self.metrics = metrics
         self.limit = limit
         self.budget = budget
-        self.serving = plane.mode.runs_model
 
     def match(self, scope: Scope) -> re.Match[str] | None:
-        if self.serving and scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["method"] == "POST":
             return _INFER_PATH.match(scope["path"])
         return None
 

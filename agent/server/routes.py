@@ -2,9 +2,9 @@
 ``/v1/estimates``, ``/v1/reload`` and ``/metrics``. Each handler reads its request and hands it to
 the part that does the work.
 
-Serve-mode inference is normally answered by :class:`~agent.server.fast_path.InferFastPath` before
-FastAPI routes it; the route declared here documents it in OpenAPI and answers it in the other modes
-and when FastAPI's own OpenTelemetry is on. Both call :func:`agent.server.http_infer.answer_http`.
+Inference is normally answered by :class:`~agent.server.fast_path.InferFastPath` before FastAPI routes
+it; the route declared here documents it in OpenAPI and answers it when FastAPI's own OpenTelemetry is
+on. Both call :func:`agent.server.http_infer.answer_http`.
 """
 
 from __future__ import annotations
