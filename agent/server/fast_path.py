@@ -2,7 +2,7 @@
 
 :class:`~agent.server.app.AgentApp` calls :class:`InferFastPath` ahead of FastAPI's middleware stack:
 routing, dependency, exception and telemetry layers cost more than a small model's inference (serve
-mode) and about a sixth of the agent's CPU per forwarded request (proxy mode). The work itself is
+mode) and about a third of the agent's CPU per forwarded request at batch 1 (proxy mode). The work itself is
 :func:`agent.server.http_infer.answer_http` (the dataplane, which answers in the agent's mode: observe
 mode refuses), which the FastAPI route (kept for the OpenAPI document and for requests under FastAPI's
 native OpenTelemetry, so that traced requests keep their spans) calls too. What this path does itself
